@@ -1,0 +1,73 @@
+"""The engine loop: drive any `SchedulerLike` through a `Trace`, recording every step.
+
+Per step: the trace's arrivals are added and its aborts applied, a snapshot is taken,
+``schedule()`` runs, a second snapshot is taken (when the scheduler offers one), the outcome
+(the trace's stop decisions) is fed back, and a final snapshot closes the step. The loop ends
+when every request has arrived and finished, or at ``trace.max_steps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from spec.observation import Capability, Snapshot, StepRecord
+from spec.protocol import SchedulerLike
+from spec.trace import Trace
+from spec.types import Finished, StepOutcome
+
+_EMPTY = Snapshot()
+
+
+@dataclass
+class Run:
+    trace: Trace
+    records: list[StepRecord]
+    drained: bool  # every request arrived and finished
+
+    @property
+    def finished(self) -> list[Finished]:
+        return [f for r in self.records for f in r.finished]
+
+
+def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> Iterator[StepRecord]:
+    """Yield one `StepRecord` per step; stops when drained or at ``max_steps``."""
+    caps = scheduler.capabilities
+    mid_step = observe and Capability.MID_STEP in caps
+    unfinished: set[str] = set()
+    for step in range(trace.max_steps):
+        added = tuple(trace.arrivals_at(step))
+        for request in added:
+            scheduler.add_request(request)
+            unfinished.add(request.request_id)
+        finished: list[Finished] = []
+        aborted = tuple(trace.aborts_at(step))
+        for rid in aborted:
+            result = scheduler.abort_request(rid)
+            if result is not None:
+                finished.append(result)
+        before = scheduler.snapshot() if observe else _EMPTY
+        output = scheduler.schedule()
+        mid = scheduler.snapshot() if mid_step else None
+        stopped = trace.stops_at(step)
+        finished.extend(scheduler.update(StepOutcome(stopped)))
+        after = scheduler.snapshot() if observe else _EMPTY
+        for f in finished:
+            unfinished.discard(f.request_id)
+        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after)
+        if step >= trace.last_arrival_step and not unfinished:
+            return
+
+
+def run_trace(
+    trace: Trace, make_scheduler: Callable[..., SchedulerLike] | None = None, observe: bool = True
+) -> Run:
+    if make_scheduler is None:
+        from reference_impl.scheduler import Scheduler
+
+        make_scheduler = Scheduler
+    scheduler = make_scheduler(trace.config)
+    records = list(iter_steps(trace, scheduler, observe))
+    arrived = {r.request_id for r in trace.requests}
+    done = {f.request_id for r in records for f in r.finished}
+    return Run(trace, records, drained=arrived <= done)

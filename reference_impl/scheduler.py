@@ -1,0 +1,426 @@
+"""The reference scheduler: vLLM V0's default flow, written to be read top to bottom.
+
+One call of `schedule()` is, in order (vLLM's ``Scheduler._schedule_default``):
+
+1. Seats: every running group's sequences are counted against ``max_num_seqs`` first.
+2. Prefills, only when nothing is swapped (swapped groups resume before any new prefill):
+   take waiting groups in policy order; finish as ignored a prompt longer than the prompt
+   limit or one that could never fit above the watermark; stop at the first group that does
+   not fit the free blocks, the watermark, the token budget or the seats. Admission takes all
+   of a group's blocks at once or none.
+3. Priority preemption (policy ``priority`` only, nothing swapped): while the waiting head is
+   more urgent than the running tail and cannot be admitted, preempt the tail.
+4. If no prefill was scheduled: decodes. Each running group, in policy order, needs one free
+   block per sequence; while it lacks them, the running tail (the least urgent group) is
+   preempted, or the group itself when it is the last. Survivors get one token per sequence
+   (copy-on-write where a last block is shared).
+5. If nothing was preempted: swap-ins, in policy order, while the blocks (above the watermark),
+   the token budget and the seats allow.
+
+Prefill steps and decode steps never mix (V0 without chunked prefill). All queues are kept in
+policy order (FCFS: arrival; priority: priority then arrival), so a recompute victim re-enters
+waiting ahead of every request that arrived after it: the front, under FCFS.
+
+`update()` feeds back one token per scheduled sequence: a freshly prefilled group with
+``n > 1`` forks its ``n - 1`` other sequences (sharing the prompt's blocks) before the tokens
+are appended; a sequence stops when the environment says so, at ``max_tokens`` generated, or
+past ``max_model_len``; finished sequences free their blocks at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from reference_impl.block_manager import AllocStatus, BlockManager
+from reference_impl.budget import Budget
+from reference_impl.sequence import Sequence, SequenceGroup
+from spec.config import SchedulerConfig
+from spec.observation import ALL_CAPABILITIES, SeqView, Snapshot
+from spec.reasons import Reason
+from spec.status import PreemptionMode, Status
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, seq_id
+
+
+@dataclass
+class _StepBuilder:
+    """Collects one step's decisions; `build()` freezes them into a `SchedulerOutput`."""
+
+    step: int
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    swapped_in_decodes: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Preempted] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
+
+    def reason(self, kind: str, request_id: str, **numbers: int | str) -> None:
+        self.reasons.append(Reason.of(kind, request_id, **numbers))
+
+    def build(self) -> SchedulerOutput:
+        return SchedulerOutput(
+            step=self.step,
+            scheduled=tuple(self.prefills + self.decodes + self.swapped_in_decodes),
+            preempted=tuple(self.preempted),
+            swapped_in=tuple(self.swapped_in),
+            swap_out=tuple(self.swap_out),
+            swap_in=tuple(self.swap_in),
+            copies=tuple(self.copies),
+            ignored=tuple(self.ignored),
+            reasons=tuple(self.reasons),
+        )
+
+
+class Scheduler:
+    """The executable reference (the oracle). Implements `spec.protocol.SchedulerLike`."""
+
+    capabilities = ALL_CAPABILITIES
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.block_manager = BlockManager(config)
+        self.waiting: list[SequenceGroup] = []
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.groups: dict[str, SequenceGroup] = {}
+        self.num_preemptions_total = 0
+        self._step = 0
+        self._arrivals = 0
+        self._last_output: SchedulerOutput | None = None
+        self._ignored: list[Finished] = []
+
+    # ---------------------------------------------------------------- client side
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.groups:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        group = SequenceGroup.new(request, self._arrivals)
+        self._arrivals += 1
+        self.groups[request.request_id] = group
+        self._enqueue(self.waiting, group)
+
+    def abort_request(self, request_id: str) -> Finished | None:
+        group = self.groups.get(request_id)
+        if group is None or group.status.is_finished:
+            return None
+        self._queue_of(group).remove(group)
+        self._finish(group, Status.FINISHED_ABORTED)
+        return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        step = _StepBuilder(self._step)
+        budget = Budget(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        for group in self.running:
+            budget.seqs += group.max_running_seqs()
+
+        if self.swapped:
+            if self.waiting:
+                step.reason("wait_swapped_first", self.waiting[0].request_id, swapped=len(self.swapped))
+        else:
+            if self.config.policy == "priority":
+                self._schedule_priority_preemption(budget, step)
+            self._schedule_prefills(budget, step)
+
+        if step.prefills:
+            for group in self.running:
+                if group.request_id not in {s.request_id for s in step.prefills}:
+                    step.reason("wait_prefill_step", group.request_id)
+        else:
+            self._schedule_running(budget, step)
+            if not step.preempted:
+                self._schedule_swapped(budget, step)
+            elif self.swapped:
+                step.reason("wait_after_preemption", self.swapped[0].request_id)
+
+        self._step += 1
+        self._last_output = step.build()
+        return self._last_output
+
+    def _schedule_prefills(self, budget: Budget, step: _StepBuilder) -> None:
+        bm = self.block_manager
+        while self.waiting:
+            group = self.waiting[0]
+            tokens = group.uncomputed_tokens()
+            if tokens > self.config.prompt_limit:
+                step.reason("ignored_too_long", group.request_id, tokens=tokens, limit=self.config.prompt_limit)
+                self._ignore(self.waiting, group, step)
+                continue
+            need = bm.blocks_to_allocate(group)
+            status = bm.can_allocate(group)
+            if status is AllocStatus.NEVER:
+                capacity = self.config.num_gpu_blocks - self.config.watermark_blocks
+                step.reason("ignored_never_fits", group.request_id, blocks=need, capacity=capacity)
+                self._ignore(self.waiting, group, step)
+                continue
+            if status is AllocStatus.LATER:
+                free, watermark = bm.gpu.num_free, self.config.watermark_blocks
+                kind = "wait_blocks" if need > free else "wait_watermark"
+                step.reason(kind, group.request_id, blocks=need, free=free, watermark=watermark)
+                break
+            seqs = group.max_running_seqs()
+            if not budget.can_schedule(tokens, seqs):
+                if budget.tokens + tokens > budget.token_budget:
+                    step.reason("wait_token_budget", group.request_id, tokens=tokens, left=budget.tokens_left)
+                else:
+                    step.reason("wait_seq_budget", group.request_id, seqs=seqs, left=budget.seqs_left)
+                break
+            self.waiting.pop(0)
+            bm.allocate(group)
+            group.set_status(Status.RUNNING)
+            self._enqueue(self.running, group)
+            for seq in group.live_seqs():
+                step.prefills.append(ScheduledSeq(seq.seq_id, group.request_id, seq.num_uncomputed, True))
+            budget.tokens += tokens
+            budget.seqs += seqs
+            step.reason(
+                "admitted", group.request_id, tokens=tokens, blocks=need,
+                free_after=bm.gpu.num_free, watermark=self.config.watermark_blocks,
+            )
+
+    def _schedule_priority_preemption(self, budget: Budget, step: _StepBuilder) -> None:
+        """Make room for a waiting head that is more urgent than the running tail (vLLM's
+        ``_schedule_priority_preemption``). Victims are recomputed: they re-enter waiting behind
+        the more urgent head."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        policy = self.config.policy
+        while self.running and self.running[-1].key(policy) > head.key(policy):
+            fits = (
+                self.block_manager.can_allocate(head) is AllocStatus.OK
+                and budget.can_schedule(head.uncomputed_tokens(), head.max_running_seqs())
+            )
+            if fits:
+                return
+            victim = self.running.pop()
+            budget.seqs -= victim.max_running_seqs()
+            step.reason("preempted_priority", victim.request_id, needed_by=head.request_id)
+            self._preempt_by_recompute(victim)
+            step.preempted.append(Preempted(victim.request_id, PreemptionMode.RECOMPUTE))
+
+    def _schedule_running(self, budget: Budget, step: _StepBuilder) -> None:
+        bm = self.block_manager
+        queue = list(self.running)
+        while queue:
+            group = queue.pop(0)
+            while not bm.can_append_slots(group):
+                need, free = len(group.live_seqs()), bm.gpu.num_free
+                victim = queue.pop() if queue else group  # the least urgent running group
+                budget.seqs -= victim.max_running_seqs()
+                self._preempt(victim, step, needed_by=group.request_id, need=need, free=free)
+                if victim is group:
+                    break
+            else:
+                new_blocks = bm.gpu.num_free
+                copies: list[tuple[int, int]] = []
+                for seq in group.live_seqs():
+                    copies.extend(bm.append_slot(seq))
+                    step.decodes.append(ScheduledSeq(seq.seq_id, group.request_id, 1, False))
+                step.copies.extend(copies)
+                budget.tokens += len(group.live_seqs())
+                step.reason(
+                    "decode", group.request_id, tokens=len(group.live_seqs()),
+                    new_blocks=new_blocks - bm.gpu.num_free, copies=len(copies),
+                )
+
+    def _schedule_swapped(self, budget: Budget, step: _StepBuilder) -> None:
+        bm = self.block_manager
+        while self.swapped:
+            group = self.swapped[0]
+            need = bm.blocks_to_swap_in(group)
+            status = bm.can_swap_in(group)
+            if status is AllocStatus.NEVER:
+                capacity = self.config.num_gpu_blocks - self.config.watermark_blocks
+                step.reason("ignored_swap_never_fits", group.request_id, need=need, capacity=capacity)
+                self._ignore(self.swapped, group, step)
+                continue
+            if status is AllocStatus.LATER:
+                step.reason(
+                    "wait_swap_in", group.request_id, need=need, free=bm.gpu.num_free,
+                    watermark=self.config.watermark_blocks,
+                )
+                break
+            seqs = len(group.live_seqs())
+            if not budget.can_schedule(seqs, group.max_running_seqs()):
+                if budget.tokens + seqs > budget.token_budget:
+                    step.reason("wait_token_budget", group.request_id, tokens=seqs, left=budget.tokens_left)
+                else:
+                    step.reason("wait_seq_budget", group.request_id, seqs=seqs, left=budget.seqs_left)
+                break
+            self.swapped.pop(0)
+            step.swap_in.extend(bm.swap_in(group))
+            group.set_status(Status.RUNNING)
+            self._enqueue(self.running, group)
+            step.swapped_in.append(group.request_id)
+            for seq in group.live_seqs():
+                step.copies.extend(bm.append_slot(seq))
+                step.swapped_in_decodes.append(ScheduledSeq(seq.seq_id, group.request_id, 1, False))
+            budget.tokens += seqs
+            budget.seqs += group.max_running_seqs()
+            step.reason("swapped_in", group.request_id, blocks=need - seqs, free_after=bm.gpu.num_free)
+
+    # ---------------------------------------------------------------- preemption
+    def _preemption_mode(self, group: SequenceGroup) -> PreemptionMode:
+        mode = self.config.preemption_mode
+        if mode == "auto":  # vLLM V0 default
+            return PreemptionMode.RECOMPUTE if group.max_running_seqs() == 1 else PreemptionMode.SWAP
+        return PreemptionMode(mode)
+
+    def _preempt(self, victim: SequenceGroup, step: _StepBuilder, *, needed_by: str, need: int, free: int) -> None:
+        self.running.remove(victim)
+        mode = self._preemption_mode(victim)
+        if mode is PreemptionMode.SWAP and not self.block_manager.can_swap_out(victim):
+            # Documented rule (vLLM raises "Aborted due to the lack of CPU swap space"): fall back
+            # to recompute, which needs no CPU space and loses no generated token.
+            blocks = len(self.block_manager._distinct_blocks(victim, self.block_manager.gpu_tables))
+            step.reason("swap_space_exhausted", victim.request_id, blocks=blocks, free=self.block_manager.cpu.num_free)
+            mode = PreemptionMode.RECOMPUTE
+        if mode is PreemptionMode.SWAP:
+            blocks = len(self.block_manager._distinct_blocks(victim, self.block_manager.gpu_tables))
+            step.swap_out.extend(self.block_manager.swap_out(victim))
+            victim.set_status(Status.SWAPPED)
+            self._enqueue(self.swapped, victim)
+            step.reason("preempted_swap", victim.request_id, needed_by=needed_by, need=need, free=free, blocks=blocks)
+        else:
+            self._preempt_by_recompute(victim)
+            step.reason("preempted_recompute", victim.request_id, needed_by=needed_by, need=need, free=free)
+        step.preempted.append(Preempted(victim.request_id, mode))
+
+    def _preempt_by_recompute(self, victim: SequenceGroup) -> None:
+        """Free the victim's blocks and forget its KV; its generated tokens stay and are
+        recomputed as part of its next prefill."""
+        for seq in victim.live_seqs():
+            self.block_manager.free(seq)
+            seq.num_computed = 0
+        victim.set_status(Status.WAITING)
+        self._enqueue(self.waiting, victim)
+        self.num_preemptions_total += 1
+
+    # ---------------------------------------------------------------- outcome
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        finished, self._ignored = self._ignored, []
+        output = self._last_output
+        self._last_output = None
+        if output is None:
+            return finished
+        touched: dict[str, SequenceGroup] = {}
+        for item in output.scheduled:
+            group = self.groups[item.request_id]
+            seq = self._seq(group, item.seq_id)
+            if seq is None or seq.status is not Status.RUNNING:
+                continue  # finished meanwhile
+            seq.num_computed += item.num_tokens
+            new_seqs = [seq]
+            if item.is_prefill and not group.forked:
+                new_seqs += self._fork(group, seq)
+            for s in new_seqs:
+                s.num_tokens += 1  # the token sampled this step (its KV is computed next step)
+                self._check_stop(group, s, outcome.stopped)
+            touched[group.request_id] = group
+        for group in touched.values():
+            if not group.live_seqs():
+                self.running.remove(group)
+                status = self._final_status(group)
+                kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
+                group.status = status
+                reason = Reason.of(
+                    kind, group.request_id, max_tokens=group.request.max_tokens, max_model_len=self.config.max_model_len
+                )
+                finished.append(Finished(group.request_id, status, reason))
+        return finished
+
+    def _fork(self, group: SequenceGroup, parent: Sequence) -> list[Sequence]:
+        children = []
+        for index in range(1, group.request.n):
+            child = Sequence(
+                seq_id(group.request_id, index), group.request_id, parent.prompt_len,
+                parent.num_tokens, parent.num_computed, Status.RUNNING,
+            )
+            self.block_manager.fork(parent, child)
+            group.seqs.append(child)
+            children.append(child)
+        group.forked = True
+        return children
+
+    def _check_stop(self, group: SequenceGroup, seq: Sequence, stopped: frozenset[str]) -> None:
+        if seq.seq_id in stopped:
+            seq.status = Status.FINISHED_STOPPED
+        elif seq.num_generated >= group.request.max_tokens or seq.num_tokens > self.config.max_model_len:
+            seq.status = Status.FINISHED_LENGTH_CAPPED
+        else:
+            return
+        self.block_manager.free(seq)
+
+    @staticmethod
+    def _final_status(group: SequenceGroup) -> Status:
+        if all(s.status is Status.FINISHED_LENGTH_CAPPED for s in group.seqs):
+            return Status.FINISHED_LENGTH_CAPPED
+        return Status.FINISHED_STOPPED
+
+    # ---------------------------------------------------------------- helpers
+    def _enqueue(self, queue: list[SequenceGroup], group: SequenceGroup) -> None:
+        """Insert in policy order (keys are unique: they end with the arrival number)."""
+        keys = [g.key(self.config.policy) for g in queue]
+        queue.insert(bisect.bisect_right(keys, group.key(self.config.policy)), group)
+
+    def _queue_of(self, group: SequenceGroup) -> list[SequenceGroup]:
+        return {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[group.status]
+
+    def _ignore(self, queue: list[SequenceGroup], group: SequenceGroup, step: _StepBuilder) -> None:
+        queue.remove(group)
+        self._finish(group, Status.FINISHED_IGNORED)
+        step.ignored.append(group.request_id)
+        self._ignored.append(Finished(group.request_id, Status.FINISHED_IGNORED, step.reasons[-1]))
+
+    def _finish(self, group: SequenceGroup, status: Status) -> None:
+        for seq in group.live_seqs():
+            self.block_manager.free(seq)
+            seq.status = status
+        group.status = status
+
+    @staticmethod
+    def _seq(group: SequenceGroup, sid: str) -> Sequence | None:
+        return next((s for s in group.seqs if s.seq_id == sid), None)
+
+    # ---------------------------------------------------------------- observation
+    def snapshot(self) -> Snapshot:
+        bm = self.block_manager
+        seqs: dict[str, SeqView] = {}
+        for group in self.groups.values():
+            for seq in group.seqs:
+                if seq.seq_id in bm.gpu_tables:
+                    blocks, device = tuple(bm.gpu_tables[seq.seq_id]), "gpu"
+                elif seq.seq_id in bm.cpu_tables:
+                    blocks, device = tuple(bm.cpu_tables[seq.seq_id]), "cpu"
+                else:
+                    blocks, device = (), None
+                seqs[seq.seq_id] = SeqView(
+                    seq.seq_id, seq.request_id, seq.status, seq.num_tokens, seq.num_computed, blocks, device
+                )
+        return Snapshot(
+            statuses={rid: g.status for rid, g in self.groups.items()},
+            seqs=seqs,
+            waiting=tuple(g.request_id for g in self.waiting),
+            running=tuple(g.request_id for g in self.running),
+            swapped=tuple(g.request_id for g in self.swapped),
+            gpu_ref_counts=tuple(bm.gpu.ref_counts),
+            cpu_ref_counts=tuple(bm.cpu.ref_counts),
+            gpu_free=bm.gpu.num_free,
+            cpu_free=bm.cpu.num_free,
+            gpu_free_ids=bm.gpu.free_ids(),
+            cpu_free_ids=bm.cpu.free_ids(),
+        )
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_swapped": len(self.swapped),
+            "num_preemptions_total": self.num_preemptions_total,
+            "gpu_free_blocks": self.block_manager.gpu.num_free,
+            "cpu_free_blocks": self.block_manager.cpu.num_free,
+        }

@@ -1,0 +1,105 @@
+"""Scheduler configuration: the knobs of a vLLM-V0-style scheduler, validated on construction.
+
+A bad value never reaches a scheduler: `SchedulerConfig(...)` and `SchedulerConfig.from_dict`
+raise `InputError` naming the field, so a user sees ``config.block_size: must be an integer
+>= 1, got 0`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from spec.errors import InputError
+
+PREEMPTION_MODES = ("auto", "recompute", "swap")
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One engine's scheduler settings.
+
+    ``preemption_mode="auto"`` is vLLM V0's default: recompute a group that has a single live
+    sequence, swap a group with several (their shared blocks would be recomputed many times).
+    ``watermark`` is a fraction of the GPU blocks kept free at admission, as in vLLM
+    (``watermark_blocks = int(watermark * num_gpu_blocks)``).
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int = 64
+    num_cpu_blocks: int = 64
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 256
+    watermark: float = 0.01
+    preemption_mode: str = "auto"
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        _positive_int("config.block_size", self.block_size)
+        _positive_int("config.num_gpu_blocks", self.num_gpu_blocks)
+        _positive_int("config.num_cpu_blocks", self.num_cpu_blocks, minimum=0)
+        _positive_int("config.max_num_seqs", self.max_num_seqs)
+        _positive_int("config.max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("config.max_model_len", self.max_model_len)
+        if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)):
+            raise InputError("config.watermark", f"must be a number in [0, 1), got {self.watermark!r}")
+        if not (0.0 <= float(self.watermark) < 1.0) or math.isnan(self.watermark):
+            raise InputError("config.watermark", f"must be in [0, 1), got {self.watermark!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise InputError(
+                "config.preemption_mode",
+                f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}",
+            )
+        if self.policy not in POLICIES:
+            raise InputError("config.policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
+        # sequence, so a token budget below the sequence budget could not be honoured.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InputError(
+                "config.max_num_batched_tokens",
+                f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}",
+            )
+
+    @property
+    def watermark_blocks(self) -> int:
+        """GPU blocks that admission and swap-in must leave free."""
+        return int(self.watermark * self.num_gpu_blocks)
+
+    @property
+    def prompt_limit(self) -> int:
+        """The longest prefill that can ever be scheduled (vLLM's ``_get_prompt_limit``).
+
+        Without chunked prefill a prompt is prefilled in one step, so it must fit both the model
+        and the step's token budget; a longer prompt is finished as ignored.
+        """
+        return min(self.max_model_len, self.max_num_batched_tokens)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens of KV."""
+        return -(-num_tokens // self.block_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "config") -> "SchedulerConfig":
+        if not isinstance(data, Mapping):
+            raise InputError(where, f"must be an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise InputError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**dict(data))
+        except InputError as err:
+            if where != "config":
+                raise InputError(err.where.replace("config", where, 1), err.message) from None
+            raise
+
+
+def _positive_int(where: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(where, f"must be an integer >= {minimum}, got {value!r}")

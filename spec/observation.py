@@ -1,0 +1,87 @@
+"""What can be observed of a scheduler, and the record of one observed step.
+
+Implementations differ in what they expose: the reference exposes everything; an adapter
+around a third-party engine may expose only its outputs and queue lengths. Each part of a
+`Snapshot` is therefore optional and tied to a `Capability`; an invariant declares the
+capabilities it needs and is reported ``not_applicable`` where they are missing, never ``pass``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+from spec.status import Status
+from spec.types import Finished, Request, SchedulerOutput
+
+
+class Capability(str, Enum):
+    OUTPUT = "output"  # scheduler outputs and finished requests (every adapter has these)
+    STATUSES = "statuses"  # each request's and sequence's status
+    QUEUES = "queues"  # ordered contents of waiting / running / swapped
+    BLOCK_TABLES = "block_tables"  # each sequence's physical block ids and their device
+    REF_COUNTS = "ref_counts"  # per-block reference counts on GPU and CPU
+    FREE_COUNTS = "free_counts"  # number of free blocks on GPU and CPU
+    FREE_LISTS = "free_lists"  # the free block ids themselves
+    SEQ_LENGTHS = "seq_lengths"  # tokens and computed (KV-cached) tokens per sequence
+    MID_STEP = "mid_step"  # a snapshot right after schedule(), before the outcome
+
+
+ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability)
+
+
+@dataclass(frozen=True)
+class SeqView:
+    seq_id: str
+    request_id: str
+    status: Status
+    num_tokens: int | None = None  # prompt + generated
+    num_computed: int | None = None  # tokens whose KV is in the cache
+    blocks: tuple[int, ...] | None = None  # physical ids, logical order
+    device: str | None = None  # "gpu", "cpu", or None when it holds no block
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The scheduler's state at one instant; any part may be ``None`` (not observable)."""
+
+    statuses: Mapping[str, Status] | None = None  # request id -> status (every request ever added)
+    seqs: Mapping[str, SeqView] | None = None  # seq id -> view (unfinished and finished)
+    waiting: tuple[str, ...] | None = None
+    running: tuple[str, ...] | None = None
+    swapped: tuple[str, ...] | None = None
+    gpu_ref_counts: tuple[int, ...] | None = None
+    cpu_ref_counts: tuple[int, ...] | None = None
+    gpu_free: int | None = None
+    cpu_free: int | None = None
+    gpu_free_ids: tuple[int, ...] | None = None
+    cpu_free_ids: tuple[int, ...] | None = None
+
+    def queue(self, name: str) -> tuple[str, ...] | None:
+        return getattr(self, name)
+
+    def seqs_of(self, request_id: str) -> list[SeqView]:
+        assert self.seqs is not None
+        return [v for v in self.seqs.values() if v.request_id == request_id]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Everything observed in one engine step.
+
+    ``before`` is taken after this step's arrivals and aborts and before ``schedule()``;
+    ``mid`` right after ``schedule()``; ``after`` once the outcome has been fed back and
+    finished sequences freed.
+    """
+
+    step: int
+    added: tuple[Request, ...]
+    aborted: tuple[str, ...]
+    before: Snapshot
+    output: SchedulerOutput
+    mid: Snapshot | None
+    stopped: frozenset[str]
+    finished: tuple[Finished, ...]  # from aborts and from the outcome, in that order
+    after: Snapshot
+    extra: Mapping[str, object] = field(default_factory=dict)

@@ -1,0 +1,73 @@
+"""Structured reasons: why the scheduler did what it did, with the numbers that decided it.
+
+A reason is data (a kind and named integers), rendered to a sentence only when a person reads
+it. Implementations attach reasons to decisions; reports, the divergence view and the HTML
+trace viewer show them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# kind -> sentence template over the reason's numbers (and {request}).
+TEMPLATES: dict[str, str] = {
+    "admitted": "{request} admitted: prefill of {tokens} tokens into {blocks} new blocks "
+    "({free_after} GPU blocks left free, watermark {watermark})",
+    "ignored_too_long": "{request} ignored: prompt of {tokens} tokens exceeds the prompt limit {limit} "
+    "(min of max_model_len and the token budget)",
+    "ignored_never_fits": "{request} ignored: needs {blocks} GPU blocks but only {capacity} can ever be "
+    "free above the watermark",
+    "wait_swapped_first": "{request} waits: {swapped} swapped group(s) resume before any new prefill",
+    "wait_blocks": "{request} waits: needs {blocks} GPU blocks, {free} free",
+    "wait_watermark": "{request} waits: needs {blocks} GPU blocks, {free} free, but must leave "
+    "{watermark} free (watermark)",
+    "wait_token_budget": "{request} waits: {tokens} tokens exceed the {left} left in the step's token budget",
+    "wait_seq_budget": "{request} waits: {seqs} sequence(s) exceed the {left} seat(s) left of max_num_seqs",
+    "wait_prefill_step": "{request} not decoded: this step runs prefills, and decodes do not mix with them",
+    "wait_after_preemption": "{request} stays swapped: a preemption happened this step, so no swap-in",
+    "decode": "{request} decodes {tokens} token(s) ({new_blocks} new block(s), {copies} copy-on-write)",
+    "preempted_recompute": "{request} preempted by recompute: {needed_by} needed {need} free block(s), "
+    "{free} free; victim is the running tail (lowest priority, then latest arrival)",
+    "preempted_swap": "{request} preempted by swap: {needed_by} needed {need} free block(s), {free} free; "
+    "{blocks} block(s) move to CPU",
+    "swap_space_exhausted": "{request} preempted by recompute instead of swap: needs {blocks} CPU blocks, "
+    "{free} free",
+    "preempted_priority": "{request} preempted for higher-priority waiting {needed_by}",
+    "swapped_in": "{request} swapped in: {blocks} block(s) back to GPU, {free_after} GPU blocks left free",
+    "wait_swap_in": "{request} stays swapped: needs {need} GPU blocks, {free} free, watermark {watermark}",
+    "ignored_swap_never_fits": "{request} ignored: swap-in needs {need} GPU blocks, only {capacity} can ever be free",
+    "finished_stopped": "{request} finished: every sequence stopped or hit its limit",
+    "finished_length_capped": "{request} finished: length limit (max_tokens {max_tokens} or max_model_len {max_model_len})",
+    "finished_aborted": "{request} aborted by the client",
+}
+
+
+@dataclass(frozen=True)
+class Reason:
+    kind: str
+    request_id: str
+    numbers: tuple[tuple[str, int | str], ...] = ()
+
+    @classmethod
+    def of(cls, kind: str, request_id: str, **numbers: int | str) -> "Reason":
+        if kind not in TEMPLATES:
+            raise KeyError(f"unknown reason kind {kind!r}")
+        return cls(kind, request_id, tuple(sorted(numbers.items())))
+
+    def get(self, name: str) -> int | str:
+        return dict(self.numbers)[name]
+
+    def text(self) -> str:
+        values: dict[str, Any] = {"request": self.request_id, **dict(self.numbers)}
+        try:
+            return TEMPLATES[self.kind].format(**values)
+        except (KeyError, IndexError):
+            return f"{self.request_id}: {self.kind} {dict(self.numbers)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "request": self.request_id, "numbers": dict(self.numbers), "text": self.text()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Reason":
+        return cls(str(data["kind"]), str(data["request"]), tuple(sorted(dict(data.get("numbers", {})).items())))

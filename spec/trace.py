@@ -1,0 +1,197 @@
+"""Traces: the environment's side of a run, as versioned JSON.
+
+A trace fixes everything a scheduler does not choose: the config, which requests arrive at
+which step, which are aborted when, and which sequences sample a stop token at which step.
+The same trace drives every implementation, so their runs can be compared step for step, and
+a failing run is saved as a trace that ``kvsched replay`` runs again.
+
+Format (version 1)::
+
+    {"version": 1,
+     "config": {"block_size": 16, ...},
+     "requests": [{"id": "A", "prompt_len": 200, "max_tokens": 4, "n": 1,
+                   "priority": 0, "arrival_step": 0}],
+     "aborts": [{"step": 3, "request": "A"}],
+     "stops": [{"step": 2, "seq": "A#0"}],
+     "max_steps": 200,
+     "meta": {}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.types import Request
+
+TRACE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Arrival:
+    step: int
+    request: Request
+
+
+@dataclass(frozen=True)
+class Trace:
+    config: SchedulerConfig
+    arrivals: tuple[Arrival, ...] = ()
+    aborts: tuple[tuple[int, str], ...] = ()  # (step, request id), applied before schedule()
+    stops: tuple[tuple[int, str], ...] = ()  # (step, seq id), applied to that step's outcome
+    max_steps: int = 1000
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        index: dict[int, list[Request]] = defaultdict(list)
+        for a in self.arrivals:
+            index[a.step].append(a.request)
+        abort_index: dict[int, list[str]] = defaultdict(list)
+        for step, rid in self.aborts:
+            abort_index[step].append(rid)
+        stop_index: dict[int, set[str]] = defaultdict(set)
+        for step, sid in self.stops:
+            stop_index[step].add(sid)
+        object.__setattr__(self, "_arrivals", dict(index))
+        object.__setattr__(self, "_aborts", dict(abort_index))
+        object.__setattr__(self, "_stops", {k: frozenset(v) for k, v in stop_index.items()})
+
+    # -- queries used by every driver ---------------------------------------------------------
+    def arrivals_at(self, step: int) -> list[Request]:
+        return self._arrivals.get(step, [])  # type: ignore[attr-defined]
+
+    def aborts_at(self, step: int) -> list[str]:
+        return self._aborts.get(step, [])  # type: ignore[attr-defined]
+
+    def stops_at(self, step: int) -> frozenset[str]:
+        return self._stops.get(step, frozenset())  # type: ignore[attr-defined]
+
+    @property
+    def last_arrival_step(self) -> int:
+        return max((a.step for a in self.arrivals), default=0)
+
+    @property
+    def requests(self) -> list[Request]:
+        return [a.request for a in self.arrivals]
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": TRACE_VERSION,
+            "config": self.config.to_dict(),
+            "requests": [{**a.request.to_dict(), "arrival_step": a.step} for a in self.arrivals],
+            "aborts": [{"step": s, "request": r} for s, r in self.aborts],
+            "stops": [{"step": s, "seq": q} for s, q in self.stops],
+            "max_steps": self.max_steps,
+            "meta": dict(self.meta),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Trace":
+        if not isinstance(data, Mapping):
+            raise InputError("trace", "must be a JSON object")
+        version = data.get("version")
+        if version != TRACE_VERSION:
+            raise InputError("version", f"must be {TRACE_VERSION}, got {version!r}")
+        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta"}
+        for key in data:
+            if key not in known:
+                raise InputError(key, f"unknown field (known: {', '.join(sorted(known))})")
+        config = SchedulerConfig.from_dict(data.get("config", {}))
+        arrivals = []
+        seen: set[str] = set()
+        for i, raw in enumerate(_list(data, "requests")):
+            where = f"requests[{i}]"
+            if not isinstance(raw, Mapping):
+                raise InputError(where, "must be an object")
+            allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step"}
+            for key in raw:
+                if key not in allowed:
+                    raise InputError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(allowed))})")
+            if "id" not in raw or "prompt_len" not in raw:
+                raise InputError(where, "needs 'id' and 'prompt_len'")
+            step = _int(raw.get("arrival_step", 0), f"{where}.arrival_step", 0)
+            try:
+                request = Request(
+                    request_id=raw["id"],
+                    prompt_len=raw["prompt_len"],
+                    max_tokens=raw.get("max_tokens", 16),
+                    n=raw.get("n", 1),
+                    priority=raw.get("priority", 0),
+                )
+            except InputError as err:
+                field_name = err.where.rsplit(".", 1)[-1]
+                raise InputError(f"{where}.{field_name}", err.message) from None
+            if request.request_id in seen:
+                raise InputError(f"{where}.id", f"duplicate request id {request.request_id!r}")
+            seen.add(request.request_id)
+            arrivals.append(Arrival(step, request))
+        arrivals.sort(key=lambda a: a.step)  # stable: same-step arrivals keep file order
+        aborts = []
+        for i, raw in enumerate(_list(data, "aborts")):
+            where = f"aborts[{i}]"
+            if not isinstance(raw, Mapping) or "step" not in raw or "request" not in raw:
+                raise InputError(where, "must be an object with 'step' and 'request'")
+            aborts.append((_int(raw["step"], f"{where}.step", 0), _str(raw["request"], f"{where}.request")))
+        stops = []
+        for i, raw in enumerate(_list(data, "stops")):
+            where = f"stops[{i}]"
+            if not isinstance(raw, Mapping) or "step" not in raw or "seq" not in raw:
+                raise InputError(where, "must be an object with 'step' and 'seq'")
+            stops.append((_int(raw["step"], f"{where}.step", 0), _str(raw["seq"], f"{where}.seq")))
+        max_steps = _int(data.get("max_steps", 1000), "max_steps", 1)
+        meta = data.get("meta", {})
+        if not isinstance(meta, Mapping):
+            raise InputError("meta", "must be an object")
+        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise InputError(str(path), "no such file") from None
+        except OSError as err:
+            raise InputError(str(path), f"cannot read: {err.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(str(path), f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+        try:
+            return cls.from_dict(data)
+        except InputError as err:
+            raise InputError(f"{path}: {err.where}", err.message) from None
+
+
+def _list(data: Mapping[str, Any], key: str) -> list[Any]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise InputError(key, "must be a list")
+    return value
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(where, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InputError(where, f"must be a non-empty string, got {value!r}")
+    return value

@@ -1,0 +1,160 @@
+"""The vocabulary every implementation speaks: requests in, scheduler outputs out, outcomes back.
+
+One engine step is ``schedule()`` (a `SchedulerOutput`), the model runs, then the step's outcome
+(one token per scheduled sequence; which sequences the environment stopped) is fed back and the
+scheduler reports which requests finished (`Finished`). These types are plain frozen data so any
+implementation (the reference, the torch twin, an adapter around vLLM) can produce them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from spec.errors import InputError
+from spec.reasons import Reason
+from spec.status import PreemptionMode, Status
+
+
+def seq_id(request_id: str, index: int) -> str:
+    """Sequence ids are ``<request>#<index>``; index 0 is the prompt's sequence, forks follow."""
+    return f"{request_id}#{index}"
+
+
+def request_of(seq: str) -> str:
+    return seq.rsplit("#", 1)[0]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request (vLLM's sequence group) as the client submits it.
+
+    ``priority``: lower is more urgent (vLLM's convention). ``n``: parallel samples; the group
+    starts with one sequence and forks ``n - 1`` more after its prompt is computed.
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int = 16
+    n: int = 1
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        where = f"request {self.request_id!r}"
+        if not isinstance(self.request_id, str) or not self.request_id or "#" in self.request_id:
+            raise InputError("request.id", f"must be a non-empty string without '#', got {self.request_id!r}")
+        for name, minimum in (("prompt_len", 1), ("max_tokens", 1), ("n", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InputError(f"{where}.{name}", f"must be an integer >= {minimum}, got {value!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise InputError(f"{where}.priority", f"must be an integer, got {self.priority!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "prompt_len": self.prompt_len,
+            "max_tokens": self.max_tokens,
+            "n": self.n,
+            "priority": self.priority,
+        }
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence in this step's batch: how many tokens it computes, prefill or decode."""
+
+    seq_id: str
+    request_id: str
+    num_tokens: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class Preempted:
+    request_id: str
+    mode: PreemptionMode
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one ``schedule()`` decided.
+
+    ``swap_out`` maps GPU block -> CPU block, ``swap_in`` CPU block -> GPU block, ``copies``
+    GPU source -> GPU destination (copy-on-write). ``scheduled`` is in batch order: prefills,
+    then decodes in running-queue order, then swapped-in groups.
+    """
+
+    step: int
+    scheduled: tuple[ScheduledSeq, ...] = ()
+    preempted: tuple[Preempted, ...] = ()
+    swapped_in: tuple[str, ...] = ()
+    swap_out: tuple[tuple[int, int], ...] = ()
+    swap_in: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
+    ignored: tuple[str, ...] = ()
+    reasons: tuple[Reason, ...] = ()
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        return sum(1 for s in self.scheduled if s.is_prefill)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "scheduled": [
+                {"seq": s.seq_id, "request": s.request_id, "tokens": s.num_tokens, "prefill": s.is_prefill}
+                for s in self.scheduled
+            ],
+            "preempted": [{"request": p.request_id, "mode": p.mode.value} for p in self.preempted],
+            "swapped_in": list(self.swapped_in),
+            "swap_out": [list(p) for p in self.swap_out],
+            "swap_in": [list(p) for p in self.swap_in],
+            "copies": [list(p) for p in self.copies],
+            "ignored": list(self.ignored),
+            "reasons": [r.to_dict() for r in self.reasons],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SchedulerOutput":
+        return cls(
+            step=int(data["step"]),
+            scheduled=tuple(
+                ScheduledSeq(s["seq"], s["request"], int(s["tokens"]), bool(s["prefill"]))
+                for s in data.get("scheduled", ())
+            ),
+            preempted=tuple(
+                Preempted(p["request"], PreemptionMode(p["mode"])) for p in data.get("preempted", ())
+            ),
+            swapped_in=tuple(data.get("swapped_in", ())),
+            swap_out=tuple((int(a), int(b)) for a, b in data.get("swap_out", ())),
+            swap_in=tuple((int(a), int(b)) for a, b in data.get("swap_in", ())),
+            copies=tuple((int(a), int(b)) for a, b in data.get("copies", ())),
+            ignored=tuple(data.get("ignored", ())),
+            reasons=tuple(Reason.from_dict(r) for r in data.get("reasons", ())),
+        )
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the model and the environment report back after a step.
+
+    Every scheduled sequence produced one token; ``stopped`` names the sequences whose token was
+    a stop token (the environment's choice, taken from the trace). Length limits are the
+    scheduler's to apply.
+    """
+
+    stopped: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request reached a final status (once, ever)."""
+
+    request_id: str
+    status: Status
+    reason: Reason | None = None
