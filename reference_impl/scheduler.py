@@ -149,6 +149,11 @@ class Scheduler:
                 step.reason("ignored_too_long", group.request_id, tokens=tokens, limit=self.config.prompt_limit)
                 self._ignore(self.waiting, group, step)
                 continue
+            if group.max_running_seqs() > self.config.max_num_seqs:
+                step.reason("ignored_too_many_seqs", group.request_id, seqs=group.max_running_seqs(),
+                            limit=self.config.max_num_seqs)
+                self._ignore(self.waiting, group, step)
+                continue
             need = bm.blocks_to_allocate(group)
             status = bm.can_allocate(group)
             if status is AllocStatus.NEVER:
@@ -183,8 +188,7 @@ class Scheduler:
 
     def _schedule_priority_preemption(self, budget: Budget, step: _StepBuilder) -> None:
         """Make room for a waiting head that is more urgent than the running tail (vLLM's
-        ``_schedule_priority_preemption``). Victims are recomputed: they re-enter waiting behind
-        the more urgent head."""
+        ``_schedule_priority_preemption``). Victims are preempted by the usual mode rule."""
         if not self.waiting:
             return
         head = self.waiting[0]
@@ -196,11 +200,11 @@ class Scheduler:
             )
             if fits:
                 return
-            victim = self.running.pop()
+            victim = self.running[-1]
             budget.seqs -= victim.max_running_seqs()
             step.reason("preempted_priority", victim.request_id, needed_by=head.request_id)
-            self._preempt_by_recompute(victim)
-            step.preempted.append(Preempted(victim.request_id, PreemptionMode.RECOMPUTE))
+            need = self.block_manager.blocks_to_allocate(head)
+            self._preempt(victim, step, needed_by=head.request_id, need=need, free=self.block_manager.gpu.num_free)
 
     def _schedule_running(self, budget: Budget, step: _StepBuilder) -> None:
         bm = self.block_manager

@@ -18,6 +18,7 @@ TEMPLATES: dict[str, str] = {
     "(min of max_model_len and the token budget)",
     "ignored_never_fits": "{request} ignored: needs {blocks} GPU blocks but only {capacity} can ever be "
     "free above the watermark",
+    "ignored_too_many_seqs": "{request} ignored: its {seqs} parallel sequences exceed max_num_seqs {limit}",
     "wait_swapped_first": "{request} waits: {swapped} swapped group(s) resume before any new prefill",
     "wait_blocks": "{request} waits: needs {blocks} GPU blocks, {free} free",
     "wait_watermark": "{request} waits: needs {blocks} GPU blocks, {free} free, but must leave "

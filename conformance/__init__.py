@@ -1,0 +1,1 @@
+"""The conformance runner: adapters, trace generation, drivers, reports, replay and the CLI."""

@@ -1,0 +1,84 @@
+"""Hypothesis strategies for configs and traces that reach the scheduler's corners.
+
+The draws favour the boundaries where schedulers break: prompts of exact block multiples,
+prompts equal to (or just over) the prompt limit, ``n > 1`` groups whose forks share blocks,
+caches of a handful of blocks that force preemption, swap spaces too small for a victim, and
+aborts in every state.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from spec.config import SchedulerConfig
+from spec.trace import Arrival, Trace
+from spec.types import Request, seq_id
+
+
+@st.composite
+def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority"), modes: tuple[str, ...] = ("auto", "recompute", "swap")) -> SchedulerConfig:
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    num_gpu_blocks = draw(st.integers(2, 24))
+    max_num_seqs = draw(st.integers(1, 6))
+    max_model_len = draw(st.integers(block_size, block_size * 12))
+    max_num_batched_tokens = draw(st.integers(max(max_num_seqs, max_model_len // 2), max_model_len * 2 + 8))
+    return SchedulerConfig(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=draw(st.integers(0, 24)),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_num_batched_tokens, max_num_seqs),
+        max_model_len=max_model_len,
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.1, 0.25])),
+        preemption_mode=draw(st.sampled_from(modes)),
+        policy=draw(st.sampled_from(policies)),
+    )
+
+
+@st.composite
+def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig) -> int:
+    bs, limit = config.block_size, config.prompt_limit
+    return draw(
+        st.one_of(
+            st.integers(1, max(1, limit)),
+            st.sampled_from(sorted({max(1, k * bs) for k in range(1, 4)})),  # exact block multiples
+            st.sampled_from(sorted({max(1, limit - 1), limit, limit + 1})),  # at the limit
+        )
+    )
+
+
+@st.composite
+def traces(
+    draw: st.DrawFn,
+    config: SchedulerConfig | None = None,
+    max_requests: int = 6,
+    max_n: int = 3,
+    allow_aborts: bool = True,
+) -> Trace:
+    if config is None:
+        config = draw(configs())
+    count = draw(st.integers(1, max_requests))
+    arrivals = []
+    step = 0
+    for i in range(count):
+        step += draw(st.integers(0, 3))
+        request = Request(
+            request_id=f"r{i}",
+            prompt_len=draw(prompt_lengths(config)),
+            max_tokens=draw(st.integers(1, 12)),
+            n=draw(st.integers(1, max_n)),
+            priority=draw(st.integers(0, 2)),
+        )
+        arrivals.append(Arrival(step, request))
+    horizon = step + 30
+    aborts: list[tuple[int, str]] = []
+    if allow_aborts:
+        for a in arrivals:
+            if draw(st.integers(0, 5)) == 0:
+                aborts.append((a.step + draw(st.integers(0, 12)), a.request.request_id))
+    stops = []
+    for a in arrivals:
+        for index in range(a.request.n):
+            if draw(st.integers(0, 3)) == 0:
+                stops.append((a.step + draw(st.integers(1, 14)), seq_id(a.request.request_id, index)))
+    return Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)), max_steps=horizon + 2000)

@@ -1,0 +1,200 @@
+"""The invariant catalogue: what a scheduler of the vLLM kind must guarantee.
+
+Each `Invariant` has a stable ID, a category (safety / policy / liveness), a one-line statement,
+a rationale citing where it comes from (a seed passage or a vLLM behaviour), the observations it
+needs, and one executable predicate. Step predicates see one `StepRecord` at a time (with the
+run's context); end predicates see the run as a whole once it stops.
+
+The predicates live in `spec.invariants.*`, one module per family; this module registers them
+and runs them (`Checker`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from spec.config import SchedulerConfig
+from spec.observation import Capability, StepRecord
+from spec.status import Status
+from spec.types import Request
+
+CATEGORIES = ("safety", "policy", "liveness")
+
+
+@dataclass
+class CheckContext:
+    """What a predicate may know besides the step: the config and the run so far."""
+
+    config: SchedulerConfig
+    requests: dict[str, Request] = field(default_factory=dict)
+    arrival: dict[str, int] = field(default_factory=dict)  # add order
+    finished: dict[str, Status] = field(default_factory=dict)  # reported before this step
+    steps: int = 0
+    last_arrival_step: int = 0
+    drained: bool = False
+    ended_at_max_steps: bool = False
+
+    def key(self, request_id: str) -> tuple[int, ...]:
+        """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
+        if self.config.policy == "priority":
+            return (self.requests[request_id].priority, self.arrival[request_id])
+        return (self.arrival[request_id],)
+
+
+StepPredicate = Callable[[CheckContext, StepRecord], Iterable[str]]
+EndPredicate = Callable[[CheckContext], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    category: str
+    statement: str
+    rationale: str
+    needs: frozenset[Capability]
+    step: StepPredicate | None = None
+    end: EndPredicate | None = None
+
+    def applicable(self, capabilities: frozenset[Capability]) -> bool:
+        return self.needs <= capabilities
+
+    @property
+    def predicate_location(self) -> str:
+        fn = self.step or self.end
+        assert fn is not None
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "category": self.category,
+            "statement": self.statement,
+            "rationale": self.rationale,
+            "needs": sorted(c.value for c in self.needs),
+            "checked": "per step" if self.step else "at the end of a run",
+            "predicate": self.predicate_location,
+        }
+
+
+_REGISTRY: dict[str, Invariant] = {}
+
+
+def invariant(
+    id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False
+) -> Callable[[Callable], Callable]:
+    """Register the decorated predicate as invariant ``id``."""
+    assert category in CATEGORIES, category
+
+    def register(fn: Callable) -> Callable:
+        assert id not in _REGISTRY, f"duplicate invariant id {id}"
+        needs_set = frozenset(needs) | {Capability.OUTPUT}
+        _REGISTRY[id] = Invariant(
+            id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
+            step=None if at_end else fn, end=fn if at_end else None,
+        )
+        return fn
+
+    return register
+
+
+def catalogue() -> list[Invariant]:
+    """Every invariant, in ID order."""
+    _load()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY, key=_id_order)]
+
+
+def get(invariant_id: str) -> Invariant:
+    _load()
+    return _REGISTRY[invariant_id]
+
+
+_FAMILY_ORDER = ("BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "POL", "LIV")
+
+
+def _id_order(invariant_id: str) -> tuple[int, str]:
+    family = invariant_id.split("-")[0]
+    return (_FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER), invariant_id)
+
+
+def _load() -> None:
+    if _REGISTRY:
+        return
+    # Importing the families registers their invariants.
+    from spec.invariants import (  # noqa: F401
+        admission,
+        blocks,
+        budgets,
+        liveness,
+        placement,
+        policy,
+        requests,
+        swap,
+    )
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant_id: str
+    step: int | None  # None: found at the end of the run
+    message: str
+
+    def __str__(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "end of run"
+        return f"{self.invariant_id} at {where}: {self.message}"
+
+
+class Checker:
+    """Runs the applicable invariants over a run, one step at a time.
+
+    Feed it records with `check_step` as they happen (so a violation is known at once), then
+    call `check_end`. Invariants whose needs the scheduler does not meet are `not_applicable`.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        capabilities: frozenset[Capability],
+        invariants: Iterable[Invariant] | None = None,
+    ) -> None:
+        chosen = list(invariants) if invariants is not None else catalogue()
+        self.context = CheckContext(config)
+        self.active = [inv for inv in chosen if inv.applicable(capabilities)]
+        self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities)]
+        self._step_checks = [inv for inv in self.active if inv.step is not None]
+        self._end_checks = [inv for inv in self.active if inv.end is not None]
+
+    def check_step(self, record: StepRecord) -> list[Violation]:
+        ctx = self.context
+        for request in record.added:
+            ctx.requests[request.request_id] = request
+            ctx.arrival[request.request_id] = len(ctx.arrival)
+            ctx.last_arrival_step = record.step
+        found = [
+            Violation(inv.id, record.step, message)
+            for inv in self._step_checks
+            for message in inv.step(ctx, record)  # type: ignore[misc]
+        ]
+        for f in record.finished:
+            ctx.finished.setdefault(f.request_id, f.status)
+        ctx.steps += 1
+        return found
+
+    def check_end(self, drained: bool, ended_at_max_steps: bool) -> list[Violation]:
+        self.context.drained = drained
+        self.context.ended_at_max_steps = ended_at_max_steps
+        return [Violation(inv.id, None, m) for inv in self._end_checks for m in inv.end(self.context)]  # type: ignore[misc]
+
+
+def check_records(
+    config: SchedulerConfig,
+    capabilities: frozenset[Capability],
+    records: Iterable[StepRecord],
+    drained: bool,
+    ended_at_max_steps: bool = False,
+) -> Iterator[Violation]:
+    """Check a whole recorded run (convenience for tests and replay)."""
+    checker = Checker(config, capabilities)
+    for record in records:
+        yield from checker.check_step(record)
+    yield from checker.check_end(drained, ended_at_max_steps)

@@ -1,0 +1,1 @@
+"""The invariant families; importing a module registers its invariants in `spec.catalogue`."""

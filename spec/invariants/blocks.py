@@ -1,0 +1,248 @@
+"""Blocks: conservation, reference counts, free lists, capacity and copy-on-write."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import entries, snapshots, tables
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.status import Status
+
+_SEED_34 = "Seed 000 §3.4 counts free and allocated blocks of one 10-block pool"
+
+
+def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
+    total = ctx.config.num_gpu_blocks if device == "gpu" else ctx.config.num_cpu_blocks
+    for label, snap in snapshots(rec):
+        refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
+        free = snap.gpu_free if device == "gpu" else snap.cpu_free
+        assert refs is not None and free is not None
+        if len(refs) != total:
+            yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
+            continue
+        negative = [b for b, r in enumerate(refs) if r < 0]
+        if negative:
+            yield f"{label}: {device} blocks {negative[:5]} have negative reference counts"
+        in_use = sum(1 for r in refs if r > 0)
+        if in_use + free != total:
+            yield f"{label}: {device} free {free} + in use {in_use} = {free + in_use}, expected {total}"
+
+
+@invariant(
+    "BLK-001", "safety",
+    "GPU block conservation: free blocks plus blocks in use equal the GPU pool size, nothing counted twice.",
+    f"""{_SEED_34}; a block that is both free and in use (double free) or neither (leak) makes the
+    scheduler's admission arithmetic wrong from then on (vLLM's NaiveBlockAllocator keeps a free
+    list and reference counts that must agree).""",
+    (C.REF_COUNTS, C.FREE_COUNTS),
+)
+def gpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _conservation(ctx, rec, "gpu")
+
+
+@invariant(
+    "BLK-002", "safety",
+    "CPU block conservation: free swap blocks plus swap blocks in use equal the CPU pool size.",
+    """The swap space is a second pool with the same bookkeeping (vLLM's CPU allocator); a leak
+    there turns into the 'lack of CPU swap space' failure long before the space is really full.""",
+    (C.REF_COUNTS, C.FREE_COUNTS),
+)
+def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _conservation(ctx, rec, "cpu")
+
+
+def _ref_counts(rec: StepRecord, device: str) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
+        assert refs is not None
+        counted = entries(snap, device)
+        for block, ref in enumerate(refs):
+            if ref != counted.get(block, 0):
+                yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
+        for block in counted:
+            if not 0 <= block < len(refs):
+                yield f"{label}: a table points at {device} block {block}, outside the pool"
+
+
+@invariant(
+    "BLK-003", "safety",
+    "GPU reference counts equal the number of block-table entries that point at each block.",
+    """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
+    BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
+    the holders leaks the block; below them frees it under a live sequence (the double free of
+    vLLM PR #3347).""",
+    (C.REF_COUNTS, C.BLOCK_TABLES),
+)
+def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _ref_counts(rec, "gpu")
+
+
+@invariant(
+    "BLK-004", "safety",
+    "CPU reference counts equal the number of block-table entries that point at each swap block.",
+    """Swapping a forked group must keep its sharing: each distinct GPU block gets one CPU block
+    and the count follows the entries (vLLM's swap maps are per block, not per entry).""",
+    (C.REF_COUNTS, C.BLOCK_TABLES),
+)
+def cpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _ref_counts(rec, "cpu")
+
+
+@invariant(
+    "BLK-005", "safety",
+    """Free lists are sound: each free block is listed once, is a valid id, and no block table
+    points at a free block.""",
+    """Seed 000 §3.1: the scheduler must know exactly each block's state (free, allocated, being
+    released). A free block that a table still names is a use-after-free: the next admission
+    overwrites a live sequence's KV.""",
+    (C.FREE_LISTS, C.BLOCK_TABLES),
+)
+def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        for device, free_ids, total in (
+            ("gpu", snap.gpu_free_ids, ctx.config.num_gpu_blocks),
+            ("cpu", snap.cpu_free_ids, ctx.config.num_cpu_blocks),
+        ):
+            assert free_ids is not None
+            dupes = [b for b, n in Counter(free_ids).items() if n > 1]
+            if dupes:
+                yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
+            bad = [b for b in free_ids if not 0 <= b < total]
+            if bad:
+                yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
+            used = set(entries(snap, device))
+            both = sorted(used & set(free_ids))
+            if both:
+                yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
+
+
+@invariant(
+    "BLK-006", "safety",
+    "No sequence's block table names the same physical block twice.",
+    """A block holds one span of block_size consecutive tokens of one logical position (seed 000
+    §3.2: the block table maps logical blocks to physical blocks); naming it twice means two
+    logical blocks overwrite each other's KV.""",
+    (C.BLOCK_TABLES,),
+)
+def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.seqs is not None
+        for sid, view in snap.seqs.items():
+            if view.blocks and len(set(view.blocks)) != len(view.blocks):
+                yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
+
+
+@invariant(
+    "CAP-001", "safety",
+    """Between steps, a running or swapped sequence's table has exactly the blocks its computed
+    tokens need: ceil(computed / block_size).""",
+    """vLLM allocates a prompt's blocks at admission and one more block only when a decode needs
+    a new slot (append_slots); more blocks is a leak that starves admission, fewer means the
+    KV of a computed token has nowhere to live.""",
+    (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.STATUSES),
+)
+def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.after.seqs is not None
+    bs = ctx.config.block_size
+    for sid, v in rec.after.seqs.items():
+        if v.status in (Status.RUNNING, Status.SWAPPED):
+            need = -(-(v.num_computed or 0) // bs)
+            have = len(v.blocks or ())
+            if have != need:
+                yield f"{sid} ({v.status.value}) holds {have} blocks for {v.num_computed} computed tokens, needs {need}"
+
+
+@invariant(
+    "CAP-002", "safety",
+    """After schedule(), each scheduled sequence's table covers exactly its computed tokens plus
+    the tokens scheduled now.""",
+    """The model writes the KV of every scheduled token into the slot its table names
+    (seed 000 §3.3 step 4 collects each sequence's block_table); a missing block is an
+    out-of-bounds write, an extra one a leak.""",
+    (C.MID_STEP, C.BLOCK_TABLES, C.SEQ_LENGTHS),
+)
+def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.seqs is not None
+    bs = ctx.config.block_size
+    for item in rec.output.scheduled:
+        v = rec.mid.seqs.get(item.seq_id)
+        if v is None:
+            yield f"{item.seq_id} is scheduled but unknown after schedule()"
+            continue
+        need = -(-((v.num_computed or 0) + item.num_tokens) // bs)
+        have = len(v.blocks or ())
+        if have != need or v.device != "gpu":
+            yield (
+                f"{item.seq_id} scheduled for {item.num_tokens} token(s) after {v.num_computed} computed "
+                f"holds {have} {v.device} block(s), needs {need} on gpu"
+            )
+
+
+@invariant(
+    "CAP-003", "safety",
+    """Between steps, a running or swapped sequence has computed every token but the one just
+    sampled, and a waiting sequence has computed none.""",
+    """A decode computes the KV of the token sampled in the previous step, so the lag is exactly
+    one; recompute drops all KV (vLLM's reset_state_for_recompute). A stale computed count after
+    preemption (nano-vllm PR #207) makes the next prefill skip tokens.""",
+    (C.SEQ_LENGTHS, C.STATUSES),
+)
+def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.after.seqs is not None
+    for sid, v in rec.after.seqs.items():
+        if v.status in (Status.RUNNING, Status.SWAPPED) and v.num_computed != (v.num_tokens or 0) - 1:
+            yield f"{sid} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
+        elif v.status is Status.WAITING and v.num_computed != 0:
+            yield f"{sid} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
+
+
+def _written_blocks(num_computed: int, num_tokens: int, bs: int) -> range:
+    return range(num_computed // bs, (num_computed + num_tokens - 1) // bs + 1)
+
+
+@invariant(
+    "COW-001", "safety",
+    "No block whose reference count is above one is written in place: every block a scheduled token writes is held once.",
+    """Forked sequences share the prompt's last, partly filled block; the first to decode must
+    copy it (copy-on-write, vLLM's CopyOnWriteTracker) or its token overwrites its siblings' KV.""",
+    (C.MID_STEP, C.BLOCK_TABLES, C.REF_COUNTS, C.SEQ_LENGTHS),
+)
+def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.seqs is not None and rec.mid.gpu_ref_counts is not None
+    bs = ctx.config.block_size
+    for item in rec.output.scheduled:
+        v = rec.mid.seqs.get(item.seq_id)
+        if v is None or not v.blocks:
+            continue
+        for index in _written_blocks(v.num_computed or 0, item.num_tokens, bs):
+            if index < len(v.blocks):
+                block = v.blocks[index]
+                if rec.mid.gpu_ref_counts[block] > 1:
+                    yield f"{item.seq_id} writes logical block {index} = gpu block {block}, shared ({rec.mid.gpu_ref_counts[block]} refs)"
+
+
+@invariant(
+    "COW-002", "safety",
+    """Each copy-on-write (src, dst) copies a block that was in use into a different block that
+    afterwards belongs to exactly one scheduled sequence.""",
+    """A copy map entry is an instruction to the cache engine (vLLM's blocks_to_copy); a copy
+    into a shared or foreign block corrupts another sequence, a copy from a free block copies
+    garbage.""",
+    (C.MID_STEP, C.BLOCK_TABLES),
+)
+def copy_targets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None
+    before_used = set(entries(rec.before, "gpu")) | {gpu for _, gpu in rec.output.swap_in}
+    mid_tables = tables(rec.mid, "gpu")
+    scheduled = {s.seq_id for s in rec.output.scheduled}
+    for src, dst in rec.output.copies:
+        if src == dst:
+            yield f"copy {src}->{dst} copies a block onto itself"
+        if src not in before_used:
+            yield f"copy {src}->{dst}: source block {src} was neither in use before the step nor swapped in"
+        holders = [sid for sid, t in mid_tables.items() for b in t if b == dst]
+        if len(holders) != 1 or holders[0] not in scheduled:
+            yield f"copy {src}->{dst}: destination is held by {holders or 'nobody'}, expected one scheduled sequence"

@@ -1,0 +1,66 @@
+"""Liveness: the scheduler keeps making progress, and every request finishes."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import admitted
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+
+
+@invariant(
+    "LIV-001", "liveness",
+    "Every step with unfinished requests makes progress: it schedules a token, ignores a request, or preempts one to free blocks.",
+    """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
+    nothing with work queued repeats forever, since nothing changes before the next one.""",
+    (C.QUEUES,),
+)
+def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    queued = any(rec.before.queue(q) for q in ("waiting", "running", "swapped"))
+    out = rec.output
+    if queued and not (out.scheduled or out.ignored or out.preempted):
+        yield (
+            f"nothing scheduled, ignored or preempted with waiting={list(rec.before.waiting or ())} "
+            f"running={list(rec.before.running or ())} swapped={list(rec.before.swapped or ())}"
+        )
+
+
+@invariant(
+    "LIV-002", "liveness",
+    "Every request finishes within a bounded number of steps after the last arrival.",
+    """With every infeasible request ignored, FCFS preemption always lets the most urgent request
+    run, so each generated token costs at most a bounded number of steps; the bound used is
+    (R + 2) * (sum of n * max_tokens + R + 2) for R requests.""",
+    at_end=True,
+)
+def bounded_completion(ctx: CheckContext) -> Iterator[str]:
+    if ctx.drained:
+        return
+    bound = completion_bound(ctx)
+    if ctx.steps - ctx.last_arrival_step >= bound:
+        unfinished = sorted(set(ctx.requests) - set(ctx.finished))
+        yield f"{len(unfinished)} request(s) {unfinished[:5]} unfinished {ctx.steps - ctx.last_arrival_step} steps after the last arrival (bound {bound})"
+
+
+def completion_bound(ctx: CheckContext) -> int:
+    requests = list(ctx.requests.values())
+    tokens = sum(r.n * r.max_tokens for r in requests)
+    return (len(requests) + 2) * (tokens + len(requests) + 2)
+
+
+@invariant(
+    "LIV-003", "liveness",
+    "An idle engine never leaves its waiting head waiting: with nothing running or swapped, the head is admitted or ignored.",
+    """With nothing running, every block is free, so a head that does not fit now never will: it
+    must be ignored, not left to block the queue forever (vLLM PR #2163 and the AllocStatus.NEVER
+    rule).""",
+    (C.QUEUES,),
+)
+def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    waiting = rec.before.waiting or ()
+    if waiting and not rec.before.running and not rec.before.swapped:
+        head = waiting[0]
+        if head not in admitted(rec) and head not in rec.output.ignored:
+            yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"

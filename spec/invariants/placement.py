@@ -1,0 +1,120 @@
+"""Where things are: which device a sequence's blocks live on, and which queue a request is in."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import snapshots
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.status import QUEUES, Status
+
+
+def _residency(rec: StepRecord, wanted: Status, device: str | None) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.seqs is not None
+        for sid, v in snap.seqs.items():
+            if v.status is not wanted:
+                continue
+            if device is None and v.blocks:
+                yield f"{label}: {sid} is {wanted.value} but holds {v.device} blocks {list(v.blocks)}"
+            elif device is not None and (v.device != device or not v.blocks):
+                yield f"{label}: {sid} is {wanted.value} but its blocks are {list(v.blocks or ())} on {v.device}"
+
+
+@invariant(
+    "RES-001", "safety",
+    "A running sequence holds at least one block, and all its blocks are GPU blocks.",
+    """Seed 003 §1: running requests are the ones being computed, and the model reads their KV
+    from GPU memory; a running sequence whose table points at CPU blocks computes on garbage.""",
+    (C.STATUSES, C.BLOCK_TABLES),
+)
+def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _residency(rec, Status.RUNNING, "gpu")
+
+
+@invariant(
+    "RES-002", "safety",
+    "A swapped sequence holds at least one block, and all its blocks are CPU blocks.",
+    """Seed 000 §3.2 (CacheEngine moves KV between GPU and CPU) and seed 003 §1 (swapped:
+    'temporarily moved out for lack of resources'): a swapped sequence keeps its KV, on CPU only,
+    so its GPU blocks are free for others.""",
+    (C.STATUSES, C.BLOCK_TABLES),
+)
+def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _residency(rec, Status.SWAPPED, "cpu")
+
+
+@invariant(
+    "RES-003", "safety",
+    "A waiting sequence holds no block.",
+    """vLLM allocates a prompt's blocks when it is admitted, all at once, and a recompute victim
+    gives back all of its blocks (vLLM PR #10013 fixed a recompute that kept a second table).""",
+    (C.STATUSES, C.BLOCK_TABLES),
+)
+def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    yield from _residency(rec, Status.WAITING, None)
+
+
+@invariant(
+    "RES-004", "safety",
+    "A finished sequence holds no block.",
+    """Seed 000 §3.3 step 6: blocks of terminated sequences are released after each iteration;
+    anything a finished sequence keeps is leaked for good (SGLang #18701: aborting a retracted
+    request leaked its KV).""",
+    (C.STATUSES, C.BLOCK_TABLES),
+)
+def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.seqs is not None
+        for sid, v in snap.seqs.items():
+            if v.status.is_finished and v.blocks:
+                yield f"{label}: {sid} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
+
+
+@invariant(
+    "QUE-001", "safety",
+    """Queue partition: each unfinished request is in exactly one of waiting, running and swapped,
+    once; finished and unknown requests are in none.""",
+    """Seed 003 §1 names the three queues and moves requests between them; a request in two
+    queues is scheduled twice, one in none is lost (TensorRT-LLM #9931: a request paused twice).""",
+    (C.QUEUES, C.STATUSES),
+)
+def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.statuses is not None
+        seen: dict[str, list[str]] = {}
+        for name in QUEUES:
+            for rid in snap.queue(name) or ():
+                seen.setdefault(rid, []).append(name)
+        for rid, status in snap.statuses.items():
+            where = seen.pop(rid, [])
+            if status.is_finished and where:
+                yield f"{label}: {rid} is {status.value} yet in {where}"
+            elif not status.is_finished and len(where) != 1:
+                yield f"{label}: {rid} is unfinished and in {len(where)} queues {where}"
+        for rid, where in seen.items():
+            yield f"{label}: unknown request {rid} in {where}"
+
+
+@invariant(
+    "QUE-002", "safety",
+    "A request's status names the queue it is in (WAITING in waiting, RUNNING in running, SWAPPED in swapped), and so do its live sequences'.",
+    """Seed 003 §1 keeps the status on the request ('WAITING/RUNNING/SWAPPED'); vLLM derives its
+    decisions from sequence statuses (get_seqs(status=RUNNING)), so a status that disagrees with
+    the queue makes it skip or double-count sequences.""",
+    (C.QUEUES, C.STATUSES),
+)
+def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.statuses is not None and snap.seqs is not None
+        for name in QUEUES:
+            for rid in snap.queue(name) or ():
+                status = snap.statuses.get(rid)
+                if status is None or status.queue != name:
+                    yield f"{label}: {rid} is in {name} with status {status.value if status else None}"
+        for sid, v in snap.seqs.items():
+            group = snap.statuses.get(v.request_id)
+            if group is not None and not group.is_finished and not v.status.is_finished and v.status is not group:
+                yield f"{label}: sequence {sid} is {v.status.value} in a {group.value} request"

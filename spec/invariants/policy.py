@@ -1,0 +1,114 @@
+"""Policy: the order in which the reference serves requests (vLLM V0's default flow).
+
+A third-party scheduler is held to these only where its profile claims the reference policy.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import admitted
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.status import QUEUES, PreemptionMode
+
+
+@invariant(
+    "POL-001", "policy",
+    """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
+    prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted.""",
+    """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
+    first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
+    requests pass a skipped one.""",
+    (C.QUEUES,),
+)
+def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    waiting = list(rec.before.waiting or ())
+    taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
+    prefix = waiting[: len(taken)]
+    if set(prefix) != taken:
+        yield f"took {sorted(taken, key=waiting.index)} out of waiting {waiting}: not a prefix"
+    order = [s.request_id for s in rec.output.scheduled if s.is_prefill and s.request_id in taken]
+    ranks = [waiting.index(r) for r in dict.fromkeys(order)]
+    if ranks != sorted(ranks):
+        yield f"prefills scheduled out of waiting order: {list(dict.fromkeys(order))}"
+
+
+@invariant(
+    "POL-002", "policy",
+    "Swapped requests resume before any new prefill: no waiting request is admitted while a request is swapped out.",
+    """Seed 003 §2.2/§3 ('only when swapped is empty are new requests processed') and vLLM's
+    _schedule_default (prefills only `if not self.swapped`): a swapped request already holds CPU
+    space and has produced output; starving it behind new arrivals (vLLM #5578) wastes both.""",
+    (C.QUEUES,),
+)
+def swapped_first(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    if rec.before.swapped:
+        fresh = admitted(rec)
+        if fresh:
+            yield f"admitted {fresh} while {list(rec.before.swapped)} were swapped"
+
+
+@invariant(
+    "POL-003", "policy",
+    """Victim choice: every preempted request is less urgent than every running request that was
+    not preempted (lowest priority first, then latest arrival).""",
+    """Seed 000 §3.4 step 5 preempts the later request B for A; vLLM pops victims from the tail
+    of the running queue (running_queue.pop()), which policy order makes the least urgent.""",
+    (C.QUEUES,),
+)
+def victim_choice(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    victims = [p.request_id for p in rec.output.preempted]
+    if not victims:
+        return
+    kept = [r for r in rec.before.running or () if r not in victims]
+    for v in victims:
+        for k in kept:
+            if ctx.key(v) < ctx.key(k):
+                yield f"preempted {v} (key {ctx.key(v)}) but kept the less urgent {k} (key {ctx.key(k)})"
+
+
+@invariant(
+    "POL-004", "policy",
+    "A recompute victim re-enters waiting ahead of every waiting request less urgent than it (at the front, under FCFS).",
+    """Seed 003 §3 (`self.waiting.extendleft(preempted)`) and vLLM's _schedule_default: a
+    recomputed request has already waited once; putting it behind new arrivals starves it.""",
+    (C.QUEUES,),
+)
+def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    waiting = list(rec.after.waiting or ())
+    for p in rec.output.preempted:
+        if p.mode is not PreemptionMode.RECOMPUTE or p.request_id not in waiting:
+            continue
+        position = waiting.index(p.request_id)
+        for ahead in waiting[:position]:
+            if ctx.key(ahead) > ctx.key(p.request_id):
+                yield f"recompute victim {p.request_id} is behind the less urgent {ahead} in waiting {waiting}"
+
+
+@invariant(
+    "POL-005", "policy",
+    "Prefills and decodes never share a step (no chunked prefill): a step that admits prompts schedules no decode.",
+    """vLLM V0's _schedule_default skips _schedule_running when prefills were scheduled ('Don't
+    schedule decodes if prefills are scheduled'): prompt and decode kernels are separate passes.""",
+)
+def no_mixed_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    kinds = {s.is_prefill for s in rec.output.scheduled}
+    if len(kinds) > 1:
+        yield f"step mixes {rec.output.num_prefill_seqs} prefill and {len(rec.output.scheduled) - rec.output.num_prefill_seqs} decode sequences"
+
+
+@invariant(
+    "POL-006", "policy",
+    "Between steps, each queue is in policy order (FCFS: arrival; priority: priority, then arrival).",
+    """The order of waiting decides admission, the order of running decides victims, the order of
+    swapped decides swap-ins; seed 003 §5 adds priority as the sort key.""",
+    (C.QUEUES,),
+)
+def queues_in_order(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for name in QUEUES:
+        queue = [r for r in rec.after.queue(name) or () if r in ctx.arrival]
+        keys = [ctx.key(r) for r in queue]
+        if keys != sorted(keys):
+            yield f"{name} queue {queue} is not in policy order"

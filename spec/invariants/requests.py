@@ -1,0 +1,91 @@
+"""The life of a request: it finishes exactly once, is never lost, and keeps its tokens."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.types import request_of
+
+
+@invariant(
+    "REQ-001", "safety",
+    "A request is reported finished at most once, and only a request that was added.",
+    """Every request ends in exactly one finished state (DESIGN: no request is lost); a second
+    finish frees its blocks twice (SGLang-JAX PR #982: release on two paths).""",
+)
+def finished_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    counts = Counter(f.request_id for f in rec.finished)
+    for rid, n in counts.items():
+        if rid not in ctx.requests:
+            yield f"{rid} reported finished but never added"
+        elif rid in ctx.finished:
+            yield f"{rid} reported finished again ({ctx.finished[rid].value} before)"
+        elif n > 1:
+            yield f"{rid} reported finished {n} times in one step"
+
+
+@invariant(
+    "REQ-002", "safety",
+    """No request is lost: the scheduler shows every added request that was not reported finished
+    as unfinished, and every request it shows finished was reported.""",
+    """A request dropped from every queue without a finish report hangs its client forever;
+    one finished silently never returns its output.""",
+    (C.STATUSES,),
+)
+def none_lost(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.after.statuses is not None
+    reported = set(ctx.finished) | {f.request_id for f in rec.finished}
+    for rid in ctx.requests:
+        status = rec.after.statuses.get(rid)
+        if status is None:
+            yield f"{rid} was added but the scheduler no longer knows it"
+        elif status.is_finished and rid not in reported:
+            yield f"{rid} is {status.value} but was never reported finished"
+        elif not status.is_finished and rid in reported:
+            yield f"{rid} was reported finished but is {status.value}"
+
+
+@invariant(
+    "REQ-003", "safety",
+    "A finished request is never scheduled, preempted or swapped in again.",
+    """Finished statuses are final (the lifecycle graph has no edge out of them); scheduling a
+    finished request computes into blocks it already gave back.""",
+)
+def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    named = {s.request_id for s in rec.output.scheduled} | {p.request_id for p in rec.output.preempted}
+    for rid in sorted(named | set(rec.output.swapped_in)):
+        if rid in ctx.finished:
+            yield f"{rid} finished as {ctx.finished[rid].value} but appears in step {rec.step}'s output"
+
+
+@invariant(
+    "REQ-004", "safety",
+    """Every generated token is kept: a step adds exactly one token to each scheduled sequence and
+    none to the others, and preemption never drops tokens.""",
+    """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
+    new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
+    or corrupts the output the client already received.""",
+    (C.SEQ_LENGTHS,),
+)
+def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.before.seqs is not None and rec.after.seqs is not None
+    scheduled = {s.seq_id for s in rec.output.scheduled}
+    forked_from = {request_of(s.seq_id) for s in rec.output.scheduled if s.is_prefill}
+    for sid, new in rec.after.seqs.items():
+        old = rec.before.seqs.get(sid)
+        if old is None:
+            continue
+        if old.status.is_finished:
+            continue
+        grow = 1 if sid in scheduled else 0
+        if (new.num_tokens or 0) != (old.num_tokens or 0) + grow:
+            yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
+    for sid, new in rec.after.seqs.items():
+        if sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {
+            r.request_id for r in rec.added
+        }:
+            yield f"{sid} appeared without its request being added or prefilled"

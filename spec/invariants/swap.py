@@ -1,0 +1,95 @@
+"""Swap maps: bijections between a victim's blocks and fresh blocks on the other device."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import entries, tables
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.status import PreemptionMode
+
+
+def _bijection(pairs: tuple[tuple[int, int], ...], name: str) -> Iterator[str]:
+    srcs = [a for a, _ in pairs]
+    dsts = [b for _, b in pairs]
+    if len(set(srcs)) != len(srcs):
+        yield f"{name} map names a source block twice: {list(pairs)}"
+    if len(set(dsts)) != len(dsts):
+        yield f"{name} map names a destination block twice: {list(pairs)}"
+
+
+def _distinct(rec_tables: dict[str, tuple[int, ...]], request_ids: set[str], sep: str = "#") -> set[int]:
+    return {b for sid, t in rec_tables.items() if sid.rsplit(sep, 1)[0] in request_ids for b in t}
+
+
+@invariant(
+    "SWP-001", "safety",
+    """Swap-out is a bijection from exactly the swapped-out requests' GPU blocks onto CPU blocks
+    that were free.""",
+    """Seed 000 §3.4 step 5 swaps a victim's KV to CPU to free GPU blocks; vLLM's
+    blocks_to_swap_out is a block map the cache engine executes. A missing source loses KV, a
+    busy destination overwrites another swapped request.""",
+    (C.BLOCK_TABLES,),
+)
+def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    pairs = rec.output.swap_out
+    yield from _bijection(pairs, "swap-out")
+    victims = {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
+    expected = _distinct(tables(rec.before, "gpu"), victims)
+    if {a for a, _ in pairs} != expected:
+        yield f"swap-out sources {sorted(a for a, _ in pairs)} != the victims' GPU blocks {sorted(expected)}"
+    busy = set(entries(rec.before, "cpu"))
+    clash = sorted({b for _, b in pairs} & busy)
+    if clash:
+        yield f"swap-out writes CPU blocks {clash} that were already in use"
+
+
+@invariant(
+    "SWP-002", "safety",
+    """Swap-in is a bijection from exactly the swapped-in requests' CPU blocks onto GPU blocks
+    that no other request holds.""",
+    """The reverse of SWP-001 (vLLM's blocks_to_swap_in). A destination still held by a running
+    sequence (vLLM PR #8824 under-counted what a swap-in consumes) puts two sequences' KV in one
+    block.""",
+    (C.BLOCK_TABLES,),
+)
+def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    pairs = rec.output.swap_in
+    yield from _bijection(pairs, "swap-in")
+    group = set(rec.output.swapped_in)
+    expected = _distinct(tables(rec.before, "cpu"), group)
+    if {a for a, _ in pairs} != expected:
+        yield f"swap-in sources {sorted(a for a, _ in pairs)} != the swapped-in CPU blocks {sorted(expected)}"
+    others = {b for sid, t in tables(rec.after, "gpu").items() if sid.rsplit("#", 1)[0] not in group for b in t}
+    clash = sorted({b for _, b in pairs} & others)
+    if clash:
+        yield f"swap-in writes GPU blocks {clash} held by other requests"
+
+
+@invariant(
+    "SWP-003", "safety",
+    """Swapping out preserves a sequence: its new table is its old table mapped through the swap
+    map, entry by entry, and its token counts do not change.""",
+    """Swap exists to keep KV instead of recomputing it (seed 000 §3.5: swap costs PCIe
+    transfers, recompute costs compute); a table that is not the image of the old one resumes
+    with someone else's KV, and forked sequences must keep sharing their blocks.""",
+    (C.BLOCK_TABLES, C.SEQ_LENGTHS),
+)
+def swap_preserves(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.before.seqs is not None and rec.after.seqs is not None
+    mapping = dict(rec.output.swap_out)
+    victims = {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
+    for sid, old in rec.before.seqs.items():
+        if old.request_id not in victims or old.status.is_finished:
+            continue
+        new = rec.after.seqs.get(sid)
+        if new is None:
+            yield f"{sid} vanished when its request was swapped out"
+            continue
+        image = tuple(mapping.get(b, -1) for b in old.blocks or ())
+        if new.device == "cpu" and new.blocks != image:
+            yield f"{sid} swapped out: table {list(old.blocks or ())} became {list(new.blocks or ())}, expected {list(image)}"
+        if (new.num_tokens, new.num_computed) != (old.num_tokens, old.num_computed):
+            yield f"{sid} swapped out: tokens/computed {old.num_tokens}/{old.num_computed} became {new.num_tokens}/{new.num_computed}"
