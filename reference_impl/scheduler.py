@@ -293,6 +293,7 @@ class Scheduler:
             self._preempt_by_recompute(victim)
             step.reason("preempted_recompute", victim.request_id, needed_by=needed_by, need=need, free=free)
         step.preempted.append(Preempted(victim.request_id, mode))
+        self.num_preemptions_total += 1
 
     def _preempt_by_recompute(self, victim: SequenceGroup) -> None:
         """Free the victim's blocks and forget its KV; its generated tokens stay and are
@@ -302,7 +303,6 @@ class Scheduler:
             seq.num_computed = 0
         victim.set_status(Status.WAITING)
         self._enqueue(self.waiting, victim)
-        self.num_preemptions_total += 1
 
     # ---------------------------------------------------------------- outcome
     def update(self, outcome: StepOutcome) -> list[Finished]:

@@ -1,0 +1,1 @@
+"""One module per ``kvsched`` subcommand; see `conformance.cli`."""
