@@ -3,8 +3,10 @@ that agree with the observed state (issue #10, part 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conformance.explain import explain_step
@@ -16,7 +18,7 @@ from spec.observation import StepRecord
 from spec.reasons import TEMPLATES, Reason
 from spec.status import PreemptionMode, Status
 from spec.trace import Trace
-from spec.types import Finished, Preempted, SchedulerOutput, ScheduledSeq
+from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
 PREFILL_WAITS = {"wait_blocks", "wait_watermark", "wait_token_budget", "wait_seq_budget"}
 FINISH_KIND = {
@@ -206,3 +208,24 @@ def test_explain_step_prefers_the_reference_reasons() -> None:
     ignored = next(r for r in run.records if r.output.ignored)
     lines = explain_step(ignored.output, ignored.finished)
     assert sum("C ignored" in line for line in lines) == 1, lines  # the finish does not repeat it
+
+
+def _with_reasons(record: StepRecord, reasons: tuple[Reason, ...]) -> StepRecord:
+    return dataclasses.replace(record, output=dataclasses.replace(record.output, reasons=reasons))
+
+
+def test_the_audit_catches_wrong_or_missing_reasons() -> None:
+    trace = BUILTIN["tour"]()
+    records = run_trace(trace).records
+    step0, step8 = records[0], records[8]
+    audit_step(trace.config, step0)
+    bad = tuple(
+        Reason.of("admitted", r.request_id, **{**dict(r.numbers), "free_after": 0}) if r.kind == "admitted" else r
+        for r in step0.output.reasons
+    )
+    with pytest.raises(AssertionError):
+        audit_step(trace.config, _with_reasons(step0, bad))
+    audit_step(trace.config, step8)
+    without = tuple(r for r in step8.output.reasons if r.kind != "preempted_swap")
+    with pytest.raises(AssertionError):
+        audit_step(trace.config, _with_reasons(step8, without))
