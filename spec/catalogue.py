@@ -117,6 +117,14 @@ def _id_order(invariant_id: str) -> tuple[int, str]:
     return (_FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER), invariant_id)
 
 
+def completion_bound_for(ctx: CheckContext) -> int:
+    """The LIV-002 bound for the requests in ``ctx`` (see `spec.invariants.liveness`)."""
+    _load()
+    from spec.invariants.liveness import completion_bound_for as bound
+
+    return bound(ctx)
+
+
 def _load() -> None:
     if _REGISTRY:
         return

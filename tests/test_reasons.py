@@ -7,7 +7,7 @@ import dataclasses
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from conformance.explain import explain_step
 from conformance.generate import traces
@@ -167,8 +167,7 @@ def audit(trace: Trace) -> None:
         assert lines and all(isinstance(line, str) and line for line in lines)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(traces())
+@given(traces())  # example count: the Hypothesis profile (tests/conftest.py)
 def test_every_decision_has_a_consistent_reason(trace: Trace) -> None:
     audit(trace)
 

@@ -38,13 +38,14 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def bounded_completion(ctx: CheckContext) -> Iterator[str]:
     if ctx.drained:
         return
-    bound = completion_bound(ctx)
+    bound = completion_bound_for(ctx)
     if ctx.steps - ctx.last_arrival_step >= bound:
         unfinished = sorted(set(ctx.requests) - set(ctx.finished))
         yield f"{len(unfinished)} request(s) {unfinished[:5]} unfinished {ctx.steps - ctx.last_arrival_step} steps after the last arrival (bound {bound})"
 
 
-def completion_bound(ctx: CheckContext) -> int:
+def completion_bound_for(ctx: CheckContext) -> int:
+    """Steps after the last arrival within which every request must have finished."""
     requests = list(ctx.requests.values())
     tokens = sum(r.n * r.max_tokens for r in requests)
     return (len(requests) + 2) * (tokens + len(requests) + 2)
