@@ -39,7 +39,7 @@ class Bound:
         return ",".join(f"{k}={v}" for k, v in asdict(self).items())
 
     @classmethod
-    def parse(cls, text: str, where: str = "--bound") -> "Bound":
+    def parse(cls, text: str, where: str = "--bound") -> Bound:
         """``"gpu_blocks=6,seqs=4"`` (unnamed fields keep their defaults) or a preset name."""
         text = text.strip()
         if text in PRESETS:

@@ -1,0 +1,180 @@
+"""The invariant x action matrix: initiation and inductive step, one Z3 query per cell.
+
+For a state invariant I and an action a the cell asks whether
+
+    Config and WF and Inv(pre) and Guard_a and Trans_a and not I(post)
+
+is satisfiable, where Inv is the conjunction of every state invariant in `STATE_INVARIANTS`
+(the catalogue's plus the strengthening STR-*): relative induction, so proving every cell proves
+the conjunction inductive. ``unsat`` is ``proved``; ``sat`` is a ``counterexample`` (a concrete
+pre-state, action and post-state read from the model); a timeout is ``unknown``. Transition
+properties (ADM-002, COW-001, ALLOC) are checked the same way on (pre, post). The initial state
+(empty scheduler) is checked once per invariant in the ``init`` column.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from spec.proofs.bound import DEFAULT, Bound
+from spec.proofs.encoding import ACTIONS, ActionEncoding, Encoder, read_config, read_state
+from spec.proofs.properties import (
+    SCOPE,
+    SCOPE_BY_FAMILY,
+    STATE_INVARIANTS,
+    STRENGTHENING,
+    TRANSITION_PROPERTIES,
+    grp_ok,
+)
+
+MATRIX_VERSION = 1
+PROVED, COUNTEREXAMPLE, UNKNOWN, NOT_APPLICABLE = "proved", "counterexample", "unknown", "n/a"
+
+
+@dataclass
+class Cell:
+    invariant: str
+    action: str
+    result: str
+    seconds: float
+    scope: str = "bounded"  # bounded | unbounded
+    counterexample: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"invariant": self.invariant, "action": self.action, "result": self.result,
+               "seconds": round(self.seconds, 4), "scope": self.scope}
+        if self.counterexample is not None:
+            out["counterexample"] = self.counterexample
+        return out
+
+
+@dataclass
+class Matrix:
+    bound: Bound
+    mutant: str | None
+    strengthened: bool
+    cells: list[Cell] = field(default_factory=list)
+    out_of_scope: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def all_proved(self) -> bool:
+        return all(c.result == PROVED for c in self.cells)
+
+    def failing(self) -> list[Cell]:
+        return [c for c in self.cells if c.result != PROVED]
+
+    def cell(self, invariant: str, action: str) -> Cell:
+        return next(c for c in self.cells if c.invariant == invariant and c.action == action)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": MATRIX_VERSION,
+            "bound": self.bound.to_dict(),
+            "mutant": self.mutant,
+            "strengthened": self.strengthened,
+            "seconds": round(self.seconds, 3),
+            "all_proved": self.all_proved,
+            "cells": [c.to_dict() for c in self.cells],
+            "not_state_invariants": self.out_of_scope,
+        }
+
+
+def _solver(timeout_ms: int) -> Any:
+    s = z3.SolverFor("QF_LIA")
+    s.set("timeout", timeout_ms)
+    return s
+
+
+def _counterexample(model: Any, ae: ActionEncoding | None, enc: Encoder, pre_state: Any, post_state: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"config": read_config(model, enc), "bound": enc.bound.to_dict()}
+    if ae is not None:
+        out["action"] = ae.action
+        out["params"] = {k: model.eval(v, model_completion=True).as_long() for k, v in ae.params.items()}
+    out["pre"] = read_state(model, enc, pre_state)
+    if post_state is not None:
+        out["post"] = read_state(model, enc, post_state)
+    return out
+
+
+def out_of_scope(catalogue_ids: Iterable[str]) -> dict[str, str]:
+    """Catalogue invariants that the matrix does not prove, each with the reason."""
+    proved = set(STATE_INVARIANTS) | set(TRANSITION_PROPERTIES)
+    found = {}
+    for iid in catalogue_ids:
+        if iid in proved:
+            continue
+        family = iid.split("-")[0]
+        found[iid] = SCOPE.get(iid) or SCOPE_BY_FAMILY.get(family, "not a state invariant")
+    return found
+
+
+def prove(
+    bound: Bound = DEFAULT,
+    *,
+    mutant: str | None = None,
+    strengthen: bool = True,
+    invariants: Iterable[str] | None = None,
+    actions: Iterable[str] | None = None,
+    timeout_ms: int = 60_000,
+    catalogue_ids: Iterable[str] = (),
+    unbounded: bool = True,
+) -> Matrix:
+    """Run the matrix. ``strengthen=False`` drops the STR-* invariants from the hypothesis
+    (they are still checked as cells), which shows which cells need them."""
+    started = time.perf_counter()
+    wanted = list(invariants) if invariants is not None else list(STATE_INVARIANTS) + list(TRANSITION_PROPERTIES)
+    for iid in wanted:
+        if iid not in STATE_INVARIANTS and iid not in TRANSITION_PROPERTIES:
+            raise ValueError(f"unknown invariant {iid!r} for the matrix")
+    chosen_actions = list(actions) if actions is not None else list(ACTIONS)
+    matrix = Matrix(bound, mutant, strengthen, out_of_scope=out_of_scope(catalogue_ids))
+    hyp_ids = [i for i in STATE_INVARIANTS if strengthen or i not in STRENGTHENING]
+
+    # init column
+    enc = Encoder(bound, mutant)
+    init = enc.initial()
+    for iid in wanted:
+        if iid not in STATE_INVARIANTS:
+            continue
+        t0 = time.perf_counter()
+        s = _solver(timeout_ms)
+        s.add(enc.config_ok(), grp_ok(enc), z3.Not(STATE_INVARIANTS[iid](enc, init)))
+        r = s.check()
+        cex = _counterexample(s.model(), None, enc, init, None) if r == z3.sat else None
+        matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex))
+
+    for action in chosen_actions:
+        enc = Encoder(bound, mutant)
+        ae = enc.encode(action)
+        s = _solver(timeout_ms)
+        s.add(enc.config_ok(), grp_ok(enc), *[STATE_INVARIANTS[i](enc, ae.pre) for i in hyp_ids])
+        s.add(ae.guard, *ae.defs)
+        for iid in wanted:
+            t0 = time.perf_counter()
+            goal = STATE_INVARIANTS[iid](enc, ae.post) if iid in STATE_INVARIANTS else TRANSITION_PROPERTIES[iid](ae)
+            s.push()
+            s.add(z3.Not(goal))
+            r = s.check()
+            cex = _counterexample(s.model(), ae, enc, ae.pre, ae.post) if r == z3.sat else None
+            s.pop()
+            matrix.cells.append(Cell(iid, action, _result(r), time.perf_counter() - t0, counterexample=cex))
+
+    if unbounded and mutant is None:
+        from spec.proofs.unbounded import prove_unbounded
+
+        upgraded = prove_unbounded(timeout_ms=timeout_ms)
+        for cell in matrix.cells:
+            if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
+                cell.scope = "unbounded"
+    matrix.seconds = time.perf_counter() - started
+    return matrix
+
+
+def _result(r: Any) -> str:
+    return PROVED if r == z3.unsat else COUNTEREXAMPLE if r == z3.sat else UNKNOWN
