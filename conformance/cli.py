@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from spec.errors import InputError
 
 COMMANDS = (
     "conformance.commands.simulate",
     "conformance.commands.invariants",
+    "conformance.commands.conform",
+    "conformance.commands.replay",
 )
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2

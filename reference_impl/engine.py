@@ -8,8 +8,8 @@ when every request has arrived and finished, or at ``trace.max_steps``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from spec.observation import Capability, Snapshot, StepRecord
 from spec.protocol import SchedulerLike

@@ -40,7 +40,7 @@ class SequenceGroup:
     forked: bool = False
 
     @classmethod
-    def new(cls, request: Request, arrival: int) -> "SequenceGroup":
+    def new(cls, request: Request, arrival: int) -> SequenceGroup:
         first = Sequence(seq_id(request.request_id, 0), request.request_id, request.prompt_len, request.prompt_len)
         return cls(request=request, arrival=arrival, seqs=[first], forked=request.n == 1)
 

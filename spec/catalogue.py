@@ -11,8 +11,8 @@ and runs them (`Checker`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from spec.config import SchedulerConfig
 from spec.observation import Capability, StepRecord

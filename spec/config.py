@@ -8,8 +8,9 @@ raise `InputError` naming the field, so a user sees ``config.block_size: must be
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from spec.errors import InputError
 
@@ -85,7 +86,7 @@ class SchedulerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "config") -> "SchedulerConfig":
+    def from_dict(cls, data: Any, where: str = "config") -> SchedulerConfig:
         if not isinstance(data, Mapping):
             raise InputError(where, f"must be an object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}

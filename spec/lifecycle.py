@@ -7,7 +7,7 @@ edges a run exercised (transition coverage).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import networkx as nx
 

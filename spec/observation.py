@@ -8,15 +8,15 @@ capabilities it needs and is reported ``not_applicable`` where they are missing,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Mapping
+from enum import StrEnum
 
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
 
-class Capability(str, Enum):
+class Capability(StrEnum):
     OUTPUT = "output"  # scheduler outputs and finished requests (every adapter has these)
     STATUSES = "statuses"  # each request's and sequence's status
     QUEUES = "queues"  # ordered contents of waiting / running / swapped

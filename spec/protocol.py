@@ -8,7 +8,8 @@ back) plus one optional window onto the state, `snapshot()`, whose parts are gov
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from spec.observation import Capability, Snapshot
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome

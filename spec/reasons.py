@@ -7,8 +7,9 @@ trace viewer show them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # kind -> sentence template over the reason's numbers (and {request}).
 TEMPLATES: dict[str, str] = {
@@ -51,7 +52,7 @@ class Reason:
     numbers: tuple[tuple[str, int | str], ...] = ()
 
     @classmethod
-    def of(cls, kind: str, request_id: str, **numbers: int | str) -> "Reason":
+    def of(cls, kind: str, request_id: str, **numbers: int | str) -> Reason:
         if kind not in TEMPLATES:
             raise KeyError(f"unknown reason kind {kind!r}")
         return cls(kind, request_id, tuple(sorted(numbers.items())))
@@ -70,5 +71,5 @@ class Reason:
         return {"kind": self.kind, "request": self.request_id, "numbers": dict(self.numbers), "text": self.text()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Reason":
+    def from_dict(cls, data: Mapping[str, Any]) -> Reason:
         return cls(str(data["kind"]), str(data["request"]), tuple(sorted(dict(data.get("numbers", {})).items())))

@@ -5,10 +5,10 @@ The names follow vLLM V0's ``SequenceStatus`` so a reader of vLLM recognises the
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     WAITING = "WAITING"
     RUNNING = "RUNNING"
     SWAPPED = "SWAPPED"
@@ -33,6 +33,6 @@ QUEUES: tuple[str, ...] = ("waiting", "running", "swapped")
 FINISHED_STATUSES: tuple[Status, ...] = tuple(s for s in Status if s.is_finished)
 
 
-class PreemptionMode(str, Enum):
+class PreemptionMode(StrEnum):
     RECOMPUTE = "recompute"
     SWAP = "swap"

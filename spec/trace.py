@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -101,7 +102,7 @@ class Trace:
         return path
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Trace":
+    def from_dict(cls, data: Any) -> Trace:
         if not isinstance(data, Mapping):
             raise InputError("trace", "must be a JSON object")
         version = data.get("version")
@@ -160,7 +161,7 @@ class Trace:
         return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         path = Path(path)
         try:
             text = path.read_text()

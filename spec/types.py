@@ -8,8 +8,9 @@ implementation (the reference, the torch twin, an adapter around vLLM) can produ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from spec.errors import InputError
 from spec.reasons import Reason
@@ -120,7 +121,7 @@ class SchedulerOutput:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "SchedulerOutput":
+    def from_dict(cls, data: Mapping[str, Any]) -> SchedulerOutput:
         return cls(
             step=int(data["step"]),
             scheduled=tuple(

@@ -5,7 +5,7 @@ A third-party scheduler is held to these only where its profile claims the refer
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted

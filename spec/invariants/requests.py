@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.observation import Capability as C
@@ -84,7 +84,7 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         grow = 1 if sid in scheduled else 0
         if (new.num_tokens or 0) != (old.num_tokens or 0) + grow:
             yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
-    for sid, new in rec.after.seqs.items():
+    for sid in rec.after.seqs:
         if sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {
             r.request_id for r in rec.added
         }:

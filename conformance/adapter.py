@@ -1,0 +1,131 @@
+"""The adapter protocol: how kvsched reaches a scheduler.
+
+An adapter is a `spec.protocol.SchedulerLike` (add, abort, schedule, update, snapshot,
+capabilities) plus ``name``, the ``profiles`` it claims, and ``reset(config)``. The runner calls
+``reset`` before every trace, so one adapter object serves a whole run.
+
+Most adapters are a few lines around `SchedulerAdapter`, which turns "a function from a config
+to a scheduler object" into an adapter. See docs/ADAPTERS.md for a worked example.
+
+A spec string names an adapter: a built-in (``reference``, ``gpu``) or ``module:factory``,
+where ``factory()`` returns an adapter.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.observation import Capability, Snapshot
+from spec.types import Finished, Request, SchedulerOutput, StepOutcome
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    name: str
+    profiles: tuple[str, ...]
+    capabilities: frozenset[Capability]
+
+    def reset(self, config: SchedulerConfig) -> None: ...
+    def add_request(self, request: Request) -> None: ...
+    def abort_request(self, request_id: str) -> Finished | None: ...
+    def schedule(self) -> SchedulerOutput: ...
+    def update(self, outcome: StepOutcome) -> Sequence[Finished]: ...
+    def snapshot(self) -> Snapshot: ...
+
+
+class SchedulerAdapter:
+    """An adapter around any ``make(config) -> SchedulerLike``; ``reset`` builds a fresh one."""
+
+    def __init__(
+        self,
+        name: str,
+        make: Callable[[SchedulerConfig], Any],
+        profiles: Sequence[str] = ("safety",),
+        capabilities: frozenset[Capability] | None = None,
+    ) -> None:
+        self.name = name
+        self.profiles = tuple(profiles)
+        self._make = make
+        self._scheduler: Any = None
+        self.capabilities = capabilities if capabilities is not None else frozenset({Capability.OUTPUT})
+
+    def reset(self, config: SchedulerConfig) -> None:
+        self._scheduler = self._make(config)
+        if hasattr(self._scheduler, "capabilities"):
+            self.capabilities = frozenset(self._scheduler.capabilities)
+
+    def add_request(self, request: Request) -> None:
+        self._scheduler.add_request(request)
+
+    def abort_request(self, request_id: str) -> Finished | None:
+        return self._scheduler.abort_request(request_id)
+
+    def schedule(self) -> SchedulerOutput:
+        return self._scheduler.schedule()
+
+    def update(self, outcome: StepOutcome) -> Sequence[Finished]:
+        return self._scheduler.update(outcome)
+
+    def snapshot(self) -> Snapshot:
+        return self._scheduler.snapshot()
+
+    @property
+    def scheduler(self) -> Any:
+        return self._scheduler
+
+
+def _reference() -> Adapter:
+    from reference_impl.scheduler import Scheduler
+
+    adapter = SchedulerAdapter("reference", Scheduler, profiles=("vllm-v0", "safety"))
+    adapter.capabilities = Scheduler.capabilities
+    return adapter
+
+
+def _gpu() -> Adapter:
+    try:
+        module = importlib.import_module("gpu_impl.adapter")
+    except ImportError as err:
+        raise InputError("--adapter", f"the gpu adapter is unavailable: {err}") from None
+    return module.make_adapter()
+
+
+BUILTIN: dict[str, Callable[[], Adapter]] = {"reference": _reference, "gpu": _gpu}
+
+
+def load_adapter(spec: str) -> Adapter:
+    """Resolve an adapter spec; bad specs raise `InputError` naming ``--adapter``."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
+    try:
+        from conformance.targets import TARGETS  # third-party targets, when installed
+    except ImportError:
+        TARGETS = {}
+    if spec in TARGETS:
+        return TARGETS[spec]()
+    if ":" not in spec:
+        known = ", ".join([*BUILTIN, *TARGETS])
+        raise InputError("--adapter", f"unknown adapter {spec!r}: use a built-in ({known}) or module:factory")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise InputError("--adapter", f"cannot import {module_name!r}: {err}") from None
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise InputError("--adapter", f"{module_name!r} has no callable {attr!r}")
+    try:
+        adapter = factory()
+    except Exception as err:  # noqa: BLE001 - a user's factory may fail in any way
+        raise InputError("--adapter", f"{spec} raised {type(err).__name__}: {err}") from None
+    missing = [m for m in ("reset", "add_request", "abort_request", "schedule", "update", "snapshot") if not hasattr(adapter, m)]
+    if missing:
+        raise InputError("--adapter", f"{spec} returned {type(adapter).__name__}, which lacks {', '.join(missing)}")
+    for attr_name, default in (("name", spec), ("profiles", ("safety",)), ("capabilities", frozenset({Capability.OUTPUT}))):
+        if not hasattr(adapter, attr_name):
+            setattr(adapter, attr_name, default)
+    return adapter

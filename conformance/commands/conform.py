@@ -1,0 +1,72 @@
+"""``kvsched conform``: check a scheduler against the spec (the project's main job)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from conformance.adapter import load_adapter
+from conformance.fuzz import fuzz
+from conformance.profiles import PROFILES, get_profile
+from conformance.report import conforming, print_terminal, write_json, write_junit
+from spec.errors import InputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("conform", help="fuzz a scheduler through an adapter and check every invariant")
+    p.add_argument("--adapter", required=True, help="a built-in (reference, gpu), a target, or module:factory")
+    p.add_argument("--profile", help=f"one of {', '.join(PROFILES)} (default: the adapter's first claim)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--max-examples", type=int, default=None, help="traces to generate (default 200)")
+    budget.add_argument("--time-budget", type=float, default=None, help="seconds to spend generating traces")
+    p.add_argument("--seed", type=int, default=None, help="random seed (printed; reuse it to repeat a run)")
+    p.add_argument("--json", type=Path, help="write the report as JSON here")
+    p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
+    p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds an adapter call may take before it counts as hung")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_examples is not None and args.max_examples < 1:
+        raise InputError("--max-examples", f"must be >= 1, got {args.max_examples}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise InputError("--time-budget", f"must be > 0, got {args.time_budget}")
+    if args.timeout <= 0:
+        raise InputError("--timeout", f"must be > 0, got {args.timeout}")
+    adapter = load_adapter(args.adapter)
+    profile = get_profile(args.profile or (adapter.profiles[0] if adapter.profiles else "safety"))
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    max_examples = args.max_examples or (10**6 if args.time_budget else 200)
+    print(f"kvsched conform: adapter {adapter.name}, profile {profile.name}, seed {seed}", flush=True)
+
+    progress_cb = None
+    progress = None
+    if not args.quiet:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("fuzzing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[found]}"), transient=True)
+        total = None if args.time_budget else max_examples
+        task = progress.add_task("fuzz", total=total, found="")
+        progress.start()
+
+        def progress_cb(result):
+            progress.update(task, completed=result.examples, found=f"{result.steps_checked} steps")
+
+    try:
+        result = fuzz(
+            lambda: load_adapter(args.adapter), profile, max_examples=max_examples, time_budget=args.time_budget,
+            seed_value=seed, out_dir=args.out, timeout=args.timeout, on_example=progress_cb,
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+    print_terminal(result)
+    if args.json:
+        write_json(result, args.json)
+    if args.junit:
+        write_junit(result, args.junit)
+    return 0 if conforming(result) else 1

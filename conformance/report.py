@@ -1,0 +1,137 @@
+"""Reports of a conformance run: a terminal summary, JSON (versioned) and JUnit XML.
+
+Each invariant of the profile gets one status, like a test262 row: ``pass`` (checked on every
+step of every trace and never violated), ``fail`` (with a shrunk, replayable trace), or
+``not_applicable`` (the adapter does not expose what it needs: never counted as a pass).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from conformance.fuzz import FuzzResult
+from spec.catalogue import get
+
+REPORT_VERSION = 1
+
+
+def rows(result: FuzzResult) -> list[dict[str, Any]]:
+    out = []
+    for inv_id in [*result.active, *result.not_applicable]:
+        inv = get(inv_id)
+        finding = result.findings.get(inv_id)
+        status = "not_applicable" if inv_id in result.not_applicable else ("fail" if finding else "pass")
+        out.append({
+            "id": inv_id,
+            "category": inv.category,
+            "statement": inv.statement,
+            "status": status,
+            "exercised_steps": result.coverage.steps[inv_id] if result.coverage else 0,
+            "counterexample": str(finding.path) if finding and finding.path else None,
+            "html": str(finding.html) if finding and finding.html else None,
+            "counterexample_steps": finding.steps if finding else None,
+            "message": finding.message if finding else None,
+            "needs": sorted(c.value for c in inv.needs) if status == "not_applicable" else None,
+        })
+    for problem, finding in sorted(result.findings.items()):
+        if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
+            out.append({
+                "id": problem,
+                "category": "lockstep" if problem == "LOCKSTEP" else "adapter",
+                "statement": "agrees with the reference step for step" if problem == "LOCKSTEP" else "the adapter answered",
+                "status": "fail",
+                "exercised_steps": result.steps_checked,
+                "counterexample": str(finding.path) if finding.path else None,
+                "html": str(finding.html) if finding.html else None,
+                "counterexample_steps": finding.steps,
+                "message": finding.message,
+                "needs": None,
+            })
+    if result.lockstep and "LOCKSTEP" not in result.findings:
+        out.append({"id": "LOCKSTEP", "category": "lockstep", "statement": "agrees with the reference step for step",
+                    "status": "pass", "exercised_steps": result.steps_checked, "counterexample": None, "html": None,
+                    "counterexample_steps": None, "message": None, "needs": None})
+    return out
+
+
+def conforming(result: FuzzResult) -> bool:
+    return not result.findings
+
+
+def to_json(result: FuzzResult) -> dict[str, Any]:
+    table = rows(result)
+    return {
+        "version": REPORT_VERSION,
+        "adapter": result.adapter,
+        "profile": result.profile,
+        "seed": result.seed,
+        "examples": result.examples,
+        "steps_checked": result.steps_checked,
+        "seconds": round(result.seconds, 3),
+        "lockstep": result.lockstep,
+        "conforming": conforming(result),
+        "summary": {s: sum(1 for r in table if r["status"] == s) for s in ("pass", "fail", "not_applicable")},
+        "invariants": table,
+        "coverage": result.coverage.to_dict() if result.coverage else None,
+    }
+
+
+def write_json(result: FuzzResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_json(result), indent=2) + "\n")
+
+
+def write_junit(result: FuzzResult, path: Path) -> None:
+    table = rows(result)
+    suite = ET.Element(
+        "testsuite", name=f"kvsched.{result.adapter}.{result.profile}", tests=str(len(table)),
+        failures=str(sum(r["status"] == "fail" for r in table)),
+        skipped=str(sum(r["status"] == "not_applicable" for r in table)), time=f"{result.seconds:.3f}",
+    )
+    for r in table:
+        case = ET.SubElement(suite, "testcase", classname=f"kvsched.{result.profile}.{r['category']}", name=r["id"])
+        if r["status"] == "fail":
+            failure = ET.SubElement(case, "failure", message=(r["message"] or "")[:500])
+            failure.text = f"{r['statement']}\ncounterexample: {r['counterexample']}\n{r['message']}"
+        elif r["status"] == "not_applicable":
+            ET.SubElement(case, "skipped", message=f"adapter lacks {', '.join(r['needs'] or [])}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = ET.Element("testsuites", name="kvsched")
+    root.append(suite)
+    ET.ElementTree(root).write(path, encoding="unicode", xml_declaration=True)
+
+
+def print_terminal(result: FuzzResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 120))
+    table = Table(title=f"kvsched conform: adapter {result.adapter}, profile {result.profile}")
+    for col in ("invariant", "category", "status", "steps exercised", "counterexample"):
+        table.add_column(col, no_wrap=col != "counterexample")
+    style = {"pass": "green", "fail": "bold red", "not_applicable": "yellow"}
+    for r in rows(result):
+        where = f"{r['counterexample']} ({r['counterexample_steps']} steps)" if r["counterexample"] else ""
+        table.add_row(r["id"], r["category"], f"[{style[r['status']]}]{r['status']}[/]", str(r["exercised_steps"]), where)
+    console.print(table)
+    summary = to_json(result)["summary"]
+    console.print(
+        f"{result.examples} traces, {result.steps_checked} steps checked in {result.seconds:.1f} s (seed {result.seed}); "
+        f"pass {summary['pass']}, fail {summary['fail']}, not applicable {summary['not_applicable']}"
+    )
+    if result.coverage:
+        unreached_inv = [i for i in result.active if not result.coverage.steps[i]]
+        unreached = result.coverage.unreached_edges()
+        if unreached_inv:
+            console.print(f"[yellow]never exercised:[/] {', '.join(unreached_inv)}")
+        if unreached:
+            console.print("[yellow]lifecycle edges not reached:[/] " + ", ".join(f"{a}->{b} ({c})" for a, b, c in unreached))
+        else:
+            console.print("every lifecycle edge was reached")
+    for problem, finding in sorted(result.findings.items()):
+        console.print(f"[bold red]{problem}[/]: {finding.message}", highlight=False)
+        console.print(f"  replay: kvsched replay {finding.path} --adapter {result.adapter}", highlight=False)
+    console.print("[green]conforming[/]" if conforming(result) else f"[red]{len(result.findings)} problem(s) found[/]")

@@ -1,0 +1,109 @@
+"""Shrink a failing trace to a short one that still fails the same way.
+
+Hypothesis shrinks the first failure it finds; a run can fail several invariants, so each
+finding is shrunk again here, greedily, for its own invariant: cut the trace at the failing
+step, drop requests, aborts and stops, lower numbers, simplify the config. A candidate is kept
+when the same problem still shows and the trace got simpler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.trace import Arrival, Trace
+
+# failing(trace) -> the step the problem shows at, or None when it does not show.
+Failing = Callable[[Trace], "int | None"]
+
+
+def size(trace: Trace, failure_step: int) -> tuple[int, ...]:
+    reqs = [a.request for a in trace.arrivals]
+    return (
+        failure_step,
+        len(reqs),
+        len(trace.aborts) + len(trace.stops),
+        sum(r.prompt_len + r.max_tokens + r.n + r.priority for r in reqs) + sum(a.step for a in trace.arrivals),
+        sum(v for v in trace.config.to_dict().values() if isinstance(v, int)),
+    )
+
+
+def shrink(trace: Trace, failing: Failing, budget: int = 400) -> tuple[Trace, int]:
+    """Return the simplest failing trace found within ``budget`` candidate runs, and its failing step."""
+    step = failing(trace)
+    if step is None:
+        raise ValueError("shrink() needs a failing trace")
+    best, best_step = _cut(trace, step), step
+    tries = 0
+    improved = True
+    while improved and tries < budget:
+        improved = False
+        for candidate in _candidates(best):
+            tries += 1
+            if tries > budget:
+                break
+            got = failing(candidate)
+            if got is not None and size(_cut(candidate, got), got) < size(best, best_step):
+                best, best_step, improved = _cut(candidate, got), got, True
+                break
+    return best, best_step
+
+
+def _cut(trace: Trace, step: int) -> Trace:
+    """Keep only what happens up to the failing step."""
+    return Trace(
+        trace.config,
+        tuple(a for a in trace.arrivals if a.step <= step),
+        tuple(x for x in trace.aborts if x[0] <= step),
+        tuple(x for x in trace.stops if x[0] <= step),
+        max_steps=step + 1,
+        meta=trace.meta,
+    )
+
+
+def _replace(trace: Trace, **changes) -> Trace:
+    fields = {f.name: getattr(trace, f.name) for f in dataclasses.fields(trace)}
+    fields.update(changes)
+    return Trace(**fields)
+
+
+def _candidates(trace: Trace) -> Iterator[Trace]:
+    arrivals = list(trace.arrivals)
+    for i, a in enumerate(arrivals):  # drop one request with its aborts and stops
+        rid = a.request.request_id
+        yield _replace(
+            trace,
+            arrivals=tuple(arrivals[:i] + arrivals[i + 1:]),
+            aborts=tuple(x for x in trace.aborts if x[1] != rid),
+            stops=tuple(x for x in trace.stops if not x[1].startswith(rid + "#")),
+        )
+    for i in range(len(trace.aborts)):
+        yield _replace(trace, aborts=trace.aborts[:i] + trace.aborts[i + 1:])
+    for i in range(len(trace.stops)):
+        yield _replace(trace, stops=trace.stops[:i] + trace.stops[i + 1:])
+    for i, a in enumerate(arrivals):
+        r = a.request
+        options = []
+        for name, low in (("prompt_len", 1), ("max_tokens", 1), ("n", 1), ("priority", 0)):
+            value = getattr(r, name)
+            for smaller in sorted({low, value // 2, value - 1}):
+                if low <= smaller < value:
+                    options.append(dataclasses.replace(r, **{name: smaller}))
+        for request in options:
+            yield _replace(trace, arrivals=tuple(arrivals[:i] + [Arrival(a.step, request)] + arrivals[i + 1:]))
+        if a.step > 0:
+            yield _replace(trace, arrivals=tuple(arrivals[:i] + [Arrival(a.step - 1, r)] + arrivals[i + 1:]))
+    config = trace.config.to_dict()
+    simpler = [("watermark", 0.0), ("policy", "fcfs")]
+    for name in ("num_gpu_blocks", "num_cpu_blocks", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size"):
+        value = config[name]
+        simpler.extend((name, v) for v in sorted({value // 2, value - 1}) if 0 <= v < value)
+    for name, value in simpler:
+        if config[name] != value:
+            try:
+                new = SchedulerConfig(**{**config, name: value})
+            except InputError:
+                continue
+            yield _replace(trace, config=new)
