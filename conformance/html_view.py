@@ -722,8 +722,15 @@ _JS = r"""
     $("step-label").textContent = "no steps recorded";
     return;
   }
-  var m = /step=(\d+)/.exec(location.hash || "");
-  var start = m ? indexOfStep(parseInt(m[1], 10)) : -1;
+  function fromFragment() {
+    var m = /step=(\d+)/.exec(location.hash || "");
+    return m ? indexOfStep(parseInt(m[1], 10)) : -1;
+  }
+  window.addEventListener("hashchange", function () {
+    var i = fromFragment();
+    if (i >= 0 && i !== state.i) { go(i); }
+  });
+  var start = fromFragment();
   go(start >= 0 ? start : 0);
 })();
 """

@@ -125,13 +125,25 @@ def test_write_html_creates_the_folder(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- the browser
 def chromium_binary() -> str:
-    for candidate in (os.environ.get("KVSCHED_CHROMIUM"), "chromium", "/usr/bin/chromium", "chromium-browser"):
-        if candidate and (found := shutil.which(candidate)):
+    chosen = os.environ.get("KVSCHED_CHROMIUM")
+    for candidate in [chosen] if chosen else ["chromium", "/usr/bin/chromium", "chromium-browser"]:
+        if found := shutil.which(candidate):
             return found
-    reason = "headless Chromium not found (install Debian's package: apt-get install -y chromium)"
+    reason = f"headless Chromium not found ({'KVSCHED_CHROMIUM=' + chosen if chosen else 'no chromium on PATH'}; " \
+        "install Debian's package: apt-get install -y chromium)"
     if os.environ.get("CI"):
         pytest.fail(reason + "; CI must run the browser tests")
     pytest.skip(reason)
+
+
+def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSCHED_CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="KVSCHED_CHROMIUM=/nonexistent/chromium"):
+        chromium_binary()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the browser tests"):
+        chromium_binary()
 
 
 class Browser:
@@ -139,6 +151,8 @@ class Browser:
 
     def __init__(self, binary: str, width: int = 1400, height: int = 1000) -> None:
         self.profile = tempfile.mkdtemp(prefix="kvsched-chromium-")
+        self.log_path = Path(self.profile) / "chromium-stderr.log"
+        self._log = self.log_path.open("wb")
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
 
@@ -157,14 +171,19 @@ class Browser:
         ]
         self.proc = subprocess.Popen(
             [binary, *flags], preexec_fn=wire_pipes, close_fds=False,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""
         self._next_id = 0
         self.events: list[dict[str, Any]] = []
-        targets = self.call("Target.getTargets")["targetInfos"]
+        try:
+            targets = self.call("Target.getTargets")["targetInfos"]
+        except (OSError, EOFError, TimeoutError) as err:
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            self.close()
+            raise RuntimeError(f"Chromium did not start ({err}); its stderr ends:\n{tail}") from None
         page = next(t for t in targets if t["type"] == "page")
         self.session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)["sessionId"]
         for domain in ("Runtime", "Log", "Page", "Network"):
@@ -217,14 +236,24 @@ class Browser:
     # -- page ---------------------------------------------------------------------------
     def open(self, url: str) -> None:
         self.events = [e for e in self.events if e["method"] != "Page.loadEventFired"]
-        self.call("Page.navigate", session=True, url=url)
-        self.wait_for("Page.loadEventFired")
+        result = self.call("Page.navigate", session=True, url=url)
+        if "errorText" in result:
+            raise AssertionError(f"cannot open {url}: {result['errorText']}")
+        if result.get("loaderId"):  # a new document (a change of fragment only loads nothing)
+            self.wait_for("Page.loadEventFired")
 
     def js(self, expression: str) -> Any:
         result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
         if "exceptionDetails" in result:
             raise AssertionError(f"page script failed: {result['exceptionDetails']}")
         return result["result"].get("value")
+
+    def poll(self, expression: str, expected: Any, timeout: float = 10.0) -> Any:
+        """Evaluate until the value is ``expected`` (for what the page does asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while (value := self.js(expression)) != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return value
 
     def press(self, key: str, code: str, key_code: int) -> None:
         for kind in ("keyDown", "keyUp"):
@@ -252,7 +281,7 @@ class Browser:
         return png
 
     def problems(self) -> list[str]:
-        """Console errors and warnings, uncaught exceptions and browser log errors so far."""
+        """Console errors and warnings, uncaught exceptions and the browser's own errors so far."""
         found = []
         for e in self.events:
             p = e.get("params", {})
@@ -260,7 +289,7 @@ class Browser:
                 found.append(f"console.{p['type']}: {[a.get('value', a.get('description')) for a in p.get('args', [])]}")
             elif e["method"] == "Runtime.exceptionThrown":
                 found.append(f"exception: {p['exceptionDetails'].get('exception', {}).get('description')}")
-            elif e["method"] == "Log.entryAdded" and p["entry"]["level"] in ("error", "warning"):
+            elif e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error":
                 found.append(f"log {p['entry']['level']}: {p['entry'].get('text')}")
         return found
 
@@ -279,6 +308,7 @@ class Browser:
             self.proc.wait()
         os.close(self._to_chrome)
         os.close(self._from_chrome)
+        self._log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
@@ -377,6 +407,8 @@ def test_a_clean_run_and_the_step_fragment_in_chromium(browser: Browser, tmp_pat
     assert state["panelHidden"] and state["jumpDisabled"]
     assert state["swapped"] == ["D"] and state["moved"] == 2
     assert "D preempted by swap" in state["reasons"]
+    browser.open(page.as_uri() + "#step=3")  # a new fragment on the open page moves it too (on hashchange)
+    assert browser.poll("document.getElementById('step-label').dataset.step", "3") == "3"
     browser.press("s", "KeyS", 83)  # the snapshot phase cycles: after -> before
     assert browser.js("document.querySelector('[data-phase].on').dataset.phase") == "before"
     assert browser.problems() == []
