@@ -78,12 +78,14 @@ class State:
     in_r: list[Any]
     in_s: list[Any]
     forked: list[Any]
+    plen: list[Any]  # per request: prompt length and max_tokens (set when it arrives)
+    mtok: list[Any]
 
     def copy(self) -> State:
         return State(
             self.gpu.copy(), self.cpu.copy(), list(self.sstat), list(self.dev), list(self.tlen),
             [list(t) for t in self.tab], list(self.ntok), list(self.ncomp), list(self.gstat),
-            list(self.in_w), list(self.in_r), list(self.in_s), list(self.forked),
+            list(self.in_w), list(self.in_r), list(self.in_s), list(self.forked), list(self.plen), list(self.mtok),
         )
 
     def pool(self, device: int) -> Pool:
@@ -166,6 +168,7 @@ class Encoder:
             [[z3.Int(f"{prefix}_tab_{s}_{i}") for i in range(L)] for s in range(S)],
             ints("ntok", S), ints("ncomp", S),
             ints("gstat", G), bools("inw", G), bools("inr", G), bools("ins", G), bools("forked", G),
+            ints("plen", G), ints("mtok", G),
         )
 
     def initial(self) -> State:
@@ -303,7 +306,8 @@ class Encoder:
         and the length cap (past max_model_len the sequence finishes and frees its blocks)."""
         st.ncomp[s] = self.let(z3.If(cond, computed, st.ncomp[s]), "nc")
         st.ntok[s] = self.let(z3.If(cond, st.ntok[s] + 1, st.ntok[s]), "nt")
-        capped = z3.And(cond, st.ntok[s] > self.ML)
+        generated = st.ntok[s] - self.gsel(st.plen, self.grp[s])
+        capped = z3.And(cond, z3.Or(generated >= self.gsel(st.mtok, self.grp[s]), st.ntok[s] > self.ML))
         st.sstat[s] = self.let(z3.If(capped, FIN, st.sstat[s]), "ss")
         self.free_seq(st, s, capped)
 
@@ -417,9 +421,12 @@ class Encoder:
         self.set_g(st.in_r, g, True)
 
     def _add(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
-        p = z3.Int("act_prompt_len")
+        p, m = z3.Int("act_prompt_len"), z3.Int("act_max_tokens")
         ae.params["prompt_len"] = p
-        ae.guard = z3.And(self.gsel(pre.gstat, g) == NONE, self.nslots(g) >= 1, p >= 1)
+        ae.params["max_tokens"] = m
+        ae.guard = z3.And(self.gsel(pre.gstat, g) == NONE, self.nslots(g) >= 1, p >= 1, m >= 1)
+        self.set_g(st.plen, g, p)
+        self.set_g(st.mtok, g, m)
         for s in range(self.S):
             c = z3.And(self.in_group(s, g), self.is_first(s))
             self.set_s(st.sstat, s, WAIT, c)
@@ -598,7 +605,8 @@ def read_state(model: Any, enc: Encoder, st: State) -> dict[str, Any]:
     for j in range(enc.G):
         queues = [q for q, arr in (("waiting", st.in_w), ("running", st.in_r), ("swapped", st.in_s)) if bv(arr[j])]
         code = iv(st.gstat[j])
-        groups.append({"status": STATUS_NAMES[code] if 0 <= code < 5 else code, "queues": queues, "forked": bv(st.forked[j])})
+        groups.append({"status": STATUS_NAMES[code] if 0 <= code < 5 else code, "queues": queues, "forked": bv(st.forked[j]),
+                       "prompt_len": iv(st.plen[j]), "max_tokens": iv(st.mtok[j])})
     return {
         "gpu_ref": [iv(r) for r in st.gpu.ref], "gpu_free": [bv(f) for f in st.gpu.free],
         "cpu_ref": [iv(r) for r in st.cpu.ref], "cpu_free": [bv(f) for f in st.cpu.free],
@@ -627,7 +635,8 @@ def pin_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list[Any]:
                 st.tlen[s] == len(q["table"]), st.ntok[s] == q["tokens"], st.ncomp[s] == q["computed"]]
         out += [st.tab[s][i] == b for i, b in enumerate(q["table"])]
     for j, grp in enumerate(concrete["groups"]):
-        out += [st.gstat[j] == code[grp["status"]], st.forked[j] == z3.BoolVal(grp["forked"])]
+        out += [st.gstat[j] == code[grp["status"]], st.forked[j] == z3.BoolVal(grp["forked"]),
+                st.plen[j] == grp["prompt_len"], st.mtok[j] == grp["max_tokens"]]
         for q, arr in (("waiting", st.in_w), ("running", st.in_r), ("swapped", st.in_s)):
             out.append(arr[j] == z3.BoolVal(q in grp["queues"]))
     return out

@@ -1,0 +1,337 @@
+"""The bridge between the Z3 encoding (``spec.proofs``) and the reference scheduler.
+
+- `concrete_state`: a reference scheduler's state as the encoding's concrete state (the same
+  dict `spec.proofs.encoding.read_state` produces), so a symbolic pre-state can be pinned to it.
+- `apply_action`: one action of the matrix performed on the reference with the reference's own
+  methods (block manager, scheduler helpers, ``update()``), and `reference_guard`, whether the
+  reference would take it. The tests use both to check the encoding against the code that runs.
+- `counterexample_trace`: a matrix counterexample (pre-state, action) turned into a version-1
+  JSON trace that drives a (possibly mutated) reference into a state of the same shape and takes
+  the action; replaying it shows the violation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from reference_impl.block_manager import AllocStatus
+from reference_impl.scheduler import Scheduler, _StepBuilder
+from reference_impl.sequence import SequenceGroup
+from spec.catalogue import Checker, Violation
+from spec.config import SchedulerConfig
+from spec.observation import ALL_CAPABILITIES
+from spec.proofs.bound import Bound
+from spec.status import Status
+from spec.trace import Arrival, Trace
+from spec.types import Request, ScheduledSeq, SchedulerOutput, StepOutcome
+
+_CODE = {Status.WAITING: "WAITING", Status.RUNNING: "RUNNING", Status.SWAPPED: "SWAPPED"}
+
+
+@dataclass
+class Layout:
+    """Which request is group j and which sequence is slot s."""
+
+    groups: list[str]  # group index -> request id ("" for a group that has not arrived)
+    slots: list[tuple[int, str | None]]  # slot -> (group index, seq id or None when not born)
+
+
+def config_constants(config: SchedulerConfig) -> dict[str, int]:
+    return {"watermark_blocks": config.watermark_blocks, "max_num_seqs": config.max_num_seqs,
+            "max_model_len": config.max_model_len, "max_num_batched_tokens": config.max_num_batched_tokens}
+
+
+def layout_of(sched: Scheduler, bound: Bound, next_n: int | None = None) -> Layout | None:
+    """Slots for every arrived request (n each, in arrival order); the slots left over go to the
+    next, not yet arrived group (``next_n`` of them at most). None when it does not fit."""
+    groups = sorted(sched.groups.values(), key=lambda g: g.arrival)
+    if len(groups) > bound.groups:
+        return None
+    slots: list[tuple[int, str | None]] = []
+    for j, group in enumerate(groups):
+        born = {s.seq_id for s in group.seqs}
+        for k in range(group.request.n):
+            sid = f"{group.request_id}#{k}"
+            slots.append((j, sid if sid in born else None))
+    if len(slots) > bound.seqs:
+        return None
+    spare = bound.seqs - len(slots)
+    if spare:
+        if len(groups) >= bound.groups:
+            return None
+        slots += [(len(groups), None)] * spare
+    names = [g.request_id for g in groups] + [""] * (bound.groups - len(groups))
+    return Layout(names, slots)
+
+
+def concrete_state(sched: Scheduler, bound: Bound, layout: Layout) -> dict[str, Any] | None:
+    bm = sched.block_manager
+    if bm.gpu.num_blocks != bound.gpu_blocks or bm.cpu.num_blocks != bound.cpu_blocks:
+        return None
+    seqs = []
+    for j, sid in layout.slots:
+        if sid is None:
+            seqs.append({"group": j, "status": "NONE", "device": None, "table": [], "tokens": 0, "computed": 0})
+            continue
+        group = sched.groups[layout.groups[j]]
+        seq = next(s for s in group.seqs if s.seq_id == sid)
+        if sid in bm.gpu_tables:
+            table, device = list(bm.gpu_tables[sid]), "gpu"
+        elif sid in bm.cpu_tables:
+            table, device = list(bm.cpu_tables[sid]), "cpu"
+        else:
+            table, device = [], None
+        if len(table) > bound.table_len:
+            return None
+        status = "FINISHED" if seq.status.is_finished else _CODE[seq.status]
+        seqs.append({"group": j, "status": status, "device": device, "table": table,
+                     "tokens": seq.num_tokens, "computed": seq.num_computed})
+    groups = []
+    for rid in layout.groups:
+        if not rid:
+            groups.append({"status": "NONE", "queues": [], "forked": False, "prompt_len": 0, "max_tokens": 0})
+            continue
+        group = sched.groups[rid]
+        queues = [name for name, q in (("waiting", sched.waiting), ("running", sched.running),
+                                       ("swapped", sched.swapped)) if any(g is group for g in q)]
+        status = "FINISHED" if group.status.is_finished else _CODE[group.status]
+        groups.append({"status": status, "queues": queues, "forked": group.forked,
+                       "prompt_len": group.request.prompt_len, "max_tokens": group.request.max_tokens})
+    return {
+        "gpu_ref": list(bm.gpu.ref_counts), "gpu_free": [b in set(bm.gpu.free_ids()) for b in range(bm.gpu.num_blocks)],
+        "cpu_ref": list(bm.cpu.ref_counts), "cpu_free": [b in set(bm.cpu.free_ids()) for b in range(bm.cpu.num_blocks)],
+        "seqs": seqs, "groups": groups,
+    }
+
+
+# ------------------------------------------------------------------------------ reference side
+def _running_seats(sched: Scheduler) -> int:
+    return sum(g.max_running_seqs() for g in sched.running)
+
+
+def reference_guard(sched: Scheduler, action: str, group: SequenceGroup | None, seq_id: str | None, bound: Bound) -> bool:
+    """Whether the reference would take ``action`` now (within the bound's table length)."""
+    cfg, bm = sched.config, sched.block_manager
+    if action == "add":
+        return group is None
+    assert group is not None
+    status = group.status
+    fits = all(cfg.blocks_for(s.num_tokens) <= bound.table_len for s in group.live_seqs())
+    if action in ("admit", "fork"):
+        if status is not Status.WAITING or sched.swapped:
+            return False
+        if (action == "fork") == group.forked:
+            return False
+        seats = group.max_running_seqs()
+        return (
+            group.uncomputed_tokens() <= cfg.prompt_limit and seats <= cfg.max_num_seqs
+            and bm.can_allocate(group) is AllocStatus.OK and group.uncomputed_tokens() <= cfg.max_num_batched_tokens
+            and _running_seats(sched) + seats <= cfg.max_num_seqs and fits
+        )
+    if action == "decode":
+        return status is Status.RUNNING and bm.can_append_slots(group) and _appends_fit(sched, group, bound)
+    if action == "preempt_recompute":
+        return status is Status.RUNNING
+    if action == "swap_out":
+        return status is Status.RUNNING and bm.can_swap_out(group)
+    if action == "swap_in":
+        return (
+            status is Status.SWAPPED and bm.can_swap_in(group) is AllocStatus.OK
+            and len(group.live_seqs()) <= cfg.max_num_batched_tokens
+            and _running_seats(sched) + group.max_running_seqs() <= cfg.max_num_seqs
+            and _appends_fit(sched, group, bound)
+        )
+    if action == "finish":
+        seq = next((s for s in group.seqs if s.seq_id == seq_id), None)
+        return seq is not None and seq.status is Status.RUNNING
+    if action == "abort":
+        return not status.is_finished
+    if action == "ignore":
+        if status is Status.WAITING:
+            return (
+                group.uncomputed_tokens() > cfg.prompt_limit or group.max_running_seqs() > cfg.max_num_seqs
+                or bm.can_allocate(group) is AllocStatus.NEVER
+            )
+        return status is Status.SWAPPED and bm.can_swap_in(group) is AllocStatus.NEVER
+    raise ValueError(action)
+
+
+def _appends_fit(sched: Scheduler, group: SequenceGroup, bound: Bound) -> bool:
+    bs = sched.config.block_size
+    for s in group.live_seqs():
+        tables = sched.block_manager.gpu_tables if s.seq_id in sched.block_manager.gpu_tables else sched.block_manager.cpu_tables
+        if s.num_computed // bs == len(tables.get(s.seq_id, ())) and len(tables.get(s.seq_id, ())) >= bound.table_len:
+            return False
+    return True
+
+
+def _feed_back(sched: Scheduler, group: SequenceGroup, prefill: bool) -> None:
+    """Run the reference's own update() on one step that scheduled exactly this group."""
+    items = tuple(
+        ScheduledSeq(s.seq_id, group.request_id, s.num_uncomputed if prefill else 1, prefill) for s in group.live_seqs()
+    )
+    sched._last_output = SchedulerOutput(step=sched._step, scheduled=items)
+    sched._step += 1
+    sched.update(StepOutcome())
+
+
+def apply_action(sched: Scheduler, action: str, group: SequenceGroup | None, seq_id: str | None = None,
+                 new_request: Request | None = None) -> None:
+    """Perform one matrix action on the reference, through its own methods."""
+    bm = sched.block_manager
+    if action == "add":
+        assert new_request is not None
+        sched.add_request(new_request)
+        return
+    assert group is not None
+    if action in ("admit", "fork"):
+        sched.waiting.remove(group)
+        bm.allocate(group)
+        group.set_status(Status.RUNNING)
+        sched._enqueue(sched.running, group)
+        _feed_back(sched, group, prefill=True)
+    elif action == "decode":
+        for s in group.live_seqs():
+            bm.append_slot(s)
+        _feed_back(sched, group, prefill=False)
+    elif action == "preempt_recompute":
+        sched.running.remove(group)
+        sched._preempt_by_recompute(group)
+    elif action == "swap_out":
+        sched.running.remove(group)
+        bm.swap_out(group)
+        group.set_status(Status.SWAPPED)
+        sched._enqueue(sched.swapped, group)
+    elif action == "swap_in":
+        sched.swapped.remove(group)
+        bm.swap_in(group)
+        group.set_status(Status.RUNNING)
+        sched._enqueue(sched.running, group)
+        for s in group.live_seqs():
+            bm.append_slot(s)
+        _feed_back(sched, group, prefill=False)
+    elif action == "finish":
+        seq = next(s for s in group.seqs if s.seq_id == seq_id)
+        sched._check_stop(group, seq, frozenset({seq.seq_id}))
+        if not group.live_seqs():
+            sched.running.remove(group)
+            group.status = sched._final_status(group)
+    elif action == "abort":
+        sched.abort_request(group.request_id)
+    elif action == "ignore":
+        step = _StepBuilder(sched._step)
+        step.reason("ignored_never_fits", group.request_id, blocks=0, capacity=0)
+        queue = sched.waiting if group.status is Status.WAITING else sched.swapped
+        sched._ignore(queue, group, step)
+        sched._ignored.clear()
+    else:
+        raise ValueError(action)
+
+
+# ------------------------------------------------------------------------------ counterexamples
+SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
+
+
+def config_for(cex: dict[str, Any]) -> SchedulerConfig | None:
+    """A reference config with the counterexample's constants (None if the watermark count has no fraction)."""
+    b = cex["bound"]
+    c = cex["config"]
+    B = b["gpu_blocks"]
+    wm = c["watermark_blocks"]
+    # int(w * B) == wm for w = wm / B exactly (and w < 1 because wm <= B - 1)
+    watermark = wm / B
+    if int(watermark * B) != wm:
+        watermark = (wm + 0.5) / B
+    cfg = SchedulerConfig(
+        block_size=b["block_size"], num_gpu_blocks=B, num_cpu_blocks=b["cpu_blocks"],
+        max_num_seqs=max(1, c["max_num_seqs"]), max_num_batched_tokens=max(c["max_num_batched_tokens"], c["max_num_seqs"], 1),
+        max_model_len=max(1, c["max_model_len"]), watermark=watermark, preemption_mode="auto",
+    )
+    return cfg
+
+
+def find_violation(trace: Trace, make: SchedulerFactory, invariant_id: str) -> list[Violation]:
+    from reference_impl.engine import iter_steps
+
+    checker = Checker(trace.config, ALL_CAPABILITIES)
+    found: list[Violation] = []
+    try:
+        for record in iter_steps(trace, make(trace.config)):
+            found += [v for v in checker.check_step(record) if v.invariant_id == invariant_id]
+            if found:
+                return found
+    except Exception as err:  # a mutated reference may crash: that is a finding too
+        return [Violation(invariant_id, None, f"the scheduler raised {type(err).__name__}: {err}")]
+    return found
+
+
+def counterexample_trace(
+    cex: dict[str, Any], invariant_id: str, make: SchedulerFactory, *, tries: int = 3000, seed: int = 0,
+    max_steps: int = 12,
+) -> tuple[Trace, list[Violation]] | None:
+    """Search for a trace that drives ``make``'s scheduler into a state shaped like the
+    counterexample's pre-state (same config, same request shapes: n and prompt length) and then
+    takes its action, so the catalogue predicate ``invariant_id`` fails on the replay.
+
+    Candidate traces are built from the counterexample's requests (their n from the slots they
+    own, their prompt from the token counts) with arrival steps, stops and aborts chosen by a
+    seeded random search, the counterexample's own shape first. Returns the first trace whose
+    replay violates the invariant, or None when none was found (then the pre-state may be
+    unreachable, which means the invariant set needs strengthening).
+    """
+    config = config_for(cex)
+    if config is None:
+        return None
+    pre = cex["pre"]
+    shapes = _request_shapes(pre, config)
+    rng = random.Random(seed)
+    prompt_choices = sorted({p for _, p in shapes} | set(range(1, config.block_size * cex["bound"]["table_len"] + 1)))
+    for attempt in range(tries):
+        requests = []
+        for k, (n, prompt) in enumerate(shapes if attempt % 2 == 0 else [(n, rng.choice(prompt_choices)) for n, _ in shapes]):
+            requests.append(Request(f"R{k}", prompt_len=prompt, max_tokens=rng.randint(1, 8), n=n))
+        if attempt and rng.random() < 0.3:
+            requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8),
+                                    n=rng.randint(1, 2)))
+        arrivals = tuple(Arrival(0 if attempt == 0 else rng.randint(0, 3), r) for r in requests)
+        aborts: list[tuple[int, str]] = []
+        stops: list[tuple[int, str]] = []
+        if attempt:
+            for r in requests:
+                if rng.random() < 0.2:
+                    aborts.append((rng.randint(1, max_steps - 1), r.request_id))
+                for k in range(r.n):
+                    if rng.random() < 0.2:
+                        stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#{k}"))
+        try:
+            trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
+                          meta={"counterexample": {"invariant": invariant_id, "action": cex.get("action"),
+                                                   "params": cex.get("params"), "pre": pre}})
+        except Exception:
+            continue
+        found = find_violation(trace, make, invariant_id)
+        if found:
+            return trace, found
+    return None
+
+
+def _request_shapes(pre: dict[str, Any], config: SchedulerConfig) -> list[tuple[int, int]]:
+    shapes = []
+    for j, grp in enumerate(pre["groups"]):
+        slots = [q for q in pre["seqs"] if q["group"] == j]
+        if grp["status"] == "NONE" or not slots:
+            continue
+        first = slots[0]
+        prompt = max(1, min(first["tokens"] - (0 if first["status"] in ("WAITING", "NONE") else 1), config.max_model_len))
+        shapes.append((len(slots), prompt))
+    if not shapes:
+        shapes.append((1, 1))
+    return shapes
+
+
+def all_groups_of(sched: Scheduler) -> list[SequenceGroup]:
+    return sorted(sched.groups.values(), key=lambda g: g.arrival)
+
