@@ -1,0 +1,149 @@
+"""E traces as tensors, and a runner that drives one `BatchedScheduler` through all of them.
+
+Slots: each engine's requests are placed in policy-key order (FCFS: arrival order; priority:
+(priority, arrival order)), arrival order being the trace's (steps ascending, file order within
+a step), which is the order the reference's engine loop adds them in. So slot order is queue
+order and a request's slot never changes.
+
+Per step the environment's side is a comparison against precomputed tensors: arrivals
+(``arrival_step == step``), aborts (the first abort of a request at or after its arrival; an
+abort naming an unknown, not-yet-arrived or finished request does nothing, as in the
+reference) and stops (``[E,R,N,K]`` steps at which a sequence samples a stop token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from gpu_impl.batched import SWAPPED, WAITING, BatchedScheduler, StepOut, UpdateOut, resolve_device
+from spec.trace import Trace
+
+_NEVER = 1 << 40
+
+
+def _split_seq_id(seq: str) -> tuple[str, int] | None:
+    rid, sep, index = seq.rpartition("#")
+    if not sep or not index.isdigit():
+        return None
+    return rid, int(index)
+
+
+class TraceBatch:
+    """E traces encoded for the batched scheduler (see the module docstring)."""
+
+    def __init__(self, traces: Sequence[Trace], device: str | torch.device | None = None) -> None:
+        if not traces:
+            raise ValueError("TraceBatch needs at least one trace")
+        self.traces = tuple(traces)
+        self.device = resolve_device(device)
+        E = len(traces)
+        R = max(1, max(len(t.arrivals) for t in traces))
+        N = max([1] + [a.request.n for t in traces for a in t.arrivals])
+        self.E, self.R, self.N = E, R, N
+        self.names: list[list[str]] = []
+        self.slot_of: list[dict[str, int]] = []
+        cols = {k: [[0] * R for _ in range(E)] for k in ("prompt", "maxtok", "n", "prio", "arrival")}
+        arrival_step = [[_NEVER] * R for _ in range(E)]
+        abort_step = [[_NEVER] * R for _ in range(E)]
+        stops: dict[tuple[int, int, int], list[int]] = {}
+        for e, trace in enumerate(traces):
+            arrivals = list(trace.arrivals)
+            prio = trace.config.policy == "priority"
+            order = sorted(range(len(arrivals)), key=lambda i: (arrivals[i].request.priority if prio else 0, i))
+            names = [arrivals[i].request.request_id for i in order]
+            slot_of = {rid: s for s, rid in enumerate(names)}
+            self.names.append(names)
+            self.slot_of.append(slot_of)
+            for s, i in enumerate(order):
+                req = arrivals[i].request
+                cols["prompt"][e][s] = req.prompt_len
+                cols["maxtok"][e][s] = req.max_tokens
+                cols["n"][e][s] = req.n
+                cols["prio"][e][s] = req.priority
+                cols["arrival"][e][s] = i
+                arrival_step[e][s] = arrivals[i].step
+            for step, rid in trace.aborts:
+                s = slot_of.get(rid)
+                if s is not None and step >= arrival_step[e][s]:
+                    abort_step[e][s] = min(abort_step[e][s], step)
+            for step, seq in trace.stops:
+                parsed = _split_seq_id(seq)
+                if parsed is None or parsed[0] not in slot_of:
+                    continue
+                s = slot_of[parsed[0]]
+                if parsed[1] < cols["n"][e][s]:
+                    stops.setdefault((e, s, parsed[1]), []).append(step)
+        dev = self.device
+
+        def t(x: list) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        self.cols = {k: t(v) for k, v in cols.items()}
+        self.arrival_step = t(arrival_step)
+        self.abort_step = t(abort_step)
+        K = max([1] + [len(v) for v in stops.values()])
+        stop_steps = torch.full((E, R, N, K), -1, dtype=torch.long)
+        for (e, s, j), steps in stops.items():
+            stop_steps[e, s, j, : len(steps)] = torch.tensor(sorted(steps))
+        self.stop_steps = stop_steps.to(dev)
+        self.last_arrival = t([tr.last_arrival_step for tr in traces])
+        self.max_steps = t([tr.max_steps for tr in traces])
+
+    def make_scheduler(self) -> BatchedScheduler:
+        sched = BatchedScheduler([t.config for t in self.traces], self.R, self.N, self.device)
+        c = self.cols
+        sched.set_requests(c["prompt"], c["maxtok"], c["n"], c["prio"], c["arrival"])
+        return sched
+
+    def arrivals_at(self, step: int) -> torch.Tensor:
+        return self.arrival_step == step
+
+    def aborts_at(self, step: int) -> torch.Tensor:
+        return self.abort_step == step
+
+    def stops_at(self, step: int) -> torch.Tensor:
+        return (self.stop_steps == step).any(-1)
+
+
+@dataclass
+class BatchStep:
+    step: int
+    active: torch.Tensor  # [E] engines that ran this step (not yet drained, under max_steps)
+    aborted: torch.Tensor  # [E,R]
+    output: StepOut
+    update: UpdateOut
+
+
+class BatchedRun:
+    """Drive a `BatchedScheduler` through a `TraceBatch`, step by step, with the reference
+    engine loop's end rule per engine (every request arrived and finished, or max_steps)."""
+
+    def __init__(self, batch: TraceBatch, scheduler: BatchedScheduler | None = None) -> None:
+        self.batch = batch
+        self.scheduler = scheduler if scheduler is not None else batch.make_scheduler()
+        self.active = torch.ones(batch.E, dtype=torch.bool, device=batch.device)
+        self.step = 0
+        self.engine_steps = 0
+
+    def advance(self) -> BatchStep:
+        b, s, step = self.batch, self.scheduler, self.step
+        s.arrive(b.arrivals_at(step))
+        aborted = s.abort(b.aborts_at(step))
+        out = s.schedule()
+        upd = s.update(b.stops_at(step))
+        active = self.active.clone()
+        unfinished = ((s.status >= WAITING) & (s.status <= SWAPPED)).any(-1)
+        drained = (step >= b.last_arrival) & ~unfinished
+        self.active = self.active & ~drained & (step + 1 < b.max_steps)
+        self.engine_steps += int(active.sum())
+        self.step += 1
+        return BatchStep(step, active, aborted, out, upd)
+
+    def run(self) -> int:
+        """Run until every engine is done; returns the number of engine-steps executed."""
+        while bool(self.active.any()):
+            self.advance()
+        return self.engine_steps

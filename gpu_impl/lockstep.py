@@ -1,0 +1,170 @@
+"""Lockstep differential harness: E traces through E reference schedulers and one batched twin.
+
+Every step, for every engine still running, it compares the whole step: the requests the
+step's aborts finished, the `SchedulerOutput` (scheduled sequences and token counts,
+preempted with modes, swapped-in, swap-out / swap-in maps, copies, ignored; reasons are not
+compared, the twin has none), the finished requests `update()` reports, and the full snapshot
+after the step (statuses, queues, every sequence's tokens, computed tokens, block table and
+device, reference counts, free ids). With ``kv=True`` the KV data plane follows the twin and is
+verified after every step. The first divergence is reported with engine index, step, what
+differed and both sides.
+
+This module imports only `spec` (and the twin): the reference is passed in as a factory
+``make_reference(config) -> SchedulerLike`` (the tests pass ``reference_impl.Scheduler``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gpu_impl.encode import BatchedRun, TraceBatch
+from gpu_impl.kv import KVError, KVPlane
+from gpu_impl.materialize import finished_lists, snapshots, step_outputs
+from spec.config import SchedulerConfig
+from spec.protocol import SchedulerLike
+from spec.status import Status
+from spec.trace import Trace
+from spec.types import SchedulerOutput, StepOutcome
+
+
+@dataclass
+class Divergence:
+    engine: int
+    step: int
+    what: str  # "aborts", "output", "finished", "snapshot.<field>", "kv", "end"
+    expected: Any  # the reference's side
+    actual: Any  # the twin's side
+    trace: Trace
+
+    def describe(self) -> str:
+        def show(x: Any) -> str:
+            return json.dumps(x, indent=1, sort_keys=True, default=str) if not isinstance(x, str) else x
+
+        return (
+            f"gpu_impl diverges from the reference: engine {self.engine}, step {self.step}, {self.what}\n"
+            f"--- reference\n{show(self.expected)}\n--- gpu_impl\n{show(self.actual)}"
+        )
+
+
+@dataclass
+class LockstepResult:
+    engines: int
+    engine_steps: int
+    steps: int
+    kv_checks: int
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def _out_dict(out: SchedulerOutput) -> dict[str, Any]:
+    d = replace(out, reasons=()).to_dict()
+    d.pop("reasons")
+    return d
+
+
+def _fin(items: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(f.request_id, Status(f.status).value) for f in items]
+
+
+def run_lockstep(
+    traces: Sequence[Trace],
+    make_reference: Callable[[SchedulerConfig], SchedulerLike],
+    device: str | torch.device | None = "cpu",
+    compare_state: bool = True,
+    kv: bool = False,
+) -> LockstepResult:
+    batch = TraceBatch(traces, device)
+    run = BatchedRun(batch)
+    twin = run.scheduler
+    plane = KVPlane(twin) if kv else None
+    refs = [make_reference(t.config) for t in traces]
+    E = len(traces)
+    unfinished: list[set[str]] = [set() for _ in range(E)]
+    active = [True] * E
+    engine_steps = 0
+    step = 0
+
+    def diverge(e: int, what: str, expected: Any, actual: Any) -> LockstepResult:
+        return LockstepResult(E, engine_steps, step, plane.checks if plane else 0,
+                              Divergence(e, step, what, expected, actual, traces[e]))
+
+    while any(active):
+        live = [e for e in range(E) if active[e]]
+        ref_aborts, ref_outs, ref_fins, ref_snaps = {}, {}, {}, {}
+        for e in live:
+            trace, ref = traces[e], refs[e]
+            for request in trace.arrivals_at(step):
+                ref.add_request(request)
+                unfinished[e].add(request.request_id)
+            done = [ref.abort_request(rid) for rid in trace.aborts_at(step)]
+            ref_aborts[e] = _fin([f for f in done if f is not None])
+            ref_outs[e] = ref.schedule()
+            ref_fins[e] = _fin(ref.update(StepOutcome(trace.stops_at(step))))
+            if compare_state:
+                ref_snaps[e] = ref.snapshot()
+
+        s, b = run.scheduler, run.batch
+        s.arrive(b.arrivals_at(step))
+        aborted = s.abort(b.aborts_at(step))
+        out = s.schedule()
+        if plane is not None:
+            try:
+                plane.apply(out)
+            except KVError as err:
+                return diverge(-1, "kv", "consistent KV", str(err))
+        upd = s.update(b.stops_at(step))
+        if plane is not None:
+            try:
+                plane.verify(step, b.names)
+            except KVError as err:
+                return diverge(-1, "kv", "consistent KV", str(err))
+
+        outs = step_outputs(out, b.names, live)
+        fins = finished_lists(upd, b.names, live)
+        snaps = snapshots(twin, b.names, live) if compare_state else [None] * len(live)
+        ab = aborted.tolist()
+        for i, e in enumerate(live):
+            engine_steps += 1
+            twin_aborts, seen = [], set()
+            for rid in traces[e].aborts_at(step):
+                slot = b.slot_of[e].get(rid)
+                if slot is not None and ab[e][slot] and rid not in seen:
+                    seen.add(rid)
+                    twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
+            if twin_aborts != ref_aborts[e]:
+                return diverge(e, "aborts", ref_aborts[e], twin_aborts)
+            if _out_dict(outs[i]) != _out_dict(ref_outs[e]):
+                return diverge(e, "output", _out_dict(ref_outs[e]), _out_dict(outs[i]))
+            twin_fin = _fin(fins[i])
+            if twin_fin != ref_fins[e]:
+                return diverge(e, "finished", ref_fins[e], twin_fin)
+            if compare_state:
+                rs, ts = ref_snaps[e], snaps[i]
+                for f in fields(rs):
+                    if getattr(rs, f.name) != getattr(ts, f.name):
+                        return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
+            for rid, _ in ref_fins[e] + ref_aborts[e]:
+                unfinished[e].discard(rid)
+            if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
+                active[e] = False
+        step += 1
+    return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, Status):
+        return x.value
+    return x
