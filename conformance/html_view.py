@@ -498,6 +498,11 @@ _JS = r"""
         });
       });
     }
+    if (!refs && !(snap && snap.seqs)) {
+      titleNode.textContent = label + phaseText;
+      node.appendChild(el("span", "empty", "not observed"));
+      return;
+    }
     var n = refs ? refs.length : total;
     var used = 0;
     for (var b = 0; b < n; b++) {

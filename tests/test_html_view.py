@@ -431,3 +431,24 @@ def test_the_harness_sees_page_errors(browser: Browser, tmp_path: Path) -> None:
     external.write_text(page.replace("</body>", '<img src="http://192.0.2.1/x.png"></body>'))
     browser.open(external.as_uri())  # the page's own policy blocks it, and says so
     assert any("Content Security Policy" in p for p in browser.problems()), browser.problems()
+
+
+def test_a_run_with_nothing_observed_still_renders(browser: Browser, tmp_path: Path) -> None:
+    """An adapter may expose only its outputs: the page says "not observed" and shows the rest."""
+    trace = BUILTIN["tour"]()
+    run = run_trace(trace, observe=False)
+    page = write_html(tmp_path / "blind.html", trace, run.records, [])
+    browser.events.clear()
+    browser.open(page.as_uri())
+    browser.press("ArrowRight", "ArrowRight", 39)
+    assert _label(browser) == "1"
+    state = browser.js("""({
+      lanes: [...document.querySelectorAll('[data-lane] .empty')].map(e => e.textContent),
+      gpu: document.getElementById('gpu-map').innerText,
+      blocks: document.querySelectorAll('.blk[data-block]').length,
+      reasons: document.getElementById('reasons').innerText,
+    })""")
+    assert state["lanes"][:4] == ["not observed"] * 4
+    assert state["gpu"] == "not observed" and state["blocks"] == 0
+    assert "C ignored" in state["reasons"]
+    assert browser.problems() == []
