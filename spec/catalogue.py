@@ -109,7 +109,7 @@ def get(invariant_id: str) -> Invariant:
     return _REGISTRY[invariant_id]
 
 
-_FAMILY_ORDER = ("BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "POL", "LIV")
+_FAMILY_ORDER = ("BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "POL", "LIV")
 
 
 def _id_order(invariant_id: str) -> tuple[int, str]:
@@ -137,6 +137,7 @@ def _load() -> None:
         placement,
         policy,
         requests,
+        strengthening,
         swap,
     )
 

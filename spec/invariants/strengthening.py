@@ -1,0 +1,65 @@
+"""Strengthening invariants: found by the Z3 induction proofs (``kvsched prove``).
+
+The catalogue's state invariants are not inductive on their own: a state can satisfy all of them
+and still be one step from a violation. These two close the gap; with them the conjunction of the
+state invariants is inductive for every action (docs/PROOFS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import snapshots
+from spec.observation import Capability as C
+from spec.observation import StepRecord
+from spec.status import Status
+
+
+@invariant(
+    "STR-001", "safety",
+    "Block by block, a block is on the free list exactly when its reference count is zero (GPU and CPU).",
+    """Found by the Z3 induction proof: BLK-001 only counts (free + in use = total), so a state
+    where a block with references is listed free and a block without references is not passes it;
+    the next allocation then hands out a live block (BLK-003 breaks after admit/decode) and the
+    next decref to zero frees a block twice. Per-block agreement is what makes conservation
+    inductive (vLLM's allocator keeps the free list and ref counts in one structure for this).""",
+    (C.REF_COUNTS, C.FREE_LISTS),
+)
+def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        for device, refs, free_ids in (
+            ("gpu", snap.gpu_ref_counts, snap.gpu_free_ids),
+            ("cpu", snap.cpu_ref_counts, snap.cpu_free_ids),
+        ):
+            assert refs is not None and free_ids is not None
+            free = set(free_ids)
+            unreferenced = {b for b, r in enumerate(refs) if r == 0}
+            if free != unreferenced:
+                odd = sorted(free ^ unreferenced)
+                yield f"{label}: {device} blocks {odd[:5]} are free without being unreferenced or the reverse"
+
+
+@invariant(
+    "STR-002", "safety",
+    """The seats of the running requests fit max_num_seqs: a request counts n seats before it
+    forks and its live sequences after.""",
+    """Found by the Z3 induction proof: BUD-003 (running sequences <= max_num_seqs) is not
+    inductive, because a running request that has not forked yet holds one sequence but will hold
+    n after its first update. vLLM budgets max_running_seqs() for exactly this reason (PR #1068);
+    the seat count is the invariant that makes BUD-003 inductive.""",
+    (C.STATUSES,),
+)
+def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.statuses is not None and snap.seqs is not None
+        seats = 0
+        for rid, status in snap.statuses.items():
+            if status is not Status.RUNNING or rid not in ctx.requests:
+                continue
+            n = ctx.requests[rid].n
+            seqs = snap.seqs_of(rid)
+            forked = n == 1 or len(seqs) >= n
+            seats += sum(1 for v in seqs if not v.status.is_finished) if forked else n
+        if seats > ctx.config.max_num_seqs:
+            yield f"{label}: running requests take {seats} seats, max_num_seqs {ctx.config.max_num_seqs}"
