@@ -51,11 +51,12 @@ class SchedulerAdapter:
         self.profiles = tuple(profiles)
         self._make = make
         self._scheduler: Any = None
+        self._fixed_capabilities = capabilities is not None
         self.capabilities = capabilities if capabilities is not None else frozenset({Capability.OUTPUT})
 
     def reset(self, config: SchedulerConfig) -> None:
         self._scheduler = self._make(config)
-        if hasattr(self._scheduler, "capabilities"):
+        if not self._fixed_capabilities and hasattr(self._scheduler, "capabilities"):
             self.capabilities = frozenset(self._scheduler.capabilities)
 
     def add_request(self, request: Request) -> None:

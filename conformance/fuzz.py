@@ -94,9 +94,8 @@ def fuzz(
     started = time.monotonic()
     deadline = started + time_budget if time_budget else None
 
-    def run_one(trace, stop_at_first: bool = True) -> TraceResult:
-        result = run_checked(state["adapter"], trace, invariants, timeout=timeout, lockstep=lockstep,
-                             stop_at_first=stop_at_first)
+    def run_one(trace) -> TraceResult:
+        result = run_checked(state["adapter"], trace, invariants, timeout=timeout, lockstep=lockstep)
         if result.fault is not None and result.fault.kind == "hang":
             state["adapter"] = make_adapter()  # a hung adapter is abandoned, never reused
         return result
@@ -117,7 +116,7 @@ def fuzz(
         def search(trace) -> None:
             if deadline is not None and time.monotonic() > deadline:
                 assume(False)  # out of time: let Hypothesis wind down quickly
-            result = run_one(trace, stop_at_first=not known)
+            result = run_one(trace)
             fuzz_result.examples += 1
             fuzz_result.steps_checked += len(result.records)
             fuzz_result.active = [i.id for i in result.active] or fuzz_result.active
@@ -158,8 +157,10 @@ def fuzz(
             result = run_one(candidate)
             return _failing_step(result) if problem in result.problem_ids else None
 
+        # A hang costs a whole timeout per try: shrink those with a small budget.
+        tries = 25 if problem == "FAULT-hang" else 400
         try:
-            small, step = shrink(trace, failing)
+            small, step = shrink(trace, failing, budget=tries)
         except ValueError:  # flaky: no longer fails alone; keep what was seen
             small, step = trace, _failing_step(run_one(trace))
         final = run_one(small)

@@ -81,4 +81,7 @@ def traces(
         for index in range(a.request.n):
             if draw(st.integers(0, 3)) == 0:
                 stops.append((a.step + draw(st.integers(1, 14)), seq_id(a.request.request_id, index)))
-    return Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)), max_steps=horizon + 2000)
+    # Long enough for every request to finish under the LIV-002 bound, so a hang is visible.
+    requests = [a.request for a in arrivals]
+    bound = (len(requests) + 2) * (sum(r.n * r.max_tokens for r in requests) + len(requests) + 2)
+    return Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)), max_steps=horizon + bound)

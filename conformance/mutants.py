@@ -354,12 +354,12 @@ class _BestOfOneSeat(Scheduler):
         group.__class__ = _OneSeatPerGroup
 
 
-@mutant("length-cap-off-by-one", "a sequence may grow one token past max_model_len", ("LEN-001",))
+@mutant("length-cap-off-by-one", "a sequence may reach max_model_len tokens and keep running", ("LEN-001",))
 class _LengthOffByOne(Scheduler):
     def _check_stop(self, group, seq, stopped):
         if seq.seq_id in stopped:
             seq.status = Status.FINISHED_STOPPED
-        elif seq.num_generated >= group.request.max_tokens or seq.num_tokens > self.config.max_model_len + 1:
+        elif seq.num_generated >= group.request.max_tokens or seq.num_tokens > self.config.max_model_len:
             seq.status = Status.FINISHED_LENGTH_CAPPED
         else:
             return

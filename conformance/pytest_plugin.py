@@ -1,10 +1,18 @@
 """pytest plugin: ``--kvsched-adapter=module:factory`` adds one conformance test per invariant.
 
 Loaded automatically through the ``pytest11`` entry point once kvsched is installed; it does
-nothing unless the option (or ``kvsched_adapter`` in the ini file) is given.
+nothing unless ``--kvsched-adapter`` (or ``kvsched_adapter`` in the ini file) is given. The
+conformance run happens once per session, on the first kvsched test; each invariant then
+passes, fails (the message names the shrunk counterexample trace to replay), or is skipped as
+not applicable to what the adapter exposes.
 """
 
 from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
 
 
 def pytest_addoption(parser):
@@ -13,4 +21,89 @@ def pytest_addoption(parser):
     group.addoption("--kvsched-profile", default=None, help="conformance profile (default: the adapter's own)")
     group.addoption("--kvsched-examples", type=int, default=None, help="fuzzed traces to run (default 100)")
     group.addoption("--kvsched-seed", type=int, default=None, help="seed for the fuzzed traces")
+    group.addoption("--kvsched-out", default="kvsched-out", help="folder for counterexample traces")
     parser.addini("kvsched_adapter", "adapter spec for kvsched conformance tests", default=None)
+
+
+class _Run:
+    """The session's one conformance run, made on first use."""
+
+    def __init__(self, config) -> None:
+        from conformance.adapter import load_adapter
+        from conformance.profiles import get_profile
+
+        self.spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
+        self.adapter = load_adapter(self.spec)
+        name = config.getoption("kvsched_profile") or (self.adapter.profiles[0] if self.adapter.profiles else "safety")
+        self.profile = get_profile(name)
+        self.examples = config.getoption("kvsched_examples") or 100
+        self.seed = config.getoption("kvsched_seed")
+        if self.seed is None:
+            self.seed = random.randrange(2**31)
+        self.out = Path(config.getoption("kvsched_out"))
+        self._result = None
+
+    @property
+    def result(self):
+        if self._result is None:
+            from conformance.adapter import load_adapter
+            from conformance.fuzz import fuzz
+
+            self._result = fuzz(lambda: load_adapter(self.spec), self.profile, max_examples=self.examples,
+                                seed_value=self.seed, out_dir=self.out)
+        return self._result
+
+
+class KvschedItem(pytest.Item):
+    def __init__(self, *, run: _Run, invariant_id: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.run = run
+        self.invariant_id = invariant_id
+
+    def runtest(self) -> None:
+        result = self.run.result
+        if self.invariant_id in result.not_applicable:
+            pytest.skip(f"{self.invariant_id}: not applicable (the adapter does not expose what it needs)")
+        finding = result.findings.get(self.invariant_id)
+        if finding is not None:
+            raise KvschedFailure(self.invariant_id, finding, self.run.spec)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvschedFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return "kvsched", None, f"kvsched[{self.run.adapter.name}] {self.invariant_id}"
+
+
+class KvschedFailure(AssertionError):
+    def __init__(self, invariant_id: str, finding, spec: str) -> None:
+        from spec.catalogue import get
+
+        statement = get(invariant_id).statement if "-" in invariant_id and not invariant_id.startswith("FAULT") else ""
+        super().__init__(
+            f"{invariant_id}: {statement}\n{finding.message}\n"
+            f"counterexample ({finding.steps} steps): {finding.path}\n"
+            f"replay: kvsched replay {finding.path} --adapter {spec}"
+        )
+
+
+def pytest_collection_modifyitems(session, config, items):
+    spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
+    if not spec:
+        return
+    run = _Run(config)
+    ids = [inv.id for inv in run.profile.invariants()]
+    if run.profile.lockstep and run.profile.name in run.adapter.profiles:
+        ids.append("LOCKSTEP")
+    ids += ["FAULT-raised", "FAULT-hang", "FAULT-malformed"]
+    for invariant_id in ids:
+        items.append(KvschedItem.from_parent(session, name=f"kvsched[{invariant_id}]", run=run, invariant_id=invariant_id))
+
+
+def pytest_report_header(config):
+    spec = config.getoption("kvsched_adapter", default=None)
+    if spec:
+        return f"kvsched: conformance of adapter {spec!r}"
+    return None

@@ -9,6 +9,7 @@ when the same problem still shows and the trace got simpler.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 
 from spec.config import SchedulerConfig
@@ -30,19 +31,21 @@ def size(trace: Trace, failure_step: int) -> tuple[int, ...]:
     )
 
 
-def shrink(trace: Trace, failing: Failing, budget: int = 400) -> tuple[Trace, int]:
-    """Return the simplest failing trace found within ``budget`` candidate runs, and its failing step."""
+def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 30.0) -> tuple[Trace, int]:
+    """Return the simplest failing trace found within ``budget`` candidate runs (and about
+    ``seconds`` of time), and its failing step."""
+    deadline = time.monotonic() + seconds
     step = failing(trace)
     if step is None:
         raise ValueError("shrink() needs a failing trace")
     best, best_step = _cut(trace, step), step
     tries = 0
     improved = True
-    while improved and tries < budget:
+    while improved and tries < budget and time.monotonic() < deadline:
         improved = False
         for candidate in _candidates(best):
             tries += 1
-            if tries > budget:
+            if tries > budget or time.monotonic() > deadline:
                 break
             got = failing(candidate)
             if got is not None and size(_cut(candidate, got), got) < size(best, best_step):

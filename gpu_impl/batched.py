@@ -808,7 +808,7 @@ class BatchedScheduler:
             seqs |= cm
             self.forked |= pf
         self.tok = torch.where(sched, self.tok + 1, self.tok)
-        lencap = ((self.tok - self.prompt) >= self.maxtok) | (self.tok > self.cfg.max_len[:, None])
+        lencap = ((self.tok - self.prompt) >= self.maxtok) | (self.tok >= self.cfg.max_len[:, None])
         fin_stop = seqs & stopped
         fin_len = seqs & ~stopped & lencap[..., None]
         fin = fin_stop | fin_len

@@ -24,7 +24,8 @@ waiting ahead of every request that arrived after it: the front, under FCFS.
 `update()` feeds back one token per scheduled sequence: a freshly prefilled group with
 ``n > 1`` forks its ``n - 1`` other sequences (sharing the prompt's blocks) before the tokens
 are appended; a sequence stops when the environment says so, at ``max_tokens`` generated, or
-past ``max_model_len``; finished sequences free their blocks at once.
+once it holds ``max_model_len`` tokens (vLLM's stop checker: ``get_len() >= max_model_len``);
+finished sequences free their blocks at once.
 """
 
 from __future__ import annotations
@@ -353,7 +354,7 @@ class Scheduler:
     def _check_stop(self, group: SequenceGroup, seq: Sequence, stopped: frozenset[str]) -> None:
         if seq.seq_id in stopped:
             seq.status = Status.FINISHED_STOPPED
-        elif seq.num_generated >= group.request.max_tokens or seq.num_tokens > self.config.max_model_len:
+        elif seq.num_generated >= group.request.max_tokens or seq.num_tokens >= self.config.max_model_len:
             seq.status = Status.FINISHED_LENGTH_CAPPED
         else:
             return

@@ -77,16 +77,16 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "LEN-001", "safety",
-    "No admitted sequence (running or swapped) holds more than max_model_len tokens.",
-    """A position past max_model_len has no rotary embedding or cache slot the model was sized
-    for; vLLM's stop checker finishes a sequence as FINISHED_LENGTH_CAPPED once it passes the
-    limit.""",
+    "Between steps, every running or swapped sequence holds fewer than max_model_len tokens: one that reaches the limit is finished.",
+    """A position at or past max_model_len has no rotary embedding or cache slot the model was
+    sized for; vLLM's stop checker (stop_checker.py: maybe_stop_sequence) finishes a sequence as
+    FINISHED_LENGTH_CAPPED once get_len() >= max_model_len, so its KV never needs that slot.""",
     (C.SEQ_LENGTHS, C.STATUSES),
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
     for sid, v in rec.after.seqs.items():
-        if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) > ctx.config.max_model_len:
+        if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= ctx.config.max_model_len:
             yield f"{sid} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
 
 

@@ -307,7 +307,7 @@ class Encoder:
         st.ncomp[s] = self.let(z3.If(cond, computed, st.ncomp[s]), "nc")
         st.ntok[s] = self.let(z3.If(cond, st.ntok[s] + 1, st.ntok[s]), "nt")
         generated = st.ntok[s] - self.gsel(st.plen, self.grp[s])
-        capped = z3.And(cond, z3.Or(generated >= self.gsel(st.mtok, self.grp[s]), st.ntok[s] > self.ML))
+        capped = z3.And(cond, z3.Or(generated >= self.gsel(st.mtok, self.grp[s]), st.ntok[s] >= self.ML))
         st.sstat[s] = self.let(z3.If(capped, FIN, st.sstat[s]), "ss")
         self.free_seq(st, s, capped)
 
