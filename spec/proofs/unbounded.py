@@ -1,0 +1,68 @@
+"""Unbounded proofs: QUE-001 for any number of requests.
+
+The queue partition only depends on each request's status and queue membership, and every
+action touches one request. Over arrays indexed by an unbounded integer request id, with the
+invariant universally quantified, Z3 proves initiation and preservation for every number of
+requests at once. Each action's effect on the one request it touches is the bounded encoding's
+(``spec.proofs.encoding``), with "the request finished because no live sequence is left" as a
+free choice, which over-approximates it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from spec.proofs.encoding import FIN, NONE, RUN, SWAP, WAIT
+
+# action -> (allowed pre statuses, possible post statuses)
+_EFFECTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "add": ((NONE,), (WAIT,)),
+    "admit": ((WAIT,), (RUN, FIN)),
+    "fork": ((WAIT,), (RUN, FIN)),
+    "decode": ((RUN,), (RUN, FIN)),
+    "preempt_recompute": ((RUN,), (WAIT,)),
+    "swap_out": ((RUN,), (SWAP,)),
+    "swap_in": ((SWAP,), (RUN, FIN)),
+    "finish": ((RUN,), (RUN, FIN)),
+    "abort": ((WAIT, RUN, SWAP), (FIN,)),
+    "ignore": ((WAIT, SWAP), (FIN,)),
+}
+
+def _que001(status: Any, w: Any, r: Any, s: Any) -> Any:
+    j = z3.Int("j")
+    n = z3.If(w[j], 1, 0) + z3.If(r[j], 1, 0) + z3.If(s[j], 1, 0)
+    unfinished = z3.Or(status[j] == WAIT, status[j] == RUN, status[j] == SWAP)
+    return z3.ForAll([j], z3.If(unfinished, n == 1, n == 0))
+
+def prove_unbounded(timeout_ms: int = 60_000) -> set[tuple[str, str]]:
+    """The (invariant, action) cells proved for every size (plus ``init``)."""
+    A = z3.ArraySort(z3.IntSort(), z3.IntSort())
+    Bb = z3.ArraySort(z3.IntSort(), z3.BoolSort())
+    status, w, r, s = z3.Const("st", A), z3.Const("w", Bb), z3.Const("r", Bb), z3.Const("s", Bb)
+    proved: set[tuple[str, str]] = set()
+    # init: no request has arrived
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    j = z3.Int("k")
+    solver.add(z3.ForAll([j], z3.And(status[j] == NONE, z3.Not(w[j]), z3.Not(r[j]), z3.Not(s[j]))))
+    solver.add(z3.Not(_que001(status, w, r, s)))
+    if solver.check() == z3.unsat:
+        proved.add(("QUE-001", "init"))
+    g = z3.Int("g")
+    for action, (pre_ok, post_opts) in _EFFECTS.items():
+        new = z3.Int("new_status")
+        status2 = z3.Store(status, g, new)
+        queue = {WAIT: w, RUN: r, SWAP: s}
+        posts = [z3.Store(arr, g, z3.And(new == code, z3.BoolVal(True))) for code, arr in queue.items()]
+        solver = z3.Solver()
+        solver.set("timeout", timeout_ms)
+        solver.add(_que001(status, w, r, s))
+        solver.add(z3.Or([status[g] == c for c in pre_ok]), z3.Or([new == c for c in post_opts]))
+        solver.add(z3.Not(_que001(status2, *posts)))
+        if solver.check() == z3.unsat:
+            proved.add(("QUE-001", action))
+    return proved
+
+assert FIN not in (WAIT, RUN, SWAP)
