@@ -7,6 +7,10 @@ capabilities) plus ``name``, the ``profiles`` it claims, and ``reset(config)``. 
 Most adapters are a few lines around `SchedulerAdapter`, which turns "a function from a config
 to a scheduler object" into an adapter. See docs/ADAPTERS.md for a worked example.
 
+An adapter may also define ``trace_strategy()`` returning a Hypothesis strategy of traces
+(see `conformance.generate.traces`) when its engine accepts only some configs (vLLM V0's
+watermark is fixed at 0.01, say).
+
 A spec string names an adapter: a built-in (``reference``, ``gpu``) or ``module:factory``,
 where ``factory()`` returns an adapter.
 """

@@ -84,6 +84,8 @@ def fuzz(
     on_example: Callable[[FuzzResult], None] | None = None,
 ) -> FuzzResult:
     adapter = make_adapter()
+    if strategy is None and hasattr(adapter, "trace_strategy"):
+        strategy = adapter.trace_strategy()  # an adapter may narrow the configs its engine accepts
     lockstep = profile.lockstep and profile.name in getattr(adapter, "profiles", ())
     fuzz_result = FuzzResult(adapter.name, profile.name, seed_value, lockstep=lockstep)
     invariants = profile.invariants()

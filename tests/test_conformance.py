@@ -36,6 +36,12 @@ def test_reference_conforms_to_its_own_profile(tmp_path):
     assert result.steps_checked > 500
 
 
+@pytest.fixture(scope="module")
+def victim_run(tmp_path_factory):
+    """One run of a policy-breaking adapter, shared by the tests that read it."""
+    return _fuzz("broken_adapters:victim_from_head", "vllm-v0", tmp_path_factory.mktemp("victim"), examples=150)
+
+
 @pytest.mark.parametrize(
     ("spec", "profile", "expected"),
     [
@@ -44,8 +50,11 @@ def test_reference_conforms_to_its_own_profile(tmp_path):
         ("broken_adapters:never_fits_waits", "liveness", "LIV-003"),
     ],
 )
-def test_broken_adapters_are_caught_with_short_traces(tmp_path, spec, profile, expected):
-    result = _fuzz(spec, profile, tmp_path, examples=300)
+def test_broken_adapters_are_caught_with_short_traces(tmp_path, victim_run, spec, profile, expected):
+    if spec.endswith("victim_from_head"):
+        result, tmp_path = victim_run, victim_run.findings[expected].path.parent.parent
+    else:
+        result = _fuzz(spec, profile, tmp_path, examples=150)
     assert expected in result.findings
     finding = result.findings[expected]
     assert finding.steps <= 10
@@ -55,10 +64,9 @@ def test_broken_adapters_are_caught_with_short_traces(tmp_path, spec, profile, e
     assert (tmp_path / "found" / f"{expected}.json").exists(), "the first failing trace is kept before shrinking"
 
 
-def test_lockstep_reports_the_divergence_with_the_reference_reasons(tmp_path):
-    result = _fuzz("broken_adapters:victim_from_head", "vllm-v0", tmp_path, examples=300)
-    assert "LOCKSTEP" in result.findings
-    message = result.findings["LOCKSTEP"].message
+def test_lockstep_reports_the_divergence_with_the_reference_reasons(victim_run):
+    assert "LOCKSTEP" in victim_run.findings
+    message = victim_run.findings["LOCKSTEP"].message
     assert "reference:" in message and "target:" in message and "because" in message
 
 
