@@ -17,17 +17,16 @@ class Status(StrEnum):
     FINISHED_ABORTED = "FINISHED_ABORTED"
     FINISHED_IGNORED = "FINISHED_IGNORED"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.value.startswith("FINISHED_")
-
-    @property
-    def queue(self) -> str | None:
-        """The queue that holds a request in this status (``None`` once finished)."""
-        return _QUEUE_OF.get(self)
+    # Read on every check of every step: plain attributes, set once below, not properties.
+    is_finished: bool
+    queue: str | None  # the queue that holds a request in this status (None once finished)
 
 
 _QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped"}
+
+for _status in Status:
+    _status.is_finished = _status.value.startswith("FINISHED_")
+    _status.queue = _QUEUE_OF.get(_status)
 
 QUEUES: tuple[str, ...] = ("waiting", "running", "swapped")
 FINISHED_STATUSES: tuple[Status, ...] = tuple(s for s in Status if s.is_finished)

@@ -6,19 +6,40 @@ from collections import Counter
 
 from spec.observation import Snapshot, StepRecord
 
+# Several predicates read the same derived views of one snapshot; compute each once. Keyed by
+# id() with the snapshot kept alive in the entry, so an id is never reused while cached.
+_MEMO: dict[tuple[int, str, str], tuple[Snapshot, object]] = {}
+
+
+def _memo(snap: Snapshot, kind: str, device: str, build):
+    key = (id(snap), kind, device)
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is snap:
+        return hit[1]
+    if len(_MEMO) > 256:
+        _MEMO.clear()
+    value = build()
+    _MEMO[key] = (snap, value)
+    return value
+
 
 def tables(snap: Snapshot, device: str) -> dict[str, tuple[int, ...]]:
     """Sequence id -> block table, for sequences whose table is on ``device``."""
     assert snap.seqs is not None
-    return {sid: v.blocks for sid, v in snap.seqs.items() if v.device == device and v.blocks}
+    return _memo(snap, "tables", device,
+                 lambda: {sid: v.blocks for sid, v in snap.seqs.items() if v.device == device and v.blocks})
 
 
 def entries(snap: Snapshot, device: str) -> Counter[int]:
     """How many table entries point at each block of ``device``."""
-    counts: Counter[int] = Counter()
-    for blocks in tables(snap, device).values():
-        counts.update(blocks)
-    return counts
+
+    def build() -> Counter[int]:
+        counts: Counter[int] = Counter()
+        for blocks in tables(snap, device).values():
+            counts.update(blocks)
+        return counts
+
+    return _memo(snap, "entries", device, build)
 
 
 def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:
