@@ -20,6 +20,9 @@ COMMANDS = (
     "conformance.commands.invariants",
     "conformance.commands.conform",
     "conformance.commands.replay",
+    "conformance.commands.docs",
+    "conformance.commands.prove",
+    "conformance.commands.check_config",
 )
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
