@@ -10,7 +10,7 @@ snapshots expose every capability.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

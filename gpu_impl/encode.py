@@ -13,15 +13,15 @@ reference) and stops (``[E,R,N,K]`` steps at which a sequence samples a stop tok
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from gpu_impl.batched import SWAPPED, WAITING, BatchedScheduler, StepOut, UpdateOut, resolve_device
 from spec.trace import Trace
 
-_NEVER = 1 << 40
+_NEVER = 1 << 30
 
 
 def _split_seq_id(seq: str) -> tuple[str, int] | None:
@@ -79,18 +79,49 @@ class TraceBatch:
         dev = self.device
 
         def t(x: list) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=dev)
+            return torch.tensor(x, dtype=torch.int32, device=dev)
 
         self.cols = {k: t(v) for k, v in cols.items()}
         self.arrival_step = t(arrival_step)
         self.abort_step = t(abort_step)
         K = max([1] + [len(v) for v in stops.values()])
-        stop_steps = torch.full((E, R, N, K), -1, dtype=torch.long)
+        stop_steps = torch.full((E, R, N, K), -1, dtype=torch.int32)
         for (e, s, j), steps in stops.items():
-            stop_steps[e, s, j, : len(steps)] = torch.tensor(sorted(steps))
+            stop_steps[e, s, j, : len(steps)] = torch.tensor(sorted(steps), dtype=torch.int32)
         self.stop_steps = stop_steps.to(dev)
         self.last_arrival = t([tr.last_arrival_step for tr in traces])
         self.max_steps = t([tr.max_steps for tr in traces])
+        # sparse per-step events: step -> (engine, slot[, seq]) index tensors
+        self._arrive_ev = self._index(((s_, e, r) for e in range(E) for r, s_ in enumerate(arrival_step[e]) if s_ < _NEVER), 2)
+        self._abort_ev = self._index(((s_, e, r) for e in range(E) for r, s_ in enumerate(abort_step[e]) if s_ < _NEVER), 2)
+        self._stop_ev = self._index(((s_, e, r, j) for (e, r, j), steps in stops.items() for s_ in set(steps)), 3)
+
+    def _index(self, events, width: int) -> dict[int, tuple[torch.Tensor, ...]]:
+        by_step: dict[int, list[tuple[int, ...]]] = {}
+        for ev in events:
+            by_step.setdefault(ev[0], []).append(ev[1:])
+        return {
+            step: tuple(torch.tensor(col, dtype=torch.long, device=self.device) for col in zip(*rows, strict=True))
+            for step, rows in by_step.items()
+        }
+
+    def _empty(self, width: int) -> tuple[torch.Tensor, ...]:
+        z = torch.zeros(0, dtype=torch.long, device=self.device)
+        return (z,) * width
+
+    def arrival_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._arrive_ev.get(step) or self._empty(2)
+
+    def abort_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._abort_ev.get(step) or self._empty(2)
+
+    def stopped_mask(self, step: int) -> torch.Tensor | None:
+        ev = self._stop_ev.get(step)
+        if ev is None:
+            return None
+        mask = torch.zeros(self.E, self.R, self.N, dtype=torch.bool, device=self.device)
+        mask[ev] = True
+        return mask
 
     def make_scheduler(self) -> BatchedScheduler:
         sched = BatchedScheduler([t.config for t in self.traces], self.R, self.N, self.device)
@@ -108,11 +139,12 @@ class TraceBatch:
         return (self.stop_steps == step).any(-1)
 
 
+
 @dataclass
 class BatchStep:
     step: int
     active: torch.Tensor  # [E] engines that ran this step (not yet drained, under max_steps)
-    aborted: torch.Tensor  # [E,R]
+    aborted: tuple[torch.Tensor, torch.Tensor]  # (engine, slot) of the requests aborted
     output: StepOut
     update: UpdateOut
 
@@ -128,14 +160,19 @@ class BatchedRun:
         self.step = 0
         self.engine_steps = 0
 
-    def advance(self) -> BatchStep:
+    def advance(self, on_schedule: Callable[[StepOut], None] | None = None) -> BatchStep:
+        """One step of every engine; ``on_schedule(out)`` runs between schedule and update
+        (where the model would run: the KV data plane hooks in there)."""
         b, s, step = self.batch, self.scheduler, self.step
-        s.arrive(b.arrivals_at(step))
-        aborted = s.abort(b.aborts_at(step))
+        s.arrive_idx(*b.arrival_idx(step))
+        aborted = s.abort_idx(*b.abort_idx(step))
         out = s.schedule()
-        upd = s.update(b.stops_at(step))
-        active = self.active.clone()
-        unfinished = ((s.status >= WAITING) & (s.status <= SWAPPED)).any(-1)
+        if on_schedule is not None:
+            on_schedule(out)
+        upd = s.update(b.stopped_mask(step))
+        active = self.active
+        st = s.status
+        unfinished = ((st >= WAITING) & (st <= SWAPPED)).any(-1)
         drained = (step >= b.last_arrival) & ~unfinished
         self.active = self.active & ~drained & (step + 1 < b.max_steps)
         self.engine_steps += int(active.sum())

@@ -16,8 +16,9 @@ This module imports only `spec` (and the twin): the reference is passed in as a 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -110,32 +111,25 @@ def run_lockstep(
             if compare_state:
                 ref_snaps[e] = ref.snapshot()
 
-        s, b = run.scheduler, run.batch
-        s.arrive(b.arrivals_at(step))
-        aborted = s.abort(b.aborts_at(step))
-        out = s.schedule()
-        if plane is not None:
-            try:
-                plane.apply(out)
-            except KVError as err:
-                return diverge(-1, "kv", "consistent KV", str(err))
-        upd = s.update(b.stops_at(step))
-        if plane is not None:
-            try:
+        b = run.batch
+        try:
+            bstep = run.advance(plane.apply if plane is not None else None)
+            if plane is not None:
                 plane.verify(step, b.names)
-            except KVError as err:
-                return diverge(-1, "kv", "consistent KV", str(err))
+        except KVError as err:
+            return diverge(-1, "kv", "the KV the block tables promise", str(err))
+        out, upd = bstep.output, bstep.update
+        ab_pairs = set(zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True))
 
         outs = step_outputs(out, b.names, live)
         fins = finished_lists(upd, b.names, live)
         snaps = snapshots(twin, b.names, live) if compare_state else [None] * len(live)
-        ab = aborted.tolist()
         for i, e in enumerate(live):
             engine_steps += 1
             twin_aborts, seen = [], set()
             for rid in traces[e].aborts_at(step):
                 slot = b.slot_of[e].get(rid)
-                if slot is not None and ab[e][slot] and rid not in seen:
+                if slot is not None and (e, slot) in ab_pairs and rid not in seen:
                     seen.add(rid)
                     twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
             if twin_aborts != ref_aborts[e]:
@@ -154,6 +148,10 @@ def run_lockstep(
                 unfinished[e].discard(rid)
             if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
                 active[e] = False
+        twin_active = run.active.tolist()
+        for e in live:
+            if twin_active[e] != active[e]:
+                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
         step += 1
     return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
 

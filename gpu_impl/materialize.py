@@ -7,7 +7,7 @@ the batched step itself never calls it. Reasons are not produced by the twin:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
