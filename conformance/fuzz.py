@@ -82,7 +82,13 @@ def fuzz(
     timeout: float = 10.0,
     strategy: st.SearchStrategy | None = None,
     on_example: Callable[[FuzzResult], None] | None = None,
+    stop_when: Callable[[frozenset[str]], bool] | None = None,
 ) -> FuzzResult:
+    """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
+
+    ``stop_when(problems)``, if given, ends the search early once it returns true for the set of
+    problems found so far (the bug museum stops at an exhibit's expected invariant).
+    """
     adapter = make_adapter()
     if strategy is None and hasattr(adapter, "trace_strategy"):
         strategy = adapter.trace_strategy()  # an adapter may narrow the configs its engine accepts
@@ -150,6 +156,8 @@ def fuzz(
     for round_index in range(64):
         remaining = max_examples - fuzz_result.examples
         if remaining <= 0 or (deadline is not None and time.monotonic() > deadline):
+            break
+        if stop_when is not None and stop_when(frozenset(best)):
             break
         if not search_round(seed_value + round_index, remaining, frozenset(best)):
             break
