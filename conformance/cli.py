@@ -23,6 +23,8 @@ COMMANDS = (
     "conformance.commands.docs",
     "conformance.commands.prove",
     "conformance.commands.check_config",
+    "conformance.commands.prove",
+    "conformance.commands.check_config",
 )
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2

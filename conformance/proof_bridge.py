@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reference_impl.block_manager import AllocStatus
@@ -270,7 +270,7 @@ def find_violation(trace: Trace, make: SchedulerFactory, invariant_id: str) -> l
 
 def counterexample_trace(
     cex: dict[str, Any], invariant_id: str, make: SchedulerFactory, *, tries: int = 3000, seed: int = 0,
-    max_steps: int = 12,
+    max_steps: int = 16,
 ) -> tuple[Trace, list[Violation]] | None:
     """Search for a trace that drives ``make``'s scheduler into a state shaped like the
     counterexample's pre-state (same config, same request shapes: n and prompt length) and then
@@ -282,36 +282,44 @@ def counterexample_trace(
     replay violates the invariant, or None when none was found (then the pre-state may be
     unreachable, which means the invariant set needs strengthening).
     """
-    config = config_for(cex)
-    if config is None:
+    exact = config_for(cex)
+    if exact is None:
         return None
+    bound = cex["bound"]
+    # Variants of the counterexample's config: the same pools, block size and watermark; the
+    # budgets relaxed and the preemption mode varied (so preemptions by swap happen).
+    relaxed = replace(exact, max_num_seqs=max(exact.max_num_seqs, bound["seqs"]),
+                      max_num_batched_tokens=max(exact.max_num_batched_tokens, 4 * bound["block_size"] * bound["table_len"]),
+                      max_model_len=max(exact.max_model_len, bound["block_size"] * bound["table_len"]))
+    configs = [exact, replace(exact, preemption_mode="swap"), relaxed, replace(relaxed, preemption_mode="swap")]
     pre = cex["pre"]
-    shapes = _request_shapes(pre, config)
     rng = random.Random(seed)
-    prompt_choices = sorted({p for _, p in shapes} | set(range(1, config.block_size * cex["bound"]["table_len"] + 1)))
     for attempt in range(tries):
+        config = configs[attempt % len(configs)]
+        shapes = _request_shapes(pre, config)
+        prompt_choices = list(range(1, config.block_size * bound["table_len"] + 1))
         requests = []
-        for k, (n, prompt) in enumerate(shapes if attempt % 2 == 0 else [(n, rng.choice(prompt_choices)) for n, _ in shapes]):
-            requests.append(Request(f"R{k}", prompt_len=prompt, max_tokens=rng.randint(1, 8), n=n))
-        if attempt and rng.random() < 0.3:
+        randomised = attempt >= len(configs)
+        for k, (n, prompt) in enumerate(shapes):
+            if randomised and rng.random() < 0.5:
+                n, prompt = rng.randint(1, 2), rng.choice(prompt_choices)
+            requests.append(Request(f"R{k}", prompt_len=prompt, max_tokens=rng.randint(1, 8) if randomised else 8, n=n))
+        while randomised and len(requests) < 4 and rng.random() < 0.5:
             requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8),
                                     n=rng.randint(1, 2)))
-        arrivals = tuple(Arrival(0 if attempt == 0 else rng.randint(0, 3), r) for r in requests)
+        arrivals = tuple(Arrival(rng.randint(0, 3) if randomised else 0, r) for r in requests)
         aborts: list[tuple[int, str]] = []
         stops: list[tuple[int, str]] = []
-        if attempt:
+        if randomised:
             for r in requests:
-                if rng.random() < 0.2:
+                if rng.random() < 0.1:
                     aborts.append((rng.randint(1, max_steps - 1), r.request_id))
                 for k in range(r.n):
-                    if rng.random() < 0.2:
+                    if rng.random() < 0.15:
                         stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#{k}"))
-        try:
-            trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
-                          meta={"counterexample": {"invariant": invariant_id, "action": cex.get("action"),
-                                                   "params": cex.get("params"), "pre": pre}})
-        except Exception:
-            continue
+        trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
+                      meta={"counterexample": {"invariant": invariant_id, "action": cex.get("action"),
+                                               "params": cex.get("params"), "config": cex.get("config"), "pre": pre}})
         found = find_violation(trace, make, invariant_id)
         if found:
             return trace, found

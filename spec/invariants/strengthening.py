@@ -7,7 +7,7 @@ state invariants is inductive for every action (docs/PROOFS.md).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import snapshots

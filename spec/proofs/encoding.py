@@ -554,10 +554,10 @@ class Encoder:
             self.free_seq(st, s, c)
         self.finish_group_if_done(st, g, True)
 
-    def _end(self, pre: State, st: State, g: Any) -> None:
+    def _end(self, pre: State, st: State, g: Any, free: bool = True) -> None:
         members = self._members(pre, g)
         for s in range(self.S):
-            if self.mutant != "abort-no-free":
+            if free:
                 self.free_seq(st, s, members[s])
             self.set_s(st.sstat, s, FIN, members[s])
         self.set_g(st.gstat, g, FIN)
@@ -567,7 +567,7 @@ class Encoder:
     def _abort(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         gs = self.gsel(pre.gstat, g)
         ae.guard = z3.Or(gs == WAIT, gs == RUN, gs == SWAP)
-        self._end(pre, st, g)
+        self._end(pre, st, g, free=self.mutant != "abort-no-free")
 
     def _ignore(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         members = self._members(pre, g)

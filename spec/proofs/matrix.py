@@ -58,6 +58,7 @@ class Matrix:
     bound: Bound
     mutant: str | None
     strengthened: bool
+    alone: bool = False
     cells: list[Cell] = field(default_factory=list)
     out_of_scope: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -78,6 +79,7 @@ class Matrix:
             "bound": self.bound.to_dict(),
             "mutant": self.mutant,
             "strengthened": self.strengthened,
+            "hypothesis": "each invariant alone (plus WF)" if self.alone else "conjunction of the state invariants",
             "seconds": round(self.seconds, 3),
             "all_proved": self.all_proved,
             "cells": [c.to_dict() for c in self.cells],
@@ -119,6 +121,7 @@ def prove(
     *,
     mutant: str | None = None,
     strengthen: bool = True,
+    alone: bool = False,
     invariants: Iterable[str] | None = None,
     actions: Iterable[str] | None = None,
     timeout_ms: int = 60_000,
@@ -134,8 +137,10 @@ def prove(
         if iid not in STATE_INVARIANTS and iid not in TRANSITION_PROPERTIES:
             raise ValueError(f"unknown invariant {iid!r} for the matrix")
     chosen_actions = list(actions) if actions is not None else list(ACTIONS)
-    matrix = Matrix(bound, mutant, strengthen, out_of_scope=out_of_scope(catalogue_ids))
+    matrix = Matrix(bound, mutant, strengthen, alone, out_of_scope=out_of_scope(catalogue_ids))
     hyp_ids = [i for i in STATE_INVARIANTS if strengthen or i not in STRENGTHENING]
+    if alone:  # each invariant on its own (plus the model's WF): which are inductive alone
+        hyp_ids = ["WF"]
 
     # init column
     enc = Encoder(bound, mutant)
@@ -150,7 +155,7 @@ def prove(
         cex = _counterexample(s.model(), None, enc, init, None) if r == z3.sat else None
         matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex))
 
-    tasks = [(bound, mutant, action, hyp_ids, wanted, timeout_ms) for action in chosen_actions]
+    tasks = [(bound, mutant, action, hyp_ids, wanted, timeout_ms, alone) for action in chosen_actions]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -180,13 +185,14 @@ _WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2}
 
 
 def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
-    bound, mutant, action, hyp_ids, wanted, timeout_ms = task
+    bound, mutant, action, hyp_ids, wanted, timeout_ms, alone = task
     enc = Encoder(bound, mutant)
     ae = enc.encode(action)
-    hypothesis = [enc.config_ok(), grp_ok(enc), *[STATE_INVARIANTS[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
+    base = [enc.config_ok(), grp_ok(enc), *[STATE_INVARIANTS[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
     cells = []
     for iid in wanted:
         t0 = time.perf_counter()
+        hypothesis = [*base, STATE_INVARIANTS[iid](enc, ae.pre)] if alone and iid in STATE_INVARIANTS else base
         goal = STATE_INVARIANTS[iid](enc, ae.post) if iid in STATE_INVARIANTS else TRANSITION_PROPERTIES[iid](ae)
         # A fresh solver per cell: preprocessing (solve-eqs eliminates the transition's
         # definitions) is off in incremental mode and is worth 2-3x here.

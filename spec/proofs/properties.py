@@ -179,7 +179,6 @@ def wf(enc: Encoder, st: State) -> Any:
             gs >= NONE, gs <= FIN,
             z3.Implies(unfinished, enc.live_count(st, j) >= 1),
             z3.Implies(z3.And(gs != NONE, enc.nslots(j) == 1), st.forked[j]),
-            z3.Implies(z3.Or(gs == RUN, gs == SWAP), st.forked[j]),
             z3.Implies(gs != NONE, z3.And(st.plen[j] >= 1, st.mtok[j] >= 1)),
         ]
     return _all(out)
