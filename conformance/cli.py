@@ -20,9 +20,8 @@ COMMANDS = (
     "conformance.commands.invariants",
     "conformance.commands.conform",
     "conformance.commands.replay",
+    "conformance.commands.targets",
     "conformance.commands.docs",
-    "conformance.commands.prove",
-    "conformance.commands.check_config",
     "conformance.commands.prove",
     "conformance.commands.check_config",
 )

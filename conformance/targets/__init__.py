@@ -1,0 +1,265 @@
+"""Real third-party schedulers as conformance targets, each in its own cached virtual environment.
+
+A target is installed by ``kvsched targets install NAME`` into
+``$KVSCHED_TARGETS_DIR/<name>/venv`` (default ``~/.cache/kvsched/targets``) with pinned
+versions and the least set of packages that imports the real scheduler, and is reached as
+``kvsched conform --adapter NAME``: a `conformance.wire.WireAdapter` that starts the host
+script ``conformance/targets/hosts/<host>.py`` with the target venv's Python. The host scripts
+import the third-party package from that venv; no third-party source is copied here.
+
+`TARGETS` maps each name to a factory (`conformance.adapter.load_adapter` consults it).
+Each target's `trace_strategy` keeps generated traces to configs and features its engine
+accepts (documented per target below and in docs/CONFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+
+HOSTS_DIR = Path(__file__).parent / "hosts"
+TORCH_PIN = "torch==2.13.0"
+
+
+def targets_dir() -> Path:
+    return Path(os.environ.get("KVSCHED_TARGETS_DIR") or Path.home() / ".cache" / "kvsched" / "targets")
+
+
+# ------------------------------------------------------------------------------ config strategies
+@st.composite
+def engine_configs(
+    draw: st.DrawFn,
+    *,
+    watermark: float | None = None,
+    cpu_blocks: bool = True,
+    modes: tuple[str, ...] = ("auto", "recompute", "swap"),
+    policies: tuple[str, ...] = ("fcfs", "priority"),
+    budget_covers_model_len: bool = True,
+) -> SchedulerConfig:
+    """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
+
+    ``budget_covers_model_len``: vLLM V0/V1 without chunked prefill and nano-vllm's Config all
+    refuse ``max_num_batched_tokens < max_model_len``.
+    """
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_num_seqs = draw(st.integers(1, 6))
+    max_model_len = draw(st.integers(block_size, block_size * 12))
+    low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
+    return SchedulerConfig(
+        block_size=block_size,
+        num_gpu_blocks=draw(st.integers(2, 24)),
+        num_cpu_blocks=draw(st.integers(0, 24)) if cpu_blocks else 0,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(low, max(low, max_model_len * 2 + 8))),
+        max_model_len=max_model_len,
+        watermark=watermark if watermark is not None else draw(st.sampled_from([0.0, 0.0, 0.05, 0.1, 0.25])),
+        preemption_mode=draw(st.sampled_from(modes)),
+        policy=draw(st.sampled_from(policies)),
+    )
+
+
+def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True) -> st.SearchStrategy:
+    from conformance.generate import traces
+
+    return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts))
+
+
+# ------------------------------------------------------------------------------ the targets
+@dataclass(frozen=True)
+class Target:
+    name: str
+    version: str  # the pinned distribution, as pip spells it
+    summary: str
+    host: str  # host script in conformance/targets/hosts/
+    host_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    pip_steps: tuple[tuple[str, ...], ...] = ()  # each a `pip install` argument list, in order
+    smoke: str = ""  # Python run in the venv after install; must print nothing on failure
+    profiles: tuple[str, ...] = ("safety",)
+    strategy: Callable[[], st.SearchStrategy] | None = None
+    files: dict[str, Any] = field(default_factory=dict)  # extra files written into the target dir
+    timeout: float = 60.0
+
+    @property
+    def root(self) -> Path:
+        return targets_dir() / self.name
+
+    @property
+    def python(self) -> Path:
+        return self.root / "venv" / "bin" / "python"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / "installed.json"
+
+    def installed(self) -> bool:
+        return self.python.exists() and self.marker.exists()
+
+    def command(self) -> list[str]:
+        return [str(self.python), str(HOSTS_DIR / self.host), *self.host_args]
+
+    def adapter(self):
+        from conformance.wire import WireAdapter
+
+        if not self.python.exists():
+            raise InputError("--adapter", f"target {self.name!r} is not installed: run `kvsched targets install {self.name}`")
+        env = {**self.env, "KVSCHED_TARGET_DIR": str(self.root)}
+        return WireAdapter(self.name, self.command(), profiles=self.profiles, env=env, timeout=self.timeout,
+                           trace_strategy=self.strategy)
+
+
+_NANO_DEPS = ("xxhash==4.1.0", "numpy==2.4.6")
+
+
+def _nano_strategy() -> st.SearchStrategy:
+    # nano-vllm: no watermark, no swap, no priority, no abort API, no parallel sampling.
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",)),
+                         max_n=1, allow_aborts=False)
+
+
+def _v0_strategy() -> st.SearchStrategy:
+    # vLLM V0: the block manager's watermark is fixed at 0.01 (the Scheduler passes none).
+    return engine_traces(engine_configs(watermark=0.01))
+
+
+def _v1_strategy() -> st.SearchStrategy:
+    # vLLM V1: recompute only (no CPU swap space), no scheduler-level parallel sampling (the
+    # engine splits n>1 into independent requests), watermark 0; default path (no chunked
+    # prefill, no prefix caching).
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",)), max_n=1)
+
+
+_V0_DEPS = (
+    "regex==2026.11.19", "pydantic==2.11.9", "pydantic-core==2.33.2", "typing-inspection==0.4.5",
+    "annotated-types==0.8.0", "safetensors==0.8.0", "cachetools==8.0.2", "cbor2==6.3.0", "cloudpickle==3.1.3",
+    "numpy==2.2.6", "psutil==7.2.2", "setproctitle==1.3.8", "pyyaml==6.0.4", "pyzmq==27.3.0", "packaging==26.4",
+    "transformers==4.56.2", "huggingface-hub==0.35.3", "tokenizers==0.22.1", "tqdm==4.70.1", "requests==2.34.2",
+    "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1", "msgspec==0.23.0", "blake3==1.0.11",
+    "pillow==13.0.0", "pybase64==1.5.1",
+)
+_V1_DEPS = (
+    "packaging==26.4", "pydantic==2.14.4", "pydantic-core==2.50.5", "typing-inspection==0.4.5",
+    "annotated-types==0.8.0", "regex==2026.11.19", "numpy==2.4.6", "psutil==7.2.2", "cbor2==6.3.0", "pyzmq==27.3.0",
+    "urllib3==2.8.0", "tqdm==4.70.1", "httpx==0.28.1", "httpcore==1.0.9", "h11==0.16.0", "idna==3.20",
+    "certifi==2026.10.19.post1", "anyio==4.16.0", "sniffio==1.3.1", "pyyaml==6.0.4", "transformers==5.20.2",
+    "huggingface-hub==1.33.0", "tokenizers==0.23.3", "safetensors==0.8.0", "aiohttp==3.14.5",
+    "aiohappyeyeballs==2.7.1", "aiosignal==1.4.0", "attrs==26.1.0", "frozenlist==1.8.0", "multidict==7.2.1",
+    "yarl==1.25.1", "propcache==0.5.4", "xgrammar==0.2.8", "apache-tvm-ffi==0.1.11", "llguidance==1.7.3",
+    "fastapi==0.165.0", "starlette==1.10.0", "annotated-doc==0.0.7", "opentelemetry-api==1.45.2",
+    "partial-json-parser==0.2.1.1.post7", "einops==0.8.2", "cachetools==8.0.2", "cloudpickle==3.1.3",
+    "msgspec==0.23.0", "requests==2.34.2", "pillow==13.0.0", "pybase64==1.5.1", "blake3==1.0.11",
+    "setproctitle==1.3.8", "py-cpuinfo==9.0.0", "openai-harmony==0.0.8", "openai==3.57.0", "uvloop==0.23.0",
+    "httpx2==2.16.2", "prometheus-client==0.26.0",
+)
+
+# A tiny llama config: vLLM V1's ModelConfig reads only config.json (no weights, no tokenizer).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "float32", "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_TARGET_LIST = [
+    Target(
+        "nano-vllm", "nano-vllm-npu==0.0.2", "nano-vllm's scheduler core (engine/scheduler.py, block_manager.py)",
+        "nano_vllm_host.py", ("--pkg", "nanovllmnpu", "--name", "nano-vllm"),
+        pip_steps=(("--no-deps", "nano-vllm-npu==0.0.2", *_NANO_DEPS),),
+        smoke="import importlib.util; assert importlib.util.find_spec('nanovllmnpu')",
+        strategy=_nano_strategy, timeout=30.0,
+    ),
+    Target(
+        "nano-vllm-fork", "nano-vllm-fork==20260210", "nano-vllm fork with CFG pairing (package nanovllm)",
+        "nano_vllm_host.py", ("--pkg", "nanovllm", "--name", "nano-vllm-fork"),
+        pip_steps=(("--no-deps", "nano-vllm-fork==20260210", *_NANO_DEPS),),
+        smoke="import importlib.util; assert importlib.util.find_spec('nanovllm')",
+        strategy=_nano_strategy, timeout=30.0,
+    ),
+    Target(
+        "vllm-v0", "vllm==0.10.2", "vLLM V0 Scheduler + SelfAttnBlockSpaceManager (vllm/core/scheduler.py)",
+        "vllm_v0_host.py", env={"VLLM_USE_V1": "0", "VLLM_TARGET_DEVICE": "cpu"},
+        pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.10.2"), ("--no-deps", *_V0_DEPS)),
+        smoke="from vllm.core.scheduler import Scheduler; from vllm.config import SchedulerConfig, CacheConfig",
+        profiles=("vllm-v0", "safety"), strategy=_v0_strategy,
+    ),
+    Target(
+        "vllm-v1", "vllm==0.33.0", "vLLM V1 Scheduler + KVCacheManager (vllm/v1/core/sched/scheduler.py)",
+        "vllm_v1_host.py", env={"VLLM_TARGET_DEVICE": "cpu"},
+        pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.33.0"), ("--no-deps", *_V1_DEPS)),
+        smoke="from vllm.v1.core.sched.scheduler import Scheduler; from vllm.config import ModelConfig, VllmConfig",
+        strategy=_v1_strategy, files={"tiny-llama/config.json": TINY_LLAMA},
+    ),
+]
+TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
+TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
+
+
+def get_target(name: str) -> Target:
+    if name not in TARGET_SPECS:
+        raise InputError("NAME", f"unknown target {name!r} (known: {', '.join(TARGET_SPECS)})")
+    return TARGET_SPECS[name]
+
+
+def install(name: str, *, log: Callable[[str], None] = print, force: bool = False) -> dict[str, Any]:
+    """Create the target's venv (reused when present unless ``force``), pip-install its pinned
+    packages, write its extra files, smoke-test the import and write ``installed.json``.
+    Raises `RuntimeError` with one line naming the step that failed."""
+    target = get_target(name)
+    root = target.root
+    venv = root / "venv"
+    started = time.monotonic()
+    if force and venv.exists():
+        shutil.rmtree(venv)
+    root.mkdir(parents=True, exist_ok=True)
+    if not target.python.exists():
+        log(f"{name}: creating {venv}")
+        _run([sys.executable, "-m", "venv", str(venv)], f"{name}: python -m venv")
+    for args in target.pip_steps:
+        log(f"{name}: pip install {' '.join(args[:3])}{' ...' if len(args) > 3 else ''}")
+        _run([str(target.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+             f"{name}: pip install {' '.join(args[:2])}")
+    for rel, content in target.files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content, indent=2) + "\n")
+    if target.smoke:
+        log(f"{name}: smoke test (import the scheduler)")
+        _run([str(target.python), "-c", target.smoke], f"{name}: smoke import", env={**os.environ, **target.env})
+    info = {"version": 1, "target": name, "package": target.version, "venv": str(venv),
+            "seconds": round(time.monotonic() - started, 1), "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    target.marker.write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+
+
+def status(name: str) -> dict[str, Any]:
+    target = get_target(name)
+    info: dict[str, Any] = {"name": name, "package": target.version, "venv": str(target.root / "venv"),
+                            "installed": target.installed(), "summary": target.summary}
+    if target.marker.exists():
+        try:
+            info["install"] = json.loads(target.marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            info["installed"] = False
+    elif target.python.exists():
+        info["note"] = "venv present but not verified: run `kvsched targets install`"
+    return info

@@ -1,0 +1,260 @@
+"""The runner's side of the wire protocol: `WireAdapter`, an adapter whose scheduler lives in
+another process (any language) that speaks JSON lines on stdin/stdout (docs/PROTOCOL.md).
+
+One host process per command line serves every trace of a run (``reset`` builds a fresh
+scheduler inside it), because a target's start-up can cost many seconds (vLLM imports torch).
+Host processes are shared through a small pool: two adapters made from the same command use
+the same process, unless the first one was left hanging, in which case the hung process is
+killed and a fresh one started.
+
+Faults: an ``error`` answer, a malformed answer, a host that exits, and a host that does not
+answer within ``timeout`` seconds (it is then killed) all raise `WireError`; the guarded driver
+reports them as adapter faults with the step, and a per-call timeout shorter than ours (the
+runner's ``--timeout``) reports a hang first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from conformance.wire.codec import (
+    WireError,
+    config_to_json,
+    finished_from_json,
+    finished_list_from_json,
+    output_from_json,
+    request_to_json,
+    snapshot_from_json,
+)
+from spec.config import SchedulerConfig
+from spec.observation import Capability, Snapshot
+from spec.types import Finished, Request, SchedulerOutput, StepOutcome
+
+PROTOCOL_VERSION = 1
+_EOF = object()
+
+
+class HostProcess:
+    """One running host: a child process, a reader thread for its stdout, a tail of its stderr."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None, start_timeout: float) -> None:
+        self.command = list(command)
+        full_env = {**os.environ, **(env or {})}
+        try:
+            self.proc = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=full_env, text=True, encoding="utf-8", bufsize=1,
+            )
+        except OSError as err:
+            raise WireError(f"cannot start host {self.command[0]!r}: {err.strerror or err}") from None
+        self.lines: queue.Queue[Any] = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.busy = False
+        self.next_id = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read_stdout, daemon=True, name="kvsched-wire-out").start()
+        threading.Thread(target=self._read_stderr, daemon=True, name="kvsched-wire-err").start()
+        self.hello = self.call("hello", {}, start_timeout)
+        if not isinstance(self.hello, Mapping) or self.hello.get("protocol") != PROTOCOL_VERSION:
+            self.kill()
+            raise WireError(f"host {self.command[-1]!r} speaks protocol {self.hello!r}, expected version {PROTOCOL_VERSION}")
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(_EOF)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.rstrip("\n"))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _exit_message(self, method: str) -> str:
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = " | ".join(list(self.stderr_tail)[-3:])
+        return f"host exited (code {code}) during {method!r}" + (f"; stderr: {tail}" if tail else "")
+
+    def call(self, method: str, params: Mapping[str, Any], timeout: float | None) -> Any:
+        with self.lock:
+            if not self.alive:
+                raise WireError(self._exit_message(method))
+            self.busy = True
+            self.next_id += 1
+            mid = self.next_id
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"id": mid, "method": method, "params": dict(params)}) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self.busy = False
+                raise WireError(self._exit_message(method)) from None
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    line = self.lines.get(timeout=left)
+                except queue.Empty:
+                    self.kill()
+                    raise WireError(f"host hung: no answer to {method!r} within {timeout:g} s (killed)") from None
+                if line is _EOF:
+                    self.busy = False
+                    raise WireError(self._exit_message(method))
+                try:
+                    msg = json.loads(line)
+                except json.JSONDecodeError:
+                    self.busy = False
+                    raise WireError(f"host sent a line that is not JSON in answer to {method!r}: {line[:120]!r}") from None
+                if not isinstance(msg, dict) or msg.get("id") != mid:
+                    if isinstance(msg, dict) and msg.get("id") is not None and msg.get("id") < mid:
+                        continue  # a late answer to a call that was given up; skip it
+                    self.busy = False
+                    raise WireError(f"host answered {method!r} with an unexpected message: {line[:120]!r}")
+                self.busy = False
+                if "error" in msg:
+                    err = msg["error"] if isinstance(msg["error"], Mapping) else {"message": str(msg["error"])}
+                    where = f" (at {err['where']})" if err.get("where") else ""
+                    raise WireError(f"host error in {method}: {err.get('message', '?')}{where}")
+                if "result" not in msg:
+                    raise WireError(f"host answered {method!r} without result or error")
+                return msg["result"]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def shutdown(self) -> None:
+        if self.proc.poll() is None and not self.busy:
+            try:
+                self.call("shutdown", {}, 5)
+                self.proc.wait(timeout=5)
+            except (WireError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+_POOL: dict[tuple[str, ...], HostProcess] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def acquire_host(command: Sequence[str], env: Mapping[str, str] | None = None, start_timeout: float = 300.0,
+                 fresh: bool = False) -> HostProcess:
+    """The pooled host for this command: reused when alive and idle, else (re)started."""
+    key = tuple(command)
+    with _POOL_LOCK:
+        host = _POOL.get(key)
+        if host is not None and (fresh or host.busy or not host.alive):
+            host.kill()  # a busy host was abandoned mid-call by a guard that gave up on it
+            host = None
+        if host is None:
+            host = HostProcess(command, env, start_timeout)
+            _POOL[key] = host
+        return host
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for host in list(_POOL.values()):
+        host.shutdown()
+    _POOL.clear()
+
+
+class WireAdapter:
+    """An `conformance.adapter.Adapter` that talks to a host process over the wire protocol.
+
+    ``command`` starts the host (for a target: its venv's Python and a host script). The host
+    is started lazily (first `reset`) unless ``start()`` is called; its ``hello`` answer sets
+    the capabilities (``profiles`` given here win over the host's, so a registry can decide
+    which profiles a target is held to).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        profiles: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 60.0,
+        start_timeout: float = 300.0,
+        trace_strategy: Callable[[], Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.command = list(command)
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self._claimed_profiles = tuple(profiles) if profiles is not None else None
+        self.profiles: tuple[str, ...] = self._claimed_profiles or ("safety",)
+        self.capabilities: frozenset[Capability] = frozenset({Capability.OUTPUT})
+        self.host: HostProcess | None = None
+        self.hello: Mapping[str, Any] = {}
+        if trace_strategy is not None:
+            self.trace_strategy = trace_strategy
+
+    def start(self) -> WireAdapter:
+        if self.host is None or not self.host.alive or self.host.busy:
+            self.host = acquire_host(self.command, self.env, self.start_timeout)
+            self.hello = self.host.hello
+            caps = []
+            for c in self.hello.get("capabilities", ["output"]):
+                try:
+                    caps.append(Capability(c))
+                except ValueError:
+                    continue  # a capability this runner does not know is simply not used
+            self.capabilities = frozenset(caps) | {Capability.OUTPUT}
+            if self._claimed_profiles is None:
+                self.profiles = tuple(self.hello.get("profiles", ["safety"]))
+        return self
+
+    def _call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
+        if self.host is None:
+            self.start()
+        assert self.host is not None
+        return self.host.call(method, params or {}, self.timeout)
+
+    # -- the Adapter protocol ------------------------------------------------------------------
+    def reset(self, config: SchedulerConfig) -> None:
+        self.start()
+        self._call("reset", {"config": config_to_json(config)})
+
+    def add_request(self, request: Request) -> None:
+        self._call("add_request", {"request": request_to_json(request)})
+
+    def abort_request(self, request_id: str) -> Finished | None:
+        result = self._call("abort_request", {"request_id": request_id})
+        return None if result is None else finished_from_json(result, "abort_request")
+
+    def schedule(self) -> SchedulerOutput:
+        return output_from_json(self._call("schedule"))
+
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        return finished_list_from_json(self._call("update", {"stopped": sorted(outcome.stopped)}), "update")
+
+    def snapshot(self) -> Snapshot:
+        return snapshot_from_json(self._call("snapshot"))
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.shutdown()
+            self.host = None

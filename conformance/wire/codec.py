@@ -1,0 +1,145 @@
+"""JSON codec for the wire protocol: the spec's values <-> plain JSON (docs/PROTOCOL.md).
+
+Every decoder checks shapes and raises `WireError` naming the field, so a host that sends
+something malformed is reported as such and never crashes the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from spec.config import SchedulerConfig
+from spec.observation import SeqView, Snapshot
+from spec.status import Status
+from spec.types import Finished, Request, SchedulerOutput
+
+
+class WireError(Exception):
+    """A host broke the protocol (bad JSON, wrong shape, unknown status), died, or hung."""
+
+
+def config_to_json(config: SchedulerConfig) -> dict[str, Any]:
+    return config.to_dict()
+
+
+def request_to_json(request: Request) -> dict[str, Any]:
+    return request.to_dict()
+
+
+def output_from_json(data: Any) -> SchedulerOutput:
+    if not isinstance(data, Mapping):
+        raise WireError(f"schedule: result must be an object, got {type(data).__name__}")
+    try:
+        return SchedulerOutput.from_dict(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise WireError(f"schedule: malformed SchedulerOutput ({type(err).__name__}: {err})") from None
+
+
+def _status(value: Any, where: str) -> Status:
+    try:
+        return Status(value)
+    except ValueError:
+        raise WireError(f"{where}: unknown status {value!r}") from None
+
+
+def finished_from_json(data: Any, where: str) -> Finished:
+    if not isinstance(data, Mapping) or not isinstance(data.get("request"), str):
+        raise WireError(f"{where}: expected {{request, status}}, got {data!r}")
+    return Finished(data["request"], _status(data.get("status"), f"{where}.status"))
+
+
+def finished_list_from_json(data: Any, where: str) -> list[Finished]:
+    if not isinstance(data, list):
+        raise WireError(f"{where}: expected a list of finished requests, got {type(data).__name__}")
+    return [finished_from_json(item, f"{where}[{i}]") for i, item in enumerate(data)]
+
+
+def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if snap.statuses is not None:
+        out["statuses"] = {rid: s.value for rid, s in snap.statuses.items()}
+    if snap.seqs is not None:
+        out["seqs"] = {
+            sid: {"request": v.request_id, "status": v.status.value, "num_tokens": v.num_tokens,
+                  "num_computed": v.num_computed, "blocks": None if v.blocks is None else list(v.blocks),
+                  "device": v.device}
+            for sid, v in snap.seqs.items()
+        }
+    for name in ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free_ids", "cpu_free_ids"):
+        value = getattr(snap, name)
+        if value is not None:
+            out[name] = list(value)
+    for name in ("gpu_free", "cpu_free"):
+        value = getattr(snap, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _ints(value: Any, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise WireError(f"snapshot.{where}: expected a list of integers")
+    return tuple(value)
+
+
+def _strs(value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise WireError(f"snapshot.{where}: expected a list of request ids")
+    return tuple(value)
+
+
+def _opt_int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"snapshot.{where}: expected an integer, got {value!r}")
+    return value
+
+
+def snapshot_from_json(data: Any) -> Snapshot:
+    if not isinstance(data, Mapping):
+        raise WireError(f"snapshot: result must be an object, got {type(data).__name__}")
+    statuses = None
+    if data.get("statuses") is not None:
+        raw = data["statuses"]
+        if not isinstance(raw, Mapping):
+            raise WireError("snapshot.statuses: expected an object")
+        statuses = {str(rid): _status(s, f"snapshot.statuses.{rid}") for rid, s in raw.items()}
+    seqs = None
+    if data.get("seqs") is not None:
+        raw = data["seqs"]
+        if not isinstance(raw, Mapping):
+            raise WireError("snapshot.seqs: expected an object")
+        seqs = {}
+        for sid, v in raw.items():
+            where = f"seqs.{sid}"
+            if not isinstance(v, Mapping):
+                raise WireError(f"snapshot.{where}: expected an object")
+            device = v.get("device")
+            if device not in (None, "gpu", "cpu"):
+                raise WireError(f"snapshot.{where}.device: expected gpu, cpu or null, got {device!r}")
+            seqs[str(sid)] = SeqView(
+                str(sid), str(v.get("request", str(sid).rsplit("#", 1)[0])),
+                _status(v.get("status"), f"snapshot.{where}.status"),
+                _opt_int(v.get("num_tokens"), f"{where}.num_tokens"),
+                _opt_int(v.get("num_computed"), f"{where}.num_computed"),
+                _ints(v.get("blocks"), f"{where}.blocks"), device,
+            )
+    return Snapshot(
+        statuses=statuses,
+        seqs=seqs,
+        waiting=_strs(data.get("waiting"), "waiting"),
+        running=_strs(data.get("running"), "running"),
+        swapped=_strs(data.get("swapped"), "swapped"),
+        gpu_ref_counts=_ints(data.get("gpu_ref_counts"), "gpu_ref_counts"),
+        cpu_ref_counts=_ints(data.get("cpu_ref_counts"), "cpu_ref_counts"),
+        gpu_free=_opt_int(data.get("gpu_free"), "gpu_free"),
+        cpu_free=_opt_int(data.get("cpu_free"), "cpu_free"),
+        gpu_free_ids=_ints(data.get("gpu_free_ids"), "gpu_free_ids"),
+        cpu_free_ids=_ints(data.get("cpu_free_ids"), "cpu_free_ids"),
+    )
