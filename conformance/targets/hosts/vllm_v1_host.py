@@ -1,0 +1,199 @@
+"""kvsched adapter host for vLLM 0.33.0's V1 scheduler (vllm/v1/core/sched/scheduler.py) and its
+KVCacheManager, on CPU: no model weights, no tokenizer, no workers.
+
+Run with the target venv's Python (VLLM_TARGET_DEVICE=cpu):  python vllm_v1_host.py
+``ModelConfig`` reads only ``$KVSCHED_TARGET_DIR/tiny-llama/config.json`` (written by
+``kvsched targets install vllm-v1``).
+
+The host plays the model runner: ``schedule()`` -> one sampled token per request whose prompt
+is complete -> ``ModelRunnerOutput`` -> ``update_from_output()`` (which applies vLLM's own
+``check_stop``). A request the trace stops samples a token in its ``stop_token_ids``.
+
+Translations (documented in docs/CONFORMANCE.md):
+* block 0 is V1's null block: the pool gets ``num_gpu_blocks + 1`` blocks and ids are reported
+  minus one, so the spec's pool of ``num_gpu_blocks`` blocks is exactly V1's usable pool;
+* V1 advances ``num_computed_tokens`` inside ``schedule()``; between ``schedule()`` and the
+  outcome the snapshot reports the tokens computed *before* the step (the KV is written when
+  the model runs);
+* a prompt longer than ``max_model_len`` is rejected by V1's input processor before it reaches
+  the scheduler (vllm/v1/engine/input_processor.py); the host reports it as ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvsched_host  # noqa: E402
+
+logging.disable(logging.WARNING)
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+STOP_TOKEN = 3
+_STATUS = {
+    RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
+    RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
+    RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
+}
+
+
+def model_dir() -> str:
+    root = os.environ.get("KVSCHED_TARGET_DIR", os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(root, "tiny-llama")
+
+
+class V1Engine:
+    def __init__(self) -> None:
+        self._model_configs: dict[int, ModelConfig] = {}
+
+    def hello_extra(self) -> dict:
+        import vllm
+
+        return {"version": f"vllm=={vllm.__version__}", "source": os.path.dirname(vllm.__file__)}
+
+    def reset(self, config: dict) -> None:
+        if config.get("num_cpu_blocks", 0) and config.get("preemption_mode") == "swap":
+            raise ValueError("vLLM V1 has no swap: preemption is recompute only")
+        if config.get("enable_chunked_prefill") or config.get("enable_prefix_caching"):
+            raise ValueError("this host drives V1's default path: no chunked prefill, no prefix caching")
+        self.cfg = config
+        mml, bs, G = config["max_model_len"], config["block_size"], config["num_gpu_blocks"]
+        if mml not in self._model_configs:  # building a ModelConfig inspects the architecture: slow
+            self._model_configs[mml] = ModelConfig(model=model_dir(), skip_tokenizer_init=True, max_model_len=mml,
+                                                   dtype="float32", seed=0)
+        sc = SchedulerConfig(max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
+                             max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=False,
+                             async_scheduling=False, policy=config["policy"], watermark=float(config["watermark"]))
+        cc = CacheConfig(block_size=bs, enable_prefix_caching=False)
+        vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc)
+        cc.num_gpu_blocks = G + 1
+        kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+            ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
+                               block_size=bs, log_stats=False)
+        self.reqs: dict[str, Request] = {}
+        self.final: dict[str, str] = {}
+        self.rejected: list[str] = []
+        self.arrivals = 0
+        self.step_no = 0
+        self.pending = None
+
+    def add_request(self, request: dict) -> None:
+        rid = request["id"]
+        if rid in self.reqs or rid in self.final:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if request.get("n", 1) != 1:
+            raise ValueError("V1's scheduler has no parallel sampling: the engine splits n > 1 into separate requests")
+        if request["prompt_len"] > self.cfg["max_model_len"]:
+            # vllm/v1/engine/input_processor.py rejects it before the scheduler: report as ignored
+            self.final[rid] = "FINISHED_IGNORED"
+            self.rejected.append(rid)
+            return
+        sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
+        r = Request(request_id=rid, prompt_token_ids=kvsched_host.token_ids(rid, request["prompt_len"]),
+                    sampling_params=sp, pooling_params=None, arrival_time=float(self.arrivals),
+                    priority=request.get("priority", 0))
+        self.arrivals += 1
+        self.reqs[rid] = r
+        self.sched.add_request(r)
+
+    def abort_request(self, request_id: str):
+        r = self.reqs.get(request_id)
+        if r is None or r.is_finished():
+            return None
+        self.sched.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        self.final[request_id] = "FINISHED_ABORTED"
+        return {"request": request_id, "status": "FINISHED_ABORTED"}
+
+    def schedule(self) -> dict:
+        out = self.sched.schedule()
+        scheduled = []
+        for rid, n in out.num_scheduled_tokens.items():
+            r = self.reqs[rid]
+            before = r.num_computed_tokens - n  # schedule() already advanced it
+            scheduled.append({"seq": f"{rid}#0", "request": rid, "tokens": n,
+                              "prefill": before == 0 or before < r.num_tokens - 1})
+        ignored, self.rejected = self.rejected, []
+        self.pending = (out, ignored)
+        result = {"step": self.step_no, "scheduled": scheduled,
+                  "preempted": [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())],
+                  "swapped_in": [], "swap_out": [], "swap_in": [], "copies": [], "ignored": ignored}
+        self.step_no += 1
+        return result
+
+    def update(self, stopped: list) -> list:
+        if self.pending is None:
+            return []
+        out, ignored = self.pending
+        self.pending = None
+        finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid in ignored]
+        stop = set(stopped)
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = self.reqs[rid]
+            if r.num_computed_tokens >= r.num_tokens:  # prompt complete: one token sampled
+                tok = STOP_TOKEN if f"{rid}#0" in stop else kvsched_host.token_ids(rid, 1, start=r.num_tokens)[0]
+                sampled.append([tok])
+            else:
+                sampled.append([])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=sampled)
+        self.sched.update_from_output(out, mro)
+        for rid in req_ids:
+            r = self.reqs[rid]
+            if r.is_finished() and rid not in self.final:
+                self.final[rid] = _STATUS.get(r.status, r.status.name)
+                finished.append({"request": rid, "status": self.final[rid]})
+        return finished
+
+    def snapshot(self) -> dict:
+        sched = self.sched
+        kvm = sched.kv_cache_manager
+        pool = kvm.block_pool
+        tables = kvm.coordinator.single_type_managers[0].req_to_blocks
+        mid = {}
+        if self.pending is not None:
+            mid = dict(self.pending[0].num_scheduled_tokens)
+        statuses, views = {}, {}
+        for rid in self.final:
+            if rid not in self.reqs:
+                statuses[rid] = self.final[rid]
+        for rid, r in self.reqs.items():
+            status = self.final.get(rid) or _STATUS.get(r.status, r.status.name)
+            statuses[rid] = status
+            blocks = [b.block_id - 1 for b in tables.get(rid, ()) if not b.is_null] if not r.is_finished() else []
+            views[f"{rid}#0"] = {"request": rid, "status": status, "num_tokens": r.num_tokens,
+                                 "num_computed": r.num_computed_tokens - mid.get(rid, 0),
+                                 "blocks": blocks, "device": "gpu" if blocks else None}
+        G = self.cfg["num_gpu_blocks"]
+        return {
+            "statuses": statuses, "seqs": views,
+            "waiting": [r.request_id for r in sched.waiting],
+            "running": [r.request_id for r in sched.running],
+            "swapped": [],
+            "gpu_ref_counts": [pool.blocks[i].ref_cnt for i in range(1, G + 1)],
+            "cpu_ref_counts": [0] * self.cfg.get("num_cpu_blocks", 0),
+            "gpu_free": pool.get_num_free_blocks(),
+            "cpu_free": self.cfg.get("num_cpu_blocks", 0),
+            "gpu_free_ids": [b.block_id - 1 for b in pool.free_block_queue.get_all_free_blocks()],
+            "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
+        }
+
+
+CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
+                "seq_lengths", "mid_step"]
+
+if __name__ == "__main__":
+    sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), CAPABILITIES))
