@@ -1,0 +1,108 @@
+"""The wire protocol (docs/PROTOCOL.md): a host written without kvsched's helpers conforms; a host
+that crashes, hangs, or writes garbage is a fault with the step; the snapshot codec round-trips."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+
+from conformance.driver import run_checked
+from conformance.fuzz import fuzz
+from conformance.generate import traces
+from conformance.profiles import get_profile
+from conformance.wire import WireAdapter, WireError, snapshot_from_json, snapshot_to_json
+from reference_impl.scheduler import Scheduler
+from spec.config import SchedulerConfig
+from spec.trace import Arrival, Trace
+from spec.types import Request, StepOutcome
+
+RAW = Path(__file__).parent / "wire_hosts" / "raw_host.py"
+
+
+def raw(*bug: str, timeout: float = 30.0) -> WireAdapter:
+    return WireAdapter("raw", [sys.executable, str(RAW), *bug], timeout=timeout)
+
+
+def _trace() -> Trace:
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=16)
+    return Trace(config, (Arrival(0, Request("a", 5, 3)), Arrival(0, Request("b", 4, 2, n=2))), max_steps=40)
+
+
+def test_raw_host_conforms_to_safety(tmp_path):
+    result = fuzz(lambda: raw(), get_profile("safety"), max_examples=30, seed_value=3, out_dir=tmp_path)
+    assert result.examples == 30 and not result.findings
+    assert "QUE-001" in result.active and "BLK-001" in result.not_applicable  # what it exposes, and not
+
+
+def test_raw_host_overbudget_is_caught_and_shrunk(tmp_path):
+    result = fuzz(lambda: raw("--bug", "overbudget"), get_profile("safety"), max_examples=20, seed_value=1,
+                  out_dir=tmp_path)
+    assert "BUD-001" in result.findings
+    assert result.findings["BUD-001"].path.exists()
+
+
+@pytest.mark.parametrize("bug, kind, words", [
+    ("crash", "raised", "exited (code 3)"),
+    ("garbage", "raised", "not JSON"),
+])
+def test_host_faults_are_reported_with_the_step(bug, kind, words):
+    result = run_checked(raw("--bug", bug), _trace(), get_profile("safety").invariants(), timeout=10)
+    assert result.fault is not None and result.fault.kind == kind and words in result.fault.message
+    assert result.fault_step == 2
+
+
+def test_hung_host_is_a_hang_and_is_replaced():
+    adapter = raw("--bug", "hang", timeout=60)
+    result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=1.5)
+    assert result.fault is not None and result.fault.kind == "hang" and result.fault_step == 2
+    fresh = raw("--bug", "hang")  # the pool kills the abandoned host and starts another
+    fresh.start()
+    assert fresh.host is not adapter.host and not adapter.host.alive
+
+
+def test_own_read_timeout_kills_a_silent_host():
+    adapter = raw("--bug", "hang", timeout=1.0)
+    adapter.reset(_trace().config)
+    adapter.add_request(Request("a", 5, 3))
+    for _ in range(2):
+        adapter.schedule()
+        adapter.update(StepOutcome())
+    with pytest.raises(WireError, match="hung"):
+        adapter.schedule()
+    assert not adapter.host.alive
+
+
+def test_host_error_answer_names_the_method():
+    adapter = raw()
+    adapter.start()
+    with pytest.raises(WireError, match="unknown method"):
+        adapter.host.call("no_such_method", {}, 5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(traces())
+def test_snapshot_codec_round_trips_reference_states(trace):
+    scheduler = Scheduler(trace.config)
+    for step in range(12):
+        for request in trace.arrivals_at(step):
+            scheduler.add_request(request)
+        scheduler.schedule()
+        snap = scheduler.snapshot()
+        decoded = snapshot_from_json(snapshot_to_json(snap))
+        for name in ("statuses", "waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free",
+                     "cpu_free", "gpu_free_ids", "cpu_free_ids"):
+            assert getattr(decoded, name) == getattr(snap, name)
+        assert {k: (v.status, v.num_tokens, v.num_computed, v.blocks, v.device) for k, v in decoded.seqs.items()} == \
+            {k: (v.status, v.num_tokens, v.num_computed, v.blocks, v.device) for k, v in snap.seqs.items()}
+        scheduler.update(StepOutcome(trace.stops_at(step)))
+
+
+def test_malformed_snapshot_names_the_field():
+    with pytest.raises(WireError, match="snapshot.gpu_ref_counts"):
+        snapshot_from_json({"gpu_ref_counts": [1, "x"]})
+    with pytest.raises(WireError, match="unknown status"):
+        snapshot_from_json({"statuses": {"a": "DONE"}})
