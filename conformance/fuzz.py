@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypothesis import HealthCheck, Verbosity, assume, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -83,11 +83,14 @@ def fuzz(
     strategy: st.SearchStrategy | None = None,
     on_example: Callable[[FuzzResult], None] | None = None,
     stop_when: Callable[[frozenset[str]], bool] | None = None,
+    hypothesis_shrink: bool = True,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
     ``stop_when(problems)``, if given, ends the search early once it returns true for the set of
     problems found so far (the bug museum stops at an exhibit's expected invariant).
+    ``hypothesis_shrink=False`` skips Hypothesis's own shrinking of each failing example; the
+    per-problem shrink below still runs (the museum uses it to stay fast).
     """
     adapter = make_adapter()
     if strategy is None and hasattr(adapter, "trace_strategy"):
@@ -118,6 +121,7 @@ def fuzz(
             suppress_health_check=list(HealthCheck),
             verbosity=Verbosity.quiet,
             report_multiple_bugs=False,
+            **({} if hypothesis_shrink else {"phases": (Phase.explicit, Phase.reuse, Phase.generate)}),
         )
         @seed(round_seed)
         @given(strategy if strategy is not None else traces())
