@@ -421,14 +421,21 @@ class BatchedScheduler:
         zE = torch.zeros(E, dtype=I32, device=dev)
 
         # -- phase 1: the append shape of every group (used by decodes and swap-ins)
-        boundary = torch.div(self.comp, bs, rounding_mode="floor") == self.tlen
+        # (a table always covers the computed tokens, so comp // bs == tlen iff comp == tlen * bs)
+        boundary = self.tlen * bs == self.comp
         x = alive & boundary[..., None]
-        if N > 1:
-            last = self.tab.view(-1)[self._rowbase + (self.tlen - 1).clamp(min=0).long()[..., None]]
-            for j in range(N - 1):
-                later = ((last[..., j + 1:] == last[..., j: j + 1]) & alive[..., j + 1:]).any(-1)
-                x[..., j] |= later & alive[..., j]
-        a = x.sum(-1, dtype=I32)
+        a = nlive * boundary
+        if N > 1:  # copy-on-write is possible only off a block boundary, with >= 2 live sequences
+            ce, cr = ((running | swapped) & ~boundary & (nlive > 1)).nonzero(as_tuple=True)
+            if ce.numel():
+                arN = self._arange(N, I64)
+                last = self.tab[ce[:, None], cr[:, None], arN, (self.tlen[ce, cr] - 1).long()[:, None]]
+                al = alive[ce, cr]
+                cow = torch.zeros_like(al)
+                for j in range(N - 1):
+                    cow[:, j] = ((last[:, j + 1:] == last[:, j: j + 1]) & al[:, j + 1:]).any(-1) & al[:, j]
+                x[ce, cr] = cow
+                a[ce, cr] = cow.sum(1, dtype=I32)
 
         # -- running groups, compacted in head order; tail ordinal v <-> head position m-1-v
         m = running.sum(1, dtype=I32)
@@ -584,7 +591,9 @@ class BatchedScheduler:
             base_s = A_dec[:, None] + sc.cumsum(1, dtype=I32) - sc
             swap_in = self._apply_swap_ins(swin, base_s, gsorted)
         parts = []
-        sel = direct if swin is None else direct | swin
+        sel = direct & (a > 0)
+        if swin is not None:
+            sel |= swin
         if bool(sel.any()):
             ad = a * direct
             base = ad.cumsum(1, dtype=I32) - ad
@@ -617,7 +626,7 @@ class BatchedScheduler:
             kind=kind,
             seqs=running_k[..., None] & self.alive,
             ntok=blend(admit, self.tok, 1) * running_k,
-            start=self.comp.clone(),
+            start=self.comp,
             preempt=(victim.to(I32) + vswap.to(I32)) if victim is not None else torch.zeros_like(kind),
             ignored=ignored,
             swap_out=swap_out,
@@ -642,7 +651,8 @@ class BatchedScheduler:
         N, B = self.N, self.B
         dev = self.device
         ve, vr = victim.nonzero(as_tuple=True)
-        vt = self.tab[ve, vr]  # [K,N,B] GPU ids
+        W = max(1, int(self.tlen[ve, vr].max()))  # only the used columns of the tables
+        vt = self.tab[ve, vr, :, :W]  # [K,N,W] GPU ids
         valid = vt >= 0
         ee = ve[:, None, None].expand_as(vt)
         self._add_at(self.gpu_ref, ee[valid], vt[valid], -1)
@@ -665,15 +675,15 @@ class BatchedScheduler:
             cid = csorted[se3, (off[:, None, None] + rank).clamp(0, self.C - 1).long()]
             new_first = blend(first, cid, -1)
             new = blend(sv, map_through_holders(first, eq, new_first), -1)
-            self.tab[se, sr] = new
+            self.tab[se, sr, :, :W] = new
             self._add_at(self.cpu_ref, se3[sv], new[sv], 1)
-            keys = so[:, None, None].long() * (N * B) + self._arange(N * B, I64).view(1, N, B)
+            keys = so[:, None, None].long() * (N * B) + (self._arange(N, I64)[:, None] * B + self._arange(W, I64))
             swap_out = (se3[first], keys[first], st_[first].long(), new_first[first].long())
             self.status[se, sr] = SWAPPED
         rec = ~is_swap
         if bool(rec.any()):
             re_, rr = ve[rec], vr[rec]
-            self.tab[re_, rr] = -1
+            self.tab[re_, rr, :, :W] = -1
             self.comp[re_, rr] = 0
             self.tlen[re_, rr] = 0
             self.dblk[re_, rr] = 0
@@ -691,14 +701,15 @@ class BatchedScheduler:
         pa = pneed * admit
         off = (pa.cumsum(1, dtype=I32) - pa)[ae, ar_]
         nbk = nb[ae, ar_]
+        W = int(nbk.max())
         al = self.alive[ae, ar_]  # [K,N]
         jr = al.cumsum(1, dtype=I32) - 1
-        arB = self._arange(self.B)
+        arB = self._arange(W)
         t = off[:, None, None] + jr[:, :, None] * nbk[:, None, None] + arB
         valid = al[:, :, None] & (arB < nbk[:, None, None])
         ae3 = ae[:, None, None].expand_as(t)
         ids = blend(valid, gsorted[ae3, t.clamp(0, G - 1).long()], -1)
-        self.tab[ae, ar_] = ids
+        self.tab[ae, ar_, :, :W] = ids
         self._add_at(self.gpu_ref, ae3[valid], ids[valid], 1)
         self.tlen[ae, ar_] = nbk
         self.dblk[ae, ar_] = pneed[ae, ar_]
@@ -708,7 +719,8 @@ class BatchedScheduler:
     def _apply_swap_ins(self, swin, base_s, gsorted):
         N, B, G = self.N, self.B, self.G
         se, sr = swin.nonzero(as_tuple=True)
-        ct = self.tab[se, sr]
+        W = max(1, int(self.tlen[se, sr].max()))
+        ct = self.tab[se, sr, :, :W]
         valid = ct >= 0
         se3 = se[:, None, None].expand_as(ct)
         self._add_at(self.cpu_ref, se3[valid], ct[valid], -1)
@@ -718,10 +730,10 @@ class BatchedScheduler:
         gid = gsorted[se3, (base_s[se, sr][:, None, None] + rank).clamp(0, G - 1).long()]
         new_first = blend(first, gid, -1)
         new = blend(valid, map_through_holders(first, eq, new_first), -1)
-        self.tab[se, sr] = new
+        self.tab[se, sr, :, :W] = new
         self._add_at(self.gpu_ref, se3[valid], new[valid], 1)
         self.status[se, sr] = RUNNING
-        keys = sr[:, None, None] * (N * B) + self._arange(N * B, I64).view(1, N, B)
+        keys = sr[:, None, None] * (N * B) + (self._arange(N, I64)[:, None] * B + self._arange(W, I64))
         return (se3[first], keys[first], ct[first].long(), new_first[first].long())
 
     def _loop_decode_ids(self, loop_eng, loop_victims, gfree, head_slot, P, S, x, tord, k_pp):
@@ -802,7 +814,7 @@ class BatchedScheduler:
         kind = out.kind
         seqs = out.seqs & self.alive & (self.status == RUNNING)[..., None]
         sched = seqs.any(-1)
-        self.comp += out.ntok * sched
+        self.comp = self.comp + out.ntok * sched  # a new tensor: StepOut.start keeps the old one
         fk = sched & (kind == K_PREFILL) & ~self.forked
         if bool(fk.any()):
             fe, fr = fk.nonzero(as_tuple=True)
@@ -819,7 +831,7 @@ class BatchedScheduler:
             self.exists[fe, fr] |= child
             seqs[fe, fr] |= child
             self.forked[fe, fr] = True
-        self.tok += sched
+        self.tok = self.tok + sched
         lencap = ((self.tok - self.prompt) >= self.maxtok) | (self.tok >= self.cfg.max_len[:, None])
         if stopped is None:
             fin = seqs & lencap[..., None]

@@ -102,6 +102,7 @@ class KVPlane:
         """Raise `KVError` unless every running / swapped sequence's cached KV is right and paged
         attention equals dense attention (call after update)."""
         s = self.s
+        self.checks += 1
         self.poison_free()
         st = s.status
         live = s.alive & ((st == RUNNING) | (st == SWAPPED))[..., None]
@@ -135,7 +136,6 @@ class KVPlane:
                 f"holds {got[i, pos, :3].tolist()}..., expected {exp[i, pos, :3].tolist()}..."
             )
         self._check_attention(step, e, r, j, on_gpu[:, 0], comp, tab, exp, valid)
-        self.checks += 1
 
     def _check_attention(self, step, e, r, j, on_gpu, comp, tab, exp, valid) -> None:
         s = self.s
