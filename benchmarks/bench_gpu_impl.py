@@ -26,46 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu_impl.encode import BatchedRun, TraceBatch  # noqa: E402
+from gpu_impl.workload import random_trace  # noqa: E402
 from reference_impl.scheduler import Scheduler  # noqa: E402
-from spec.config import SchedulerConfig  # noqa: E402
-from spec.trace import Arrival, Trace  # noqa: E402
-from spec.types import Request, StepOutcome, seq_id  # noqa: E402
+from spec.trace import Trace  # noqa: E402
+from spec.types import StepOutcome  # noqa: E402
 
 
-def make_trace(rng: random.Random, requests: int = 16) -> Trace:
-    bs = rng.choice([4, 8, 16])
-    max_len = rng.choice([128, 192, 256])
-    config = SchedulerConfig(
-        block_size=bs,
-        num_gpu_blocks=rng.randint(24, 64),
-        num_cpu_blocks=rng.randint(8, 48),
-        max_num_seqs=rng.randint(4, 8),
-        max_num_batched_tokens=rng.choice([256, 384, 512]),
-        max_model_len=max_len,
-        watermark=rng.choice([0.0, 0.01, 0.05]),
-        preemption_mode=rng.choice(["auto", "recompute", "swap"]),
-        policy=rng.choice(["fcfs", "priority"]),
-    )
-    arrivals, stops, aborts = [], [], []
-    step = 0
-    for i in range(requests):
-        step += rng.choice([0, 1, 2, 3])
-        n = rng.choice([1, 1, 1, 2])
-        req = Request(f"r{i}", prompt_len=rng.randint(8, 120), max_tokens=rng.randint(4, 40), n=n,
-                      priority=rng.randint(0, 2))
-        arrivals.append(Arrival(step, req))
-        for j in range(n):
-            if rng.random() < 0.2:
-                stops.append((step + rng.randint(2, 30), seq_id(req.request_id, j)))
-        if rng.random() < 0.05:
-            aborts.append((step + rng.randint(0, 20), req.request_id))
-    return Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)), max_steps=2000)
-
-
-def run_reference(traces: list[Trace]) -> tuple[int, float]:
+def run_reference(traces: list[Trace]) -> tuple[int, float, float]:
     """The reference engine loop (as `reference_impl.engine.iter_steps` with observe=False)."""
     steps = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for trace in traces:
         sched = Scheduler(trace.config)
         unfinished: set[str] = set()
@@ -83,19 +53,19 @@ def run_reference(traces: list[Trace]) -> tuple[int, float]:
             steps += 1
             if step >= trace.last_arrival_step and not unfinished:
                 break
-    return steps, time.perf_counter() - t0
+    return steps, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_twin(traces: list[Trace], device: str) -> tuple[int, float, int]:
+def run_twin(traces: list[Trace], device: str) -> tuple[int, float, float, int]:
     batch = TraceBatch(traces, device)
     run = BatchedRun(batch)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     run.run()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return run.engine_steps, time.perf_counter() - t0, run.step
+    return run.engine_steps, time.perf_counter() - t0, time.process_time() - c0, run.step
 
 
 def machine() -> str:
@@ -117,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer requests per trace (shorter runs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", type=int, default=0, help="lockstep-check this many traces first")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads on CPU (default 1: a 2-thread pool stalls on a shared machine)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     if device == "auto":
         device = "cpu"
@@ -127,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = 8 if args.quick else 16
     sizes = [int(x) for x in args.engines.split(",")]
     rng = random.Random(args.seed)
-    pool = [make_trace(rng, requests) for _ in range(max(sizes))]
+    pool = [random_trace(rng, requests) for _ in range(max(sizes))]
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"machine: {machine()}")
     print(f"device: {device} ({dev_name}); traces: {requests} requests each, seed {args.seed}")
@@ -140,16 +113,18 @@ def main(argv: list[str] | None = None) -> int:
             print(res.divergence.describe())
             return 1
     run_twin(pool[:8], device)  # warm-up (allocator, kernels)
-    print(f"{'E':>6} {'engine-steps':>12} {'ref steps/s':>12} {'twin steps/s':>13} {'batched steps':>13} {'ratio':>8}")
+    print("engine-steps per second (wall clock); ratio = twin / reference; cpu ratio = the same on process CPU time")
+    print(f"{'E':>6} {'engine-steps':>12} {'batched':>8} {'reference/s':>12} {'twin/s':>10} {'ratio':>8} {'cpu ratio':>9}")
     for E in sizes:
         traces = pool[:E]
-        ref_steps, ref_t = run_reference(traces)
-        twin_steps, twin_t, batched = run_twin(traces, device)
+        ref_steps, ref_t, ref_c = run_reference(traces)
+        twin_steps, twin_t, twin_c, batched = run_twin(traces, device)
         if twin_steps != ref_steps:
             print(f"error: engine-step counts differ (reference {ref_steps}, twin {twin_steps})", file=sys.stderr)
             return 1
         ref_rate, twin_rate = ref_steps / ref_t, twin_steps / twin_t
-        print(f"{E:>6} {ref_steps:>12} {ref_rate:>12.0f} {twin_rate:>13.0f} {batched:>13} {twin_rate / ref_rate:>7.2f}x")
+        print(f"{E:>6} {ref_steps:>12} {batched:>8} {ref_rate:>12.0f} {twin_rate:>10.0f} "
+              f"{twin_rate / ref_rate:>7.2f}x {ref_c / max(twin_c, 1e-9):>8.2f}x", flush=True)
     return 0
 
 

@@ -66,6 +66,14 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
 block after a prefill, applies the stop rules and frees finished sequences, all as masked
 tensor updates.
 
+Cost notes. State is int32; ``torch.where`` is replaced by arithmetic blends (`blend`), several
+times faster on CPU. Work that touches block tables is sparse: only the groups with an event this
+step (admitted, allocating an append, copy-on-write candidates, victims, swap-ins, finished
+sequences) are gathered, and only the used columns of their tables. The Python loops are the
+phases above, the greedy swap decision (at most the step's largest victim count), the pairwise
+copy-on-write check (N - 1 iterations) and the per-front re-ranking for engines with decode
+victims (at most max_num_seqs) — never over engines or requests.
+
 Outputs are tensors (`StepOut`, `UpdateOut`); `gpu_impl.materialize` turns them into
 `spec.types.SchedulerOutput` objects per engine for comparison. The twin does not produce
 reasons (``SchedulerOutput.reasons`` is empty).
@@ -282,7 +290,6 @@ class BatchedScheduler:
         self.tab = torch.full((E, R, N, B), -1, dtype=I32, device=dev)
         self.gpu_ref = (torch.arange(G, device=dev)[None, :] >= self.cfg.gpu[:, None]).to(I32)
         self.cpu_ref = (torch.arange(C, device=dev)[None, :] >= self.cfg.cpu[:, None]).to(I32)
-        self._rowbase = (torch.arange(E * R * N, device=dev, dtype=I64) * B).view(E, R, N)
 
     def _arange(self, n: int, dtype: torch.dtype = I32) -> torch.Tensor:
         t = self._ar.get((n, dtype))

@@ -27,6 +27,10 @@ from gpu_impl.batched import RUNNING, SWAPPED, BatchedScheduler, StepOut
 class KVError(AssertionError):
     """The KV data plane does not hold what the block tables say it should."""
 
+    def __init__(self, message: str, engine: int = -1) -> None:
+        super().__init__(message)
+        self.engine = engine
+
 
 class KVPlane:
     def __init__(self, sched: BatchedScheduler, heads: int = 2, head_dim: int = 4) -> None:
@@ -133,7 +137,8 @@ class KVPlane:
             where = "GPU" if bool(on_gpu[i, 0]) else "CPU"
             raise KVError(
                 f"step {step}: engine {ei} {who}#{ji} position {pos}: {where} block {int(blk[i, pos])} "
-                f"holds {got[i, pos, :3].tolist()}..., expected {exp[i, pos, :3].tolist()}..."
+                f"holds {got[i, pos, :3].tolist()}..., expected {exp[i, pos, :3].tolist()}...",
+                ei,
             )
         self._check_attention(step, e, r, j, on_gpu[:, 0], comp, tab, exp, valid)
 
@@ -168,5 +173,6 @@ class KVPlane:
             worst = int((paged - dense).abs().amax((1, 2)).argmax())
             raise KVError(
                 f"step {step}: engine {int(e[worst])} slot {int(r[worst])}#{int(j[worst])}: paged attention "
-                f"{paged[worst, 0, :3].tolist()} != dense {dense[worst, 0, :3].tolist()}"
+                f"{paged[worst, 0, :3].tolist()} != dense {dense[worst, 0, :3].tolist()}",
+                int(e[worst]),
             )

@@ -117,7 +117,7 @@ def run_lockstep(
             if plane is not None:
                 plane.verify(step, b.names)
         except KVError as err:
-            return diverge(-1, "kv", "the KV the block tables promise", str(err))
+            return diverge(err.engine, "kv", "the KV the block tables promise", str(err))
         out, upd = bstep.output, bstep.update
         ab_pairs = set(zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True))
 
