@@ -208,7 +208,7 @@ class V0Engine:
             for seq in g.seqs:
                 sid = self.sid[seq.seq_id]
                 blocks, device = [], None
-                if seq.seq_id in tables and not seq.is_finished():
+                if seq.seq_id in tables:  # a finished sequence whose blocks were never freed shows them
                     ids = [b for b in tables[seq.seq_id].physical_block_ids if b is not None]
                     if ids:
                         device = "cpu" if min(ids) >= G else "gpu"

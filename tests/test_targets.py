@@ -1,0 +1,100 @@
+"""Real third-party schedulers through the wire protocol (conformance/targets).
+
+Each test states a finding (or a pass) about a pinned target and fails if it stops being true.
+A target that is not installed is skipped, unless KVSCHED_REQUIRE_TARGETS=1 (CI), where a
+missing target is a failure: CI never passes silently without them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance.driver import run_checked
+from conformance.fuzz import fuzz
+from conformance.profiles import get_profile
+from conformance.targets import TARGET_SPECS, engine_configs, engine_traces, get_target
+from spec.trace import Trace
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "traces"
+
+
+def need(name: str):
+    target = get_target(name)
+    if not target.installed():
+        message = f"target {name} is not installed (kvsched targets install {name})"
+        if os.environ.get("KVSCHED_REQUIRE_TARGETS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return target
+
+
+def replay(name: str, path: Path, profile: str = "safety", lockstep: bool = False):
+    adapter = need(name).adapter()
+    return run_checked(adapter, Trace.load(path), get_profile(profile).invariants(), timeout=60,
+                       lockstep=lockstep, stop_at_first=False)
+
+
+def test_registry_lists_the_four_targets_with_pins():
+    assert {n: t.version for n, t in TARGET_SPECS.items()} == {
+        "nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
+        "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0"}
+
+
+@pytest.mark.parametrize("name", ["nano-vllm", "nano-vllm-fork"])
+def test_nano_vllm_overfills_the_running_seats_and_ignores_max_model_len(name, tmp_path):
+    # nano-vllm's Scheduler.schedule counts only this step's admissions against max_num_seqs,
+    # and nothing in scheduler.py / postprocess checks max_model_len.
+    result = fuzz(lambda: need(name).adapter(), get_profile("safety"), max_examples=60, seed_value=20261130,
+                  out_dir=tmp_path)
+    known = {"BUD-003", "STR-002", "LEN-001", "LEN-002", "LEN-003", "BUD-004", "FAULT-raised", "QUE-001", "QUE-002"}
+    assert {"LEN-002", "LEN-003"} <= set(result.findings) <= known
+    seats = replay(name, DOCS / "nano-vllm" / "handmade" / "seats-overfilled.json")
+    assert {"BUD-003", "STR-002"} <= seats.problem_ids
+
+
+def test_nano_vllm_fork_leaves_the_preempted_victim_in_running():
+    result = replay("nano-vllm-fork", DOCS / "nano-vllm-fork" / "handmade" / "preempted-victim-stays-running.json")
+    assert {"QUE-001", "QUE-002"} <= result.problem_ids
+    assert min(v.step for v in result.violations if v.invariant_id == "QUE-001") == 5
+
+
+def test_nano_vllm_upstream_handles_the_same_preemption():
+    result = replay("nano-vllm", DOCS / "nano-vllm-fork" / "handmade" / "preempted-victim-stays-running.json")
+    assert not {"QUE-001", "QUE-002"} & result.problem_ids and result.fault is None
+
+
+def test_vllm_v0_agrees_with_the_reference_on_fcfs_traces(tmp_path):
+    from hypothesis import given, seed, settings
+
+    adapter = need("vllm-v0").adapter()
+    seen = []
+
+    @settings(max_examples=25, deadline=None, database=None)
+    @seed(7)
+    @given(engine_traces(engine_configs(watermark=0.01, modes=("recompute",), policies=("fcfs",)), max_n=1))
+    def check(trace):
+        result = run_checked(adapter, trace, get_profile("safety").invariants(), timeout=60, lockstep=True)
+        seen.append(len(result.records))
+        assert not result.failed, (result.problem_ids, result.divergence and result.divergence.describe())
+
+    check()
+    assert sum(seen) > 25
+
+
+def test_vllm_v0_priority_swap_preemption_loses_its_swap_out():
+    result = replay("vllm-v0", DOCS / "lockstep" / "priority-swap-out-lost.json")
+    assert result.problem_ids & {"SWP-001", "QUE-002", "BLK-004"}
+
+
+def test_vllm_v0_raises_when_swap_space_runs_out():
+    result = replay("vllm-v0", DOCS / "lockstep" / "swap-space-exhausted.json")
+    assert result.fault is not None and "lack of CPU swap space" in result.fault.message
+
+
+def test_vllm_v1_conforms_to_safety_on_its_default_path(tmp_path):
+    result = fuzz(lambda: need("vllm-v1").adapter(), get_profile("safety"), max_examples=25, seed_value=20261130,
+                  out_dir=tmp_path)
+    assert result.examples == 25 and not result.findings, sorted(result.findings)
