@@ -110,7 +110,7 @@ def classify(result: TraceResult) -> str | None:
     if problems - {"LOCKSTEP", "POL-006"}:
         return "unclassified"
     d = result.divergence
-    if d is not None and any("stays swapped: needs" in r or "swap-in needs" in r for r in d.reasons) and d.field in ("scheduled", "swapped_in"):
+    if d is not None and any("stays swapped: needs" in r or "swap-in needs" in r for r in d.reasons) and d.field in ("scheduled", "swapped_in", "ignored"):
         return "swap-in-partial-block-counted-twice"
     if d is not None and result.trace.config.policy == "priority":
         return "priority-lazy-order"
