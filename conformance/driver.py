@@ -8,14 +8,16 @@ the steps up to it, so the trace can be cut there and replayed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from conformance.adapter import Adapter
 from conformance.guard import AdapterFault, Guard
 from conformance.lockstep import Divergence, compare
 from conformance.normalize import check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
+from spec.config import SchedulerConfig
 from spec.observation import Capability, Snapshot, StepRecord
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
@@ -67,12 +69,20 @@ def run_checked(
     timeout: float | None = 10.0,
     lockstep: bool = False,
     stop_at_first: bool = True,
+    reference_factory: Callable[[SchedulerConfig], Any] | None = None,
 ) -> TraceResult:
     result = TraceResult(trace)
     guard = Guard(timeout)
     step = -1
     try:
-        guard.call("reset", adapter.reset, trace.config)
+        try:
+            guard.call("reset", adapter.reset, trace.config)
+        except AdapterFault as fault:
+            if fault.kind != "raised":
+                raise
+            # An engine that refuses a config is not the same finding as one that crashes on a
+            # trace: the shrinker must not trade one for the other.
+            raise AdapterFault("config-rejected", "reset", fault.message) from fault
         caps = frozenset(adapter.capabilities)
         checker = Checker(trace.config, caps, invariants)
         result.active, result.not_applicable = checker.active, checker.not_applicable
@@ -83,7 +93,7 @@ def run_checked(
         if lockstep:
             from reference_impl.scheduler import Scheduler
 
-            reference = Scheduler(trace.config)
+            reference = (reference_factory or Scheduler)(trace.config)  # a profile may name its own
         unfinished: set[str] = set()
         for step in range(trace.max_steps):
             added = tuple(trace.arrivals_at(step))
