@@ -24,6 +24,7 @@ COMMANDS = (
     "conformance.commands.docs",
     "conformance.commands.prove",
     "conformance.commands.check_config",
+    "conformance.commands.museum",
 )
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
