@@ -40,9 +40,24 @@ def _swap_traces() -> st.SearchStrategy:
     return configs(modes=("swap",)).flatmap(lambda config: traces(config=config))
 
 
+def _swap_watermark_traces() -> st.SearchStrategy:
+    """Swap traces with a watermark of at least a quarter of the GPU blocks (vLLM's default is 1 %;
+    a larger one makes a watermark breach visible in caches of a few blocks)."""
+    return (
+        configs(modes=("swap",))
+        .map(lambda c: SchedulerConfig(**{**c.to_dict(), "watermark": max(c.watermark, 0.25)}))
+        .flatmap(lambda config: traces(config=config))
+    )
+
+
 def _recompute_traces() -> st.SearchStrategy:
     """Traces under preemption by recompute, with parallel sampling (n > 1 groups preempted whole)."""
     return configs(modes=("recompute",)).flatmap(lambda config: traces(config=config))
+
+
+def _fcfs_recompute_traces() -> st.SearchStrategy:
+    """FCFS, preemption by recompute: victims wait between steps before they are re-admitted."""
+    return configs(policies=("fcfs",), modes=("recompute",)).flatmap(lambda config: traces(config=config))
 
 
 def _priority_recompute_traces() -> st.SearchStrategy:
@@ -174,7 +189,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         "every distinct CPU block plus one slot per sequence.",
         note="With a watermark, ADM-002 sees the swap-in leave fewer than the watermark free before anything "
         "crashes; with no watermark the same bug ends in an allocation from an empty free list (FAULT-raised).",
-        strategy=_swap_traces,
+        strategy=_swap_watermark_traces,
     ),
     Exhibit(
         id="never-fits-hang",
@@ -297,7 +312,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         mutant="recompute-keeps-computed",
         reused=True,
         code=(lib._RecomputeKeepsComputed._preempt_by_recompute,),
-        strategy=_recompute_traces,
+        strategy=_fcfs_recompute_traces,
         minimal_change="_preempt_by_recompute frees the blocks but leaves num_computed at a stale non-zero value.",
         note="nano-vllm's stale counter is num_cached_tokens, read before allocate() changes it; the reference has "
         "no prefix cache, so the stale derived counter is the computed-token count itself.",

@@ -3,7 +3,8 @@
 Each exhibit is fuzzed with `conformance.fuzz.fuzz` under its profile, with a fixed seed and a
 bounded number of examples; the search stops as soon as one of the exhibit's expected problems
 is found, and each problem found is shrunk to a short trace. An exhibit is *caught* when an
-expected problem was found and its shrunk trace has at most `MAX_STEPS` steps.
+expected problem was found, its shrunk trace has at most `MAX_STEPS` steps, and the reference
+shows no problem on that trace.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapter import SchedulerAdapter
-from conformance.fuzz import Finding, fuzz
+from conformance.driver import run_checked
+from conformance.fuzz import Finding, _write_html, fuzz
 from conformance.museum.exhibits import EXHIBITS, Exhibit
 from conformance.profiles import get_profile
+from conformance.shrink import shrink
 from reference_impl.scheduler import Scheduler
+from spec.trace import Arrival, Trace
 
 MAX_STEPS = 10
 MAX_EXAMPLES = 300
@@ -36,10 +40,14 @@ class ExhibitResult:
     examples: int
     problems: dict[str, int] = field(default_factory=dict)  # every problem found -> steps of its shrunk trace
     finding: Finding | None = None
+    reference_passes: bool | None = None  # the reference shows no problem on the counterexample
 
     @property
     def caught(self) -> bool:
-        return self.caught_by is not None and self.steps is not None and self.steps <= MAX_STEPS
+        return (
+            self.caught_by is not None and self.steps is not None and self.steps <= MAX_STEPS
+            and bool(self.reference_passes)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         e = self.exhibit
@@ -56,7 +64,9 @@ class ExhibitResult:
             "seconds": round(self.seconds, 3),
             "examples": self.examples,
             "problems": dict(sorted(self.problems.items())),
+            "reference_passes": self.reference_passes,
             "counterexample": str(self.finding.path) if self.finding and self.finding.path else None,
+            "trace": self.finding.trace.to_dict() if self.finding else None,  # replayable: kvsched replay
         }
 
 
@@ -84,14 +94,67 @@ def run_exhibit(
         hypothesis_shrink=False,
         timeout=None,  # the mutants are in-process Python: no worker thread per call
     )
-    seconds = time.monotonic() - started
     problems = {p: f.steps for p, f in result.findings.items()}
     hits = sorted((f.steps, exhibit.expected.index(p), p) for p, f in result.findings.items() if p in expected)
     caught_by = hits[0][2] if hits else None
+    finding = result.findings.get(caught_by) if caught_by else None
+    if finding is not None:
+        _start_at_first_arrival(exhibit, caught_by, finding)
+        hits[0] = (finding.steps, *hits[0][1:])
+        problems[caught_by] = finding.steps
+    seconds = time.monotonic() - started
+    passes = reference_problems(exhibit, finding.trace) == set() if finding else None
     return ExhibitResult(
-        exhibit, caught_by, hits[0][0] if hits else None, seconds, result.examples, problems,
-        result.findings.get(caught_by) if caught_by else None,
+        exhibit, caught_by, hits[0][0] if hits else None, seconds, result.examples, problems, finding, passes
     )
+
+
+def _start_at_first_arrival(exhibit: Exhibit, problem: str, finding: Finding) -> None:
+    """The runner's shrinker moves one arrival at a time, so a trace whose requests all arrive at a
+    late step stays late. Nothing happens before the first arrival: start the trace there, shrink
+    again, and keep the result if the same problem shows in fewer steps."""
+    trace = finding.trace
+    first = min((a.step for a in trace.arrivals), default=0)
+    if first == 0:
+        return
+    invariants = get_profile(exhibit.profile).invariants()
+    adapter = make_adapter(exhibit)
+
+    def failing(candidate: Trace) -> int | None:
+        r = run_checked(adapter, candidate, invariants, timeout=None)
+        if problem not in r.problem_ids:
+            return None
+        return r.failure_step if r.failure_step is not None else max(len(r.records) - 1, 0)
+
+    shifted = Trace(
+        trace.config,
+        tuple(Arrival(a.step - first, a.request) for a in trace.arrivals),
+        tuple((max(step - first, 0), rid) for step, rid in trace.aborts),
+        tuple((max(step - first, 0), sid) for step, sid in trace.stops),
+        max(trace.max_steps - first, 1),
+        trace.meta,
+    )
+    if failing(shifted) is None:
+        return
+    small, step = shrink(shifted, failing, budget=200)
+    if step + 1 >= finding.steps:
+        return
+    final = run_checked(adapter, small, invariants, timeout=None)
+    message = next((str(v) for v in final.violations if v.invariant_id == problem), finding.message)
+    meta = {**dict(small.meta), "message": message, "steps": step + 1}
+    finding.trace = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
+    finding.steps, finding.message = step + 1, message
+    if finding.path is not None:
+        finding.trace.save(finding.path)
+    if finding.html is not None:
+        finding.html = _write_html(finding.html, finding.trace, final)
+
+
+def reference_problems(exhibit: Exhibit, trace) -> set[str]:
+    """What the runner finds on ``trace`` with the reference scheduler under the exhibit's profile."""
+    adapter = SchedulerAdapter("reference", Scheduler, profiles=("museum",))
+    adapter.capabilities = Scheduler.capabilities
+    return run_checked(adapter, trace, get_profile(exhibit.profile).invariants(), timeout=None).problem_ids
 
 
 def run_museum(
