@@ -64,5 +64,5 @@ class Bound:
 
 
 DEFAULT = Bound()
-LARGE = Bound(gpu_blocks=6, cpu_blocks=5, seqs=4, groups=3, table_len=4, block_size=2)
+LARGE = Bound(gpu_blocks=6, cpu_blocks=4, seqs=4, groups=2, table_len=3, block_size=2)
 PRESETS = {"default": DEFAULT, "large": LARGE}
