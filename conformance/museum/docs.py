@@ -1,8 +1,8 @@
 """docs/MUSEUM.md: the museum's catalogue, generated from the exhibits.
 
 `render_markdown()` is deterministic: it reads the exhibits, their sources and the changed lines
-of their mutants (the lines marked ``# bug:``), and, when ``docs/results/museum.json`` exists
-(written by ``kvsched museum --json``), the recorded result of each exhibit.
+of their mutants (the lines marked ``# bug:``), and, when recorded results exist
+(``conformance/museum/results.json``, written by ``kvsched museum --json``), the recorded result of each exhibit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from conformance.museum.exhibits import EXHIBITS, Exhibit
 from conformance.museum.run import MAX_STEPS
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "museum.json"
+RESULTS = Path(__file__).with_name("results.json")  # kvsched museum --json > conformance/museum/results.json
 
 
 def bug_lines(exhibit: Exhibit) -> str:
@@ -87,7 +87,8 @@ def render_markdown(results_path: Path | None = None) -> str:
             f"{caught_by} | {steps} |\n"
         )
     if results:
-        out.append(f"\nResults from `kvsched museum --json` (seed and timings in `docs/results/{RESULTS.name}`).\n")
+        out.append("\nResults from `kvsched museum --json > conformance/museum/results.json` (seed, timings and the "
+                   "counterexample traces are in that file).\n")
     for e in EXHIBITS:
         src = e.source
         out.append(f"\n## {e.id}\n\n**{e.title}**\n\n")
