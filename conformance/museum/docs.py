@@ -95,8 +95,8 @@ def render_markdown(results_path: Path | None = None) -> str:
         out.append(f"- **Source:** [{e.source_label}]({e.url}): {src.get('title', '')}\n")
         out.append(f"- **Symptom:** {e.symptom}\n")
         out.append(f"- **Bug class:** {e.bug_class}\n")
-        invs = "; ".join(f"`{p}`: {_invariant_statement(p)}" for p in e.expected)
-        out.append(f"- **Caught by:** {invs} (profile `{e.profile}`)\n")
+        out.append(f"- **Expected to be caught by** (profile `{e.profile}`):\n")
+        out.extend(f"  - `{p}`: {_invariant_statement(p)}\n" for p in e.expected)
         out.append(f"- **Smallest change:** {e.minimal_change} Mutant {_mutant_location(e)}.\n")
         if e.note:
             out.append(f"- **Note:** {e.note}\n")
