@@ -99,7 +99,29 @@ def _gpu() -> Adapter:
     return module.make_adapter()
 
 
-BUILTIN: dict[str, Callable[[], Adapter]] = {"reference": _reference, "gpu": _gpu}
+def _reference_v1() -> Adapter:
+    from conformance.generate_v1 import token_traces
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    adapter = SchedulerAdapter("reference-v1", V1Scheduler, profiles=("vllm-v1", "safety"))
+    adapter.capabilities = V1Scheduler.capabilities
+    adapter.trace_strategy = lambda: token_traces("v1")  # type: ignore[attr-defined]
+    return adapter
+
+
+def _reference_nano() -> Adapter:
+    from conformance.generate_v1 import token_traces
+    from reference_impl.nano_scheduler import NanoScheduler
+
+    adapter = SchedulerAdapter("reference-nano", NanoScheduler, profiles=("nano-vllm", "safety"))
+    adapter.capabilities = NanoScheduler.capabilities
+    adapter.trace_strategy = lambda: token_traces("nano")  # type: ignore[attr-defined]
+    return adapter
+
+
+BUILTIN: dict[str, Callable[[], Adapter]] = {
+    "reference": _reference, "gpu": _gpu, "reference-v1": _reference_v1, "reference-nano": _reference_nano,
+}
 
 
 def load_adapter(spec: str) -> Adapter:

@@ -126,6 +126,8 @@ _CAPABILITY_TEXT = {
     Capability.FREE_LISTS: "the free block ids themselves",
     Capability.SEQ_LENGTHS: "tokens and computed (KV-cached) tokens per sequence",
     Capability.MID_STEP: "a snapshot right after schedule(), before the outcome",
+    Capability.PREFIX_CACHE: "each GPU block's content key (spec.prefix), the cache index, each sequence's token ids",
+    Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 

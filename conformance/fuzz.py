@@ -106,7 +106,8 @@ def fuzz(
     deadline = started + time_budget if time_budget else None
 
     def run_one(trace) -> TraceResult:
-        result = run_checked(state["adapter"], trace, invariants, timeout=timeout, lockstep=lockstep)
+        result = run_checked(state["adapter"], trace, invariants, timeout=timeout, lockstep=lockstep,
+                             reference_factory=profile.make_reference)
         if result.fault is not None and result.fault.kind == "hang":
             state["adapter"] = make_adapter()  # a hung adapter is abandoned, never reused
         return result

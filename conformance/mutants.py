@@ -9,8 +9,9 @@ trace. The bug museum builds on these.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from reference_impl.block_manager import AllocStatus, BlockManager
 from reference_impl.block_pool import BlockPool
@@ -28,14 +29,19 @@ class Mutant:
     summary: str
     catches: tuple[str, ...]
     factory: Callable[[SchedulerConfig], Scheduler]
+    # Mutants of another reference (conformance/mutants_v1.py): the reference it breaks, the
+    # traces that reach it, and the profile whose invariants apply to that reference.
+    reference: Callable[[SchedulerConfig], Any] | None = None
+    trace_strategy: Callable[[], Any] | None = None
+    profile: str | None = None
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
-def mutant(name: str, summary: str, catches: tuple[str, ...]):
+def mutant(name: str, summary: str, catches: tuple[str, ...], **extra: Any):
     def register(cls: type[Scheduler]) -> type[Scheduler]:
-        MUTANTS[name] = Mutant(name, summary, catches, cls)
+        MUTANTS[name] = Mutant(name, summary, catches, cls, **extra)
         cls.mutant_name = name  # type: ignore[attr-defined]
         return cls
 
@@ -529,14 +535,17 @@ class _NeverFitsWaits(Scheduler):
         manager.can_allocate = can_allocate  # type: ignore[method-assign]
 
 
-def violated(factory: Callable[[SchedulerConfig], object], trace, max_steps: int | None = None) -> set[str]:
+def violated(
+    factory: Callable[[SchedulerConfig], object], trace, max_steps: int | None = None, invariants: Iterable[Any] | None = None
+) -> set[str]:
     """Run ``trace`` on a scheduler made by ``factory`` and return the IDs of the invariants it
-    violates. A crash ends the run; what was found before it counts."""
+    violates (among ``invariants``, default the whole catalogue). A crash ends the run; what was
+    found before it counts."""
     from reference_impl.engine import iter_steps
     from spec.catalogue import Checker
 
     scheduler = factory(trace.config)
-    checker = Checker(trace.config, scheduler.capabilities)  # type: ignore[attr-defined]
+    checker = Checker(trace.config, scheduler.capabilities, invariants)  # type: ignore[attr-defined]
     found: set[str] = set()
     steps = iter_steps(trace, scheduler)  # type: ignore[arg-type]
     try:
@@ -551,3 +560,5 @@ def violated(factory: Callable[[SchedulerConfig], object], trace, max_steps: int
 
 
 __all__ = ["MUTANTS", "Mutant", "violated"]
+
+from conformance import mutants_v1  # noqa: E402,F401  (registers the mutants of today's engines)

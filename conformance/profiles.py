@@ -3,13 +3,18 @@
 ``safety`` holds for any correct scheduler of this kind, whatever its policy. ``liveness`` adds
 progress and completion. ``vllm-v0`` is the reference's own policy (vLLM V0's default flow):
 safety, liveness, the policy invariants, and step-for-step agreement with the reference.
+``vllm-v1`` and ``nano-vllm`` are today's engines' flows, each with its own reference
+(`reference_impl.v1_scheduler`, `reference_impl.nano_scheduler`) for lockstep.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 from spec.catalogue import Invariant, catalogue
+from spec.config import SchedulerConfig
 from spec.errors import InputError
 
 
@@ -19,9 +24,26 @@ class Profile:
     categories: tuple[str, ...]
     lockstep: bool
     description: str
+    include: tuple[str, ...] = ()  # invariant ids checked besides the categories
+    exclude: tuple[str, ...] = ()  # invariant ids of those categories that this policy breaks by design
+    reference: str = "reference_impl.scheduler:Scheduler"  # the lockstep reference, module:factory
 
     def invariants(self) -> list[Invariant]:
-        return [inv for inv in catalogue() if inv.category in self.categories]
+        return [
+            inv for inv in catalogue()
+            if (inv.category in self.categories or inv.id in self.include) and inv.id not in self.exclude
+        ]
+
+    def make_reference(self, config: SchedulerConfig) -> Any:
+        """A fresh lockstep reference for ``config``."""
+        module, _, attr = self.reference.partition(":")
+        return getattr(importlib.import_module(module), attr)(config)
+
+
+# The V0 policy invariants that today's engines break by design: V1 and nano-vllm keep running in
+# admission order (POL-006) and pick victims by that order (POL-003; ORD-003 says what they do);
+# V1 mixes prefill chunks with decodes (POL-005).
+_V0_ONLY = ("POL-003", "POL-005", "POL-006")
 
 
 PROFILES: dict[str, Profile] = {
@@ -30,6 +52,19 @@ PROFILES: dict[str, Profile] = {
     "vllm-v0": Profile(
         "vllm-v0", ("safety", "liveness", "policy"), True,
         "vLLM V0's default flow: safety, liveness, FCFS, swapped-first, victim order, and lockstep with the reference",
+        exclude=("ORD-001", "ORD-002", "ORD-003", "PFX-001", "PFX-002", "PFX-003", "PFX-004", "PFX-005"),
+    ),
+    "vllm-v1": Profile(
+        "vllm-v1", ("safety", "liveness", "policy"), True,
+        "vLLM V1's flow: one token budget, running first, chunked prefill, prefix caching, recompute-only "
+        "preemption of the running tail; lockstep with reference_impl.v1_scheduler",
+        exclude=_V0_ONLY, reference="reference_impl.v1_scheduler:V1Scheduler",
+    ),
+    "nano-vllm": Profile(
+        "nano-vllm", ("safety", "liveness", "policy"), True,
+        "nano-vllm's flow: prefill steps first and never mixed with decodes, prefix caching, recompute-only "
+        "preemption of the running tail; lockstep with reference_impl.nano_scheduler",
+        exclude=(*_V0_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
     ),
 }
 

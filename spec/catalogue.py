@@ -109,7 +109,9 @@ def get(invariant_id: str) -> Invariant:
     return _REGISTRY[invariant_id]
 
 
-_FAMILY_ORDER = ("BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "POL", "LIV")
+_FAMILY_ORDER = (
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "POL", "ORD", "LIV",
+)
 
 
 def _id_order(invariant_id: str) -> tuple[int, str]:
@@ -133,9 +135,12 @@ def _load() -> None:
         admission,
         blocks,
         budgets,
+        chunked,
         liveness,
+        order,
         placement,
         policy,
+        prefix_cache,
         requests,
         strengthening,
         swap,

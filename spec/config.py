@@ -37,6 +37,11 @@ class SchedulerConfig:
     watermark: float = 0.01
     preemption_mode: str = "auto"
     policy: str = "fcfs"
+    # Today's engines (vLLM V1, nano-vllm); the defaults keep the V0 behaviour above.
+    enable_chunked_prefill: bool = False  # split prompts over steps under one token budget
+    max_num_partial_prefills: int = 0  # requests mid-prefill at once; 0 = no limit (vLLM V1)
+    long_prefill_token_threshold: int = 0  # cap on one prefill chunk; 0 = no cap
+    enable_prefix_caching: bool = False  # share full blocks across requests by content key
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size)
@@ -56,6 +61,15 @@ class SchedulerConfig:
             )
         if self.policy not in POLICIES:
             raise InputError("config.policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"config.{name}", f"must be true or false, got {getattr(self, name)!r}")
+        _positive_int("config.max_num_partial_prefills", self.max_num_partial_prefills, minimum=0)
+        _positive_int("config.long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
+        for name in ("max_num_partial_prefills", "long_prefill_token_threshold"):
+            if getattr(self, name) and not self.enable_chunked_prefill:
+                raise InputError(f"config.{name}", f"limits prefill chunks, so it needs enable_chunked_prefill "
+                                 f"(got {getattr(self, name)} without it)")
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -74,8 +88,11 @@ class SchedulerConfig:
         """The longest prefill that can ever be scheduled (vLLM's ``_get_prompt_limit``).
 
         Without chunked prefill a prompt is prefilled in one step, so it must fit both the model
-        and the step's token budget; a longer prompt is finished as ignored.
+        and the step's token budget; a longer prompt is finished as ignored. With chunked prefill
+        a prompt is split over steps, so only the model length limits it.
         """
+        if self.enable_chunked_prefill:
+            return self.max_model_len
         return min(self.max_model_len, self.max_num_batched_tokens)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -83,7 +100,13 @@ class SchedulerConfig:
         return -(-num_tokens // self.block_size)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; the newer optional ones only when they differ from their defaults, so a
+        V0 config reads and writes exactly as before they existed."""
+        data = asdict(self)
+        for name, default in _OPTIONAL_DEFAULTS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "config") -> SchedulerConfig:
@@ -99,6 +122,14 @@ class SchedulerConfig:
             if where != "config":
                 raise InputError(err.where.replace("config", where, 1), err.message) from None
             raise
+
+
+_OPTIONAL_DEFAULTS: dict[str, Any] = {
+    "enable_chunked_prefill": False,
+    "max_num_partial_prefills": 0,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": False,
+}
 
 
 def _positive_int(where: str, value: Any, minimum: int = 1) -> None:

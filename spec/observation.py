@@ -26,9 +26,18 @@ class Capability(StrEnum):
     FREE_LISTS = "free_lists"  # the free block ids themselves
     SEQ_LENGTHS = "seq_lengths"  # tokens and computed (KV-cached) tokens per sequence
     MID_STEP = "mid_step"  # a snapshot right after schedule(), before the outcome
+    # Prefix caching: each GPU block's content key, the cache index (key -> blocks a lookup can
+    # find) and each sequence's token ids. Exposed by the schedulers of today's engines
+    # (reference_impl.v1_scheduler, reference_impl.nano_scheduler), not by the V0 reference.
+    PREFIX_CACHE = "prefix_cache"  # each GPU block's key, the cache index, each sequence's token ids
+    # Not an observation but a claim: the scheduler follows the token-budget flow of today's
+    # engines (vLLM V1, nano-vllm), so the ORD-* policy invariants are about it.
+    TOKEN_BUDGET_FLOW = "token_budget_flow"  # a claim: the V1 / nano-vllm flow (ORD-* apply)
 
 
-ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability)
+# Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
+# TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
+ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW}
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class SeqView:
     num_computed: int | None = None  # tokens whose KV is in the cache
     blocks: tuple[int, ...] | None = None  # physical ids, logical order
     device: str | None = None  # "gpu", "cpu", or None when it holds no block
+    token_ids: tuple[int, ...] | None = None  # prompt + generated ids (PREFIX_CACHE)
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class Snapshot:
     cpu_free: int | None = None
     gpu_free_ids: tuple[int, ...] | None = None
     cpu_free_ids: tuple[int, ...] | None = None
+    # PREFIX_CACHE: per GPU block, the key (spec.prefix.block_keys) it is cached under, or None;
+    # and the cache index, key -> the GPU blocks a lookup of that key can find.
+    gpu_block_keys: tuple[str | None, ...] | None = None
+    cache_index: Mapping[str, tuple[int, ...]] | None = None
 
     def queue(self, name: str) -> tuple[str, ...] | None:
         return getattr(self, name)

@@ -42,6 +42,11 @@ TEMPLATES: dict[str, str] = {
     "finished_stopped": "{request} finished: every sequence stopped or hit its limit",
     "finished_length_capped": "{request} finished: length limit (max_tokens {max_tokens} or max_model_len {max_model_len})",
     "finished_aborted": "{request} aborted by the client",
+    # today's engines (reference_impl.v1_scheduler, reference_impl.nano_scheduler)
+    "prefill_chunk": "{request} prefills {tokens} token(s) of {remaining} uncomputed ({cached} served by the prefix cache)",
+    "wait_partial_prefills": "{request} waits: {partial} request(s) are mid-prefill, limit {limit}",
+    "wait_running_first": "{request} waits: running requests are served first and a preemption happened this step",
+    "wait_seats": "{request} waits: {running} running, max_num_seqs {limit}",
 }
 
 

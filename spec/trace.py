@@ -10,7 +10,7 @@ Format (version 1)::
     {"version": 1,
      "config": {"block_size": 16, ...},
      "requests": [{"id": "A", "prompt_len": 200, "max_tokens": 4, "n": 1,
-                   "priority": 0, "arrival_step": 0}],
+                   "priority": 0, "arrival_step": 0}],    # optional: "prompt_tokens": [ids]
      "aborts": [{"step": 3, "request": "A"}],
      "stops": [{"step": 2, "seq": "A#0"}],
      "max_steps": 200,
@@ -119,7 +119,7 @@ class Trace:
             where = f"requests[{i}]"
             if not isinstance(raw, Mapping):
                 raise InputError(where, "must be an object")
-            allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step"}
+            allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens"}
             for key in raw:
                 if key not in allowed:
                     raise InputError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -133,6 +133,7 @@ class Trace:
                     max_tokens=raw.get("max_tokens", 16),
                     n=raw.get("n", 1),
                     priority=raw.get("priority", 0),
+                    prompt_tokens=raw.get("prompt_tokens"),
                 )
             except InputError as err:
                 field_name = err.where.rsplit(".", 1)[-1]

@@ -8,6 +8,7 @@ implementation (the reference, the torch twin, an adapter around vLLM) can produ
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,23 @@ def request_of(seq: str) -> str:
     return seq.rsplit("#", 1)[0]
 
 
+VOCAB_SIZE = 50  # token ids of the default prompts and of generated tokens are in [0, VOCAB_SIZE)
+
+
+def default_prompt_tokens(prompt_len: int) -> tuple[int, ...]:
+    """The prompt a request has when its trace gives no token ids: position ``i`` holds token
+    ``i % VOCAB_SIZE``. Every default prompt is therefore a prefix of one fixed text, so requests
+    without explicit tokens share their prompts' prefixes (what a prefix cache is for)."""
+    return tuple(i % VOCAB_SIZE for i in range(prompt_len))
+
+
+def generated_token(request_id: str, index: int, position: int) -> int:
+    """The token the model "samples" for sequence ``index`` of ``request_id`` at ``position``
+    (0-based over prompt + output): a fixed function, so every implementation and every real
+    engine driven by an adapter appends the same ids and computes the same block keys."""
+    return zlib.crc32(f"{request_id}#{index}@{position}".encode()) % VOCAB_SIZE
+
+
 @dataclass(frozen=True)
 class Request:
     """A request (vLLM's sequence group) as the client submits it.
@@ -39,6 +57,7 @@ class Request:
     max_tokens: int = 16
     n: int = 1
     priority: int = 0
+    prompt_tokens: tuple[int, ...] | None = None  # token ids; None: `default_prompt_tokens`
 
     def __post_init__(self) -> None:
         where = f"request {self.request_id!r}"
@@ -50,15 +69,35 @@ class Request:
                 raise InputError(f"{where}.{name}", f"must be an integer >= {minimum}, got {value!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise InputError(f"{where}.priority", f"must be an integer, got {self.priority!r}")
+        if self.prompt_tokens is not None:
+            tokens = self.prompt_tokens
+            if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
+                raise InputError(f"{where}.prompt_tokens", f"must be a list of token ids, got {tokens!r}")
+            tokens = tuple(tokens)
+            bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+            if bad:
+                raise InputError(f"{where}.prompt_tokens", f"must hold integers >= 0, got {bad[0]!r}")
+            if len(tokens) != self.prompt_len:
+                raise InputError(
+                    f"{where}.prompt_tokens", f"has {len(tokens)} ids but prompt_len is {self.prompt_len}"
+                )
+            object.__setattr__(self, "prompt_tokens", tokens)
+
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        """The prompt's token ids: the given ones, or the deterministic default."""
+        return self.prompt_tokens if self.prompt_tokens is not None else default_prompt_tokens(self.prompt_len)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "id": self.request_id,
             "prompt_len": self.prompt_len,
             "max_tokens": self.max_tokens,
             "n": self.n,
             "priority": self.priority,
         }
+        if self.prompt_tokens is not None:
+            data["prompt_tokens"] = list(self.prompt_tokens)
+        return data
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.generate import traces
 from conformance.mutants import MUTANTS, violated
+from conformance.profiles import get_profile
 from reference_impl import Scheduler
 from spec.catalogue import catalogue
 
@@ -37,5 +38,8 @@ def test_mutants_name_real_invariants():
 @pytest.mark.parametrize(("name", "invariant_id"), PAIRS, ids=[f"{n}-{i}" for n, i in PAIRS])
 def test_mutant_is_caught(name, invariant_id):
     mutant = MUTANTS[name]
-    trace = find(traces(), lambda t: invariant_id in violated(mutant.factory, t), settings=SEARCH)
-    assert violated(Scheduler, trace) == set(), "the reference must pass the trace that exposes the mutant"
+    strategy = mutant.trace_strategy() if mutant.trace_strategy else traces()
+    checked = get_profile(mutant.profile).invariants() if mutant.profile else None
+    trace = find(strategy, lambda t: invariant_id in violated(mutant.factory, t, invariants=checked), settings=SEARCH)
+    reference = mutant.reference or Scheduler
+    assert violated(reference, trace, invariants=checked) == set(), "the reference must pass the trace that exposes the mutant"

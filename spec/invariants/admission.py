@@ -14,7 +14,7 @@ from spec.status import Status
 @invariant(
     "ADM-001", "safety",
     """Atomic admission: after schedule(), a request admitted in this step holds every block its
-    prefill needs, and a request still waiting holds none.""",
+    prefill (with chunked prefill: its first chunk) needs, and a request still waiting holds none.""",
     """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more).
     The spec decides against it, as vLLM does: can_allocate answers for the whole prompt and
     allocate takes all its blocks or none. A partial holder waits while holding what others need,
@@ -24,11 +24,14 @@ from spec.status import Status
 def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
     bs = ctx.config.block_size
+    chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
     for rid in admitted(rec):
         for v in rec.mid.seqs_of(rid):
             if v.status.is_finished:
                 continue
             need = -(-(v.num_tokens or 0) // bs)
+            if ctx.config.enable_chunked_prefill:  # the blocks of the first chunk, all at once
+                need = -(-((v.num_computed or 0) + chunk.get(v.seq_id, 0)) // bs)
             if len(v.blocks or ()) != need:
                 yield f"{rid} admitted with {len(v.blocks or ())} of the {need} blocks of {v.seq_id}"
     for sid, v in rec.mid.seqs.items():

@@ -184,17 +184,21 @@ def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "CAP-003", "safety",
     """Between steps, a running or swapped sequence has computed every token but the one just
-    sampled, and a waiting sequence has computed none.""",
+    sampled (with chunked prefill: at most that many), and a waiting sequence has computed none.""",
     """A decode computes the KV of the token sampled in the previous step, so the lag is exactly
     one; recompute drops all KV (vLLM's reset_state_for_recompute). A stale computed count after
-    preemption (nano-vllm PR #207) makes the next prefill skip tokens.""",
+    preemption (nano-vllm PR #207) makes the next prefill skip tokens. With chunked prefill a
+    running sequence may be mid-prefill, so the lag is at least one.""",
     (C.SEQ_LENGTHS, C.STATUSES),
 )
 def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
+    chunked = ctx.config.enable_chunked_prefill
     for sid, v in rec.after.seqs.items():
-        if v.status in (Status.RUNNING, Status.SWAPPED) and v.num_computed != (v.num_tokens or 0) - 1:
-            yield f"{sid} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
+        if v.status in (Status.RUNNING, Status.SWAPPED):
+            lag_ok = (v.num_computed or 0) <= (v.num_tokens or 0) - 1 if chunked else v.num_computed == (v.num_tokens or 0) - 1
+            if not lag_ok:
+                yield f"{sid} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
         elif v.status is Status.WAITING and v.num_computed != 0:
             yield f"{sid} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
 
@@ -217,9 +221,12 @@ def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         v = rec.mid.seqs.get(item.seq_id)
         if v is None or not v.blocks:
             continue
+        keys = rec.mid.gpu_block_keys  # prefix caching: a keyed block's content is fixed by its key (PFX-001)
         for index in _written_blocks(v.num_computed or 0, item.num_tokens, bs):
             if index < len(v.blocks):
                 block = v.blocks[index]
+                if keys is not None and keys[block] is not None:
+                    continue  # cached in this step by its writer and found by another: same KV either way
                 if rec.mid.gpu_ref_counts[block] > 1:
                     yield f"{item.seq_id} writes logical block {index} = gpu block {block}, shared ({rec.mid.gpu_ref_counts[block]} refs)"
 

@@ -58,11 +58,14 @@ def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Each scheduled sequence computes exactly its uncomputed tokens: a prefill (nothing
     computed yet) all of them, a decode exactly one.""",
     """Without chunked prefill vLLM V0 schedules a whole prompt or one token per sequence
-    (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached.""",
+    (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached. Not
+    checked with chunked prefill; with prefix caching a prefill may start after a cache hit.""",
     (C.MID_STEP, C.SEQ_LENGTHS),
 )
 def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
+    if ctx.config.enable_chunked_prefill:
+        return  # chunks are partial by design: CHK-001/CHK-002/CHK-004 govern them
     for item in rec.output.scheduled:
         v = rec.mid.seqs.get(item.seq_id)
         if v is None or v.num_tokens is None or v.num_computed is None:
@@ -70,6 +73,8 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         uncomputed = v.num_tokens - v.num_computed
         if item.num_tokens != uncomputed or item.num_tokens < 1:
             yield f"{item.seq_id} scheduled {item.num_tokens} token(s) with {uncomputed} uncomputed"
+        if ctx.config.enable_prefix_caching:
+            continue  # a prefill after a cache hit starts with computed tokens
         if item.is_prefill != (v.num_computed == 0):
             kind = "prefill" if item.is_prefill else "decode"
             yield f"{item.seq_id} scheduled as {kind} with {v.num_computed} computed tokens"
@@ -80,13 +85,17 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "Between steps, every running or swapped sequence holds fewer than max_model_len tokens: one that reaches the limit is finished.",
     """A position at or past max_model_len has no rotary embedding or cache slot the model was
     sized for; vLLM's stop checker (stop_checker.py: maybe_stop_sequence) finishes a sequence as
-    FINISHED_LENGTH_CAPPED once get_len() >= max_model_len, so its KV never needs that slot.""",
+    FINISHED_LENGTH_CAPPED once get_len() >= max_model_len, so its KV never needs that slot. With
+    chunked prefill a prompt of exactly max_model_len tokens runs mid-prefill over several steps.""",
     (C.SEQ_LENGTHS, C.STATUSES),
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
     for sid, v in rec.after.seqs.items():
         if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= ctx.config.max_model_len:
+            request = ctx.requests.get(v.request_id)
+            if ctx.config.enable_chunked_prefill and request is not None and v.num_tokens == request.prompt_len:
+                continue  # a prompt of exactly max_model_len tokens, still being prefilled in chunks
             yield f"{sid} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
 
 

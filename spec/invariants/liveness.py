@@ -48,6 +48,13 @@ def completion_bound_for(ctx: CheckContext) -> int:
     """Steps after the last arrival within which every request must have finished."""
     requests = list(ctx.requests.values())
     tokens = sum(r.n * r.max_tokens for r in requests)
+    if ctx.config.enable_chunked_prefill:
+        # each (re)prefill may take one step per chunk; a chunk is at least what the budget
+        # leaves after one decode per other running sequence
+        chunk = max(1, ctx.config.max_num_batched_tokens - ctx.config.max_num_seqs + 1)
+        if ctx.config.long_prefill_token_threshold:
+            chunk = min(chunk, ctx.config.long_prefill_token_threshold)
+        tokens += sum(r.n * (-(-(r.prompt_len + r.max_tokens) // chunk)) for r in requests)
     return (len(requests) + 2) * (tokens + len(requests) + 2)
 
 

@@ -64,8 +64,9 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "REQ-004", "safety",
-    """Every generated token is kept: a step adds exactly one token to each scheduled sequence and
-    none to the others, and preemption never drops tokens.""",
+    """Every generated token is kept: a step adds exactly one token to each scheduled sequence
+    (with chunked prefill: one once all of its tokens are computed, none after a partial chunk)
+    and none to the others, and preemption never drops tokens.""",
     """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
     or corrupts the output the client already received.""",
@@ -82,6 +83,10 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if old.status.is_finished:
             continue
         grow = 1 if sid in scheduled else 0
+        if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
+            if not _partial_chunk_ok(rec, sid, old, new):
+                yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"
+            continue
         if (new.num_tokens or 0) != (old.num_tokens or 0) + grow:
             yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
     for sid in rec.after.seqs:
@@ -89,3 +94,15 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             r.request_id for r in rec.added
         }:
             yield f"{sid} appeared without its request being added or prefilled"
+
+
+def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
+    """With chunked prefill: a scheduled sequence gains one token exactly when its chunk completes
+    its tokens, none otherwise (decided from the snapshot after schedule() when there is one)."""
+    grew = (new.num_tokens or 0) - (old.num_tokens or 0)
+    if rec.mid is None or rec.mid.seqs is None or sid not in rec.mid.seqs:
+        return grew in (0, 1)
+    mid = rec.mid.seqs[sid]
+    given = sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
+    completes = (mid.num_computed or 0) + given >= (mid.num_tokens or 0)
+    return grew == (1 if completes else 0)

@@ -1,0 +1,119 @@
+"""A GPU block pool with a prefix cache: reference counts, content keys, an index, a free queue.
+
+Blocks are shared by content. A *full* block that a request has computed (or is computing this
+step) is registered in the index under its chained key (`spec.prefix.block_keys`); a later
+request whose prompt starts with the same tokens finds it, holds it (its reference count goes
+up) and skips computing those tokens. When the last holder lets go, a cached block is free but
+keeps its key and stays findable: a hit on it takes it back off the free queue. It loses its key
+(it is *evicted*) only when the allocator hands it out as a fresh block; from then on no lookup
+finds it.
+
+The free queue's order is the eviction order, and it is what makes block ids comparable with an
+engine (lockstep). Two documented orders:
+
+``"v1"`` (vLLM V1 ``BlockPool``/``FreeKVCacheBlockQueue``): allocation pops from the front. A
+request frees its table in reverse (tail blocks first, so they are evicted first); of the blocks
+that reach zero references, the unkeyed ones (and every block when caching is off) go to the
+front, in that order, to be reused at once, and the keyed ones to the back (least recently used
+first out).
+
+``"nano"`` (nano-vllm ``BlockManager``): allocation takes the front; every freed block goes to the
+back (FIFO), keyed or not; a table is freed in reverse too.
+
+Block ids are 0..N-1. (vLLM V1 reserves its block 0 as a null block and so has one block more than
+it can hand out; an adapter passes ``num_gpu_blocks + 1`` and subtracts 1 from its ids.)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+ORDERS = ("v1", "nano")
+
+
+class CachingBlockPool:
+    def __init__(self, num_blocks: int, *, caching: bool, order: str = "v1") -> None:
+        assert order in ORDERS, order
+        self.num_blocks = num_blocks
+        self.caching = caching
+        self.order = order
+        self.ref_counts = [0] * num_blocks
+        self.keys: list[str | None] = [None] * num_blocks
+        self.index: dict[str, list[int]] = {}  # key -> blocks registered under it, oldest first
+        self._free: deque[int] = deque(range(num_blocks))
+
+    # -- observation ------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def free_ids(self) -> tuple[int, ...]:
+        """The free queue, front (next to be handed out) first."""
+        return tuple(self._free)
+
+    def cache_index(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v) for k, v in self.index.items()}
+
+    # -- lookup -------------------------------------------------------------------------------
+    def lookup(self, key: str) -> int | None:
+        """A block cached under ``key``: vLLM V1 returns the first registered, nano-vllm the last
+        (its index maps a key to one block and each registration overwrites it)."""
+        blocks = self.index.get(key)
+        if not blocks:
+            return None
+        return blocks[0] if self.order == "v1" else blocks[-1]
+
+    def is_evictable(self, block: int) -> bool:
+        """A cached block nobody holds: a hit on it costs a free block."""
+        return self.ref_counts[block] == 0
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate(self, count: int) -> list[int]:
+        """``count`` fresh blocks from the front of the free queue; each is evicted first."""
+        assert count <= len(self._free), "caller checked the free count"
+        fresh = []
+        for _ in range(count):
+            block = self._free.popleft()
+            self._evict(block)
+            self.ref_counts[block] = 1
+            fresh.append(block)
+        return fresh
+
+    def touch(self, block: int) -> None:
+        """Hold a cached block found by a lookup (take it off the free queue if nobody held it)."""
+        if self.ref_counts[block] == 0:
+            self._free.remove(block)
+        self.ref_counts[block] += 1
+
+    def register(self, block: int, key: str) -> None:
+        """Cache ``block`` (full, computed or being computed now) under ``key``."""
+        if not self.caching or self.keys[block] == key:
+            return
+        self._evict(block)
+        self.keys[block] = key
+        self.index.setdefault(key, []).append(block)
+
+    def release(self, blocks: Iterable[int]) -> None:
+        """Drop one reference per listed block, in the order given (callers pass a table in
+        reverse); blocks that reach zero go back to the free queue as `ORDERS` describes."""
+        front: list[int] = []
+        back: list[int] = []
+        for block in blocks:
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"block {block} freed twice"
+            if self.ref_counts[block] == 0:
+                keep_cached = self.caching and self.keys[block] is not None
+                (back if keep_cached or self.order == "nano" else front).append(block)
+        self._free.extendleft(reversed(front))  # front keeps the given order
+        self._free.extend(back)
+
+    def _evict(self, block: int) -> None:
+        key = self.keys[block]
+        if key is None:
+            return
+        holders = self.index[key]
+        holders.remove(block)
+        if not holders:
+            del self.index[key]
+        self.keys[block] = None

@@ -1,0 +1,440 @@
+"""The reference scheduler for vLLM V1's flow (vLLM 0.33.0 ``v1/core/sched/scheduler.py``).
+
+V1 has no prefill phase and no decode phase: each request has tokens and computed tokens, and
+every step hands out one token budget (``max_num_batched_tokens``) so that computed tokens catch
+up. One call of `schedule()` is, in order:
+
+1. Running requests, in running-queue order, while budget is left. Each gets
+   ``min(uncomputed, budget)`` tokens, capped at ``long_prefill_token_threshold`` when that is set
+   and more than one request is running or waiting. A decode is one token; a prompt (or a
+   recompute) left unfinished continues as a chunk. If its blocks do not fit, the victim is
+   preempted: the running tail under FCFS, the least urgent running request (largest
+   ``(priority, arrival)``) under priority; a victim that was already scheduled in this step gives
+   its tokens back. A request that has to preempt itself is not scheduled; under FCFS the loop
+   ends there, under priority it goes on with the next.
+2. Waiting requests, only if nothing was preempted in this step, while budget is left and fewer
+   than ``max_num_seqs`` requests run. The head first looks up its prompt in the prefix cache
+   (whole blocks, never the last token: at least one token is computed), then gets the rest of
+   its tokens or, with chunked prefill, as many as the budget allows (without chunked prefill a
+   head that does not fit the budget waits). Admission needs the blocks of the *whole* sequence
+   to fit above the watermark (V1's ``scheduler_reserve_full_isl``), though only the chunk's are
+   allocated; the first head that cannot be admitted stops admission (FCFS).
+
+Preemption is recompute only: the victim frees its blocks, forgets its computed tokens (and its
+prefix-cache hit), keeps every generated token, and re-enters waiting at the front (under
+priority, in policy order). Admitted requests join the running tail.
+
+`update()` advances each scheduled request's computed tokens by what it was given. A request
+whose tokens are then all computed samples one token (the trace's stop decisions apply to it;
+``max_tokens`` and ``max_model_len`` cap it); a request still mid-prefill samples nothing.
+
+Where this reference decides differently from the engine (each a spec decision, listed in
+docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
+are finished as ignored (the engine rejects the first before scheduling and refuses configs that
+allow the second); the watermark applies to every admission (the engine skips it when nothing
+runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the default, is V1);
+``n > 1`` is not modelled (V1 fans it out into separate requests before the scheduler).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from reference_impl.prefix_cache import CachingBlockPool
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.observation import ALL_CAPABILITIES, Capability, SeqView, Snapshot
+from spec.prefix import block_keys
+from spec.reasons import Reason
+from spec.status import PreemptionMode, Status
+from spec.types import (
+    Finished,
+    Preempted,
+    Request,
+    ScheduledSeq,
+    SchedulerOutput,
+    StepOutcome,
+    generated_token,
+    seq_id,
+)
+
+CAPABILITIES = ALL_CAPABILITIES | {Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW}
+
+
+@dataclass
+class TrackedRequest:
+    """One request (one sequence: ``n == 1``) as the token-budget schedulers track it."""
+
+    request: Request
+    arrival: int
+    tokens: list[int]
+    status: Status = Status.WAITING
+    num_computed: int = 0  # tokens whose KV is in the cache (prefix hits included)
+    blocks: list[int] = field(default_factory=list)
+    num_keyed: int = 0  # leading blocks registered in the prefix cache
+    in_prefill: bool = True  # no token sampled since (re)admission
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def seq_id(self) -> str:
+        return seq_id(self.request.request_id, 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.request.prompt_len
+
+    def key(self, policy: str) -> tuple[int, ...]:
+        if policy == "priority":
+            return (self.request.priority, self.arrival)
+        return (self.arrival,)
+
+
+def check_single_sequence(request: Request) -> None:
+    if request.n != 1:
+        raise InputError(
+            f"request {request.request_id!r}.n",
+            f"must be 1 for this scheduler (vLLM V1 and nano-vllm fan n out into requests), got {request.n}",
+        )
+
+
+class V1Scheduler:
+    """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
+
+    capabilities = CAPABILITIES
+    free_order = "v1"
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = CachingBlockPool(config.num_gpu_blocks, caching=config.enable_prefix_caching, order=self.free_order)
+        self.waiting: list[TrackedRequest] = []
+        self.running: list[TrackedRequest] = []
+        self.requests: dict[str, TrackedRequest] = {}
+        self.num_preemptions_total = 0
+        self._step = 0
+        self._arrivals = 0
+        self._scheduled: list[tuple[TrackedRequest, int]] = []
+        self._last_output: SchedulerOutput | None = None
+        self._ignored: list[Finished] = []
+
+    # ---------------------------------------------------------------- client side
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        check_single_sequence(request)
+        tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
+        self._arrivals += 1
+        self.requests[request.request_id] = tracked
+        self._to_waiting(tracked, front=False)
+
+    def abort_request(self, request_id: str) -> Finished | None:
+        tracked = self.requests.get(request_id)
+        if tracked is None or tracked.status.is_finished:
+            return None
+        (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
+        self._finish(tracked, Status.FINISHED_ABORTED)
+        return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        threshold = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        scheduled: dict[str, int] = {}
+        preempted: list[TrackedRequest] = []
+        reasons: list[Reason] = []
+        ignored: list[str] = []
+
+        # 1. running requests first
+        index = 0
+        while index < len(self.running) and budget > 0:
+            tracked = self.running[index]
+            tokens = tracked.num_tokens - tracked.num_computed
+            if 0 < threshold < tokens:
+                tokens = threshold
+            tokens = min(tokens, budget)
+            fits = self._allocate(tracked, tokens, hits=[], watermark=False)
+            while not fits:
+                victim = self._victim()
+                victim_index = self.running.index(victim)
+                self.running.remove(victim)
+                if victim_index < index:
+                    index -= 1
+                if victim.request_id in scheduled:  # priority: it gives its tokens back
+                    budget += scheduled.pop(victim.request_id)
+                self._preempt(victim)
+                preempted.append(victim)
+                reasons.append(Reason.of(
+                    "preempted_recompute", victim.request_id, needed_by=tracked.request_id,
+                    need=self._blocks_needed(tracked, tokens), free=self.pool.num_free,
+                ))
+                if victim is tracked:
+                    break
+                fits = self._allocate(tracked, tokens, hits=[], watermark=False)
+            if not fits:
+                if self.config.policy == "priority":
+                    continue  # the victim was this request; the next ones may still fit
+                break
+            scheduled[tracked.request_id] = tokens
+            budget -= tokens
+            index += 1
+            kind = "prefill_chunk" if tracked.in_prefill else "decode"
+            reasons.append(self._reason(kind, tracked, tokens, cached=0))
+
+        # 2. then waiting requests, unless this step preempted
+        if preempted:
+            if self.waiting:
+                reasons.append(Reason.of("wait_running_first", self.waiting[0].request_id))
+        else:
+            self._admit(budget, threshold, scheduled, reasons, ignored)
+
+        output = SchedulerOutput(
+            step=self._step,
+            scheduled=tuple(
+                ScheduledSeq(self.requests[rid].seq_id, rid, n, self.requests[rid].in_prefill)
+                for rid, n in scheduled.items()
+            ),
+            preempted=tuple(Preempted(v.request_id, PreemptionMode.RECOMPUTE) for v in preempted),
+            ignored=tuple(ignored),
+            reasons=tuple(reasons),
+        )
+        self._scheduled = [(self.requests[rid], n) for rid, n in scheduled.items()]
+        self._step += 1
+        self._last_output = output
+        return output
+
+    def _admit(
+        self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
+    ) -> None:
+        config = self.config
+        while budget > 0 and self.waiting:
+            tracked = self.waiting[0]
+            if self._ignore_if_infeasible(tracked, reasons, ignored):
+                continue
+            if len(self.running) >= config.max_num_seqs:
+                reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
+                                         limit=config.max_num_seqs))
+                break
+            hits = self._cache_hits(tracked)
+            computed = len(hits) * config.block_size
+            remaining = tracked.num_tokens - computed
+            tokens = remaining
+            if 0 < threshold < tokens:
+                tokens = threshold
+            if not config.enable_chunked_prefill and tokens > budget:
+                reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
+                break
+            tokens = min(tokens, budget)
+            limit = config.max_num_partial_prefills
+            if limit and computed + tokens < tracked.num_tokens - 1:
+                partial = sum(1 for r in self.running if self._mid_prefill_after(r, scheduled))
+                if partial >= limit:
+                    reasons.append(Reason.of("wait_partial_prefills", tracked.request_id, partial=partial, limit=limit))
+                    break
+            if not self._whole_sequence_fits(tracked, hits):
+                need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
+                reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
+                break
+            if not self._allocate(tracked, tokens, hits=hits, watermark=True):
+                need = self._blocks_needed(tracked, tokens, hits)
+                reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
+                break
+            self.waiting.pop(0)
+            tracked.status = Status.RUNNING
+            tracked.in_prefill = True
+            self.running.append(tracked)
+            scheduled[tracked.request_id] = tokens
+            budget -= tokens
+            reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))
+
+    def _ignore_if_infeasible(self, tracked: TrackedRequest, reasons: list[Reason], ignored: list[str]) -> bool:
+        config = self.config
+        if tracked.request.prompt_len > config.prompt_limit:
+            reasons.append(Reason.of("ignored_too_long", tracked.request_id, tokens=tracked.request.prompt_len,
+                                     limit=config.prompt_limit))
+        elif config.blocks_for(tracked.num_tokens) > config.num_gpu_blocks - config.watermark_blocks:
+            reasons.append(Reason.of("ignored_never_fits", tracked.request_id, blocks=config.blocks_for(tracked.num_tokens),
+                                     capacity=config.num_gpu_blocks - config.watermark_blocks))
+        else:
+            return False
+        self.waiting.remove(tracked)
+        self._finish(tracked, Status.FINISHED_IGNORED)
+        ignored.append(tracked.request_id)
+        self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
+        return True
+
+    def _mid_prefill_after(self, tracked: TrackedRequest, scheduled: dict[str, int]) -> bool:
+        """Whether a running request will still be mid-prefill after this step's chunk: more than
+        its last token uncomputed (the spec's count for ``max_num_partial_prefills``)."""
+        return tracked.num_computed + scheduled.get(tracked.request_id, 0) < tracked.num_tokens - 1
+
+    # ---------------------------------------------------------------- blocks
+    def _cache_hits(self, tracked: TrackedRequest) -> list[int]:
+        """The longest run of cached full blocks at the start of the request's tokens, leaving
+        at least its last token to compute (its logits are needed)."""
+        if not self.config.enable_prefix_caching:
+            return []
+        hits = []
+        for key in block_keys(tracked.tokens, self.config.block_size, limit=tracked.num_tokens - 1):
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _blocks_needed(self, tracked: TrackedRequest, tokens: int, hits: list[int] = ()) -> int:  # type: ignore[assignment]
+        """Free blocks that computing ``tokens`` more tokens takes: new blocks beyond the table
+        and the hits, plus every hit that sits on the free queue (holding it takes it off)."""
+        computed = tracked.num_computed + len(hits) * self.config.block_size
+        fresh = max(self.config.blocks_for(computed + tokens) - len(tracked.blocks) - len(hits), 0)
+        return fresh + sum(1 for b in hits if self.pool.is_evictable(b))
+
+    def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
+        computed = len(hits) * self.config.block_size
+        need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
+        return need + self.config.watermark_blocks <= self.pool.num_free
+
+    def _allocate(self, tracked: TrackedRequest, tokens: int, *, hits: list[int], watermark: bool) -> bool:
+        """vLLM V1's ``allocate_slots``: take the hits and the new blocks that ``tokens`` more
+        tokens need, or nothing; then cache the full blocks those tokens complete."""
+        need = self._blocks_needed(tracked, tokens, hits)
+        if need + (self.config.watermark_blocks if watermark else 0) > self.pool.num_free:
+            return False
+        for block in hits:
+            self.pool.touch(block)
+        tracked.blocks.extend(hits)
+        if hits:
+            tracked.num_computed = len(hits) * self.config.block_size
+            tracked.num_keyed = len(hits)
+        fresh = self.config.blocks_for(tracked.num_computed + tokens) - len(tracked.blocks)
+        tracked.blocks.extend(self.pool.allocate(max(fresh, 0)))
+        self._cache_full_blocks(tracked, tracked.num_computed + tokens)
+        return True
+
+    def _cache_full_blocks(self, tracked: TrackedRequest, upto: int) -> None:
+        if not self.config.enable_prefix_caching:
+            return
+        keys = block_keys(tracked.tokens, self.config.block_size, limit=upto)
+        for index in range(tracked.num_keyed, len(keys)):
+            self.pool.register(tracked.blocks[index], keys[index])
+        tracked.num_keyed = max(tracked.num_keyed, len(keys))
+
+    def _free_blocks(self, tracked: TrackedRequest) -> None:
+        self.pool.release(reversed(tracked.blocks))  # tail first: evicted first
+        tracked.blocks = []
+        tracked.num_keyed = 0
+
+    # ---------------------------------------------------------------- preemption
+    def _victim(self) -> TrackedRequest:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: r.key("priority"))
+        return self.running[-1]
+
+    def _preempt(self, victim: TrackedRequest) -> None:
+        """Recompute: free every block, reset every derived counter, keep every token."""
+        self._free_blocks(victim)
+        victim.num_computed = 0
+        victim.in_prefill = True
+        victim.status = Status.WAITING
+        self._to_waiting(victim, front=True)
+        self.num_preemptions_total += 1
+
+    def _to_waiting(self, tracked: TrackedRequest, *, front: bool) -> None:
+        if self.config.policy == "priority":
+            keys = [r.key("priority") for r in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, tracked.key("priority")), tracked)
+        elif front:
+            self.waiting.insert(0, tracked)
+        else:
+            self.waiting.append(tracked)
+
+    # ---------------------------------------------------------------- outcome
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        finished, self._ignored = self._ignored, []
+        scheduled, self._scheduled = self._scheduled, []
+        for tracked, tokens in scheduled:
+            if tracked.status is not Status.RUNNING:
+                continue
+            tracked.num_computed += tokens
+            if tracked.num_computed < tracked.num_tokens:
+                continue  # mid-prefill: nothing sampled
+            tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
+            tracked.in_prefill = False
+            status = self._stop_status(tracked, outcome.stopped)
+            if status is None:
+                continue
+            self.running.remove(tracked)
+            self._finish(tracked, status)
+            kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
+            reason = Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
+                               max_model_len=self.config.max_model_len)
+            finished.append(Finished(tracked.request_id, status, reason))
+        return finished
+
+    def _stop_status(self, tracked: TrackedRequest, stopped: frozenset[str]) -> Status | None:
+        if tracked.seq_id in stopped:
+            return Status.FINISHED_STOPPED
+        if tracked.num_generated >= tracked.request.max_tokens or tracked.num_tokens >= self.config.max_model_len:
+            return Status.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, tracked: TrackedRequest, status: Status) -> None:
+        self._free_blocks(tracked)
+        tracked.status = status
+
+    def _reason(self, kind: str, tracked: TrackedRequest, tokens: int, cached: int) -> Reason:
+        if kind == "decode":
+            return Reason.of("decode", tracked.request_id, tokens=tokens, new_blocks=0, copies=0)
+        return Reason.of(kind, tracked.request_id, tokens=tokens,
+                         remaining=tracked.num_tokens - tracked.num_computed, cached=cached)
+
+    # ---------------------------------------------------------------- observation
+    def snapshot(self) -> Snapshot:
+        return snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool)
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions_total": self.num_preemptions_total,
+            "gpu_free_blocks": self.pool.num_free,
+            "cached_blocks": sum(1 for k in self.pool.keys if k is not None),
+        }
+
+
+def snapshot_of(
+    config: SchedulerConfig,
+    requests: dict[str, TrackedRequest],
+    waiting: list[TrackedRequest],
+    running: list[TrackedRequest],
+    pool: CachingBlockPool,
+) -> Snapshot:
+    """The full snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty)."""
+    seqs = {
+        r.seq_id: SeqView(
+            r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, tuple(r.blocks),
+            "gpu" if r.blocks else None, tuple(r.tokens),
+        )
+        for r in requests.values()
+    }
+    return Snapshot(
+        statuses={rid: r.status for rid, r in requests.items()},
+        seqs=seqs,
+        waiting=tuple(r.request_id for r in waiting),
+        running=tuple(r.request_id for r in running),
+        swapped=(),
+        gpu_ref_counts=tuple(pool.ref_counts),
+        cpu_ref_counts=(0,) * config.num_cpu_blocks,
+        gpu_free=pool.num_free,
+        cpu_free=config.num_cpu_blocks,
+        gpu_free_ids=pool.free_ids(),
+        cpu_free_ids=tuple(range(config.num_cpu_blocks)),
+        gpu_block_keys=tuple(pool.keys),
+        cache_index=pool.cache_index(),
+    )

@@ -1,0 +1,167 @@
+"""Prefix caching: blocks shared by content, found by a chained key, evicted in a known order.
+
+Checked on schedulers that expose the cache (`Capability.PREFIX_CACHE`): each GPU block's key,
+the cache index, and each sequence's token ids. Keys are the spec's (`spec.prefix`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import admitted, snapshots
+from spec.observation import Capability as C
+from spec.observation import Snapshot, StepRecord
+from spec.prefix import block_keys
+
+_NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
+
+
+def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
+    """Tokens whose KV is computed, or being computed in this step when looking after schedule()."""
+    if label == "after schedule":
+        return num_computed + sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
+    return num_computed
+
+
+@invariant(
+    "PFX-001", "safety",
+    """A cached block's key matches the tokens it holds: a block with a key sits in a table only
+    at a full block whose KV is computed (or computed in this step), and its key is the chained
+    key of that sequence's tokens up to the block's end.""",
+    """vLLM V1 keys block j by hash(key of block j-1, tokens of block j) and caches a block only
+    once its tokens are computed; a key that does not match the content (a stale key on a reused
+    block, a key on a partly written block) makes a later lookup return KV of other tokens, which
+    the model then attends to silently.""",
+    _NEEDS,
+)
+def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    bs = ctx.config.block_size
+    for label, snap in snapshots(rec):
+        keys = snap.gpu_block_keys
+        assert keys is not None and snap.seqs is not None
+        for sid, v in snap.seqs.items():
+            if v.device != "gpu" or not v.blocks or v.token_ids is None:
+                continue
+            limit = _allowance(rec, label, sid, v.num_computed or 0)
+            expected = block_keys(v.token_ids, bs, limit=limit)
+            for j, block in enumerate(v.blocks):
+                key = keys[block] if 0 <= block < len(keys) else None
+                if key is None:
+                    continue
+                if j >= len(expected):
+                    yield f"{label}: {sid} block {j} (gpu {block}) has key {key} but is not a full computed block"
+                elif key != expected[j]:
+                    yield f"{label}: {sid} block {j} (gpu {block}) has key {key}, its tokens' key is {expected[j]}"
+
+
+@invariant(
+    "PFX-002", "safety",
+    """Two sequences share a block only at the same position and only if their tokens up to the
+    end of that block are equal (and that block is full in both).""",
+    """Sharing is what a prefix cache is for, and it is sound only for equal prefixes: KV at a
+    position depends on every token before it, so a block reused after a different prefix (a
+    lookup by the block's own tokens alone, as nano-vllm's stale index entries allow) holds the
+    wrong KV for its new holder.""",
+    (C.PREFIX_CACHE, C.BLOCK_TABLES),
+)
+def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    bs = ctx.config.block_size
+    for label, snap in snapshots(rec):
+        assert snap.seqs is not None
+        holders: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = {}
+        for sid, v in snap.seqs.items():
+            if v.device != "gpu" or not v.blocks:
+                continue
+            for j, block in enumerate(v.blocks):
+                holders.setdefault(block, []).append((sid, j, v.token_ids))
+        for block, held in holders.items():
+            if len(held) < 2:
+                continue
+            sid0, j0, tokens0 = held[0]
+            for sid, j, tokens in held[1:]:
+                end = (j0 + 1) * bs
+                if j != j0:
+                    yield f"{label}: gpu block {block} is block {j0} of {sid0} and block {j} of {sid}"
+                elif tokens0 is not None and tokens is not None and (
+                    len(tokens0) < end or len(tokens) < end or tokens0[:end] != tokens[:end]
+                ):
+                    yield f"{label}: {sid0} and {sid} share gpu block {block} (block {j}) without equal full prefixes"
+
+
+@invariant(
+    "PFX-003", "safety",
+    """The cache index and the blocks' keys agree: a lookup of a key finds only blocks that carry
+    that key now, and every block with a key is findable under it; an evicted block is not
+    findable.""",
+    """vLLM V1 evicts a cached block when it hands it out as a fresh block (_maybe_evict_cached_block
+    pops it from cached_block_hash_to_block and resets its hash). An index entry left behind
+    returns a block now holding other tokens; a key without an index entry leaks cache capacity.""",
+    (C.PREFIX_CACHE,),
+)
+def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        keys, index = snap.gpu_block_keys, snap.cache_index
+        assert keys is not None and index is not None
+        listed: set[int] = set()
+        for key, blocks in index.items():
+            if not blocks:
+                yield f"{label}: key {key} is in the index with no block"
+            for dupe in [b for b, n in Counter(blocks).items() if n > 1]:
+                yield f"{label}: key {key} lists gpu block {dupe} twice"
+            for block in blocks:
+                listed.add(block)
+                if not 0 <= block < len(keys):
+                    yield f"{label}: key {key} finds gpu block {block}, outside the pool"
+                elif keys[block] != key:
+                    yield f"{label}: a lookup of {key} finds gpu block {block}, whose key is {keys[block]}"
+        for block, key in enumerate(keys):
+            if key is not None and block not in index.get(key, ()):
+                yield f"{label}: gpu block {block} has key {key} but a lookup cannot find it"
+
+
+def _cached_free(snap: Snapshot) -> list[int]:
+    assert snap.gpu_block_keys is not None and snap.gpu_ref_counts is not None
+    return [b for b, key in enumerate(snap.gpu_block_keys) if key is not None and snap.gpu_ref_counts[b] == 0]
+
+
+@invariant(
+    "PFX-004", "safety",
+    """Cached-free blocks (a key, no holder) are counted exactly once: each is on the free list,
+    once, and the reported free count is the free list's length.""",
+    """vLLM V1 keeps cached blocks that nobody holds in the free queue (they stay findable until
+    evicted) and counts them as free; counting them apart as well (free and cached, or free twice)
+    makes admission promise blocks that do not exist, counting them as used starves it.""",
+    (C.PREFIX_CACHE, C.REF_COUNTS, C.FREE_LISTS, C.FREE_COUNTS),
+)
+def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for label, snap in snapshots(rec):
+        assert snap.gpu_free_ids is not None and snap.gpu_free is not None
+        if snap.gpu_free != len(snap.gpu_free_ids):
+            yield f"{label}: {snap.gpu_free} GPU blocks reported free, the free list holds {len(snap.gpu_free_ids)}"
+        counts = Counter(snap.gpu_free_ids)
+        for block in _cached_free(snap):
+            if counts[block] != 1:
+                yield f"{label}: cached-free gpu block {block} is on the free list {counts[block]} times"
+
+
+@invariant(
+    "PFX-005", "safety",
+    """A cache hit never covers a whole sequence: after schedule(), a request admitted in this step
+    has fewer computed tokens than tokens, and its cached part ends on a block boundary.""",
+    """vLLM V1 caps a hit at num_tokens - 1 (find_longest_cache_hit with max_cache_hit_length):
+    the last token must be computed to get the logits that sample the next one. A full hit
+    (nano-vllm) schedules nothing for the request, and it never produces a token.""",
+    (C.PREFIX_CACHE, C.MID_STEP, C.SEQ_LENGTHS, C.QUEUES),
+)
+def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.seqs is not None
+    for rid in admitted(rec):
+        for v in rec.mid.seqs_of(rid):
+            if v.status.is_finished or v.num_computed is None or v.num_tokens is None:
+                continue
+            if v.num_computed >= v.num_tokens:
+                yield f"{v.seq_id} admitted with all {v.num_tokens} tokens served by the cache"
+            elif v.num_computed % ctx.config.block_size:
+                yield f"{v.seq_id} admitted with a cache hit of {v.num_computed} tokens, not whole blocks"
