@@ -108,7 +108,7 @@ def _print(matrix, written: list[str]) -> None:
     console = Console()
     console.print(table)
     for iid, why in matrix.out_of_scope.items():
-        console.print(f"{iid}: not a state invariant — {why}")
+        console.print(f"{iid}: outside the matrix — {why}")
     bad = matrix.failing()
     console.print(f"{len(matrix.cells) - len(bad)}/{len(matrix.cells)} cells proved in {matrix.seconds:.1f}s"
                   " (∞ = unbounded: proved for every size)")

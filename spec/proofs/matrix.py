@@ -29,6 +29,7 @@ from spec.proofs.properties import (
     STATE_INVARIANTS,
     STRENGTHENING,
     TRANSITION_PROPERTIES,
+    UNCLASSIFIED,
     grp_ok,
 )
 
@@ -112,7 +113,7 @@ def out_of_scope(catalogue_ids: Iterable[str]) -> dict[str, str]:
         if iid in proved:
             continue
         family = iid.split("-")[0]
-        found[iid] = SCOPE.get(iid) or SCOPE_BY_FAMILY.get(family, "not a state invariant")
+        found[iid] = SCOPE.get(iid) or SCOPE_BY_FAMILY.get(family, UNCLASSIFIED)
     return found
 
 

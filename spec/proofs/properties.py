@@ -253,4 +253,6 @@ SCOPE: dict[str, str] = {
 SCOPE_BY_FAMILY = {
     "POL": "policy (queue order is not modelled; proofs hold for every order)",
     "LIV": "liveness (not a safety property; see check-config for feasibility)",
+    "PFX": "prefix caching is not modelled by the encoding",
 }
+UNCLASSIFIED = "not encoded: added to the catalogue after the Z3 model and not classified yet"
