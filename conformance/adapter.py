@@ -96,7 +96,8 @@ def _gpu() -> Adapter:
         module = importlib.import_module("gpu_impl.adapter")
     except ImportError as err:
         raise InputError("--adapter", f"the gpu adapter is unavailable: {err}") from None
-    return module.make_adapter()
+    # The twin attaches no reasons to its decisions; everything else it exposes in full.
+    return SchedulerAdapter("gpu", module.make, profiles=("vllm-v0", "safety"))
 
 
 def _reference_v1() -> Adapter:

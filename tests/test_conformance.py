@@ -32,7 +32,9 @@ def _fuzz(spec: str, profile: str, tmp_path: Path, examples: int = 150, **kw):
 def test_reference_conforms_to_its_own_profile(tmp_path):
     result = _fuzz("reference", "vllm-v0", tmp_path, examples=150)
     assert result.findings == {}
-    assert result.lockstep and not result.not_applicable
+    assert result.lockstep
+    # Only the prefix-cache invariants need what a V0 scheduler does not have.
+    assert all(i.startswith("PFX-") for i in result.not_applicable), result.not_applicable
     assert result.steps_checked > 500
 
 
