@@ -235,10 +235,13 @@ Python speak the same calls as JSON lines over stdin/stdout (see `PROTOCOL.md`, 
 """
 
 
-def render_conformance(conformance: dict[str, dict[str, Any]]) -> str:
-    lines = [HEADER, "# Conformance results\n\n",
-             "Each adapter the project runs, checked against its profile (test262-style: pass / fail /\n"
-             "not_applicable per invariant). Regenerate a row with\n"
+def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) -> str:
+    """Real third-party targets first (`conformance.targets.conformance_md`, with the cause of
+    each finding), then the built-in adapters (``conformance-<adapter>.json``)."""
+    from conformance.targets.conformance_md import build
+
+    lines = [HEADER, build(results).rstrip("\n"), "\n\n## Built-in adapters\n\n",
+             "The reference and its torch twin, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
     if not conformance:
         lines.append("No results committed yet.\n")
@@ -249,12 +252,12 @@ def render_conformance(conformance: dict[str, dict[str, Any]]) -> str:
         lines.append(f"| {adapter} | {data.get('profile')} | {data.get('examples')} | {data.get('steps_checked')} | "
                      f"{s.get('pass', 0)} | {s.get('fail', 0)} | {s.get('not_applicable', 0)} |\n")
     for adapter, data in sorted(conformance.items()):
-        lines.append(f"\n## {adapter}\n\nprofile `{data.get('profile')}`, seed {data.get('seed')}\n\n"
-                     "| invariant | status | counterexample |\n| --- | --- | --- |\n")
-        for row in data.get("invariants", []):
-            trace = row.get("counterexample")
-            link = f"[{Path(trace).name}]({trace}) ({row.get('counterexample_steps')} steps)" if trace else ""
-            lines.append(f"| {row['id']} | {row['status']} | {link} |\n")
+        failing = [row for row in data.get("invariants", []) if row["status"] == "fail"]
+        na = [row["id"] for row in data.get("invariants", []) if row["status"] == "not_applicable"]
+        lines.append(f"\n### {adapter}\n\nprofile `{data.get('profile')}`, seed {data.get('seed')}: ")
+        lines.append(", ".join(f"{row['id']} fails ({row.get('counterexample_steps')} steps)" for row in failing)
+                     or "every checked invariant passes")
+        lines.append(f"; not applicable: {', '.join(na)}.\n" if na else ".\n")
     return "".join(lines)
 
 
@@ -265,7 +268,7 @@ def render_all(docs_dir: Path) -> dict[str, str]:
         "LIFECYCLE.md": render_lifecycle(),
         "lifecycle.dot": to_dot(),
         "ADAPTERS.md": render_adapters(),
-        "CONFORMANCE.md": render_conformance(conformance),
+        "CONFORMANCE.md": render_conformance(docs_dir / "results", conformance),
     }
     try:
         from conformance.museum.docs import render_markdown

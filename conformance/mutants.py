@@ -85,7 +85,7 @@ class _CpuFreeTwice(BlockManager):
 
 
 mutant("gpu-free-while-shared", "a GPU block returns to the free list on every decref, even while still shared",
-       ("BLK-001", "BLK-005"))(_with_block_manager(_GpuFreeOnEveryDecref))
+       ("BLK-001", "BLK-005", "STR-001"))(_with_block_manager(_GpuFreeOnEveryDecref))
 mutant("cpu-double-free", "a CPU block reaching zero references is put on the free list twice",
        ("BLK-002", "BLK-005"))(_with_block_manager(_CpuFreeTwice))
 
@@ -352,7 +352,7 @@ class _OneSeatPerGroup(SequenceGroup):
         return 1 if not self.forked else len(self.live_seqs())  # bug: n > 1 counted as one seat
 
 
-@mutant("best-of-one-seat", "a group with n > 1 takes one seat until it forks (vLLM PR #1068)", ("BUD-003",))
+@mutant("best-of-one-seat", "a group with n > 1 takes one seat until it forks (vLLM PR #1068)", ("BUD-003", "STR-002"))
 class _BestOfOneSeat(Scheduler):
     def add_request(self, request) -> None:
         super().add_request(request)
