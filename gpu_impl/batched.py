@@ -52,7 +52,8 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
    ``S_f + f <= m' - 1``. That is monotone, so P fronts run and the last ``m' - P`` groups
    are victims (the last of them possibly the front that could not be served).
 6. Swap-ins (engines with no preemption): like prefills over the swapped groups, where a
-   group reserves ``distinct + nlive`` blocks but consumes ``distinct + a``; exclusive sums of
+   group reserves ``full + nlive`` blocks (``full``: its distinct full blocks, vLLM's
+   get_num_full_blocks_touched) but consumes ``distinct + a``; exclusive sums of
    the consumption plus the group's own reservation give the failures.
 7. Block ids: in a step, CPU blocks are only allocated (swap-outs, in victim order), so the
    k-th CPU allocation is the k-th lowest initially free id. GPU blocks: priority-preemption
@@ -559,7 +560,14 @@ class BatchedScheduler:
         A_dec = (a * dsched).sum(1, dtype=I32)
         if bool(si.any()):
             sw = swapped & si[:, None]
-            sneed = self.dblk + nlive
+            # vLLM counts the distinct FULL blocks plus one per live sequence (_can_swap): off a
+            # block boundary the distinct partial last blocks are covered by the per-sequence term
+            E_, R_ = self.tlen.shape
+            last = (self.tlen - 1).clamp(min=0).long()[:, :, None, None].expand(E_, R_, N, 1)
+            lids = self.tab.gather(3, last)
+            lfirst, _ = first_holders(lids.reshape(E_ * R_, N, 1), alive.reshape(E_ * R_, N, 1))
+            dpart = lfirst.view(E_, R_, N).sum(-1, dtype=I32) * ~boundary
+            sneed = self.dblk - dpart + nlive
             scost = (self.dblk + a) * sw
             s_ign = cfg.gpu[:, None] - sneed < wm
             s_cand = sw & ~s_ign

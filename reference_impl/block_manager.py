@@ -89,12 +89,34 @@ class BlockManager:
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return self.cpu.num_free >= len(self._distinct_blocks(group, self.gpu_tables))
 
+    def _full_blocks(self, group: SequenceGroup, tables: dict[str, list[int]]) -> list[int]:
+        """The group's distinct blocks that hold ``block_size`` tokens: entry ``i`` of a sequence
+        with ``c`` computed tokens is full iff ``(i + 1) * block_size <= c`` (all but the last
+        entry, and the last one iff ``c % block_size == 0``)."""
+        bs = self.config.block_size
+        seen: dict[int, None] = {}
+        for seq in group.live_seqs():
+            for i, block in enumerate(tables[seq.seq_id]):
+                if (i + 1) * bs <= seq.num_computed:
+                    seen.setdefault(block, None)
+        return list(seen)
+
     def blocks_to_swap_in(self, group: SequenceGroup) -> int:
-        """Every distinct block the group holds on CPU, plus one per sequence for the append that
-        follows (the same conservative count as `can_append_slots`)."""
-        return len(self._distinct_blocks(group, self.cpu_tables)) + len(group.live_seqs())
+        """vLLM's swap-in count (vllm/core/block_manager.py: SelfAttnBlockSpaceManager._can_swap):
+        the distinct FULL blocks the group holds on CPU (block/naive_block.py:
+        get_num_full_blocks_touched), plus, per sequence, the blocks its next token's append
+        touches (block/block_table.py: get_num_blocks_touched_by_append_slots, 1 for one token).
+        A partial last block is covered by its sequence's append term, so it is counted once."""
+        return len(self._full_blocks(group, self.cpu_tables)) + len(group.live_seqs())
 
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """NEVER if the need could not fit above the watermark even in an empty cache, OK if it
+        fits leaving the watermark free, LATER otherwise. vLLM's swap-in NEVER is
+        ``total GPU blocks < need`` (no watermark, _can_swap); the two agree whenever the
+        watermark is 0 blocks, which it is for every pool under 100 blocks at vLLM's fixed 0.01,
+        and the lockstep campaign saw no divergence from it. Kept with the watermark (as in
+        `can_allocate`) because vLLM's rule leaves a group with ``total - watermark < need <=
+        total`` waiting for ever."""
         need = self.blocks_to_swap_in(group)
         watermark = self.config.watermark_blocks
         if self.config.num_gpu_blocks - need < watermark:

@@ -257,7 +257,8 @@ class Scheduler:
                     step.reason("wait_seq_budget", group.request_id, seqs=seqs, left=budget.seqs_left)
                 break
             self.swapped.pop(0)
-            step.swap_in.extend(bm.swap_in(group))
+            moved = bm.swap_in(group)
+            step.swap_in.extend(moved)
             group.set_status(Status.RUNNING)
             self._enqueue(self.running, group)
             step.swapped_in.append(group.request_id)
@@ -266,7 +267,7 @@ class Scheduler:
                 step.swapped_in_decodes.append(ScheduledSeq(seq.seq_id, group.request_id, 1, False))
             budget.tokens += seqs
             budget.seqs += group.max_running_seqs()
-            step.reason("swapped_in", group.request_id, blocks=need - seqs, free_after=bm.gpu.num_free)
+            step.reason("swapped_in", group.request_id, blocks=len(moved), free_after=bm.gpu.num_free)
 
     # ---------------------------------------------------------------- preemption
     def _preemption_mode(self, group: SequenceGroup) -> PreemptionMode:

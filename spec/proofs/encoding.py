@@ -522,9 +522,19 @@ class Encoder:
         self.set_g(st.in_s, g, True)
 
     def swap_in_need(self, pre: State, g: Any) -> Any:
+        """BlockManager.blocks_to_swap_in (vLLM's _can_swap): the group's distinct FULL CPU blocks
+        (entry ``i`` of sequence ``s`` is full iff ``(i + 1) * bs <= ncomp[s]``) plus one per live
+        sequence."""
         members = self._members(pre, g)
-        _, distinct = self.distinct_entries(pre, members, CPU)
-        return distinct + self.live_count(pre, g)
+        entries, _ = self.distinct_entries(pre, members, CPU)
+        full: list[tuple[int, int, Any]] = []
+        firsts = []
+        for (s, i, holds, _first) in entries:
+            fh = z3.And(holds, (i + 1) * self.bs <= pre.ncomp[s])
+            earlier = [z3.And(h2, pre.tab[s2][i2] == pre.tab[s][i]) for (s2, i2, h2) in full]
+            firsts.append(z3.And(fh, z3.Not(z3.Or(earlier))) if earlier else fh)
+            full.append((s, i, fh))
+        return _count(firsts) + self.live_count(pre, g)
 
     def _swap_in(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         members = self._members(pre, g)
