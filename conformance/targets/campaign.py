@@ -69,16 +69,6 @@ CLASSES: dict[str, tuple[str, str]] = {
         "The victim's KV blocks are moved to CPU in the block tables but never copied (SWP-001), and a SWAPPED "
         "group sits in waiting (QUE-002).",
     ),
-    "swap-in-partial-block-counted-twice": (
-        "reference-misreading",
-        "vLLM's swap-in need is the group's FULL blocks plus the blocks its next append touches "
-        "(vllm/core/block_manager.py: SelfAttnBlockSpaceManager._can_swap, with "
-        "block/naive_block.py: get_num_full_blocks_touched and block/block_table.py: "
-        "get_num_blocks_touched_by_append_slots), so a partial last block is counted once; the reference "
-        "(reference_impl/block_manager.py: BlockManager.blocks_to_swap_in) counts every block plus one per "
-        "sequence, one block too many when the last block is partial. Not fixed here: the rule is mirrored by "
-        "gpu_impl and by the Z3 encoding (spec/proofs/encoding.py: swap_in_need), which must change together.",
-    ),
     "swap-in-never-leaks-cpu-blocks": (
         "vllm-defect",
         "A swapped group whose swap-in can never fit (can_swap_in NEVER) is marked FINISHED_IGNORED and dropped "
@@ -110,8 +100,8 @@ def classify(result: TraceResult) -> str | None:
     if problems - {"LOCKSTEP", "POL-006"}:
         return "unclassified"
     d = result.divergence
-    if d is not None and any("stays swapped: needs" in r or "swap-in needs" in r for r in d.reasons) and d.field in ("scheduled", "swapped_in", "ignored"):
-        return "swap-in-partial-block-counted-twice"
+    # (swap-in-partial-block-counted-twice, a reference misreading of vLLM's swap-in count, is
+    # fixed: BlockManager.blocks_to_swap_in counts the distinct FULL blocks plus one per sequence)
     if d is not None and result.trace.config.policy == "priority":
         return "priority-lazy-order"
     if d is not None:
