@@ -48,11 +48,14 @@ def engine_configs(
     modes: tuple[str, ...] = ("auto", "recompute", "swap"),
     policies: tuple[str, ...] = ("fcfs", "priority"),
     budget_covers_model_len: bool = True,
+    cache_holds_model_len: bool = False,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
     ``budget_covers_model_len``: vLLM V0/V1 without chunked prefill and nano-vllm's Config all
-    refuse ``max_num_batched_tokens < max_model_len``.
+    refuse ``max_num_batched_tokens < max_model_len``. ``cache_holds_model_len``: vLLM V1 refuses
+    at start-up a KV cache that cannot hold one max_model_len sequence
+    (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory).
     """
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_num_seqs = draw(st.integers(1, 6))
@@ -60,7 +63,8 @@ def engine_configs(
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
     return SchedulerConfig(
         block_size=block_size,
-        num_gpu_blocks=draw(st.integers(2, 24)),
+        num_gpu_blocks=draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
+                                         max(24, -(-max_model_len // block_size)))),
         num_cpu_blocks=draw(st.integers(0, 24)) if cpu_blocks else 0,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=draw(st.integers(low, max(low, max_model_len * 2 + 8))),
@@ -148,7 +152,8 @@ def _v1_strategy() -> st.SearchStrategy:
     # vLLM V1: recompute only (no CPU swap space), no scheduler-level parallel sampling (the
     # engine splits n>1 into independent requests), watermark 0; default path (no chunked
     # prefill, no prefix caching).
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",)), max_n=1)
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",),
+                                        cache_holds_model_len=True), max_n=1)
 
 
 _V0_DEPS = (

@@ -69,6 +69,8 @@ class V1Engine:
             raise ValueError("this host drives V1's default path: no chunked prefill, no prefix caching")
         self.cfg = config
         mml, bs, G = config["max_model_len"], config["block_size"], config["num_gpu_blocks"]
+        if G * bs < mml:  # vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory, at start-up
+            raise ValueError(f"vLLM V1 refuses a KV cache of {G * bs} tokens for max_model_len {mml}")
         if mml not in self._model_configs:  # building a ModelConfig inspects the architecture: slow
             self._model_configs[mml] = ModelConfig(model=model_dir(), skip_tokenizer_init=True, max_model_len=mml,
                                                    dtype="float32", seed=0)
