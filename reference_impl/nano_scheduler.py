@@ -35,14 +35,14 @@ a different prefix; here an evicted block leaves the index.
 from __future__ import annotations
 
 from reference_impl.prefix_cache import CachingBlockPool
-from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, check_single_sequence, snapshot_of
+from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, apply_outcome, check_single_sequence, snapshot_of
 from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.observation import Snapshot
 from spec.prefix import block_keys
 from spec.reasons import Reason
 from spec.status import PreemptionMode, Status
-from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, generated_token
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome
 
 
 class NanoScheduler:
@@ -227,29 +227,7 @@ class NanoScheduler:
     def update(self, outcome: StepOutcome) -> list[Finished]:
         finished, self._ignored = self._ignored, []
         scheduled, self._scheduled = self._scheduled, []
-        for tracked, tokens in scheduled:
-            if tracked.status is not Status.RUNNING:
-                continue
-            tracked.num_computed += tokens
-            tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
-            tracked.in_prefill = False
-            status = self._stop_status(tracked, outcome.stopped)
-            if status is None:
-                continue
-            self.running.remove(tracked)
-            self._finish(tracked, status)
-            kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
-            reason = Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
-                               max_model_len=self.config.max_model_len)
-            finished.append(Finished(tracked.request_id, status, reason))
-        return finished
-
-    def _stop_status(self, tracked: TrackedRequest, stopped: frozenset[str]) -> Status | None:
-        if tracked.seq_id in stopped:
-            return Status.FINISHED_STOPPED
-        if tracked.num_generated >= tracked.request.max_tokens or tracked.num_tokens >= self.config.max_model_len:
-            return Status.FINISHED_LENGTH_CAPPED
-        return None
+        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
 
     def _finish(self, tracked: TrackedRequest, status: Status) -> None:
         self._free_blocks(tracked)

@@ -39,6 +39,7 @@ runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reference_impl.prefix_cache import CachingBlockPool
@@ -358,31 +359,7 @@ class V1Scheduler:
     def update(self, outcome: StepOutcome) -> list[Finished]:
         finished, self._ignored = self._ignored, []
         scheduled, self._scheduled = self._scheduled, []
-        for tracked, tokens in scheduled:
-            if tracked.status is not Status.RUNNING:
-                continue
-            tracked.num_computed += tokens
-            if tracked.num_computed < tracked.num_tokens:
-                continue  # mid-prefill: nothing sampled
-            tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
-            tracked.in_prefill = False
-            status = self._stop_status(tracked, outcome.stopped)
-            if status is None:
-                continue
-            self.running.remove(tracked)
-            self._finish(tracked, status)
-            kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
-            reason = Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
-                               max_model_len=self.config.max_model_len)
-            finished.append(Finished(tracked.request_id, status, reason))
-        return finished
-
-    def _stop_status(self, tracked: TrackedRequest, stopped: frozenset[str]) -> Status | None:
-        if tracked.seq_id in stopped:
-            return Status.FINISHED_STOPPED
-        if tracked.num_generated >= tracked.request.max_tokens or tracked.num_tokens >= self.config.max_model_len:
-            return Status.FINISHED_LENGTH_CAPPED
-        return None
+        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
 
     def _finish(self, tracked: TrackedRequest, status: Status) -> None:
         self._free_blocks(tracked)
@@ -438,3 +415,38 @@ def snapshot_of(
         gpu_block_keys=tuple(pool.keys),
         cache_index=pool.cache_index(),
     )
+
+
+def apply_outcome(
+    scheduled: list[tuple[TrackedRequest, int]],
+    stopped: frozenset[str],
+    config: SchedulerConfig,
+    running: list[TrackedRequest],
+    finish: Callable[[TrackedRequest, Status], None],
+) -> list[Finished]:
+    """Feed one step's outcome back (shared by the V1 and nano-vllm flows): advance each scheduled
+    request's computed tokens; one whose prompt is complete samples a token, then stops when the
+    environment says so, at ``max_tokens``, or at ``max_model_len`` tokens (leaving ``running``
+    through ``finish``)."""
+    finished = []
+    for tracked, tokens in scheduled:
+        if tracked.status is not Status.RUNNING:
+            continue
+        tracked.num_computed += tokens
+        if tracked.num_computed < tracked.num_tokens:
+            continue  # mid-prefill: nothing sampled
+        tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
+        tracked.in_prefill = False
+        if tracked.seq_id in stopped:
+            status = Status.FINISHED_STOPPED
+        elif tracked.num_generated >= tracked.request.max_tokens or tracked.num_tokens >= config.max_model_len:
+            status = Status.FINISHED_LENGTH_CAPPED
+        else:
+            continue
+        running.remove(tracked)
+        finish(tracked, status)
+        kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
+        reason = Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
+                           max_model_len=config.max_model_len)
+        finished.append(Finished(tracked.request_id, status, reason))
+    return finished
