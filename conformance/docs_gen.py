@@ -240,7 +240,21 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
     each finding), then the built-in adapters (``conformance-<adapter>.json``)."""
     from conformance.targets.conformance_md import build
 
-    lines = [HEADER, build(results).rstrip("\n"), "\n\n## Built-in adapters\n\n",
+    lines = [HEADER, build(results).rstrip("\n")]
+    v1 = results / "lockstep-vllm-v1.json"
+    if v1.exists():
+        data = json.loads(v1.read_text())
+        lines.append(
+            "\n\n## Strict lockstep: the reference's `vllm-v1` flow vs vLLM 0.33.0's V1 scheduler\n\n"
+            f"`python -m conformance.targets.lockstep_v1` (seed {data['seed']}; V1's default path: recompute only, "
+            "no chunked prefill, no prefix caching, a KV cache that holds one max_model_len sequence): "
+            f"{data['traces']} traces, {data['steps']} steps, {data['agreeing_traces']} agree step for step"
+            + (f"; divergent by field: {data['divergent_by_field']}" if data["divergent_by_field"] else "")
+            + (f"; violations: {data['violations']}" if data["violations"] else "")
+            + ". One misreading was found and fixed on the way: V1 refuses a prompt longer than max_model_len "
+            "before its scheduler (vllm/v1/engine/input_processor.py), so it is ignored in the step it arrives, "
+            "never waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting.\n")
+    lines += ["\n\n## Built-in adapters\n\n",
              "The reference and its torch twin, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
     if not conformance:

@@ -124,6 +124,7 @@ class V1Scheduler:
         self._scheduled: list[tuple[TrackedRequest, int]] = []
         self._last_output: SchedulerOutput | None = None
         self._ignored: list[Finished] = []
+        self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -133,6 +134,12 @@ class V1Scheduler:
         tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
         self._arrivals += 1
         self.requests[request.request_id] = tracked
+        if request.prompt_len > self.config.max_model_len:
+            # vLLM V1 rejects it before the scheduler (vllm/v1/engine/input_processor.py): it never
+            # waits, is ignored in the next step's output, and an abort finds nothing to abort.
+            tracked.status = Status.FINISHED_IGNORED
+            self._rejected.append(tracked)
+            return
         self._to_waiting(tracked, front=False)
 
     def abort_request(self, request_id: str) -> Finished | None:
@@ -151,6 +158,12 @@ class V1Scheduler:
         preempted: list[TrackedRequest] = []
         reasons: list[Reason] = []
         ignored: list[str] = []
+        for tracked in self._rejected:
+            reasons.append(Reason.of("ignored_too_long", tracked.request_id, tokens=tracked.request.prompt_len,
+                                     limit=self.config.max_model_len))
+            ignored.append(tracked.request_id)
+            self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
+        self._rejected = []
 
         # 1. running requests first
         index = 0

@@ -215,6 +215,7 @@ _TARGET_LIST = [
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.33.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.scheduler import Scheduler; from vllm.config import ModelConfig, VllmConfig",
         strategy=_v1_strategy, files={"tiny-llama/config.json": TINY_LLAMA},
+        profiles=("safety", "vllm-v1"),
     ),
 ]
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
