@@ -110,7 +110,10 @@ def run_checked(
                 if reference:
                     done = reference.abort_request(rid)
                     ref_finished.extend([done] if done else [])
-            before = check_snapshot(guard.call("snapshot", adapter.snapshot)) if observe else _EMPTY
+            if observe and (added or aborted or not result.records):
+                before = check_snapshot(guard.call("snapshot", adapter.snapshot))
+            else:  # nothing happened since the last step's final snapshot: it is this step's start
+                before = result.records[-1].after if result.records else _EMPTY
             output = check_output(guard.call("schedule", adapter.schedule), step)
             mid = check_snapshot(guard.call("snapshot", adapter.snapshot)) if mid_step else None
             stopped = trace.stops_at(step)
