@@ -13,27 +13,16 @@ import argparse
 import platform
 import time
 
-from hypothesis import HealthCheck, given, seed, settings
-
 from conformance.adapter import load_adapter
 from conformance.driver import run_checked
-from conformance.generate import traces
+from conformance.generate import sample_traces, traces
 from conformance.profiles import get_profile
 from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
 
 
 def draw_traces(count: int, seed_value: int) -> list:
-    drawn = []
-
-    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @seed(seed_value)
-    @given(traces(max_requests=12))
-    def collect(trace):
-        drawn.append(trace)
-
-    collect()
-    return drawn
+    return sample_traces(traces(max_requests=12), count, seed_value)
 
 
 def main() -> None:

@@ -26,10 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, seed, settings
-
 from conformance.adapter import load_adapter
 from conformance.driver import run_checked
+from conformance.generate import sample_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy
 from reference_impl.engine import iter_steps
@@ -41,16 +40,7 @@ TARGET = Path(os.environ.get("KVSCHED_TARGETS_DIR", Path.home() / ".cache/kvsche
 
 
 def draw(count: int, seed_value: int) -> list:
-    drawn = []
-
-    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @seed(seed_value)
-    @given(_v1_strategy())
-    def collect(trace):
-        drawn.append(trace)
-
-    collect()
-    return drawn
+    return sample_traces(_v1_strategy(), count, seed_value)
 
 
 def timed(fn) -> tuple[float, int]:

@@ -85,3 +85,21 @@ def traces(
     requests = [a.request for a in arrivals]
     bound = (len(requests) + 2) * (sum(r.n * r.max_tokens for r in requests) + len(requests) + 2)
     return Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)), max_steps=horizon + bound)
+
+
+def sample_traces(strategy: st.SearchStrategy, count: int, seed_value: int) -> list[Trace]:
+    """``count`` traces drawn from ``strategy``, the same list for the same seed (for benchmarks
+    and lockstep campaigns that must run every side on identical traces)."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+
+    drawn: list[Trace] = []
+
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.generate])
+    @seed(seed_value)
+    @given(strategy)
+    def collect(trace: Trace) -> None:
+        drawn.append(trace)
+
+    collect()
+    return drawn

@@ -15,10 +15,9 @@ import collections
 import json
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, seed, settings
-
 from conformance.adapter import load_adapter
 from conformance.driver import run_checked
+from conformance.generate import sample_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy
 
@@ -29,15 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--out", type=Path, default=Path("docs/results/lockstep-vllm-v1.json"))
     args = ap.parse_args(argv)
-    traces = []
-
-    @settings(max_examples=args.traces, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @seed(args.seed)
-    @given(_v1_strategy())
-    def collect(trace):
-        traces.append(trace)
-
-    collect()
+    traces = sample_traces(_v1_strategy(), args.traces, args.seed)
     adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
     by_field: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
