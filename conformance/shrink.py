@@ -74,6 +74,15 @@ def _replace(trace: Trace, **changes) -> Trace:
 
 def _candidates(trace: Trace) -> Iterator[Trace]:
     arrivals = list(trace.arrivals)
+    first = min((a.step for a in arrivals), default=0)
+    if first > 0:  # nothing happens before the first arrival: start the whole trace there
+        yield _replace(
+            trace,
+            arrivals=tuple(Arrival(a.step - first, a.request) for a in arrivals),
+            aborts=tuple((max(step - first, 0), rid) for step, rid in trace.aborts),
+            stops=tuple((max(step - first, 0), sid) for step, sid in trace.stops),
+            max_steps=max(trace.max_steps - first, 1),
+        )
     for i, a in enumerate(arrivals):  # drop one request with its aborts and stops
         rid = a.request.request_id
         yield _replace(

@@ -18,12 +18,10 @@ from typing import Any
 
 from conformance.adapter import SchedulerAdapter
 from conformance.driver import run_checked
-from conformance.fuzz import Finding, _write_html, fuzz
+from conformance.fuzz import Finding, fuzz
 from conformance.museum.exhibits import EXHIBITS, Exhibit
 from conformance.profiles import get_profile
-from conformance.shrink import shrink
 from reference_impl.scheduler import Scheduler
-from spec.trace import Arrival, Trace
 
 MAX_STEPS = 10
 MAX_EXAMPLES = 300
@@ -98,56 +96,11 @@ def run_exhibit(
     hits = sorted((f.steps, exhibit.expected.index(p), p) for p, f in result.findings.items() if p in expected)
     caught_by = hits[0][2] if hits else None
     finding = result.findings.get(caught_by) if caught_by else None
-    if finding is not None:
-        _start_at_first_arrival(exhibit, caught_by, finding)
-        hits[0] = (finding.steps, *hits[0][1:])
-        problems[caught_by] = finding.steps
     seconds = time.monotonic() - started
     passes = reference_problems(exhibit, finding.trace) == set() if finding else None
     return ExhibitResult(
         exhibit, caught_by, hits[0][0] if hits else None, seconds, result.examples, problems, finding, passes
     )
-
-
-def _start_at_first_arrival(exhibit: Exhibit, problem: str, finding: Finding) -> None:
-    """The runner's shrinker moves one arrival at a time, so a trace whose requests all arrive at a
-    late step stays late. Nothing happens before the first arrival: start the trace there, shrink
-    again, and keep the result if the same problem shows in fewer steps."""
-    trace = finding.trace
-    first = min((a.step for a in trace.arrivals), default=0)
-    if first == 0:
-        return
-    invariants = get_profile(exhibit.profile).invariants()
-    adapter = make_adapter(exhibit)
-
-    def failing(candidate: Trace) -> int | None:
-        r = run_checked(adapter, candidate, invariants, timeout=None)
-        if problem not in r.problem_ids:
-            return None
-        return r.failure_step if r.failure_step is not None else max(len(r.records) - 1, 0)
-
-    shifted = Trace(
-        trace.config,
-        tuple(Arrival(a.step - first, a.request) for a in trace.arrivals),
-        tuple((max(step - first, 0), rid) for step, rid in trace.aborts),
-        tuple((max(step - first, 0), sid) for step, sid in trace.stops),
-        max(trace.max_steps - first, 1),
-        trace.meta,
-    )
-    if failing(shifted) is None:
-        return
-    small, step = shrink(shifted, failing, budget=200)
-    if step + 1 >= finding.steps:
-        return
-    final = run_checked(adapter, small, invariants, timeout=None)
-    message = next((str(v) for v in final.violations if v.invariant_id == problem), finding.message)
-    meta = {**dict(small.meta), "message": message, "steps": step + 1}
-    finding.trace = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
-    finding.steps, finding.message = step + 1, message
-    if finding.path is not None:
-        finding.trace.save(finding.path)
-    if finding.html is not None:
-        finding.html = _write_html(finding.html, finding.trace, final)
 
 
 def reference_problems(exhibit: Exhibit, trace) -> set[str]:
