@@ -1,0 +1,341 @@
+"""Lockstep for the V1 twin: E traces through E reference V1 schedulers and one `BatchedV1Scheduler`.
+
+Every step, for every engine still running, it compares the whole step: the requests the
+step's aborts finished, the `SchedulerOutput` (scheduled requests with token counts and
+prefill flags in order, preempted victims in order, ignored; reasons are not compared, the twin
+has none), the finished requests `update()` reports, and the full snapshot after the step
+(statuses, queues in order, every sequence's tokens, token ids, computed tokens and block
+table, reference counts, the free queue in order, block keys and the cache index, which are
+empty with prefix caching off). The first divergence is reported with engine index, step, what
+differed and both sides.
+
+Also here: the trace encoding (`V1TraceBatch`: slots in arrival order, aborts per step in the
+trace's order, since the order in which tables are freed decides V1's free queue), the runner
+(`V1Run`) and the materialisation of the twin's tensors into the spec's objects (slow, for
+comparison and for the adapter; never on the fast path).
+
+This module imports only `spec` (and the twin): the reference is passed in as a factory
+``make_reference(config) -> SchedulerLike`` (the tests pass `reference_impl.v1_scheduler.V1Scheduler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from gpu_impl.batched import resolve_device
+from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
+from gpu_impl.lockstep import Divergence, LockstepResult, _fin, _out_dict, _plain
+from gpu_impl.materialize import STATUS_OF_CODE
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.observation import SeqView, Snapshot
+from spec.protocol import SchedulerLike
+from spec.status import PreemptionMode, Status
+from spec.trace import Trace
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, generated_token, seq_id
+
+_NEVER = 1 << 30
+
+
+def check_trace(trace: Trace, where: str = "trace") -> None:
+    """What the V1 twin models: prefix caching off, one sequence per request."""
+    if trace.config.enable_prefix_caching:
+        raise InputError(f"{where}.config.enable_prefix_caching", "the V1 torch twin leaves prefix caching out")
+    for i, a in enumerate(trace.arrivals):
+        if a.request.n != 1:
+            raise InputError(f"{where}.requests[{i}].n", f"must be 1 for the V1 flow, got {a.request.n}")
+
+
+class V1TraceBatch:
+    """E traces encoded for `BatchedV1Scheduler` (slots in arrival order: steps ascending, file
+    order within a step, the order the reference's engine loop adds them in)."""
+
+    def __init__(self, traces: Sequence[Trace], device: str | torch.device | None = None) -> None:
+        if not traces:
+            raise ValueError("V1TraceBatch needs at least one trace")
+        for e, t in enumerate(traces):
+            check_trace(t, f"traces[{e}]")
+        self.traces = tuple(traces)
+        self.device = resolve_device(device)
+        E = len(traces)
+        R = max(1, max(len(t.arrivals) for t in traces))
+        self.E, self.R = E, R
+        self.names: list[list[str]] = []
+        self.slot_of: list[dict[str, int]] = []
+        self.requests: list[list[Request]] = []
+        cols = {k: [[0] * R for _ in range(E)] for k in ("prompt", "maxtok", "prio", "arrival")}
+        arrivals: dict[int, list[tuple[int, int]]] = {}
+        aborts: dict[int, list[tuple[int, int, int]]] = {}
+        stops: dict[int, list[tuple[int, int]]] = {}
+        for e, trace in enumerate(traces):
+            order = sorted(range(len(trace.arrivals)), key=lambda i, tr=trace: tr.arrivals[i].step)
+            reqs = [trace.arrivals[i].request for i in order]
+            self.requests.append(reqs)
+            self.names.append([r.request_id for r in reqs])
+            slot_of = {r.request_id: s for s, r in enumerate(reqs)}
+            self.slot_of.append(slot_of)
+            for s, i in enumerate(order):
+                req = trace.arrivals[i].request
+                cols["prompt"][e][s] = req.prompt_len
+                cols["maxtok"][e][s] = req.max_tokens
+                cols["prio"][e][s] = req.priority
+                cols["arrival"][e][s] = s
+                arrivals.setdefault(trace.arrivals[i].step, []).append((e, s))
+            per_step: dict[int, list[int]] = {}
+            for step, rid in trace.aborts:
+                s = slot_of.get(rid)
+                if s is not None and s not in per_step.setdefault(step, []):
+                    per_step[step].append(s)
+            for step, slots in per_step.items():
+                aborts.setdefault(step, []).extend((e, s, k) for k, s in enumerate(slots))
+            for step, sid in trace.stops:
+                rid, sep, index = sid.rpartition("#")
+                if sep and index == "0" and rid in slot_of:
+                    stops.setdefault(step, []).append((e, slot_of[rid]))
+        dev = self.device
+        self.cols = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in cols.items()}
+
+        def index(events: dict[int, list[tuple[int, ...]]]) -> dict[int, tuple[torch.Tensor, ...]]:
+            return {step: tuple(torch.tensor(col, dtype=torch.long, device=dev) for col in zip(*rows, strict=True))
+                    for step, rows in events.items()}
+
+        self._arrive, self._abort, self._stop = index(arrivals), index(aborts), index(stops)
+        self.last_arrival = [t.last_arrival_step for t in traces]
+        self.max_steps = [t.max_steps for t in traces]
+
+    def make_scheduler(self) -> BatchedV1Scheduler:
+        sched = BatchedV1Scheduler([t.config for t in self.traces], self.R, self.device)
+        c = self.cols
+        sched.set_requests(c["prompt"], c["maxtok"], c["prio"], c["arrival"])
+        return sched
+
+    def _empty(self, width: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(0, dtype=torch.long, device=self.device),) * width
+
+    def arrival_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._arrive.get(step) or self._empty(2)
+
+    def abort_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._abort.get(step) or self._empty(3)
+
+    def stopped_mask(self, step: int) -> torch.Tensor | None:
+        ev = self._stop.get(step)
+        if ev is None:
+            return None
+        mask = torch.zeros(self.E, self.R, dtype=torch.bool, device=self.device)
+        mask[ev] = True
+        return mask
+
+
+@dataclass
+class V1BatchStep:
+    step: int
+    active: list[bool]  # engines that ran this step
+    aborted: tuple[torch.Tensor, torch.Tensor]
+    output: V1StepOut
+    update: V1UpdateOut
+
+
+class V1Run:
+    """Drive a `BatchedV1Scheduler` through a `V1TraceBatch` with the reference engine loop's end
+    rule per engine (every request arrived and finished, or max_steps)."""
+
+    def __init__(self, batch: V1TraceBatch, scheduler: BatchedV1Scheduler | None = None) -> None:
+        self.batch = batch
+        self.scheduler = scheduler if scheduler is not None else batch.make_scheduler()
+        self.active = [True] * batch.E
+        self.step = 0
+        self.engine_steps = 0
+
+    def advance(self) -> V1BatchStep:
+        b, s, step = self.batch, self.scheduler, self.step
+        s.arrive_idx(*b.arrival_idx(step))
+        aborted = s.abort_idx(*b.abort_idx(step))
+        out = s.schedule()
+        upd = s.update(b.stopped_mask(step))
+        unfinished = ((s.status == WAITING) | (s.status == RUNNING)).any(1).tolist()
+        active = self.active
+        self.active = [
+            a and not (step >= b.last_arrival[e] and not unfinished[e]) and step + 1 < b.max_steps[e]
+            for e, a in enumerate(active)
+        ]
+        self.engine_steps += sum(active)
+        self.step += 1
+        return V1BatchStep(step, active, aborted, out, upd)
+
+    def run(self) -> int:
+        while any(self.active):
+            self.advance()
+        return self.engine_steps
+
+
+# ---------------------------------------------------------------------- materialisation
+def step_outputs_v1(out: V1StepOut, names: Sequence[Sequence[str]], engines: Sequence[int] | None = None) -> list[SchedulerOutput]:
+    """One `SchedulerOutput` per engine (no reasons: the twin has none)."""
+    ntok, order, prefill = out.ntok.tolist(), out.order.tolist(), out.prefill.tolist()
+    preempt, ignored = out.preempt.tolist(), out.ignored.tolist()
+    result = []
+    for e in engines if engines is not None else range(len(ntok)):
+        nm = names[e]
+        sched = sorted((order[e][r], r) for r, n in enumerate(ntok[e]) if n > 0)
+        result.append(SchedulerOutput(
+            step=out.step,
+            scheduled=tuple(ScheduledSeq(seq_id(nm[r], 0), nm[r], ntok[e][r], bool(prefill[e][r])) for _, r in sched),
+            preempted=tuple(Preempted(nm[r], PreemptionMode.RECOMPUTE)
+                            for _, r in sorted((p, r) for r, p in enumerate(preempt[e]) if p >= 0)),
+            ignored=tuple(nm[r] for _, r in sorted((g, r) for r, g in enumerate(ignored[e]) if g >= 0)),
+        ))
+    return result
+
+
+def finished_lists_v1(upd: V1UpdateOut, names: Sequence[Sequence[str]], engines: Sequence[int] | None = None) -> list[list[Finished]]:
+    """What `update()` reports per engine: the step's ignored requests, then the finished ones."""
+    status, order, ignored = upd.status.tolist(), upd.order.tolist(), upd.ignored.tolist()
+    result = []
+    for e in engines if engines is not None else range(len(status)):
+        nm = names[e]
+        items = [Finished(nm[r], Status.FINISHED_IGNORED) for _, r in sorted((g, r) for r, g in enumerate(ignored[e]) if g >= 0)]
+        items += [Finished(nm[r], STATUS_OF_CODE[status[e][r]]) for _, r in sorted((order[e][r], r) for r, s in enumerate(status[e]) if s)]
+        result.append(items)
+    return result
+
+
+def token_ids(request: Request, num_tokens: int) -> tuple[int, ...]:
+    """A request's token ids: its prompt, then the fixed `generated_token` of each output position."""
+    prompt = tuple(request.prompt_token_ids())
+    return prompt + tuple(generated_token(request.request_id, 0, p) for p in range(len(prompt), num_tokens))
+
+
+def snapshots_v1(sched: BatchedV1Scheduler, names: Sequence[Sequence[str]], requests: Sequence[Sequence[Request]],
+                 engines: Sequence[int] | None = None) -> list[Snapshot]:
+    """The full `Snapshot` of each engine, as `reference_impl.v1_scheduler.snapshot_of` builds it."""
+    st, tok, comp, tlen = (t.tolist() for t in (sched.status, sched.tok, sched.comp, sched.tlen))
+    rstamp, wkey, tab = sched.rstamp.tolist(), sched.wkey.tolist(), sched.tab.tolist()
+    stk, top = sched.stk.tolist(), sched.top.tolist()
+    result = []
+    for e in engines if engines is not None else range(sched.E):
+        cfg = sched.cfg.configs[e]
+        nm = names[e]
+        statuses: dict[str, Status] = {}
+        seqs: dict[str, SeqView] = {}
+        waiting, running = [], []
+        for r, code in enumerate(st[e]):
+            if code == 0 or r >= len(nm):
+                continue
+            rid = nm[r]
+            status = STATUS_OF_CODE[code]
+            statuses[rid] = status
+            if code == WAITING:
+                waiting.append((wkey[e][r], rid))
+            elif code == RUNNING:
+                running.append((rstamp[e][r], rid))
+            blocks = tuple(tab[e][r][: tlen[e][r]])
+            seqs[seq_id(rid, 0)] = SeqView(seq_id(rid, 0), rid, status, tok[e][r], comp[e][r], blocks,
+                                           "gpu" if blocks else None, token_ids(requests[e][r], tok[e][r]))
+        free_ids = tuple(reversed(stk[e][: top[e]]))
+        free = set(free_ids)
+        G, C = cfg.num_gpu_blocks, cfg.num_cpu_blocks
+        result.append(Snapshot(
+            statuses=statuses,
+            seqs=seqs,
+            waiting=tuple(rid for _, rid in sorted(waiting)),
+            running=tuple(rid for _, rid in sorted(running)),
+            swapped=(),
+            gpu_ref_counts=tuple(0 if b in free else 1 for b in range(G)),
+            cpu_ref_counts=(0,) * C,
+            gpu_free=len(free_ids),
+            cpu_free=C,
+            gpu_free_ids=free_ids,
+            cpu_free_ids=tuple(range(C)),
+            gpu_block_keys=(None,) * G,
+            cache_index={},
+        ))
+    return result
+
+
+# ---------------------------------------------------------------------- the harness
+def run_lockstep_v1(
+    traces: Sequence[Trace],
+    make_reference: Callable[[SchedulerConfig], SchedulerLike],
+    device: str | torch.device | None = "cpu",
+    compare_state: bool = True,
+) -> LockstepResult:
+    """Run E traces through E references and the twin at once; stop at the first divergence."""
+    batch = V1TraceBatch(traces, device)
+    run = V1Run(batch)
+    twin = run.scheduler
+    refs = [make_reference(t.config) for t in traces]
+    E = len(traces)
+    unfinished: list[set[str]] = [set() for _ in range(E)]
+    active = [True] * E
+    engine_steps = 0
+    step = 0
+
+    def diverge(e: int, what: str, expected: Any, actual: Any) -> LockstepResult:
+        return LockstepResult(E, engine_steps, step, 0, Divergence(e, step, what, expected, actual, traces[e]))
+
+    while any(active):
+        live = [e for e in range(E) if active[e]]
+        ref_aborts: dict[int, list[tuple[str, str]]] = {}
+        ref_outs: dict[int, SchedulerOutput] = {}
+        ref_fins: dict[int, list[tuple[str, str]]] = {}
+        ref_snaps: dict[int, Snapshot] = {}
+        for e in live:
+            trace, ref = traces[e], refs[e]
+            for request in trace.arrivals_at(step):
+                ref.add_request(request)
+                unfinished[e].add(request.request_id)
+            done = [ref.abort_request(rid) for rid in trace.aborts_at(step)]
+            ref_aborts[e] = _fin([f for f in done if f is not None])
+            ref_outs[e] = ref.schedule()
+            ref_fins[e] = _fin(ref.update(StepOutcome(trace.stops_at(step))))
+            if compare_state:
+                ref_snaps[e] = ref.snapshot()
+
+        bstep = run.advance()
+        ab = sorted(zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True))
+        outs = step_outputs_v1(bstep.output, batch.names, live)
+        fins = finished_lists_v1(bstep.update, batch.names, live)
+        snaps = snapshots_v1(twin, batch.names, batch.requests, live) if compare_state else [None] * len(live)
+        aborted_slots: dict[int, set[int]] = {}
+        for ae, ar in ab:
+            aborted_slots.setdefault(ae, set()).add(ar)
+        for i, e in enumerate(live):
+            engine_steps += 1
+            twin_aborts, seen = [], set()
+            for rid in traces[e].aborts_at(step):
+                slot = batch.slot_of[e].get(rid)
+                if slot is not None and slot in aborted_slots.get(e, set()) and rid not in seen:
+                    seen.add(rid)
+                    twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
+            if twin_aborts != ref_aborts[e]:
+                return diverge(e, "aborts", ref_aborts[e], twin_aborts)
+            if _out_dict(outs[i]) != _out_dict(ref_outs[e]):
+                return diverge(e, "output", _out_dict(ref_outs[e]), _out_dict(outs[i]))
+            twin_fin = _fin(fins[i])
+            if twin_fin != ref_fins[e]:
+                return diverge(e, "finished", ref_fins[e], twin_fin)
+            if compare_state:
+                rs, ts = ref_snaps[e], snaps[i]
+                for f in fields(rs):
+                    if getattr(rs, f.name) != getattr(ts, f.name):
+                        return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
+            for rid, _ in ref_fins[e] + ref_aborts[e]:
+                unfinished[e].discard(rid)
+            if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
+                active[e] = False
+        for e in live:
+            if run.active[e] != active[e]:
+                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {run.active[e]}")
+        step += 1
+    return LockstepResult(E, engine_steps, step, 0, None)
+
+
+__all__ = [
+    "V1Run", "V1TraceBatch", "check_trace", "finished_lists_v1", "run_lockstep_v1",
+    "snapshots_v1", "step_outputs_v1", "token_ids",
+]
