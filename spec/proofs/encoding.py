@@ -145,6 +145,12 @@ class Encoder:
         self.W, self.M, self.ML, self.T = z3.Ints("cfg_watermark_blocks cfg_max_num_seqs cfg_max_model_len cfg_token_budget")
         self.grp = [z3.Int(f"grp_{s}") for s in range(self.S)]
 
+    def read_config(self, model: Any) -> dict[str, Any]:
+        return read_config(model, self)
+
+    def pin_config(self, config: dict[str, Any]) -> list[Any]:
+        return pin_config(self, config)
+
     # ------------------------------------------------------------------ building blocks
     def fresh(self, sort: Any, hint: str = "t") -> Any:
         self._n += 1

@@ -22,7 +22,7 @@ from typing import Any
 import z3
 
 from spec.proofs.bound import DEFAULT, Bound
-from spec.proofs.encoding import ACTIONS, ActionEncoding, Encoder, read_config, read_state
+from spec.proofs.encoding import ACTIONS, MUTANTS, ActionEncoding, Encoder, read_state
 from spec.proofs.properties import (
     SCOPE,
     SCOPE_BY_FAMILY,
@@ -32,6 +32,37 @@ from spec.proofs.properties import (
     UNCLASSIFIED,
     grp_ok,
 )
+
+FLOW_NAMES = ("v0", "v1")
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One encoded scheduler flow: its encoder, actions and the properties proved about it."""
+
+    name: str
+    encoder: type[Encoder]
+    actions: tuple[str, ...]
+    state_invariants: dict[str, Any]
+    transition_properties: dict[str, Any]
+    step_parts: dict[str, Any]
+    grp_ok: Any
+    default_bound: Bound
+    mutants: dict[str, str]
+    scope: dict[str, str]
+
+
+def flow(name: str) -> Flow:
+    """``v0``: vLLM V0's flow (reference_impl/scheduler.py); ``v1``: vLLM V1's flow with chunked
+    prefill (reference_impl/v1_scheduler.py, prefix caching off; spec/proofs/chunked.py)."""
+    if name == "v0":
+        return Flow("v0", Encoder, ACTIONS, STATE_INVARIANTS, TRANSITION_PROPERTIES, {}, grp_ok, DEFAULT, MUTANTS, SCOPE)
+    if name == "v1":
+        from spec.proofs import chunked as C
+
+        return Flow("v1", C.ChunkedEncoder, C.V1_ACTIONS, C.V1_STATE_INVARIANTS, C.V1_TRANSITION_PROPERTIES,
+                    C.V1_STEP_PARTS, C.grp_ok_v1, C.V1_BOUND, C.V1_MUTANTS, {**SCOPE, **C.V1_SCOPE})
+    raise ValueError(f"unknown flow {name!r} (known: {', '.join(FLOW_NAMES)})")
 
 MATRIX_VERSION = 1
 PROVED, COUNTEREXAMPLE, UNKNOWN, NOT_APPLICABLE = "proved", "counterexample", "unknown", "n/a"
@@ -45,10 +76,11 @@ class Cell:
     seconds: float
     scope: str = "bounded"  # bounded | unbounded
     counterexample: dict[str, Any] | None = None
+    flow: str = "v0"
 
     def to_dict(self) -> dict[str, Any]:
         out = {"invariant": self.invariant, "action": self.action, "result": self.result,
-               "seconds": round(self.seconds, 4), "scope": self.scope}
+               "seconds": round(self.seconds, 4), "scope": self.scope, "flow": self.flow}
         if self.counterexample is not None:
             out["counterexample"] = self.counterexample
         return out
@@ -63,6 +95,8 @@ class Matrix:
     cells: list[Cell] = field(default_factory=list)
     out_of_scope: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    flow: str = "v0"  # v0, v1, or "all" (merged; bounds per flow in ``bounds``)
+    bounds: dict[str, Bound] = field(default_factory=dict)
 
     @property
     def all_proved(self) -> bool:
@@ -71,13 +105,16 @@ class Matrix:
     def failing(self) -> list[Cell]:
         return [c for c in self.cells if c.result != PROVED]
 
-    def cell(self, invariant: str, action: str) -> Cell:
-        return next(c for c in self.cells if c.invariant == invariant and c.action == action)
+    def cell(self, invariant: str, action: str, flow: str | None = None) -> Cell:
+        return next(c for c in self.cells if c.invariant == invariant and c.action == action
+                     and (flow is None or c.flow == flow))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": MATRIX_VERSION,
+            "flow": self.flow,
             "bound": self.bound.to_dict(),
+            "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()},
             "mutant": self.mutant,
             "strengthened": self.strengthened,
             "hypothesis": "each invariant alone (plus WF)" if self.alone else "conjunction of the state invariants",
@@ -95,7 +132,7 @@ def _solver(timeout_ms: int) -> Any:
 
 
 def _counterexample(model: Any, ae: ActionEncoding | None, enc: Encoder, pre_state: Any, post_state: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"config": read_config(model, enc), "bound": enc.bound.to_dict()}
+    out: dict[str, Any] = {"config": enc.read_config(model), "bound": enc.bound.to_dict()}
     if ae is not None:
         out["action"] = ae.action
         out["params"] = {k: model.eval(v, model_completion=True).as_long() for k, v in ae.params.items()}
@@ -105,21 +142,41 @@ def _counterexample(model: Any, ae: ActionEncoding | None, enc: Encoder, pre_sta
     return out
 
 
-def out_of_scope(catalogue_ids: Iterable[str]) -> dict[str, str]:
+def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[str, str]:
     """Catalogue invariants that the matrix does not prove, each with the reason."""
-    proved = set(STATE_INVARIANTS) | set(TRANSITION_PROPERTIES)
+    fl = flow(flow_name)
+    proved = set(fl.state_invariants) | set(fl.transition_properties)
     found = {}
     for iid in catalogue_ids:
         if iid in proved:
             continue
         family = iid.split("-")[0]
-        found[iid] = SCOPE.get(iid) or SCOPE_BY_FAMILY.get(family, UNCLASSIFIED)
+        if family == "CHK" and flow_name == "v0":
+            found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
+            continue
+        found[iid] = fl.scope.get(iid) or SCOPE_BY_FAMILY.get(family, UNCLASSIFIED)
     return found
 
 
+def merge(matrices: list[Matrix]) -> Matrix:
+    """Several flows' matrices as one (cells tagged with their flow); an invariant is out of scope
+    only when no flow proves it."""
+    first = matrices[0]
+    proved = {c.invariant for m in matrices for c in m.cells}
+    scope: dict[str, str] = {}
+    for m in matrices:
+        for iid, why in m.out_of_scope.items():
+            if iid not in proved:
+                scope.setdefault(iid, why)
+    return Matrix(first.bound, first.mutant, first.strengthened, first.alone,
+                  [c for m in matrices for c in m.cells], scope, sum(m.seconds for m in matrices), "all",
+                  {m.flow: m.bound for m in matrices})
+
+
 def prove(
-    bound: Bound = DEFAULT,
+    bound: Bound | None = None,
     *,
+    flow_name: str = "v0",
     mutant: str | None = None,
     strengthen: bool = True,
     alone: bool = False,
@@ -133,36 +190,43 @@ def prove(
     """Run the matrix. ``strengthen=False`` drops the STR-* invariants from the hypothesis
     (they are still checked as cells), which shows which cells need them."""
     started = time.perf_counter()
-    wanted = list(invariants) if invariants is not None else list(STATE_INVARIANTS) + list(TRANSITION_PROPERTIES)
+    fl = flow(flow_name)
+    bound = bound if bound is not None else fl.default_bound
+    states, transitions = fl.state_invariants, fl.transition_properties
+    wanted = list(invariants) if invariants is not None else list(states) + list(transitions)
     for iid in wanted:
-        if iid not in STATE_INVARIANTS and iid not in TRANSITION_PROPERTIES:
-            raise ValueError(f"unknown invariant {iid!r} for the matrix")
-    chosen_actions = list(actions) if actions is not None else list(ACTIONS)
-    matrix = Matrix(bound, mutant, strengthen, alone, out_of_scope=out_of_scope(catalogue_ids))
-    hyp_ids = [i for i in STATE_INVARIANTS if strengthen or i not in STRENGTHENING]
+        if iid not in states and iid not in transitions:
+            raise ValueError(f"unknown invariant {iid!r} for the {flow_name} matrix")
+    chosen_actions = list(actions) if actions is not None else list(fl.actions)
+    for action in chosen_actions:
+        if action not in fl.actions:
+            raise ValueError(f"unknown action {action!r} for the {flow_name} flow")
+    matrix = Matrix(bound, mutant, strengthen, alone, out_of_scope=out_of_scope(catalogue_ids, flow_name),
+                    flow=flow_name)
+    hyp_ids = [i for i in states if strengthen or i not in STRENGTHENING]
     if alone:  # each invariant on its own (plus the model's WF): which are inductive alone
         hyp_ids = ["WF"]
 
     # init column
-    enc = Encoder(bound, mutant)
+    enc = fl.encoder(bound, mutant)
     init = enc.initial()
     for iid in wanted:
-        if iid not in STATE_INVARIANTS:
+        if iid not in states:
             continue
         t0 = time.perf_counter()
         s = _solver(timeout_ms)
-        s.add(enc.config_ok(), grp_ok(enc), z3.Not(STATE_INVARIANTS[iid](enc, init)))
+        s.add(enc.config_ok(), fl.grp_ok(enc), z3.Not(states[iid](enc, init)))
         r = s.check()
         cex = _counterexample(s.model(), None, enc, init, None) if r == z3.sat else None
-        matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex))
+        matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex, flow=flow_name))
 
-    tasks = [(bound, mutant, action, hyp_ids, wanted, timeout_ms, alone) for action in chosen_actions]
+    tasks = [(flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone) for action in chosen_actions]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         # heaviest actions first so the workers finish together
-        order = sorted(range(len(tasks)), key=lambda k: _WEIGHT.get(tasks[k][2], 1), reverse=True)
+        order = sorted(range(len(tasks)), key=lambda k: _WEIGHT.get(tasks[k][3], 1), reverse=True)
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             done = dict(zip(order, pool.map(_prove_action, [tasks[k] for k in order]), strict=True))
         results = [done[k] for k in range(len(tasks))]
@@ -171,7 +235,7 @@ def prove(
     for cells in results:
         matrix.cells += [Cell(**c) for c in cells]
 
-    if unbounded and mutant is None:
+    if unbounded and mutant is None and flow_name == "v0":
         from spec.proofs.unbounded import prove_unbounded
 
         upgraded = prove_unbounded(timeout_ms=timeout_ms)
@@ -182,19 +246,23 @@ def prove(
     return matrix
 
 
-_WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2}
+_WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
 
 
 def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
-    bound, mutant, action, hyp_ids, wanted, timeout_ms, alone = task
-    enc = Encoder(bound, mutant)
+    flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone = task
+    fl = flow(flow_name)
+    states, transitions = fl.state_invariants, fl.transition_properties
+    enc = fl.encoder(bound, mutant)
     ae = enc.encode(action)
-    base = [enc.config_ok(), grp_ok(enc), *[STATE_INVARIANTS[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
+    base = [enc.config_ok(), fl.grp_ok(enc), *[states[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
     cells = []
     for iid in wanted:
         t0 = time.perf_counter()
-        hypothesis = [*base, STATE_INVARIANTS[iid](enc, ae.pre)] if alone and iid in STATE_INVARIANTS else base
-        goal = STATE_INVARIANTS[iid](enc, ae.post) if iid in STATE_INVARIANTS else TRANSITION_PROPERTIES[iid](ae)
+        hypothesis = [*base, states[iid](enc, ae.pre)] if alone and iid in states else base
+        goal = states[iid](enc, ae.post) if iid in states else transitions[iid](ae)
+        if iid in fl.step_parts:
+            goal = z3.And(goal, fl.step_parts[iid](ae))
         # A fresh solver per cell: preprocessing (solve-eqs eliminates the transition's
         # definitions) is off in incremental mode and is worth 2-3x here.
         s = _solver(timeout_ms)
@@ -202,8 +270,10 @@ def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
         s.add(z3.Not(goal))
         r = s.check()
         cex = _counterexample(s.model(), ae, enc, ae.pre, ae.post) if r == z3.sat else None
+        if cex is not None:
+            cex["flow"] = flow_name
         cells.append({"invariant": iid, "action": action, "result": _result(r), "seconds": time.perf_counter() - t0,
-                      "counterexample": cex})
+                      "counterexample": cex, "flow": flow_name})
     return cells
 
 
