@@ -343,3 +343,191 @@ def _request_shapes(pre: dict[str, Any], config: SchedulerConfig) -> list[tuple[
 def all_groups_of(sched: Scheduler) -> list[SequenceGroup]:
     return sorted(sched.groups.values(), key=lambda g: g.arrival)
 
+
+
+# ============================================================================== flow v1 (chunked prefill)
+# The same bridge for `spec.proofs.chunked` and reference_impl/v1_scheduler.py (prefix caching
+# off): one slot per request, in arrival order; no swap space.
+def v1_config_constants(config: SchedulerConfig) -> dict[str, Any]:
+    return {**config_constants(config), "long_prefill_token_threshold": config.long_prefill_token_threshold,
+            "max_num_partial_prefills": config.max_num_partial_prefills,
+            "enable_chunked_prefill": config.enable_chunked_prefill}
+
+
+def v1_requests(sched: Any) -> list[Any]:
+    """The V1 reference's requests in arrival order (slot s is the s-th to arrive)."""
+    return sorted(sched.requests.values(), key=lambda t: t.arrival)
+
+
+def v1_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
+    """A V1 reference's state as the v1 encoding's concrete state (None when it exceeds the bound)."""
+    pool = sched.pool
+    tracked = v1_requests(sched)
+    if pool.num_blocks != bound.gpu_blocks or len(tracked) > bound.seqs or sched.config.enable_prefix_caching:
+        return None
+    free = set(pool.free_ids())
+    seqs, groups = [], []
+    for j in range(bound.seqs):
+        if j >= len(tracked):
+            seqs.append({"group": j, "status": "NONE", "device": None, "table": [], "tokens": 0, "computed": 0})
+            groups.append({"status": "NONE", "queues": [], "forked": False, "prompt_len": 0, "max_tokens": 0})
+            continue
+        t = tracked[j]
+        if len(t.blocks) > bound.table_len:
+            return None
+        status = "FINISHED" if t.status.is_finished else _CODE[t.status]
+        seqs.append({"group": j, "status": status, "device": "gpu" if t.blocks else None, "table": list(t.blocks),
+                     "tokens": t.num_tokens, "computed": t.num_computed})
+        queues = [name for name, q in (("waiting", sched.waiting), ("running", sched.running)) if any(r is t for r in q)]
+        groups.append({"status": status, "queues": queues, "forked": True, "prompt_len": t.request.prompt_len,
+                       "max_tokens": t.request.max_tokens})
+    return {
+        "gpu_ref": list(pool.ref_counts), "gpu_free": [b in free for b in range(pool.num_blocks)],
+        "cpu_ref": [0] * bound.cpu_blocks, "cpu_free": [True] * bound.cpu_blocks,
+        "seqs": seqs, "groups": groups,
+    }
+
+
+def _v1_chunk_sizes(sched: Any, t: Any) -> set[int]:
+    """Every chunk the reference could give ``t`` now, over the budgets left in a step (1..max)."""
+    cfg = sched.config
+    threshold = cfg.long_prefill_token_threshold if len(sched.running) + len(sched.waiting) > 1 else 0
+    rem = t.num_tokens - t.num_computed
+    tokens = threshold if 0 < threshold < rem else rem
+    admitting = t.status is Status.WAITING
+    sizes = set()
+    for budget in range(1, cfg.max_num_batched_tokens + 1):
+        if admitting and not cfg.enable_chunked_prefill and tokens > budget:
+            continue
+        sizes.add(min(tokens, budget))
+    return {k for k in sizes if k >= 1}
+
+
+def v1_reference_guard(sched: Any, action: str, t: Any, tokens: int, bound: Bound) -> bool:
+    """Whether the V1 reference would take ``action`` (with a chunk of ``tokens``) now."""
+    cfg = sched.config
+    if action == "add":
+        return t is None
+    assert t is not None
+    if action in ("admit", "chunk"):
+        want = Status.WAITING if action == "admit" else Status.RUNNING
+        if t.status is not want or tokens not in _v1_chunk_sizes(sched, t):
+            return False
+        if cfg.blocks_for(t.num_computed + tokens) > bound.table_len:
+            return False
+        if action == "chunk":
+            return sched._blocks_needed(t, tokens) <= sched.pool.num_free
+        if t.request.prompt_len > cfg.prompt_limit or cfg.blocks_for(t.num_tokens) > cfg.num_gpu_blocks - cfg.watermark_blocks:
+            return False  # ignored instead
+        if len(sched.running) >= cfg.max_num_seqs:
+            return False
+        limit = cfg.max_num_partial_prefills
+        if limit and t.num_computed + tokens < t.num_tokens - 1:
+            if sum(1 for r in sched.running if sched._mid_prefill_after(r, {})) >= limit:
+                return False
+        return sched._whole_sequence_fits(t, []) and sched._blocks_needed(t, tokens) + cfg.watermark_blocks <= sched.pool.num_free
+    if action == "preempt_recompute":
+        return t.status is Status.RUNNING
+    if action == "abort":
+        return not t.status.is_finished
+    if action == "ignore":
+        return t.status is Status.WAITING and (
+            t.request.prompt_len > cfg.prompt_limit or cfg.blocks_for(t.num_tokens) > cfg.num_gpu_blocks - cfg.watermark_blocks
+        )
+    raise ValueError(action)
+
+
+def v1_apply_action(sched: Any, action: str, t: Any, tokens: int = 1, stop: bool = False,
+                    new_request: Request | None = None) -> None:
+    """Perform one v1 matrix action on the V1 reference, through its own methods."""
+    from reference_impl.v1_scheduler import apply_outcome
+
+    if action == "add":
+        assert new_request is not None
+        sched.add_request(new_request)
+        sched._rejected = []  # reported by the next schedule(); the state is already final
+        return
+    assert t is not None
+    if action in ("admit", "chunk"):
+        if action == "admit":
+            assert sched._allocate(t, tokens, hits=[], watermark=True)
+            sched.waiting.remove(t)
+            t.status = Status.RUNNING
+            t.in_prefill = True
+            sched.running.append(t)
+        else:
+            assert sched._allocate(t, tokens, hits=[], watermark=False)
+        apply_outcome([(t, tokens)], frozenset({t.seq_id} if stop else ()), sched.config, sched.running, sched._finish)
+    elif action == "preempt_recompute":
+        sched.running.remove(t)
+        sched._preempt(t)
+    elif action == "abort":
+        sched.abort_request(t.request_id)
+    elif action == "ignore":
+        assert sched._ignore_if_infeasible(t, [], [])
+        sched._ignored.clear()
+    else:
+        raise ValueError(action)
+
+
+def v1_config_for(cex: dict[str, Any]) -> SchedulerConfig:
+    """The V1 reference's config with the counterexample's constants."""
+    base = config_for(cex)
+    assert base is not None
+    c = cex["config"]
+    chunked = bool(c.get("enable_chunked_prefill")) or c.get("long_prefill_token_threshold", 0) > 0 \
+        or c.get("max_num_partial_prefills", 0) > 0
+    return replace(base, preemption_mode="recompute", enable_chunked_prefill=chunked,
+                   long_prefill_token_threshold=max(0, c.get("long_prefill_token_threshold", 0)),
+                   max_num_partial_prefills=max(0, c.get("max_num_partial_prefills", 0)))
+
+
+def v1_counterexample_trace(
+    cex: dict[str, Any], invariant_id: str, make: SchedulerFactory, *, tries: int = 2000, seed: int = 0,
+    max_steps: int = 16,
+) -> tuple[Trace, list[Violation]] | None:
+    """`counterexample_trace` for the v1 flow: a seeded search for a trace that drives the V1
+    reference built by ``make`` (a mutant, say) into a state shaped like the counterexample's
+    (same config; its requests' prompt lengths and max_tokens, n = 1) and has the catalogue
+    predicate ``invariant_id`` fail on replay. None when none was found."""
+    exact = v1_config_for(cex)
+    bound = cex["bound"]
+    relaxed = replace(exact, max_num_seqs=max(exact.max_num_seqs, bound["seqs"]),
+                      max_num_batched_tokens=max(exact.max_num_batched_tokens, exact.max_num_seqs, bound["seqs"]),
+                      max_model_len=max(exact.max_model_len, bound["block_size"] * bound["table_len"]))
+    configs = [exact, relaxed]
+    pre = cex["pre"]
+    shapes = [(g["prompt_len"], g["max_tokens"]) for g in pre["groups"] if g["status"] != "NONE"] or [(1, 1)]
+    rng = random.Random(seed)
+    for attempt in range(tries):
+        config = configs[attempt % len(configs)]
+        randomised = attempt >= len(configs)
+        if randomised and config.enable_chunked_prefill and rng.random() < 0.5:
+            # chunks smaller than the budget leave room for a second request in the same step
+            config = replace(config, long_prefill_token_threshold=rng.choice([1, 2, 3]),
+                             max_num_batched_tokens=config.max_num_batched_tokens + rng.choice([0, 2, 4]))
+        prompt_choices = list(range(1, config.block_size * bound["table_len"] + 1))
+        requests = []
+        for k, (prompt, max_tokens) in enumerate(shapes):
+            prompt, max_tokens = max(1, prompt), max(1, min(max_tokens, 8))
+            if randomised and rng.random() < 0.5:
+                prompt, max_tokens = rng.choice(prompt_choices), rng.randint(1, 8)
+            requests.append(Request(f"R{k}", prompt_len=prompt, max_tokens=max_tokens))
+        while randomised and len(requests) < bound["seqs"] and rng.random() < 0.5:
+            requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8)))
+        arrivals = tuple(Arrival(rng.randint(0, 3) if randomised else 0, r) for r in requests)
+        aborts: list[tuple[int, str]] = []
+        stops: list[tuple[int, str]] = []
+        if randomised:
+            for r in requests:
+                if rng.random() < 0.1:
+                    aborts.append((rng.randint(1, max_steps - 1), r.request_id))
+                if rng.random() < 0.15:
+                    stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#0"))
+        trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
+                      meta={"counterexample": {"flow": "v1", "invariant": invariant_id, "action": cex.get("action"),
+                                               "params": cex.get("params"), "config": cex.get("config"), "pre": pre}})
+        found = find_violation(trace, make, invariant_id)
+        if found:
+            return trace, found
+    return None

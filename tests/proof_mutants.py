@@ -100,3 +100,34 @@ MUTATED_REFERENCES: dict[str, tuple[type[Scheduler], tuple[str, ...]]] = {
     "recompute-keeps-computed": (RecomputeKeepsComputed, ("preempt_recompute",)),
     "abort-no-free": (AbortNoFree, ("abort",)),
 }
+
+
+# ------------------------------------------------------------------ flow v1 (chunked prefill)
+def _v1_mutants() -> dict[str, tuple[type, tuple[str, ...]]]:
+    import conformance.mutants_v1  # noqa: F401  (registers the V1 mutants)
+    from conformance.mutants import MUTANTS
+    from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
+
+    class ChunkNoAlloc(V1Scheduler):
+        """A running request's chunk takes no new block (the encoding's ``chunk-no-alloc``)."""
+
+        def _allocate(self, tracked: TrackedRequest, tokens: int, *, hits: list[int], watermark: bool) -> bool:
+            if watermark:
+                return super()._allocate(tracked, tokens, hits=hits, watermark=watermark)
+            return True
+
+    def ref(name: str) -> type:
+        return MUTANTS[name].factory  # type: ignore[return-value]
+
+    return {
+        "chunk-past-end": (ref("v1-decode-two-tokens"), ("admit", "chunk")),
+        "chunk-no-alloc": (ChunkNoAlloc, ("chunk",)),
+        "preempt-keeps-computed": (ref("v1-preempt-keeps-computed"), ("preempt_recompute",)),
+        "chunk-counts-as-whole": (ref("v1-chunk-counts-as-whole"), ("admit", "chunk")),
+        "chunk-ignores-threshold": (ref("v1-ignores-long-prefill-threshold"), ("admit", "chunk")),
+        "admit-ignores-partial-limit": (ref("v1-ignores-partial-prefill-limit"), ("admit",)),
+    }
+
+
+# encoding mutant of the v1 flow (`spec.proofs.chunked.V1_MUTANTS`) -> (mutated V1 reference, actions)
+V1_MUTATED_REFERENCES = _v1_mutants()

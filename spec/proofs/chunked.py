@@ -323,11 +323,12 @@ def chk006(enc: Encoder, st: State) -> Any:
 def wf_v1(enc: Encoder, st: State) -> Any:
     """The model's well-formedness (WF) for the v1 flow, plus: no swap state, and a live request
     has at most max_model_len tokens (a longer prompt is rejected on arrival, a sampled token
-    that reaches the limit finishes the request), and no block is shared (n = 1, prefix caching
+    that reaches the limit finishes the request) and at least its prompt's, and no block is shared (n = 1, prefix caching
     off: a reference count is 0 or 1)."""
     out = [P0.wf(enc, st), *[r <= 1 for r in st.gpu.ref]]
     for s in range(enc.S):
-        out += [st.sstat[s] != SWAP, z3.Implies(enc.live(st, s), st.ntok[s] <= enc.ML)]
+        out += [st.sstat[s] != SWAP, z3.Implies(enc.live(st, s), st.ntok[s] <= enc.ML),
+                z3.Implies(st.sstat[s] != NONE, st.ntok[s] >= enc.gsel(st.plen, enc.grp[s]))]
     for j in range(enc.G):
         out += [st.gstat[j] != SWAP, z3.Not(st.in_s[j]), z3.Implies(st.gstat[j] != NONE, st.forked[j])]
     return P0._all(out)
