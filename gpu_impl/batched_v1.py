@@ -109,6 +109,12 @@ def victim_rank(head_pos: torch.Tensor, pkey: torch.Tensor, priority: torch.Tens
     return torch.where(priority, pkey, head_pos)
 
 
+def given_back(granted: torch.Tensor, victims: torch.Tensor) -> torch.Tensor:
+    """Tokens returned to the budget ``[E]`` by this round's victims (priority: a victim may
+    have been scheduled earlier in the same step; V1 takes its grant back)."""
+    return (granted * victims).sum(1)
+
+
 def push_columns(j: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """Stack offset of table entry ``j`` when a table of ``lens`` blocks is freed: head block
     first, so the table's last block ends on top and is handed out first (V1 frees a table in
@@ -445,7 +451,7 @@ class BatchedV1Scheduler:
                 vslot = Vslot[ve, vk]
                 eng = Q[ve]
                 self._push(eng, vslot, vk)
-                bud += (tq.gather(1, V) * vm).sum(1)
+                bud += given_back(tq.gather(1, V), vm)
                 pos = V[ve, vk]
                 alive[ve, pos] = False
                 tq[ve, pos] = 0
