@@ -11,7 +11,8 @@ An adapter may also define ``trace_strategy()`` returning a Hypothesis strategy 
 (see `conformance.generate.traces`) when its engine accepts only some configs (vLLM V0's
 watermark is fixed at 0.01, say).
 
-A spec string names an adapter: a built-in (``reference``, ``gpu``) or ``module:factory``,
+A spec string names an adapter: a built-in (``reference``, ``gpu``, ``reference-v1``,
+``reference-nano``, ``gpu-v1``) or ``module:factory``,
 where ``factory()`` returns an adapter.
 """
 
@@ -120,8 +121,26 @@ def _reference_nano() -> Adapter:
     return adapter
 
 
+def _gpu_v1() -> Adapter:
+    from dataclasses import replace
+
+    from conformance.generate_v1 import token_configs, token_traces
+
+    try:
+        module = importlib.import_module("gpu_impl.adapter_v1")
+    except ImportError as err:
+        raise InputError("--adapter", f"the gpu-v1 adapter is unavailable: {err}") from None
+    # The V1 twin leaves prefix caching out: its traces are the V1 ones with caching forced off.
+    adapter = SchedulerAdapter("gpu-v1", module.make, profiles=("vllm-v1", "safety"))
+    adapter.capabilities = module.CAPABILITIES
+    configs = token_configs("v1").map(lambda c: replace(c, enable_prefix_caching=False))
+    adapter.trace_strategy = lambda: configs.flatmap(lambda c: token_traces("v1", config=c))  # type: ignore[attr-defined]
+    return adapter
+
+
 BUILTIN: dict[str, Callable[[], Adapter]] = {
     "reference": _reference, "gpu": _gpu, "reference-v1": _reference_v1, "reference-nano": _reference_nano,
+    "gpu-v1": _gpu_v1,
 }
 
 
