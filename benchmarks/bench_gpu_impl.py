@@ -6,7 +6,8 @@
 For each E in the list, E traces are drawn (seeded; each engine its own config, 16 requests
 arriving over ~30 steps, n up to 2, priorities, a few stops and aborts). The reference runs
 them one after another (the plain engine loop: add, abort, schedule, update, no snapshots);
-the twin runs all E at once (`gpu_impl.encode.BatchedRun`). Both execute the same
+the twin runs all E at once (`gpu_impl.encode.BatchedRun`, which stops stepping engines that
+are done, as the reference loop does; ``--check`` runs through the same class). Both execute the same
 engine-steps (checked); the ratio of their rates is printed, baseline = the reference measured
 in the same run. ``--check N`` first runs N of the traces in lockstep against the reference.
 """
@@ -58,7 +59,7 @@ def run_reference(traces: list[Trace]) -> tuple[int, float, float]:
 
 def run_twin(traces: list[Trace], device: str) -> tuple[int, float, float, int]:
     batch = TraceBatch(traces, device)
-    run = BatchedRun(batch)
+    run = BatchedRun(batch, sync=False)  # done engines drop out; full state written back at the end
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.process_time()

@@ -140,6 +140,16 @@ class EngineConfigs:
         self.mode = col([MODES[c.preemption_mode] for c in cs])
         self.prio = col([c.policy == "priority" for c in cs]).bool()
 
+    COLUMNS = ("bs", "gpu", "cpu", "max_seqs", "max_tok", "max_len", "wm", "plimit", "mode", "prio")
+
+    def take(self, rows: torch.Tensor) -> EngineConfigs:
+        """The configs of engines ``rows`` (a long tensor of engine indices), in that order."""
+        sub = EngineConfigs.__new__(EngineConfigs)
+        sub.configs = tuple(self.configs[i] for i in rows.tolist())
+        for name in self.COLUMNS:
+            setattr(sub, name, getattr(self, name).index_select(0, rows))
+        return sub
+
     @staticmethod
     def max_blocks_per_seq(c: SchedulerConfig) -> int:
         return max(1, min(c.num_gpu_blocks, c.blocks_for(c.max_model_len)))
@@ -336,6 +346,31 @@ class BatchedScheduler:
             getattr(self, name)[:, :R] = old[name]
         for name in self.SEQ_FIELDS:
             getattr(self, name)[:, :R, :N] = old[name]
+
+    STATE_FIELDS = REQ_FIELDS + SEQ_FIELDS + ("gpu_ref", "cpu_ref")
+
+    def take(self, rows: torch.Tensor) -> BatchedScheduler:
+        """A new scheduler over engines ``rows`` only (long tensor of engine indices), with a copy
+        of their state; its engine i is engine ``rows[i]`` here. Engines are independent, so
+        stepping it steps exactly those engines (`gpu_impl.encode.BatchedRun` drops finished
+        engines this way); `put` writes its state back."""
+        sub = BatchedScheduler.__new__(BatchedScheduler)
+        sub.device, sub.cfg, sub.E = self.device, self.cfg.take(rows), int(rows.numel())
+        sub.R, sub.N, sub.B, sub.G, sub.C = self.R, self.N, self.B, self.G, self.C
+        sub.step_count, sub._last, sub._ar = self.step_count, None, self._ar
+        for name in self.STATE_FIELDS:
+            setattr(sub, name, getattr(self, name).index_select(0, rows))
+        return sub
+
+    def put(self, rows: torch.Tensor, sub: BatchedScheduler, local: torch.Tensor | None = None) -> None:
+        """Write back the state of a scheduler made by ``take(rows)`` (only its engines ``local``
+        when given, which are engines ``rows[local]`` here)."""
+        if local is not None:
+            rows = rows[local]
+        for name in self.STATE_FIELDS:
+            value = getattr(sub, name)
+            getattr(self, name)[rows] = value if local is None else value.index_select(0, local)
+        self.step_count = sub.step_count
 
     # ------------------------------------------------------------------ small helpers
     @staticmethod
@@ -561,12 +596,10 @@ class BatchedScheduler:
         if bool(si.any()):
             sw = swapped & si[:, None]
             # vLLM counts the distinct FULL blocks plus one per live sequence (_can_swap): off a
-            # block boundary the distinct partial last blocks are covered by the per-sequence term
-            E_, R_ = self.tlen.shape
-            last = (self.tlen - 1).clamp(min=0).long()[:, :, None, None].expand(E_, R_, N, 1)
-            lids = self.tab.gather(3, last)
-            lfirst, _ = first_holders(lids.reshape(E_ * R_, N, 1), alive.reshape(E_ * R_, N, 1))
-            dpart = lfirst.view(E_, R_, N).sum(-1, dtype=I32) * ~boundary
+            # block boundary the distinct partial last blocks are covered by the per-sequence term.
+            # Off a boundary, a = the live sequences whose last block a later live one also holds
+            # (phase 1), so the distinct last blocks number nlive - a.
+            dpart = (nlive - a) * ~boundary
             sneed = self.dblk - dpart + nlive
             scost = (self.dblk + a) * sw
             s_ign = cfg.gpu[:, None] - sneed < wm

@@ -147,40 +147,135 @@ class BatchStep:
     aborted: tuple[torch.Tensor, torch.Tensor]  # (engine, slot) of the requests aborted
     output: StepOut
     update: UpdateOut
+    rows: torch.Tensor | None = None  # engine ids of the output's rows; None: all E, in order
+
+
+def _expand_step(out: StepOut, rows: torch.Tensor, E: int) -> StepOut:
+    """A `StepOut` of the engines ``rows`` as one over all E engines (the others idle)."""
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros((E, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        z[rows] = t
+        return z
+
+    def remap(m):
+        return (rows[m[0]], *m[1:])
+
+    return StepOut(out.step, full(out.kind), full(out.seqs), full(out.ntok), full(out.start), full(out.preempt),
+                   full(out.ignored), remap(out.swap_out), remap(out.swap_in), remap(out.copies))
+
+
+def _expand_update(upd: UpdateOut, rows: torch.Tensor, E: int) -> UpdateOut:
+    def full(t: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros((E, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        z[rows] = t
+        return z
+
+    return UpdateOut(full(upd.status), full(upd.order), full(upd.ignored))
 
 
 class BatchedRun:
     """Drive a `BatchedScheduler` through a `TraceBatch`, step by step, with the reference
-    engine loop's end rule per engine (every request arrived and finished, or max_steps)."""
+    engine loop's end rule per engine (every request arrived and finished, or max_steps).
 
-    def __init__(self, batch: TraceBatch, scheduler: BatchedScheduler | None = None) -> None:
+    Engines that are done drop out: once the engines still running are at most 3/4 of those
+    being stepped, they are moved into a smaller scheduler (`BatchedScheduler.take`) and only
+    it is stepped (engines are independent, so the running engines' steps are unchanged; a
+    done engine's state stays as it was when it finished). With ``sync=True`` (the default)
+    ``self.scheduler`` keeps the state of all E engines current, after `schedule` (before the
+    ``on_schedule`` hook) and after `update`, and every `BatchStep` is over all E engines. With
+    ``sync=False`` (the benchmark) the full state is written back only by `sync()` (``run()``
+    calls it at the end) and a `BatchStep` is over the engines ``rows``.
+    """
+
+    COMPACT = 0.75
+
+    def __init__(self, batch: TraceBatch, scheduler: BatchedScheduler | None = None, sync: bool = True) -> None:
         self.batch = batch
         self.scheduler = scheduler if scheduler is not None else batch.make_scheduler()
         self.active = torch.ones(batch.E, dtype=torch.bool, device=batch.device)
         self.step = 0
         self.engine_steps = 0
+        self.sync_state = sync
+        self._sub = self.scheduler  # the scheduler being stepped: engines self._rows
+        self._rows: torch.Tensor | None = None  # None: all engines, in order
+        self._pos: torch.Tensor | None = None  # engine -> row in self._sub, -1 if dropped
+        self._n_active = batch.E
+
+    def _local(self, idx: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Event indices (engine first) mapped to the stepped scheduler's rows (dropped engines
+        have no events that matter: they are done)."""
+        if self._pos is None or idx[0].numel() == 0:
+            return idx
+        row = self._pos[idx[0]]
+        keep = row >= 0
+        return (row[keep], *(t[keep] for t in idx[1:]))
+
+    def sync(self) -> None:
+        """Write the stepped engines' state back into ``self.scheduler``."""
+        if self._rows is not None:
+            self.scheduler.put(self._rows, self._sub)
+
+    def _compact(self, keep: torch.Tensor) -> None:
+        """Step only the engines ``keep`` (a mask over the current rows) from now on."""
+        full, sub = self.scheduler, self._sub
+        rows = self._rows if self._rows is not None else torch.arange(self.batch.E, device=self.batch.device)
+        if self._rows is not None:  # the dropped engines' final state goes back to the full scheduler
+            full.put(rows, sub, (~keep).nonzero(as_tuple=True)[0])
+        local = keep.nonzero(as_tuple=True)[0]
+        self._sub = sub.take(local)
+        self._rows = rows[local]
+        self._pos = torch.full((self.batch.E,), -1, dtype=torch.long, device=self.batch.device)
+        self._pos[self._rows] = torch.arange(local.numel(), device=self.batch.device)
 
     def advance(self, on_schedule: Callable[[StepOut], None] | None = None) -> BatchStep:
         """One step of every engine; ``on_schedule(out)`` runs between schedule and update
         (where the model would run: the KV data plane hooks in there)."""
-        b, s, step = self.batch, self.scheduler, self.step
-        s.arrive_idx(*b.arrival_idx(step))
-        aborted = s.abort_idx(*b.abort_idx(step))
+        b, s, step, rows = self.batch, self._sub, self.step, self._rows
+        expand = self.sync_state and rows is not None
+        s.arrive_idx(*self._local(b.arrival_idx(step)))
+        aborted = s.abort_idx(*self._local(b.abort_idx(step)))
         out = s.schedule()
+        if expand:
+            self.sync()
+            out_full = _expand_step(out, rows, b.E)
         if on_schedule is not None:
-            on_schedule(out)
-        upd = s.update(b.stopped_mask(step))
-        active = self.active
+            on_schedule(out_full if expand else out)
+        ev = b._stop_ev.get(step)
+        stopped = None
+        if ev is not None:
+            ev = self._local(ev)
+            stopped = torch.zeros(s.E, b.R, b.N, dtype=torch.bool, device=b.device)
+            stopped[ev] = True
+        upd = s.update(stopped)
         st = s.status
         unfinished = ((st >= WAITING) & (st <= SWAPPED)).any(-1)
-        drained = (step >= b.last_arrival) & ~unfinished
-        self.active = self.active & ~drained & (step + 1 < b.max_steps)
-        self.engine_steps += int(active.sum())
+        if rows is None:
+            active = self.active
+            drained = (step >= b.last_arrival) & ~unfinished
+            self.active = active & ~drained & (step + 1 < b.max_steps)
+            now = self.active
+        else:
+            active = self.active
+            drained = (step >= b.last_arrival[rows]) & ~unfinished
+            now = active[rows] & ~drained & (step + 1 < b.max_steps[rows])
+            self.active = active.clone()
+            self.active[rows] = now
+        self.engine_steps += self._n_active
+        self._n_active = int(now.sum())
         self.step += 1
-        return BatchStep(step, active, aborted, out, upd)
+        if expand:
+            self.sync()
+            result = BatchStep(step, active, (rows[aborted[0]], aborted[1]), out_full, _expand_update(upd, rows, b.E))
+        else:
+            result = BatchStep(step, active, aborted if rows is None else (rows[aborted[0]], aborted[1]), out, upd, rows)
+        if 0 < self._n_active <= self.COMPACT * s.E:
+            self._compact(now)
+        return result
 
     def run(self) -> int:
         """Run until every engine is done; returns the number of engine-steps executed."""
-        while bool(self.active.any()):
+        while self._n_active:
             self.advance()
+        self.sync()
         return self.engine_steps
