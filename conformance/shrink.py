@@ -102,7 +102,10 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
             value = getattr(r, name)
             for smaller in sorted({low, value // 2, value - 1}):
                 if low <= smaller < value:
-                    options.append(dataclasses.replace(r, **{name: smaller}))
+                    changes: dict[str, object] = {name: smaller}
+                    if name == "prompt_len" and r.prompt_tokens is not None:  # a shorter prompt: its head
+                        changes["prompt_tokens"] = r.prompt_tokens[:smaller]
+                    options.append(dataclasses.replace(r, **changes))
         for request in options:
             yield _replace(trace, arrivals=tuple(arrivals[:i] + [Arrival(a.step, request)] + arrivals[i + 1:]))
         if a.step > 0:

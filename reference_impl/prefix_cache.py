@@ -18,7 +18,11 @@ front, in that order, to be reused at once, and the keyed ones to the back (leas
 first out).
 
 ``"nano"`` (nano-vllm ``BlockManager``): allocation takes the front; every freed block goes to the
-back (FIFO), keyed or not; a table is freed in reverse too.
+back (FIFO), keyed or not; a table is freed in reverse too. Its index (``hash_to_block_id``) holds
+one block per key and each registration overwrites it, so a block registered under a key before
+another one is not findable any more: here it loses its key (its KV stays valid for its holders);
+when the newest holder is evicted, nano-vllm misses on that key even though an older block still
+holds those tokens (found in lockstep, conformance/targets/lockstep_nano.py).
 
 Block ids are 0..N-1. (vLLM V1 reserves its block 0 as a null block and so has one block more than
 it can hand out; an adapter passes ``num_gpu_blocks + 1`` and subtracts 1 from its ids.)
@@ -57,8 +61,8 @@ class CachingBlockPool:
 
     # -- lookup -------------------------------------------------------------------------------
     def lookup(self, key: str) -> int | None:
-        """A block cached under ``key``: vLLM V1 returns the first registered, nano-vllm the last
-        (its index maps a key to one block and each registration overwrites it)."""
+        """A block cached under ``key``: vLLM V1 returns the first registered; nano-vllm keeps only
+        the last (`register`)."""
         blocks = self.index.get(key)
         if not blocks:
             return None
@@ -91,6 +95,9 @@ class CachingBlockPool:
         if not self.caching or self.keys[block] == key:
             return
         self._evict(block)
+        if self.order == "nano":  # one block per key: the older holders are no longer findable
+            for older in self.index.pop(key, []):
+                self.keys[older] = None
         self.keys[block] = key
         self.index.setdefault(key, []).append(block)
 

@@ -67,9 +67,24 @@ def test_nano_free_order_is_fifo():
 
 
 def test_duplicate_keys_lookup_order():
-    for order, want in (("v1", 0), ("nano", 1)):
+    # V1 keeps every holder and finds the first; nano-vllm's hash_to_block_id keeps one block per
+    # key (the last registered), so the older holder is no longer findable and loses its key.
+    for order, index, want in (("v1", (0, 1), 0), ("nano", (1,), 1)):
         pool = CachingBlockPool(2, caching=True, order=order)
         pool.allocate(2)
         pool.register(0, "k")
         pool.register(1, "k")
-        assert pool.cache_index() == {"k": (0, 1)} and pool.lookup("k") == want
+        assert pool.cache_index() == {"k": index} and pool.lookup("k") == want
+
+
+def test_nano_misses_once_the_last_holder_of_a_key_is_evicted():
+    # nano-vllm (block_manager.py: BlockManager.allocate) looks up hash_to_block_id[h], which names the
+    # last block registered under h; once that block is handed out fresh, h misses, although an
+    # older block registered under h still holds its tokens (lockstep: docs/traces/lockstep-nano).
+    pool = CachingBlockPool(3, caching=True, order="nano")
+    pool.allocate(2)
+    pool.register(0, "k")
+    pool.register(1, "k")
+    pool.release([1])
+    assert pool.allocate(2) == [2, 1]  # block 1 is evicted
+    assert pool.lookup("k") is None and pool.keys[0] is None

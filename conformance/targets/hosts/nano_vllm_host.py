@@ -9,6 +9,11 @@ never executed: a stub parent package and a stub ``<pkg>.config`` are put in ``s
 (the scheduler reads five attributes of the config). A sequence the trace stops samples the
 EOS token, so nano-vllm's own EOS rule finishes it.
 
+Token ids matter here: nano-vllm's prefix cache is always on. A request that carries
+``prompt_tokens`` runs on exactly those ids and samples ``spec.types.generated_token`` (the ids
+the references use, so block hashes match theirs in lockstep); a request without them runs on
+ids distinct per request (``kvsched_host.token_ids``: no sharing between requests).
+
 nano-vllm has no abort, no parallel sampling (n) and no priority: the adapter's trace strategy
 keeps those out, and this host refuses them.
 """
@@ -21,12 +26,19 @@ import importlib.util
 import os
 import sys
 import types
+import zlib
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
 
-EOS = 1
+EOS = 2**31 - 1  # outside both id schemes below
+VOCAB_SIZE = 50  # spec.types.VOCAB_SIZE
+
+
+def generated_token(request_id: str, position: int) -> int:
+    """spec.types.generated_token(request_id, 0, position) (this host cannot import kvsched)."""
+    return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
 
 
 def load(pkg: str):
@@ -73,6 +85,7 @@ class NanoEngine:
         self.final = {}  # request id -> final status
         self.step_no = 0
         self.pending = None  # (seqs, is_prefill, tokens per seq) between schedule and update
+        self.spec_tokens = set()  # requests that came with prompt_tokens: they sample spec ids
 
     def add_request(self, request: dict) -> None:
         rid = request["id"]
@@ -81,7 +94,12 @@ class NanoEngine:
         if rid in self.final or f"{rid}#0" in self.seqs:
             raise ValueError(f"duplicate request id {rid!r}")
         params = self.SamplingParams(temperature=1.0, max_tokens=request["max_tokens"], ignore_eos=False)
-        seq = self.Sequence(kvsched_host.token_ids(rid, request["prompt_len"]), params)
+        tokens = request.get("prompt_tokens")
+        if tokens is None:
+            tokens = kvsched_host.token_ids(rid, request["prompt_len"])
+        else:
+            self.spec_tokens.add(rid)
+        seq = self.Sequence(list(tokens), params)
         self.seqs[f"{rid}#0"] = seq
         self.rid_of[seq.seq_id] = rid
         self.sched.add(seq)
@@ -122,7 +140,13 @@ class NanoEngine:
         tokens = []
         for s in seqs:
             sid = self._sid(s)
-            tokens.append(EOS if sid in stop else kvsched_host.token_ids(sid, 1, start=len(s))[0])
+            rid = self.rid_of[s.seq_id]
+            if sid in stop:
+                tokens.append(EOS)
+            elif rid in self.spec_tokens:
+                tokens.append(generated_token(rid, len(s)))
+            else:
+                tokens.append(kvsched_host.token_ids(sid, 1, start=len(s))[0])
         self.sched.postprocess(seqs, tokens)
         finished = []
         for s, tok in zip(seqs, tokens, strict=True):
