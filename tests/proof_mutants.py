@@ -103,7 +103,7 @@ MUTATED_REFERENCES: dict[str, tuple[type[Scheduler], tuple[str, ...]]] = {
 
 
 # ------------------------------------------------------------------ flow v1 (chunked prefill)
-def _v1_mutants() -> dict[str, tuple[type, tuple[str, ...]]]:
+def _v1_mutants() -> dict[str, tuple[type, tuple[str, ...], str]]:
     import conformance.mutants_v1  # noqa: F401  (registers the V1 mutants)
     from conformance.mutants import MUTANTS
     from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
@@ -120,14 +120,15 @@ def _v1_mutants() -> dict[str, tuple[type, tuple[str, ...]]]:
         return MUTANTS[name].factory  # type: ignore[return-value]
 
     return {
-        "chunk-past-end": (ref("v1-decode-two-tokens"), ("admit", "chunk")),
-        "chunk-no-alloc": (ChunkNoAlloc, ("chunk",)),
-        "preempt-keeps-computed": (ref("v1-preempt-keeps-computed"), ("preempt_recompute",)),
-        "chunk-counts-as-whole": (ref("v1-chunk-counts-as-whole"), ("admit", "chunk")),
-        "chunk-ignores-threshold": (ref("v1-ignores-long-prefill-threshold"), ("admit", "chunk")),
-        "admit-ignores-partial-limit": (ref("v1-ignores-partial-prefill-limit"), ("admit",)),
+        "chunk-past-end": (ref("v1-decode-two-tokens"), ("admit", "chunk"), "CHK-002"),
+        "chunk-no-alloc": (ChunkNoAlloc, ("chunk",), "CAP-001"),
+        "preempt-keeps-computed": (ref("v1-preempt-keeps-computed"), ("preempt_recompute",), "CHK-003"),
+        "chunk-counts-as-whole": (ref("v1-chunk-counts-as-whole"), ("admit", "chunk"), "CHK-004"),
+        "chunk-ignores-threshold": (ref("v1-ignores-long-prefill-threshold"), ("admit", "chunk"), "CHK-005"),
+        "admit-ignores-partial-limit": (ref("v1-ignores-partial-prefill-limit"), ("admit",), "CHK-006"),
     }
 
 
-# encoding mutant of the v1 flow (`spec.proofs.chunked.V1_MUTANTS`) -> (mutated V1 reference, actions)
+# encoding mutant of the v1 flow (`spec.proofs.chunked.V1_MUTANTS`) ->
+# (mutated V1 reference, the actions the mutation touches, the catalogue invariant whose cell catches it)
 V1_MUTATED_REFERENCES = _v1_mutants()

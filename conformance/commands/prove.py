@@ -3,6 +3,10 @@
 Exit 0 when every cell is proved, 1 when any cell has a counterexample or is unknown, 2 on bad
 input. ``--json`` prints the matrix (version 1); ``--traces DIR`` writes, for each
 counterexample, a version-1 JSON trace that replays it on the reference.
+
+``--flow``: ``v0`` (vLLM V0's flow, reference_impl/scheduler.py), ``v1`` (vLLM V1's flow with
+chunked prefill, reference_impl/v1_scheduler.py, spec/proofs/chunked.py) or ``all`` (default:
+both, one table each; ``--bound`` then applies to v0, v1 keeps its own bound).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from pathlib import Path
 from spec.catalogue import catalogue
 from spec.errors import InputError
 from spec.proofs.bound import DEFAULT, PRESETS, Bound
+from spec.proofs.chunked import V1_ACTIONS, V1_BOUND, V1_MUTANTS
 from spec.proofs.encoding import ACTIONS, MUTANTS
-from spec.proofs.matrix import PROVED, prove
+from spec.proofs.matrix import FLOW_NAMES, PROVED, flow, merge, prove
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,11 +29,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bound", default="default",
                    help=f"size of the symbolic state: a preset ({', '.join(PRESETS)}) or name=value pairs, "
                         f"e.g. gpu_blocks=6,seqs=4 (default: {DEFAULT})")
+    p.add_argument("--flow", choices=[*FLOW_NAMES, "all"], default="all",
+                   help=f"which scheduler flow: v0 (vLLM V0), v1 (vLLM V1, chunked prefill; bound {V1_BOUND}) "
+                        "or all (default)")
     p.add_argument("--json", action="store_true", help="print the matrix as JSON (version 1)")
-    p.add_argument("--action", action="append", choices=ACTIONS, help="only these actions (repeatable)")
+    p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS])),
+                   help="only these actions (repeatable)")
     p.add_argument("--invariant", action="append", help="only these invariants (repeatable)")
     p.add_argument("--alone", action="store_true", help="assume each invariant alone (shows which are inductive alone)")
-    p.add_argument("--mutant", choices=sorted(MUTANTS), help="prove against a deliberately broken transition")
+    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS}),
+                   help="prove against a deliberately broken transition (selects its flow)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before it is 'unknown' (default 60)")
     p.add_argument("--traces", metavar="DIR", help="write a replayable JSON trace per counterexample here")
@@ -36,22 +46,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    bound = Bound.parse(args.bound)
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     if args.timeout <= 0:
         raise InputError("--timeout", f"must be > 0, got {args.timeout}")
-    from spec.proofs.properties import STATE_INVARIANTS, TRANSITION_PROPERTIES
-
-    known = list(STATE_INVARIANTS) + list(TRANSITION_PROPERTIES)
+    names = list(FLOW_NAMES) if args.flow == "all" else [args.flow]
+    if args.mutant:
+        names = ["v1"] if args.mutant in V1_MUTANTS else ["v0"]
+        if args.flow not in ("all", names[0]):
+            raise InputError("--mutant", f"{args.mutant!r} is a mutant of the {names[0]} flow, not of {args.flow}")
+    explicit_bound = args.bound != "default"
+    bound = Bound.parse(args.bound)
+    known = list(dict.fromkeys(i for n in FLOW_NAMES for i in [*flow(n).state_invariants, *flow(n).transition_properties]))
     for iid in args.invariant or ():
         if iid not in known:
             raise InputError("--invariant", f"{iid!r} is not in the matrix (known: {', '.join(known)})")
-    matrix = prove(
-        bound, mutant=args.mutant, alone=args.alone, invariants=args.invariant, actions=args.action,
-        timeout_ms=int(args.timeout * 1000), catalogue_ids=[i.id for i in catalogue()], jobs=args.jobs,
-        unbounded=not args.alone,
-    )
+    matrices = []
+    for name in names:
+        fl = flow(name)
+        invariants = [i for i in args.invariant or () if i in fl.state_invariants or i in fl.transition_properties]
+        actions = [a for a in args.action or () if a in fl.actions]
+        if (args.invariant and not invariants) or (args.action and not actions):
+            continue  # the filters name nothing of this flow
+        if name == "v1":
+            flow_bound = bound if explicit_bound and len(names) == 1 else V1_BOUND
+            if flow_bound.groups != flow_bound.seqs:
+                raise InputError("--bound", f"the v1 flow needs groups == seqs (one sequence per request), got {flow_bound}")
+        else:
+            flow_bound = bound if explicit_bound or name == "v0" else DEFAULT
+        matrices.append(prove(
+            flow_bound, flow_name=name, mutant=args.mutant, alone=args.alone, invariants=invariants or None,
+            actions=actions or None, timeout_ms=int(args.timeout * 1000),
+            catalogue_ids=[i.id for i in catalogue()], jobs=args.jobs, unbounded=not args.alone,
+        ))
+    if not matrices:
+        raise InputError("--action", "the --action / --invariant filters select no cell of the chosen flow")
+    matrix = matrices[0] if len(matrices) == 1 else merge(matrices)
     written = _write_traces(matrix, Path(args.traces), args.mutant) if args.traces else []
     if args.json:
         out = matrix.to_dict()
@@ -63,19 +93,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
-    from conformance.proof_bridge import counterexample_trace
+    from conformance.proof_bridge import counterexample_trace, v1_counterexample_trace
     from reference_impl.scheduler import Scheduler
+    from reference_impl.v1_scheduler import V1Scheduler
 
     ids = {i.id for i in catalogue()}
     written = []
     for cell in matrix.failing():
         if cell.counterexample is None or cell.invariant not in ids or cell.action == "init":
             continue
-        found = counterexample_trace(cell.counterexample, cell.invariant, Scheduler, tries=500)
+        if cell.flow == "v1":
+            found = v1_counterexample_trace(cell.counterexample, cell.invariant, V1Scheduler, tries=500)
+        else:
+            found = counterexample_trace(cell.counterexample, cell.invariant, Scheduler, tries=500)
         if found is None:
             continue
         trace, violations = found
-        path = directory / f"{cell.invariant}-{cell.action}.json"
+        prefix = "v1-" if cell.flow == "v1" else ""
+        path = directory / f"{prefix}{cell.invariant}-{cell.action}.json"
         trace.save(path)
         written.append(str(path))
     return written
@@ -83,20 +118,41 @@ def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
 
 def _print(matrix, written: list[str]) -> None:
     from rich.console import Console
+
+    console = Console()
+    for name in dict.fromkeys(c.flow for c in matrix.cells):
+        cells = [c for c in matrix.cells if c.flow == name]
+        bound = matrix.bounds.get(name, matrix.bound) if matrix.bounds else matrix.bound
+        console.print(_table(cells, name, bound, matrix.mutant))
+    for iid, why in matrix.out_of_scope.items():
+        console.print(f"{iid}: outside the matrix — {why}")
+    bad = matrix.failing()
+    console.print(f"{len(matrix.cells) - len(bad)}/{len(matrix.cells)} cells proved in {matrix.seconds:.1f}s"
+                  " (∞ = unbounded: proved for every size)")
+    for c in bad[:10]:
+        if c.counterexample:
+            console.print(f"counterexample {c.invariant} x {c.action} ({c.flow}): {json.dumps(c.counterexample.get('params', {}))} "
+                          f"config {json.dumps(c.counterexample['config'])}")
+    for path in written:
+        console.print(f"trace written: {path}")
+
+
+def _table(cells, flow_name: str, bound, mutant: str | None):
     from rich.table import Table
 
-    actions = list(dict.fromkeys(c.action for c in matrix.cells))
-    rows = list(dict.fromkeys(c.invariant for c in matrix.cells))
+    actions = list(dict.fromkeys(c.action for c in cells))
+    rows = list(dict.fromkeys(c.invariant for c in cells))
     mark = {PROVED: "[green]proved[/]", "counterexample": "[red]cex[/]", "unknown": "[yellow]unknown[/]"}
-    table = Table(title=f"kvsched prove: bound {matrix.bound}" + (f", mutant {matrix.mutant}" if matrix.mutant else ""))
+    what = {"v0": "vLLM V0 flow", "v1": "vLLM V1 flow, chunked prefill"}.get(flow_name, flow_name)
+    table = Table(title=f"kvsched prove: {what}, bound {bound}" + (f", mutant {mutant}" if mutant else ""))
     table.add_column("invariant", no_wrap=True)
     for a in actions:
         table.add_column(a)
     for iid in rows:
-        cells = {c.action: c for c in matrix.cells if c.invariant == iid}
+        by_action = {c.action: c for c in cells if c.invariant == iid}
         row = []
         for a in actions:
-            c = cells.get(a)
+            c = by_action.get(a)
             if c is None:
                 row.append("")
                 continue
@@ -105,16 +161,4 @@ def _print(matrix, written: list[str]) -> None:
                 text += " [cyan]∞[/]"
             row.append(text)
         table.add_row(iid, *row)
-    console = Console()
-    console.print(table)
-    for iid, why in matrix.out_of_scope.items():
-        console.print(f"{iid}: outside the matrix — {why}")
-    bad = matrix.failing()
-    console.print(f"{len(matrix.cells) - len(bad)}/{len(matrix.cells)} cells proved in {matrix.seconds:.1f}s"
-                  " (∞ = unbounded: proved for every size)")
-    for c in bad[:10]:
-        if c.counterexample:
-            console.print(f"counterexample {c.invariant} x {c.action}: {json.dumps(c.counterexample.get('params', {}))} "
-                          f"config {json.dumps(c.counterexample['config'])}")
-    for path in written:
-        console.print(f"trace written: {path}")
+    return table

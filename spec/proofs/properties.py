@@ -254,5 +254,6 @@ SCOPE_BY_FAMILY = {
     "POL": "policy (queue order is not modelled; proofs hold for every order)",
     "LIV": "liveness (not a safety property; see check-config for feasibility)",
     "PFX": "prefix caching is not modelled by the encoding",
+    "ORD": "order of the token-budget flows (queue order is not modelled; proofs hold for every order)",
 }
 UNCLASSIFIED = "not encoded: added to the catalogue after the Z3 model and not classified yet"
