@@ -322,7 +322,7 @@ def run_lockstep_v1(
             if compare_state:
                 rs, ts = ref_snaps[e], snaps[i]
                 for f in fields(rs):
-                    if getattr(rs, f.name) != getattr(ts, f.name):
+                    if f.compare and getattr(rs, f.name) != getattr(ts, f.name):  # not the delta links
                         return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
             for rid, _ in ref_fins[e] + ref_aborts[e]:
                 unfinished[e].discard(rid)
