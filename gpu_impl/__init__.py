@@ -10,6 +10,11 @@
 - `gpu_impl.kv.KVPlane` — a paged KV tensor on the device and a CPU swap tensor, moved by
   each step's swap / copy maps and checked after every step.
 - `gpu_impl.lockstep` — the differential harness (reference schedulers are passed in).
+- `gpu_impl.batched_v1.BatchedV1Scheduler` — vLLM V1's flow (`reference_impl.v1_scheduler`) the
+  same way: chunked prefill, one token budget, recompute-only preemption; prefix caching left out.
+  `gpu_impl.lockstep_v1` is its harness (trace encoding, materialisation, lockstep),
+  `gpu_impl.adapter_v1.make(config)` one engine of it (the ``gpu-v1`` adapter),
+  `gpu_impl.workload_v1` seeded pressure traces for it.
 
 Dependency rule: this package imports only `spec` (and torch).
 """
