@@ -255,7 +255,7 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
             "before its scheduler (vllm/v1/engine/input_processor.py), so it is ignored in the step it arrives, "
             "never waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting.\n")
     lines += ["\n\n## Built-in adapters\n\n",
-             "The reference and its torch twin, each against its own profile. Regenerate a row with\n"
+             "The references and their torch twins, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
     if not conformance:
         lines.append("No results committed yet.\n")
@@ -272,7 +272,17 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
         lines.append(", ".join(f"{row['id']} fails ({row.get('counterexample_steps')} steps)" for row in failing)
                      or "every checked invariant passes")
         lines.append(f"; not applicable: {', '.join(na)}.\n" if na else ".\n")
+        if adapter in _ADAPTER_SCOPE:
+            lines.append(f"\n{_ADAPTER_SCOPE[adapter]}\n")
     return "".join(lines)
+
+
+# What a built-in adapter leaves out by design, printed under its results.
+_ADAPTER_SCOPE = {
+    "gpu-v1": "The V1 torch twin (`gpu_impl/batched_v1.py`) leaves prefix caching out: its traces are the "
+              "`vllm-v1` ones with `enable_prefix_caching` false, it does not claim the `prefix_cache` "
+              "capability (so PFX-001..005 are not applicable), and it refuses a config with caching on.",
+}
 
 
 def render_all(docs_dir: Path) -> dict[str, str]:
