@@ -1,4 +1,5 @@
-"""Time the Z3 invariant x action matrix (``kvsched prove``) at the default and a larger bound.
+"""Time the Z3 invariant x action matrix (``kvsched prove``) at the default and a larger bound,
+and the v1 flow's (chunked prefill) at its bound.
 
 Baseline (same run): the default bound with one worker. Prints seconds, cells, and each
 measurement's ratio to the baseline.
@@ -14,12 +15,13 @@ import platform
 import time
 
 from spec.proofs.bound import DEFAULT, LARGE, Bound
+from spec.proofs.chunked import V1_BOUND
 from spec.proofs.matrix import prove
 
 
-def measure(bound: Bound, jobs: int) -> tuple[float, int, bool]:
+def measure(bound: Bound, jobs: int, flow_name: str = "v0") -> tuple[float, int, bool]:
     t0 = time.perf_counter()
-    m = prove(bound, jobs=jobs)
+    m = prove(bound, jobs=jobs, flow_name=flow_name)
     return time.perf_counter() - t0, len(m.cells), m.all_proved
 
 
@@ -37,6 +39,9 @@ def main() -> None:
         secs, cells, ok = measure(bound, args.jobs)
         print(f"{name:8s}  {bound}, {args.jobs} jobs: {secs:7.1f}s  {cells} cells  all proved={ok}  "
               f"x{secs / base:.2f} of baseline")
+    secs, cells, ok = measure(V1_BOUND, args.jobs, "v1")
+    print(f"v1 flow   {V1_BOUND}, {args.jobs} jobs: {secs:7.1f}s  {cells} cells  all proved={ok}  "
+          f"x{secs / base:.2f} of baseline")
 
 
 if __name__ == "__main__":
