@@ -24,7 +24,9 @@ modelled back into the reference (`EngineModel`), makes it go away or move later
 is a documented deviation of nano-vllm with its source location (`CLASSES`); a divergence no
 deviation explains is ``unclassified`` (a misreading to fix in the reference). Each trace that
 diverged is also run against the reference with every deviation modelled:
-``diverging_with_deviations_modelled`` counts those that still diverge (a crash aside). The first trace of each class is shrunk and saved under
+``diverging_with_deviations_modelled`` counts those that still diverge (a crash aside), and
+``traces_needing_deviation`` how many traces diverge when one deviation alone is left out (so a
+deviation hidden behind an earlier one is counted too). The first trace of each class is shrunk and saved under
 ``--traces-dir``. Needs ``kvsched targets install nano-vllm``; takes minutes, not run in CI
 (`tests/test_targets_nano_lockstep.py` runs 20 traces of the spec space).
 """
@@ -190,6 +192,21 @@ def in_spec_space(trace: Trace) -> bool:
                for r in (a.request for a in trace.arrivals))
 
 
+def stale_hit_trace() -> Trace:
+    """A handmade spec-space trace of `stale-index-hit` (random traces rarely line the FIFO free queue
+    up for it): ``a`` caches blocks [5,6] and [5,6|1,2]; ``b``'s fifth block is handed ``a``'s second
+    one, now [1,2] after another prefix; ``c`` = ``a``'s prompt: nano's stale index entry for
+    [5,6|1,2] names that block, whose own tokens match, so nano serves 4 tokens from the cache (KV
+    computed after [..., 14, 15]); the reference serves 2."""
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=6, num_cpu_blocks=0, max_num_seqs=1,
+                             max_num_batched_tokens=16, max_model_len=16, watermark=0.0,
+                             preemption_mode="recompute", policy="fcfs", enable_prefix_caching=True)
+    prompts = ((0, "a", (5, 6, 1, 2, 9)), (2, "b", (7, 8, 10, 11, 12, 13, 14, 15, 1, 2)), (4, "c", (5, 6, 1, 2, 9)))
+    arrivals = tuple(Arrival(step, Request(rid, prompt_len=len(p), max_tokens=1, prompt_tokens=p))
+                     for step, rid, p in prompts)
+    return Trace(config, arrivals, (), (), max_steps=12)
+
+
 # ------------------------------------------------------------------------------ the engine's deviations, modelled
 class _NanoIndexPool(CachingBlockPool):
     """nano's `hash_to_block_id` with its stale entries: one block per key (each registration
@@ -331,6 +348,7 @@ def run_space(adapter, space: str, count: int, seed: int, first: dict, log=print
     by_class: collections.Counter[str] = collections.Counter()
     by_field: collections.Counter[str] = collections.Counter()
     problems: collections.Counter[str] = collections.Counter()
+    needing: collections.Counter[str] = collections.Counter()
     steps = agreeing = residual = 0
     for trace in traces:
         result = run(adapter, trace)
@@ -346,34 +364,45 @@ def run_space(adapter, space: str, count: int, seed: int, first: dict, log=print
             problems[problem] += 1
         if run(adapter, trace, MODELLED, invariants=[]).divergence is not None:
             residual += 1  # a crash cannot be modelled; a divergence left over would be a misreading
+            continue
+        for deviation in MODELLED:  # which deviations the whole trace needs, not only its first divergence
+            if run(adapter, trace, tuple(d for d in MODELLED if d != deviation), invariants=[]).divergence:
+                needing[deviation] += 1
         first.setdefault((space, cls), trace)
     report = {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
               "divergent_traces": len(traces) - agreeing, "by_class": dict(sorted(by_class.items())),
               "divergent_by_field": dict(sorted(by_field.items())), "problems": dict(sorted(problems.items())),
-              "diverging_with_deviations_modelled": residual}
+              "diverging_with_deviations_modelled": residual,
+              "traces_needing_deviation": {d: needing[d] for d in MODELLED}}
     log(f"{space}: {json.dumps(report)}")
     return report
 
 
 def shrink_class(adapter, space: str, cls: str, trace: Trace, traces_dir: Path, seconds: float) -> dict[str, Any]:
+    handmade = trace == stale_hit_trace()
+
     def failing(candidate: Trace) -> int | None:
         if space == "spec" and not in_spec_space(candidate):
             return None
         result = run(adapter, candidate)
         return result.failure_step if classify(adapter, result) == cls else None
 
-    try:
-        small, _ = shrink(trace, failing, budget=400, seconds=seconds)
-    except ValueError:
-        small = trace
+    small = trace
+    if not handmade:
+        try:
+            small, _ = shrink(trace, failing, budget=400, seconds=seconds)
+        except ValueError:
+            pass
     final = run(adapter, small)
     kind, why = class_info(cls)
     message = describe(final)
     meta = {"adapter": TARGET, "profile": TARGET, "lockstep": True, "space": space, "class": cls, "kind": kind,
+            "origin": "handmade (lockstep_nano.stale_hit_trace)" if handmade else "fuzzed, shrunk",
             "problems": sorted(final.problem_ids), "message": message, "steps": len(final.records)}
     small = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
     path = small.save(traces_dir / f"{cls}.json")
-    return {"kind": kind, "explanation": why, "space": space, "trace": str(path), "message": message}
+    return {"kind": kind, "explanation": why, "space": space, "trace": str(path), "origin": meta["origin"],
+            "message": message}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     first: dict[tuple[str, str], Trace] = {}
     for space in args.spaces:
         report["spaces"][space] = run_space(adapter, space, args.traces, args.seed, first)
+    stale = run(adapter, stale_hit_trace())
+    if classify(adapter, stale) == "stale-index-hit":
+        first.setdefault(("spec", "stale-index-hit"), stale_hit_trace())  # handmade: kept as it is
     for (space, cls), trace in sorted(first.items(), key=lambda kv: (SPACES.index(kv[0][0]), kv[0][1])):
         if cls in report["classes"] or "+" in cls:
             continue  # shrunk from the spec space already; a meeting of deviations has each part's trace
