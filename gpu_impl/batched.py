@@ -208,6 +208,21 @@ def sorted_free(mask: torch.Tensor) -> torch.Tensor:
     return out[:, :width]
 
 
+class FreeIds:
+    """`sorted_free` of only the rows ``need`` [E] of a free mask; ``ids[e, t]`` = the t-th
+    lowest free id of engine e (e must be a needed row)."""
+
+    def __init__(self, mask: torch.Tensor, need: torch.Tensor) -> None:
+        rows = need.nonzero(as_tuple=True)[0]
+        self.sorted = sorted_free(mask.index_select(0, rows))
+        self.look = torch.zeros(mask.shape[0], dtype=I64, device=mask.device)
+        self.look[rows] = torch.arange(rows.numel(), device=mask.device)
+
+    def __getitem__(self, idx: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        e, t = idx
+        return self.sorted[self.look[e], t]
+
+
 def admission_cumsum(x: torch.Tensor) -> torch.Tensor:
     """Inclusive prefix sum along the queue: group i's total *including itself*."""
     return x.cumsum(-1, dtype=I32)
@@ -456,7 +471,8 @@ class BatchedScheduler:
         alive = self.alive
         nlive = alive.sum(-1, dtype=I32)
         seats = blend(self.forked, nlive, self.n)
-        F0 = (self.gpu_ref == 0).sum(1, dtype=I32)
+        gfree0 = self.gpu_ref == 0
+        F0 = gfree0.sum(1, dtype=I32)
         seats0 = (seats * running).sum(1, dtype=I32)
         has_swapped = swapped.any(1)
         bs = cfg.bs[:, None]
@@ -533,9 +549,12 @@ class BatchedScheduler:
 
             # -- phase 3 (first part): swap-or-recompute of the priority victims
             swaps_t = torch.zeros(E, M, dtype=torch.bool, device=dev)
-            cfree0 = self.cpu_ref == 0
-            cfree_left = cfree0.sum(1, dtype=I32)
-            v_done = self._greedy_swaps(0, int(k_pp.max()), want_t, d_t, swaps_t, cfree_left)
+            k_max = int(k_pp.max())
+            cfree_left = None
+            if k_max:  # CPU free counts only when some engine takes a victim
+                cfree0 = self.cpu_ref == 0
+                cfree_left = cfree0.sum(1, dtype=I32)
+            v_done = self._greedy_swaps(0, k_max, want_t, d_t, swaps_t, cfree_left)
             tord_c = tord.clamp(0, M - 1).long()
             if v_done:
                 kl = k_pp[:, None].long()
@@ -583,6 +602,9 @@ class BatchedScheduler:
             v_total = k_pp + Kd
             v_max = int(v_total.max())
             if v_max:
+                if cfree_left is None:
+                    cfree0 = self.cpu_ref == 0
+                    cfree_left = cfree0.sum(1, dtype=I32)
                 self._greedy_swaps(v_done, v_max, want_t, d_t, swaps_t, cfree_left)
                 victim = running & (tord < v_total[:, None])
                 vswap = victim & swaps_t.gather(1, tord_c)
@@ -622,26 +644,26 @@ class BatchedScheduler:
         loop_victims = None
         if victim is not None:
             swap_out, loop_victims = self._apply_victims(victim, vswap, tord, k_pp, Kd, swaps_t, d_t, cfree0, M)
-        gfree = self.gpu_ref == 0
+        gfree = self.gpu_ref == 0 if victim is not None else gfree0
         if loop_victims is not None:
             gfree_rank = gfree.clone()
             gfree_rank.view(-1)[loop_victims[0].long() * G + loop_victims[1].long()] = False
         else:
             gfree_rank = gfree
-        gsorted = sorted_free(gfree_rank)
-        if bool(pf_any.any()):
-            self._apply_prefills(admit, nb, pneed, gsorted)
         loop_eng = Kd > 0
         direct = dsched & ~loop_eng[:, None]
+        sel = direct & (a > 0)
+        if swin is not None:
+            sel |= swin
+        gsorted = FreeIds(gfree_rank, pf_any | sel.any(1))
+        if bool(pf_any.any()):
+            self._apply_prefills(admit, nb, pneed, gsorted)
         base_s = None
         if swin is not None:
             sc = (self.dblk + a) * swin
             base_s = A_dec[:, None] + sc.cumsum(1, dtype=I32) - sc
             swap_in = self._apply_swap_ins(swin, base_s, gsorted)
         parts = []
-        sel = direct & (a > 0)
-        if swin is not None:
-            sel |= swin
         if bool(sel.any()):
             ad = a * direct
             base = ad.cumsum(1, dtype=I32) - ad
@@ -712,7 +734,7 @@ class BatchedScheduler:
             v_all = self._arange(M)[None, :] < (k_pp + Kd)[:, None]
             dsw = d_t * (swaps_t & v_all)
             off_t = dsw.cumsum(1, dtype=I32) - dsw
-            csorted = sorted_free(cfree0)
+            csorted = sorted_free(cfree0[ve[is_swap]])  # one row per swapping victim
             se, sr, so = ve[is_swap], vr[is_swap], vord[is_swap]
             st_, sv = vt[is_swap], valid[is_swap]
             first, eq = first_holders(st_, sv)
@@ -720,7 +742,8 @@ class BatchedScheduler:
             rank = fi.view(fi.shape[0], -1).cumsum(1, dtype=I32).view_as(fi) - 1
             off = off_t[se, so.long()]
             se3 = se[:, None, None].expand_as(st_)
-            cid = csorted[se3, (off[:, None, None] + rank).clamp(0, self.C - 1).long()]
+            cpos = (off[:, None, None] + rank).clamp(0, self.C - 1).long()
+            cid = csorted.gather(1, cpos.view(cpos.shape[0], -1)).view_as(cpos)
             new_first = blend(first, cid, -1)
             new = blend(sv, map_through_holders(first, eq, new_first), -1)
             self.tab[se, sr, :, :W] = new
