@@ -27,6 +27,7 @@ def test_v1_matrix_is_proved():
     assert {c.action for c in m.cells} == {"init", *V1_ACTIONS}
     assert {c.invariant for c in m.cells} >= CHK | {"CAP-001", "CAP-003", "BLK-003", "RES-001", "LEN-001"}
     assert all(c.flow == "v1" for c in m.cells)
+    assert all(c.scope == "unbounded" for c in m.cells if c.invariant == "QUE-001")
     assert not CHK & set(m.out_of_scope)
     covered = set(V1_STATE_INVARIANTS) | set(V1_TRANSITION_PROPERTIES) | set(m.out_of_scope)
     assert CATALOGUE <= covered  # nothing silently omitted

@@ -113,7 +113,8 @@ class Matrix:
         return {
             "version": MATRIX_VERSION,
             "flow": self.flow,
-            "bound": self.bound.to_dict(),
+            # merged flows: one text per flow (what `kvsched docs` prints as the bound of a row)
+            "bound": {name: str(b) for name, b in self.bounds.items()} if len(self.bounds) > 1 else self.bound.to_dict(),
             "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()},
             "mutant": self.mutant,
             "strengthened": self.strengthened,
@@ -235,10 +236,10 @@ def prove(
     for cells in results:
         matrix.cells += [Cell(**c) for c in cells]
 
-    if unbounded and mutant is None and flow_name == "v0":
+    if unbounded and mutant is None:
         from spec.proofs.unbounded import prove_unbounded
 
-        upgraded = prove_unbounded(timeout_ms=timeout_ms)
+        upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
         for cell in matrix.cells:
             if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
                 cell.scope = "unbounded"

@@ -5,7 +5,8 @@ action touches one request. Over arrays indexed by an unbounded integer request 
 invariant universally quantified, Z3 proves initiation and preservation for every number of
 requests at once. Each action's effect on the one request it touches is the bounded encoding's
 (``spec.proofs.encoding``), with "the request finished because no live sequence is left" as a
-free choice, which over-approximates it.
+free choice, which over-approximates it. The v1 flow (``spec.proofs.chunked``) has its own
+effects (no swap; an arrival over max_model_len finishes at once).
 """
 
 from __future__ import annotations
@@ -30,14 +31,26 @@ _EFFECTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "ignore": ((WAIT, SWAP), (FIN,)),
 }
 
+# The v1 flow (spec/proofs/chunked.py): no swap; an arrival may be rejected (finished) at once.
+_EFFECTS_V1: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "add": ((NONE,), (WAIT, FIN)),
+    "admit": ((WAIT,), (RUN, FIN)),
+    "chunk": ((RUN,), (RUN, FIN)),
+    "preempt_recompute": ((RUN,), (WAIT,)),
+    "abort": ((WAIT, RUN), (FIN,)),
+    "ignore": ((WAIT,), (FIN,)),
+}
+
+
 def _que001(status: Any, w: Any, r: Any, s: Any) -> Any:
     j = z3.Int("j")
     n = z3.If(w[j], 1, 0) + z3.If(r[j], 1, 0) + z3.If(s[j], 1, 0)
     unfinished = z3.Or(status[j] == WAIT, status[j] == RUN, status[j] == SWAP)
     return z3.ForAll([j], z3.If(unfinished, n == 1, n == 0))
 
-def prove_unbounded(timeout_ms: int = 60_000) -> set[tuple[str, str]]:
-    """The (invariant, action) cells proved for every size (plus ``init``)."""
+def prove_unbounded(timeout_ms: int = 60_000, flow_name: str = "v0") -> set[tuple[str, str]]:
+    """The (invariant, action) cells proved for every size (plus ``init``), for the v0 or v1 flow."""
+    effects = _EFFECTS_V1 if flow_name == "v1" else _EFFECTS
     A = z3.ArraySort(z3.IntSort(), z3.IntSort())
     Bb = z3.ArraySort(z3.IntSort(), z3.BoolSort())
     status, w, r, s = z3.Const("st", A), z3.Const("w", Bb), z3.Const("r", Bb), z3.Const("s", Bb)
@@ -51,7 +64,7 @@ def prove_unbounded(timeout_ms: int = 60_000) -> set[tuple[str, str]]:
     if solver.check() == z3.unsat:
         proved.add(("QUE-001", "init"))
     g = z3.Int("g")
-    for action, (pre_ok, post_opts) in _EFFECTS.items():
+    for action, (pre_ok, post_opts) in effects.items():
         new = z3.Int("new_status")
         status2 = z3.Store(status, g, new)
         queue = {WAIT: w, RUN: r, SWAP: s}
