@@ -488,7 +488,9 @@ class BatchedScheduler:
             ce, cr = ((running | swapped) & ~boundary & (nlive > 1)).nonzero(as_tuple=True)
             if ce.numel():
                 arN = self._arange(N, I64)
-                last = self.tab[ce[:, None], cr[:, None], arN, (self.tlen[ce, cr] - 1).long()[:, None]]
+                g = ce * R + cr
+                tl = self.tlen.view(-1)[g].long()
+                last = self.tab.view(-1)[(g * (N * self.B) + tl - 1)[:, None] + arN * self.B]
                 al = alive[ce, cr]
                 cow = torch.zeros_like(al)
                 for j in range(N - 1):
@@ -858,11 +860,12 @@ class BatchedScheduler:
         pos = blend(bnd, tl, tl - 1).clamp(0, B - 1).long()
         K = ge.numel()
         jj = self._arange(N, I64)[None, :].expand(K, N)
-        ge2, gr2 = ge[:, None].expand(K, N), gr[:, None].expand(K, N)
-        pos2 = pos[:, None].expand(K, N)
-        old = self.tab[ge2, gr2, jj, pos2]
+        ge2 = ge[:, None].expand(K, N)
+        flat = ((ge * self.R + gr) * (N * B) + pos)[:, None] + jj * B  # into tab.view(-1)
+        tabf = self.tab.view(-1)
+        old = tabf[flat]
         xk = ids >= 0
-        self.tab[ge2[xk], gr2[xk], jj[xk], pos2[xk]] = ids[xk]
+        tabf[flat[xk]] = ids[xk]
         self._add_at(self.gpu_ref, ge2[xk], ids[xk], 1)
         cow = xk & ~bnd[:, None]
         self._add_at(self.gpu_ref, ge2[cow], old[cow], -1)
