@@ -169,10 +169,10 @@ class V1Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             tracked = self.running[index]
-            tokens = tracked.num_tokens - tracked.num_computed
-            if 0 < threshold < tokens:
-                tokens = threshold
-            tokens = min(tokens, budget)
+            tokens = self._running_chunk(tracked, budget, threshold)
+            if tokens == 0:  # never here (a running request has a token left); a variant's cap may say 0
+                index += 1
+                continue
             fits = self._allocate(tracked, tokens, hits=[], watermark=False)
             while not fits:
                 victim = self._victim()
@@ -222,6 +222,15 @@ class V1Scheduler:
         self._step += 1
         self._last_output = output
         return output
+
+    def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
+        """The tokens a running request gets: the rest of its tokens, capped at the threshold and
+        the budget left. (`conformance.targets.lockstep_v1.ClampedV1` overrides it with vLLM V1's
+        extra cap at ``max_model_len - num_computed - 1``, to classify lockstep divergences.)"""
+        tokens = tracked.num_tokens - tracked.num_computed
+        if 0 < threshold < tokens:
+            tokens = threshold
+        return min(tokens, budget)
 
     def _admit(
         self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]

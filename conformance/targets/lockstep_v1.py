@@ -1,11 +1,26 @@
 """Strict lockstep: the reference's ``vllm-v1`` flow against vLLM 0.33.0's V1 scheduler.
 
-    python -m conformance.targets.lockstep_v1 [--traces 1000] [--seed 20261130] [--out docs/results/lockstep-vllm-v1.json]
+    python -m conformance.targets.lockstep_v1 [--path default|chunked|prefix|chunked+prefix|all]
+        [--traces 1000] [--seed 20261130] [--out docs/results/lockstep-vllm-v1.json]
+        [--traces-dir docs/traces/lockstep-v1] [--no-shrink]
 
-Runs seeded traces of V1's default path (`conformance.targets._v1_strategy`: recompute only,
-no chunked prefill, no prefix caching) through the installed ``vllm-v1`` target with the
-``vllm-v1`` profile's reference beside it, and tallies the divergences by the field that
-differed first. Needs ``kvsched targets install vllm-v1``.
+Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target with the
+``vllm-v1`` profile's reference beside it:
+
+* ``default``: `conformance.targets._v1_strategy` (recompute only, no chunked prefill, no prefix
+  caching, V0-style prompts);
+* ``chunked``, ``prefix``, ``chunked+prefix``: `path_strategy` (the token traces of
+  `conformance.generate_v1`, prompts drawn from a few shared stems, with the path's features on).
+
+Every step compares the decisions (`conformance.lockstep.compare`: scheduled tokens per request
+with the prefill flag, preemptions, ignored and finished requests) and then the state after the
+step (`compare_state`: each unfinished request's status, computed tokens and block table, the
+running queue in order, the waiting queue, the free block count). Block ids are comparable:
+the host reports V1's ids minus one (block 0 is V1's null block) and the reference's pool frees
+and evicts in V1's order. A trace runs to its first divergence, which is classified
+(`classify`); the first trace of each class is shrunk for that class and saved under
+``--traces-dir``. The results file keeps one entry per path (version 2). Needs
+``kvsched targets install vllm-v1``.
 """
 
 from __future__ import annotations
@@ -13,42 +28,290 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
 
 from conformance.adapter import load_adapter
-from conformance.driver import run_checked
+from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
+from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.observation import Snapshot
+from spec.trace import Trace
+
+PATHS = ("default", "chunked", "prefix", "chunked+prefix")
+
+# class -> (kind, explanation with the vLLM source location); filled from what the runs found.
+CLASSES: dict[str, tuple[str, str]] = {
+    "chunk-clamped-below-max-model-len": (
+        "vllm-deviation",
+        "V1 clamps every running request's chunk at `max_model_len - num_computed_tokens - 1` "
+        "(vllm/v1/core/sched/scheduler.py: Scheduler.schedule, running loop, 'Make sure the input position "
+        "does not exceed the max model len'; `num_sampled_tokens_per_step` is 1). A prompt of exactly "
+        "max_model_len tokens whose prefill continues as a running chunk stops one token short: its last prompt "
+        "token is never scheduled (`num_new_tokens == 0` -> skipped), so it holds its blocks and seat and never "
+        "finishes unless preempted. The waiting path has no such clamp, so a whole-prompt admission is not "
+        "affected. The spec (LEN-001, LIV-001) lets such a prompt complete.",
+    ),
+}
+
+
+@dataclass
+class PathSpec:
+    chunked: bool
+    prefix: bool
+
+
+PATH_SPECS = {"chunked": PathSpec(True, False), "prefix": PathSpec(False, True),
+              "chunked+prefix": PathSpec(True, True)}
+
+
+@st.composite
+def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
+    """Configs of one of V1's paths, within what vLLM 0.33.0 accepts: watermark 0 (V1's default;
+    the reference's every-admission watermark is a documented spec decision), recompute only,
+    max_num_partial_prefills 0 (V1 has no such limit), long_prefill_token_threshold at most
+    max_model_len (SchedulerConfig.verify_max_model_len), a budget of at least max_num_seqs and,
+    without chunked prefill, at least max_model_len; a cache that holds one max_model_len
+    sequence (check_enough_kv_cache_memory)."""
+    spec = PATH_SPECS[path]
+    block_size = draw(st.sampled_from([1, 2, 4]))
+    max_num_seqs = draw(st.integers(1, 5))
+    max_model_len = draw(st.integers(block_size * 2, block_size * 10))
+    if spec.chunked:
+        budget = draw(st.integers(max_num_seqs, max(max_num_seqs, max_model_len // 2))
+                      | st.integers(max_num_seqs, max(max_num_seqs, max_model_len * 2))
+                      | st.just(max_num_seqs))
+        threshold = min(draw(st.sampled_from([0, 0, 1, 3, 8])), max_model_len)
+    else:
+        lowest = max(max_num_seqs, max_model_len)
+        budget = draw(st.integers(lowest, max(lowest, max_model_len * 2)))
+        threshold = 0
+    min_blocks = -(-max_model_len // block_size)
+    num_gpu_blocks = draw(st.integers(min_blocks, min_blocks + 4) | st.integers(min_blocks, min_blocks + 14))
+    return SchedulerConfig(
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=0, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget, max_model_len=max_model_len, watermark=0.0, preemption_mode="recompute",
+        policy=draw(st.sampled_from(["fcfs", "priority"])), enable_chunked_prefill=spec.chunked,
+        max_num_partial_prefills=0, long_prefill_token_threshold=threshold, enable_prefix_caching=spec.prefix,
+    )
+
+
+def path_strategy(path: str) -> st.SearchStrategy:
+    if path == "default":
+        return _v1_strategy()
+    return path_configs(path).flatmap(lambda config: token_traces("v1", config=config))
+
+
+# ------------------------------------------------------------------------------ state comparison
+class RecordingV1(V1Scheduler):
+    """The reference, keeping its snapshot after every step's update."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.after: list[Snapshot] = []
+
+    def update(self, outcome):
+        finished = super().update(outcome)
+        self.after.append(self.snapshot())
+        return finished
+
+
+class ClampedV1(RecordingV1):
+    """The reference with vLLM V1's extra cap on a running request's chunk: ``max_model_len -
+    num_computed - 1`` (vllm/v1/core/sched/scheduler.py: Scheduler.schedule, running loop), and
+    V1's skip of a running request that gets 0 tokens. Used only to classify divergences."""
+
+    def _running_chunk(self, tracked, budget: int, threshold: int) -> int:
+        tokens = super()._running_chunk(tracked, budget, threshold)
+        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
+
+
+def state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
+    live = {rid for rid, s in snap.statuses.items() if not s.is_finished}
+    seqs = {v.request_id: v for v in snap.seqs.values() if v.request_id in live}
+    return {
+        "statuses": {rid: snap.statuses[rid].value for rid in sorted(live)},
+        "computed": {rid: seqs[rid].num_computed for rid in sorted(seqs)},
+        "blocks": {rid: tuple(seqs[rid].blocks or ()) for rid in sorted(seqs)},
+        "running": tuple(snap.running or ()),
+        # V1's priority waiting queue is a heap: its iteration order is not its policy order
+        "waiting": tuple(sorted(snap.waiting or ())) if priority else tuple(snap.waiting or ()),
+        "gpu_free": snap.gpu_free,
+    }
+
+
+def compare_state(result: TraceResult, reference: RecordingV1) -> tuple[int, str, Any, Any] | None:
+    """The first step whose state after the step differs: (step, field, reference, target)."""
+    priority = result.trace.config.policy == "priority"
+    for record, ref in zip(result.records, reference.after, strict=False):
+        want, got = state_of(ref, priority), state_of(record.after, priority)
+        for key, value in want.items():
+            if got[key] != value:
+                if isinstance(value, dict):
+                    diff = sorted(k for k in set(value) | set(got[key]) if value.get(k) != got[key].get(k))
+                    return record.step, f"{key}", {k: value.get(k) for k in diff}, {k: got[key].get(k) for k in diff}
+                return record.step, key, value, got[key]
+    return None
+
+
+@dataclass
+class Outcome:
+    result: TraceResult
+    state: tuple[int, str, Any, Any] | None
+
+    @property
+    def divergence_step(self) -> int | None:
+        steps = [s for s in (self.result.failure_step, self.state and self.state[0]) if s is not None]
+        return min(steps) if steps else None
+
+    @property
+    def field(self) -> str | None:
+        if self.divergence_step is None:
+            return None
+        if self.state is not None and self.state[0] == self.divergence_step and (
+                self.result.divergence is None or self.result.divergence.step > self.state[0]):
+            return f"state.{self.state[1]}"
+        if self.result.divergence is not None and self.result.divergence.step == self.divergence_step:
+            return self.result.divergence.field
+        return "+".join(sorted(self.result.problem_ids - {"LOCKSTEP"})) or "fault"
+
+    def describe(self) -> str:
+        if self.field and self.field.startswith("state.") and self.state is not None:
+            return f"step {self.state[0]}: {self.state[1]} differs\n  reference: {self.state[2]}\n  target:    {self.state[3]}"
+        if self.result.divergence is not None:
+            return self.result.divergence.describe()
+        if self.result.fault is not None:
+            return str(self.result.fault)
+        return "; ".join(str(v) for v in self.result.violations[:2])
+
+
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1) -> Outcome:
+    holder: list[RecordingV1] = []
+
+    def factory(config: SchedulerConfig) -> RecordingV1:
+        holder.append(reference(config))
+        return holder[-1]
+
+    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory)
+    state = compare_state(result, holder[0]) if holder else None
+    return Outcome(result, state)
+
+
+def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
+    """The divergence's class (a key of `CLASSES`), ``unclassified`` when none fits, or None.
+
+    A class is confirmed by a counterfactual: the trace is rerun against the reference with the
+    engine's behaviour modelled (`ClampedV1`); if then every decision and every state agree, the
+    divergence is that behaviour. (The target's own invariant violations, such as the stall's
+    LIV-001, still show; they are not divergences.)"""
+    if outcome.divergence_step is None:
+        return None
+    if outcome.result.divergence is None and outcome.state is None:
+        return "violation-only"
+    if trace.config.enable_chunked_prefill and any(a.request.prompt_len == trace.config.max_model_len
+                                                   for a in trace.arrivals):
+        again = run_one(adapter, trace, get_profile("safety").invariants(), reference=ClampedV1)
+        if again.result.divergence is None and again.state is None and again.result.fault is None:
+            return "chunk-clamped-below-max-model-len"
+    return "unclassified"
+
+
+def run_path(adapter, profile, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
+    traces = sample_traces(path_strategy(path), count, seed_value)
+    by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
+    violations: collections.Counter[str] = collections.Counter()
+    steps = agreeing = 0
+    started = time.monotonic()
+    for trace in traces:
+        outcome = run_one(adapter, trace, invariants)
+        result = outcome.result
+        steps += len(result.records)
+        for problem in result.problem_ids - {"LOCKSTEP"}:
+            violations[problem] += 1
+        cls = classify(adapter, trace, outcome)
+        if cls is None:
+            agreeing += 1
+            continue
+        by_field[outcome.field or "?"] += 1
+        by_class[cls] += 1
+        first.setdefault((path, cls), (trace, outcome))
+    return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
+            "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
+            "violations": dict(sorted(violations.items())), "seconds": round(time.monotonic() - started, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--path", choices=(*PATHS, "all"), default="all")
     ap.add_argument("--traces", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--out", type=Path, default=Path("docs/results/lockstep-vllm-v1.json"))
+    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/lockstep-v1"))
+    ap.add_argument("--no-shrink", action="store_true")
     args = ap.parse_args(argv)
-    traces = sample_traces(_v1_strategy(), args.traces, args.seed)
+    paths = PATHS if args.path == "all" else (args.path,)
     adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
-    by_field: collections.Counter[str] = collections.Counter()
-    violations: collections.Counter[str] = collections.Counter()
-    steps = agreeing = 0
-    for trace in traces:
-        result = run_checked(adapter, trace, profile.invariants(), timeout=60, lockstep=True,
-                             reference_factory=profile.make_reference)
-        steps += len(result.records)
-        if result.divergence is not None:
-            by_field[result.divergence.field] += 1
-        for problem in result.problem_ids - {"LOCKSTEP"}:
-            violations[problem] += 1
-        agreeing += not result.failed
-    report = {"version": 1, "target": "vllm-v1", "reference": profile.reference, "seed": args.seed,
-              "traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
-              "divergent_by_field": dict(by_field), "violations": dict(violations)}
+    invariants = profile.invariants()
+    report: dict[str, Any] = {"version": 2, "target": "vllm-v1", "package": "vllm==0.33.0",
+                              "reference": profile.reference, "seed": args.seed, "paths": {}, "classes": {}}
+    if args.out.exists():  # keep the other paths' results
+        old = json.loads(args.out.read_text())
+        if old.get("version") == 2:
+            report["paths"].update(old.get("paths", {}))
+            report["classes"].update(old.get("classes", {}))
+        elif old.get("version") == 1:  # the default path's first run
+            report["paths"]["default"] = {k: old[k] for k in ("traces", "steps", "agreeing_traces",
+                                                              "divergent_by_field", "violations")}
+    first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
+    for path in paths:
+        report["paths"][path] = entry = run_path(adapter, profile, path, args.traces, args.seed, first, invariants)
+        print(json.dumps({"path": path, **entry}), flush=True)
+    for (path, cls), (trace, _outcome) in sorted(first.items()):
+        small = trace
+        if not args.no_shrink:
+            from conformance.shrink import shrink
+
+            flags = (trace.config.enable_chunked_prefill, trace.config.enable_prefix_caching)
+
+            def failing(candidate: Trace, cls: str = cls, flags: tuple[bool, bool] = flags) -> int | None:
+                if (candidate.config.enable_chunked_prefill, candidate.config.enable_prefix_caching) != flags:
+                    return None
+                try:
+                    got = run_one(adapter, candidate, invariants)
+                except Exception:  # noqa: BLE001 - a candidate outside what V1 accepts is no smaller instance
+                    return None
+                return got.divergence_step if classify(adapter, candidate, got) == cls else None
+
+            try:
+                small, _ = shrink(trace, failing, budget=300, seconds=90)
+            except ValueError:
+                small = trace
+        final = run_one(adapter, small, invariants)
+        kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        meta = {"adapter": "vllm-v1", "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
+                "message": final.describe(), "steps": len(final.result.records)}
+        saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
+        name = f"{path.replace('+', '-')}-{cls}.json"
+        out = saved.save(args.traces_dir / name)
+        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
+        entry["kind"], entry["explanation"] = kind, why
+        entry["paths"][path] = {"trace": str(out), "message": final.describe()}
+        print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report))
-    return 0 if agreeing == len(traces) else 1
+    total = sum(p["traces"] for p in report["paths"].values())
+    agree = sum(p["agreeing_traces"] for p in report["paths"].values())
+    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
         value = getattr(snap, name)
         if value is not None:
             out[name] = value
+    if snap.gpu_block_keys is not None:
+        out["gpu_block_keys"] = list(snap.gpu_block_keys)
     return out
 
 
@@ -90,6 +92,14 @@ def _strs(value: Any, where: str) -> tuple[str, ...] | None:
         return None
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
         raise WireError(f"snapshot.{where}: expected a list of request ids")
+    return tuple(value)
+
+
+def _keys(value: Any, where: str) -> tuple[str | None, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(x is None or isinstance(x, str) for x in value):
+        raise WireError(f"snapshot.{where}: expected a list of strings or nulls")
     return tuple(value)
 
 
@@ -142,4 +152,5 @@ def snapshot_from_json(data: Any) -> Snapshot:
         cpu_free=_opt_int(data.get("cpu_free"), "cpu_free"),
         gpu_free_ids=_ints(data.get("gpu_free_ids"), "gpu_free_ids"),
         cpu_free_ids=_ints(data.get("cpu_free_ids"), "cpu_free_ids"),
+        gpu_block_keys=_keys(data.get("gpu_block_keys"), "gpu_block_keys"),
     )

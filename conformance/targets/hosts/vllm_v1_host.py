@@ -16,7 +16,16 @@ Translations (documented in docs/CONFORMANCE.md):
   outcome the snapshot reports the tokens computed *before* the step (the KV is written when
   the model runs);
 * a prompt longer than ``max_model_len`` is rejected by V1's input processor before it reaches
-  the scheduler (vllm/v1/engine/input_processor.py); the host reports it as ignored.
+  the scheduler (vllm/v1/engine/input_processor.py); the host reports it as ignored;
+* chunked prefill (with ``long_prefill_token_threshold``) and prefix caching are passed to V1's
+  SchedulerConfig / CacheConfig; ``max_num_partial_prefills`` is accepted and has no effect
+  (V1's scheduler has no such limit). With prefix caching, each Request gets V1's own block
+  hasher (``get_request_block_hasher``, as ``EngineCore`` builds it), so V1 hashes the trace's
+  token ids: the prompt's ``prompt_tokens`` (else ``spec.types.default_prompt_tokens``) and the
+  sampled tokens ``spec.types.generated_token`` (crc32, re-implemented here; kvsched is not
+  importable in the target venv). A stop is the token ``STOP_TOKEN``, outside that vocabulary;
+* a scheduled request is reported as a prefill until it samples a token after its (re)admission
+  (the reference's flag), which holds also when a prefix hit leaves only its last token.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import zlib
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,13 +44,26 @@ logging.disable(logging.WARNING)
 import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-STOP_TOKEN = 3
+STOP_TOKEN = 1000  # outside the trace vocabulary (spec.types.VOCAB_SIZE = 50): only a trace stop samples it
+VOCAB_SIZE = 50
+
+
+def default_prompt_tokens(prompt_len: int) -> list[int]:
+    """spec.types.default_prompt_tokens."""
+    return [i % VOCAB_SIZE for i in range(prompt_len)]
+
+
+def generated_token(request_id: str, position: int) -> int:
+    """spec.types.generated_token for sequence 0."""
+    return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
 _STATUS = {
     RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
     RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
@@ -65,9 +88,8 @@ class V1Engine:
     def reset(self, config: dict) -> None:
         if config.get("num_cpu_blocks", 0) and config.get("preemption_mode") == "swap":
             raise ValueError("vLLM V1 has no swap: preemption is recompute only")
-        if config.get("enable_chunked_prefill") or config.get("enable_prefix_caching"):
-            raise ValueError("this host drives V1's default path: no chunked prefill, no prefix caching")
         self.cfg = config
+        chunked, caching = bool(config.get("enable_chunked_prefill")), bool(config.get("enable_prefix_caching"))
         mml, bs, G = config["max_model_len"], config["block_size"], config["num_gpu_blocks"]
         if G * bs < mml:  # vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory, at start-up
             raise ValueError(f"vLLM V1 refuses a KV cache of {G * bs} tokens for max_model_len {mml}")
@@ -75,15 +97,22 @@ class V1Engine:
             self._model_configs[mml] = ModelConfig(model=model_dir(), skip_tokenizer_init=True, max_model_len=mml,
                                                    dtype="float32", seed=0)
         sc = SchedulerConfig(max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
-                             max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=False,
+                             max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=chunked,
+                             long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
                              async_scheduling=False, policy=config["policy"], watermark=float(config["watermark"]))
-        cc = CacheConfig(block_size=bs, enable_prefix_caching=False)
+        cc = CacheConfig(block_size=bs, enable_prefix_caching=caching)
         vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc)
         cc.num_gpu_blocks = G + 1
         kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
             ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
         self.sched = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
                                block_size=bs, log_stats=False)
+        self.block_hasher = None
+        if caching:  # as vllm/v1/engine/core.py: EngineCore.__init__ builds it
+            hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.block_hasher = get_request_block_hasher(bs, hash_fn)
+        self.decoding: set[str] = set()  # sampled a token since (re)admission
         self.reqs: dict[str, Request] = {}
         self.final: dict[str, str] = {}
         self.rejected: list[str] = []
@@ -103,9 +132,10 @@ class V1Engine:
             self.rejected.append(rid)
             return
         sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
-        r = Request(request_id=rid, prompt_token_ids=kvsched_host.token_ids(rid, request["prompt_len"]),
-                    sampling_params=sp, pooling_params=None, arrival_time=float(self.arrivals),
-                    priority=request.get("priority", 0))
+        tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
+        r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
+                    arrival_time=float(self.arrivals), priority=request.get("priority", 0),
+                    block_hasher=self.block_hasher)
         self.arrivals += 1
         self.reqs[rid] = r
         self.sched.add_request(r)
@@ -120,12 +150,9 @@ class V1Engine:
 
     def schedule(self) -> dict:
         out = self.sched.schedule()
-        scheduled = []
-        for rid, n in out.num_scheduled_tokens.items():
-            r = self.reqs[rid]
-            before = r.num_computed_tokens - n  # schedule() already advanced it
-            scheduled.append({"seq": f"{rid}#0", "request": rid, "tokens": n,
-                              "prefill": before == 0 or before < r.num_tokens - 1})
+        self.decoding -= set(out.preempted_req_ids or ())
+        scheduled = [{"seq": f"{rid}#0", "request": rid, "tokens": n, "prefill": rid not in self.decoding}
+                     for rid, n in out.num_scheduled_tokens.items()]
         ignored, self.rejected = self.rejected, []
         self.pending = (out, ignored)
         result = {"step": self.step_no, "scheduled": scheduled,
@@ -146,8 +173,9 @@ class V1Engine:
         for rid in req_ids:
             r = self.reqs[rid]
             if r.num_computed_tokens >= r.num_tokens:  # prompt complete: one token sampled
-                tok = STOP_TOKEN if f"{rid}#0" in stop else kvsched_host.token_ids(rid, 1, start=r.num_tokens)[0]
+                tok = STOP_TOKEN if f"{rid}#0" in stop else generated_token(rid, r.num_tokens)
                 sampled.append([tok])
+                self.decoding.add(rid)
             else:
                 sampled.append([])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -190,6 +218,10 @@ class V1Engine:
             "gpu_free": pool.get_num_free_blocks(),
             "cpu_free": self.cfg.get("num_cpu_blocks", 0),
             "gpu_free_ids": [b.block_id - 1 for b in pool.free_block_queue.get_all_free_blocks()],
+            # a block cached under a hash holds the content the hash names (COW-001 lets such a block be
+            # shared while it is written in the step that cached it); V1's hash, not the reference's key
+            "gpu_block_keys": [None if pool.blocks[i].block_hash is None else bytes(pool.blocks[i].block_hash).hex()
+                               for i in range(1, G + 1)],
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
         }
 
