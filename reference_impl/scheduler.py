@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from reference_impl.block_manager import AllocStatus, BlockManager
 from reference_impl.budget import Budget
 from reference_impl.sequence import Sequence, SequenceGroup
+from spec import observation
 from spec.config import SchedulerConfig
 from spec.observation import ALL_CAPABILITIES, SeqView, Snapshot
 from spec.reasons import Reason
 from spec.status import PreemptionMode, Status
-from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, seq_id
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, request_of, seq_id
 
 
 @dataclass
@@ -93,6 +94,10 @@ class Scheduler:
         self._arrivals = 0
         self._last_output: SchedulerOutput | None = None
         self._ignored: list[Finished] = []
+        self._last_snapshot: Snapshot | None = None
+        self._settled: set[str] = set()  # finished groups holding nothing: their views are final
+        self._unsettled_finished: set[str] = set()  # finished groups last seen still holding blocks
+        self._added_since_snapshot: list[str] = []
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -101,6 +106,7 @@ class Scheduler:
         group = SequenceGroup.new(request, self._arrivals)
         self._arrivals += 1
         self.groups[request.request_id] = group
+        self._added_since_snapshot.append(request.request_id)
         self._enqueue(self.waiting, group)
 
     def abort_request(self, request_id: str) -> Finished | None:
@@ -394,32 +400,96 @@ class Scheduler:
 
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
+        """The whole state, built as a delta on the previous snapshot (`Snapshot.base`).
+
+        A sequence's view is rebuilt only when one of its fields differs from the view last
+        handed out, and every part that did not change is the previous snapshot's own object
+        (views, tables, count tuples, queues), so a checker can skip what is identical
+        (`spec.invariants._views`). `changed_seqs` names the rebuilt views. A group that was seen
+        finished and holding nothing can no longer change and is not visited again.
+        """
         bm = self.block_manager
-        seqs: dict[str, SeqView] = {}
-        for group in self.groups.values():
+        if not observation.INCREMENTAL:
+            self._last_snapshot, self._settled, self._unsettled_finished = None, set(), set()
+        base = self._last_snapshot
+        old_seqs = base.seqs if base is not None and base.seqs is not None else {}
+        old_statuses = base.statuses if base is not None and base.statuses is not None else {}
+        new_views: dict[str, SeqView] = {}
+        new_statuses: dict[str, Status] = {}
+        gpu_tables, cpu_tables = bm.gpu_tables, bm.cpu_tables
+        for group in self._groups_to_visit(base):
+            rid = group.request_id
+            if old_statuses.get(rid) is not group.status:
+                new_statuses[rid] = group.status
+            holds = False
             for seq in group.seqs:
-                if seq.seq_id in bm.gpu_tables:
-                    blocks, device = tuple(bm.gpu_tables[seq.seq_id]), "gpu"
-                elif seq.seq_id in bm.cpu_tables:
-                    blocks, device = tuple(bm.cpu_tables[seq.seq_id]), "cpu"
+                sid = seq.seq_id
+                if sid in gpu_tables:
+                    blocks, device = tuple(gpu_tables[sid]), "gpu"
+                elif sid in cpu_tables:
+                    blocks, device = tuple(cpu_tables[sid]), "cpu"
                 else:
                     blocks, device = (), None
-                seqs[seq.seq_id] = SeqView(
-                    seq.seq_id, seq.request_id, seq.status, seq.num_tokens, seq.num_computed, blocks, device
-                )
-        return Snapshot(
-            statuses={rid: g.status for rid, g in self.groups.items()},
+                holds = holds or bool(blocks)
+                old = old_seqs.get(sid)
+                if old is not None and old.blocks == blocks:
+                    blocks = old.blocks  # keep the object: an unchanged table is the same table
+                if (old is None or old.status is not seq.status or old.num_tokens != seq.num_tokens
+                        or old.num_computed != seq.num_computed or old.blocks is not blocks or old.device != device):
+                    new_views[sid] = SeqView(sid, seq.request_id, seq.status, seq.num_tokens, seq.num_computed, blocks, device)
+            if group.status.is_finished:
+                if not holds and all(s.status.is_finished for s in group.seqs):
+                    self._settled.add(rid)
+                    self._unsettled_finished.discard(rid)
+                else:
+                    self._unsettled_finished.add(rid)
+        self._added_since_snapshot.clear()
+        seqs = {**old_seqs, **new_views} if new_views or base is None else old_seqs
+        statuses = {**old_statuses, **new_statuses} if new_statuses or base is None else old_statuses
+
+        def same(new: tuple, old: tuple | None) -> tuple:
+            return old if old is not None and old == new else new
+
+        old_snap = base if base is not None else Snapshot()
+        snap = Snapshot(
+            statuses=statuses,
             seqs=seqs,
-            waiting=tuple(g.request_id for g in self.waiting),
-            running=tuple(g.request_id for g in self.running),
-            swapped=tuple(g.request_id for g in self.swapped),
-            gpu_ref_counts=tuple(bm.gpu.ref_counts),
-            cpu_ref_counts=tuple(bm.cpu.ref_counts),
+            waiting=same(tuple(g.request_id for g in self.waiting), old_snap.waiting),
+            running=same(tuple(g.request_id for g in self.running), old_snap.running),
+            swapped=same(tuple(g.request_id for g in self.swapped), old_snap.swapped),
+            gpu_ref_counts=same(tuple(bm.gpu.ref_counts), old_snap.gpu_ref_counts),
+            cpu_ref_counts=same(tuple(bm.cpu.ref_counts), old_snap.cpu_ref_counts),
             gpu_free=bm.gpu.num_free,
             cpu_free=bm.cpu.num_free,
-            gpu_free_ids=bm.gpu.free_ids(),
-            cpu_free_ids=bm.cpu.free_ids(),
+            gpu_free_ids=same(bm.gpu.free_ids(), old_snap.gpu_free_ids),
+            cpu_free_ids=same(bm.cpu.free_ids(), old_snap.cpu_free_ids),
+            base=base,
+            changed_seqs=frozenset(new_views) if base is not None else None,
+            changed_requests=frozenset(new_statuses) if base is not None else None,
         )
+        # Only the latest is kept; holding the chain is the records' business, not the scheduler's.
+        self._last_snapshot = snap
+        return snap
+
+    def _groups_to_visit(self, base: Snapshot | None) -> list[SequenceGroup]:
+        """The groups whose views may have changed since ``base``: every running or swapped
+        group, every group that entered or left a queue, and every group whose status is not
+        its queue's. A group that stayed waiting, still WAITING, has no blocks to gain and no
+        token to add, so its views are base's; a finished group is visited until it is seen
+        holding nothing (`_settled`)."""
+        if base is None or base.waiting is None:
+            return [g for rid, g in self.groups.items() if rid not in self._settled]
+        was_waiting = set(base.waiting)
+        holders = {request_of(sid) for sid in (*self.block_manager.gpu_tables, *self.block_manager.cpu_tables)}
+        visit = [*self.running, *self.swapped]
+        visit += [g for g in self.waiting
+                  if g.request_id not in was_waiting or g.status is not Status.WAITING or g.request_id in holders]
+        queued = {g.request_id for g in visit} | was_waiting.intersection(g.request_id for g in self.waiting)
+        left = [rid for rid in (*base.waiting, *(base.running or ()), *(base.swapped or ())) if rid not in queued]
+        visit += [self.groups[rid] for rid in left if rid in self.groups and rid not in self._settled]
+        visit += [self.groups[rid] for rid in (*self._unsettled_finished, *self._added_since_snapshot)
+                  if rid not in self._settled]
+        return visit
 
     def metrics(self) -> dict[str, int]:
         return {

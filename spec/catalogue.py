@@ -34,6 +34,9 @@ class CheckContext:
     last_arrival_step: int = 0
     drained: bool = False
     ended_at_max_steps: bool = False
+    # The previous step's record when every check passed on it: incremental checks need not
+    # look again at what is unchanged since (spec.invariants._views.fresh_*). None: check all.
+    previous: StepRecord | None = None
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -192,6 +195,7 @@ class Checker:
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
         ctx.steps += 1
+        ctx.previous = None if found else record
         return found
 
     def check_end(self, drained: bool, ended_at_max_steps: bool) -> list[Violation]:

@@ -8,6 +8,7 @@ capabilities it needs and is reported ``not_applicable`` where they are missing,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +53,14 @@ class SeqView:
     token_ids: tuple[int, ...] | None = None  # prompt + generated ids (PREFIX_CACHE)
 
 
+# KVSCHED_FULL_CHECK=1 turns incremental checking off: snapshots are built whole and every
+# check looks at every view every step. It is the slow path the incremental one is tested
+# against (tests/test_incremental_check.py); tests flip `spec.observation.INCREMENTAL`.
+INCREMENTAL = os.environ.get("KVSCHED_FULL_CHECK", "") != "1"
+
+_MAX_CHAIN = 8  # a run checks consecutive snapshots; a longer chain means something was skipped
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The scheduler's state at one instant; any part may be ``None`` (not observable)."""
@@ -71,9 +80,35 @@ class Snapshot:
     # and the cache index, key -> the GPU blocks a lookup of that key can find.
     gpu_block_keys: tuple[str | None, ...] | None = None
     cache_index: Mapping[str, tuple[int, ...]] | None = None
+    # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
+    # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
+    # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
+    # object as) base's, so a check that depends on one view alone need not look at it again.
+    base: Snapshot | None = field(default=None, compare=False, repr=False)
+    changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # Likewise for requests: every request whose status is new or differs from base's.
+    changed_requests: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def queue(self, name: str) -> tuple[str, ...] | None:
         return getattr(self, name)
+
+    def changed_since(self, older: Snapshot | None, part: str = "changed_seqs") -> frozenset[str] | None:
+        """Sequences (``part="changed_requests"``: requests) that may differ between ``older``
+        and this snapshot, following the ``base`` chain back to ``older``; ``None`` when the
+        chain does not reach it (check all)."""
+        if older is None:
+            return None
+        changed: set[str] = set()
+        snap: Snapshot | None = self
+        for _ in range(_MAX_CHAIN):
+            if snap is older:
+                return frozenset(changed)
+            delta = getattr(snap, part) if snap is not None else None
+            if delta is None:
+                return None
+            changed |= delta
+            snap = snap.base
+        return None
 
     def seqs_of(self, request_id: str) -> list[SeqView]:
         assert self.seqs is not None

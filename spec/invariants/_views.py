@@ -1,10 +1,24 @@
-"""Small readers over snapshots shared by the predicates."""
+"""Small readers over snapshots shared by the predicates.
+
+Incremental checking lives here. A predicate states its rule over whole snapshots; these
+readers let it look only at what can have changed. Derived views (tables, entry counts) are
+carried forward from the previous snapshot through its delta (`Snapshot.base`,
+`Snapshot.changed_seqs`), and `fresh_*` hand a check of one view at a time only the views that
+changed since the last snapshot it passed (`CheckContext.previous`). An adapter that gives no
+delta gets every view checked every time; the result is the same, only slower.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from spec.observation import Snapshot, StepRecord
+from spec import observation
+from spec.observation import SeqView, Snapshot, StepRecord
+
+if TYPE_CHECKING:
+    from spec.catalogue import CheckContext
 
 # Several predicates read the same derived views of one snapshot; compute each once. Keyed by
 # id() with the snapshot kept alive in the entry, so an id is never reused while cached.
@@ -23,23 +37,146 @@ def _memo(snap: Snapshot, kind: str, device: str, build):
     return value
 
 
-def tables(snap: Snapshot, device: str) -> dict[str, tuple[int, ...]]:
-    """Sequence id -> block table, for sequences whose table is on ``device``."""
+_DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
+
+
+def _cached(snap: Snapshot, kind: str, device: str) -> object | None:
+    hit = _MEMO.get((id(snap), kind, device))
+    return hit[1] if hit is not None and hit[0] is snap else None
+
+
+def _delta_base(snap: Snapshot, kind: str, device: str, depth: int):
+    """The base snapshot's derived view when it can be carried forward through ``changed_seqs``."""
+    base = snap.base
+    if not observation.INCREMENTAL or base is None or snap.changed_seqs is None or base.seqs is None:
+        return None
+    value = _cached(base, kind, device)
+    if value is None and depth < _DELTA_DEPTH:
+        value = (tables if kind == "tables" else entries)(base, device, depth + 1)
+    return value
+
+
+def _moved(snap: Snapshot, sid: str, device: str) -> bool:
+    """Whether sequence ``sid``'s table on ``device`` may differ between ``snap.base`` and ``snap``."""
+    old, new = snap.base.seqs.get(sid), snap.seqs.get(sid)
+    if old is None or new is None:
+        return True
+    if old.device != device and new.device != device:
+        return False
+    return old.device != new.device or old.blocks is not new.blocks
+
+
+def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int, ...]]:
+    """Sequence id -> block table, for sequences whose table is on ``device``.
+
+    Built from the base snapshot's tables and the changed sequences when the adapter gives a
+    delta (`Snapshot.base`), else from every view."""
     assert snap.seqs is not None
-    return _memo(snap, "tables", device,
-                 lambda: {sid: v.blocks for sid, v in snap.seqs.items() if v.device == device and v.blocks})
+
+    def build() -> dict[str, tuple[int, ...]]:
+        seqs = snap.seqs
+        prior = _delta_base(snap, "tables", device, _depth)
+        if prior is None:
+            return {sid: v.blocks for sid, v in seqs.items() if v.device == device and v.blocks}
+        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        if not touched:
+            return prior  # no table on this device changed: the same object, so checks can skip
+        out = dict(prior)
+        for sid in touched:
+            view = seqs.get(sid)
+            if view is not None and view.device == device and view.blocks:
+                out[sid] = view.blocks
+            else:
+                out.pop(sid, None)
+        return out
+
+    return _memo(snap, "tables", device, build)
 
 
-def entries(snap: Snapshot, device: str) -> Counter[int]:
-    """How many table entries point at each block of ``device``."""
+def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
+    """How many table entries point at each block of ``device`` (blocks with none are absent)."""
 
     def build() -> Counter[int]:
-        counts: Counter[int] = Counter()
-        for blocks in tables(snap, device).values():
-            counts.update(blocks)
+        prior = _delta_base(snap, "entries", device, _depth)
+        if prior is None:
+            counts: Counter[int] = Counter()
+            for blocks in tables(snap, device, _DELTA_DEPTH).values():
+                counts.update(blocks)
+            return counts
+        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        if not touched:
+            return prior  # no table on this device changed: the same object, so checks can skip
+        counts = Counter(prior)
+        base_seqs, seqs = snap.base.seqs, snap.seqs
+        for sid in touched:
+            old = base_seqs.get(sid)
+            if old is not None and old.device == device and old.blocks:
+                for block in old.blocks:
+                    left = counts[block] - 1
+                    if left:
+                        counts[block] = left
+                    else:
+                        del counts[block]
+            new = seqs.get(sid)
+            if new is not None and new.device == device and new.blocks:
+                counts.update(new.blocks)
         return counts
 
     return _memo(snap, "entries", device, build)
+
+
+def changed_between(snap: Snapshot, older: Snapshot) -> frozenset[str] | None:
+    """`Snapshot.changed_since`, or None (check all) when incremental checking is off."""
+    return snap.changed_since(older) if observation.INCREMENTAL else None
+
+
+def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqView]]:
+    """The views a check of one view at a time must look at in ``snap``: those changed since
+    ``prior`` (a snapshot the same check already passed), or all when that is unknown. In id
+    order, so messages come out the same either way."""
+    assert snap.seqs is not None
+    changed = snap.changed_since(prior) if observation.INCREMENTAL else None
+    if changed is None:
+        return list(snap.seqs.items())
+    seqs = snap.seqs
+    return [(sid, seqs[sid]) for sid in sorted(changed) if sid in seqs]
+
+
+def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
+    """(label, seq id, view) over `snapshots` of the record, skipping views the same check has
+    already seen unchanged: mid against the previous step's final snapshot, final against mid."""
+    prior = ctx.previous.after if ctx.previous is not None else None
+    for label, snap in snapshots(record):
+        for sid, view in fresh_views(snap, prior):
+            yield label, sid, view
+        prior = snap
+
+
+def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, Snapshot, Snapshot | None]]:
+    """(label, snapshot, prior) over `snapshots` of the record, where ``prior`` is the snapshot
+    the same check passed just before (None: unknown). A check whose inputs in ``snapshot`` are
+    the very objects they were in ``prior`` has nothing new to look at."""
+    prior = ctx.previous.after if ctx.previous is not None and observation.INCREMENTAL else None
+    for label, snap in snapshots(record):
+        yield label, snap, prior
+        prior = snap if observation.INCREMENTAL else None
+
+
+def same_tables(snap: Snapshot, prior: Snapshot | None, device: str) -> bool:
+    """Whether no block table on ``device`` changed between ``prior`` and ``snap`` (by identity)."""
+    return prior is not None and prior.seqs is not None and entries(snap, device) is entries(prior, device)
+
+
+def fresh_after(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
+    """The final snapshot's views changed since the previous step's final snapshot."""
+    return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None)
+
+
+def fresh_mid(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
+    """The mid-step snapshot's views changed since the previous step's mid-step snapshot."""
+    assert record.mid is not None
+    prior = ctx.previous.mid if ctx.previous is not None else None
+    return fresh_views(record.mid, prior)
 
 
 def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:

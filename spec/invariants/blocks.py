@@ -6,7 +6,14 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import entries, snapshots, tables
+from spec.invariants._views import (
+    checked_with_prior,
+    entries,
+    fresh_after,
+    fresh_in_snapshots,
+    same_tables,
+    tables,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -16,17 +23,20 @@ _SEED_34 = "Seed 000 §3.4 counts free and allocated blocks of one 10-block pool
 
 def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
     total = ctx.config.num_gpu_blocks if device == "gpu" else ctx.config.num_cpu_blocks
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
         free = snap.gpu_free if device == "gpu" else snap.cpu_free
         assert refs is not None and free is not None
+        if prior is not None and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) \
+                and free == (prior.gpu_free if device == "gpu" else prior.cpu_free):
+            continue  # the same counts this check passed just before
         if len(refs) != total:
             yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
             continue
-        negative = [b for b, r in enumerate(refs) if r < 0]
-        if negative:
+        if refs and min(refs) < 0:
+            negative = [b for b, r in enumerate(refs) if r < 0]
             yield f"{label}: {device} blocks {negative[:5]} have negative reference counts"
-        in_use = sum(1 for r in refs if r > 0)
+        in_use = sum(1 for r in refs if r > 0) if refs and min(refs) < 0 else len(refs) - refs.count(0)
         if in_use + free != total:
             yield f"{label}: {device} free {free} + in use {in_use} = {free + in_use}, expected {total}"
 
@@ -54,11 +64,19 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _conservation(ctx, rec, "cpu")
 
 
-def _ref_counts(rec: StepRecord, device: str) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
+    for label, snap, prior in checked_with_prior(ctx, rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
         assert refs is not None
+        if same_tables(snap, prior, device) and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts):
+            continue  # the same counts and tables this check passed just before
         counted = entries(snap, device)
+        if not counted or (min(counted) >= 0 and max(counted) < len(refs)):
+            expected = [0] * len(refs)
+            for block, n in counted.items():
+                expected[block] = n
+            if list(refs) == expected:  # the common case, compared at C speed; explained below if not
+                continue
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):
                 yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
@@ -77,7 +95,7 @@ def _ref_counts(rec: StepRecord, device: str) -> Iterator[str]:
     (C.REF_COUNTS, C.BLOCK_TABLES),
 )
 def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _ref_counts(rec, "gpu")
+    yield from _ref_counts(ctx, rec, "gpu")
 
 
 @invariant(
@@ -88,7 +106,7 @@ def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.REF_COUNTS, C.BLOCK_TABLES),
 )
 def cpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _ref_counts(rec, "cpu")
+    yield from _ref_counts(ctx, rec, "cpu")
 
 
 @invariant(
@@ -101,21 +119,24 @@ def cpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.FREE_LISTS, C.BLOCK_TABLES),
 )
 def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         for device, free_ids, total in (
             ("gpu", snap.gpu_free_ids, ctx.config.num_gpu_blocks),
             ("cpu", snap.cpu_free_ids, ctx.config.num_cpu_blocks),
         ):
             assert free_ids is not None
-            dupes = [b for b, n in Counter(free_ids).items() if n > 1]
-            if dupes:
+            if same_tables(snap, prior, device) and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
+                continue  # the same free list and tables this check passed just before
+            free = set(free_ids)
+            if len(free) != len(free_ids):
+                dupes = [b for b, n in Counter(free_ids).items() if n > 1]
                 yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            bad = [b for b in free_ids if not 0 <= b < total]
-            if bad:
+            if free_ids and (min(free_ids) < 0 or max(free_ids) >= total):
+                bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
-            used = set(entries(snap, device))
-            both = sorted(used & set(free_ids))
-            if both:
+            used = entries(snap, device)
+            if not free.isdisjoint(used):
+                both = sorted(free.intersection(used))
                 yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
 
 
@@ -128,11 +149,9 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.BLOCK_TABLES,),
 )
 def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
-        assert snap.seqs is not None
-        for sid, view in snap.seqs.items():
-            if view.blocks and len(set(view.blocks)) != len(view.blocks):
-                yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
+    for label, sid, view in fresh_in_snapshots(ctx, rec):
+        if view.blocks and len(set(view.blocks)) != len(view.blocks):
+            yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
 
 
 @invariant(
@@ -147,7 +166,7 @@ def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
     bs = ctx.config.block_size
-    for sid, v in rec.after.seqs.items():
+    for sid, v in fresh_after(ctx, rec):
         if v.status in (Status.RUNNING, Status.SWAPPED):
             need = -(-(v.num_computed or 0) // bs)
             have = len(v.blocks or ())
@@ -194,7 +213,7 @@ def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
     chunked = ctx.config.enable_chunked_prefill
-    for sid, v in rec.after.seqs.items():
+    for sid, v in fresh_after(ctx, rec):
         if v.status in (Status.RUNNING, Status.SWAPPED):
             lag_ok = (v.num_computed or 0) <= (v.num_tokens or 0) - 1 if chunked else v.num_computed == (v.num_tokens or 0) - 1
             if not lag_ok:
@@ -242,6 +261,8 @@ def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 )
 def copy_targets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None
+    if not rec.output.copies:
+        return
     before_used = set(entries(rec.before, "gpu")) | {gpu for _, gpu in rec.output.swap_in}
     mid_tables = tables(rec.mid, "gpu")
     scheduled = {s.seq_id for s in rec.output.scheduled}
@@ -250,6 +271,6 @@ def copy_targets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             yield f"copy {src}->{dst} copies a block onto itself"
         if src not in before_used:
             yield f"copy {src}->{dst}: source block {src} was neither in use before the step nor swapped in"
-        holders = [sid for sid, t in mid_tables.items() for b in t if b == dst]
+        holders = sorted(sid for sid, t in mid_tables.items() for b in t if b == dst)
         if len(holders) != 1 or holders[0] not in scheduled:
             yield f"copy {src}->{dst}: destination is held by {holders or 'nobody'}, expected one scheduled sequence"

@@ -5,22 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import snapshots
+from spec.invariants._views import checked_with_prior, fresh_in_snapshots
 from spec.observation import Capability as C
-from spec.observation import StepRecord
+from spec.observation import Snapshot, StepRecord
 from spec.status import QUEUES, Status
 
 
-def _residency(rec: StepRecord, wanted: Status, device: str | None) -> Iterator[str]:
-    for label, snap in snapshots(rec):
-        assert snap.seqs is not None
-        for sid, v in snap.seqs.items():
-            if v.status is not wanted:
-                continue
-            if device is None and v.blocks:
-                yield f"{label}: {sid} is {wanted.value} but holds {v.device} blocks {list(v.blocks)}"
-            elif device is not None and (v.device != device or not v.blocks):
-                yield f"{label}: {sid} is {wanted.value} but its blocks are {list(v.blocks or ())} on {v.device}"
+def _residency(ctx: CheckContext, rec: StepRecord, wanted: Status, device: str | None) -> Iterator[str]:
+    for label, sid, v in fresh_in_snapshots(ctx, rec):
+        if v.status is not wanted:
+            continue
+        if device is None and v.blocks:
+            yield f"{label}: {sid} is {wanted.value} but holds {v.device} blocks {list(v.blocks)}"
+        elif device is not None and (v.device != device or not v.blocks):
+            yield f"{label}: {sid} is {wanted.value} but its blocks are {list(v.blocks or ())} on {v.device}"
 
 
 @invariant(
@@ -31,7 +29,7 @@ def _residency(rec: StepRecord, wanted: Status, device: str | None) -> Iterator[
     (C.STATUSES, C.BLOCK_TABLES),
 )
 def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(rec, Status.RUNNING, "gpu")
+    yield from _residency(ctx, rec, Status.RUNNING, "gpu")
 
 
 @invariant(
@@ -43,7 +41,7 @@ def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.STATUSES, C.BLOCK_TABLES),
 )
 def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(rec, Status.SWAPPED, "cpu")
+    yield from _residency(ctx, rec, Status.SWAPPED, "cpu")
 
 
 @invariant(
@@ -54,7 +52,7 @@ def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.STATUSES, C.BLOCK_TABLES),
 )
 def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(rec, Status.WAITING, None)
+    yield from _residency(ctx, rec, Status.WAITING, None)
 
 
 @invariant(
@@ -66,11 +64,14 @@ def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.STATUSES, C.BLOCK_TABLES),
 )
 def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
-        assert snap.seqs is not None
-        for sid, v in snap.seqs.items():
-            if v.status.is_finished and v.blocks:
-                yield f"{label}: {sid} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
+    for label, sid, v in fresh_in_snapshots(ctx, rec):
+        if v.status.is_finished and v.blocks:
+            yield f"{label}: {sid} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
+
+
+def _same_queues(snap: Snapshot, prior: Snapshot | None) -> bool:
+    return (prior is not None and snap.statuses is prior.statuses and snap.waiting is prior.waiting
+            and snap.running is prior.running and snap.swapped is prior.swapped)
 
 
 @invariant(
@@ -82,8 +83,10 @@ def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.QUEUES, C.STATUSES),
 )
 def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         assert snap.statuses is not None
+        if _same_queues(snap, prior):
+            continue  # the same queues and statuses this check passed just before
         seen: dict[str, list[str]] = {}
         for name in QUEUES:
             for rid in snap.queue(name) or ():
@@ -107,8 +110,10 @@ def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.QUEUES, C.STATUSES),
 )
 def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         assert snap.statuses is not None and snap.seqs is not None
+        if _same_queues(snap, prior) and snap.seqs is prior.seqs:
+            continue  # the same queues, statuses and sequences this check passed just before
         for name in QUEUES:
             for rid in snap.queue(name) or ():
                 status = snap.statuses.get(rid)

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import changed_between
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.types import request_of
@@ -76,9 +77,13 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
     scheduled = {s.seq_id for s in rec.output.scheduled}
     forked_from = {request_of(s.seq_id) for s in rec.output.scheduled if s.is_prefill}
-    for sid, new in rec.after.seqs.items():
+    changed = changed_between(rec.after, rec.before)
+    # A view that is the same object before and after did not grow: only a scheduled one can be wrong.
+    candidates = rec.after.seqs if changed is None else sorted(changed | scheduled)
+    for sid in candidates:
+        new = rec.after.seqs.get(sid)
         old = rec.before.seqs.get(sid)
-        if old is None:
+        if old is None or new is None:
             continue
         if old.status.is_finished:
             continue
@@ -89,8 +94,8 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             continue
         if (new.num_tokens or 0) != (old.num_tokens or 0) + grow:
             yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
-    for sid in rec.after.seqs:
-        if sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {
+    for sid in rec.after.seqs if changed is None else sorted(changed):
+        if sid in rec.after.seqs and sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {
             r.request_id for r in rec.added
         }:
             yield f"{sid} appeared without its request being added or prefilled"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import snapshots
+from spec.invariants._views import checked_with_prior, snapshots
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -27,13 +27,19 @@ from spec.status import Status
     (C.REF_COUNTS, C.FREE_LISTS),
 )
 def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         for device, refs, free_ids in (
             ("gpu", snap.gpu_ref_counts, snap.gpu_free_ids),
             ("cpu", snap.cpu_ref_counts, snap.cpu_free_ids),
         ):
             assert refs is not None and free_ids is not None
+            if prior is not None and refs is getattr(prior, f"{device}_ref_counts") \
+                    and free_ids is getattr(prior, f"{device}_free_ids"):
+                continue  # the same counts and free list this check passed just before
             free = set(free_ids)
+            if len(free) == refs.count(0) and all(0 <= b < len(refs) for b in (min(free, default=0), max(free, default=0))) \
+                    and not any(map(refs.__getitem__, free)):
+                continue  # every free block is unreferenced and there are as many: the sets are equal
             unreferenced = {b for b, r in enumerate(refs) if r == 0}
             if free != unreferenced:
                 odd = sorted(free ^ unreferenced)
@@ -53,13 +59,17 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
         assert snap.statuses is not None and snap.seqs is not None
+        seqs_of: dict[str, int] = {}
+        live_of: dict[str, int] = {}
+        for v in snap.seqs.values():
+            seqs_of[v.request_id] = seqs_of.get(v.request_id, 0) + 1
+            live_of[v.request_id] = live_of.get(v.request_id, 0) + (not v.status.is_finished)
         seats = 0
         for rid, status in snap.statuses.items():
             if status is not Status.RUNNING or rid not in ctx.requests:
                 continue
             n = ctx.requests[rid].n
-            seqs = snap.seqs_of(rid)
-            forked = n == 1 or len(seqs) >= n
-            seats += sum(1 for v in seqs if not v.status.is_finished) if forked else n
+            forked = n == 1 or seqs_of.get(rid, 0) >= n
+            seats += live_of.get(rid, 0) if forked else n
         if seats > ctx.config.max_num_seqs:
             yield f"{label}: running requests take {seats} seats, max_num_seqs {ctx.config.max_num_seqs}"

@@ -35,8 +35,10 @@ def _distinct(rec_tables: dict[str, tuple[int, ...]], request_ids: set[str], sep
 )
 def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     pairs = rec.output.swap_out
-    yield from _bijection(pairs, "swap-out")
     victims = {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
+    if not pairs and not victims:
+        return  # nothing swapped out: the empty map is the bijection
+    yield from _bijection(pairs, "swap-out")
     expected = _distinct(tables(rec.before, "gpu"), victims)
     if {a for a, _ in pairs} != expected:
         yield f"swap-out sources {sorted(a for a, _ in pairs)} != the victims' GPU blocks {sorted(expected)}"
@@ -57,8 +59,10 @@ def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 )
 def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     pairs = rec.output.swap_in
-    yield from _bijection(pairs, "swap-in")
     group = set(rec.output.swapped_in)
+    if not pairs and not group:
+        return  # nothing swapped in: the empty map is the bijection
+    yield from _bijection(pairs, "swap-in")
     expected = _distinct(tables(rec.before, "cpu"), group)
     if {a for a, _ in pairs} != expected:
         yield f"swap-in sources {sorted(a for a, _ in pairs)} != the swapped-in CPU blocks {sorted(expected)}"
@@ -81,6 +85,8 @@ def swap_preserves(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
     mapping = dict(rec.output.swap_out)
     victims = {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
+    if not victims:
+        return
     for sid, old in rec.before.seqs.items():
         if old.request_id not in victims or old.status.is_finished:
             continue
