@@ -230,3 +230,55 @@ FIXED = [  # (state, action, request, tokens): every action compared at least on
 @pytest.mark.parametrize("make, action, g, tokens", FIXED, ids=[f"{f[1]}-{i}" for i, f in enumerate(FIXED)])
 def test_each_v1_action_on_a_fixed_state(make, action, g, tokens):
     assert _check(make(), action, g, tokens, False, 3, check_invariants=True) == "compared"
+
+
+@settings(max_examples=examples(60), database=None, deadline=None)
+@given(sched=v1_states(), data=st.data(), steps=st.integers(1, 5))
+def test_a_v1_step_is_a_sequence_of_matrix_actions(sched, data, steps):
+    """One whole schedule() + update() of the V1 reference equals, up to block ids, a sequence of
+    matrix actions each allowed by its guard: the step's preemptions, then its chunks in
+    schedule order (``chunk`` for a request that was running, ``admit`` for one admitted now),
+    then its ignores. With the test above (each guarded action is the reference's), every state
+    the reference reaches between steps is one the v1 matrix covers. Checked over several
+    consecutive steps."""
+    for _ in range(steps):
+        if not _step_is_composed(sched, data):
+            return
+
+
+def _step_is_composed(sched: V1Scheduler, data) -> bool:
+    if len(sched.requests) < BOUND.seqs and data.draw(st.booleans()):
+        sched.add_request(Request(f"r{len(sched.requests)}", prompt_len=data.draw(st.integers(1, 7)),
+                                  max_tokens=data.draw(st.integers(1, 6))))
+    if v1_concrete_state(sched, BOUND) is None:
+        return False
+    composed = copy.deepcopy(sched)
+    composed._rejected = []  # already finished in the state; schedule() only reports them
+    out = sched.schedule()
+    stopped = frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 4)) == 0)
+    sched.update(StepOutcome(stopped))
+    after = v1_concrete_state(sched, BOUND)
+    if after is None:
+        return False
+
+    def take(action: str, rid: str, tokens: int = 1, stop: bool = False) -> None:
+        t = composed.requests[rid]
+        assert v1_reference_guard(composed, action, t, tokens, BOUND), (
+            f"step {out.step}: {action} of {rid} (k={tokens}) is not allowed in the composed sequence"
+        )
+        v1_apply_action(composed, action, t, tokens, stop)
+
+    for p in out.preempted:
+        take("preempt_recompute", p.request_id)
+    for item in out.scheduled:
+        action = "chunk" if composed.requests[item.request_id].status.name == "RUNNING" else "admit"
+        take(action, item.request_id, item.num_tokens, item.seq_id in stopped)
+    for rid in out.ignored:
+        if not composed.requests[rid].status.is_finished:
+            take("ignore", rid)
+    composed_state = v1_concrete_state(composed, BOUND)
+    assert composed_state is not None
+    assert _shape(composed_state) == _shape(after), (
+        f"the composed actions end elsewhere\nstep {json.dumps(_shape(after))}\nseq  {json.dumps(_shape(composed_state))}"
+    )
+    return True
