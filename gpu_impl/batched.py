@@ -54,12 +54,14 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
 6. Swap-ins (engines with no preemption): like prefills over the swapped groups, where a
    group reserves ``full + nlive`` blocks (``full``: its distinct full blocks, vLLM's
    get_num_full_blocks_touched) but consumes ``distinct + a``; exclusive sums of
-   the consumption plus the group's own reservation give the failures.
+   the consumption plus the group's own reservation give the failures. Off a block boundary
+   the distinct partial last blocks number ``nlive - a`` (phase 1's copy-on-write count), so
+   ``full = distinct - (nlive - a)`` needs no look at the tables.
 7. Block ids: in a step, CPU blocks are only allocated (swap-outs, in victim order), so the
    k-th CPU allocation is the k-th lowest initially free id. GPU blocks: priority-preemption
    frees come first, then prefills or decodes and swap-ins allocate; without decode victims the
    t-th allocation is the t-th lowest id free after preemption (ranking the free mask with a
-   cumsum). An engine with decode victims frees blocks between fronts; for those engines only,
+   cumsum, only for the engines that allocate this step, `FreeIds`). An engine with decode victims frees blocks between fronts; for those engines only,
    a loop over fronts (<= max_num_seqs) re-ranks the free mask including the victims released
    so far (``release front = searchsorted(S, victim ordinal + 1)``).
 
@@ -70,7 +72,13 @@ tensor updates.
 Cost notes. State is int32; ``torch.where`` is replaced by arithmetic blends (`blend`), several
 times faster on CPU. Work that touches block tables is sparse: only the groups with an event this
 step (admitted, allocating an append, copy-on-write candidates, victims, swap-ins, finished
-sequences) are gathered, and only the used columns of their tables. The Python loops are the
+sequences) are gathered, and only the used columns of their tables (through flat indices where
+it is hot). Free ids are ranked only for the engines that allocate (GPU) and per swapping
+victim (CPU); the CPU free counts only when some engine takes a victim. Engines that are done
+cost nothing: `gpu_impl.encode.BatchedRun` moves the running ones into a smaller scheduler
+(`take` / `put`) once at most 3/4 of the stepped engines still run. What remains is about 400
+tensor ops per busy step, each over ``[E, R]`` or ``[E, G]``: on a CPU the step costs E times
+a few microseconds plus ~3 ms of per-op overhead (measured: BENCHMARKS.md, issue 4). The Python loops are the
 phases above, the greedy swap decision (at most the step's largest victim count), the pairwise
 copy-on-write check (N - 1 iterations) and the per-front re-ranking for engines with decode
 victims (at most max_num_seqs) — never over engines or requests.
@@ -117,6 +125,29 @@ def blend(m: torch.Tensor, a: torch.Tensor | int, b: torch.Tensor | int) -> torc
     if not torch.is_tensor(a) and not torch.is_tensor(b):
         return m.to(I32) * (a - b) + b
     return b + (a - b) * m
+
+
+def any_(m: torch.Tensor) -> bool:
+    """``any_(m)`` for a bool tensor, read as bytes (``any`` is ~30x slower on CPU)."""
+    return m.numel() > 0 and bool(m.view(torch.uint8).max())
+
+
+_WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+
+
+def row_any(m: torch.Tensor) -> torch.Tensor:
+    """``m.any(-1)`` for a bool tensor, reading 8 / 4 / 2 flags at a time as one integer
+    (several times faster on CPU than the reduction over a short last dimension)."""
+    w = m.shape[-1]
+    if m.is_contiguous() and m.numel():
+        for k, dt in _WIDE:
+            if w % k == 0:
+                v = m.view(dt)
+                r = v[..., 0]
+                for i in range(1, w // k):
+                    r = r | v[..., i]
+                return r.bool()
+    return m.any(-1)
 
 
 class EngineConfigs:
@@ -471,10 +502,10 @@ class BatchedScheduler:
         alive = self.alive
         nlive = alive.sum(-1, dtype=I32)
         seats = blend(self.forked, nlive, self.n)
-        gfree0 = self.gpu_ref == 0
+        gfree0 = ~self.gpu_ref.bool()  # (== 0 is ~5x slower on CPU)
         F0 = gfree0.sum(1, dtype=I32)
         seats0 = (seats * running).sum(1, dtype=I32)
-        has_swapped = swapped.any(1)
+        has_swapped = row_any(swapped)
         bs = cfg.bs[:, None]
         wm, max_seqs, max_tok = cfg.wm[:, None], cfg.max_seqs[:, None], cfg.max_tok[:, None]
         zE = torch.zeros(E, dtype=I32, device=dev)
@@ -533,8 +564,8 @@ class BatchedScheduler:
             Sall = torch.cat([zcol, seats_t.cumsum(1, dtype=I32)], 1)
 
             # -- phase 2: priority preemption
-            pe = cfg.prio & ~has_swapped & waiting.any(1)
-            if bool(pe.any()):
+            pe = cfg.prio & ~has_swapped & row_any(waiting)
+            if any_(pe):
                 hslot = waiting.to(I32).argmax(1, keepdim=True)
                 h_n = nlive.gather(1, hslot)[:, 0]
                 h_tok = self.tok.gather(1, hslot)[:, 0]
@@ -554,7 +585,7 @@ class BatchedScheduler:
             k_max = int(k_pp.max())
             cfree_left = None
             if k_max:  # CPU free counts only when some engine takes a victim
-                cfree0 = self.cpu_ref == 0
+                cfree0 = ~self.cpu_ref.bool()
                 cfree_left = cfree0.sum(1, dtype=I32)
             v_done = self._greedy_swaps(0, k_max, want_t, d_t, swaps_t, cfree_left)
             tord_c = tord.clamp(0, M - 1).long()
@@ -569,7 +600,7 @@ class BatchedScheduler:
         w = w & ~has_swapped[:, None]
         nb = torch.div(self.tok + bs - 1, bs, rounding_mode="floor")
         pneed = nlive * nb
-        if bool(w.any()):
+        if any_(w):
             ptok = nlive * self.tok
             ign = (ptok > cfg.plimit[:, None]) | (seats > max_seqs) | (cfg.gpu[:, None] - pneed < wm)
             cand = w & ~ign
@@ -583,7 +614,7 @@ class BatchedScheduler:
             ignored = w & ign & before
         else:
             admit = ignored = w
-        pf_any = admit.any(1)
+        pf_any = row_any(admit)
 
         # -- phase 5: decodes
         dec = ~pf_any
@@ -605,7 +636,7 @@ class BatchedScheduler:
             v_max = int(v_total.max())
             if v_max:
                 if cfree_left is None:
-                    cfree0 = self.cpu_ref == 0
+                    cfree0 = ~self.cpu_ref.bool()
                     cfree_left = cfree0.sum(1, dtype=I32)
                 self._greedy_swaps(v_done, v_max, want_t, d_t, swaps_t, cfree_left)
                 victim = running & (tord < v_total[:, None])
@@ -617,7 +648,7 @@ class BatchedScheduler:
         swin = None
         si = dec & (k_pp == 0) & (Kd == 0) & has_swapped
         A_dec = (a * dsched).sum(1, dtype=I32)
-        if bool(si.any()):
+        if any_(si):
             sw = swapped & si[:, None]
             # vLLM counts the distinct FULL blocks plus one per live sequence (_can_swap): off a
             # block boundary the distinct partial last blocks are covered by the per-sequence term.
@@ -638,7 +669,7 @@ class BatchedScheduler:
             s_before = arR[None, :] < blend(s_fail, arR, R).amin(1, keepdim=True)
             swin = s_cand & s_before
             ignored = ignored | (sw & s_ign & s_before)
-            if not bool(swin.any()):
+            if not any_(swin):
                 swin = None
 
         # -- phase 7: apply. Victims first (a recompute victim may be re-admitted this step).
@@ -646,7 +677,7 @@ class BatchedScheduler:
         loop_victims = None
         if victim is not None:
             swap_out, loop_victims = self._apply_victims(victim, vswap, tord, k_pp, Kd, swaps_t, d_t, cfree0, M)
-        gfree = self.gpu_ref == 0 if victim is not None else gfree0
+        gfree = ~self.gpu_ref.bool() if victim is not None else gfree0
         if loop_victims is not None:
             gfree_rank = gfree.clone()
             gfree_rank.view(-1)[loop_victims[0].long() * G + loop_victims[1].long()] = False
@@ -657,8 +688,8 @@ class BatchedScheduler:
         sel = direct & (a > 0)
         if swin is not None:
             sel |= swin
-        gsorted = FreeIds(gfree_rank, pf_any | sel.any(1))
-        if bool(pf_any.any()):
+        gsorted = FreeIds(gfree_rank, pf_any | row_any(sel))
+        if any_(pf_any):
             self._apply_prefills(admit, nb, pneed, gsorted)
         base_s = None
         if swin is not None:
@@ -666,7 +697,7 @@ class BatchedScheduler:
             base_s = A_dec[:, None] + sc.cumsum(1, dtype=I32) - sc
             swap_in = self._apply_swap_ins(swin, base_s, gsorted)
         parts = []
-        if bool(sel.any()):
+        if any_(sel):
             ad = a * direct
             base = ad.cumsum(1, dtype=I32) - ad
             key = arR[None, :].expand(E, R)
@@ -679,14 +710,14 @@ class BatchedScheduler:
             t = base[ge, gr][:, None] + xi.cumsum(1, dtype=I32) - xi
             ids = gsorted[ge[:, None], t.clamp(max=G - 1).long()]
             parts.append((ge, gr, blend(xk, ids, -1), key[ge, gr]))
-        if bool(loop_eng.any()):
+        if any_(loop_eng):
             le, lr, lids = self._loop_decode_ids(loop_eng, loop_victims, gfree, head_slot, P, S, x, tord, k_pp)
             parts.append((le, lr, lids, lr.to(I32)))
         if parts:
             copies = self._apply_appends(*(torch.cat(p) for p in zip(*parts, strict=True)), boundary)
 
         # -- ignored requests finish now (a swapped one releases its CPU blocks)
-        if bool(ignored.any()):
+        if any_(ignored):
             self._finish_groups(*ignored.nonzero(as_tuple=True), FIN_IGNORED)
 
         kind = admit.to(I32) + dsched.to(I32) * K_DECODE
@@ -731,7 +762,7 @@ class BatchedScheduler:
         is_swap = vswap[ve, vr]
         vord = tord[ve, vr]
         swap_out = _empty_map(dev)
-        if bool(is_swap.any()):
+        if any_(is_swap):
             # CPU offsets: exclusive sum of the distinct blocks of earlier swapping victims
             v_all = self._arange(M)[None, :] < (k_pp + Kd)[:, None]
             dsw = d_t * (swaps_t & v_all)
@@ -754,7 +785,7 @@ class BatchedScheduler:
             swap_out = (se3[first], keys[first], st_[first].long(), new_first[first].long())
             self.status[se, sr] = SWAPPED
         rec = ~is_swap
-        if bool(rec.any()):
+        if any_(rec):
             re_, rr = ve[rec], vr[rec]
             self.tab[re_, rr, :, :W] = -1
             self.comp[re_, rr] = 0
@@ -763,7 +794,7 @@ class BatchedScheduler:
             self.status[re_, rr] = WAITING
         loop_victims = None
         dv = (vord >= k_pp[ve]) & (Kd[ve] > 0)
-        if bool(dv.any()):
+        if any_(dv):
             dvm = dv[:, None, None] & valid
             loop_victims = (ee[dvm], vt[dvm], ve, vr, vt, valid, dv)
         return swap_out, loop_victims
@@ -887,10 +918,10 @@ class BatchedScheduler:
             return UpdateOut(fstatus, fstatus, torch.zeros(E, R, dtype=torch.bool, device=dev))
         kind = out.kind
         seqs = out.seqs & self.alive & (self.status == RUNNING)[..., None]
-        sched = seqs.any(-1)
+        sched = row_any(seqs)
         self.comp = self.comp + out.ntok * sched  # a new tensor: StepOut.start keeps the old one
         fk = sched & (kind == K_PREFILL) & ~self.forked
-        if bool(fk.any()):
+        if any_(fk):
             fe, fr = fk.nonzero(as_tuple=True)
             nn = self.n[fe, fr]
             arN = self._arange(N)[None, :]
@@ -911,7 +942,7 @@ class BatchedScheduler:
             fin = seqs & lencap[..., None]
         else:
             fin = seqs & (stopped | lencap[..., None])
-        if bool(fin.any()):
+        if any_(fin):
             fe, fr, fj = fin.nonzero(as_tuple=True)
             if stopped is None:
                 codes = torch.full(fe.shape, FIN_LENGTH, dtype=I32, device=dev)
@@ -921,9 +952,9 @@ class BatchedScheduler:
             self._finish_seqs(fe, fr, fj, codes)
             touched = torch.zeros(E, R, dtype=torch.bool, device=dev)
             touched[fe, fr] = True
-            still = self.alive.any(-1)
+            still = row_any(self.alive)
             part = touched & still
-            if bool(part.any()):  # lost some sequences, kept others: recount distinct blocks
+            if any_(part):  # lost some sequences, kept others: recount distinct blocks
                 pe_, pr_ = part.nonzero(as_tuple=True)
                 t = self.tab[pe_, pr_]
                 first, _ = first_holders(t, t >= 0)
