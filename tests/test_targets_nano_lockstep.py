@@ -45,7 +45,7 @@ def test_spec_space_agrees_or_diverges_only_at_documented_deviations(adapter):
         classes.append(cls)
         assert cls != "unclassified", L.describe(result)
         if cls is not None:  # with nano's deviations modelled, the whole trace agrees
-            assert L.run(adapter, trace, L.MODELLED, invariants=[]).divergence is None, trace
+            assert L.run(adapter, trace, L.MODELLED, checked=False).divergence is None, trace
     assert steps > 50 and classes.count(None) >= 5, classes
     assert {c for c in classes if c} <= {"seats-overfilled", "whole-prompt-hit", "seats-overfilled+whole-prompt-hit"}
 

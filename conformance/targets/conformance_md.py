@@ -2,8 +2,8 @@
 
     python -m conformance.targets.conformance_md [--results docs/results] [--out docs/CONFORMANCE.md]
 
-Per-target reports are `kvsched conform --json` files (``<target>.json``); the lockstep campaign
-is ``lockstep-vllm-v0.json``; causes of each finding are in `CAUSES` (file and function in the
+Per-target reports are `kvsched conform --json` files (``<target>.json``); the lockstep campaigns
+are ``lockstep-vllm-v0.json`` and ``lockstep-nano-vllm.json``; causes of each finding are in `CAUSES` (file and function in the
 target's source).
 """
 
@@ -107,6 +107,7 @@ def build(results: Path) -> str:
         lines += ["", "| class | kind | explanation (vLLM source) | trace |", "| --- | --- | --- | --- |"]
         for cls, c in data["classes"].items():
             lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | [trace]({_rel(c['trace'])}) |")
+    lines += _nano_lockstep(results / "lockstep-nano-vllm.json")
     lines += ["", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
@@ -121,6 +122,36 @@ def build(results: Path) -> str:
               "computed before the step; a prompt over max_model_len is rejected by V1's input processor and reported as "
               "ignored. Recompute only, n = 1, no chunked prefill, no prefix caching.", ""]
     return "\n".join(lines)
+
+
+def _nano_lockstep(path: Path) -> list[str]:
+    """The nano-vllm lockstep (`conformance.targets.lockstep_nano`), when its results are committed."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the reference's `nano-vllm` flow vs nano-vllm's scheduler", "",
+             f"`python -m conformance.targets.lockstep_nano` (seed {data['seed']}, {data['package']}). Two trace spaces: "
+             "**spec**, where nano-vllm's behaviour is meant to be specified (block sizes 2, 4, 8; prefix caching on, as "
+             "nano always caches; every request fits the budget, the cache and max_model_len), and **full**, everything "
+             "the host takes (block size 1, over-long prompts, requests that outgrow max_model_len or the cache). Each "
+             "trace runs to its first divergence, violation or crash, which is classified by which of nano-vllm's "
+             "deviations, modelled back into the reference, explains it (`a+b`: two met in one step). With every "
+             "deviation modelled, the traces that diverged are run again to the end.", "",
+             "| space | traces | steps | agree | diverge | by class | still diverging with the deviations modelled |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for space, m in data["spaces"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items())
+        lines.append(f"| {space} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {m['divergent_traces']} | "
+                     f"{by} | {m['diverging_with_deviations_modelled']} |")
+    lines += ["", "| class | kind | explanation (nano-vllm source) | trace |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        link = f"[trace]({_rel(c['trace'])})" if c.get("trace") else ""
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {link} |")
+    for name, why in data.get("reference_fixes", {}).items():
+        lines.append(f"\nFixed in the reference ({name}): {why}")
+    for inv, why in data.get("unchecked", {}).items():
+        lines.append(f"\nNot checked in this lockstep: {inv}: {why}.")
+    return lines
 
 
 def _rel(path: str | None) -> str:

@@ -47,12 +47,15 @@ from hypothesis import strategies as st
 from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import _bound
+from conformance.lockstep import Divergence
 from conformance.profiles import get_profile
 from conformance.shrink import shrink
 from conformance.targets import get_target
 from reference_impl.nano_scheduler import NanoScheduler
 from reference_impl.prefix_cache import CachingBlockPool
+from spec.catalogue import catalogue
 from spec.config import SchedulerConfig
+from spec.observation import Snapshot
 from spec.prefix import block_keys
 from spec.trace import Arrival, Trace
 from spec.types import Request, seq_id
@@ -114,13 +117,17 @@ CLASSES: dict[str, tuple[str, str]] = {
     ),
     "unclassified": ("open", "not yet explained"),
 }
-# Invariants of the profile not checked here, and why (the results file lists them).
-UNCHECKED = {
-    "COW-001": "the wire snapshot carries no block keys, and COW-001 exempts only a keyed block: two requests "
-               "admitted in the same prefill step share a full block the first one writes in that step (nano "
-               "registers its hash at allocation, block_manager.py: BlockManager.allocate, lines 79-81), which "
-               "is the same KV either way; the reference does the same and, its keys visible, passes",
+# Misreadings of nano-vllm that lockstep found and the reference fixed.
+FIXES = {
+    "index-overwrite": "nano's hash_to_block_id holds one block per key and each registration overwrites it "
+                       f"({SRC}block_manager.py: BlockManager.allocate line 81, may_append line 110), so once the "
+                       "newest block under a key is handed out fresh nano misses on that key, although an older "
+                       "block registered under it still holds those tokens. The reference had kept every holder "
+                       "findable (a hit nano does not make); reference_impl/prefix_cache.py (order 'nano') now "
+                       "keeps one block per key and un-keys the older holders.",
 }
+# Invariants of the profile not checked here, and why (the results file lists them).
+UNCHECKED: dict[str, str] = {}
 # The deviations `EngineModel` can put back into the reference, tried in this order.
 MODELLED = ("seats-overfilled", "whole-prompt-hit", "stale-index-hit", "no-max-model-len",
             "never-fitting-request-waits")
@@ -208,6 +215,19 @@ def stale_hit_trace() -> Trace:
 
 
 # ------------------------------------------------------------------------------ the engine's deviations, modelled
+class Recorded(NanoScheduler):
+    """The reference, keeping its snapshot after every step (to compare state, not only decisions)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.after: list[Snapshot] = []
+
+    def update(self, outcome):
+        finished = super().update(outcome)
+        self.after.append(self.snapshot())
+        return finished
+
+
 class _NanoIndexPool(CachingBlockPool):
     """nano's `hash_to_block_id` with its stale entries: one block per key (each registration
     overwrites), never removed when the block is handed out fresh, a hit validated by the block's
@@ -229,7 +249,7 @@ class _NanoIndexPool(CachingBlockPool):
         return block if self.own.get(self.keys[block]) == self.own[key] else None
 
 
-class EngineModel(NanoScheduler):
+class EngineModel(Recorded):
     """The reference with some of nano-vllm's deviations (`MODELLED`) put back; used only to
     classify a divergence, never as a reference."""
 
@@ -296,13 +316,56 @@ class EngineModel(NanoScheduler):
 
 
 # ------------------------------------------------------------------------------ running and classifying
-def run(adapter, trace: Trace, deviations: tuple[str, ...] | None = None, invariants=None) -> TraceResult:
-    """One lockstep run: the profile's reference (``deviations`` None) or `EngineModel`."""
+def state_of(snap: Snapshot) -> dict[str, Any]:
+    """What must agree after every step besides the decisions: live requests' statuses, computed
+    tokens and block tables (block ids included: both hand out the FIFO free queue's front), the
+    queues in order, and the free queue in order."""
+    live = {rid for rid, s in (snap.statuses or {}).items() if not s.is_finished}
+    seqs = {v.request_id: v for v in (snap.seqs or {}).values() if v.request_id in live}
+    return {
+        "statuses": {rid: snap.statuses[rid].value for rid in sorted(live)},
+        "computed": {rid: seqs[rid].num_computed for rid in sorted(seqs)},
+        "blocks": {rid: tuple(seqs[rid].blocks or ()) for rid in sorted(seqs)},
+        "running": tuple(snap.running or ()),
+        "waiting": tuple(snap.waiting or ()),
+        "free_ids": tuple(snap.gpu_free_ids or ()),
+    }
+
+
+def _state_divergence(result: TraceResult, reference: Recorded) -> Divergence | None:
+    for record, ref in zip(result.records, reference.after, strict=False):
+        want, got = state_of(ref), state_of(record.after)
+        for key, value in want.items():
+            if got[key] != value:
+                if isinstance(value, dict):
+                    diff = sorted(k for k in set(value) | set(got[key]) if value.get(k) != got[key].get(k))
+                    value, got_value = {k: value.get(k) for k in diff}, {k: got[key].get(k) for k in diff}
+                else:
+                    got_value = got[key]
+                return Divergence(record.step, f"state.{key}", value, got_value, ())
+    return None
+
+
+def run(adapter, trace: Trace, deviations: tuple[str, ...] | None = None, checked: bool = True) -> TraceResult:
+    """One lockstep run against the profile's reference (``deviations`` None) or `EngineModel`:
+    decisions compared by the driver, then the state after every step (`state_of`); the earlier
+    divergence wins (a decision one at the same step). ``checked``: also check the profile's
+    invariants; otherwise only BLK-001 (for the snapshots; nano keeps it)."""
     profile = get_profile(TARGET)
-    factory = profile.make_reference if deviations is None else (lambda c: EngineModel(c, deviations))
-    if invariants is None:
-        invariants = [inv for inv in profile.invariants() if inv.id not in UNCHECKED]
-    return run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory)
+    assert profile.reference == "reference_impl.nano_scheduler:NanoScheduler", profile.reference
+    made: list[Recorded] = []
+
+    def factory(config: SchedulerConfig) -> Recorded:
+        made.append(Recorded(config) if deviations is None else EngineModel(config, deviations))
+        return made[-1]
+
+    invariants = [inv for inv in profile.invariants() if inv.id not in UNCHECKED] if checked else \
+        [inv for inv in catalogue() if inv.id == "BLK-001"]
+    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory)
+    state = _state_divergence(result, made[0]) if made else None
+    if state is not None and (result.failure_step is None or state.step < result.failure_step):
+        result.divergence = state
+    return result
 
 
 def classify(adapter, result: TraceResult) -> str | None:
@@ -317,12 +380,12 @@ def classify(adapter, result: TraceResult) -> str | None:
             return "nothing-schedulable-assert"
         return "unclassified"
     first = result.failure_step
-    plain = result if result.divergence is not None else run(adapter, result.trace, invariants=[])
+    plain = result if result.divergence is not None else run(adapter, result.trace, checked=False)
     if plain.divergence is None or plain.divergence.step > first:
         return "unclassified"  # a violation with the reference in agreement: not a lockstep class
     for size in range(1, len(MODELLED) + 1):  # the smallest set of deviations that explains it
         for deviations in itertools.combinations(MODELLED, size):
-            again = run(adapter, result.trace, deviations, invariants=[])
+            again = run(adapter, result.trace, deviations, checked=False)
             if again.failure_step is None or again.failure_step > plain.divergence.step:
                 return "+".join(deviations)
     return "unclassified"
@@ -362,11 +425,11 @@ def run_space(adapter, space: str, count: int, seed: int, first: dict, log=print
             by_field[result.divergence.field] += 1
         for problem in result.problem_ids:
             problems[problem] += 1
-        if run(adapter, trace, MODELLED, invariants=[]).divergence is not None:
+        if run(adapter, trace, MODELLED, checked=False).divergence is not None:
             residual += 1  # a crash cannot be modelled; a divergence left over would be a misreading
             continue
         for deviation in MODELLED:  # which deviations the whole trace needs, not only its first divergence
-            if run(adapter, trace, tuple(d for d in MODELLED if d != deviation), invariants=[]).divergence:
+            if run(adapter, trace, tuple(d for d in MODELLED if d != deviation), checked=False).divergence:
                 needing[deviation] += 1
         first.setdefault((space, cls), trace)
     report = {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
@@ -382,8 +445,11 @@ def shrink_class(adapter, space: str, cls: str, trace: Trace, traces_dir: Path, 
     handmade = trace == stale_hit_trace()
 
     def failing(candidate: Trace) -> int | None:
+        c = candidate.config
         if space == "spec" and not in_spec_space(candidate):
             return None
+        if c.max_num_batched_tokens < c.max_model_len or (c.block_size < 2 and cls != "block-size-1"):
+            return None  # nano's Config refuses the first; block size 1 is a class of its own
         result = run(adapter, candidate)
         return result.failure_step if classify(adapter, result) == cls else None
 
@@ -421,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = get_profile(TARGET)
     report: dict[str, Any] = {"version": 1, "target": TARGET, "package": target.version,
                               "reference": profile.reference, "profile": profile.name, "seed": args.seed,
-                              "unchecked": UNCHECKED,
+                              "unchecked": UNCHECKED, "reference_fixes": FIXES,
                               "spaces": {}, "classes": {}}
     first: dict[tuple[str, str], Trace] = {}
     for space in args.spaces:

@@ -191,6 +191,9 @@ class NanoEngine:
             "gpu_free": len(bm.free_block_ids),
             "cpu_free": self.config.get("num_cpu_blocks", 0),
             "gpu_free_ids": list(bm.free_block_ids),
+            # nano's own hash per block (docs/PROTOCOL.md): a hashed block's content is fixed, so
+            # COW-001 lets two requests admitted in one step share a block the first one writes
+            "gpu_block_keys": [None if b.hash == -1 else f"{b.hash:016x}" for b in bm.blocks],
             "cpu_free_ids": list(range(self.config.get("num_cpu_blocks", 0))),
         }
 
