@@ -260,6 +260,10 @@ def _step_is_composed(sched: V1Scheduler, data) -> bool:
     after = v1_concrete_state(sched, BOUND)
     if after is None:
         return False
+    for item in out.scheduled:  # a chunk whose table outgrows the bound is outside the matrix
+        t = composed.requests[item.request_id]
+        if sched.config.blocks_for(t.num_computed + item.num_tokens) > BOUND.table_len:
+            return False
 
     def take(action: str, rid: str, tokens: int = 1, stop: bool = False) -> None:
         t = composed.requests[rid]
