@@ -248,8 +248,9 @@ def test_a_v1_step_is_a_sequence_of_matrix_actions(sched, data, steps):
 
 def _step_is_composed(sched: V1Scheduler, data) -> bool:
     if len(sched.requests) < BOUND.seqs and data.draw(st.booleans()):
+        # a later, more urgent arrival is what makes a priority victim give back a chunk it was given
         sched.add_request(Request(f"r{len(sched.requests)}", prompt_len=data.draw(st.integers(1, 7)),
-                                  max_tokens=data.draw(st.integers(1, 6))))
+                                  max_tokens=data.draw(st.integers(1, 6)), priority=data.draw(st.integers(0, 2))))
     if v1_concrete_state(sched, BOUND) is None:
         return False
     composed = copy.deepcopy(sched)
