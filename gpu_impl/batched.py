@@ -604,11 +604,11 @@ class BatchedScheduler:
             ptok = nlive * self.tok
             ign = (ptok > cfg.plimit[:, None]) | (seats > max_seqs) | (cfg.gpu[:, None] - pneed < wm)
             cand = w & ~ign
-            fail = cand & (
-                (F1[:, None] - admission_cumsum(pneed * cand) < wm)
-                | (admission_cumsum(ptok * cand) > max_tok)
-                | (seats1[:, None] + admission_cumsum(seats * cand) > max_seqs)
-            )
+            # one stacked prefix sum of blocks, tokens and seats; each limit moved to the
+            # per-engine side: F1 - blocks < wm, tokens > max_tok, seats1 + seats > max_seqs
+            cs = admission_cumsum(torch.stack((pneed, ptok, seats)) * cand)
+            over = cs > torch.stack((F1[:, None] - wm, max_tok, max_seqs - seats1[:, None]))
+            fail = cand & (over[0] | over[1] | over[2])
             before = arR[None, :] < blend(fail, arR, R).amin(1, keepdim=True)
             admit = cand & before
             ignored = w & ign & before
@@ -660,11 +660,13 @@ class BatchedScheduler:
             s_ign = cfg.gpu[:, None] - sneed < wm
             s_cand = sw & ~s_ign
             tok_dec = (nlive * dsched).sum(1, dtype=I32)
-            cost_excl = admission_cumsum(scost * s_cand) - scost * s_cand
+            sc_ = scost * s_cand
+            cs = admission_cumsum(torch.stack((sc_, nlive * s_cand, seats * s_cand)))
+            # F1 - A_dec - (consumed before) - sneed < wm; tokens, seats as for prefills
             s_fail = s_cand & (
-                ((F1 - A_dec)[:, None] - cost_excl - sneed < wm)
-                | (tok_dec[:, None] + admission_cumsum(nlive * s_cand) > max_tok)
-                | (seats1[:, None] + admission_cumsum(seats * s_cand) > max_seqs)
+                (cs[0] - sc_ + sneed > (F1 - A_dec)[:, None] - wm)
+                | (cs[1] > max_tok - tok_dec[:, None])
+                | (cs[2] > max_seqs - seats1[:, None])
             )
             s_before = arR[None, :] < blend(s_fail, arR, R).amin(1, keepdim=True)
             swin = s_cand & s_before
