@@ -224,6 +224,20 @@ class BatchedV1Scheduler:
         for name, value in old.items():
             getattr(self, name)[:, :R] = value
 
+    def take(self, rows: Sequence[int]) -> BatchedV1Scheduler:
+        """A scheduler of only the given engines (rows, in that order), with their state, between
+        steps: a runner drops the engines that are done so a step costs what the live ones need."""
+        idx = torch.tensor(list(rows), dtype=L, device=self.device)
+        new = object.__new__(BatchedV1Scheduler)
+        new.device, new.R, new.G, new.B = self.device, self.R, self.G, self.B
+        new.cfg = V1Configs([self.cfg.configs[i] for i in rows], self.device)
+        new.E = len(rows)
+        new.step_count = self.step_count
+        new._last = None
+        for name in (*self.REQ_FIELDS, "tab", "stk", "top", "rctr", "fctr"):
+            setattr(new, name, getattr(self, name)[idx])
+        return new
+
     def set_requests(self, prompt: torch.Tensor, max_tokens: torch.Tensor, priority: torch.Tensor,
                      arrival: torch.Tensor) -> None:
         """Load every slot's request ([E,R] each); slots stay ABSENT until `arrive_idx`.

@@ -134,38 +134,64 @@ class V1TraceBatch:
 @dataclass
 class V1BatchStep:
     step: int
-    active: list[bool]  # engines that ran this step
-    aborted: tuple[torch.Tensor, torch.Tensor]
+    active: list[bool]  # engines (trace indices) that ran this step
+    engines: list[int]  # the trace index of each row of ``scheduler`` (and of the output tensors)
+    scheduler: BatchedV1Scheduler  # the scheduler that ran the step (state after the step)
+    aborted: tuple[torch.Tensor, torch.Tensor]  # (row, slot) of the requests aborted
     output: V1StepOut
     update: V1UpdateOut
 
 
 class V1Run:
     """Drive a `BatchedV1Scheduler` through a `V1TraceBatch` with the reference engine loop's end
-    rule per engine (every request arrived and finished, or max_steps)."""
+    rule per engine (every request arrived and finished, or max_steps).
 
-    def __init__(self, batch: V1TraceBatch, scheduler: BatchedV1Scheduler | None = None) -> None:
+    Engines that are done stop costing: once at most half of the scheduler's rows are live, the
+    run continues on a scheduler of the live rows only (`BatchedV1Scheduler.take`); ``engines``
+    maps rows to trace indices, and the step's events are mapped through it."""
+
+    def __init__(self, batch: V1TraceBatch, scheduler: BatchedV1Scheduler | None = None, compact: bool = True) -> None:
         self.batch = batch
         self.scheduler = scheduler if scheduler is not None else batch.make_scheduler()
         self.active = [True] * batch.E
+        self.engines = list(range(batch.E))
+        self.compact = compact
         self.step = 0
         self.engine_steps = 0
+        self._row_of: torch.Tensor | None = None  # trace index -> row (-1: dropped); None: identity
+
+    def _rows(self, events: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if self._row_of is None or events[0].numel() == 0:
+            return events
+        rows = self._row_of[events[0]]
+        keep = rows >= 0
+        return (rows[keep], *(col[keep] for col in events[1:]))
 
     def advance(self) -> V1BatchStep:
         b, s, step = self.batch, self.scheduler, self.step
-        s.arrive_idx(*b.arrival_idx(step))
-        aborted = s.abort_idx(*b.abort_idx(step))
+        s.arrive_idx(*self._rows(b.arrival_idx(step)))
+        aborted = s.abort_idx(*self._rows(b.abort_idx(step)))
         out = s.schedule()
-        upd = s.update(b.stopped_mask(step))
+        stopped = b.stopped_mask(step)
+        if stopped is not None and self._row_of is not None:
+            stopped = stopped[torch.tensor(self.engines, dtype=torch.long, device=stopped.device)]
+        upd = s.update(stopped)
         unfinished = ((s.status == WAITING) | (s.status == RUNNING)).any(1).tolist()
-        active = self.active
-        self.active = [
-            a and not (step >= b.last_arrival[e] and not unfinished[e]) and step + 1 < b.max_steps[e]
-            for e, a in enumerate(active)
-        ]
+        active = list(self.active)
+        engines = self.engines
+        for row, e in enumerate(engines):
+            if active[e] and ((step >= b.last_arrival[e] and not unfinished[row]) or step + 1 >= b.max_steps[e]):
+                self.active[e] = False
         self.engine_steps += sum(active)
         self.step += 1
-        return V1BatchStep(step, active, aborted, out, upd)
+        live = [row for row, e in enumerate(engines) if self.active[e]]
+        if self.compact and live and len(live) <= len(engines) // 2:
+            self.scheduler = s.take(live)
+            self.engines = [engines[row] for row in live]
+            row_of = torch.full((b.E,), -1, dtype=torch.long, device=b.device)
+            row_of[torch.tensor(self.engines, dtype=torch.long, device=b.device)] = torch.arange(len(live), device=b.device)
+            self._row_of = row_of
+        return V1BatchStep(step, active, engines, s, aborted, out, upd)
 
     def run(self) -> int:
         while any(self.active):
@@ -267,7 +293,6 @@ def run_lockstep_v1(
     """Run E traces through E references and the twin at once; stop at the first divergence."""
     batch = V1TraceBatch(traces, device)
     run = V1Run(batch)
-    twin = run.scheduler
     refs = [make_reference(t.config) for t in traces]
     E = len(traces)
     unfinished: list[set[str]] = [set() for _ in range(E)]
@@ -297,13 +322,16 @@ def run_lockstep_v1(
                 ref_snaps[e] = ref.snapshot()
 
         bstep = run.advance()
-        ab = sorted(zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True))
-        outs = step_outputs_v1(bstep.output, batch.names, live)
-        fins = finished_lists_v1(bstep.update, batch.names, live)
-        snaps = snapshots_v1(twin, batch.names, batch.requests, live) if compare_state else [None] * len(live)
+        row_of = {e: row for row, e in enumerate(bstep.engines)}
+        rows = [row_of[e] for e in live]
+        names = [batch.names[e] for e in bstep.engines]
+        outs = step_outputs_v1(bstep.output, names, rows)
+        fins = finished_lists_v1(bstep.update, names, rows)
+        snaps = (snapshots_v1(bstep.scheduler, names, [batch.requests[e] for e in bstep.engines], rows)
+                 if compare_state else [None] * len(live))
         aborted_slots: dict[int, set[int]] = {}
-        for ae, ar in ab:
-            aborted_slots.setdefault(ae, set()).add(ar)
+        for ar_, sl in zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True):
+            aborted_slots.setdefault(bstep.engines[ar_], set()).add(sl)
         for i, e in enumerate(live):
             engine_steps += 1
             twin_aborts, seen = [], set()

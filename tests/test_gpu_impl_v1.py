@@ -76,10 +76,14 @@ def _pressure_batch(seed: int, tight_priority: bool = False, engines: int = 16) 
 @pytest.mark.parametrize("device", DEVICES)
 def test_seeded_pressure_batches(device, monkeypatch):
     """32 engines of tight configs in two batches: both the closed-form running phase and the
-    per-front loop run, several victims fall in one step, and priority victims scheduled
-    earlier in the same step give their tokens back."""
-    seen = {"loop_engines": 0, "multi_victim": 0, "given_back": 0}
-    loop, give = bv.BatchedV1Scheduler._running_loop, bv.given_back
+    per-front loop run, several victims fall in one step, priority victims scheduled earlier in
+    the same step give their tokens back, and the run drops engines that are done."""
+    seen = {"loop_engines": 0, "multi_victim": 0, "given_back": 0, "compactions": 0}
+    loop, give, take = bv.BatchedV1Scheduler._running_loop, bv.given_back, bv.BatchedV1Scheduler.take
+
+    def counting_take(self, rows):
+        seen["compactions"] += 1
+        return take(self, rows)
 
     def counting_loop(self, Q, *args):
         seen["loop_engines"] += Q.numel()
@@ -92,6 +96,7 @@ def test_seeded_pressure_batches(device, monkeypatch):
         return back
 
     monkeypatch.setattr(bv.BatchedV1Scheduler, "_running_loop", counting_loop)
+    monkeypatch.setattr(bv.BatchedV1Scheduler, "take", counting_take)
     monkeypatch.setattr(bv, "given_back", counting_give)
     for batch in (_pressure_batch(3), _pressure_batch(11, tight_priority=True)):
         result = run_lockstep_v1(batch, V1Scheduler, device=device)
