@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -41,8 +42,11 @@ class Capability(StrEnum):
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW}
 
 
-@dataclass(frozen=True)
-class SeqView:
+class SeqView(NamedTuple):
+    """One sequence as a snapshot shows it. A named tuple, not a dataclass: a snapshot builds
+    one per changed sequence per step, and a tuple is built about four times faster than a
+    frozen dataclass, which is most of an observed step's cost on a large batch."""
+
     seq_id: str
     request_id: str
     status: Status

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
+from spec.status import Status
 
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
@@ -45,14 +46,15 @@ def _cached(snap: Snapshot, kind: str, device: str) -> object | None:
     return hit[1] if hit is not None and hit[0] is snap else None
 
 
-def _delta_base(snap: Snapshot, kind: str, device: str, depth: int):
-    """The base snapshot's derived view when it can be carried forward through ``changed_seqs``."""
+def _delta_base(snap: Snapshot, kind: str, device: str, depth: int, part: str = "changed_seqs"):
+    """The base snapshot's derived view when it can be carried forward through the delta
+    (``part``: ``changed_seqs`` or ``changed_requests``), else None (build it whole)."""
     base = snap.base
-    if not observation.INCREMENTAL or base is None or snap.changed_seqs is None or base.seqs is None:
+    if not observation.INCREMENTAL or base is None or getattr(snap, part) is None or base.seqs is None:
         return None
     value = _cached(base, kind, device)
     if value is None and depth < _DELTA_DEPTH:
-        value = (tables if kind == "tables" else entries)(base, device, depth + 1)
+        value = _DERIVED[kind](base, device, depth + 1)
     return value
 
 
@@ -125,6 +127,88 @@ def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
     return _memo(snap, "entries", device, build)
 
 
+def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int:
+    """How many sequences are RUNNING."""
+
+    def build() -> int:
+        prior = _delta_base(snap, "running", "", _depth)
+        if prior is None:
+            return sum(1 for v in snap.seqs.values() if v.status is Status.RUNNING)
+        old_seqs, seqs = snap.base.seqs, snap.seqs
+        count = prior
+        for sid in snap.changed_seqs:
+            old, new = old_seqs.get(sid), seqs.get(sid)
+            count += (new is not None and new.status is Status.RUNNING) - (old is not None and old.status is Status.RUNNING)
+        return count
+
+    return _memo(snap, "running", "", build)
+
+
+def seq_ids_by_request(snap: Snapshot, _unused: str = "", _depth: int = 0) -> dict[str, tuple[str, ...]]:
+    """Request id -> the ids of its sequences, in the snapshot's order."""
+
+    def build() -> dict[str, tuple[str, ...]]:
+        prior = _delta_base(snap, "by_request", "", _depth)
+        seqs = snap.seqs
+        new = [] if prior is None else [sid for sid in snap.changed_seqs if sid not in snap.base.seqs]
+        if prior is None or any(sid not in seqs for sid in snap.changed_seqs):
+            out: dict[str, list[str]] = {}
+            for sid, v in seqs.items():
+                out.setdefault(v.request_id, []).append(sid)
+            return {rid: tuple(sids) for rid, sids in out.items()}
+        if not new:
+            return prior
+        out2 = dict(prior)
+        for sid in sorted(new):
+            rid = seqs[sid].request_id
+            out2[rid] = (*out2.get(rid, ()), sid)
+        return out2
+
+    return _memo(snap, "by_request", "", build)
+
+
+def with_status(snap: Snapshot, status: Status, _depth: int = 0) -> frozenset[str]:
+    """The requests whose status is ``status``."""
+
+    def build() -> frozenset[str]:
+        prior = _delta_base(snap, "status", status, _depth, part="changed_requests")
+        statuses = snap.statuses
+        assert statuses is not None
+        if prior is None or snap.base.statuses is None:
+            return frozenset(rid for rid, st in statuses.items() if st is status)
+        if not snap.changed_requests:
+            return prior
+        out = set(prior)
+        for rid in snap.changed_requests:
+            if statuses.get(rid) is status:
+                out.add(rid)
+            else:
+                out.discard(rid)
+        return frozenset(out)
+
+    return _memo(snap, "status", status, build)
+
+
+def changed_requests_between(snap: Snapshot, older: Snapshot | None) -> frozenset[str] | None:
+    """Requests whose status may differ between ``older`` and ``snap`` (None: check all)."""
+    return snap.changed_since(older, "changed_requests") if observation.INCREMENTAL else None
+
+
+def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
+    """Requests that entered or left some queue between ``older`` and ``snap`` (None: unknown)."""
+    if older is None or not observation.INCREMENTAL:
+        return None
+    moved: set[str] = set()
+    for name in ("waiting", "running", "swapped"):
+        new, old = snap.queue(name), older.queue(name)
+        if new is old:
+            continue
+        if new is None or old is None:
+            return None
+        moved |= set(new).symmetric_difference(old)
+    return moved
+
+
 def changed_between(snap: Snapshot, older: Snapshot) -> frozenset[str] | None:
     """`Snapshot.changed_since`, or None (check all) when incremental checking is off."""
     return snap.changed_since(older) if observation.INCREMENTAL else None
@@ -193,3 +277,12 @@ def admitted(record: StepRecord) -> list[str]:
         if item.is_prefill and item.request_id in waiting:
             seen.setdefault(item.request_id, None)
     return list(seen)
+
+
+_DERIVED = {
+    "tables": tables,
+    "entries": entries,
+    "running": running_seq_count,
+    "by_request": seq_ids_by_request,
+    "status": with_status,
+}

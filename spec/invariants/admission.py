@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted
+from spec.invariants._views import admitted, fresh_mid
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -34,7 +34,7 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 need = -(-((v.num_computed or 0) + chunk.get(v.seq_id, 0)) // bs)
             if len(v.blocks or ()) != need:
                 yield f"{rid} admitted with {len(v.blocks or ())} of the {need} blocks of {v.seq_id}"
-    for sid, v in rec.mid.seqs.items():
+    for sid, v in fresh_mid(ctx, rec):
         if v.status is Status.WAITING and v.blocks:
             yield f"{sid} is still waiting after schedule() but holds blocks {list(v.blocks)}"
 

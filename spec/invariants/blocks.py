@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from itertools import compress, count
+from operator import ne
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import (
@@ -71,11 +73,20 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
         if same_tables(snap, prior, device) and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts):
             continue  # the same counts and tables this check passed just before
         counted = entries(snap, device)
-        if not counted or (min(counted) >= 0 and max(counted) < len(refs)):
+        prior_refs = getattr(prior, f"{device}_ref_counts") if prior is not None else None
+        if prior_refs is not None and prior.seqs is not None and len(prior_refs) == len(refs):
+            # Only a block whose count or entries changed since the passed snapshot can be wrong.
+            prior_counted = entries(prior, device)
+            blocks = set(compress(count(), map(ne, refs, prior_refs)))
+            if counted is not prior_counted:
+                blocks.update(b for b, _ in counted.items() ^ prior_counted.items())
+            if all(0 <= b < len(refs) and refs[b] == counted.get(b, 0) for b in blocks):
+                continue
+        elif not counted or (min(counted) >= 0 and max(counted) < len(refs)):
             expected = [0] * len(refs)
             for block, n in counted.items():
                 expected[block] = n
-            if list(refs) == expected:  # the common case, compared at C speed; explained below if not
+            if list(refs) == expected:  # compared at C speed; explained below if not
                 continue
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import snapshots
+from spec.invariants._views import changed_requests_between, fresh_after, running_seq_count, snapshots
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -48,7 +48,7 @@ def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
         assert snap.seqs is not None
-        count = sum(1 for v in snap.seqs.values() if v.status is Status.RUNNING)
+        count = running_seq_count(snap)
         if count > ctx.config.max_num_seqs:
             yield f"{label}: {count} running sequences, max_num_seqs {ctx.config.max_num_seqs}"
 
@@ -91,7 +91,7 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
-    for sid, v in rec.after.seqs.items():
+    for sid, v in fresh_after(ctx, rec):
         if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= ctx.config.max_model_len:
             request = ctx.requests.get(v.request_id)
             if ctx.config.enable_chunked_prefill and request is not None and v.num_tokens == request.prompt_len:
@@ -181,6 +181,9 @@ def output_matches_state(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         ignored = mid.get(rid) is Status.FINISHED_IGNORED and rid in rec.output.ignored
         if mid.get(rid) is not want and not readmitted and not ignored:
             yield f"{rid} preempted by {mode.value} but {mid.get(rid)} after schedule()"
-    for rid, status in rec.before.statuses.items():
+    changed = changed_requests_between(rec.mid, rec.before)  # only a request whose status changed can have left running
+    before = rec.before.statuses
+    for rid in before if changed is None else sorted(changed):
+        status = before.get(rid)
         if status is Status.RUNNING and mid.get(rid) in (Status.WAITING, Status.SWAPPED) and rid not in preempted:
             yield f"{rid} left running for {mid[rid].value} without being reported preempted"

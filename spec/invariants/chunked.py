@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import snapshots
+from spec.invariants._views import changed_between, fresh_in_snapshots
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -41,11 +41,9 @@ def at_least_one_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.SEQ_LENGTHS,),
 )
 def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
-        assert snap.seqs is not None
-        for sid, v in snap.seqs.items():
-            if v.num_computed is not None and v.num_tokens is not None and v.num_computed > v.num_tokens:
-                yield f"{label}: {sid} has {v.num_computed} computed of {v.num_tokens} tokens"
+    for label, sid, v in fresh_in_snapshots(ctx, rec):
+        if v.num_computed is not None and v.num_tokens is not None and v.num_computed > v.num_tokens:
+            yield f"{label}: {sid} has {v.num_computed} computed of {v.num_tokens} tokens"
     if rec.mid is not None and rec.mid.seqs is not None:
         for item in rec.output.scheduled:
             v = rec.mid.seqs.get(item.seq_id)
@@ -99,8 +97,11 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None and rec.after.seqs is not None
     given = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
-    for sid, m in rec.mid.seqs.items():
-        a = rec.after.seqs.get(sid)
+    changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
+    for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
+        m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
+        if m is None:
+            continue
         if a is None or m.status.is_finished or m.num_computed is None or a.num_computed is None:
             continue
         if sid in given:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import checked_with_prior, fresh_in_snapshots
+from spec.invariants._views import (
+    changed_between,
+    changed_requests_between,
+    checked_with_prior,
+    fresh_in_snapshots,
+    queue_moves,
+    seq_ids_by_request,
+)
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
 from spec.status import QUEUES, Status
@@ -69,6 +76,13 @@ def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             yield f"{label}: {sid} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
 
 
+def _moved_or_changed(snap: Snapshot, prior: Snapshot | None) -> set[str] | None:
+    """Requests whose status or queue membership may differ from ``prior`` (None: unknown)."""
+    moved = queue_moves(snap, prior)
+    changed = changed_requests_between(snap, prior) if prior is not None else None
+    return None if moved is None or changed is None else moved | changed
+
+
 def _same_queues(snap: Snapshot, prior: Snapshot | None) -> bool:
     return (prior is not None and snap.statuses is prior.statuses and snap.waiting is prior.waiting
             and snap.running is prior.running and snap.swapped is prior.swapped)
@@ -87,6 +101,21 @@ def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         assert snap.statuses is not None
         if _same_queues(snap, prior):
             continue  # the same queues and statuses this check passed just before
+        candidates = _moved_or_changed(snap, prior)
+        if candidates is not None:
+            queues = {name: snap.queue(name) or () for name in QUEUES}
+            if all(len(set(q)) == len(q) for q in queues.values()):
+                sets = {name: set(q) for name, q in queues.items()}
+                for rid in sorted(candidates):
+                    where = [name for name in QUEUES if rid in sets[name]]
+                    status = snap.statuses.get(rid)
+                    if status is None and where:
+                        yield f"{label}: unknown request {rid} in {where}"
+                    elif status is not None and status.is_finished and where:
+                        yield f"{label}: {rid} is {status.value} yet in {where}"
+                    elif status is not None and not status.is_finished and len(where) != 1:
+                        yield f"{label}: {rid} is unfinished and in {len(where)} queues {where}"
+                continue  # every other request is where it was, with the status it had
         seen: dict[str, list[str]] = {}
         for name in QUEUES:
             for rid in snap.queue(name) or ():
@@ -114,12 +143,22 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         assert snap.statuses is not None and snap.seqs is not None
         if _same_queues(snap, prior) and snap.seqs is prior.seqs:
             continue  # the same queues, statuses and sequences this check passed just before
+        candidates = _moved_or_changed(snap, prior)
+        changed_seqs = changed_between(snap, prior) if prior is not None else None
         for name in QUEUES:
             for rid in snap.queue(name) or ():
+                if candidates is not None and rid not in candidates:
+                    continue
                 status = snap.statuses.get(rid)
                 if status is None or status.queue != name:
                     yield f"{label}: {rid} is in {name} with status {status.value if status else None}"
-        for sid, v in snap.seqs.items():
+        if candidates is None or changed_seqs is None:
+            views = list(snap.seqs.items())
+        else:  # a sequence whose view and whose request's status are unchanged still agrees
+            by_request = seq_ids_by_request(snap)
+            sids = set(changed_seqs) | {sid for rid in candidates for sid in by_request.get(rid, ())}
+            views = [(sid, snap.seqs[sid]) for sid in sorted(sids) if sid in snap.seqs]
+        for sid, v in views:
             group = snap.statuses.get(v.request_id)
             if group is not None and not group.is_finished and not v.status.is_finished and v.status is not group:
                 yield f"{label}: sequence {sid} is {v.status.value} in a {group.value} request"

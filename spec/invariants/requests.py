@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between
+from spec.invariants._views import changed_between, changed_requests_between
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.types import request_of
@@ -40,7 +40,12 @@ def finished_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def none_lost(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.statuses is not None
     reported = set(ctx.finished) | {f.request_id for f in rec.finished}
-    for rid in ctx.requests:
+    prior = ctx.previous.after if ctx.previous is not None else None
+    changed = changed_requests_between(rec.after, prior)
+    # A request whose status and report are as at the last passed step still passes.
+    candidates = ctx.requests if changed is None else sorted(
+        (changed | {f.request_id for f in rec.finished} | {r.request_id for r in rec.added}) & ctx.requests.keys())
+    for rid in candidates:
         status = rec.after.statuses.get(rid)
         if status is None:
             yield f"{rid} was added but the scheduler no longer knows it"

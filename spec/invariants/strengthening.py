@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import checked_with_prior, snapshots
+from spec.invariants._views import checked_with_prior, seq_ids_by_request, snapshots, with_status
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -59,17 +59,14 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
         assert snap.statuses is not None and snap.seqs is not None
-        seqs_of: dict[str, int] = {}
-        live_of: dict[str, int] = {}
-        for v in snap.seqs.values():
-            seqs_of[v.request_id] = seqs_of.get(v.request_id, 0) + 1
-            live_of[v.request_id] = live_of.get(v.request_id, 0) + (not v.status.is_finished)
+        seqs, by_request = snap.seqs, seq_ids_by_request(snap)
         seats = 0
-        for rid, status in snap.statuses.items():
-            if status is not Status.RUNNING or rid not in ctx.requests:
+        for rid in with_status(snap, Status.RUNNING):
+            if rid not in ctx.requests:
                 continue
             n = ctx.requests[rid].n
-            forked = n == 1 or seqs_of.get(rid, 0) >= n
-            seats += live_of.get(rid, 0) if forked else n
+            sids = by_request.get(rid, ())
+            forked = n == 1 or len(sids) >= n
+            seats += sum(1 for sid in sids if not seqs[sid].status.is_finished) if forked else n
         if seats > ctx.config.max_num_seqs:
             yield f"{label}: running requests take {seats} seats, max_num_seqs {ctx.config.max_num_seqs}"
