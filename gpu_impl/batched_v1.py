@@ -103,6 +103,12 @@ def budget_prefix(want: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
     return capped - torch.cat([torch.zeros_like(capped[:, :1]), capped[:, :-1]], 1)
 
 
+def admission_prefix(x: torch.Tensor) -> torch.Tensor:
+    """What the waiting heads before each one take, if all of them were admitted (exclusive
+    prefix sum along the waiting queue): budget, seats, mid-prefill chunks, blocks."""
+    return x.cumsum(1) - x
+
+
 def victim_rank(head_pos: torch.Tensor, pkey: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
     """The order in which running requests are preempted (largest first): FCFS takes the
     running tail (largest head position), priority the largest (priority, arrival)."""
@@ -376,21 +382,19 @@ class BatchedV1Scheduler:
             ign = wv & ((self.prompt.gather(1, Ws) > c.plimit[:, None]) | (need_all > (c.gpu - c.wm)[:, None]))
             cand = wv & ~ign
             u = chunk_clamp(tok_w, thr) * cand
-            left = budget[:, None] - (u.cumsum(1) - u)
+            left = budget[:, None] - admission_prefix(u)
             chunk = torch.minimum(u, left.clamp(min=0))
             nrun1 = (self.status == RUNNING).sum(1)
-            ci = cand.long()
-            seats = nrun1[:, None] + ci.cumsum(1) - ci
+            seats = nrun1[:, None] + admission_prefix(cand.long())
             blocks = cdiv(chunk, bs) * cand
-            bex = blocks.cumsum(1) - blocks
+            bex = admission_prefix(blocks)
             mid = chunk < tok_w - 1
-            mc = (mid & cand).long()
             P0 = ((self.status == RUNNING) & (self.comp + ntok < self.tok - 1)).sum(1)
             limit = c.partial[:, None]
             fail = (wv & (left <= 0)) | (cand & (
                 (seats >= c.max_seqs[:, None])
                 | (~c.chunked[:, None] & (u > left))
-                | ((limit > 0) & mid & (P0[:, None] + mc.cumsum(1) - mc >= limit))
+                | ((limit > 0) & mid & (P0[:, None] + admission_prefix((mid & cand).long()) >= limit))
                 | (need_all + c.wm[:, None] > self.top[:, None] - bex)
             ))
             brk = torch.where(fail.any(1), fail.long().argmax(1), W)

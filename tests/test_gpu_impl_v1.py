@@ -125,6 +125,8 @@ MUTANTS = {
     "priority-victim-most-urgent": ("victim_rank", lambda pos, pkey, prio: torch.where(prio, -pkey, pos)),
     # a freed table goes onto the free queue head block first (V1 frees the tail first)
     "free-order-head-first": ("push_columns", lambda j, lens: (lens[:, None] - 1 - j).clamp(min=0)),
+    # admission counts each waiting head as if it were already admitted (inclusive prefix sums)
+    "admission-prefix-off-by-one": ("admission_prefix", lambda x: x.cumsum(1)),
     # a priority victim scheduled earlier in the step keeps its tokens' budget
     "no-budget-given-back": ("given_back", lambda granted, victims: torch.zeros_like(granted[:, 0])),
 }
