@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 import gpu_impl.batched_v1 as bv
 from conformance.adapter import load_adapter
+from conformance.fuzz import fuzz
 from conformance.generate_v1 import token_configs, token_traces
+from conformance.profiles import get_profile
 from gpu_impl.adapter_v1 import make
 from gpu_impl.batched_v1 import BatchedV1Scheduler
 from gpu_impl.lockstep_v1 import V1TraceBatch, run_lockstep_v1
@@ -181,3 +183,14 @@ def test_builtin_adapter_says_prefix_caching_is_left_out():
         assert not trace.config.enable_prefix_caching
 
     drawn()
+
+
+def test_gpu_v1_conforms_to_the_vllm_v1_profile(tmp_path):
+    """The built-in adapter through the runner: every invariant of the ``vllm-v1`` profile and the
+    lockstep with the V1 reference hold; only the prefix-cache invariants are not applicable."""
+    result = fuzz(lambda: load_adapter("gpu-v1"), get_profile("vllm-v1"), max_examples=examples(25), seed_value=7,
+                  out_dir=tmp_path)
+    assert result.findings == {}
+    assert result.lockstep
+    assert result.not_applicable and all(i.startswith("PFX-") for i in result.not_applicable), result.not_applicable
+    assert result.steps_checked > 100
