@@ -104,8 +104,8 @@ class V1TraceBatch:
                     for step, rows in events.items()}
 
         self._arrive, self._abort, self._stop = index(arrivals), index(aborts), index(stops)
-        self.last_arrival = [t.last_arrival_step for t in traces]
-        self.max_steps = [t.max_steps for t in traces]
+        self.last_arrival = torch.tensor([t.last_arrival_step for t in traces], dtype=torch.long, device=dev)
+        self.max_steps = torch.tensor([t.max_steps for t in traces], dtype=torch.long, device=dev)
 
     def make_scheduler(self) -> BatchedV1Scheduler:
         sched = BatchedV1Scheduler([t.config for t in self.traces], self.R, self.device)
@@ -134,7 +134,7 @@ class V1TraceBatch:
 @dataclass
 class V1BatchStep:
     step: int
-    active: list[bool]  # engines (trace indices) that ran this step
+    active: torch.Tensor  # [E] engines (trace indices) that ran this step
     engines: list[int]  # the trace index of each row of ``scheduler`` (and of the output tensors)
     scheduler: BatchedV1Scheduler  # the scheduler that ran the step (state after the step)
     aborted: tuple[torch.Tensor, torch.Tensor]  # (row, slot) of the requests aborted
@@ -153,8 +153,9 @@ class V1Run:
     def __init__(self, batch: V1TraceBatch, scheduler: BatchedV1Scheduler | None = None, compact: bool = True) -> None:
         self.batch = batch
         self.scheduler = scheduler if scheduler is not None else batch.make_scheduler()
-        self.active = [True] * batch.E
+        self.active = torch.ones(batch.E, dtype=torch.bool, device=batch.device)
         self.engines = list(range(batch.E))
+        self._rows_t = torch.arange(batch.E, device=batch.device)  # ``engines`` as a tensor
         self.compact = compact
         self.step = 0
         self.engine_steps = 0
@@ -174,27 +175,29 @@ class V1Run:
         out = s.schedule()
         stopped = b.stopped_mask(step)
         if stopped is not None and self._row_of is not None:
-            stopped = stopped[torch.tensor(self.engines, dtype=torch.long, device=stopped.device)]
+            stopped = stopped[self._rows_t]
         upd = s.update(stopped)
-        unfinished = ((s.status == WAITING) | (s.status == RUNNING)).any(1).tolist()
-        active = list(self.active)
-        engines = self.engines
-        for row, e in enumerate(engines):
-            if active[e] and ((step >= b.last_arrival[e] and not unfinished[row]) or step + 1 >= b.max_steps[e]):
-                self.active[e] = False
-        self.engine_steps += sum(active)
+        unfinished = torch.zeros_like(self.active)
+        unfinished[self._rows_t] = ((s.status == WAITING) | (s.status == RUNNING)).any(1)
+        active, engines, rows_t = self.active, self.engines, self._rows_t
+        drained = (step >= b.last_arrival) & ~unfinished
+        self.active = active & ~drained & (step + 1 < b.max_steps)
+        self.engine_steps += int(active.sum())
         self.step += 1
-        live = [row for row, e in enumerate(engines) if self.active[e]]
-        if self.compact and live and len(live) <= len(engines) // 2:
-            self.scheduler = s.take(live)
-            self.engines = [engines[row] for row in live]
+        live = self.active[rows_t]
+        n_live = int(live.sum())
+        if self.compact and 0 < n_live <= len(engines) // 2:
+            keep = live.nonzero(as_tuple=True)[0]
+            self.scheduler = s.take(keep.tolist())
+            self._rows_t = rows_t[keep]
+            self.engines = self._rows_t.tolist()
             row_of = torch.full((b.E,), -1, dtype=torch.long, device=b.device)
-            row_of[torch.tensor(self.engines, dtype=torch.long, device=b.device)] = torch.arange(len(live), device=b.device)
+            row_of[self._rows_t] = torch.arange(n_live, device=b.device)
             self._row_of = row_of
         return V1BatchStep(step, active, engines, s, aborted, out, upd)
 
     def run(self) -> int:
-        while any(self.active):
+        while bool(self.active.any()):
             self.advance()
         return self.engine_steps
 
@@ -356,9 +359,10 @@ def run_lockstep_v1(
                 unfinished[e].discard(rid)
             if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
                 active[e] = False
+        twin_active = run.active.tolist()
         for e in live:
-            if run.active[e] != active[e]:
-                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {run.active[e]}")
+            if twin_active[e] != active[e]:
+                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
         step += 1
     return LockstepResult(E, engine_steps, step, 0, None)
 
