@@ -844,7 +844,8 @@ class BatchedScheduler:
 
     def _loop_decode_ids(self, loop_eng, loop_victims, gfree, head_slot, P, S, x, tord, k_pp):
         """Decode block ids for engines whose decode phase preempts (frees interleave with
-        allocations): one pass per front position, re-ranking the free mask each time."""
+        allocations): one pass per front position where some of them allocates, re-ranking the
+        free mask of those engines each time."""
         G, R, N = self.G, self.R, self.N
         dev = self.device
         Q = loop_eng.nonzero(as_tuple=True)[0]
@@ -864,21 +865,26 @@ class BatchedScheduler:
         base = gfree[Q] & (rel == _BIG)
         taken = torch.zeros(nQ, G + 1, dtype=torch.bool, device=dev)
         PQ = P[Q]
-        hsQ = head_slot[Q]
+        Pm = int(PQ.max())
         out_e, out_r, out_ids = [], [], []
-        for f in range(int(PQ.max())):
-            act = f < PQ
-            avail = (base | (rel <= f)) & ~taken[:, :G]
-            srt = sorted_free(avail)
-            slot = hsQ[:, f].clamp(max=R - 1)
-            xs = x[Q, slot] & act[:, None]
-            xi = xs.to(I32)
-            xr = xi.cumsum(1, dtype=I32) - xi
-            ids = blend(xs, srt.gather(1, xr.clamp(max=G - 1).long()), -1)
-            taken.scatter_(1, blend(xs, ids, G).long(), True)
-            out_e.append(Q[act])
-            out_r.append(slot[act])
-            out_ids.append(ids[act])
+        if Pm:
+            slots = head_slot[Q, :Pm].clamp(max=R - 1)  # [nQ, Pm] the fronts' slots
+            xq = x[Q[:, None], slots] & (self._arange(Pm)[None, :] < PQ[:, None])[..., None]
+            # only fronts where some engine allocates matter (elsewhere the append is a no-op)
+            fronts = row_any(xq.transpose(0, 1).reshape(Pm, -1)).nonzero(as_tuple=True)[0].tolist()
+            for f in fronts:
+                xf = xq[:, f]
+                hit = row_any(xf).nonzero(as_tuple=True)[0]  # engines allocating at front f
+                avail = (base[hit] | (rel[hit] <= f)) & ~taken[hit, :G]
+                srt = sorted_free(avail)
+                xs = xf[hit]
+                xi = xs.to(I32)
+                xr = xi.cumsum(1, dtype=I32) - xi
+                ids = blend(xs, srt.gather(1, xr.clamp(max=G - 1).long()), -1)
+                taken.view(-1)[hit[:, None] * (G + 1) + blend(xs, ids, G).long()] = True
+                out_e.append(Q[hit])
+                out_r.append(slots[hit, f])
+                out_ids.append(ids)
         if not out_e:
             z = torch.zeros(0, dtype=I64, device=dev)
             return z, z, torch.zeros(0, N, dtype=I32, device=dev)
