@@ -243,17 +243,7 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
     lines = [HEADER, build(results).rstrip("\n")]
     v1 = results / "lockstep-vllm-v1.json"
     if v1.exists():
-        data = json.loads(v1.read_text())
-        lines.append(
-            "\n\n## Strict lockstep: the reference's `vllm-v1` flow vs vLLM 0.33.0's V1 scheduler\n\n"
-            f"`python -m conformance.targets.lockstep_v1` (seed {data['seed']}; V1's default path: recompute only, "
-            "no chunked prefill, no prefix caching, a KV cache that holds one max_model_len sequence): "
-            f"{data['traces']} traces, {data['steps']} steps, {data['agreeing_traces']} agree step for step"
-            + (f"; divergent by field: {data['divergent_by_field']}" if data["divergent_by_field"] else "")
-            + (f"; violations: {data['violations']}" if data["violations"] else "")
-            + ". One misreading was found and fixed on the way: V1 refuses a prompt longer than max_model_len "
-            "before its scheduler (vllm/v1/engine/input_processor.py), so it is ignored in the step it arrives, "
-            "never waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting.\n")
+        lines.append(_v1_lockstep(json.loads(v1.read_text())))
     lines += ["\n\n## Built-in adapters\n\n",
              "The references and their torch twins, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
@@ -283,6 +273,60 @@ _ADAPTER_SCOPE = {
               "`vllm-v1` ones with `enable_prefix_caching` false, it does not claim the `prefix_cache` "
               "capability (so PFX-001..005 are not applicable), and it refuses a config with caching on.",
 }
+
+
+_V1_PATHS = {
+    "default": "recompute only, no chunked prefill, no prefix caching, V0-style prompts",
+    "chunked": "chunked prefill, long_prefill_token_threshold 0/1/3/8 (at most max_model_len), token budget down to "
+               "max_num_seqs",
+    "prefix": "prefix caching, prompts from a few shared stems of a 2-, 3- or 50-token vocabulary, token budget at "
+              "least max_model_len",
+    "chunked+prefix": "both",
+}
+
+
+def _v1_lockstep(data: dict[str, Any]) -> str:
+    """The V1 lockstep section (`conformance.targets.lockstep_v1`): one row per path, then the
+    divergence classes with their vLLM source and shrunk trace."""
+    intro = (
+        "\n\n## Strict lockstep: the reference's `vllm-v1` flow vs vLLM 0.33.0's V1 scheduler\n\n"
+        f"`python -m conformance.targets.lockstep_v1 --path all` (seed {data['seed']}; watermark 0, recompute only, "
+        "n = 1, policies fcfs and priority, a KV cache that holds one max_model_len sequence). Every step compares the "
+        "decisions (scheduled tokens per request with the prefill flag, preemptions, ignored and finished requests) "
+        "and the state after the step (each unfinished request's status, computed tokens and block table, block ids "
+        "mapped by -1 for V1's null block; the running queue in order, the waiting queue, the free count). A trace "
+        "runs to its first divergence; a class is confirmed when the trace agrees to its end once the engine's "
+        "behaviour is modelled into the reference.\n"
+    )
+    if "paths" not in data:  # version 1: the default path only
+        data = {**data, "paths": {"default": {k: data[k] for k in ("traces", "steps", "agreeing_traces")}},
+                "classes": {}}
+    rows = ["\n| path | configs | traces | steps | agree | diverge | by class |\n| --- | --- | --- | --- | --- | --- | --- |\n"]
+    for path, m in data["paths"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items()) or "-"
+        rows.append(f"| {path} | {_V1_PATHS.get(path, '')} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
+                    f"{m['traces'] - m['agreeing_traces']} | {by} |\n")
+    if data["classes"]:
+        rows.append("\n| class | kind | explanation (vLLM source) | traces |\n| --- | --- | --- | --- |\n")
+        for cls, c in data["classes"].items():
+            links = ", ".join(f"[{path}]({_rel_docs(p['trace'])})" for path, p in c["paths"].items())
+            rows.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |\n")
+    notes = (
+        "\nTranslations on the new paths: the host passes enable_chunked_prefill, long_prefill_token_threshold and "
+        "enable_prefix_caching to V1's SchedulerConfig / CacheConfig (max_num_partial_prefills has no V1 counterpart; "
+        "the traces keep it 0) and gives each Request V1's own block hasher over the trace's token ids (prompt_tokens, "
+        "then spec.types.generated_token), so V1 hashes the same contents the reference keys; the reference's keys are "
+        "never compared, only the blocks they lead to. A scheduled request counts as a prefill until it samples a "
+        "token after its (re)admission.\n\n"
+        "One misreading was found and fixed on the default path: V1 refuses a prompt longer than max_model_len "
+        "before its scheduler (vllm/v1/engine/input_processor.py), so it is ignored in the step it arrives, never "
+        "waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting.\n"
+    )
+    return intro + "".join(rows) + notes
+
+
+def _rel_docs(path: str) -> str:
+    return path[len("docs/"):] if path.startswith("docs/") else path
 
 
 def render_all(docs_dir: Path) -> dict[str, str]:

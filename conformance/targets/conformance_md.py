@@ -120,7 +120,7 @@ def build(results: Path) -> str:
               "* **vllm-v1**: block 0 is V1's null block, so the pool has num_gpu_blocks + 1 blocks and ids are reported "
               "minus one; V1 advances `num_computed_tokens` inside `schedule()`, so the mid-step snapshot reports the tokens "
               "computed before the step; a prompt over max_model_len is rejected by V1's input processor and reported as "
-              "ignored. Recompute only, n = 1, no chunked prefill, no prefix caching.", ""]
+              "ignored. Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.", ""]
     return "\n".join(lines)
 
 

@@ -56,9 +56,10 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(vllm/v1/core/sched/scheduler.py: Scheduler.schedule, running loop, 'Make sure the input position "
         "does not exceed the max model len'; `num_sampled_tokens_per_step` is 1). A prompt of exactly "
         "max_model_len tokens whose prefill continues as a running chunk stops one token short: its last prompt "
-        "token is never scheduled (`num_new_tokens == 0` -> skipped), so it holds its blocks and seat and never "
-        "finishes unless preempted. The waiting path has no such clamp, so a whole-prompt admission is not "
-        "affected. The spec (LEN-001, LIV-001) lets such a prompt complete.",
+        "token is never scheduled (`num_new_tokens == 0` -> skipped), so it holds its blocks and its seat and "
+        "never finishes (LIV-001 where it is the only work) unless a preemption sends it back to waiting and it is "
+        "then admitted whole: the waiting path has no such clamp. The spec lets a prompt of exactly max_model_len "
+        "tokens complete (LEN-001) and every step make progress (LIV-001).",
     ),
 }
 
