@@ -112,7 +112,9 @@ def build(results: Path) -> str:
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
               "keep to those (`trace_strategy`). `num_computed` is derived (len - 1 for running sequences; the prefix-cache "
-              "hit during a prefill).",
+              "hit during a prefill). A request with `prompt_tokens` runs on those ids and samples the spec's "
+              "`generated_token`s (so nano's prefix cache sees what the reference sees); without them each request gets "
+              "ids of its own. nano's block hashes are reported as `gpu_block_keys`.",
               "* **vllm-v0**: the host plays `LLMEngine._process_model_outputs` with vLLM's own `StopChecker`; swap maps "
               "are vLLM's (device-relative), block tables are made pool-relative. The traces use n = 1: 0.10.2's engine "
               "splits n > 1 into independent groups before the scheduler; the host can still fork at scheduler level, "
@@ -134,7 +136,8 @@ def _nano_lockstep(path: Path) -> list[str]:
              "**spec**, where nano-vllm's behaviour is meant to be specified (block sizes 2, 4, 8; prefix caching on, as "
              "nano always caches; every request fits the budget, the cache and max_model_len), and **full**, everything "
              "the host takes (block size 1, over-long prompts, requests that outgrow max_model_len or the cache). Each "
-             "trace runs to its first divergence, violation or crash, which is classified by which of nano-vllm's "
+             "step compares the decisions and the state after it (statuses, computed tokens, block tables with their "
+             "ids, the queues and the free queue in order). Each trace runs to its first divergence, violation or crash, which is classified by which of nano-vllm's "
              "deviations, modelled back into the reference, explains it (`a+b`: two met in one step). With every "
              "deviation modelled, the traces that diverged are run again to the end.", "",
              "| space | traces | steps | agree | diverge | by class | still diverging with the deviations modelled |",
@@ -145,7 +148,8 @@ def _nano_lockstep(path: Path) -> list[str]:
                      f"{by} | {m['diverging_with_deviations_modelled']} |")
     lines += ["", "| class | kind | explanation (nano-vllm source) | trace |", "| --- | --- | --- | --- |"]
     for cls, c in data["classes"].items():
-        link = f"[trace]({_rel(c['trace'])})" if c.get("trace") else ""
+        handmade = str(c.get("origin", "")).startswith("handmade")
+        link = f"[{'handmade trace' if handmade else 'trace'}]({_rel(c['trace'])})" if c.get("trace") else ""
         lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {link} |")
     for name, why in data.get("reference_fixes", {}).items():
         lines.append(f"\nFixed in the reference ({name}): {why}")
