@@ -18,7 +18,9 @@ reference (`reference_impl.nano_scheduler.NanoScheduler`) beside it, in two trac
 ``full``  the whole space the nano host takes (`full_traces`): block size 1 too, prompts over
           max_model_len or the budget, requests that outgrow max_model_len or the cache.
 
-Every trace runs to its first divergence (or violation or crash), which is classified
+Each step compares the decisions (`conformance.lockstep`) and then the state after the step
+(`state_of`: statuses, computed tokens, block tables with their ids, the queues and the free queue
+in order). Every trace runs to its first divergence (or violation or crash), which is classified
 (`classify`): a crash by where nano raised; a divergence by which of nano-vllm's known deviations,
 modelled back into the reference (`EngineModel`), makes it go away or move later. Each class
 is a documented deviation of nano-vllm with its source location (`CLASSES`); a divergence no
