@@ -8,6 +8,7 @@ the steps up to it, so the trace can be cut there and replayed.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,27 @@ def run_checked(
     lockstep: bool = False,
     stop_at_first: bool = True,
     reference_factory: Callable[[SchedulerConfig], Any] | None = None,
+) -> TraceResult:
+    # The records kept for the trace are acyclic but many; with the cyclic collector running,
+    # its full passes over them cost more than the scheduler itself on a large batch
+    # (BENCHMARKS.md). Paused for the one trace, restored whatever happens.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_checked(adapter, trace, invariants, timeout, lockstep, stop_at_first, reference_factory)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run_checked(
+    adapter: Adapter,
+    trace: Trace,
+    invariants: Iterable[Invariant],
+    timeout: float | None,
+    lockstep: bool,
+    stop_at_first: bool,
+    reference_factory: Callable[[SchedulerConfig], Any] | None,
 ) -> TraceResult:
     result = TraceResult(trace)
     guard = Guard(timeout)

@@ -9,6 +9,7 @@ from operator import ne
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import (
+    changed_between,
     checked_with_prior,
     entries,
     fresh_after,
@@ -66,6 +67,23 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _conservation(ctx, rec, "cpu")
 
 
+def _blocks_of_changed_tables(snap, prior, device: str, counted, prior_counted) -> Iterator[int]:
+    """Blocks whose entry count may differ between ``prior`` and ``snap``: those of the tables
+    that changed (or, without a delta, every block whose count differs)."""
+    changed = changed_between(snap, prior)
+    if changed is None:
+        yield from (b for b, _ in counted.items() ^ prior_counted.items())
+        return
+    old_seqs, new_seqs = prior.seqs, snap.seqs
+    for sid in changed:
+        old, new = old_seqs.get(sid), new_seqs.get(sid)
+        old_blocks = old.blocks if old is not None and old.device == device else None
+        new_blocks = new.blocks if new is not None and new.device == device else None
+        if old_blocks is not new_blocks:
+            yield from old_blocks or ()
+            yield from new_blocks or ()
+
+
 def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
     for label, snap, prior in checked_with_prior(ctx, rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
@@ -79,7 +97,7 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
             prior_counted = entries(prior, device)
             blocks = set(compress(count(), map(ne, refs, prior_refs)))
             if counted is not prior_counted:
-                blocks.update(b for b, _ in counted.items() ^ prior_counted.items())
+                blocks.update(_blocks_of_changed_tables(snap, prior, device, counted, prior_counted))
             if all(0 <= b < len(refs) and refs[b] == counted.get(b, 0) for b in blocks):
                 continue
         elif not counted or (min(counted) >= 0 and max(counted) < len(refs)):
