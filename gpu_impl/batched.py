@@ -61,7 +61,8 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
    k-th CPU allocation is the k-th lowest initially free id. GPU blocks: priority-preemption
    frees come first, then prefills or decodes and swap-ins allocate; without decode victims the
    t-th allocation is the t-th lowest id free after preemption (ranking the free mask with a
-   cumsum, only for the engines that allocate this step, `FreeIds`). An engine with decode victims frees blocks between fronts; for those engines only,
+   cumsum and a binary search per allocation, only for the engines that allocate this step:
+   `nth_free`, `FreeIds`). An engine with decode victims frees blocks between fronts; for those engines only,
    a loop over fronts (<= max_num_seqs) re-ranks the free mask including the victims released
    so far (``release front = searchsorted(S, victim ordinal + 1)``).
 
@@ -227,31 +228,31 @@ def _empty_map(device: torch.device) -> Map:
     return (z, z, z, z)
 
 
-def sorted_free(mask: torch.Tensor) -> torch.Tensor:
-    """``[E', X]`` free mask -> the free ids in ascending order per row, padded with X (int32).
+def nth_free(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """For a free mask ``[K, X]`` and ranks ``t`` ``[K, ...]`` (from 0): the t-th lowest free id
+    of each row (int32; X where the row has fewer free ids).
 
-    The rank of a free block is the inclusive cumsum of the mask minus one; scattering ids to
-    their ranks lists them in order (lowest free id first, as the reference's heap pops them)."""
-    rows, width = mask.shape
-    pos = blend(mask, mask.cumsum(1, dtype=I32) - 1, width).long()
-    out = torch.full((rows, width + 1), width, dtype=I32, device=mask.device)
-    out.scatter_(1, pos, torch.arange(width, dtype=I32, device=mask.device).expand(rows, width))
-    return out[:, :width]
+    The rank of a free block is the inclusive cumsum of the mask minus one, so the t-th free id
+    is the first position where the cumsum reaches t + 1 (a binary search per query: the lowest
+    free id first, as the reference's heap pops them)."""
+    cs = mask.cumsum(1, dtype=I32)
+    q = (t.reshape(t.shape[0], -1) + 1).to(I32).contiguous()
+    return torch.searchsorted(cs, q, out_int32=True).view(t.shape)
 
 
 class FreeIds:
-    """`sorted_free` of only the rows ``need`` [E] of a free mask; ``ids[e, t]`` = the t-th
-    lowest free id of engine e (e must be a needed row)."""
+    """`nth_free` over only the rows ``need`` [E] of a free mask: ``ids(e, t)`` = the t-th
+    lowest free ids of engines ``e`` [K] (needed rows), for ranks ``t`` [K, ...]."""
 
     def __init__(self, mask: torch.Tensor, need: torch.Tensor) -> None:
         rows = need.nonzero(as_tuple=True)[0]
-        self.sorted = sorted_free(mask.index_select(0, rows))
+        self.cs = mask.index_select(0, rows).cumsum(1, dtype=I32)
         self.look = torch.zeros(mask.shape[0], dtype=I64, device=mask.device)
         self.look[rows] = torch.arange(rows.numel(), device=mask.device)
 
-    def __getitem__(self, idx: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        e, t = idx
-        return self.sorted[self.look[e], t]
+    def ids(self, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        q = (t.reshape(t.shape[0], -1) + 1).to(I32).contiguous()
+        return torch.searchsorted(self.cs[self.look[e]], q, out_int32=True).view(t.shape)
 
 
 def admission_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -710,7 +711,7 @@ class BatchedScheduler:
             xk = x[ge, gr]
             xi = xk.to(I32)
             t = base[ge, gr][:, None] + xi.cumsum(1, dtype=I32) - xi
-            ids = gsorted[ge[:, None], t.clamp(max=G - 1).long()]
+            ids = gsorted.ids(ge, t.clamp(max=G - 1))
             parts.append((ge, gr, blend(xk, ids, -1), key[ge, gr]))
         if any_(loop_eng):
             le, lr, lids = self._loop_decode_ids(loop_eng, loop_victims, gfree, head_slot, P, S, x, tord, k_pp)
@@ -769,7 +770,6 @@ class BatchedScheduler:
             v_all = self._arange(M)[None, :] < (k_pp + Kd)[:, None]
             dsw = d_t * (swaps_t & v_all)
             off_t = dsw.cumsum(1, dtype=I32) - dsw
-            csorted = sorted_free(cfree0[ve[is_swap]])  # one row per swapping victim
             se, sr, so = ve[is_swap], vr[is_swap], vord[is_swap]
             st_, sv = vt[is_swap], valid[is_swap]
             first, eq = first_holders(st_, sv)
@@ -777,8 +777,8 @@ class BatchedScheduler:
             rank = fi.view(fi.shape[0], -1).cumsum(1, dtype=I32).view_as(fi) - 1
             off = off_t[se, so.long()]
             se3 = se[:, None, None].expand_as(st_)
-            cpos = (off[:, None, None] + rank).clamp(0, self.C - 1).long()
-            cid = csorted.gather(1, cpos.view(cpos.shape[0], -1)).view_as(cpos)
+            cpos = (off[:, None, None] + rank).clamp(0, self.C - 1)
+            cid = nth_free(cfree0[se], cpos)  # one row per swapping victim
             new_first = blend(first, cid, -1)
             new = blend(sv, map_through_holders(first, eq, new_first), -1)
             self.tab[se, sr, :, :W] = new
@@ -814,7 +814,7 @@ class BatchedScheduler:
         t = off[:, None, None] + jr[:, :, None] * nbk[:, None, None] + arB
         valid = al[:, :, None] & (arB < nbk[:, None, None])
         ae3 = ae[:, None, None].expand_as(t)
-        ids = blend(valid, gsorted[ae3, t.clamp(0, G - 1).long()], -1)
+        ids = blend(valid, gsorted.ids(ae, t.clamp(0, G - 1)), -1)
         self.tab[ae, ar_, :, :W] = ids
         self._add_at(self.gpu_ref, ae3[valid], ids[valid], 1)
         self.tlen[ae, ar_] = nbk
@@ -833,7 +833,7 @@ class BatchedScheduler:
         first, eq = first_holders(ct, valid)
         fi = first.to(I32)
         rank = fi.view(fi.shape[0], -1).cumsum(1, dtype=I32).view_as(fi) - 1
-        gid = gsorted[se3, (base_s[se, sr][:, None, None] + rank).clamp(0, G - 1).long()]
+        gid = gsorted.ids(se, (base_s[se, sr][:, None, None] + rank).clamp(0, G - 1))
         new_first = blend(first, gid, -1)
         new = blend(valid, map_through_holders(first, eq, new_first), -1)
         self.tab[se, sr, :, :W] = new
@@ -876,11 +876,10 @@ class BatchedScheduler:
                 xf = xq[:, f]
                 hit = row_any(xf).nonzero(as_tuple=True)[0]  # engines allocating at front f
                 avail = (base[hit] | (rel[hit] <= f)) & ~taken[hit, :G]
-                srt = sorted_free(avail)
                 xs = xf[hit]
                 xi = xs.to(I32)
                 xr = xi.cumsum(1, dtype=I32) - xi
-                ids = blend(xs, srt.gather(1, xr.clamp(max=G - 1).long()), -1)
+                ids = blend(xs, nth_free(avail, xr), -1)
                 taken.view(-1)[hit[:, None] * (G + 1) + blend(xs, ids, G).long()] = True
                 out_e.append(Q[hit])
                 out_r.append(slots[hit, f])
