@@ -2,16 +2,30 @@
 
 Baseline, measured in the same run on the same traces: the reference scheduler driven by the
 engine loop with no observation at all (``observe=False``). Prints checked steps per second and
-the checking overhead as a ratio: (checked time - unchecked time) / unchecked time.
+the checking overhead as a ratio: (checked time - unchecked time) / unchecked time, split into
+what the runner costs without any invariant, what observing (snapshots) adds, and what the
+predicates add. Times are CPU time of this process (best of ``--repeat``), so other work on
+the machine disturbs them less than wall time.
 
-    python benchmarks/bench_conform.py [--traces 300] [--seed 0]
+Two workloads:
+
+- ``fuzz``: the fuzzer's own traces (`conformance.generate.traces`, up to 12 requests, at most
+  24 GPU blocks and 6 running sequences): tiny states, where the fixed cost of calling each
+  invariant once per step dominates.
+- ``large``: seeded production-sized traces (1024 GPU blocks of 16 tokens, 256 CPU blocks, up to
+  64 running sequences, 300 requests with prompts of 16-600 tokens, some n = 2), where a check
+  that rescanned every block and request each step would cost many times the scheduler's step.
+
+    python benchmarks/bench_conform.py [--workload fuzz|large|both] [--traces 300] [--large-traces 3] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import random
 import time
+from collections.abc import Callable
 
 from conformance.adapter import load_adapter
 from conformance.driver import run_checked
@@ -19,50 +33,79 @@ from conformance.generate import sample_traces, traces
 from conformance.profiles import get_profile
 from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
+from spec.catalogue import Invariant
+from spec.config import SchedulerConfig
+from spec.trace import Arrival, Trace
+from spec.types import Request
 
 
-def draw_traces(count: int, seed_value: int) -> list:
+def draw_traces(count: int, seed_value: int) -> list[Trace]:
     return sample_traces(traces(max_requests=12), count, seed_value)
+
+
+def large_trace(rng: random.Random, requests: int = 300) -> Trace:
+    config = SchedulerConfig(
+        block_size=16, num_gpu_blocks=1024, num_cpu_blocks=256, max_num_seqs=64, max_num_batched_tokens=4096,
+        max_model_len=1024, watermark=0.01, preemption_mode=rng.choice(["recompute", "swap"]),
+        policy=rng.choice(["fcfs", "priority"]),
+    )
+    arrivals, step = [], 0
+    for i in range(requests):
+        step += rng.choice([0, 0, 1])
+        request = Request(f"r{i}", prompt_len=rng.randint(16, 600), max_tokens=rng.randint(8, 200),
+                          n=rng.choice([1, 1, 1, 2]), priority=rng.randint(0, 2))
+        arrivals.append(Arrival(step, request))
+    return Trace(config, tuple(arrivals), (), (), max_steps=5000)
+
+
+def _best(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
+    times, steps = [], 0
+    for _ in range(repeat):
+        start = time.process_time()
+        steps = fn()
+        times.append(time.process_time() - start)
+    return min(times), steps
+
+
+def measure(name: str, corpus: list[Trace], repeat: int) -> None:
+    invariants = get_profile("safety").invariants()
+    silent = [Invariant(i.id, i.category, i.statement, i.rationale, i.needs,
+                        step=(lambda ctx, rec: ()) if i.step else None, end=i.end) for i in invariants]
+    adapter = load_adapter("reference")
+
+    def unchecked() -> int:
+        return sum(sum(1 for _ in iter_steps(t, Scheduler(t.config), observe=False)) for t in corpus)
+
+    def through_runner(checks: list[Invariant]) -> Callable[[], int]:
+        return lambda: sum(len(run_checked(adapter, t, checks, timeout=None, stop_at_first=False).records)
+                           for t in corpus)
+
+    base, steps = _best(unchecked, repeat)
+    runner, _ = _best(through_runner([]), repeat)
+    observed, _ = _best(through_runner(silent), repeat)
+    full, steps_checked = _best(through_runner(invariants), repeat)
+    assert steps == steps_checked, (steps, steps_checked)
+    print(f"[{name}] traces: {len(corpus)}, steps: {steps}")
+    print(f"  unchecked reference (baseline): {steps / base:,.0f} steps/s ({base / steps * 1e6:.0f} us/step)")
+    print(f"  checked, safety profile:        {steps / full:,.0f} steps/s")
+    print(f"  runner alone +{(runner - base) / base:.2f}x, observing +{(observed - runner) / base:.2f}x, "
+          f"predicates +{(full - observed) / base:.2f}x")
+    print(f"  checking overhead: {(full - base) / base:.2f}x the scheduler's own time (target <= 1x)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=("fuzz", "large", "both"), default="both")
     parser.add_argument("--traces", type=int, default=300)
+    parser.add_argument("--large-traces", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    corpus = draw_traces(args.traces, args.seed)
-    invariants = get_profile("safety").invariants()
-    adapter = load_adapter("reference")
-
-    def unchecked() -> int:
-        steps = 0
-        for t in corpus:
-            steps += sum(1 for _ in iter_steps(t, Scheduler(t.config), observe=False))
-        return steps
-
-    def checked() -> int:
-        steps = 0
-        for t in corpus:
-            steps += len(run_checked(adapter, t, invariants, timeout=None, stop_at_first=False).records)
-        return steps
-
-    def best(fn):
-        times = []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            steps = fn()
-            times.append(time.perf_counter() - start)
-        return min(times), steps
-
-    base, steps = best(unchecked)
-    full, steps_checked = best(checked)
-    assert steps == steps_checked, (steps, steps_checked)
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
-    print(f"traces: {len(corpus)}, steps: {steps}")
-    print(f"unchecked reference (baseline): {steps / base:,.0f} steps/s")
-    print(f"checked, safety profile:        {steps / full:,.0f} steps/s")
-    print(f"checking overhead: {(full - base) / base:.2f}x the scheduler's own time (target <= 1x)")
+    if args.workload in ("fuzz", "both"):
+        measure("fuzz", draw_traces(args.traces, args.seed), args.repeat)
+    if args.workload in ("large", "both"):
+        measure("large", [large_trace(random.Random(args.seed + i)) for i in range(args.large_traces)], args.repeat)
 
 
 if __name__ == "__main__":
