@@ -62,27 +62,30 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
    frees come first, then prefills or decodes and swap-ins allocate; without decode victims the
    t-th allocation is the t-th lowest id free after preemption (ranking the free mask with a
    cumsum and a binary search per allocation, only for the engines that allocate this step:
-   `nth_free`, `FreeIds`). An engine with decode victims frees blocks between fronts; for those engines only,
-   a loop over fronts (<= max_num_seqs) re-ranks the free mask including the victims released
-   so far (``release front = searchsorted(S, victim ordinal + 1)``).
+   `nth_free`, `FreeIds`). An engine with decode victims frees blocks between fronts; for those
+   engines only, a loop over the fronts that allocate (<= max_num_seqs) re-ranks the free mask
+   including the victims released so far (``release front = searchsorted(S, victim ordinal + 1)``).
 
 `update()` applies one token per scheduled sequence, forks ``n - 1`` children sharing every
 block after a prefill, applies the stop rules and frees finished sequences, all as masked
 tensor updates.
 
 Cost notes. State is int32; ``torch.where`` is replaced by arithmetic blends (`blend`), several
-times faster on CPU. Work that touches block tables is sparse: only the groups with an event this
-step (admitted, allocating an append, copy-on-write candidates, victims, swap-ins, finished
-sequences) are gathered, and only the used columns of their tables (through flat indices where
-it is hot). Free ids are ranked only for the engines that allocate (GPU) and per swapping
-victim (CPU); the CPU free counts only when some engine takes a victim. Engines that are done
-cost nothing: `gpu_impl.encode.BatchedRun` moves the running ones into a smaller scheduler
-(`take` / `put`) once at most 3/4 of the stepped engines still run. What remains is about 400
-tensor ops per busy step, each over ``[E, R]`` or ``[E, G]``: on a CPU the step costs E times
-a few microseconds plus ~3 ms of per-op overhead (measured: BENCHMARKS.md, issue 4). The Python loops are the
+times faster on CPU, and so are ``Tensor.any`` (`any_`, `row_any`: the mask read as bytes or
+wide integers) and ``== 0`` (``~x.bool()``). Work that touches block tables is sparse: only the
+groups with an event this step (admitted, allocating an append, copy-on-write candidates,
+victims, swap-ins, finished sequences) are gathered, and only the used columns of their tables
+(through flat indices where it is hot). Free ids are found by a binary search in the free
+mask's cumsum (`nth_free`), only for the engines that allocate (GPU) and per swapping victim
+(CPU); the CPU free counts only when some engine takes a victim; each admission phase takes one
+stacked prefix sum. Engines that are done cost nothing: `gpu_impl.encode.BatchedRun` moves the
+running ones into a smaller scheduler (`take` / `put`) once at most 3/4 of the stepped engines
+still run. What remains is ~1,400 aten calls per busy step (views and indexing included), a
+few hundred of them over whole ``[E, R]`` / ``[E, G]`` tensors: on one CPU core a busy step at
+E = 4096 takes ~30 ms, one at E = 5 ~2 ms (BENCHMARKS.md, issue 4). The Python loops are the
 phases above, the greedy swap decision (at most the step's largest victim count), the pairwise
-copy-on-write check (N - 1 iterations) and the per-front re-ranking for engines with decode
-victims (at most max_num_seqs) — never over engines or requests.
+copy-on-write check (N - 1 iterations) and, for engines with decode victims, one pass per front
+that allocates (at most max_num_seqs) — never over engines or requests.
 
 Outputs are tensors (`StepOut`, `UpdateOut`); `gpu_impl.materialize` turns them into
 `spec.types.SchedulerOutput` objects per engine for comparison. The twin does not produce
