@@ -282,6 +282,7 @@ _V1_PATHS = {
     "prefix": "prefix caching, prompts from a few shared stems of a 2-, 3- or 50-token vocabulary, token budget at "
               "least max_model_len",
     "chunked+prefix": "both",
+    "chunked+partial": "chunked prefill with max_num_partial_prefills 1 or 2, which V1 does not have (a spec decision)",
 }
 
 
@@ -314,7 +315,7 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
     notes = (
         "\nTranslations on the new paths: the host passes enable_chunked_prefill, long_prefill_token_threshold and "
         "enable_prefix_caching to V1's SchedulerConfig / CacheConfig (max_num_partial_prefills has no V1 counterpart; "
-        "the traces keep it 0) and gives each Request V1's own block hasher over the trace's token ids (prompt_tokens, "
+        "the host ignores it and only the chunked+partial traces set it) and gives each Request V1's own block hasher over the trace's token ids (prompt_tokens, "
         "then spec.types.generated_token), so V1 hashes the same contents the reference keys; the reference's keys are "
         "never compared, only the blocks they lead to. A scheduled request counts as a prefill until it samples a "
         "token after its (re)admission.\n\n"

@@ -10,7 +10,9 @@ Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target
 * ``default``: `conformance.targets._v1_strategy` (recompute only, no chunked prefill, no prefix
   caching, V0-style prompts);
 * ``chunked``, ``prefix``, ``chunked+prefix``: `path_strategy` (the token traces of
-  `conformance.generate_v1`, prompts drawn from a few shared stems, with the path's features on).
+  `conformance.generate_v1`, prompts drawn from a few shared stems, with the path's features on);
+* ``chunked+partial``: chunked prefill with ``max_num_partial_prefills`` 1 or 2, which V1 does not
+  have (a spec decision, shown here).
 
 Every step compares the decisions (`conformance.lockstep.compare`: scheduled tokens per request
 with the prefill flag, preemptions, ignored and finished requests) and then the state after the
@@ -46,7 +48,7 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("default", "chunked", "prefix", "chunked+prefix")
+PATHS = ("default", "chunked", "prefix", "chunked+prefix", "chunked+partial")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -61,6 +63,13 @@ CLASSES: dict[str, tuple[str, str]] = {
         "then admitted whole: the waiting path has no such clamp. The spec lets a prompt of exactly max_model_len "
         "tokens complete (LEN-001) and every step make progress (LIV-001).",
     ),
+    "partial-prefills-not-applied": (
+        "spec-decision",
+        "vLLM 0.33.0's scheduler has no max_num_partial_prefills (vllm/config/scheduler.py: SchedulerConfig has no "
+        "such field; vllm/v1/core/sched/scheduler.py: Scheduler.schedule admits a waiting request whatever the "
+        "number of requests mid-prefill); the host accepts the setting and ignores it. The reference honours it when "
+        "set (0, V1's behaviour, is the default), so it holds back an admission that V1 makes.",
+    ),
 }
 
 
@@ -68,17 +77,19 @@ CLASSES: dict[str, tuple[str, str]] = {
 class PathSpec:
     chunked: bool
     prefix: bool
+    partial: bool = False
 
 
 PATH_SPECS = {"chunked": PathSpec(True, False), "prefix": PathSpec(False, True),
-              "chunked+prefix": PathSpec(True, True)}
+              "chunked+prefix": PathSpec(True, True), "chunked+partial": PathSpec(True, False, partial=True)}
 
 
 @st.composite
 def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
     """Configs of one of V1's paths, within what vLLM 0.33.0 accepts: watermark 0 (V1's default;
     the reference's every-admission watermark is a documented spec decision), recompute only,
-    max_num_partial_prefills 0 (V1 has no such limit), long_prefill_token_threshold at most
+    max_num_partial_prefills 0 (V1 has no such limit; 1 or 2 on the ``chunked+partial`` path, to
+    show it), long_prefill_token_threshold at most
     max_model_len (SchedulerConfig.verify_max_model_len), a budget of at least max_num_seqs and,
     without chunked prefill, at least max_model_len; a cache that holds one max_model_len
     sequence (check_enough_kv_cache_memory)."""
@@ -101,7 +112,8 @@ def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=0, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, max_model_len=max_model_len, watermark=0.0, preemption_mode="recompute",
         policy=draw(st.sampled_from(["fcfs", "priority"])), enable_chunked_prefill=spec.chunked,
-        max_num_partial_prefills=0, long_prefill_token_threshold=threshold, enable_prefix_caching=spec.prefix,
+        max_num_partial_prefills=draw(st.sampled_from([1, 2])) if spec.partial else 0,
+        long_prefill_token_threshold=threshold, enable_prefix_caching=spec.prefix,
     )
 
 
@@ -133,6 +145,25 @@ class ClampedV1(RecordingV1):
     def _running_chunk(self, tracked, budget: int, threshold: int) -> int:
         tokens = super()._running_chunk(tracked, budget, threshold)
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
+
+
+class NoPartialLimitV1(RecordingV1):
+    """The reference without ``max_num_partial_prefills``, as vLLM V1 (which has no such limit)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(SchedulerConfig(**{**config.to_dict(), "max_num_partial_prefills": 0}))
+
+
+class ClampedNoPartialLimitV1(ClampedV1, NoPartialLimitV1):
+    """Both of V1's behaviours above."""
+
+
+# the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
+MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
+    ("chunk-clamped-below-max-model-len", ClampedV1),
+    ("partial-prefills-not-applied", NoPartialLimitV1),
+    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
+)
 
 
 def state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
@@ -217,11 +248,15 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
         return None
     if outcome.result.divergence is None and outcome.state is None:
         return "violation-only"
-    if trace.config.enable_chunked_prefill and any(a.request.prompt_len == trace.config.max_model_len
-                                                   for a in trace.arrivals):
-        again = run_one(adapter, trace, get_profile("safety").invariants(), reference=ClampedV1)
-        if again.result.divergence is None and again.state is None and again.result.fault is None:
-            return "chunk-clamped-below-max-model-len"
+    config = trace.config
+    clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
+    possible = {"chunk-clamped-below-max-model-len": clamp,
+                "partial-prefills-not-applied": bool(config.max_num_partial_prefills)}
+    for cls, model in MODELS:
+        if all(possible[part] for part in cls.split("+")):
+            again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+            if again.result.divergence is None and again.state is None and again.result.fault is None:
+                return cls
     return "unclassified"
 
 
@@ -297,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 small = trace
         final = run_one(adapter, small, invariants)
-        kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
+        kind = "+".join(dict.fromkeys(k for k, _ in parts))
+        why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
         meta = {"adapter": "vllm-v1", "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
         saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
