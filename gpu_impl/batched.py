@@ -424,14 +424,16 @@ class BatchedScheduler:
 
     # ------------------------------------------------------------------ small helpers
     @staticmethod
-    def _add_at(ref: torch.Tensor, e: torch.Tensor, idx: torch.Tensor, value: int | torch.Tensor) -> None:
-        """``ref[e, idx] += value`` with repeated indices accumulating."""
-        if e.numel() == 0:
+    def _add_masked(ref: torch.Tensor, e: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor,
+                    value: int | torch.Tensor) -> None:
+        """``ref[e, idx] += value`` where ``mask`` (all broadcast to idx's shape), without
+        selecting the masked entries first (the others add 0 at a clamped index)."""
+        if idx.numel() == 0:
             return
-        flat = e.long() * ref.shape[1] + idx.long()
-        if not torch.is_tensor(value):
-            value = torch.full(flat.shape, value, dtype=ref.dtype, device=ref.device)
-        ref.view(-1).index_add_(0, flat, value.to(ref.dtype))
+        width = ref.shape[1]
+        flat = e.long() * width + idx.long().clamp(0, width - 1)
+        v = mask.to(ref.dtype) * value
+        ref.view(-1).index_add_(0, flat.expand(idx.shape).reshape(-1), v.expand(idx.shape).reshape(-1))
 
     def _release_seqs(self, e: torch.Tensor, r: torch.Tensor, j: torch.Tensor) -> None:
         """Drop the references held by the given sequences (GPU when their request is running,
@@ -442,9 +444,8 @@ class BatchedScheduler:
         valid = t >= 0
         on_cpu = (self.status[e, r] == SWAPPED)[:, None] & valid
         on_gpu = valid & ~on_cpu
-        ee = e[:, None].expand_as(t)
-        self._add_at(self.gpu_ref, ee[on_gpu], t[on_gpu], -1)
-        self._add_at(self.cpu_ref, ee[on_cpu], t[on_cpu], -1)
+        self._add_masked(self.gpu_ref, e[:, None], t, on_gpu, -1)
+        self._add_masked(self.cpu_ref, e[:, None], t, on_cpu, -1)
 
     def _finish_seqs(self, e: torch.Tensor, r: torch.Tensor, j: torch.Tensor, code: int | torch.Tensor) -> None:
         """Record the final view of the given sequences and drop their tables."""
@@ -764,7 +765,7 @@ class BatchedScheduler:
         vt = self.tab[ve, vr, :, :W]  # [K,N,W] GPU ids
         valid = vt >= 0
         ee = ve[:, None, None].expand_as(vt)
-        self._add_at(self.gpu_ref, ee[valid], vt[valid], -1)
+        self._add_masked(self.gpu_ref, ee, vt, valid, -1)
         is_swap = vswap[ve, vr]
         vord = tord[ve, vr]
         swap_out = _empty_map(dev)
@@ -785,7 +786,7 @@ class BatchedScheduler:
             new_first = blend(first, cid, -1)
             new = blend(sv, map_through_holders(first, eq, new_first), -1)
             self.tab[se, sr, :, :W] = new
-            self._add_at(self.cpu_ref, se3[sv], new[sv], 1)
+            self._add_masked(self.cpu_ref, se3, new, sv, 1)
             keys = so[:, None, None].long() * (N * B) + (self._arange(N, I64)[:, None] * B + self._arange(W, I64))
             swap_out = (se3[first], keys[first], st_[first].long(), new_first[first].long())
             self.status[se, sr] = SWAPPED
@@ -819,7 +820,7 @@ class BatchedScheduler:
         ae3 = ae[:, None, None].expand_as(t)
         ids = blend(valid, gsorted.ids(ae, t.clamp(0, G - 1)), -1)
         self.tab[ae, ar_, :, :W] = ids
-        self._add_at(self.gpu_ref, ae3[valid], ids[valid], 1)
+        self._add_masked(self.gpu_ref, ae3, ids, valid, 1)
         self.tlen[ae, ar_] = nbk
         self.dblk[ae, ar_] = pneed[ae, ar_]
         self.comp[ae, ar_] = 0
@@ -832,7 +833,7 @@ class BatchedScheduler:
         ct = self.tab[se, sr, :, :W]
         valid = ct >= 0
         se3 = se[:, None, None].expand_as(ct)
-        self._add_at(self.cpu_ref, se3[valid], ct[valid], -1)
+        self._add_masked(self.cpu_ref, se3, ct, valid, -1)
         first, eq = first_holders(ct, valid)
         fi = first.to(I32)
         rank = fi.view(fi.shape[0], -1).cumsum(1, dtype=I32).view_as(fi) - 1
@@ -840,7 +841,7 @@ class BatchedScheduler:
         new_first = blend(first, gid, -1)
         new = blend(valid, map_through_holders(first, eq, new_first), -1)
         self.tab[se, sr, :, :W] = new
-        self._add_at(self.gpu_ref, se3[valid], new[valid], 1)
+        self._add_masked(self.gpu_ref, se3, new, valid, 1)
         self.status[se, sr] = RUNNING
         keys = sr[:, None, None] * (N * B) + (self._arange(N, I64)[:, None] * B + self._arange(W, I64))
         return (se3[first], keys[first], ct[first].long(), new_first[first].long())
@@ -907,9 +908,9 @@ class BatchedScheduler:
         old = tabf[flat]
         xk = ids >= 0
         tabf[flat[xk]] = ids[xk]
-        self._add_at(self.gpu_ref, ge2[xk], ids[xk], 1)
+        self._add_masked(self.gpu_ref, ge2, ids, xk, 1)
         cow = xk & ~bnd[:, None]
-        self._add_at(self.gpu_ref, ge2[cow], old[cow], -1)
+        self._add_masked(self.gpu_ref, ge2, old, cow, -1)
         self.tlen[ge, gr] = tl + bnd
         self.dblk[ge, gr] = self.dblk[ge, gr] + xk.sum(1, dtype=I32)
         ckey = key.long()[:, None] * N + jj
@@ -941,7 +942,7 @@ class BatchedScheduler:
             self.tab[fe, fr] = blend(child[:, :, None], parent[:, None, :], rows)
             pvalid = parent >= 0
             fe2 = fe[:, None].expand_as(parent)
-            self._add_at(self.gpu_ref, fe2[pvalid], parent[pvalid], (nn - 1)[:, None].expand_as(parent)[pvalid])
+            self._add_masked(self.gpu_ref, fe2, parent, pvalid, (nn - 1)[:, None])
             self.alive[fe, fr] |= child
             self.exists[fe, fr] |= child
             seqs[fe, fr] |= child
