@@ -653,31 +653,47 @@ class BatchedScheduler:
         swin = None
         si = dec & (k_pp == 0) & (Kd == 0) & has_swapped
         A_dec = (a * dsched).sum(1, dtype=I32)
-        if any_(si):
-            sw = swapped & si[:, None]
+        base_s = None
+        if any_(si):  # only over the engines that may swap in (rows Qs)
+            Qs = si.nonzero(as_tuple=True)[0]
+
+            def g(t: torch.Tensor) -> torch.Tensor:
+                return t.index_select(0, Qs)
+
+            sw, nl, db, sts = g(swapped), g(nlive), g(self.dblk), g(seats)
+            aa = g(a)
             # vLLM counts the distinct FULL blocks plus one per live sequence (_can_swap): off a
             # block boundary the distinct partial last blocks are covered by the per-sequence term.
             # Off a boundary, a = the live sequences whose last block a later live one also holds
             # (phase 1), so the distinct last blocks number nlive - a.
-            dpart = (nlive - a) * ~boundary
-            sneed = self.dblk - dpart + nlive
-            scost = (self.dblk + a) * sw
-            s_ign = cfg.gpu[:, None] - sneed < wm
+            dpart = (nl - aa) * ~g(boundary)
+            sneed = db - dpart + nl
+            scost = (db + aa) * sw
+            wq = g(wm)
+            s_ign = g(cfg.gpu)[:, None] - sneed < wq
             s_cand = sw & ~s_ign
-            tok_dec = (nlive * dsched).sum(1, dtype=I32)
+            tok_dec = (nl * g(dsched)).sum(1, dtype=I32)
             sc_ = scost * s_cand
-            cs = admission_cumsum(torch.stack((sc_, nlive * s_cand, seats * s_cand)))
+            cs = admission_cumsum(torch.stack((sc_, nl * s_cand, sts * s_cand)))
             # F1 - A_dec - (consumed before) - sneed < wm; tokens, seats as for prefills
             s_fail = s_cand & (
-                (cs[0] - sc_ + sneed > (F1 - A_dec)[:, None] - wm)
-                | (cs[1] > max_tok - tok_dec[:, None])
-                | (cs[2] > max_seqs - seats1[:, None])
+                (cs[0] - sc_ + sneed > g(F1 - A_dec)[:, None] - wq)
+                | (cs[1] > g(max_tok) - tok_dec[:, None])
+                | (cs[2] > g(max_seqs) - g(seats1)[:, None])
             )
             s_before = arR[None, :] < blend(s_fail, arR, R).amin(1, keepdim=True)
-            swin = s_cand & s_before
-            ignored = ignored | (sw & s_ign & s_before)
-            if not any_(swin):
-                swin = None
+            swin_q = s_cand & s_before
+            ign_q = sw & s_ign & s_before
+            if any_(ign_q):
+                ignored = ignored.clone()
+                ignored[Qs] |= ign_q
+            if any_(swin_q):
+                swin = torch.zeros_like(running)
+                swin[Qs] = swin_q
+                # GPU blocks taken before each swap-in: the decodes', then earlier swap-ins'
+                sc = (db + aa) * swin_q
+                base_s = torch.zeros(E, R, dtype=I32, device=dev)
+                base_s[Qs] = g(A_dec)[:, None] + sc.cumsum(1, dtype=I32) - sc
 
         # -- phase 7: apply. Victims first (a recompute victim may be re-admitted this step).
         swap_out = swap_in = copies = _empty_map(dev)
@@ -698,25 +714,23 @@ class BatchedScheduler:
         gsorted = FreeIds(gfree_rank, pf_any | row_any(sel))
         if any_(pf_any):
             self._apply_prefills(admit, nb, pneed, gsorted)
-        base_s = None
         if swin is not None:
-            sc = (self.dblk + a) * swin
-            base_s = A_dec[:, None] + sc.cumsum(1, dtype=I32) - sc
             swap_in = self._apply_swap_ins(swin, base_s, gsorted)
         parts = []
         if any_(sel):
             ad = a * direct
             base = ad.cumsum(1, dtype=I32) - ad
-            key = arR[None, :].expand(E, R)
-            if swin is not None:
-                base = blend(swin, base_s + self.dblk, base)
-                key = key + R * swin
             ge, gr = sel.nonzero(as_tuple=True)
+            bg, kg = base[ge, gr], gr.to(I32)
+            if swin is not None:  # a swap-in appends after its own blocks, keyed after the decodes
+                swg = swin[ge, gr]
+                bg = blend(swg, base_s[ge, gr] + self.dblk[ge, gr], bg)
+                kg = kg + R * swg
             xk = x[ge, gr]
             xi = xk.to(I32)
-            t = base[ge, gr][:, None] + xi.cumsum(1, dtype=I32) - xi
+            t = bg[:, None] + xi.cumsum(1, dtype=I32) - xi
             ids = gsorted.ids(ge, t.clamp(max=G - 1))
-            parts.append((ge, gr, blend(xk, ids, -1), key[ge, gr]))
+            parts.append((ge, gr, blend(xk, ids, -1), kg))
         if any_(loop_eng):
             le, lr, lids = self._loop_decode_ids(loop_eng, loop_victims, gfree, head_slot, P, S, x, tord, k_pp)
             parts.append((le, lr, lids, lr.to(I32)))
