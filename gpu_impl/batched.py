@@ -145,7 +145,7 @@ def row_any(m: torch.Tensor) -> torch.Tensor:
     w = m.shape[-1]
     if m.is_contiguous() and m.numel():
         for k, dt in _WIDE:
-            if w % k == 0:
+            if w % k == 0 and m.storage_offset() % k == 0:
                 v = m.view(dt)
                 r = v[..., 0]
                 for i in range(1, w // k):
