@@ -295,7 +295,7 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "n = 1, policies fcfs and priority, a KV cache that holds one max_model_len sequence). Every step compares the "
         "decisions (scheduled tokens per request with the prefill flag, preemptions, ignored and finished requests) "
         "and the state after the step (each unfinished request's status, computed tokens and block table, block ids "
-        "mapped by -1 for V1's null block; the running queue in order, the waiting queue, the free count). A trace "
+        "mapped by -1 for V1's null block; the running queue in order, the waiting queue, the free count and the free queue in order, which is the eviction order). A trace "
         "runs to its first divergence; a class is confirmed when the trace agrees to its end once the engine's "
         "behaviour is modelled into the reference.\n"
     )

@@ -17,10 +17,11 @@ Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target
 Every step compares the decisions (`conformance.lockstep.compare`: scheduled tokens per request
 with the prefill flag, preemptions, ignored and finished requests) and then the state after the
 step (`compare_state`: each unfinished request's status, computed tokens and block table, the
-running queue in order, the waiting queue, the free block count). Block ids are comparable:
-the host reports V1's ids minus one (block 0 is V1's null block) and the reference's pool frees
-and evicts in V1's order. A trace runs to its first divergence, which is classified
-(`classify`); the first trace of each class is shrunk for that class and saved under
+running queue in order, the waiting queue, the free block count and the free queue in order).
+Block ids are comparable: the host reports V1's ids minus one (block 0 is V1's null block) and
+the reference's pool frees and evicts in V1's order. A trace runs to its first divergence, which
+is classified (`classify`: rerun against the reference with an engine behaviour modelled, see
+`MODELS`); the first trace of each class is shrunk for that class and saved under
 ``--traces-dir``. The results file keeps one entry per path (version 2). Needs
 ``kvsched targets install vllm-v1``.
 """
@@ -177,6 +178,7 @@ def state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
         # V1's priority waiting queue is a heap: its iteration order is not its policy order
         "waiting": tuple(sorted(snap.waiting or ())) if priority else tuple(snap.waiting or ()),
         "gpu_free": snap.gpu_free,
+        "gpu_free_ids": tuple(snap.gpu_free_ids or ()),  # the free queue, front first: the eviction order
     }
 
 
