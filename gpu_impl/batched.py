@@ -570,20 +570,27 @@ class BatchedScheduler:
 
             # -- phase 2: priority preemption
             pe = cfg.prio & ~has_swapped & row_any(waiting)
-            if any_(pe):
-                hslot = waiting.to(I32).argmax(1, keepdim=True)
-                h_n = nlive.gather(1, hslot)[:, 0]
-                h_tok = self.tok.gather(1, hslot)[:, 0]
-                h_need = h_n * torch.div(h_tok + cfg.bs - 1, cfg.bs, rounding_mode="floor")
-                h_seats = seats.gather(1, hslot)[:, 0]
-                cands = (running & (arR[None, :] > hslot)).sum(1, dtype=I32)
+            if any_(pe):  # only over those engines (rows Qp)
+                Qp = pe.nonzero(as_tuple=True)[0]
+
+                def g(t: torch.Tensor) -> torch.Tensor:
+                    return t.index_select(0, Qp)
+
+                hslot = g(waiting).to(I32).argmax(1, keepdim=True)
+                h_n = g(nlive).gather(1, hslot)[:, 0]
+                h_tok = g(self.tok).gather(1, hslot)[:, 0]
+                bsq = g(cfg.bs)
+                h_need = h_n * torch.div(h_tok + bsq - 1, bsq, rounding_mode="floor")
+                h_seats = g(seats).gather(1, hslot)[:, 0]
+                cands = (g(running) & (arR[None, :] > hslot)).sum(1, dtype=I32)
                 fits = (
-                    ((cfg.gpu - h_need >= cfg.wm) & (h_n * h_tok <= cfg.max_tok))[:, None]
-                    & (F0[:, None] + Dall - h_need[:, None] >= wm)
-                    & (seats0[:, None] - Sall + h_seats[:, None] <= max_seqs)
+                    ((g(cfg.gpu) - h_need >= g(cfg.wm)) & (h_n * h_tok <= g(cfg.max_tok)))[:, None]
+                    & (g(F0)[:, None] + g(Dall) - h_need[:, None] >= g(wm))
+                    & (g(seats0)[:, None] - g(Sall) + h_seats[:, None] <= g(max_seqs))
                 )
                 kfit = blend(fits, arM1, M + 1).amin(1)
-                k_pp = torch.minimum(kfit, cands) * pe
+                k_pp = torch.zeros(E, dtype=I32, device=dev)
+                k_pp[Qp] = torch.minimum(kfit, cands)
 
             # -- phase 3 (first part): swap-or-recompute of the priority victims
             swaps_t = torch.zeros(E, M, dtype=torch.bool, device=dev)
