@@ -431,8 +431,10 @@ class BatchedScheduler:
         if idx.numel() == 0:
             return
         width = ref.shape[1]
-        flat = e.long() * width + idx.long().clamp(0, width - 1)
-        v = mask.to(ref.dtype) * value
+        flat = e.to(I32) * width + idx.to(I32).clamp(0, width - 1)  # int32 indices (E * G < 2**31)
+        v = mask.to(ref.dtype)
+        if not (isinstance(value, int) and value == 1):
+            v = v * value
         ref.view(-1).index_add_(0, flat.expand(idx.shape).reshape(-1), v.expand(idx.shape).reshape(-1))
 
     def _release_seqs(self, e: torch.Tensor, r: torch.Tensor, j: torch.Tensor) -> None:
