@@ -142,7 +142,7 @@ def run_lockstep(
             if compare_state:
                 rs, ts = ref_snaps[e], snaps[i]
                 for f in fields(rs):
-                    if getattr(rs, f.name) != getattr(ts, f.name):
+                    if f.compare and getattr(rs, f.name) != getattr(ts, f.name):  # not the delta (base)
                         return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
             for rid, _ in ref_fins[e] + ref_aborts[e]:
                 unfinished[e].discard(rid)
@@ -159,6 +159,8 @@ def run_lockstep(
 def _plain(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
+    if hasattr(x, "_asdict"):  # a named tuple (SeqView)
+        return {k: _plain(v) for k, v in x._asdict().items()}
     if isinstance(x, (tuple, list)):
         return [_plain(v) for v in x]
     if hasattr(x, "__dataclass_fields__"):
