@@ -986,16 +986,15 @@ class BatchedScheduler:
                 codes = blend(stopped[fe, fr, fj], FIN_STOPPED, FIN_LENGTH)
             self._release_seqs(fe, fr, fj)
             self._finish_seqs(fe, fr, fj, codes)
-            touched = torch.zeros(E, R, dtype=torch.bool, device=dev)
-            touched[fe, fr] = True
-            still = row_any(self.alive)
-            part = touched & still
-            if any_(part):  # lost some sequences, kept others: recount distinct blocks
-                pe_, pr_ = part.nonzero(as_tuple=True)
+            # per finished sequence: does its request keep others? (a request may repeat;
+            # every write below is the same for each repeat)
+            still = row_any(self.alive[fe, fr])
+            if any_(still):  # lost some sequences, kept others: recount distinct blocks
+                pe_, pr_ = fe[still], fr[still]
                 t = self.tab[pe_, pr_]
                 first, _ = first_holders(t, t >= 0)
                 self.dblk[pe_, pr_] = first.sum((1, 2), dtype=I32)
-            de, dr = (touched & ~still).nonzero(as_tuple=True)
+            de, dr = fe[~still], fr[~still]
             if de.numel():
                 all_len = ((self.sstat[de, dr] == FIN_LENGTH) | ~self.exists[de, dr]).all(-1)
                 code = blend(all_len, FIN_LENGTH, FIN_STOPPED)
