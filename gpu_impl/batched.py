@@ -444,20 +444,23 @@ class BatchedScheduler:
         CPU when it is swapped)."""
         if e.numel() == 0:
             return
-        t = self.tab[e, r, j]  # [K,B]
+        g = e * self.R + r
+        t = self.tab.view(-1, self.B)[g * self.N + j]  # [K,B]
         valid = t >= 0
-        on_cpu = (self.status[e, r] == SWAPPED)[:, None] & valid
+        on_cpu = (self.status.view(-1)[g] == SWAPPED)[:, None] & valid
         on_gpu = valid & ~on_cpu
         self._add_masked(self.gpu_ref, e[:, None], t, on_gpu, -1)
         self._add_masked(self.cpu_ref, e[:, None], t, on_cpu, -1)
 
     def _finish_seqs(self, e: torch.Tensor, r: torch.Tensor, j: torch.Tensor, code: int | torch.Tensor) -> None:
         """Record the final view of the given sequences and drop their tables."""
-        self.sstat[e, r, j] = code if torch.is_tensor(code) else torch.tensor(code, dtype=I32, device=self.device)
-        self.stok[e, r, j] = self.tok[e, r]
-        self.scomp[e, r, j] = self.comp[e, r]
-        self.alive[e, r, j] = False
-        self.tab[e, r, j] = -1
+        g = e * self.R + r  # flat (engine, slot) and (engine, slot, seq) indices
+        gj = g * self.N + j
+        self.sstat.view(-1)[gj] = code if torch.is_tensor(code) else torch.tensor(code, dtype=I32, device=self.device)
+        self.stok.view(-1)[gj] = self.tok.view(-1)[g]
+        self.scomp.view(-1)[gj] = self.comp.view(-1)[g]
+        self.alive.view(-1)[gj] = False
+        self.tab.view(-1, self.B)[gj] = -1
 
     def _finish_groups(self, e: torch.Tensor, r: torch.Tensor, code: int) -> None:
         """Finish whole requests (abort, ignore): free what their live sequences hold."""
