@@ -251,13 +251,33 @@ def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             yield f"{sid} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
 
 
+def _same_prefix_holders(rec: StepRecord, block: int, index: int, bs: int) -> bool:
+    """Whether every holder of ``block`` holds it at ``index`` after the same tokens (known only
+    with the prefix-cache capability): then any of them writes the same KV. nano-vllm keys a
+    block by its content, and a later block with that content takes the key over (its index
+    holds one block per key), so a block shared after a hit in this step may be written unkeyed."""
+    if rec.mid is None or rec.mid.gpu_block_keys is None:
+        return False
+    end = (index + 1) * bs
+    prefixes = set()
+    for sid, table in tables(rec.mid, "gpu").items():
+        if block in table:
+            view = rec.mid.seqs[sid]
+            if table.index(block) != index or view.token_ids is None or len(view.token_ids) < end:
+                return False
+            prefixes.add(view.token_ids[:end])
+    return len(prefixes) == 1
+
+
 def _written_blocks(num_computed: int, num_tokens: int, bs: int) -> range:
     return range(num_computed // bs, (num_computed + num_tokens - 1) // bs + 1)
 
 
 @invariant(
     "COW-001", "safety",
-    "No block whose reference count is above one is written in place: every block a scheduled token writes is held once.",
+    """No block whose reference count is above one is written in place: every block a scheduled
+    token writes is held once (with a prefix cache: or by holders whose tokens up to it are equal,
+    who all need the same KV).""",
     """Forked sequences share the prompt's last, partly filled block; the first to decode must
     copy it (copy-on-write, vLLM's CopyOnWriteTracker) or its token overwrites its siblings' KV.""",
     (C.MID_STEP, C.BLOCK_TABLES, C.REF_COUNTS, C.SEQ_LENGTHS),
@@ -275,7 +295,7 @@ def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 block = v.blocks[index]
                 if keys is not None and keys[block] is not None:
                     continue  # cached in this step by its writer and found by another: same KV either way
-                if rec.mid.gpu_ref_counts[block] > 1:
+                if rec.mid.gpu_ref_counts[block] > 1 and not _same_prefix_holders(rec, block, index, bs):
                     yield f"{item.seq_id} writes logical block {index} = gpu block {block}, shared ({rec.mid.gpu_ref_counts[block]} refs)"
 
 
