@@ -195,6 +195,12 @@ class Checker:
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
         ctx.steps += 1
+        if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
+            from spec.invariants._views import forget
+
+            for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):
+                if snap is not record.before:
+                    forget(snap)
         ctx.previous = None if found else record
         return found
 

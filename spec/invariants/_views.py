@@ -21,29 +21,39 @@ from spec.status import Status
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
 
-# Several predicates read the same derived views of one snapshot; compute each once. Keyed by
-# id() with the snapshot kept alive in the entry, so an id is never reused while cached.
-_MEMO: dict[tuple[int, str, str], tuple[Snapshot, object]] = {}
+# Several predicates read the same derived views of one snapshot; each is computed once and kept
+# on the snapshot itself (in its instance dict, outside the dataclass fields, so equality and
+# repr do not see it) for as long as a later snapshot may carry it forward; `forget` drops it.
+_CACHE = "_derived_views"
 
 
-def _memo(snap: Snapshot, kind: str, device: str, build):
-    key = (id(snap), kind, device)
-    hit = _MEMO.get(key)
-    if hit is not None and hit[0] is snap:
-        return hit[1]
-    if len(_MEMO) > 256:
-        _MEMO.clear()
-    value = build()
-    _MEMO[key] = (snap, value)
+def _memo(snap: Snapshot, kind: str, device: object, build):
+    cache = snap.__dict__.get(_CACHE)
+    if cache is None:
+        cache = snap.__dict__[_CACHE] = {}
+    key = (kind, device)
+    value = cache.get(key, _MISSING)
+    if value is _MISSING:
+        value = cache[key] = build()
     return value
+
+
+_MISSING = object()
+
+
+def forget(snap: Snapshot | None) -> None:
+    """Drop the derived views kept on ``snap`` (the checker calls it once a snapshot can no longer
+    be a base or a prior, so a long run does not keep one entry count per step)."""
+    if snap is not None:
+        snap.__dict__.pop(_CACHE, None)
 
 
 _DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
 
 
-def _cached(snap: Snapshot, kind: str, device: str) -> object | None:
-    hit = _MEMO.get((id(snap), kind, device))
-    return hit[1] if hit is not None and hit[0] is snap else None
+def _cached(snap: Snapshot, kind: str, device: object) -> object | None:
+    cache = snap.__dict__.get(_CACHE)
+    return None if cache is None else cache.get((kind, device))
 
 
 def _delta_base(snap: Snapshot, kind: str, device: str, depth: int, part: str = "changed_seqs"):
@@ -219,11 +229,17 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqVi
     ``prior`` (a snapshot the same check already passed), or all when that is unknown. In id
     order, so messages come out the same either way."""
     assert snap.seqs is not None
-    changed = snap.changed_since(prior) if observation.INCREMENTAL else None
-    if changed is None:
-        return list(snap.seqs.items())
-    seqs = snap.seqs
-    return [(sid, seqs[sid]) for sid in sorted(changed) if sid in seqs]
+
+    def build() -> tuple[Snapshot | None, list[tuple[str, SeqView]]]:
+        changed = snap.changed_since(prior) if observation.INCREMENTAL else None
+        if changed is None:
+            return prior, list(snap.seqs.items())
+        seqs = snap.seqs
+        return prior, [(sid, seqs[sid]) for sid in sorted(changed) if sid in seqs]
+
+    # Several checks ask for the same pair; keyed by the prior's id, kept with the prior itself.
+    kept_prior, views = _memo(snap, "fresh", id(prior), build)
+    return views if kept_prior is prior else build()[1]
 
 
 def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
@@ -248,7 +264,11 @@ def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
 
 def same_tables(snap: Snapshot, prior: Snapshot | None, device: str) -> bool:
     """Whether no block table on ``device`` changed between ``prior`` and ``snap`` (by identity)."""
-    return prior is not None and prior.seqs is not None and entries(snap, device) is entries(prior, device)
+    if prior is None or prior.seqs is None:
+        return False
+    kept_prior, same = _memo(snap, "same_tables", (id(prior), device),
+                             lambda: (prior, entries(snap, device) is entries(prior, device)))
+    return same if kept_prior is prior else entries(snap, device) is entries(prior, device)
 
 
 def fresh_after(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
