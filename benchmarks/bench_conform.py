@@ -4,8 +4,8 @@ Baseline, measured in the same run on the same traces: the reference scheduler d
 engine loop with no observation at all (``observe=False``). Prints checked steps per second and
 the checking overhead as a ratio: (checked time - unchecked time) / unchecked time, split into
 what the runner costs without any invariant, what observing (snapshots) adds, and what the
-predicates add. Times are CPU time of this process (best of ``--repeat``), so other work on
-the machine disturbs them less than wall time.
+predicates add. Times are CPU time of this process (best of ``--repeat`` interleaved rounds),
+so other work on the machine disturbs them less than wall time.
 
 Two workloads:
 
@@ -58,13 +58,18 @@ def large_trace(rng: random.Random, requests: int = 300) -> Trace:
     return Trace(config, tuple(arrivals), (), (), max_steps=5000)
 
 
-def _best(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
-    times, steps = [], 0
+def _best_interleaved(fns: list[Callable[[], int]], repeat: int) -> list[tuple[float, int]]:
+    """Best CPU time of each function over ``repeat`` rounds, the functions interleaved within a
+    round so that a slow spell of the machine hits all of them alike."""
+    best = [(float("inf"), 0)] * len(fns)
     for _ in range(repeat):
-        start = time.process_time()
-        steps = fn()
-        times.append(time.process_time() - start)
-    return min(times), steps
+        for i, fn in enumerate(fns):
+            start = time.process_time()
+            steps = fn()
+            elapsed = time.process_time() - start
+            if elapsed < best[i][0]:
+                best[i] = (elapsed, steps)
+    return best
 
 
 def measure(name: str, corpus: list[Trace], repeat: int) -> None:
@@ -80,10 +85,8 @@ def measure(name: str, corpus: list[Trace], repeat: int) -> None:
         return lambda: sum(len(run_checked(adapter, t, checks, timeout=None, stop_at_first=False).records)
                            for t in corpus)
 
-    base, steps = _best(unchecked, repeat)
-    runner, _ = _best(through_runner([]), repeat)
-    observed, _ = _best(through_runner(silent), repeat)
-    full, steps_checked = _best(through_runner(invariants), repeat)
+    (base, steps), (runner, _), (observed, _), (full, steps_checked) = _best_interleaved(
+        [unchecked, through_runner([]), through_runner(silent), through_runner(invariants)], repeat)
     assert steps == steps_checked, (steps, steps_checked)
     print(f"[{name}] traces: {len(corpus)}, steps: {steps}")
     print(f"  unchecked reference (baseline): {steps / base:,.0f} steps/s ({base / steps * 1e6:.0f} us/step)")

@@ -51,6 +51,10 @@ def forget(snap: Snapshot | None) -> None:
 _DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
 
 
+def _incremental(snap: Snapshot) -> bool:
+    return observation.INCREMENTAL and snap.seqs is not None
+
+
 def _cached(snap: Snapshot, kind: str, device: object) -> object | None:
     cache = snap.__dict__.get(_CACHE)
     return None if cache is None else cache.get((kind, device))
@@ -60,7 +64,7 @@ def _delta_base(snap: Snapshot, kind: str, device: str, depth: int, part: str = 
     """The base snapshot's derived view when it can be carried forward through the delta
     (``part``: ``changed_seqs`` or ``changed_requests``), else None (build it whole)."""
     base = snap.base
-    if not observation.INCREMENTAL or base is None or getattr(snap, part) is None or base.seqs is None:
+    if not _incremental(snap) or base is None or getattr(snap, part) is None or base.seqs is None:
         return None
     value = _cached(base, kind, device)
     if value is None and depth < _DELTA_DEPTH:
@@ -201,12 +205,12 @@ def with_status(snap: Snapshot, status: Status, _depth: int = 0) -> frozenset[st
 
 def changed_requests_between(snap: Snapshot, older: Snapshot | None) -> frozenset[str] | None:
     """Requests whose status may differ between ``older`` and ``snap`` (None: check all)."""
-    return snap.changed_since(older, "changed_requests") if observation.INCREMENTAL else None
+    return snap.changed_since(older, "changed_requests") if _incremental(snap) else None
 
 
 def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
     """Requests that entered or left some queue between ``older`` and ``snap`` (None: unknown)."""
-    if older is None or not observation.INCREMENTAL:
+    if older is None or not _incremental(snap):
         return None
     moved: set[str] = set()
     for name in ("waiting", "running", "swapped"):
@@ -221,7 +225,7 @@ def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
 
 def changed_between(snap: Snapshot, older: Snapshot) -> frozenset[str] | None:
     """`Snapshot.changed_since`, or None (check all) when incremental checking is off."""
-    return snap.changed_since(older) if observation.INCREMENTAL else None
+    return snap.changed_since(older) if _incremental(snap) else None
 
 
 def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqView]]:
@@ -231,7 +235,7 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqVi
     assert snap.seqs is not None
 
     def build() -> tuple[Snapshot | None, list[tuple[str, SeqView]]]:
-        changed = snap.changed_since(prior) if observation.INCREMENTAL else None
+        changed = snap.changed_since(prior) if _incremental(snap) else None
         if changed is None:
             return prior, list(snap.seqs.items())
         seqs = snap.seqs
