@@ -230,7 +230,19 @@ pytest --kvsched-adapter=myengine_adapter:make --kvsched-examples=200
 ```
 
 An adapter may define `trace_strategy()` (a Hypothesis strategy of `Trace`s, see
-`conformance/generate.py`) when its engine accepts only some configs. Schedulers outside
+`conformance/generate.py`) when its engine accepts only some configs.
+
+## Incremental checking (optional)
+
+On a large batch the checks cost more than the scheduler when every snapshot is rescanned whole.
+An adapter can let the runner check only what changed by building each snapshot as a delta on
+the one it returned before: set `base` to that snapshot, reuse its `SeqView` objects (and its
+tuples and dicts) for everything unchanged, and name in `changed_seqs` every sequence whose view
+is new, gone or rebuilt and in `changed_requests` every request whose status is new or changed.
+A view not named must be the very object `base` holds. The reference does this
+(`reference_impl/scheduler.py: Scheduler.snapshot`); an adapter that leaves both sets `None` is
+checked whole, with the same verdicts. `KVSCHED_FULL_CHECK=1` turns incremental checking off,
+which is how to confirm a finding does not depend on it. Schedulers outside
 Python speak the same calls as JSON lines over stdin/stdout (see `PROTOCOL.md`, where present).
 """
 
