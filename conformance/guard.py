@@ -5,10 +5,11 @@ Two ways to time a call out, the cheaper one where it works:
 - On the main thread of a POSIX process, the call runs in place under an interval timer
   (``signal.setitimer``); when it expires, a `BaseException` is raised inside the adapter's code
   (so its ``except Exception`` blocks cannot swallow it, and it fires again every 50 ms if they
-  try ``except BaseException``). Arming and disarming costs a few microseconds; handing each call
-  to a worker thread cost about 100 µs, three times the reference scheduler's whole step.
-  Whatever timer and SIGALRM handler were set before (pytest-timeout's, say) are put back after
-  the call.
+  try ``except BaseException``). Arming and disarming costs about 3 µs; handing each call to a
+  worker thread cost about 100 µs, three times the reference scheduler's whole step. A timer and
+  a SIGALRM handler someone else had set (pytest-timeout's, say) are put back after the call;
+  where SIGALRM had only its default disposition, kvsched's handler stays installed and ignores
+  alarms that come between calls.
 - Elsewhere (another thread, Windows), each guarded adapter gets one daemon worker thread; on a
   timeout the worker is abandoned (it can never block the runner's exit).
 
@@ -48,12 +49,26 @@ def _alarm_available() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
+_armed = False  # whether an in-place call is running under its deadline
+
+
+def _overdue(signum: int, frame: object) -> None:
+    """The SIGALRM handler: raise inside the adapter's call, or ignore a stray alarm between calls.
+    Where SIGALRM had no handler of its own (the default or ignored), this one stays installed."""
+    if _armed:
+        raise _Overdue
+
+
+_PLAIN_DISPOSITIONS = (signal.SIG_DFL, signal.SIG_IGN, None)
+
+
 class Guard:
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
         self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] | None = None
         self._result: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self.dead = False
+        self._in_place: bool | None = None  # decided at the first call, on the thread that makes it
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.dead:
@@ -63,27 +78,26 @@ class Guard:
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
                 raise AdapterFault("raised", name, f"{type(err).__name__}: {err}") from err
-        if _alarm_available():
+        if self._in_place is None:
+            self._in_place = _alarm_available()
+        if self._in_place:
             return self._call_with_alarm(name, fn, args, kwargs)
         return self._call_in_worker(name, fn, args, kwargs)
 
     # -- in place, under an interval timer ---------------------------------------------------
     def _call_with_alarm(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        assert self.timeout is not None
-        armed = [True]
-
-        def overdue(signum: int, frame: object) -> None:
-            if armed[0]:
-                raise _Overdue
-
-        previous_handler = signal.signal(signal.SIGALRM, overdue)
+        global _armed
+        previous_handler = signal.getsignal(signal.SIGALRM)
+        if previous_handler is not _overdue:
+            signal.signal(signal.SIGALRM, _overdue)
         previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, self.timeout, _ALARM_REPEAT)
-        started = time.monotonic()
+        started = time.monotonic() if previous_delay else 0.0
+        _armed = True
         try:
             try:
                 return fn(*args, **kwargs)
             finally:
-                armed[0] = False  # an alarm after this line is ignored; one before it is caught below
+                _armed = False  # an alarm after this line is ignored; one before it is caught below
         except _Overdue:
             self.dead = True
             raise AdapterFault("hang", name, f"no answer within {self.timeout:g} s") from None
@@ -91,8 +105,9 @@ class Guard:
             raise AdapterFault("raised", name, f"{type(err).__name__}: {err}") from err
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous_handler)
-            if previous_delay:  # someone else's timer was running: let it go on
+            if previous_handler is not _overdue and previous_handler not in _PLAIN_DISPOSITIONS:
+                signal.signal(signal.SIGALRM, previous_handler)  # someone's own handler goes back
+            if previous_delay:  # and someone's timer goes on with what it had left
                 left = max(previous_delay - (time.monotonic() - started), 1e-6)
                 signal.setitimer(signal.ITIMER_REAL, left, previous_interval)
 
