@@ -26,6 +26,7 @@ from gpu_impl.encode import BatchedRun, TraceBatch
 from gpu_impl.kv import KVError, KVPlane
 from gpu_impl.materialize import finished_lists, snapshots, step_outputs
 from spec.config import SchedulerConfig
+from spec.observation import Snapshot
 from spec.protocol import SchedulerLike
 from spec.status import Status
 from spec.trace import Trace
@@ -139,11 +140,8 @@ def run_lockstep(
             twin_fin = _fin(fins[i])
             if twin_fin != ref_fins[e]:
                 return diverge(e, "finished", ref_fins[e], twin_fin)
-            if compare_state:
-                rs, ts = ref_snaps[e], snaps[i]
-                for f in fields(rs):
-                    if f.compare and getattr(rs, f.name) != getattr(ts, f.name):  # not the delta (base)
-                        return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
+            if compare_state and (differs := snapshot_difference(ref_snaps[e], snaps[i])):
+                return diverge(e, *differs)
             for rid, _ in ref_fins[e] + ref_aborts[e]:
                 unfinished[e].discard(rid)
             if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
@@ -154,6 +152,15 @@ def run_lockstep(
                 return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
         step += 1
     return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
+
+
+def snapshot_difference(ref: Snapshot, twin: Snapshot) -> tuple[str, Any, Any] | None:
+    """The first compared field where two snapshots differ, as (``snapshot.<field>``, reference's,
+    twin's), or None. The delta links (`Snapshot.base`, the changed sets) are not compared."""
+    for f in fields(ref):
+        if f.compare and getattr(ref, f.name) != getattr(twin, f.name):
+            return f"snapshot.{f.name}", _plain(getattr(ref, f.name)), _plain(getattr(twin, f.name))
+    return None
 
 
 def _plain(x: Any) -> Any:

@@ -21,14 +21,14 @@ This module imports only `spec` (and the twin): the reference is passed in as a 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gpu_impl.batched import resolve_device
 from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
-from gpu_impl.lockstep import Divergence, LockstepResult, _fin, _out_dict, _plain
+from gpu_impl.lockstep import Divergence, LockstepResult, _fin, _out_dict, snapshot_difference
 from gpu_impl.materialize import STATUS_OF_CODE
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -350,11 +350,8 @@ def run_lockstep_v1(
             twin_fin = _fin(fins[i])
             if twin_fin != ref_fins[e]:
                 return diverge(e, "finished", ref_fins[e], twin_fin)
-            if compare_state:
-                rs, ts = ref_snaps[e], snaps[i]
-                for f in fields(rs):
-                    if f.compare and getattr(rs, f.name) != getattr(ts, f.name):  # not the delta links
-                        return diverge(e, f"snapshot.{f.name}", _plain(getattr(rs, f.name)), _plain(getattr(ts, f.name)))
+            if compare_state and (differs := snapshot_difference(ref_snaps[e], snaps[i])):
+                return diverge(e, *differs)
             for rid, _ in ref_fins[e] + ref_aborts[e]:
                 unfinished[e].discard(rid)
             if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:

@@ -53,6 +53,7 @@ from conformance.lockstep import Divergence
 from conformance.profiles import get_profile
 from conformance.shrink import shrink
 from conformance.targets import get_target
+from conformance.targets.recording import RecordsSnapshots
 from reference_impl.nano_scheduler import NanoScheduler
 from reference_impl.prefix_cache import CachingBlockPool
 from spec.catalogue import catalogue
@@ -217,17 +218,8 @@ def stale_hit_trace() -> Trace:
 
 
 # ------------------------------------------------------------------------------ the engine's deviations, modelled
-class Recorded(NanoScheduler):
+class Recorded(RecordsSnapshots, NanoScheduler):
     """The reference, keeping its snapshot after every step (to compare state, not only decisions)."""
-
-    def __init__(self, config: SchedulerConfig) -> None:
-        super().__init__(config)
-        self.after: list[Snapshot] = []
-
-    def update(self, outcome):
-        finished = super().update(outcome)
-        self.after.append(self.snapshot())
-        return finished
 
 
 class _NanoIndexPool(CachingBlockPool):

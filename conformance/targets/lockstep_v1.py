@@ -44,6 +44,7 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy
+from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.observation import Snapshot
@@ -125,17 +126,8 @@ def path_strategy(path: str) -> st.SearchStrategy:
 
 
 # ------------------------------------------------------------------------------ state comparison
-class RecordingV1(V1Scheduler):
+class RecordingV1(RecordsSnapshots, V1Scheduler):
     """The reference, keeping its snapshot after every step's update."""
-
-    def __init__(self, config: SchedulerConfig) -> None:
-        super().__init__(config)
-        self.after: list[Snapshot] = []
-
-    def update(self, outcome):
-        finished = super().update(outcome)
-        self.after.append(self.snapshot())
-        return finished
 
 
 class ClampedV1(RecordingV1):
