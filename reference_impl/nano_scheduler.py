@@ -65,6 +65,7 @@ class NanoScheduler:
         self._arrivals = 0
         self._scheduled: list[tuple[TrackedRequest, int]] = []
         self._ignored: list[Finished] = []
+        self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -235,7 +236,9 @@ class NanoScheduler:
 
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
-        return snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool)
+        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
+                                          self._last_snapshot)
+        return self._last_snapshot
 
     def metrics(self) -> dict[str, int]:
         return {

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reference_impl.prefix_cache import CachingBlockPool
+from spec import observation
 from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.observation import ALL_CAPABILITIES, Capability, SeqView, Snapshot
@@ -125,6 +126,7 @@ class V1Scheduler:
         self._last_output: SchedulerOutput | None = None
         self._ignored: list[Finished] = []
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
+        self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -395,7 +397,9 @@ class V1Scheduler:
 
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
-        return snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool)
+        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
+                                          self._last_snapshot)
+        return self._last_snapshot
 
     def metrics(self) -> dict[str, int]:
         return {
@@ -413,29 +417,54 @@ def snapshot_of(
     waiting: list[TrackedRequest],
     running: list[TrackedRequest],
     pool: CachingBlockPool,
+    base: Snapshot | None = None,
 ) -> Snapshot:
-    """The full snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty)."""
-    seqs = {
-        r.seq_id: SeqView(
-            r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, tuple(r.blocks),
-            "gpu" if r.blocks else None, tuple(r.tokens),
-        )
-        for r in requests.values()
-    }
+    """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
+    as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
+    rebuilt only when a field of it changed (its tokens only ever grow), every unchanged part is
+    base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt."""
+    if not observation.INCREMENTAL:
+        base = None
+    old_seqs = base.seqs if base is not None and base.seqs is not None else {}
+    fresh: dict[str, SeqView] = {}
+    changed_status: dict[str, Status] = {}
+    for r in requests.values():
+        old = old_seqs.get(r.seq_id)
+        blocks = tuple(r.blocks)
+        if (old is None or old.status is not r.status or old.num_computed != r.num_computed
+                or old.num_tokens != r.num_tokens or old.blocks != blocks):
+            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, blocks,
+                                      "gpu" if blocks else None, tuple(r.tokens))
+    if base is None:
+        seqs = fresh
+        statuses = {rid: r.status for rid, r in requests.items()}
+    else:
+        seqs = {**old_seqs, **fresh} if fresh else old_seqs
+        changed_status = {v.request_id: v.status for v in fresh.values()
+                          if base.statuses is None or base.statuses.get(v.request_id) is not v.status}
+        statuses = {**base.statuses, **changed_status} if changed_status or base.statuses is None else base.statuses
+    prior = base if base is not None else Snapshot()
+
+    def same(new: object, old: object) -> object:
+        return old if old is not None and old == new else new
+
     return Snapshot(
-        statuses={rid: r.status for rid, r in requests.items()},
+        statuses=statuses,
         seqs=seqs,
-        waiting=tuple(r.request_id for r in waiting),
-        running=tuple(r.request_id for r in running),
+        waiting=same(tuple(r.request_id for r in waiting), prior.waiting),
+        running=same(tuple(r.request_id for r in running), prior.running),
         swapped=(),
-        gpu_ref_counts=tuple(pool.ref_counts),
-        cpu_ref_counts=(0,) * config.num_cpu_blocks,
+        gpu_ref_counts=same(tuple(pool.ref_counts), prior.gpu_ref_counts),
+        cpu_ref_counts=same((0,) * config.num_cpu_blocks, prior.cpu_ref_counts),
         gpu_free=pool.num_free,
         cpu_free=config.num_cpu_blocks,
-        gpu_free_ids=pool.free_ids(),
-        cpu_free_ids=tuple(range(config.num_cpu_blocks)),
-        gpu_block_keys=tuple(pool.keys),
-        cache_index=pool.cache_index(),
+        gpu_free_ids=same(pool.free_ids(), prior.gpu_free_ids),
+        cpu_free_ids=same(tuple(range(config.num_cpu_blocks)), prior.cpu_free_ids),
+        gpu_block_keys=same(tuple(pool.keys), prior.gpu_block_keys),
+        cache_index=same(pool.cache_index(), prior.cache_index),
+        base=base,
+        changed_seqs=frozenset(fresh) if base is not None else None,
+        changed_requests=frozenset(changed_status) if base is not None else None,
     )
 
 

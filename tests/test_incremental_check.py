@@ -80,6 +80,30 @@ def test_reference_snapshots_are_exact_deltas():
             assert scratch == record.after
 
 
+@pytest.mark.parametrize("flow", ["v1", "nano"])
+def test_token_budget_snapshots_are_exact_deltas(flow):
+    """The V1 and nano-vllm references' delta snapshots equal from-scratch ones."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.nano_scheduler import NanoScheduler
+    from reference_impl.v1_scheduler import V1Scheduler, snapshot_of
+
+    factory = V1Scheduler if flow == "v1" else NanoScheduler
+    deltas = 0
+    for trace in sample_traces(token_traces(flow), 60, 5):
+        scheduler = factory(trace.config)
+        for record in iter_steps(trace, scheduler):
+            snap = record.after
+            scratch = snapshot_of(scheduler.config, scheduler.requests, scheduler.waiting, scheduler.running,
+                                  scheduler.pool)
+            assert scratch == snap
+            if snap.base is not None:
+                deltas += 1
+                for sid, view in snap.seqs.items():
+                    if sid not in snap.changed_seqs:
+                        assert view is snap.base.seqs[sid]
+    assert deltas > 100
+
+
 def test_reference_incremental_equals_full(monkeypatch):
     for trace in sample_traces(traces(max_requests=10), 80, 11):
         fast, slow = _both_ways(monkeypatch, Scheduler, trace)
