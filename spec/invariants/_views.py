@@ -1,11 +1,14 @@
 """Small readers over snapshots shared by the predicates.
 
 Incremental checking lives here. A predicate states its rule over whole snapshots; these
-readers let it look only at what can have changed. Derived views (tables, entry counts) are
-carried forward from the previous snapshot through its delta (`Snapshot.base`,
-`Snapshot.changed_seqs`), and `fresh_*` hand a check of one view at a time only the views that
-changed since the last snapshot it passed (`CheckContext.previous`). An adapter that gives no
-delta gets every view checked every time; the result is the same, only slower.
+readers let it look only at what can have changed. Derived views (tables, entry counts, the
+running count, the per-request index, the requests in each status) are carried forward from the
+previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_requests`);
+`fresh_*` hand a check of one view at a time only the views that changed since the last
+snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `same_tables`,
+`queue_moves` and `changed_*_between` let a check skip what is identical to what it passed. An
+adapter that gives no delta gets every view checked every time; the verdicts are the same, only
+slower (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
 """
 
 from __future__ import annotations
