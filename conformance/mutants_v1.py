@@ -155,24 +155,8 @@ mutant("v1-cached-free-counted-twice", "cached blocks nobody holds are counted f
 @mutant("nano-whole-prompt-hit", "a cache hit may cover the whole prompt, leaving nothing to compute (nano-vllm)",
         ("PFX-005", "CHK-001"), **NANO)
 class _WholePromptHit(NanoScheduler):
-    def _allocate_prompt(self, tracked: TrackedRequest) -> int:
-        bs = self.config.block_size
-        keys = block_keys(tracked.tokens, bs)
-        hits: list[int] = []
-        if self.config.enable_prefix_caching:
-            for key in keys:  # bug: the last token's block may hit too
-                block = self.pool.lookup(key)
-                if block is None:
-                    break
-                hits.append(block)
-        for block in hits:
-            self.pool.touch(block)
-        tracked.blocks = hits + self.pool.allocate(self.config.blocks_for(tracked.num_tokens) - len(hits))
-        for index, key in enumerate(keys):
-            self.pool.register(tracked.blocks[index], key)
-        tracked.num_keyed = len(keys)
-        tracked.num_computed = len(hits) * bs
-        return tracked.num_computed
+    def _hit_limit(self, tracked: TrackedRequest) -> int:
+        return tracked.num_tokens  # bug: the last token's block may hit too
 
 
 # ---------------------------------------------------------------------------------- scheduling order

@@ -183,8 +183,8 @@ class NanoScheduler:
         keys = block_keys(tracked.tokens, bs)
         hits: list[int] = []
         if self.config.enable_prefix_caching:
-            for key in block_keys(tracked.tokens, bs, limit=tracked.num_tokens - 1):
-                block = self.pool.lookup(key)
+            for index, key in enumerate(block_keys(tracked.tokens, bs, limit=self._hit_limit(tracked))):
+                block = self._lookup(tracked, index, key)
                 if block is None:
                     break
                 hits.append(block)
@@ -193,7 +193,7 @@ class NanoScheduler:
         fresh = self.pool.allocate(self.config.blocks_for(tracked.num_tokens) - len(hits))
         tracked.blocks = hits + fresh
         for index, key in enumerate(keys):
-            self.pool.register(tracked.blocks[index], key)
+            self._register(tracked, index, key)
         tracked.num_keyed = len(keys)
         tracked.num_computed = len(hits) * bs
         return tracked.num_computed
@@ -223,6 +223,20 @@ class NanoScheduler:
         victim.status = Status.WAITING
         self.waiting.insert(0, victim)
         self.num_preemptions_total += 1
+
+    # The three places where nano-vllm itself decides otherwise, as hooks (its deviations are
+    # modelled by overriding them: conformance/targets/lockstep_nano.py, conformance/mutants_v1.py).
+    def _hit_limit(self, tracked: TrackedRequest) -> int:
+        """How many leading tokens a cache hit may cover: all but the last (CHK-001, PFX-005)."""
+        return tracked.num_tokens - 1
+
+    def _lookup(self, tracked: TrackedRequest, index: int, key: str) -> int | None:
+        """The cached block for the prompt's block ``index``, whose chained key is ``key``."""
+        return self.pool.lookup(key)
+
+    def _register(self, tracked: TrackedRequest, index: int, key: str) -> None:
+        """Cache the request's full block ``index`` under ``key``."""
+        self.pool.register(tracked.blocks[index], key)
 
     # ---------------------------------------------------------------- outcome
     def update(self, outcome: StepOutcome) -> list[Finished]:

@@ -271,41 +271,29 @@ class EngineModel(Recorded):
             self.running = running + self.running
         return scheduled
 
-    def _allocate_prompt(self, tracked) -> int:
+    def _hit_limit(self, tracked) -> int:
+        return tracked.num_tokens if "whole-prompt-hit" in self.deviations else super()._hit_limit(tracked)
+
+    def _lookup(self, tracked, index, key):
+        if not isinstance(self.pool, _NanoIndexPool):
+            return super()._lookup(tracked, index, key)
+        self.pool.own[key] = self._own_tokens(tracked, index)
+        return self.pool.find(key)
+
+    def _register(self, tracked, index, key) -> None:
+        if isinstance(self.pool, _NanoIndexPool):
+            self.pool.own[key] = self._own_tokens(tracked, index)
+        super()._register(tracked, index, key)
+
+    def _own_tokens(self, tracked, index: int) -> tuple[int, ...]:
         bs = self.config.block_size
-        whole = "whole-prompt-hit" in self.deviations
-        if not whole and not isinstance(self.pool, _NanoIndexPool):
-            return super()._allocate_prompt(tracked)
-        keys = block_keys(tracked.tokens, bs)
-        limit = tracked.num_tokens if whole else tracked.num_tokens - 1
-        hits: list[int] = []
-        for i, key in enumerate(block_keys(tracked.tokens, bs, limit=limit)):
-            if isinstance(self.pool, _NanoIndexPool):
-                self.pool.own[key] = tuple(tracked.tokens[i * bs:(i + 1) * bs])
-                block = self.pool.find(key)
-            else:
-                block = self.pool.lookup(key)
-            if block is None:
-                break
-            hits.append(block)
-        for block in hits:
-            self.pool.touch(block)
-        fresh = self.pool.allocate(self.config.blocks_for(tracked.num_tokens) - len(hits))
-        tracked.blocks = hits + fresh
-        for index, key in enumerate(keys):
-            if isinstance(self.pool, _NanoIndexPool):
-                self.pool.own[key] = tuple(tracked.tokens[index * bs:(index + 1) * bs])
-            self.pool.register(tracked.blocks[index], key)
-        tracked.num_keyed = len(keys)
-        tracked.num_computed = len(hits) * bs
-        return tracked.num_computed
+        return tuple(tracked.tokens[index * bs:(index + 1) * bs])
 
     def _append_slot(self, tracked) -> None:
         bs = self.config.block_size
         if isinstance(self.pool, _NanoIndexPool) and (tracked.num_computed + 1) % bs == 0:
             keys = block_keys(tracked.tokens, bs, limit=tracked.num_computed + 1)
-            start = (len(keys) - 1) * bs
-            self.pool.own[keys[-1]] = tuple(tracked.tokens[start:start + bs])
+            self.pool.own[keys[-1]] = self._own_tokens(tracked, len(keys) - 1)
         super()._append_slot(tracked)
 
 
