@@ -34,56 +34,31 @@ a different prefix; here an evicted block leaves the index.
 
 from __future__ import annotations
 
-from reference_impl.prefix_cache import CachingBlockPool
-from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, apply_outcome, check_single_sequence, snapshot_of
+from reference_impl.v1_scheduler import TrackedRequest, TrackedScheduler
 from spec.config import SchedulerConfig
 from spec.errors import InputError
-from spec.observation import Snapshot
 from spec.prefix import block_keys
 from spec.reasons import Reason
 from spec.status import PreemptionMode, Status
-from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput
 
 
-class NanoScheduler:
-    """nano-vllm's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
+class NanoScheduler(TrackedScheduler):
+    """nano-vllm's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`.
+    FCFS only, so a recompute victim re-enters waiting at the front (`TrackedScheduler._preempt`)."""
 
-    capabilities = CAPABILITIES
+    free_order = "nano"
 
     def __init__(self, config: SchedulerConfig) -> None:
         if config.policy != "fcfs":
             raise InputError("config.policy", f"nano-vllm schedules FCFS only, got {config.policy!r}")
         if config.enable_chunked_prefill:
             raise InputError("config.enable_chunked_prefill", "nano-vllm has no chunked prefill")
-        self.config = config
-        self.pool = CachingBlockPool(config.num_gpu_blocks, caching=config.enable_prefix_caching, order="nano")
-        self.waiting: list[TrackedRequest] = []
-        self.running: list[TrackedRequest] = []
-        self.requests: dict[str, TrackedRequest] = {}
-        self.num_preemptions_total = 0
-        self._step = 0
-        self._arrivals = 0
-        self._scheduled: list[tuple[TrackedRequest, int]] = []
-        self._ignored: list[Finished] = []
-        self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
+        super().__init__(config)
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        check_single_sequence(request)
-        tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
-        self._arrivals += 1
-        self.requests[request.request_id] = tracked
-        self.waiting.append(tracked)
-
-    def abort_request(self, request_id: str) -> Finished | None:
-        tracked = self.requests.get(request_id)
-        if tracked is None or tracked.status.is_finished:
-            return None
-        (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
-        self._finish(tracked, Status.FINISHED_ABORTED)
-        return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
+        self.waiting.append(self._track(request))
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -211,19 +186,6 @@ class NanoScheduler:
             self.pool.register(tracked.blocks[len(keys) - 1], keys[-1])
             tracked.num_keyed = len(keys)
 
-    def _free_blocks(self, tracked: TrackedRequest) -> None:
-        self.pool.release(reversed(tracked.blocks))
-        tracked.blocks = []
-        tracked.num_keyed = 0
-
-    def _preempt(self, victim: TrackedRequest) -> None:
-        self._free_blocks(victim)
-        victim.num_computed = 0
-        victim.in_prefill = True
-        victim.status = Status.WAITING
-        self.waiting.insert(0, victim)
-        self.num_preemptions_total += 1
-
     # The three places where nano-vllm itself decides otherwise, as hooks (its deviations are
     # modelled by overriding them: conformance/targets/lockstep_nano.py, conformance/mutants_v1.py).
     def _hit_limit(self, tracked: TrackedRequest) -> int:
@@ -237,27 +199,3 @@ class NanoScheduler:
     def _register(self, tracked: TrackedRequest, index: int, key: str) -> None:
         """Cache the request's full block ``index`` under ``key``."""
         self.pool.register(tracked.blocks[index], key)
-
-    # ---------------------------------------------------------------- outcome
-    def update(self, outcome: StepOutcome) -> list[Finished]:
-        finished, self._ignored = self._ignored, []
-        scheduled, self._scheduled = self._scheduled, []
-        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
-
-    def _finish(self, tracked: TrackedRequest, status: Status) -> None:
-        self._free_blocks(tracked)
-        tracked.status = status
-
-    # ---------------------------------------------------------------- observation
-    def snapshot(self) -> Snapshot:
-        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
-                                          self._last_snapshot)
-        return self._last_snapshot
-
-    def metrics(self) -> dict[str, int]:
-        return {
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
-            "num_preemptions_total": self.num_preemptions_total,
-            "gpu_free_blocks": self.pool.num_free,
-        }

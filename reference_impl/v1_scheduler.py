@@ -107,8 +107,10 @@ def check_single_sequence(request: Request) -> None:
         )
 
 
-class V1Scheduler:
-    """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
+class TrackedScheduler:
+    """What the V1 and nano-vllm references share: one `TrackedRequest` per request, a caching
+    block pool (``free_order``: its eviction order), recompute-only preemption, the outcome step
+    and the (delta) snapshot. The flows themselves, `schedule()`, are the subclasses'."""
 
     capabilities = CAPABILITIES
     free_order = "v1"
@@ -123,26 +125,19 @@ class V1Scheduler:
         self._step = 0
         self._arrivals = 0
         self._scheduled: list[tuple[TrackedRequest, int]] = []
-        self._last_output: SchedulerOutput | None = None
         self._ignored: list[Finished] = []
-        self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
         self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
 
     # ---------------------------------------------------------------- client side
-    def add_request(self, request: Request) -> None:
+    def _track(self, request: Request) -> TrackedRequest:
+        """Start tracking a new request (not yet queued)."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         check_single_sequence(request)
         tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
         self._arrivals += 1
         self.requests[request.request_id] = tracked
-        if request.prompt_len > self.config.max_model_len:
-            # vLLM V1 rejects it before the scheduler (vllm/v1/engine/input_processor.py): it never
-            # waits, is ignored in the next step's output, and an abort finds nothing to abort.
-            tracked.status = Status.FINISHED_IGNORED
-            self._rejected.append(tracked)
-            return
-        self._to_waiting(tracked, front=False)
+        return tracked
 
     def abort_request(self, request_id: str) -> Finished | None:
         tracked = self.requests.get(request_id)
@@ -151,6 +146,74 @@ class V1Scheduler:
         (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
         self._finish(tracked, Status.FINISHED_ABORTED)
         return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
+
+    # ---------------------------------------------------------------- blocks and preemption
+    def _free_blocks(self, tracked: TrackedRequest) -> None:
+        self.pool.release(reversed(tracked.blocks))  # tail first: evicted first
+        tracked.blocks = []
+        tracked.num_keyed = 0
+
+    def _preempt(self, victim: TrackedRequest) -> None:
+        """Recompute: free every block, reset every derived counter, keep every token."""
+        self._free_blocks(victim)
+        victim.num_computed = 0
+        victim.in_prefill = True
+        victim.status = Status.WAITING
+        self._to_waiting(victim, front=True)
+        self.num_preemptions_total += 1
+
+    def _to_waiting(self, tracked: TrackedRequest, *, front: bool) -> None:
+        if self.config.policy == "priority":
+            keys = [r.key("priority") for r in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, tracked.key("priority")), tracked)
+        elif front:
+            self.waiting.insert(0, tracked)
+        else:
+            self.waiting.append(tracked)
+
+    # ---------------------------------------------------------------- outcome
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        finished, self._ignored = self._ignored, []
+        scheduled, self._scheduled = self._scheduled, []
+        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
+
+    def _finish(self, tracked: TrackedRequest, status: Status) -> None:
+        self._free_blocks(tracked)
+        tracked.status = status
+
+    # ---------------------------------------------------------------- observation
+    def snapshot(self) -> Snapshot:
+        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
+                                          self._last_snapshot)
+        return self._last_snapshot
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions_total": self.num_preemptions_total,
+            "gpu_free_blocks": self.pool.num_free,
+        }
+
+
+class V1Scheduler(TrackedScheduler):
+    """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self._last_output: SchedulerOutput | None = None
+        self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
+
+    # ---------------------------------------------------------------- client side
+    def add_request(self, request: Request) -> None:
+        tracked = self._track(request)
+        if request.prompt_len > self.config.max_model_len:
+            # vLLM V1 rejects it before the scheduler (vllm/v1/engine/input_processor.py): it never
+            # waits, is ignored in the next step's output, and an abort finds nothing to abort.
+            tracked.status = Status.FINISHED_IGNORED
+            self._rejected.append(tracked)
+            return
+        self._to_waiting(tracked, front=False)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -350,44 +413,11 @@ class V1Scheduler:
             self.pool.register(tracked.blocks[index], keys[index])
         tracked.num_keyed = max(tracked.num_keyed, len(keys))
 
-    def _free_blocks(self, tracked: TrackedRequest) -> None:
-        self.pool.release(reversed(tracked.blocks))  # tail first: evicted first
-        tracked.blocks = []
-        tracked.num_keyed = 0
-
     # ---------------------------------------------------------------- preemption
     def _victim(self) -> TrackedRequest:
         if self.config.policy == "priority":
             return max(self.running, key=lambda r: r.key("priority"))
         return self.running[-1]
-
-    def _preempt(self, victim: TrackedRequest) -> None:
-        """Recompute: free every block, reset every derived counter, keep every token."""
-        self._free_blocks(victim)
-        victim.num_computed = 0
-        victim.in_prefill = True
-        victim.status = Status.WAITING
-        self._to_waiting(victim, front=True)
-        self.num_preemptions_total += 1
-
-    def _to_waiting(self, tracked: TrackedRequest, *, front: bool) -> None:
-        if self.config.policy == "priority":
-            keys = [r.key("priority") for r in self.waiting]
-            self.waiting.insert(bisect.bisect_right(keys, tracked.key("priority")), tracked)
-        elif front:
-            self.waiting.insert(0, tracked)
-        else:
-            self.waiting.append(tracked)
-
-    # ---------------------------------------------------------------- outcome
-    def update(self, outcome: StepOutcome) -> list[Finished]:
-        finished, self._ignored = self._ignored, []
-        scheduled, self._scheduled = self._scheduled, []
-        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
-
-    def _finish(self, tracked: TrackedRequest, status: Status) -> None:
-        self._free_blocks(tracked)
-        tracked.status = status
 
     def _reason(self, kind: str, tracked: TrackedRequest, tokens: int, cached: int) -> Reason:
         if kind == "decode":
@@ -395,20 +425,8 @@ class V1Scheduler:
         return Reason.of(kind, tracked.request_id, tokens=tokens,
                          remaining=tracked.num_tokens - tracked.num_computed, cached=cached)
 
-    # ---------------------------------------------------------------- observation
-    def snapshot(self) -> Snapshot:
-        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
-                                          self._last_snapshot)
-        return self._last_snapshot
-
     def metrics(self) -> dict[str, int]:
-        return {
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
-            "num_preemptions_total": self.num_preemptions_total,
-            "gpu_free_blocks": self.pool.num_free,
-            "cached_blocks": sum(1 for k in self.pool.keys if k is not None),
-        }
+        return {**super().metrics(), "cached_blocks": sum(1 for k in self.pool.keys if k is not None)}
 
 
 def snapshot_of(
