@@ -120,38 +120,60 @@ def run_lockstep(
         except KVError as err:
             return diverge(err.engine, "kv", "the KV the block tables promise", str(err))
         out, upd = bstep.output, bstep.update
-        ab_pairs = set(zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True))
+        aborted_slots: dict[int, set[int]] = {}
+        for engine, slot in zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True):
+            aborted_slots.setdefault(engine, set()).add(slot)
 
         outs = step_outputs(out, b.names, live)
         fins = finished_lists(upd, b.names, live)
         snaps = snapshots(twin, b.names, live) if compare_state else [None] * len(live)
         for i, e in enumerate(live):
             engine_steps += 1
-            twin_aborts, seen = [], set()
-            for rid in traces[e].aborts_at(step):
-                slot = b.slot_of[e].get(rid)
-                if slot is not None and (e, slot) in ab_pairs and rid not in seen:
-                    seen.add(rid)
-                    twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
-            if twin_aborts != ref_aborts[e]:
-                return diverge(e, "aborts", ref_aborts[e], twin_aborts)
-            if _out_dict(outs[i]) != _out_dict(ref_outs[e]):
-                return diverge(e, "output", _out_dict(ref_outs[e]), _out_dict(outs[i]))
-            twin_fin = _fin(fins[i])
-            if twin_fin != ref_fins[e]:
-                return diverge(e, "finished", ref_fins[e], twin_fin)
-            if compare_state and (differs := snapshot_difference(ref_snaps[e], snaps[i])):
+            differs = engine_step_difference(
+                traces[e], step, b.slot_of[e], aborted_slots.get(e, set()), (ref_aborts[e], ref_outs[e], ref_fins[e]),
+                (outs[i], fins[i]), (ref_snaps[e], snaps[i]) if compare_state else None)
+            if differs:
                 return diverge(e, *differs)
-            for rid, _ in ref_fins[e] + ref_aborts[e]:
-                unfinished[e].discard(rid)
-            if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
-                active[e] = False
+            active[e] = still_active(traces[e], step, unfinished[e], ref_fins[e] + ref_aborts[e])
         twin_active = run.active.tolist()
         for e in live:
             if twin_active[e] != active[e]:
                 return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
         step += 1
     return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
+
+
+def engine_step_difference(
+    trace: Trace, step: int, slot_of: dict[str, int], aborted_slots: set[int],
+    reference: tuple[list, SchedulerOutput, list], twin: tuple[SchedulerOutput, Any],
+    snapshots: tuple[Snapshot, Snapshot] | None,
+) -> tuple[str, Any, Any] | None:
+    """The first part of one engine's step where the twin differs from the reference, as (what,
+    reference's, twin's): the aborts (the twin reports aborted slots), the output, the finished
+    requests, then (``snapshots``: reference's, twin's) the state; None when they agree."""
+    ref_aborts, ref_out, ref_fins = reference
+    twin_out, twin_fins = twin
+    twin_aborts, seen = [], set()
+    for rid in trace.aborts_at(step):
+        slot = slot_of.get(rid)
+        if slot is not None and slot in aborted_slots and rid not in seen:
+            seen.add(rid)
+            twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
+    if twin_aborts != ref_aborts:
+        return "aborts", ref_aborts, twin_aborts
+    if _out_dict(twin_out) != _out_dict(ref_out):
+        return "output", _out_dict(ref_out), _out_dict(twin_out)
+    if (fin := _fin(twin_fins)) != ref_fins:
+        return "finished", ref_fins, fin
+    return snapshot_difference(*snapshots) if snapshots else None
+
+
+def still_active(trace: Trace, step: int, unfinished: set[str], ended: list[tuple[str, str]]) -> bool:
+    """Whether the engine runs another step: the reference's rule (arrivals left or requests
+    unfinished, within max_steps). ``ended``: the step's finished and aborted requests."""
+    for rid, _ in ended:
+        unfinished.discard(rid)
+    return not ((step >= trace.last_arrival_step and not unfinished) or step + 1 >= trace.max_steps)
 
 
 def snapshot_difference(ref: Snapshot, twin: Snapshot) -> tuple[str, Any, Any] | None:

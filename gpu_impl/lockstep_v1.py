@@ -28,7 +28,7 @@ import torch
 
 from gpu_impl.batched import resolve_device
 from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
-from gpu_impl.lockstep import Divergence, LockstepResult, _fin, _out_dict, snapshot_difference
+from gpu_impl.lockstep import Divergence, LockstepResult, _fin, engine_step_difference, still_active
 from gpu_impl.materialize import STATUS_OF_CODE
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -337,25 +337,12 @@ def run_lockstep_v1(
             aborted_slots.setdefault(bstep.engines[ar_], set()).add(sl)
         for i, e in enumerate(live):
             engine_steps += 1
-            twin_aborts, seen = [], set()
-            for rid in traces[e].aborts_at(step):
-                slot = batch.slot_of[e].get(rid)
-                if slot is not None and slot in aborted_slots.get(e, set()) and rid not in seen:
-                    seen.add(rid)
-                    twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
-            if twin_aborts != ref_aborts[e]:
-                return diverge(e, "aborts", ref_aborts[e], twin_aborts)
-            if _out_dict(outs[i]) != _out_dict(ref_outs[e]):
-                return diverge(e, "output", _out_dict(ref_outs[e]), _out_dict(outs[i]))
-            twin_fin = _fin(fins[i])
-            if twin_fin != ref_fins[e]:
-                return diverge(e, "finished", ref_fins[e], twin_fin)
-            if compare_state and (differs := snapshot_difference(ref_snaps[e], snaps[i])):
+            differs = engine_step_difference(
+                traces[e], step, batch.slot_of[e], aborted_slots.get(e, set()), (ref_aborts[e], ref_outs[e], ref_fins[e]),
+                (outs[i], fins[i]), (ref_snaps[e], snaps[i]) if compare_state else None)
+            if differs:
                 return diverge(e, *differs)
-            for rid, _ in ref_fins[e] + ref_aborts[e]:
-                unfinished[e].discard(rid)
-            if (step >= traces[e].last_arrival_step and not unfinished[e]) or step + 1 >= traces[e].max_steps:
-                active[e] = False
+            active[e] = still_active(traces[e], step, unfinished[e], ref_fins[e] + ref_aborts[e])
         twin_active = run.active.tolist()
         for e in live:
             if twin_active[e] != active[e]:
