@@ -18,6 +18,10 @@ from spec import observation
 from spec.catalogue import Checker
 
 MUTANT_TRACES = 25
+RARE_ON_THESE_TRACES = {
+    "abort-finished-again", "admission-ignores-watermark", "recompute-to-back", "running-in-admission-order",
+    "v1-ignores-partial-prefill-limit",
+}
 
 
 def _violations(factory, trace, invariants=None) -> list[tuple[str, int | None, str]]:
@@ -125,3 +129,6 @@ def test_mutant_incremental_equals_full(monkeypatch, name):
         compared += bool(fast)
         if compared >= 2:
             break
+    # Equality is only a claim where something was found: every mutant but these few (caught at
+    # the end of a run, or only on rarer traces than these 25) shows a step violation here.
+    assert compared or name in RARE_ON_THESE_TRACES
