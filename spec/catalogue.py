@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from spec.config import SchedulerConfig
+from spec.invariants._views import forget
 from spec.observation import Capability, StepRecord
 from spec.status import Status
 from spec.types import Request
@@ -196,8 +197,6 @@ class Checker:
             ctx.finished.setdefault(f.request_id, f.status)
         ctx.steps += 1
         if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
-            from spec.invariants._views import forget
-
             for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):
                 if snap is not record.before:
                     forget(snap)

@@ -76,6 +76,9 @@ V1_MUTANTS = {
 class ChunkedEncoder(Encoder):
     """The V1 flow over the V0 encoding's state: one slot per request, GPU only."""
 
+    actions = V1_ACTIONS  # action a is encoded by `_v1_{a}`
+    action_prefix = "_v1_"
+
     def __init__(self, bound: Bound, mutant: str | None = None) -> None:
         if mutant is not None and mutant not in V1_MUTANTS:
             raise ValueError(f"unknown v1 mutant {mutant!r}")
@@ -135,20 +138,6 @@ class ChunkedEncoder(Encoder):
         ), blk
 
     # ------------------------------------------------------------------ actions
-    def encode(self, action: str, pre: State | None = None) -> ActionEncoding:
-        if action not in V1_ACTIONS:
-            raise ValueError(f"unknown v1 action {action!r}")
-        self.defs, self.alloc_ok = [], []
-        pre = pre if pre is not None else self.state("pre")
-        st = pre.copy()
-        ae = ActionEncoding(action, self, pre, st, z3.BoolVal(True))
-        g = z3.Int("act_group")
-        ae.params["group"] = g
-        getattr(self, f"_v1_{action}")(ae, pre, st, g)
-        ae.post = st
-        ae.guard = z3.And(ae.guard, g >= 0, g < self.G)
-        return ae
-
     def _at(self, values: list[Any], g: Any) -> Any:
         return _ite_chain(g, values)
 

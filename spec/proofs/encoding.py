@@ -373,8 +373,11 @@ class Encoder:
             st.dev[s] = self.let(z3.If(z3.And(members[s], st.dev[s] == src), dst, st.dev[s]), "dv")
 
     # ------------------------------------------------------------------ actions
+    actions = ACTIONS  # what `encode` accepts; action a is encoded by the method `{action_prefix}{a}`
+    action_prefix = "_"
+
     def encode(self, action: str, pre: State | None = None) -> ActionEncoding:
-        if action not in ACTIONS:
+        if action not in self.actions:
             raise ValueError(f"unknown action {action!r}")
         self.defs, self.alloc_ok = [], []
         pre = pre if pre is not None else self.state("pre")
@@ -382,7 +385,7 @@ class Encoder:
         ae = ActionEncoding(action, self, pre, st, z3.BoolVal(True))
         g = z3.Int("act_group")
         ae.params["group"] = g
-        getattr(self, f"_{action}")(ae, pre, st, g)
+        getattr(self, f"{self.action_prefix}{action}")(ae, pre, st, g)
         ae.post = st
         ae.guard = z3.And(ae.guard, g >= 0, g < self.G)
         return ae
