@@ -308,15 +308,7 @@ def counterexample_trace(
             requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8),
                                     n=rng.randint(1, 2)))
         arrivals = tuple(Arrival(rng.randint(0, 3) if randomised else 0, r) for r in requests)
-        aborts: list[tuple[int, str]] = []
-        stops: list[tuple[int, str]] = []
-        if randomised:
-            for r in requests:
-                if rng.random() < 0.1:
-                    aborts.append((rng.randint(1, max_steps - 1), r.request_id))
-                for k in range(r.n):
-                    if rng.random() < 0.15:
-                        stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#{k}"))
+        aborts, stops = _random_aborts_and_stops(rng, requests, max_steps) if randomised else ([], [])
         trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
                       meta={"counterexample": {"invariant": invariant_id, "action": cex.get("action"),
                                                "params": cex.get("params"), "config": cex.get("config"), "pre": pre}})
@@ -516,14 +508,7 @@ def v1_counterexample_trace(
         while randomised and len(requests) < bound["seqs"] and rng.random() < 0.5:
             requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8)))
         arrivals = tuple(Arrival(rng.randint(0, 3) if randomised else 0, r) for r in requests)
-        aborts: list[tuple[int, str]] = []
-        stops: list[tuple[int, str]] = []
-        if randomised:
-            for r in requests:
-                if rng.random() < 0.1:
-                    aborts.append((rng.randint(1, max_steps - 1), r.request_id))
-                if rng.random() < 0.15:
-                    stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#0"))
+        aborts, stops = _random_aborts_and_stops(rng, requests, max_steps) if randomised else ([], [])
         trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
                       meta={"counterexample": {"flow": "v1", "invariant": invariant_id, "action": cex.get("action"),
                                                "params": cex.get("params"), "config": cex.get("config"), "pre": pre}})
@@ -531,3 +516,19 @@ def v1_counterexample_trace(
         if found:
             return trace, found
     return None
+
+
+def _random_aborts_and_stops(
+    rng: random.Random, requests: list[Request], max_steps: int,
+) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """A trace search's random environment: each request aborted with probability 0.1 (after
+    step 0), each of its sequences stopped with probability 0.15."""
+    aborts: list[tuple[int, str]] = []
+    stops: list[tuple[int, str]] = []
+    for r in requests:
+        if rng.random() < 0.1:
+            aborts.append((rng.randint(1, max_steps - 1), r.request_id))
+        for k in range(r.n):
+            if rng.random() < 0.15:
+                stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#{k}"))
+    return aborts, stops
