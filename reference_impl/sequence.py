@@ -38,15 +38,17 @@ class SequenceGroup:
     status: Status = Status.WAITING
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False
+    # A plain attribute, not a property of ``request``: snapshots and queue scans read it for
+    # every queued group every step.
+    request_id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request.request_id
 
     @classmethod
     def new(cls, request: Request, arrival: int) -> SequenceGroup:
         first = Sequence(seq_id(request.request_id, 0), request.request_id, request.prompt_len, request.prompt_len)
         return cls(request=request, arrival=arrival, seqs=[first], forked=request.n == 1)
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
 
     def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.status.is_finished]

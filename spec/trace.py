@@ -61,6 +61,9 @@ class Trace:
         object.__setattr__(self, "_arrivals", dict(index))
         object.__setattr__(self, "_aborts", dict(abort_index))
         object.__setattr__(self, "_stops", {k: frozenset(v) for k, v in stop_index.items()})
+        # Every engine loop asks for it after every step; a scan of the arrivals each time made a
+        # 300-request trace's loop quadratic.
+        object.__setattr__(self, "_last_arrival_step", max((a.step for a in self.arrivals), default=0))
 
     # -- queries used by every driver ---------------------------------------------------------
     def arrivals_at(self, step: int) -> list[Request]:
@@ -74,7 +77,7 @@ class Trace:
 
     @property
     def last_arrival_step(self) -> int:
-        return max((a.step for a in self.arrivals), default=0)
+        return self._last_arrival_step  # type: ignore[attr-defined]
 
     @property
     def requests(self) -> list[Request]:

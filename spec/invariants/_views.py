@@ -41,6 +41,13 @@ def _memo(snap: Snapshot, kind: str, device: object, build):
     return value
 
 
+def _kept(snap: Snapshot, kind: str, device: object) -> object:
+    """The derived view already kept on ``snap``, or `_MISSING`. Readers ask this first so that
+    the common case (another check built it this step) costs two dict lookups, not a closure."""
+    cache = snap.__dict__.get(_CACHE)
+    return _MISSING if cache is None else cache.get((kind, device), _MISSING)
+
+
 _MISSING = object()
 
 
@@ -90,6 +97,9 @@ def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int,
 
     Built from the base snapshot's tables and the changed sequences when the adapter gives a
     delta (`Snapshot.base`), else from every view."""
+    kept = _kept(snap, "tables", device)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
     assert snap.seqs is not None
 
     def build() -> dict[str, tuple[int, ...]]:
@@ -114,6 +124,9 @@ def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int,
 
 def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
     """How many table entries point at each block of ``device`` (blocks with none are absent)."""
+    kept = _kept(snap, "entries", device)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
 
     def build() -> Counter[int]:
         prior = _delta_base(snap, "entries", device, _depth)
@@ -146,6 +159,9 @@ def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
 
 def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int:
     """How many sequences are RUNNING."""
+    kept = _kept(snap, "running", "")
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
 
     def build() -> int:
         prior = _delta_base(snap, "running", "", _depth)
@@ -163,6 +179,9 @@ def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int
 
 def seq_ids_by_request(snap: Snapshot, _unused: str = "", _depth: int = 0) -> dict[str, tuple[str, ...]]:
     """Request id -> the ids of its sequences, in the snapshot's order."""
+    kept = _kept(snap, "by_request", "")
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
 
     def build() -> dict[str, tuple[str, ...]]:
         prior = _delta_base(snap, "by_request", "", _depth)
@@ -186,6 +205,9 @@ def seq_ids_by_request(snap: Snapshot, _unused: str = "", _depth: int = 0) -> di
 
 def with_status(snap: Snapshot, status: Status, _depth: int = 0) -> frozenset[str]:
     """The requests whose status is ``status``."""
+    kept = _kept(snap, "status", status)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
 
     def build() -> frozenset[str]:
         prior = _delta_base(snap, "status", status, _depth, part="changed_requests")
@@ -235,6 +257,9 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqVi
     """The views a check of one view at a time must look at in ``snap``: those changed since
     ``prior`` (a snapshot the same check already passed), or all when that is unknown. In id
     order, so messages come out the same either way."""
+    kept = _kept(snap, "fresh", id(prior))
+    if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
+        return kept[1]  # type: ignore[index]
     assert snap.seqs is not None
 
     def build() -> tuple[Snapshot | None, list[tuple[str, SeqView]]]:
@@ -273,6 +298,9 @@ def same_tables(snap: Snapshot, prior: Snapshot | None, device: str) -> bool:
     """Whether no block table on ``device`` changed between ``prior`` and ``snap`` (by identity)."""
     if prior is None or prior.seqs is None:
         return False
+    kept = _kept(snap, "same_tables", (id(prior), device))
+    if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
+        return kept[1]  # type: ignore[index]
     kept_prior, same = _memo(snap, "same_tables", (id(prior), device),
                              lambda: (prior, entries(snap, device) is entries(prior, device)))
     return same if kept_prior is prior else entries(snap, device) is entries(prior, device)
