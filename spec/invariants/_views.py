@@ -5,10 +5,10 @@ readers let it look only at what can have changed. Derived views (tables, entry 
 running count, the per-request index, the requests in each status) are carried forward from the
 previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_requests`);
 `fresh_*` hand a check of one view at a time only the views that changed since the last
-snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `same_tables`,
-`queue_moves` and `changed_*_between` let a check skip what is identical to what it passed. An
-adapter that gives no delta gets every view checked every time; the verdicts are the same, only
-slower (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
+snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
+`changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
+the table entries per block as a tuple, compared with reference counts at C speed. An adapter
+that gives no delta gets every view checked every time; the verdicts are the same, only slower (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
 """
 
 from __future__ import annotations
@@ -157,6 +157,49 @@ def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
     return _memo(snap, "entries", device, build)
 
 
+def entry_counts(snap: Snapshot, device: str, size: int, _depth: int = 0) -> tuple[int, ...] | None:
+    """Per block of the ``size``-block pool on ``device``, how many table entries name it; None
+    when a table names a block outside the pool. A tuple as long as the pool, so that a check
+    compares it with the adapter's reference counts (or reads it at free ids) at C speed.
+
+    Carried forward through the delta: only tables that moved since the base are applied."""
+    kept = _kept(snap, "entry_counts", (device, size))
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    return _memo(snap, "entry_counts", (device, size), lambda: _build_entry_counts(snap, device, size, _depth))
+
+
+def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> tuple[int, ...] | None:
+    assert snap.seqs is not None
+    prior = _delta_base(snap, "entry_counts", (device, size), depth)  # type: ignore[arg-type]
+    if prior is None:
+        whole = [0] * size
+        for view in snap.seqs.values():
+            if view.device == device and view.blocks:
+                for block in view.blocks:
+                    if not 0 <= block < size:
+                        return None
+                    whole[block] += 1
+        return tuple(whole)
+    counts: list[int] | None = None
+    old_seqs, seqs = snap.base.seqs, snap.seqs
+    for sid in snap.changed_seqs:
+        old, new = old_seqs.get(sid), seqs.get(sid)
+        old_blocks = old.blocks if old is not None and old.device == device else None
+        new_blocks = new.blocks if new is not None and new.device == device else None
+        if old_blocks is new_blocks:
+            continue
+        if counts is None:
+            counts = list(prior)
+        for block in old_blocks or ():  # base's blocks, in the pool (its counts were built)
+            counts[block] -= 1
+        for block in new_blocks or ():
+            if not 0 <= block < size:
+                return None
+            counts[block] += 1
+    return prior if counts is None else tuple(counts)  # the same object when no table moved
+
+
 def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int:
     """How many sequences are RUNNING."""
     kept = _kept(snap, "running", "")
@@ -294,18 +337,6 @@ def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
         prior = snap if observation.INCREMENTAL else None
 
 
-def same_tables(snap: Snapshot, prior: Snapshot | None, device: str) -> bool:
-    """Whether no block table on ``device`` changed between ``prior`` and ``snap`` (by identity)."""
-    if prior is None or prior.seqs is None:
-        return False
-    kept = _kept(snap, "same_tables", (id(prior), device))
-    if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
-        return kept[1]  # type: ignore[index]
-    kept_prior, same = _memo(snap, "same_tables", (id(prior), device),
-                             lambda: (prior, entries(snap, device) is entries(prior, device)))
-    return same if kept_prior is prior else entries(snap, device) is entries(prior, device)
-
-
 def fresh_after(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
     """The final snapshot's views changed since the previous step's final snapshot."""
     return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None)
@@ -335,6 +366,7 @@ def admitted(record: StepRecord) -> list[str]:
 
 
 _DERIVED = {
+    "entry_counts": lambda snap, key, depth: entry_counts(snap, key[0], key[1], depth),
     "tables": tables,
     "entries": entries,
     "running": running_seq_count,

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from itertools import compress, count
-from operator import ne
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import (
-    changed_between,
     checked_with_prior,
     entries,
+    entry_counts,
     fresh_after,
     fresh_in_snapshots,
-    same_tables,
+    snapshots,
     tables,
 )
 from spec.observation import Capability as C
@@ -67,45 +65,14 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _conservation(ctx, rec, "cpu")
 
 
-def _blocks_of_changed_tables(snap, prior, device: str, counted, prior_counted) -> Iterator[int]:
-    """Blocks whose entry count may differ between ``prior`` and ``snap``: those of the tables
-    that changed (or, without a delta, every block whose count differs)."""
-    changed = changed_between(snap, prior)
-    if changed is None:
-        yield from (b for b, _ in counted.items() ^ prior_counted.items())
-        return
-    old_seqs, new_seqs = prior.seqs, snap.seqs
-    for sid in changed:
-        old, new = old_seqs.get(sid), new_seqs.get(sid)
-        old_blocks = old.blocks if old is not None and old.device == device else None
-        new_blocks = new.blocks if new is not None and new.device == device else None
-        if old_blocks is not new_blocks:
-            yield from old_blocks or ()
-            yield from new_blocks or ()
-
-
 def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
+    for label, snap in snapshots(rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
         assert refs is not None
-        if same_tables(snap, prior, device) and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts):
-            continue  # the same counts and tables this check passed just before
+        expected = entry_counts(snap, device, len(refs))
+        if expected is not None and (refs is expected or refs == expected):
+            continue  # compared whole at C speed; explained block by block below if not
         counted = entries(snap, device)
-        prior_refs = getattr(prior, f"{device}_ref_counts") if prior is not None else None
-        if prior_refs is not None and prior.seqs is not None and len(prior_refs) == len(refs):
-            # Only a block whose count or entries changed since the passed snapshot can be wrong.
-            prior_counted = entries(prior, device)
-            blocks = set(compress(count(), map(ne, refs, prior_refs)))
-            if counted is not prior_counted:
-                blocks.update(_blocks_of_changed_tables(snap, prior, device, counted, prior_counted))
-            if all(0 <= b < len(refs) and refs[b] == counted.get(b, 0) for b in blocks):
-                continue
-        elif not counted or (min(counted) >= 0 and max(counted) < len(refs)):
-            expected = [0] * len(refs)
-            for block, n in counted.items():
-                expected[block] = n
-            if list(refs) == expected:  # compared at C speed; explained below if not
-                continue
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):
                 yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
@@ -154,7 +121,10 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             ("cpu", snap.cpu_free_ids, ctx.config.num_cpu_blocks),
         ):
             assert free_ids is not None
-            if same_tables(snap, prior, device) and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
+            counts = entry_counts(snap, device, total)
+            if prior is not None and prior.seqs is not None and counts is not None \
+                    and counts is entry_counts(prior, device, total) \
+                    and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
                 continue  # the same free list and tables this check passed just before
             free = set(free_ids)
             if len(free) != len(free_ids):
@@ -163,6 +133,11 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             if free_ids and (min(free_ids) < 0 or max(free_ids) >= total):
                 bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
+            if counts is not None and all(0 <= b < total for b in (min(free, default=0), max(free, default=0))):
+                if any(map(counts.__getitem__, free)):  # read at C speed
+                    both = sorted(b for b in free if counts[b])
+                    yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
+                continue
             used = entries(snap, device)
             if not free.isdisjoint(used):
                 both = sorted(free.intersection(used))
