@@ -8,7 +8,8 @@ previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_r
 snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
 `changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
 the table entries per block as a tuple, compared with reference counts at C speed. An adapter
-that gives no delta gets every view checked every time; the verdicts are the same, only slower (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
+that gives no delta gets every view checked every time; the verdicts are the same, only slower
+(`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
 """
 
 from __future__ import annotations
