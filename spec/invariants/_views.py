@@ -328,6 +328,19 @@ def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
         prior = snap
 
 
+def fresh_tables_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
+    """As `fresh_in_snapshots`, without the views whose block table is the very object the same
+    check saw before (a decode changes a view's token counts every step, its table rarely)."""
+    prior = ctx.previous.after if ctx.previous is not None else None
+    for label, snap in snapshots(record):
+        seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
+        for sid, view in fresh_views(snap, prior):
+            old = seen.get(sid) if seen is not None else None
+            if old is None or old.blocks is not view.blocks:
+                yield label, sid, view
+        prior = snap
+
+
 def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, Snapshot, Snapshot | None]]:
     """(label, snapshot, prior) over `snapshots` of the record, where ``prior`` is the snapshot
     the same check passed just before (None: unknown). A check whose inputs in ``snapshot`` are

@@ -11,7 +11,7 @@ from spec.invariants._views import (
     entries,
     entry_counts,
     fresh_after,
-    fresh_in_snapshots,
+    fresh_tables_in_snapshots,
     snapshots,
     tables,
 )
@@ -153,7 +153,7 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.BLOCK_TABLES,),
 )
 def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, view in fresh_in_snapshots(ctx, rec):
+    for label, sid, view in fresh_tables_in_snapshots(ctx, rec):
         if view.blocks and len(set(view.blocks)) != len(view.blocks):
             yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
 

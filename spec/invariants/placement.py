@@ -155,8 +155,11 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if candidates is None or changed_seqs is None:
             views = list(snap.seqs.items())
         else:  # a sequence whose view and whose request's status are unchanged still agrees
-            by_request = seq_ids_by_request(snap)
-            sids = set(changed_seqs) | {sid for rid in candidates for sid in by_request.get(rid, ())}
+            # ... and so does one whose status is what it was (a decode changes only its counts).
+            by_request, old_seqs, seqs = seq_ids_by_request(snap), prior.seqs, snap.seqs
+            sids = {sid for sid in changed_seqs
+                    if sid not in seqs or (old := old_seqs.get(sid)) is None or old.status is not seqs[sid].status}
+            sids.update(sid for rid in candidates for sid in by_request.get(rid, ()))
             views = [(sid, snap.seqs[sid]) for sid in sorted(sids) if sid in snap.seqs]
         for sid, v in views:
             group = snap.statuses.get(v.request_id)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import checked_with_prior, seq_ids_by_request, snapshots, with_status
+from spec.invariants._views import (
+    changed_between,
+    changed_requests_between,
+    checked_with_prior,
+    seq_ids_by_request,
+    with_status,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -57,8 +63,10 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.STATUSES,),
 )
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         assert snap.statuses is not None and snap.seqs is not None
+        if _same_statuses(snap, prior):
+            continue  # the seats are those this check passed just before
         seqs, by_request = snap.seqs, seq_ids_by_request(snap)
         seats = 0
         for rid in with_status(snap, Status.RUNNING):
@@ -70,3 +78,16 @@ def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             seats += sum(1 for sid in sids if not seqs[sid].status.is_finished) if forked else n
         if seats > ctx.config.max_num_seqs:
             yield f"{label}: running requests take {seats} seats, max_num_seqs {ctx.config.max_num_seqs}"
+
+
+def _same_statuses(snap, prior) -> bool:
+    """Whether no request and no sequence changed status between ``prior`` and ``snap`` (a decode
+    changes a view's counts, not its status)."""
+    if prior is None or prior.seqs is None:
+        return False
+    requests, seqs = changed_requests_between(snap, prior), changed_between(snap, prior)
+    if requests is None or seqs is None or requests:
+        return False
+    old_seqs, new_seqs = prior.seqs, snap.seqs
+    return all((old := old_seqs.get(sid)) is not None and (new := new_seqs.get(sid)) is not None
+               and old.status is new.status for sid in seqs)
