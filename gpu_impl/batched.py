@@ -156,6 +156,54 @@ def row_any(m: torch.Tensor) -> torch.Tensor:
     return m.any(-1)
 
 
+_PACK = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _packed(m: torch.Tensor) -> torch.Tensor | None:
+    """A bool tensor's last dimension (2, 4 or 8 flags) read as one integer per row, or None."""
+    dt = _PACK.get(m.shape[-1]) if m.dim() else None
+    if dt is None or not m.is_contiguous() or m.storage_offset() % m.shape[-1]:
+        return None
+    return m.view(dt)[..., 0]
+
+
+def seq_and(m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``m & r[..., None]`` for bool ``m`` [..., N] and ``r`` [...]: each row's N flags are
+    read as one integer and multiplied by ``r`` (broadcasting a bool op over a short last
+    dimension is ~20x slower on CPU: 180 µs vs 9 µs at [4096, 16, 2])."""
+    p = _packed(m)
+    if p is None or r.shape != p.shape or r.dtype != torch.bool:
+        return m & r[..., None]
+    return (p * r)[..., None].view(torch.bool)
+
+
+def seq_count(m: torch.Tensor) -> torch.Tensor:
+    """``m.sum(-1, dtype=int32)`` for bool ``m`` [..., 2] (the two flags are the low and the high
+    byte of an int16; 25 µs vs 90 µs at [4096, 16, 2]); other widths reduce as usual."""
+    if m.shape[-1] == 2:
+        p = _packed(m)
+        if p is not None:
+            return ((p & 1) + (p >> 8)).to(I32)
+    return m.sum(-1, dtype=I32)
+
+
+def cmp(op, a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
+    """``op(a, b)`` (``torch.lt``, ``torch.eq``, ...) as an int32 0/1 tensor of ``a``'s shape
+    (``b`` broadcasts to it): a comparison written into an int32 output is ~4x cheaper on CPU
+    than one producing bool (7 µs vs 26-38 µs at [4096, 16]); use it where the mask is
+    arithmetic or ``.bool()``-ed."""
+    return op(a, b, out=torch.empty_like(a, dtype=I32))
+
+
+def seq_nonzero(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``m.nonzero(as_tuple=True)`` for a sparse bool ``m`` [E, R, N], in the same (row-major)
+    order: the rows with any flag first, then the flags of those rows (cheaper than one
+    ``nonzero`` over E * R * N flags)."""
+    e, r = row_any(m).nonzero(as_tuple=True)
+    k, j = m[e, r].nonzero(as_tuple=True)
+    return e[k], r[k], j
+
+
 class EngineConfigs:
     """The E engines' configs as int32 columns ``[E]`` (plus the original objects)."""
 
@@ -246,18 +294,28 @@ def nth_free(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 class FreeIds:
-    """`nth_free` over only the rows ``need`` [E] of a free mask: ``ids(e, t)`` = the t-th
-    lowest free ids of engines ``e`` [K] (needed rows), for ranks ``t`` [K, ...]."""
+    """The free ids of only the rows ``need`` [E] of a free mask [E, X], as sorted lists:
+    ``ids(e, t)`` = the t-th lowest free ids of engines ``e`` [K] (needed rows), for ranks
+    ``t`` [K, ...] in [0, X) (X where the row has fewer free ids), as `nth_free` answers them.
+    The lists are built once by a scatter (free block b goes to position rank(b) =
+    cumsum - 1), so a lookup is a gather instead of a binary search per rank (searchsorted
+    costs ~40-90 ns per rank here, and a step asks ~40,000 at E = 4096)."""
 
     def __init__(self, mask: torch.Tensor, need: torch.Tensor) -> None:
+        dev = mask.device
         rows = need.nonzero(as_tuple=True)[0]
-        self.cs = mask.index_select(0, rows).cumsum(1, dtype=I32)
-        self.look = torch.zeros(mask.shape[0], dtype=I64, device=mask.device)
-        self.look[rows] = torch.arange(rows.numel(), device=mask.device)
+        m = mask.index_select(0, rows)
+        n, X = m.shape
+        pos = (m.cumsum(1, dtype=I32) - (X + 1)) * m.to(I32) + X  # rank of a free id, else X
+        self.lists = torch.full((n, X + 1), X, dtype=I32, device=dev)
+        self.lists.scatter_(1, pos.long(), torch.arange(X, dtype=I32, device=dev).expand(n, X))
+        self.lists[:, X] = X  # the non-free ids' dump column (read by no rank < X)
+        self.look = torch.zeros(mask.shape[0], dtype=I64, device=dev)
+        self.look[rows] = torch.arange(n, device=dev) * (X + 1)
 
     def ids(self, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        q = (t.reshape(t.shape[0], -1) + 1).to(I32).contiguous()
-        return torch.searchsorted(self.cs[self.look[e]], q, out_int32=True).view(t.shape)
+        base = self.look[e].view(-1, *([1] * (t.dim() - 1)))
+        return self.lists.view(-1)[base + t]
 
 
 def admission_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -510,9 +568,9 @@ class BatchedScheduler:
         cfg = self.cfg
         arR = self._arange(R)
         st = self.status
-        running, waiting, swapped = st == RUNNING, st == WAITING, st == SWAPPED
+        running, waiting, swapped = (cmp(torch.eq, st, c).bool() for c in (RUNNING, WAITING, SWAPPED))
         alive = self.alive
-        nlive = alive.sum(-1, dtype=I32)
+        nlive = seq_count(alive)
         seats = blend(self.forked, nlive, self.n)
         gfree0 = ~self.gpu_ref.bool()  # (== 0 is ~5x slower on CPU)
         F0 = gfree0.sum(1, dtype=I32)
@@ -524,9 +582,10 @@ class BatchedScheduler:
 
         # -- phase 1: the append shape of every group (used by decodes and swap-ins)
         # (a table always covers the computed tokens, so comp // bs == tlen iff comp == tlen * bs)
-        boundary = self.tlen * bs == self.comp
-        x = alive & boundary[..., None]
-        a = nlive * boundary
+        bi = cmp(torch.eq, self.tlen * bs, self.comp)
+        boundary = bi.bool()
+        x = seq_and(alive, boundary)
+        a = nlive * bi
         if N > 1:  # copy-on-write is possible only off a block boundary, with >= 2 live sequences
             ce, cr = ((running | swapped) & ~boundary & (nlive > 1)).nonzero(as_tuple=True)
             if ce.numel():
@@ -762,7 +821,7 @@ class BatchedScheduler:
         out = StepOut(
             step=self.step_count,
             kind=kind,
-            seqs=running_k[..., None] & self.alive,
+            seqs=seq_and(self.alive, running_k),
             ntok=blend(admit, self.tok, 1) * running_k,
             start=self.comp,
             preempt=(victim.to(I32) + vswap.to(I32)) if victim is not None else torch.zeros_like(kind),
@@ -956,7 +1015,7 @@ class BatchedScheduler:
         if out is None:
             return UpdateOut(fstatus, fstatus, torch.zeros(E, R, dtype=torch.bool, device=dev))
         kind = out.kind
-        seqs = out.seqs & self.alive & (self.status == RUNNING)[..., None]
+        seqs = seq_and(out.seqs & self.alive, cmp(torch.eq, self.status, RUNNING).bool())
         sched = row_any(seqs)
         self.comp = self.comp + out.ntok * sched  # a new tensor: StepOut.start keeps the old one
         fk = sched & (kind == K_PREFILL) & ~self.forked
@@ -976,13 +1035,13 @@ class BatchedScheduler:
             seqs[fe, fr] |= child
             self.forked[fe, fr] = True
         self.tok = self.tok + sched
-        lencap = ((self.tok - self.prompt) >= self.maxtok) | (self.tok >= self.cfg.max_len[:, None])
-        if stopped is None:
-            fin = seqs & lencap[..., None]
-        else:
-            fin = seqs & (stopped | lencap[..., None])
+        lencap = (cmp(torch.ge, self.tok - self.prompt, self.maxtok)
+                  | cmp(torch.ge, self.tok, self.cfg.max_len[:, None])).bool()
+        fin = seq_and(seqs, lencap)
+        if stopped is not None:
+            fin = fin | (seqs & stopped)
         if any_(fin):
-            fe, fr, fj = fin.nonzero(as_tuple=True)
+            fe, fr, fj = seq_nonzero(fin)
             if stopped is None:
                 codes = torch.full(fe.shape, FIN_LENGTH, dtype=I32, device=dev)
             else:
