@@ -132,3 +132,22 @@ def test_mutant_incremental_equals_full(monkeypatch, name):
     # Equality is only a claim where something was found: every mutant but these few (caught at
     # the end of a run, or only on rarer traces than these 25) shows a step violation here.
     assert compared or name in RARE_ON_THESE_TRACES
+
+
+def test_entry_counts_follow_the_delta(monkeypatch):
+    """The per-block entry counts carried through the delta equal a whole count of the tables, and
+    (on the reference) its reference counts."""
+    from spec.invariants._views import entry_counts
+
+    carried = 0
+    for trace in sample_traces(traces(max_requests=10), 40, 13):
+        for record in iter_steps(trace, Scheduler(trace.config)):
+            for snap in (record.mid, record.after):
+                for device, refs in (("gpu", snap.gpu_ref_counts), ("cpu", snap.cpu_ref_counts)):
+                    counts = entry_counts(snap, device, len(refs))
+                    monkeypatch.setattr(observation, "INCREMENTAL", False)
+                    whole = entry_counts(observation.Snapshot(seqs=dict(snap.seqs)), device, len(refs))
+                    monkeypatch.setattr(observation, "INCREMENTAL", True)
+                    assert counts == whole == refs
+                    carried += snap.base is not None
+    assert carried > 500
