@@ -108,6 +108,7 @@ P_RECOMPUTE, P_SWAP = 1, 2
 MODES = {"auto": 0, "recompute": 1, "swap": 2}
 I32 = torch.int32
 I64 = torch.long
+REF = torch.int8  # reference counts (gpu_ref, cpu_ref)
 _BIG = 1 << 30
 
 
@@ -171,7 +172,7 @@ def seq_and(m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """``m & r[..., None]`` for bool ``m`` [..., N] and ``r`` [...]: each row's N flags are
     read as one integer and multiplied by ``r`` (broadcasting a bool op over a short last
     dimension is ~20x slower on CPU: 180 µs vs 9 µs at [4096, 16, 2])."""
-    p = _packed(m)
+    p = _packed(m) if m.numel() >= _WIDE_OP else None
     if p is None or r.shape != p.shape or r.dtype != torch.bool:
         return m & r[..., None]
     return (p * r)[..., None].view(torch.bool)
@@ -180,18 +181,24 @@ def seq_and(m: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 def seq_count(m: torch.Tensor) -> torch.Tensor:
     """``m.sum(-1, dtype=int32)`` for bool ``m`` [..., 2] (the two flags are the low and the high
     byte of an int16; 25 µs vs 90 µs at [4096, 16, 2]); other widths reduce as usual."""
-    if m.shape[-1] == 2:
+    if m.shape[-1] == 2 and m.numel() >= _WIDE_OP:
         p = _packed(m)
         if p is not None:
             return ((p & 1) + (p >> 8)).to(I32)
     return m.sum(-1, dtype=I32)
 
 
+_WIDE_OP = 1 << 13  # elements; below this a tensor op costs its call overhead, whatever the dtype
+
+
 def cmp(op, a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
-    """``op(a, b)`` (``torch.lt``, ``torch.eq``, ...) as an int32 0/1 tensor of ``a``'s shape
-    (``b`` broadcasts to it): a comparison written into an int32 output is ~4x cheaper on CPU
-    than one producing bool (7 µs vs 26-38 µs at [4096, 16]); use it where the mask is
-    arithmetic or ``.bool()``-ed."""
+    """``op(a, b)`` (``torch.lt``, ``torch.eq``, ...) as a 0/1 mask of ``a``'s shape (``b``
+    broadcasts to it): int32 for a large ``a`` (a comparison written into an int32 output is
+    ~4x cheaper on CPU than one producing bool: 7 µs vs 26-38 µs at [4096, 16]), else bool (no
+    extra call where the call overhead dominates). Use it where the mask is arithmetic,
+    or-ed / and-ed with another such mask, or ``.bool()``-ed."""
+    if a.numel() < _WIDE_OP:
+        return op(a, b)
     return op(a, b, out=torch.empty_like(a, dtype=I32))
 
 
@@ -409,8 +416,10 @@ class BatchedScheduler:
         self.stok = z(E, R, N)
         self.scomp = z(E, R, N)
         self.tab = torch.full((E, R, N, B), -1, dtype=I32, device=dev)
-        self.gpu_ref = (torch.arange(G, device=dev)[None, :] >= self.cfg.gpu[:, None]).to(I32)
-        self.cpu_ref = (torch.arange(C, device=dev)[None, :] >= self.cfg.cpu[:, None]).to(I32)
+        # a count is at most the N sequences of one request (plus the padding sentinel 1)
+        ref = REF if N < torch.iinfo(REF).max else I32
+        self.gpu_ref = (torch.arange(G, device=dev)[None, :] >= self.cfg.gpu[:, None]).to(ref)
+        self.cpu_ref = (torch.arange(C, device=dev)[None, :] >= self.cfg.cpu[:, None]).to(ref)
 
     def _arange(self, n: int, dtype: torch.dtype = I32) -> torch.Tensor:
         t = self._ar.get((n, dtype))
@@ -494,7 +503,7 @@ class BatchedScheduler:
         flat = e.to(I32) * width + idx.to(I32).clamp(0, width - 1)  # int32 indices (E * G < 2**31)
         v = mask.to(ref.dtype)
         if not (isinstance(value, int) and value == 1):
-            v = v * value
+            v = (v * value).to(ref.dtype)
         ref.view(-1).index_add_(0, flat.expand(idx.shape).reshape(-1), v.expand(idx.shape).reshape(-1))
 
     def _release_seqs(self, e: torch.Tensor, r: torch.Tensor, j: torch.Tensor) -> None:
@@ -573,7 +582,7 @@ class BatchedScheduler:
         nlive = seq_count(alive)
         seats = blend(self.forked, nlive, self.n)
         gfree0 = ~self.gpu_ref.bool()  # (== 0 is ~5x slower on CPU)
-        F0 = gfree0.sum(1, dtype=I32)
+        F0 = gfree0.view(torch.uint8).sum(1, dtype=I32)
         seats0 = (seats * running).sum(1, dtype=I32)
         has_swapped = row_any(swapped)
         bs = cfg.bs[:, None]
@@ -601,7 +610,7 @@ class BatchedScheduler:
                 a[ce, cr] = cow.sum(1, dtype=I32)
 
         # -- running groups, compacted in head order; tail ordinal v <-> head position m-1-v
-        m = running.sum(1, dtype=I32)
+        m = running.view(torch.uint8).sum(1, dtype=I32)
         M = int(m.max())
         k_pp, Kd, P = zE, zE, zE
         F1, seats1 = F0, seats0
@@ -664,30 +673,33 @@ class BatchedScheduler:
             cfree_left = None
             if k_max:  # CPU free counts only when some engine takes a victim
                 cfree0 = ~self.cpu_ref.bool()
-                cfree_left = cfree0.sum(1, dtype=I32)
+                cfree_left = cfree0.view(torch.uint8).sum(1, dtype=I32)
             v_done = self._greedy_swaps(0, k_max, want_t, d_t, swaps_t, cfree_left)
             tord_c = tord.clamp(0, M - 1).long()
             if v_done:
                 kl = k_pp[:, None].long()
                 F1 = F0 + Dall.gather(1, kl)[:, 0]
                 seats1 = seats0 - Sall.gather(1, kl)[:, 0]
-                pp_recompute = running & (tord < k_pp[:, None]) & ~swaps_t.gather(1, tord_c)
+                pp_recompute = running & cmp(torch.lt, tord, k_pp[:, None]).bool() & ~swaps_t.gather(1, tord_c)
 
         # -- phase 4: prefills
         w = waiting if pp_recompute is None else waiting | pp_recompute
         w = w & ~has_swapped[:, None]
-        nb = torch.div(self.tok + bs - 1, bs, rounding_mode="floor")
+        # ceil(tok / bs) by a float64 division (exact for int32 operands; 85 µs vs 120 µs for
+        # the integer floor division at [4096, 16])
+        nb = ((self.tok + bs - 1).double() / bs.double()).to(I32)
         pneed = nlive * nb
         if any_(w):
             ptok = nlive * self.tok
-            ign = (ptok > cfg.plimit[:, None]) | (seats > max_seqs) | (cfg.gpu[:, None] - pneed < wm)
+            ign = (cmp(torch.gt, ptok, cfg.plimit[:, None]) | cmp(torch.gt, seats, max_seqs)
+                   | cmp(torch.lt, cfg.gpu[:, None] - pneed, wm)).bool()
             cand = w & ~ign
             # one stacked prefix sum of blocks, tokens and seats; each limit moved to the
             # per-engine side: F1 - blocks < wm, tokens > max_tok, seats1 + seats > max_seqs
-            cs = admission_cumsum(torch.stack((pneed, ptok, seats)) * cand)
-            over = cs > torch.stack((F1[:, None] - wm, max_tok, max_seqs - seats1[:, None]))
-            fail = cand & (over[0] | over[1] | over[2])
-            before = arR[None, :] < blend(fail, arR, R).amin(1, keepdim=True)
+            cs = admission_cumsum(torch.stack((pneed, ptok, seats)) * cand.to(I32))
+            over = cmp(torch.gt, cs, torch.stack((F1[:, None] - wm, max_tok, max_seqs - seats1[:, None])))
+            fail = cand & (over[0] | over[1] | over[2]).bool()
+            before = cmp(torch.lt, arR.expand(E, R), blend(fail, arR, R).amin(1, keepdim=True)).bool()
             admit = cand & before
             ignored = w & ign & before
         else:
@@ -706,16 +718,16 @@ class BatchedScheduler:
             kstar = torch.searchsorted(Dp, req)
             S = kstar.cummax(1).values
             okf = (S + arM[None, :]) <= (mp - 1)[:, None]
-            P = okf.sum(1, dtype=I32) * dec
+            P = okf.view(torch.uint8).sum(1, dtype=I32) * dec
             Kd = (mp - P) * dec
-            dsched = running & (rank < P[:, None])
+            dsched = running & cmp(torch.lt, rank, P[:, None]).bool()
             # -- phase 3 (second part): swap-or-recompute of the decode victims
             v_total = k_pp + Kd
             v_max = int(v_total.max())
             if v_max:
                 if cfree_left is None:
                     cfree0 = ~self.cpu_ref.bool()
-                    cfree_left = cfree0.sum(1, dtype=I32)
+                    cfree_left = cfree0.view(torch.uint8).sum(1, dtype=I32)
                 self._greedy_swaps(v_done, v_max, want_t, d_t, swaps_t, cfree_left)
                 victim = running & (tord < v_total[:, None])
                 vswap = victim & swaps_t.gather(1, tord_c)
@@ -901,13 +913,13 @@ class BatchedScheduler:
         W = int(nbk.max())
         al = self.alive[ae, ar_]  # [K,N]
         jr = al.cumsum(1, dtype=I32) - 1
-        arB = self._arange(W)
-        t = off[:, None, None] + jr[:, :, None] * nbk[:, None, None] + arB
-        valid = al[:, :, None] & (arB < nbk[:, None, None])
-        ae3 = ae[:, None, None].expand_as(t)
-        ids = blend(valid, gsorted.ids(ae, t.clamp(0, G - 1)), -1)
-        self.tab[ae, ar_, :, :W] = ids
-        self._add_masked(self.gpu_ref, ae3, ids, valid, 1)
+        # only the table entries that get a block (a waiting group's table is empty, -1)
+        k, j, b = seq_and(cmp(torch.lt, self._arange(W)[None, None, :].expand(len(ae), self.N, W),
+                              nbk[:, None, None]).bool(), al).nonzero(as_tuple=True)
+        ek = ae[k]
+        ids = gsorted.ids(ek, (off[k] + jr[k, j] * nbk[k] + b).clamp(0, G - 1))
+        self.tab.view(-1)[((ek * self.R + ar_[k]) * self.N + j) * self.B + b] = ids
+        self.gpu_ref.view(-1).index_add_(0, ek * G + ids, torch.ones_like(ids, dtype=self.gpu_ref.dtype))
         self.tlen[ae, ar_] = nbk
         self.dblk[ae, ar_] = pneed[ae, ar_]
         self.comp[ae, ar_] = 0
