@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_impl.batched import SWAPPED, WAITING, BatchedScheduler, StepOut, UpdateOut, cmp, resolve_device, row_any
+from gpu_impl.batched import SWAPPED, WAITING, BatchedScheduler, StepOut, UpdateOut, resolve_device, row_any
 from spec.trace import Trace
 
 _NEVER = 1 << 30
@@ -249,7 +249,7 @@ class BatchedRun:
             stopped[ev] = True
         upd = s.update(stopped)
         st = s.status
-        unfinished = row_any((cmp(torch.ge, st, WAITING) & cmp(torch.le, st, SWAPPED)).bool())
+        unfinished = row_any((st >= WAITING) & (st <= SWAPPED))
         if rows is None:
             active = self.active
             drained = (step >= b.last_arrival) & ~unfinished
