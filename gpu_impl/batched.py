@@ -302,26 +302,37 @@ def nth_free(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 class FreeIds:
-    """The free ids of only the rows ``need`` [E] of a free mask [E, X], as sorted lists:
-    ``ids(e, t)`` = the t-th lowest free ids of engines ``e`` [K] (needed rows), for ranks
-    ``t`` [K, ...] in [0, X) (X where the row has fewer free ids), as `nth_free` answers them.
-    The lists are built once by a scatter (free block b goes to position rank(b) =
+    """The free ids of only the rows ``need`` [E] of a free mask [E, X]: ``ids(e, t)`` = the
+    t-th lowest free ids of engines ``e`` [K] (needed rows), for ranks ``t`` [K, ...] in
+    [0, X) (X where the row has fewer free ids), as `nth_free` answers them. Over many rows the
+    sorted lists are built once by a scatter (free block b goes to position rank(b) =
     cumsum - 1), so a lookup is a gather instead of a binary search per rank (searchsorted
-    costs ~40-90 ns per rank here, and a step asks ~40,000 at E = 4096)."""
+    costs ~40-90 ns per rank here, and a busy step at E = 4096 asks ~40,000); over a few rows
+    (< `LISTS`) the cumsum and a binary search per rank, which take fewer calls."""
+
+    LISTS = 256
 
     def __init__(self, mask: torch.Tensor, need: torch.Tensor) -> None:
         dev = mask.device
         rows = need.nonzero(as_tuple=True)[0]
         m = mask.index_select(0, rows)
         n, X = m.shape
+        self.look = torch.zeros(mask.shape[0], dtype=I64, device=dev)
+        self.lists = None
+        if n < self.LISTS:
+            self.cs = m.cumsum(1, dtype=I32)
+            self.look[rows] = torch.arange(n, device=dev)
+            return
         pos = (m.cumsum(1, dtype=I32) - (X + 1)) * m.to(I32) + X  # rank of a free id, else X
         self.lists = torch.full((n, X + 1), X, dtype=I32, device=dev)
         self.lists.scatter_(1, pos.long(), torch.arange(X, dtype=I32, device=dev).expand(n, X))
         self.lists[:, X] = X  # the non-free ids' dump column (read by no rank < X)
-        self.look = torch.zeros(mask.shape[0], dtype=I64, device=dev)
         self.look[rows] = torch.arange(n, device=dev) * (X + 1)
 
     def ids(self, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.lists is None:
+            q = (t.reshape(t.shape[0], -1) + 1).to(I32).contiguous()
+            return torch.searchsorted(self.cs[self.look[e]], q, out_int32=True).view(t.shape)
         base = self.look[e].view(-1, *([1] * (t.dim() - 1)))
         return self.lists.view(-1)[base + t]
 
