@@ -129,8 +129,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def blend(m: torch.Tensor, a: torch.Tensor | int, b: torch.Tensor | int) -> torch.Tensor:
     """``torch.where(m, a, b)`` for int32 values, as arithmetic (several times faster on CPU)."""
     if not torch.is_tensor(a) and not torch.is_tensor(b):
-        return m.to(I32) * (a - b) + b
-    return b + (a - b) * m
+        return m.to(I32).mul_(a - b).add_(b)
+    d = a - b
+    if d.shape != m.shape:
+        return b + d * m
+    return d.mul_(m).add_(b)  # in place: no new [E, R] buffers
 
 
 def any_(m: torch.Tensor) -> bool:
@@ -323,9 +326,9 @@ class FreeIds:
             self.cs = m.cumsum(1, dtype=I32)
             self.look[rows] = torch.arange(n, device=dev)
             return
-        pos = (m.cumsum(1, dtype=I32) - (X + 1)) * m.to(I32) + X  # rank of a free id, else X
+        pos = m.cumsum(1, dtype=I64).sub_(X + 1).mul_(m).add_(X)  # rank of a free id, else X
         self.lists = torch.full((n, X + 1), X, dtype=I32, device=dev)
-        self.lists.scatter_(1, pos.long(), torch.arange(X, dtype=I32, device=dev).expand(n, X))
+        self.lists.scatter_(1, pos, torch.arange(X, dtype=I32, device=dev).expand(n, X))
         self.lists[:, X] = X  # the non-free ids' dump column (read by no rank < X)
         self.look[rows] = torch.arange(n, device=dev) * (X + 1)
 
