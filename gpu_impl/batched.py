@@ -210,6 +210,8 @@ def seq_nonzero(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """``m.nonzero(as_tuple=True)`` for a sparse bool ``m`` [E, R, N], in the same (row-major)
     order: the rows with any flag first, then the flags of those rows (cheaper than one
     ``nonzero`` over E * R * N flags)."""
+    if m.numel() < _WIDE_OP:
+        return m.nonzero(as_tuple=True)
     e, r = row_any(m).nonzero(as_tuple=True)
     k, j = m[e, r].nonzero(as_tuple=True)
     return e[k], r[k], j
