@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", type=int, default=0, help="lockstep-check this many traces first")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads on CPU (default 1: a 2-thread pool stalls on a shared machine)")
+                    help="torch intra-op threads on CPU (default 1; on the 2-core development machine 2 threads "
+                         "gave +12%% wall at E=4096, -2%% at E=1024, for ~1.75x the CPU time; BENCHMARKS.md)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device

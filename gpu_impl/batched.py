@@ -61,8 +61,9 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
    k-th CPU allocation is the k-th lowest initially free id. GPU blocks: priority-preemption
    frees come first, then prefills or decodes and swap-ins allocate; without decode victims the
    t-th allocation is the t-th lowest id free after preemption (ranking the free mask with a
-   cumsum and a binary search per allocation, only for the engines that allocate this step:
-   `nth_free`, `FreeIds`). An engine with decode victims frees blocks between fronts; for those
+   cumsum, only for the engines that allocate this step: `FreeIds` scatters each free id to
+   its rank once and reads allocations by a gather, or, over a few engines, binary-searches
+   the cumsum per allocation as `nth_free` does). An engine with decode victims frees blocks between fronts; for those
    engines only, a loop over the fronts that allocate (<= max_num_seqs) re-ranks the free mask
    including the victims released so far (``release front = searchsorted(S, victim ordinal + 1)``).
 
@@ -70,19 +71,27 @@ One `schedule()`, as tensor phases (mirroring the reference's docstring):
 block after a prefill, applies the stop rules and frees finished sequences, all as masked
 tensor updates.
 
-Cost notes. State is int32; ``torch.where`` is replaced by arithmetic blends (`blend`), several
-times faster on CPU, and so are ``Tensor.any`` (`any_`, `row_any`: the mask read as bytes or
-wide integers) and ``== 0`` (``~x.bool()``). Work that touches block tables is sparse: only the
+Cost notes. State is int32, except the status codes and the reference counts (int8: an int8
+comparison yields bool without a widening pass, and the counts are a quarter of the bytes;
+counts are int32 when N >= 127). ``torch.where`` is replaced by arithmetic blends (`blend`),
+several times faster on CPU, and so are ``Tensor.any`` (`any_`, `row_any`: the mask read as
+bytes or wide integers) and ``== 0`` (``~x.bool()``). Over large tensors (>= `_WIDE_OP`
+elements) int32 comparisons write an int32 0/1 output (`cmp`, ~4x cheaper than a bool
+output), and ops between ``[E, R, N]`` flags and ``[E, R]`` masks read each row's N flags as
+one integer (`seq_and`, `seq_count`, `seq_nonzero`: a bool op broadcast over a short last
+dimension is ~20x slower); below that size the plain op is used (fewer calls). Work that touches block tables is sparse: only the
 groups with an event this step (admitted, allocating an append, copy-on-write candidates,
 victims, swap-ins, finished sequences) are gathered, and only the used columns of their tables
-(through flat indices where it is hot). Free ids are found by a binary search in the free
-mask's cumsum (`nth_free`), only for the engines that allocate (GPU) and per swapping victim
-(CPU); the CPU free counts only when some engine takes a victim; each admission phase takes one
+(through flat indices where it is hot; a prefill writes only the entries that get a block).
+Free ids come from the free mask's cumsum (`FreeIds`, `nth_free`), only for the engines that
+allocate (GPU) and per swapping victim (CPU); the CPU free counts only when some engine takes a victim; each admission phase takes one
 stacked prefix sum. Engines that are done cost nothing: `gpu_impl.encode.BatchedRun` moves the
 running ones into a smaller scheduler (`take` / `put`) once at most 3/4 of the stepped engines
 still run. What remains is ~1,400 aten calls per busy step (views and indexing included), a
 few hundred of them over whole ``[E, R]`` / ``[E, G]`` tensors: on one CPU core a busy step at
-E = 4096 takes ~30 ms, one at E = 5 ~2 ms (BENCHMARKS.md, issue 4). The Python loops are the
+E = 4096 takes ~12-15 ms, one at E = 5 ~1.5 ms (BENCHMARKS.md, issue 4); in place, the large
+ops cost several times their hot-cache timings (the step's working set, block tables
+included, is far larger than the L2 cache). The Python loops are the
 phases above, the greedy swap decision (at most the step's largest victim count), the pairwise
 copy-on-write check (N - 1 iterations) and, for engines with decode victims, one pass per front
 that allocates (at most max_num_seqs) — never over engines or requests.
