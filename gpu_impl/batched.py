@@ -337,7 +337,9 @@ class FreeIds:
             self.cs = m.cumsum(1, dtype=I32)
             self.look[rows] = torch.arange(n, device=dev)
             return
-        pos = m.cumsum(1, dtype=I64).sub_(X + 1).mul_(m).add_(X)  # rank of a free id, else X
+        # rank of a free id, else X (int16 while X fits: the cheapest cumsum here)
+        dt = torch.int16 if X < (1 << 15) - 1 else I32
+        pos = m.cumsum(1, dtype=dt).sub_(X + 1).mul_(m).add_(X).long()
         self.lists = torch.full((n, X + 1), X, dtype=I32, device=dev)
         self.lists.scatter_(1, pos, torch.arange(X, dtype=I32, device=dev).expand(n, X))
         self.lists[:, X] = X  # the non-free ids' dump column (read by no rank < X)
@@ -526,7 +528,8 @@ class BatchedScheduler:
         if idx.numel() == 0:
             return
         width = ref.shape[1]
-        flat = e.to(I32) * width + idx.to(I32).clamp(0, width - 1)  # int32 indices (E * G < 2**31)
+        # int32 indices (E * G < 2**31); e broadcasts to idx's shape, so the add is in place
+        flat = idx.to(I32).clamp(0, width - 1).add_(e.to(I32) * width)
         v = mask.to(ref.dtype)
         if not (isinstance(value, int) and value == 1):
             v = (v * value).to(ref.dtype)
