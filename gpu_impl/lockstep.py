@@ -99,18 +99,7 @@ def run_lockstep(
 
     while any(active):
         live = [e for e in range(E) if active[e]]
-        ref_aborts, ref_outs, ref_fins, ref_snaps = {}, {}, {}, {}
-        for e in live:
-            trace, ref = traces[e], refs[e]
-            for request in trace.arrivals_at(step):
-                ref.add_request(request)
-                unfinished[e].add(request.request_id)
-            done = [ref.abort_request(rid) for rid in trace.aborts_at(step)]
-            ref_aborts[e] = _fin([f for f in done if f is not None])
-            ref_outs[e] = ref.schedule()
-            ref_fins[e] = _fin(ref.update(StepOutcome(trace.stops_at(step))))
-            if compare_state:
-                ref_snaps[e] = ref.snapshot()
+        reference = step_references(traces, refs, live, step, unfinished, compare_state)
 
         b = run.batch
         try:
@@ -119,52 +108,111 @@ def run_lockstep(
                 plane.verify(step, b.names)
         except KVError as err:
             return diverge(err.engine, "kv", "the KV the block tables promise", str(err))
-        out, upd = bstep.output, bstep.update
-        aborted_slots: dict[int, set[int]] = {}
-        for engine, slot in zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True):
-            aborted_slots.setdefault(engine, set()).add(slot)
-
-        outs = step_outputs(out, b.names, live)
-        fins = finished_lists(upd, b.names, live)
-        snaps = snapshots(twin, b.names, live) if compare_state else [None] * len(live)
-        for i, e in enumerate(live):
-            engine_steps += 1
-            differs = engine_step_difference(
-                traces[e], step, b.slot_of[e], aborted_slots.get(e, set()), (ref_aborts[e], ref_outs[e], ref_fins[e]),
-                (outs[i], fins[i]), (ref_snaps[e], snaps[i]) if compare_state else None)
-            if differs:
-                return diverge(e, *differs)
-            active[e] = still_active(traces[e], step, unfinished[e], ref_fins[e] + ref_aborts[e])
-        twin_active = run.active.tolist()
-        for e in live:
-            if twin_active[e] != active[e]:
-                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
+        twin_steps = TwinSteps(
+            step_outputs(bstep.output, b.names, live), finished_lists(bstep.update, b.names, live),
+            snapshots(twin, b.names, live) if compare_state else None, aborted_slots_by_engine(bstep.aborted))
+        compared, differs = first_difference(traces, step, live, b.slot_of, reference, twin_steps, active, unfinished,
+                                             run.active.tolist())
+        engine_steps += compared
+        if differs:
+            return diverge(*differs)
         step += 1
     return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
 
 
+@dataclass
+class ReferenceStep:
+    """One reference engine's step, as the twin's is compared with it: the requests its aborts
+    finished, its output, the requests `update()` finished (both as (id, status)), its snapshot."""
+
+    aborts: list[tuple[str, str]]
+    output: SchedulerOutput
+    finished: list[tuple[str, str]]
+    snapshot: Snapshot | None
+
+
+@dataclass
+class TwinSteps:
+    """The twin's step for the live engines (lists in ``live`` order), with the slots its aborts
+    hit per engine; ``snapshots`` is None when the state is not compared."""
+
+    outputs: list[SchedulerOutput]
+    finished: list[Any]
+    snapshots: list[Snapshot] | None
+    aborted_slots: dict[int, set[int]]
+
+
+def step_references(
+    traces: Sequence[Trace], refs: Sequence[SchedulerLike], live: Sequence[int], step: int,
+    unfinished: list[set[str]], compare_state: bool,
+) -> dict[int, ReferenceStep]:
+    """Run step ``step`` of each live engine's trace on its reference (arrivals, aborts,
+    schedule, update), noting arrivals in ``unfinished``."""
+    done: dict[int, ReferenceStep] = {}
+    for e in live:
+        trace, ref = traces[e], refs[e]
+        for request in trace.arrivals_at(step):
+            ref.add_request(request)
+            unfinished[e].add(request.request_id)
+        aborted = [ref.abort_request(rid) for rid in trace.aborts_at(step)]
+        aborts = _fin([f for f in aborted if f is not None])
+        output = ref.schedule()
+        finished = _fin(ref.update(StepOutcome(trace.stops_at(step))))
+        done[e] = ReferenceStep(aborts, output, finished, ref.snapshot() if compare_state else None)
+    return done
+
+
+def aborted_slots_by_engine(aborted: tuple[torch.Tensor, ...], engine_of_row: Sequence[int] | None = None) -> dict[int, set[int]]:
+    """The twin's aborted (row, slot) pairs as engine -> slots (``engine_of_row``: the trace
+    index of each row of a compacted scheduler; None: rows are engines)."""
+    slots: dict[int, set[int]] = {}
+    for row, slot in zip(aborted[0].tolist(), aborted[1].tolist(), strict=True):
+        slots.setdefault(engine_of_row[row] if engine_of_row is not None else row, set()).add(slot)
+    return slots
+
+
+def first_difference(
+    traces: Sequence[Trace], step: int, live: Sequence[int], slot_of: Sequence[dict[str, int]],
+    reference: dict[int, ReferenceStep], twin: TwinSteps, active: list[bool], unfinished: list[set[str]],
+    twin_active: Sequence[bool],
+) -> tuple[int, tuple[int, str, Any, Any] | None]:
+    """Compare each live engine's step, then whether each runs on (updating ``active`` by the
+    reference's rule). Returns the engine-steps compared and the first difference as (engine,
+    what, reference's, twin's), or None."""
+    compared = 0
+    for i, e in enumerate(live):
+        compared += 1
+        snaps = (reference[e].snapshot, twin.snapshots[i]) if twin.snapshots is not None else None
+        differs = engine_step_difference(traces[e], step, slot_of[e], twin.aborted_slots.get(e, set()),
+                                         reference[e], twin.outputs[i], twin.finished[i], snaps)
+        if differs:
+            return compared, (e, *differs)
+        active[e] = still_active(traces[e], step, unfinished[e], reference[e].finished + reference[e].aborts)
+    for e in live:
+        if twin_active[e] != active[e]:
+            return compared, (e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
+    return compared, None
+
+
 def engine_step_difference(
-    trace: Trace, step: int, slot_of: dict[str, int], aborted_slots: set[int],
-    reference: tuple[list, SchedulerOutput, list], twin: tuple[SchedulerOutput, Any],
-    snapshots: tuple[Snapshot, Snapshot] | None,
+    trace: Trace, step: int, slot_of: dict[str, int], aborted_slots: set[int], reference: ReferenceStep,
+    twin_out: SchedulerOutput, twin_fins: Any, snapshots: tuple[Snapshot, Snapshot] | None,
 ) -> tuple[str, Any, Any] | None:
     """The first part of one engine's step where the twin differs from the reference, as (what,
     reference's, twin's): the aborts (the twin reports aborted slots), the output, the finished
     requests, then (``snapshots``: reference's, twin's) the state; None when they agree."""
-    ref_aborts, ref_out, ref_fins = reference
-    twin_out, twin_fins = twin
     twin_aborts, seen = [], set()
     for rid in trace.aborts_at(step):
         slot = slot_of.get(rid)
         if slot is not None and slot in aborted_slots and rid not in seen:
             seen.add(rid)
             twin_aborts.append((rid, Status.FINISHED_ABORTED.value))
-    if twin_aborts != ref_aborts:
-        return "aborts", ref_aborts, twin_aborts
-    if _out_dict(twin_out) != _out_dict(ref_out):
-        return "output", _out_dict(ref_out), _out_dict(twin_out)
-    if (fin := _fin(twin_fins)) != ref_fins:
-        return "finished", ref_fins, fin
+    if twin_aborts != reference.aborts:
+        return "aborts", reference.aborts, twin_aborts
+    if _out_dict(twin_out) != _out_dict(reference.output):
+        return "output", _out_dict(reference.output), _out_dict(twin_out)
+    if (fin := _fin(twin_fins)) != reference.finished:
+        return "finished", reference.finished, fin
     return snapshot_difference(*snapshots) if snapshots else None
 
 

@@ -28,7 +28,14 @@ import torch
 
 from gpu_impl.batched import resolve_device
 from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
-from gpu_impl.lockstep import Divergence, LockstepResult, _fin, engine_step_difference, still_active
+from gpu_impl.lockstep import (
+    Divergence,
+    LockstepResult,
+    TwinSteps,
+    aborted_slots_by_engine,
+    first_difference,
+    step_references,
+)
 from gpu_impl.materialize import STATUS_OF_CODE
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -36,7 +43,7 @@ from spec.observation import SeqView, Snapshot
 from spec.protocol import SchedulerLike
 from spec.status import PreemptionMode, Status
 from spec.trace import Trace
-from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome, generated_token, seq_id
+from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, generated_token, seq_id
 
 _NEVER = 1 << 30
 
@@ -308,45 +315,21 @@ def run_lockstep_v1(
 
     while any(active):
         live = [e for e in range(E) if active[e]]
-        ref_aborts: dict[int, list[tuple[str, str]]] = {}
-        ref_outs: dict[int, SchedulerOutput] = {}
-        ref_fins: dict[int, list[tuple[str, str]]] = {}
-        ref_snaps: dict[int, Snapshot] = {}
-        for e in live:
-            trace, ref = traces[e], refs[e]
-            for request in trace.arrivals_at(step):
-                ref.add_request(request)
-                unfinished[e].add(request.request_id)
-            done = [ref.abort_request(rid) for rid in trace.aborts_at(step)]
-            ref_aborts[e] = _fin([f for f in done if f is not None])
-            ref_outs[e] = ref.schedule()
-            ref_fins[e] = _fin(ref.update(StepOutcome(trace.stops_at(step))))
-            if compare_state:
-                ref_snaps[e] = ref.snapshot()
+        reference = step_references(traces, refs, live, step, unfinished, compare_state)
 
         bstep = run.advance()
         row_of = {e: row for row, e in enumerate(bstep.engines)}
         rows = [row_of[e] for e in live]
         names = [batch.names[e] for e in bstep.engines]
-        outs = step_outputs_v1(bstep.output, names, rows)
-        fins = finished_lists_v1(bstep.update, names, rows)
-        snaps = (snapshots_v1(bstep.scheduler, names, [batch.requests[e] for e in bstep.engines], rows)
-                 if compare_state else [None] * len(live))
-        aborted_slots: dict[int, set[int]] = {}
-        for ar_, sl in zip(bstep.aborted[0].tolist(), bstep.aborted[1].tolist(), strict=True):
-            aborted_slots.setdefault(bstep.engines[ar_], set()).add(sl)
-        for i, e in enumerate(live):
-            engine_steps += 1
-            differs = engine_step_difference(
-                traces[e], step, batch.slot_of[e], aborted_slots.get(e, set()), (ref_aborts[e], ref_outs[e], ref_fins[e]),
-                (outs[i], fins[i]), (ref_snaps[e], snaps[i]) if compare_state else None)
-            if differs:
-                return diverge(e, *differs)
-            active[e] = still_active(traces[e], step, unfinished[e], ref_fins[e] + ref_aborts[e])
-        twin_active = run.active.tolist()
-        for e in live:
-            if twin_active[e] != active[e]:
-                return diverge(e, "end", f"engine active after step: {active[e]}", f"engine active after step: {twin_active[e]}")
+        twin_steps = TwinSteps(
+            step_outputs_v1(bstep.output, names, rows), finished_lists_v1(bstep.update, names, rows),
+            snapshots_v1(bstep.scheduler, names, [batch.requests[e] for e in bstep.engines], rows) if compare_state else None,
+            aborted_slots_by_engine(bstep.aborted, bstep.engines))
+        compared, differs = first_difference(traces, step, live, batch.slot_of, reference, twin_steps, active, unfinished,
+                                             run.active.tolist())
+        engine_steps += compared
+        if differs:
+            return diverge(*differs)
         step += 1
     return LockstepResult(E, engine_steps, step, 0, None)
 
