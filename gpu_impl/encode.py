@@ -5,15 +5,15 @@ Slots: each engine's requests are placed in policy-key order (FCFS: arrival orde
 a step), which is the order the reference's engine loop adds them in. So slot order is queue
 order and a request's slot never changes.
 
-Per step the environment's side is a comparison against precomputed tensors: arrivals
-(``arrival_step == step``), aborts (the first abort of a request at or after its arrival; an
-abort naming an unknown, not-yet-arrived or finished request does nothing, as in the
-reference) and stops (``[E,R,N,K]`` steps at which a sequence samples a stop token).
+Per step the environment's side is a lookup of precomputed index tensors (engine, slot[, seq])
+by step: arrivals, aborts (the first abort of a request at or after its arrival; an abort
+naming an unknown, not-yet-arrived or finished request does nothing, as in the reference) and
+stops (the sequences that sample a stop token at that step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +31,48 @@ def _split_seq_id(seq: str) -> tuple[str, int] | None:
     return rid, int(index)
 
 
-class TraceBatch:
+def events_by_step(events: Iterable[tuple[int, ...]], device: torch.device) -> dict[int, tuple[torch.Tensor, ...]]:
+    """(step, engine, slot[, ...]) events as step -> one index tensor per column (engine first)."""
+    by_step: dict[int, list[tuple[int, ...]]] = {}
+    for ev in events:
+        by_step.setdefault(ev[0], []).append(ev[1:])
+    return {
+        step: tuple(torch.tensor(col, dtype=torch.long, device=device) for col in zip(*rows, strict=True))
+        for step, rows in by_step.items()
+    }
+
+
+def events_on_rows(events: tuple[torch.Tensor, ...], row_of: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Event indices (engine first) mapped to the rows of a scheduler that holds only some engines
+    (``row_of``: engine -> row, -1 when dropped; None: rows are engines). Events of dropped
+    engines are left out: those engines are done."""
+    if row_of is None or events[0].numel() == 0:
+        return events
+    rows = row_of[events[0]]
+    keep = rows >= 0
+    return (rows[keep], *(col[keep] for col in events[1:]))
+
+
+class StepEvents:
+    """A trace batch's arrivals and aborts per step, as index tensors (engine first) the batched
+    scheduler's ``arrive_idx`` / ``abort_idx`` take; ``ABORT_COLUMNS`` of them for an abort."""
+
+    ABORT_COLUMNS = 2
+    device: torch.device
+    _arrive_ev: dict[int, tuple[torch.Tensor, ...]]
+    _abort_ev: dict[int, tuple[torch.Tensor, ...]]
+
+    def _none(self, width: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(0, dtype=torch.long, device=self.device),) * width
+
+    def arrival_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._arrive_ev.get(step) or self._none(2)
+
+    def abort_idx(self, step: int) -> tuple[torch.Tensor, ...]:
+        return self._abort_ev.get(step) or self._none(self.ABORT_COLUMNS)
+
+
+class TraceBatch(StepEvents):
     """E traces encoded for the batched scheduler (see the module docstring)."""
 
     def __init__(self, traces: Sequence[Trace], device: str | torch.device | None = None) -> None:
@@ -82,62 +123,18 @@ class TraceBatch:
             return torch.tensor(x, dtype=torch.int32, device=dev)
 
         self.cols = {k: t(v) for k, v in cols.items()}
-        self.arrival_step = t(arrival_step)
-        self.abort_step = t(abort_step)
-        K = max([1] + [len(v) for v in stops.values()])
-        stop_steps = torch.full((E, R, N, K), -1, dtype=torch.int32)
-        for (e, s, j), steps in stops.items():
-            stop_steps[e, s, j, : len(steps)] = torch.tensor(sorted(steps), dtype=torch.int32)
-        self.stop_steps = stop_steps.to(dev)
         self.last_arrival = t([tr.last_arrival_step for tr in traces])
         self.max_steps = t([tr.max_steps for tr in traces])
         # sparse per-step events: step -> (engine, slot[, seq]) index tensors
-        self._arrive_ev = self._index(((s_, e, r) for e in range(E) for r, s_ in enumerate(arrival_step[e]) if s_ < _NEVER), 2)
-        self._abort_ev = self._index(((s_, e, r) for e in range(E) for r, s_ in enumerate(abort_step[e]) if s_ < _NEVER), 2)
-        self._stop_ev = self._index(((s_, e, r, j) for (e, r, j), steps in stops.items() for s_ in set(steps)), 3)
-
-    def _index(self, events, width: int) -> dict[int, tuple[torch.Tensor, ...]]:
-        by_step: dict[int, list[tuple[int, ...]]] = {}
-        for ev in events:
-            by_step.setdefault(ev[0], []).append(ev[1:])
-        return {
-            step: tuple(torch.tensor(col, dtype=torch.long, device=self.device) for col in zip(*rows, strict=True))
-            for step, rows in by_step.items()
-        }
-
-    def _empty(self, width: int) -> tuple[torch.Tensor, ...]:
-        z = torch.zeros(0, dtype=torch.long, device=self.device)
-        return (z,) * width
-
-    def arrival_idx(self, step: int) -> tuple[torch.Tensor, ...]:
-        return self._arrive_ev.get(step) or self._empty(2)
-
-    def abort_idx(self, step: int) -> tuple[torch.Tensor, ...]:
-        return self._abort_ev.get(step) or self._empty(2)
-
-    def stopped_mask(self, step: int) -> torch.Tensor | None:
-        ev = self._stop_ev.get(step)
-        if ev is None:
-            return None
-        mask = torch.zeros(self.E, self.R, self.N, dtype=torch.bool, device=self.device)
-        mask[ev] = True
-        return mask
+        self._arrive_ev = events_by_step(((s_, e, r) for e in range(E) for r, s_ in enumerate(arrival_step[e]) if s_ < _NEVER), dev)
+        self._abort_ev = events_by_step(((s_, e, r) for e in range(E) for r, s_ in enumerate(abort_step[e]) if s_ < _NEVER), dev)
+        self._stop_ev = events_by_step(((s_, e, r, j) for (e, r, j), steps in stops.items() for s_ in set(steps)), dev)
 
     def make_scheduler(self) -> BatchedScheduler:
         sched = BatchedScheduler([t.config for t in self.traces], self.R, self.N, self.device)
         c = self.cols
         sched.set_requests(c["prompt"], c["maxtok"], c["n"], c["prio"], c["arrival"])
         return sched
-
-    def arrivals_at(self, step: int) -> torch.Tensor:
-        return self.arrival_step == step
-
-    def aborts_at(self, step: int) -> torch.Tensor:
-        return self.abort_step == step
-
-    def stops_at(self, step: int) -> torch.Tensor:
-        return (self.stop_steps == step).any(-1)
-
 
 
 @dataclass
@@ -202,15 +199,6 @@ class BatchedRun:
         self._pos: torch.Tensor | None = None  # engine -> row in self._sub, -1 if dropped
         self._n_active = batch.E
 
-    def _local(self, idx: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """Event indices (engine first) mapped to the stepped scheduler's rows (dropped engines
-        have no events that matter: they are done)."""
-        if self._pos is None or idx[0].numel() == 0:
-            return idx
-        row = self._pos[idx[0]]
-        keep = row >= 0
-        return (row[keep], *(t[keep] for t in idx[1:]))
-
     def sync(self) -> None:
         """Write the stepped engines' state back into ``self.scheduler``."""
         if self._rows is not None:
@@ -233,8 +221,8 @@ class BatchedRun:
         (where the model would run: the KV data plane hooks in there)."""
         b, s, step, rows = self.batch, self._sub, self.step, self._rows
         expand = self.sync_state and rows is not None
-        s.arrive_idx(*self._local(b.arrival_idx(step)))
-        aborted = s.abort_idx(*self._local(b.abort_idx(step)))
+        s.arrive_idx(*events_on_rows(b.arrival_idx(step), self._pos))
+        aborted = s.abort_idx(*events_on_rows(b.abort_idx(step), self._pos))
         out = s.schedule()
         if expand:
             self.sync()
@@ -244,7 +232,7 @@ class BatchedRun:
         ev = b._stop_ev.get(step)
         stopped = None
         if ev is not None:
-            ev = self._local(ev)
+            ev = events_on_rows(ev, self._pos)
             stopped = torch.zeros(s.E, b.R, b.N, dtype=torch.bool, device=b.device)
             stopped[ev] = True
         upd = s.update(stopped)

@@ -28,6 +28,7 @@ import torch
 
 from gpu_impl.batched import resolve_device
 from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
+from gpu_impl.encode import StepEvents, events_by_step, events_on_rows
 from gpu_impl.lockstep import (
     Divergence,
     LockstepResult,
@@ -57,9 +58,11 @@ def check_trace(trace: Trace, where: str = "trace") -> None:
             raise InputError(f"{where}.requests[{i}].n", f"must be 1 for the V1 flow, got {a.request.n}")
 
 
-class V1TraceBatch:
+class V1TraceBatch(StepEvents):
     """E traces encoded for `BatchedV1Scheduler` (slots in arrival order: steps ascending, file
     order within a step, the order the reference's engine loop adds them in)."""
+
+    ABORT_COLUMNS = 3  # engine, slot, the abort's rank among the engine's aborts this step
 
     def __init__(self, traces: Sequence[Trace], device: str | torch.device | None = None) -> None:
         if not traces:
@@ -106,11 +109,11 @@ class V1TraceBatch:
         dev = self.device
         self.cols = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in cols.items()}
 
-        def index(events: dict[int, list[tuple[int, ...]]]) -> dict[int, tuple[torch.Tensor, ...]]:
-            return {step: tuple(torch.tensor(col, dtype=torch.long, device=dev) for col in zip(*rows, strict=True))
-                    for step, rows in events.items()}
 
-        self._arrive, self._abort, self._stop = index(arrivals), index(aborts), index(stops)
+        def index(events: dict[int, list[tuple[int, ...]]]) -> dict[int, tuple[torch.Tensor, ...]]:
+            return events_by_step(((step, *ev) for step, evs in events.items() for ev in evs), dev)
+
+        self._arrive_ev, self._abort_ev, self._stop_ev = index(arrivals), index(aborts), index(stops)
         self.last_arrival = torch.tensor([t.last_arrival_step for t in traces], dtype=torch.long, device=dev)
         self.max_steps = torch.tensor([t.max_steps for t in traces], dtype=torch.long, device=dev)
 
@@ -120,17 +123,8 @@ class V1TraceBatch:
         sched.set_requests(c["prompt"], c["maxtok"], c["prio"], c["arrival"])
         return sched
 
-    def _empty(self, width: int) -> tuple[torch.Tensor, ...]:
-        return (torch.zeros(0, dtype=torch.long, device=self.device),) * width
-
-    def arrival_idx(self, step: int) -> tuple[torch.Tensor, ...]:
-        return self._arrive.get(step) or self._empty(2)
-
-    def abort_idx(self, step: int) -> tuple[torch.Tensor, ...]:
-        return self._abort.get(step) or self._empty(3)
-
     def stopped_mask(self, step: int) -> torch.Tensor | None:
-        ev = self._stop.get(step)
+        ev = self._stop_ev.get(step)
         if ev is None:
             return None
         mask = torch.zeros(self.E, self.R, dtype=torch.bool, device=self.device)
@@ -168,17 +162,10 @@ class V1Run:
         self.engine_steps = 0
         self._row_of: torch.Tensor | None = None  # trace index -> row (-1: dropped); None: identity
 
-    def _rows(self, events: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        if self._row_of is None or events[0].numel() == 0:
-            return events
-        rows = self._row_of[events[0]]
-        keep = rows >= 0
-        return (rows[keep], *(col[keep] for col in events[1:]))
-
     def advance(self) -> V1BatchStep:
         b, s, step = self.batch, self.scheduler, self.step
-        s.arrive_idx(*self._rows(b.arrival_idx(step)))
-        aborted = s.abort_idx(*self._rows(b.abort_idx(step)))
+        s.arrive_idx(*events_on_rows(b.arrival_idx(step), self._row_of))
+        aborted = s.abort_idx(*events_on_rows(b.abort_idx(step), self._row_of))
         out = s.schedule()
         stopped = b.stopped_mask(step)
         if stopped is not None and self._row_of is not None:
