@@ -130,10 +130,11 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             if len(free) != len(free_ids):
                 dupes = [b for b, n in Counter(free_ids).items() if n > 1]
                 yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            if free_ids and (min(free_ids) < 0 or max(free_ids) >= total):
+            ids_valid = not free_ids or (min(free_ids) >= 0 and max(free_ids) < total)
+            if not ids_valid:
                 bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
-            if counts is not None and all(0 <= b < total for b in (min(free, default=0), max(free, default=0))):
+            if counts is not None and ids_valid:
                 if any(map(counts.__getitem__, free)):  # read at C speed
                     both = sorted(b for b in free if counts[b])
                     yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
