@@ -86,38 +86,67 @@ def run_lockstep(
     run = BatchedRun(batch)
     twin = run.scheduler
     plane = KVPlane(twin) if kv else None
+
+    def step_twin(step: int, live: list[int]) -> tuple[TwinSteps, list[bool]]:
+        try:
+            bstep = run.advance(plane.apply if plane is not None else None)
+            if plane is not None:
+                plane.verify(step, batch.names)
+        except KVError as err:
+            raise TwinDiverged(err.engine, "kv", "the KV the block tables promise", str(err)) from err
+        steps = TwinSteps(
+            step_outputs(bstep.output, batch.names, live), finished_lists(bstep.update, batch.names, live),
+            snapshots(twin, batch.names, live) if compare_state else None, aborted_slots_by_engine(bstep.aborted))
+        return steps, run.active.tolist()
+
+    return drive_lockstep(traces, make_reference, compare_state, batch.slot_of, step_twin,
+                          lambda: plane.checks if plane else 0)
+
+
+class TwinDiverged(Exception):
+    """Raised by a harness's twin step when the twin fails before its outputs can be compared
+    (the KV data plane's check): engine, what, the reference's side, the twin's side."""
+
+    def __init__(self, engine: int, what: str, expected: Any, actual: Any) -> None:
+        super().__init__(what)
+        self.engine, self.what, self.expected, self.actual = engine, what, expected, actual
+
+
+def drive_lockstep(
+    traces: Sequence[Trace],
+    make_reference: Callable[[SchedulerConfig], SchedulerLike],
+    compare_state: bool,
+    slot_of: Sequence[dict[str, int]],
+    step_twin: Callable[[int, list[int]], tuple[TwinSteps, list[bool]]],
+    kv_checks: Callable[[], int] = lambda: 0,
+) -> LockstepResult:
+    """The lockstep loop both twins share: each step, run the live engines' references, then
+    ``step_twin(step, live)`` (the twin's step for the live engines, and which engines it keeps
+    active), and compare; stop at the first divergence. ``slot_of``: each engine's request id ->
+    slot, to read the twin's aborted slots back as requests."""
     refs = [make_reference(t.config) for t in traces]
     E = len(traces)
     unfinished: list[set[str]] = [set() for _ in range(E)]
     active = [True] * E
-    engine_steps = 0
-    step = 0
+    engine_steps = step = 0
 
-    def diverge(e: int, what: str, expected: Any, actual: Any) -> LockstepResult:
-        return LockstepResult(E, engine_steps, step, plane.checks if plane else 0,
-                              Divergence(e, step, what, expected, actual, traces[e]))
+    def result(found: tuple[int, str, Any, Any] | None) -> LockstepResult:
+        divergence = Divergence(found[0], step, *found[1:], traces[found[0]]) if found else None
+        return LockstepResult(E, engine_steps, step, kv_checks(), divergence)
 
     while any(active):
         live = [e for e in range(E) if active[e]]
         reference = step_references(traces, refs, live, step, unfinished, compare_state)
-
-        b = run.batch
         try:
-            bstep = run.advance(plane.apply if plane is not None else None)
-            if plane is not None:
-                plane.verify(step, b.names)
-        except KVError as err:
-            return diverge(err.engine, "kv", "the KV the block tables promise", str(err))
-        twin_steps = TwinSteps(
-            step_outputs(bstep.output, b.names, live), finished_lists(bstep.update, b.names, live),
-            snapshots(twin, b.names, live) if compare_state else None, aborted_slots_by_engine(bstep.aborted))
-        compared, differs = first_difference(traces, step, live, b.slot_of, reference, twin_steps, active, unfinished,
-                                             run.active.tolist())
+            twin, twin_active = step_twin(step, live)
+        except TwinDiverged as d:
+            return result((d.engine, d.what, d.expected, d.actual))
+        compared, differs = first_difference(traces, step, live, slot_of, reference, twin, active, unfinished, twin_active)
         engine_steps += compared
         if differs:
-            return diverge(*differs)
+            return result(differs)
         step += 1
-    return LockstepResult(E, engine_steps, step, plane.checks if plane else 0, None)
+    return result(None)
 
 
 @dataclass

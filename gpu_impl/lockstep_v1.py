@@ -22,21 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from gpu_impl.batched import resolve_device
 from gpu_impl.batched_v1 import RUNNING, WAITING, BatchedV1Scheduler, V1StepOut, V1UpdateOut
 from gpu_impl.encode import StepEvents, events_by_step, events_on_rows
-from gpu_impl.lockstep import (
-    Divergence,
-    LockstepResult,
-    TwinSteps,
-    aborted_slots_by_engine,
-    first_difference,
-    step_references,
-)
+from gpu_impl.lockstep import LockstepResult, TwinSteps, aborted_slots_by_engine, drive_lockstep
 from gpu_impl.materialize import STATUS_OF_CODE
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -290,35 +282,20 @@ def run_lockstep_v1(
     """Run E traces through E references and the twin at once; stop at the first divergence."""
     batch = V1TraceBatch(traces, device)
     run = V1Run(batch)
-    refs = [make_reference(t.config) for t in traces]
-    E = len(traces)
-    unfinished: list[set[str]] = [set() for _ in range(E)]
-    active = [True] * E
-    engine_steps = 0
-    step = 0
 
-    def diverge(e: int, what: str, expected: Any, actual: Any) -> LockstepResult:
-        return LockstepResult(E, engine_steps, step, 0, Divergence(e, step, what, expected, actual, traces[e]))
-
-    while any(active):
-        live = [e for e in range(E) if active[e]]
-        reference = step_references(traces, refs, live, step, unfinished, compare_state)
-
+    def step_twin(step: int, live: list[int]) -> tuple[TwinSteps, list[bool]]:
         bstep = run.advance()
         row_of = {e: row for row, e in enumerate(bstep.engines)}
         rows = [row_of[e] for e in live]
         names = [batch.names[e] for e in bstep.engines]
-        twin_steps = TwinSteps(
+        requests = [batch.requests[e] for e in bstep.engines]
+        steps = TwinSteps(
             step_outputs_v1(bstep.output, names, rows), finished_lists_v1(bstep.update, names, rows),
-            snapshots_v1(bstep.scheduler, names, [batch.requests[e] for e in bstep.engines], rows) if compare_state else None,
+            snapshots_v1(bstep.scheduler, names, requests, rows) if compare_state else None,
             aborted_slots_by_engine(bstep.aborted, bstep.engines))
-        compared, differs = first_difference(traces, step, live, batch.slot_of, reference, twin_steps, active, unfinished,
-                                             run.active.tolist())
-        engine_steps += compared
-        if differs:
-            return diverge(*differs)
-        step += 1
-    return LockstepResult(E, engine_steps, step, 0, None)
+        return steps, run.active.tolist()
+
+    return drive_lockstep(traces, make_reference, compare_state, batch.slot_of, step_twin)
 
 
 __all__ = [
