@@ -34,26 +34,12 @@ from spec.proofs.chunked import V1_ACTIONS, V1_BOUND, V1_STATE_INVARIANTS, Chunk
 from spec.proofs.encoding import pin_state, read_state
 from spec.types import Request, StepOutcome
 from tests.conftest import examples
+from tests.encoded_actions import encoded_actions
 
 BOUND = V1_BOUND
 
 
-class _Action:
-    def __init__(self, action: str) -> None:
-        self.enc = ChunkedEncoder(BOUND)
-        self.ae = self.enc.encode(action)
-        self.solver = z3.SolverFor("QF_LIA")
-        self.solver.add(self.enc.config_ok(), grp_ok_v1(self.enc), *self.ae.defs)
-        self.invariants_of_pre = z3.And([f(self.enc, self.ae.pre) for f in V1_STATE_INVARIANTS.values()])
-
-
-_CACHE: dict[str, _Action] = {}
-
-
-def _encoded(action: str) -> _Action:
-    if action not in _CACHE:
-        _CACHE[action] = _Action(action)
-    return _CACHE[action]
+_encoded = encoded_actions(lambda: ChunkedEncoder(BOUND), grp_ok_v1, V1_STATE_INVARIANTS)
 
 
 def _config(draw) -> SchedulerConfig:

@@ -33,27 +33,13 @@ from spec.proofs.encoding import ACTIONS, Encoder, pin_config, pin_state, read_s
 from spec.proofs.properties import STATE_INVARIANTS, grp_ok
 from spec.types import Request, StepOutcome
 from tests.conftest import examples
+from tests.encoded_actions import encoded_actions
 
 # The default proof bound with one more request slot, so single-sequence requests fit side by side.
 BOUND = Bound(**{**DEFAULT.to_dict(), "groups": 3})
 
 
-class _Action:
-    def __init__(self, action: str, bound: Bound) -> None:
-        self.enc = Encoder(bound)
-        self.ae = self.enc.encode(action)
-        self.solver = z3.SolverFor("QF_LIA")
-        self.solver.add(self.enc.config_ok(), grp_ok(self.enc), *self.ae.defs)
-        self.invariants_of_pre = z3.And([f(self.enc, self.ae.pre) for f in STATE_INVARIANTS.values()])
-
-
-_CACHE: dict[str, _Action] = {}
-
-
-def _encoded(action: str) -> _Action:
-    if action not in _CACHE:
-        _CACHE[action] = _Action(action, BOUND)
-    return _CACHE[action]
+_encoded = encoded_actions(lambda: Encoder(BOUND), grp_ok, STATE_INVARIANTS)
 
 
 @st.composite
