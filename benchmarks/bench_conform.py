@@ -5,10 +5,11 @@ engine loop with no observation at all (``observe=False``). Prints checked steps
 the checking overhead as a ratio: (checked time - unchecked time) / unchecked time, with the
 runner as `kvsched conform` runs it (every adapter call under its 10 s timeout), split into
 what the runner costs without any invariant, what observing (snapshots) adds, and what the
-predicates add; and a floor: the snapshots plus one pass over the changed views with a single
-condition, which any per-sequence check costs at least. Times are CPU time of this process
-(best of ``--repeat`` interleaved rounds), so other work on the machine disturbs them less than
-wall time.
+predicates add. Also printed: a floor (the snapshots plus one pass over the changed views with
+a single condition, which any per-sequence check costs at least) and the profile without the
+invariants that need the mid-step snapshot (none is then taken). Times are CPU time of this
+process (best of ``--repeat`` interleaved rounds), so other work on the machine disturbs them
+less than wall time.
 
 Two workloads:
 
@@ -39,6 +40,7 @@ from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
 from spec.catalogue import Invariant
 from spec.config import SchedulerConfig
+from spec.observation import Capability
 from spec.trace import Arrival, Trace
 from spec.types import Request
 
@@ -106,9 +108,12 @@ def measure(name: str, corpus: list[Trace], repeat: int) -> None:
         return lambda: sum(len(run_checked(adapter, t, checks, timeout=10.0, stop_at_first=False).records)
                            for t in corpus)
 
-    (base, steps), (runner, _), (observed, _), (one_pass, _), (full, steps_checked) = _best_interleaved(
-        [unchecked, through_runner([]), through_runner(silent), through_runner([one_view_pass(invariants, frozenset(adapter.capabilities))]),
-         through_runner(invariants)], repeat)
+    # The profile without the invariants that need the mid-step snapshot: then none is taken.
+    no_mid_step = [i for i in invariants if Capability.MID_STEP not in i.needs]
+    floor = [one_view_pass(invariants, frozenset(adapter.capabilities))]
+    (base, steps), (runner, _), (observed, _), (one_pass, _), (without_mid, _), (full, steps_checked) = \
+        _best_interleaved([unchecked, through_runner([]), through_runner(silent), through_runner(floor),
+                           through_runner(no_mid_step), through_runner(invariants)], repeat)
     assert steps == steps_checked, (steps, steps_checked)
     print(f"[{name}] traces: {len(corpus)}, steps: {steps}")
     print(f"  unchecked reference (baseline): {steps / base:,.0f} steps/s ({base / steps * 1e6:.0f} us/step)")
@@ -117,6 +122,9 @@ def measure(name: str, corpus: list[Trace], repeat: int) -> None:
           f"predicates +{(full - observed) / base:.2f}x")
     print(f"  checking overhead: {(full - base) / base:.2f}x the scheduler's own time (target <= 1x)")
     print(f"  floor: snapshots + one pass over the changed views, one condition each: +{(one_pass - base) / base:.2f}x")
+    dropped = sum(1 for i in invariants if i not in no_mid_step and i.applicable(frozenset(adapter.capabilities)))
+    print(f"  without the {dropped} invariants that need the mid-step snapshot: "
+          f"+{(without_mid - base) / base:.2f}x")
 
 
 def per_invariant(name: str, corpus: list[Trace], top: int) -> None:
