@@ -144,6 +144,30 @@ BUILTIN: dict[str, Callable[[], Adapter]] = {
 }
 
 
+def builtin_strategy(spec: str, info: Any = None) -> Any:
+    """The trace strategy for adapter ``spec`` as the runner's own process knows it, without
+    importing the adapter: a built-in's, a target's, or one built from the config domain the
+    adapter declared in its hello (``info.domain``). None: the default traces."""
+    from conformance.generate_v1 import token_configs, token_traces
+
+    if spec in ("reference-v1", "reference-nano"):
+        return token_traces("v1" if spec == "reference-v1" else "nano")
+    if spec == "gpu-v1":
+        from dataclasses import replace
+
+        configs = token_configs("v1").map(lambda c: replace(c, enable_prefix_caching=False))
+        return configs.flatmap(lambda c: token_traces("v1", config=c))
+    try:
+        from conformance.targets import get_target
+
+        target = get_target(spec)
+    except (ImportError, InputError, KeyError):
+        target = None
+    if target is not None:
+        return target.strategy() if target.strategy else None
+    return None
+
+
 def load_adapter(spec: str) -> Adapter:
     """Resolve an adapter spec; bad specs raise `InputError` naming ``--adapter``."""
     if spec in BUILTIN:

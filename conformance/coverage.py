@@ -72,6 +72,11 @@ class Coverage:
         for edge, n in lifecycle_coverage(records).items():
             self.edges[edge] += n
 
+    def add_counts(self, steps: Counter[str], edges: Counter[tuple[str, str, str]]) -> None:
+        """Add what a run counted elsewhere (an isolated adapter's process: `TraceSummary`)."""
+        self.steps.update({i: n for i, n in steps.items() if i in self._tests})
+        self.edges.update(edges)
+
     def unreached_edges(self) -> list[tuple[str, str, str]]:
         return [e for e in lifecycle_coverage([]) if not self.edges[e]]
 

@@ -1,9 +1,14 @@
 """Drive one trace through an adapter: guarded calls, invariant checks after every step, and
 (optionally) the reference in lockstep.
 
-The run stops at the first step that shows a problem (an invariant violation, an adapter fault,
-or a lockstep divergence); that step's problems are all reported. The record list always holds
-the steps up to it, so the trace can be cut there and replayed.
+With ``stop_at_first`` the run stops at the first step that shows a problem (an invariant
+violation, an adapter fault, or a lockstep divergence), and that step's problems are all
+reported. Without it (the fuzz driver's way) the run goes on past violations, so a failure early
+in a trace does not hide a different one later: every invariant the trace violates is reported,
+each at the step it first failed. Only a fault ends the run there (the adapter's state is then
+unknown); after a lockstep divergence the reference is no longer a guide, so comparing stops and
+checking goes on. The record list always holds the steps run, so the trace can be cut at any
+problem's step and replayed.
 """
 
 from __future__ import annotations
@@ -71,14 +76,24 @@ def run_checked(
     lockstep: bool = False,
     stop_at_first: bool = True,
     reference_factory: Callable[[SchedulerConfig], Any] | None = None,
+    guard: Guard | None = None,
+    stop_on: str | None = None,
 ) -> TraceResult:
+    """Run ``trace`` through ``adapter``, checking ``invariants`` after every step.
+
+    ``guard`` times and wraps each adapter call (default: a `Guard` with ``timeout``); the
+    isolated worker passes one that stamps each call for the watchdog in the parent instead.
+    ``stop_on`` ends the run after the step where that problem (an invariant ID or ``LOCKSTEP``)
+    first shows: the shrinker needs no more of a candidate than that.
+    """
     # The records kept for the trace are acyclic but many; with the cyclic collector running,
     # its full passes over them cost more than the scheduler itself on a large batch
     # (BENCHMARKS.md). Paused for the one trace, restored whatever happens.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run_checked(adapter, trace, invariants, timeout, lockstep, stop_at_first, reference_factory)
+        return _run_checked(adapter, trace, invariants, guard or Guard(timeout), lockstep, stop_at_first,
+                            reference_factory, stop_on)
     finally:
         if collecting:
             gc.enable()
@@ -88,13 +103,13 @@ def _run_checked(
     adapter: Adapter,
     trace: Trace,
     invariants: Iterable[Invariant],
-    timeout: float | None,
+    guard: Guard,
     lockstep: bool,
     stop_at_first: bool,
     reference_factory: Callable[[SchedulerConfig], Any] | None,
+    stop_on: str | None = None,
 ) -> TraceResult:
     result = TraceResult(trace)
-    guard = Guard(timeout)
     step = -1
     try:
         try:
@@ -118,14 +133,17 @@ def _run_checked(
             reference = (reference_factory or Scheduler)(trace.config)  # a profile may name its own
         unfinished: set[str] = set()
         for step in range(trace.max_steps):
+            guard.at_step(step)
             added = tuple(trace.arrivals_at(step))
+            finished: list[Finished] = []
+            ref_finished: list[Finished] = []
             for request in added:
-                guard.call("add_request", adapter.add_request, request)
+                # An adapter may refuse a request at the door: add_request returns its Finished
+                # (FINISHED_IGNORED), which is that request's one finish, reported in this step.
+                finished.extend(check_finished(guard.call("add_request", adapter.add_request, request), "add_request"))
                 if reference:
                     reference.add_request(request)
                 unfinished.add(request.request_id)
-            finished: list[Finished] = []
-            ref_finished: list[Finished] = []
             aborted = tuple(trace.aborts_at(step))
             for rid in aborted:
                 finished.extend(check_finished(guard.call("abort_request", adapter.abort_request, rid), "abort_request"))
@@ -148,7 +166,11 @@ def _run_checked(
                 ref_output = reference.schedule()
                 ref_finished.extend(reference.update(StepOutcome(stopped)))
                 result.divergence = compare(step, ref_output, tuple(ref_finished), output, tuple(finished))
+                if result.divergence is not None:
+                    reference = None  # diverged: the reference no longer says what should happen
             if stop_at_first and result.failed:
+                return result
+            if stop_on is not None and stop_on in result.problem_ids:
                 return result
             for f in finished:
                 unfinished.discard(f.request_id)

@@ -1,29 +1,48 @@
 """The fuzz driver: Hypothesis generates traces, every step is checked, every failure is kept.
 
-Nothing is lost: Hypothesis keeps failing examples in its example database under the output
-folder, and the first failing trace of each problem is written to disk the moment it is seen
-(``<out>/found/<ID>.json``), before any shrinking. When the search ends, each problem's
-smallest trace is shrunk again for that problem alone and written to
-``<out>/counterexamples/<ID>.json`` (with an HTML view beside it when available).
+1. Saved failures first. Every trace already in ``<out>/counterexamples/`` and ``<out>/found/``
+   that was found with this adapter and profile is run again before anything new is generated,
+   so a rerun with the same ``--out`` finds what an earlier (perhaps interrupted) run found.
+2. Search. Hypothesis draws up to ``max_examples`` traces (never more: the count is of traces
+   run, and Hypothesis' own shrinking is off). Each runs whole: a violation does not end its
+   trace, so every invariant a trace breaks is seen, each at its own first step
+   (`conformance.driver`). The first failing trace of each problem is written to
+   ``<out>/found/<ID>.json`` and ``<out>/counterexamples/<ID>.json`` the moment it is seen,
+   before any shrinking; a smaller one found later replaces it in ``counterexamples/``.
+3. Shrink. Each problem's smallest trace is shrunk again for that problem alone
+   (`conformance.shrink`) and written over ``<out>/counterexamples/<ID>.json``, with an HTML
+   view beside it.
+
+Ctrl-C (and SIGTERM, which ``kvsched conform`` turns into the same) stops the search: what was
+found is already on disk, and the result says ``interrupted``. Expected failures
+(`conformance.expectations`) are found, shrunk and saved like any other; the report sets them
+apart.
+
+The adapter is reached through a runner: `conformance.isolated.ChildRunner` (its own process;
+what ``kvsched conform`` and the pytest plugin use) or `conformance.isolated.LocalRunner` (this
+process; pass a plain ``make_adapter`` callable).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-from conformance.adapter import Adapter
 from conformance.coverage import Coverage
-from conformance.driver import TraceResult, run_checked
-from conformance.generate import traces
+from conformance.expectations import Expectations
+from conformance.isolated import LocalRunner
 from conformance.profiles import Profile
 from conformance.shrink import shrink, size
+from conformance.summary import TraceSummary
+from spec.errors import InputError
+from spec.trace import Trace
 
 
 @dataclass
@@ -34,6 +53,8 @@ class Finding:
     steps: int  # steps in the trace up to and including the failing one
     path: Path | None = None
     html: Path | None = None
+    location: str | None = None  # FAULT-*: the adapter's file:line, where known
+    shrunk: bool = True
 
 
 @dataclass
@@ -49,30 +70,34 @@ class FuzzResult:
     not_applicable: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
     lockstep: bool = False
+    adapter_spec: str | None = None  # how to load the adapter again (for replay commands)
+    expected: dict[str, str] = field(default_factory=dict)  # problem -> reason (from --expect)
+    skipped: dict[str, str] = field(default_factory=dict)  # id -> reason (--skip, --expect)
+    replayed: int = 0  # saved traces run again before the search
+    interrupted: bool = False
+    stopped_early: str | None = None  # why the search ended before its budget, if it did
+
+    @property
+    def unexpected(self) -> dict[str, Finding]:
+        """Findings the expectations do not list: these make a run fail."""
+        return {p: f for p, f in self.findings.items() if p not in self.expected}
 
 
-class _Failed(Exception):
-    pass
+# Faults that end the adapter's process: each costs a process start (and a hang a whole timeout).
+FATAL = frozenset({"FAULT-hang", "FAULT-exit", "FAULT-crash", "FAULT-memory", "FAULT-output"})
+FATAL_REPEATS = 5  # after this many traces ended by the same one, the search stops (and says why)
 
 
-def _message(result: TraceResult, problem: str) -> str:
-    if problem == "LOCKSTEP" and result.divergence:
-        return result.divergence.describe()
-    if problem.startswith("FAULT-") and result.fault:
-        return f"step {result.fault_step}: {result.fault}"
-    for v in result.violations:
-        if v.invariant_id == problem:
-            return str(v)
-    return problem
+class _Stop(Exception):
+    """Ends the search: the example or time budget is spent, or ``stop_when`` said so."""
 
 
-def _failing_step(result: TraceResult) -> int:
-    step = result.failure_step
-    return step if step is not None else max(len(result.records) - 1, 0)
+def _runner_for(make_adapter: Any, timeout: float) -> Any:
+    return make_adapter if hasattr(make_adapter, "run") else LocalRunner(make_adapter, timeout)
 
 
 def fuzz(
-    make_adapter: Callable[[], Adapter],
+    make_adapter: Callable[[], Any] | Any,
     profile: Profile,
     *,
     max_examples: int = 100,
@@ -83,121 +108,200 @@ def fuzz(
     strategy: st.SearchStrategy | None = None,
     on_example: Callable[[FuzzResult], None] | None = None,
     stop_when: Callable[[frozenset[str]], bool] | None = None,
-    hypothesis_shrink: bool = True,
+    hypothesis_shrink: bool = False,
+    expectations: Expectations | None = None,
+    adapter_spec: str | None = None,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
-    ``stop_when(problems)``, if given, ends the search early once it returns true for the set of
-    problems found so far (the bug museum stops at an exhibit's expected invariant).
-    ``hypothesis_shrink=False`` skips Hypothesis's own shrinking of each failing example; the
-    per-problem shrink below still runs (the museum uses it to stay fast).
+    ``make_adapter`` is a runner (`conformance.isolated.ChildRunner`) or a callable returning an
+    adapter, run in this process. ``stop_when(problems)``, if given, ends the search early once
+    it returns true for the set of problems found so far (the bug museum stops at an exhibit's
+    expected invariant). ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
+    always off (each problem is shrunk on its own afterwards).
     """
-    adapter = make_adapter()
-    if strategy is None and hasattr(adapter, "trace_strategy"):
-        strategy = adapter.trace_strategy()  # an adapter may narrow the configs its engine accepts
-    lockstep = profile.lockstep and profile.name in getattr(adapter, "profiles", ())
-    fuzz_result = FuzzResult(adapter.name, profile.name, seed_value, lockstep=lockstep)
-    invariants = profile.invariants()
-    fuzz_result.coverage = Coverage([inv.id for inv in invariants])
-    found_dir = out_dir / "found"
-    best: dict[str, tuple[tuple[int, ...], object, str]] = {}
-    state = {"adapter": adapter}
+    del hypothesis_shrink
+    runner = _runner_for(make_adapter, timeout)
+    info = runner.info or runner.start()
+    expectations = expectations or Expectations()
+    if strategy is None:
+        strategy = _strategy_for(runner)
+    lockstep = profile.lockstep and profile.name in info.profiles and "LOCKSTEP" not in expectations.skip
+    result = FuzzResult(info.name, profile.name, seed_value, lockstep=lockstep, adapter_spec=adapter_spec,
+                        expected=dict(expectations.expected), skipped=dict(expectations.skip))
+    invariants = [inv.id for inv in profile.invariants() if inv.id not in expectations.skip]
+    result.coverage = Coverage(invariants)
+    best: dict[str, tuple[tuple[int, ...], Trace, TraceSummary]] = {}
+    reference = profile.reference if lockstep else None
     started = time.monotonic()
     deadline = started + time_budget if time_budget else None
 
-    def run_one(trace) -> TraceResult:
-        result = run_checked(state["adapter"], trace, invariants, timeout=timeout, lockstep=lockstep,
-                             reference_factory=profile.make_reference)
-        if result.fault is not None and result.fault.kind == "hang":
-            state["adapter"] = make_adapter()  # a hung adapter is abandoned, never reused
-        return result
+    def run(trace: Trace, **kw: Any) -> TraceSummary:
+        return runner.run(trace, invariants, lockstep=lockstep, reference=reference, **kw)
 
-    def search_round(round_seed: int, examples: int, known: frozenset[str]) -> bool:
-        """One Hypothesis search that fails (and shrinks) on a problem not in ``known``."""
+    def record(trace: Trace, summary: TraceSummary) -> None:
+        for problem in sorted(summary.problems):
+            step = summary.problems[problem].step
+            key = size(trace, step)
+            if problem not in best or key < best[problem][0]:
+                first = problem not in best
+                best[problem] = (key, trace, summary)
+                _save_unshrunk(trace, result, problem, summary, out_dir, first)
 
-        @settings(
-            max_examples=examples,
-            database=DirectoryBasedExampleDatabase(str(out_dir / "hypothesis")),
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            verbosity=Verbosity.quiet,
-            report_multiple_bugs=False,
-            **({} if hypothesis_shrink else {"phases": (Phase.explicit, Phase.reuse, Phase.generate)}),
-        )
-        @seed(round_seed)
-        @given(strategy if strategy is not None else traces())
-        def search(trace) -> None:
-            if deadline is not None and time.monotonic() > deadline:
-                assume(False)  # out of time: let Hypothesis wind down quickly
-            result = run_one(trace)
-            fuzz_result.examples += 1
-            fuzz_result.steps_checked += len(result.records)
-            fuzz_result.active = [i.id for i in result.active] or fuzz_result.active
-            fuzz_result.not_applicable = [i.id for i in result.not_applicable] or fuzz_result.not_applicable
-            fuzz_result.coverage.add(result.records)
-            for problem in sorted(result.problem_ids):
-                key = size(trace, _failing_step(result))
-                if problem not in best or key < best[problem][0]:
-                    best[problem] = (key, trace, _message(result, problem))
-                    trace.save(found_dir / f"{problem}.json")  # on disk before any shrinking
-            if on_example:
-                on_example(fuzz_result)
-            new = result.problem_ids - known
-            if new:
-                raise _Failed(", ".join(sorted(new)))
-
-        try:
-            search()
-        except _Failed:
-            return True
-        except Exception as err:  # noqa: BLE001 - Hypothesis may wrap failures; findings are already recorded
-            if not best:
-                raise RuntimeError(f"the fuzz run stopped unexpectedly: {type(err).__name__}: {err}") from err
-            return True
-        return False
-
-    # Hypothesis stops at the first failure; keep searching, past the problems already found,
-    # until the example or time budget is spent, so one bug does not hide the others.
-    for round_index in range(64):
-        remaining = max_examples - fuzz_result.examples
-        if remaining <= 0 or (deadline is not None and time.monotonic() > deadline):
-            break
-        if stop_when is not None and stop_when(frozenset(best)):
-            break
-        if not search_round(seed_value + round_index, remaining, frozenset(best)):
-            break
-
-    for problem, (_, trace, message) in sorted(best.items()):
-        def failing(candidate, problem=problem):
-            result = run_one(candidate)
-            return _failing_step(result) if problem in result.problem_ids else None
-
-        # A hang costs a whole timeout per try: shrink those with a small budget.
-        tries = 25 if problem == "FAULT-hang" else 400
-        try:
-            small, step = shrink(trace, failing, budget=tries)
-        except ValueError:  # flaky: no longer fails alone; keep what was seen
-            small, step = trace, _failing_step(run_one(trace))
-        final = run_one(small)
-        finding = Finding(problem, _message(final, problem) if problem in final.problem_ids else message, small, step + 1)
-        meta = {**dict(small.meta), "adapter": adapter.name, "profile": profile.name, "problem": problem,
-                "message": finding.message, "steps": finding.steps}
-        small = type(small)(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
-        finding.trace = small
-        finding.path = small.save(out_dir / "counterexamples" / f"{problem}.json")
-        finding.html = _write_html(finding.path.with_suffix(".html"), small, final)
-        fuzz_result.findings[problem] = finding
-    fuzz_result.seconds = time.monotonic() - started
-    return fuzz_result
-
-
-def _write_html(path: Path, trace, result: TraceResult) -> Path | None:
     try:
-        from conformance.html_view import write_html
+        result.replayed = _replay_saved(out_dir, result, run, record)
+        _search(strategy, seed_value, max_examples, deadline, stop_when, result, best, run, record, on_example)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    try:
+        if not result.interrupted:
+            for problem, (_, trace, summary) in sorted(best.items()):
+                result.findings[problem] = _shrunk_finding(problem, trace, summary, run, result, out_dir)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    for problem, (_, trace, summary) in sorted(best.items()):
+        if problem not in result.findings:  # interrupted: the unshrunk trace, already on disk
+            found = summary.problems[problem]
+            result.findings[problem] = Finding(problem, found.message, trace, found.step + 1,
+                                               out_dir / "counterexamples" / f"{problem}.json", None, found.location,
+                                               shrunk=False)
+    result.seconds = time.monotonic() - started
+    if runner is not make_adapter:
+        runner.close()
+    return result
+
+
+def _strategy_for(runner: Any) -> st.SearchStrategy:
+    """The traces this adapter accepts: its own strategy when it runs in this process, else what
+    the runner's side knows of it (a built-in's or a target's, or its declared config domain)."""
+    from conformance.generate import traces
+
+    adapter = getattr(runner, "adapter", None)
+    if adapter is not None and hasattr(adapter, "trace_strategy"):
+        return adapter.trace_strategy()
+    spec = getattr(runner, "spec", None)
+    if spec is not None:
+        from conformance.adapter import builtin_strategy
+
+        found = builtin_strategy(spec, runner.info)
+        if found is not None:
+            return found
+    return traces()
+
+
+def _search(strategy, seed_value, max_examples, deadline, stop_when, result, best, run, record, on_example) -> None:
+    @settings(
+        max_examples=max_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet, phases=(Phase.generate,),
+    )
+    @seed(seed_value)
+    @given(strategy)
+    def search(trace: Trace) -> None:
+        if result.examples >= max_examples or (deadline is not None and time.monotonic() > deadline) \
+                or (stop_when is not None and stop_when(frozenset(best))):
+            raise _Stop
+        summary = run(trace)
+        for problem in summary.problem_ids & FATAL:
+            fatal[problem] += 1
+            if fatal[problem] >= FATAL_REPEATS:
+                result.stopped_early = (f"{problem} ended {FATAL_REPEATS} traces: the adapter's process keeps dying, "
+                                        "so the search stopped there")
+        result.examples += 1
+        result.steps_checked += summary.steps
+        result.active = summary.active or result.active
+        result.not_applicable = summary.not_applicable or result.not_applicable
+        result.coverage.add_counts(summary.exercised, summary.edges)
+        record(trace, summary)
+        if on_example:
+            on_example(result)
+        if result.stopped_early:
+            raise _Stop
+
+    fatal: Counter[str] = Counter()
+    try:
+        search()
+    except _Stop:
+        pass
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001 - a failure inside Hypothesis itself; findings are already on disk
+        if isinstance(err, InputError):
+            raise
+        if not best:
+            raise RuntimeError(f"the fuzz run stopped unexpectedly: {type(err).__name__}: {err}") from err
+
+
+def _replay_saved(out_dir: Path, result: FuzzResult, run, record) -> int:
+    """Run again the traces an earlier run with this adapter and profile saved under ``out_dir``."""
+    seen: set[str] = set()
+    replayed = 0
+    for folder in ("counterexamples", "found"):
+        for path in sorted((out_dir / folder).glob("*.json")):
+            try:
+                trace = Trace.load(path)
+            except (InputError, OSError, ValueError):
+                continue  # not a trace of ours (or damaged): the search goes on without it
+            meta = trace.meta
+            if meta.get("adapter") != result.adapter or meta.get("profile") != result.profile:
+                continue
+            key = trace.to_json()
+            if key in seen:
+                continue
+            seen.add(key)
+            record(trace, run(trace))
+            replayed += 1
+    return replayed
+
+
+def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: int, shrunk: bool,
+          location: str | None) -> Trace:
+    meta = {**dict(trace.meta), "adapter": result.adapter, "profile": result.profile, "problem": problem,
+            "message": message, "steps": steps, "shrunk": shrunk}
+    if result.adapter_spec:
+        meta["adapter_spec"] = result.adapter_spec
+    if location:
+        meta["location"] = location
+    return Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta)
+
+
+def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,
+                   first: bool) -> None:
+    found = summary.problems[problem]
+    saved = _meta(trace, result, problem, found.message, found.step + 1, False, found.location)
+    if first:
+        saved.save(out_dir / "found" / f"{problem}.json")  # the first failing trace, kept as found
+    saved.save(out_dir / "counterexamples" / f"{problem}.json")  # replaced by the shrunk one later
+
+
+def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,
+                    out_dir: Path) -> Finding:
+    def failing(candidate: Trace) -> int | None:
+        return run(candidate, stop_on=problem).step_of(problem)
+
+    # A fatal fault costs a process start (a hang a whole timeout) per try: a small budget.
+    tries, seconds = (10, 15.0) if problem in FATAL else (400, 30.0)
+    try:
+        small, step = shrink(trace, failing, budget=tries, seconds=seconds)
+    except ValueError:  # flaky: no longer fails alone; keep what was seen
+        small, step = trace, summary.problems[problem].step
+    path = out_dir / "counterexamples" / f"{problem}.json"
+    final = run(small, html=path.with_suffix(".html"))
+    found = final.problems.get(problem) or summary.problems[problem]
+    saved = _meta(small, result, problem, found.message, step + 1, True, found.location)
+    saved.save(path)
+    return Finding(problem, found.message, saved, step + 1, path, Path(final.html) if final.html else None,
+                   found.location)
+
+
+def write_html(path: Path | str, trace: Trace, result: Any) -> Path | None:
+    """The HTML view of a checked run (`conformance.driver.TraceResult`); None when it cannot be
+    written (the page is a convenience; the JSON trace is the evidence)."""
+    try:
+        from conformance.html_view import write_html as write
     except ImportError:
         return None
     try:
-        write_html(path, trace, result.records, result.violations)
-    except Exception:  # noqa: BLE001 - the page is a convenience; the JSON trace is the evidence
+        write(Path(path), trace, result.records, result.violations)
+    except Exception:  # noqa: BLE001
         return None
-    return path
+    return Path(path)

@@ -19,22 +19,50 @@ hang only the worker thread survives is a C call that never returns to the inter
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
+import sysconfig
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
 class AdapterFault(Exception):
-    """The adapter misbehaved: ``kind`` is ``raised``, ``hang`` or ``malformed``."""
+    """The adapter misbehaved. ``kind``: ``raised``, ``hang``, ``malformed``, ``config-rejected``;
+    from an isolated adapter's process also ``exit`` (it ended), ``crash`` (a signal killed it),
+    ``memory`` and ``output`` (it passed the runner's limits). ``location`` is the adapter's
+    ``file:line`` where it is known."""
 
-    def __init__(self, kind: str, call: str, message: str) -> None:
-        super().__init__(f"adapter {kind} in {call}: {message}")
+    def __init__(self, kind: str, call: str, message: str, location: str | None = None) -> None:
+        super().__init__(f"adapter {kind} in {call}: {message}" + (f" (at {location})" if location else ""))
         self.kind = kind
         self.call = call
         self.message = message
+        self.location = location
+
+
+# Frames in these folders are the runner's and the spec's, not the adapter's.
+_RUNNER_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) + os.sep for d in ("conformance", "spec"))
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def adapter_location(frames: Iterable[tuple[str, int]]) -> str | None:
+    """The adapter's ``file:line`` among ``frames`` (innermost first): the innermost frame outside
+    the runner and the standard library, else the innermost one at all."""
+    frames = list(frames)
+    for filename, line in frames:
+        path = os.path.abspath(filename)
+        if not path.startswith(_RUNNER_DIRS) and not path.startswith(_STDLIB) and not filename.startswith("<"):
+            return f"{filename}:{line}"
+    return f"{frames[0][0]}:{frames[0][1]}" if frames else None
+
+
+def exception_location(err: BaseException) -> str | None:
+    return adapter_location((f.filename, f.lineno or 0) for f in reversed(traceback.extract_tb(err.__traceback__)))
 
 
 class _Overdue(BaseException):
@@ -75,6 +103,9 @@ class Guard:
         self.dead = False
         self._in_place: bool | None = None  # decided at the first call, on the thread that makes it
 
+    def at_step(self, step: int) -> None:
+        """The driver says which step the next calls belong to (a watching guard records it)."""
+
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.dead:
             raise AdapterFault("hang", name, "the adapter hung earlier and was abandoned")
@@ -82,7 +113,7 @@ class Guard:
             try:
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
-                raise AdapterFault("raised", name, f"{type(err).__name__}: {err}") from err
+                raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from err
         if self._in_place is None:
             self._in_place = _alarm_available()
         if self._in_place:
@@ -107,7 +138,7 @@ class Guard:
             self.dead = True
             raise AdapterFault("hang", name, f"no answer within {self.timeout:g} s") from None
         except Exception as err:  # noqa: BLE001 - reported to the caller as a fault
-            raise AdapterFault("raised", name, f"{type(err).__name__}: {err}") from err
+            raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from err
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if previous_handler is not _overdue and previous_handler not in _PLAIN_DISPOSITIONS:
@@ -138,6 +169,6 @@ class Guard:
             raise AdapterFault("hang", name, f"no answer within {self.timeout:g} s") from None
         if not ok:
             if isinstance(value, Exception):
-                raise AdapterFault("raised", name, f"{type(value).__name__}: {value}") from value
+                raise AdapterFault("raised", name, f"{type(value).__name__}: {value}", exception_location(value)) from value
             raise value
         return value

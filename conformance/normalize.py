@@ -6,11 +6,12 @@ crash the runner or be mistaken for an invariant violation.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import Snapshot
+from spec.observation import SeqView, Snapshot
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -24,6 +25,16 @@ def _fail(call: str, message: str) -> AdapterFault:
 def check_output(value: Any, step: int) -> SchedulerOutput:
     if not isinstance(value, SchedulerOutput):
         raise _fail("schedule", f"returned {type(value).__name__}, expected SchedulerOutput")
+    try:
+        return _check_output(value)
+    except (TypeError, AttributeError, ValueError) as err:  # a field of the wrong kind (None, a number, ...)
+        raise _fail("schedule", f"malformed SchedulerOutput ({type(err).__name__}: {err})") from None
+
+
+def _check_output(value: SchedulerOutput) -> SchedulerOutput:
+    for name in ("scheduled", "preempted", "swapped_in", "swap_out", "swap_in", "copies", "ignored"):
+        if not isinstance(getattr(value, name), (tuple, list)):
+            raise _fail("schedule", f"SchedulerOutput.{name} is {type(getattr(value, name)).__name__}, expected a tuple")
     scheduled = value.scheduled
     # Fast path (types checked a whole column at a time, at C speed); the loop below names the
     # first bad entry when it fails.
@@ -32,19 +43,19 @@ def check_output(value: Any, step: int) -> SchedulerOutput:
             and set(map(type, map(_SEQ_ID, scheduled))) == {str}
             and set(map(type, map(_REQUEST_ID, scheduled))) == {str}
             and set(map(type, map(_NUM_TOKENS, scheduled))) == {int}
-            and min(map(_NUM_TOKENS, scheduled)) >= 0)):
+            and min(map(_NUM_TOKENS, scheduled)) >= 0 and max(map(_NUM_TOKENS, scheduled)) <= _INT64)):
         scheduled = ()
     for item in scheduled:
         if not isinstance(item, ScheduledSeq) or not isinstance(item.seq_id, str) or not isinstance(item.request_id, str):
             raise _fail("schedule", f"scheduled entry {item!r} is not a ScheduledSeq of strings")
-        if not isinstance(item.num_tokens, int) or isinstance(item.num_tokens, bool) or item.num_tokens < 0:
+        if not _is_int(item.num_tokens) or not 0 <= item.num_tokens <= _INT64:
             raise _fail("schedule", f"{item.seq_id} has token count {item.num_tokens!r}")
     for p in value.preempted:
-        if not isinstance(p, Preempted) or not isinstance(p.mode, PreemptionMode):
+        if not isinstance(p, Preempted) or not isinstance(p.request_id, str) or not isinstance(p.mode, PreemptionMode):
             raise _fail("schedule", f"preempted entry {p!r} is not a Preempted with a PreemptionMode")
     for name in ("swap_out", "swap_in", "copies"):
         for pair in getattr(value, name):
-            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(b, int) for b in pair)):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(_is_int(b) for b in pair)):
                 raise _fail("schedule", f"{name} entry {pair!r} is not a pair of block ids")
     for rid in (*value.ignored, *value.swapped_in):
         if not isinstance(rid, str):
@@ -52,8 +63,16 @@ def check_output(value: Any, step: int) -> SchedulerOutput:
     return value
 
 
+# Engines count in machine integers: a number past int64 is not a count but garbage.
+_INT64 = 2**63 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value <= _INT64
+
+
 def check_finished(value: Any, call: str) -> tuple[Finished, ...]:
-    if value is None and call == "abort_request":
+    if value is None and call in ("abort_request", "add_request"):
         return ()
     items = (value,) if isinstance(value, Finished) else value
     try:
@@ -67,6 +86,124 @@ def check_finished(value: Any, call: str) -> tuple[Finished, ...]:
 
 
 def check_snapshot(value: Any) -> Snapshot:
+    """The snapshot, once every field it fills has the type the spec gives it (so no predicate
+    can crash on it). A snapshot whose ``base`` passed this check before is checked only where it
+    differs from the base: the fields that are new objects and the views in ``changed_seqs``."""
     if not isinstance(value, Snapshot):
         raise _fail("snapshot", f"returned {type(value).__name__}, expected Snapshot")
+    if value.__dict__.get(_CHECKED):
+        return value
+    base = value.base if value.base is not None and value.base.__dict__.get(_CHECKED) else None
+    try:
+        for name, check in _FIELD_CHECKS:
+            part = getattr(value, name)
+            if part is None or (base is not None and part is getattr(base, name)):
+                continue
+            problem = check(part, value, base)
+            if problem:
+                raise _fail("snapshot", f"Snapshot.{name}: {problem}")
+    except (TypeError, AttributeError, ValueError) as err:
+        raise _fail("snapshot", f"malformed Snapshot ({type(err).__name__}: {err})") from None
+    object.__setattr__(value, _CHECKED, True)  # frozen, but this mark is the checker's own
     return value
+
+
+_CHECKED = "_kvsched_checked"
+
+
+def _ints(values: Any, *, non_negative: bool = False) -> str | None:
+    if not isinstance(values, tuple):
+        return f"is {type(values).__name__}, expected a tuple of ints"
+    if values and set(map(type, values)) != {int}:
+        bad = next(v for v in values if type(v) is not int)
+        return f"holds {bad!r}, expected ints"
+    if values and (max(values) > _INT64 or min(values) < -_INT64):
+        return f"holds {max(values, key=abs)}, which no engine's counter holds (past int64)"
+    if non_negative and values and min(values) < 0:
+        return f"holds {min(values)}, expected ints >= 0"
+    return None
+
+
+def _strs(values: Any) -> str | None:
+    if not isinstance(values, tuple):
+        return f"is {type(values).__name__}, expected a tuple of request ids"
+    if values and set(map(type, values)) != {str}:
+        return f"holds {next(v for v in values if type(v) is not str)!r}, expected request id strings"
+    return None
+
+
+def _count(value: Any) -> str | None:
+    return None if _is_int(value) and value >= 0 else f"is {value!r}, expected an int >= 0"
+
+
+def _statuses(statuses: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    if not isinstance(statuses, Mapping):
+        return f"is {type(statuses).__name__}, expected a mapping of request id to Status"
+    changed = snap.changed_requests if base is not None and snap.changed_requests is not None else None
+    items = ((rid, statuses.get(rid)) for rid in changed if rid in statuses) if changed is not None else statuses.items()
+    for rid, status in items:
+        if not isinstance(rid, str) or not isinstance(status, Status):
+            return f"entry {rid!r}: {status!r} is not a request id with a Status"
+    return None
+
+
+def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    if not isinstance(seqs, Mapping):
+        return f"is {type(seqs).__name__}, expected a mapping of sequence id to SeqView"
+    changed = snap.changed_seqs if base is not None and snap.changed_seqs is not None else None
+    items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
+    for sid, view in items:
+        problem = _view(view)
+        if problem or not isinstance(sid, str) or sid != view.seq_id:
+            return f"{sid!r}: {problem or 'the key is not the view seq_id'}"
+    return None
+
+
+def _view(v: Any) -> str | None:
+    if not isinstance(v, SeqView):
+        return f"{v!r} is not a SeqView"
+    if not isinstance(v.seq_id, str) or not isinstance(v.request_id, str) or not isinstance(v.status, Status):
+        return "seq_id and request_id must be strings and status a Status"
+    for name in ("num_tokens", "num_computed"):
+        value = getattr(v, name)
+        if value is not None and not (_is_int(value) and value >= 0):
+            return f"{name} is {value!r}, expected an int >= 0 or None"
+    if v.blocks is not None and _ints(v.blocks):
+        return f"blocks {_ints(v.blocks)}"
+    if v.device not in (None, "gpu", "cpu"):
+        return f"device is {v.device!r}, expected 'gpu', 'cpu' or None"
+    if v.token_ids is not None and _ints(v.token_ids):
+        return f"token_ids {_ints(v.token_ids)}"
+    return None
+
+
+def _keys(keys: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    if not isinstance(keys, tuple) or any(k is not None and not isinstance(k, str) for k in keys):
+        return "expected a tuple of block keys (strings or None)"
+    return None
+
+
+def _index(index: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    if not isinstance(index, Mapping):
+        return f"is {type(index).__name__}, expected a mapping of key to block ids"
+    for key, blocks in index.items():
+        if not isinstance(key, str) or _ints(blocks):
+            return f"entry {key!r}: {blocks!r} is not a key with a tuple of block ids"
+    return None
+
+
+_FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str | None]], ...] = (
+    ("statuses", _statuses),
+    ("seqs", _seqs),
+    ("waiting", lambda v, s, b: _strs(v)),
+    ("running", lambda v, s, b: _strs(v)),
+    ("swapped", lambda v, s, b: _strs(v)),
+    ("gpu_ref_counts", lambda v, s, b: _ints(v)),
+    ("cpu_ref_counts", lambda v, s, b: _ints(v)),
+    ("gpu_free", lambda v, s, b: _count(v)),
+    ("cpu_free", lambda v, s, b: _count(v)),
+    ("gpu_free_ids", lambda v, s, b: _ints(v)),
+    ("cpu_free_ids", lambda v, s, b: _ints(v)),
+    ("gpu_block_keys", _keys),
+    ("cache_index", _index),
+)

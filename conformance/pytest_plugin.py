@@ -29,11 +29,14 @@ class _Run:
     """The session's one conformance run, made on first use."""
 
     def __init__(self, config) -> None:
-        from conformance.adapter import load_adapter
+        from conformance.isolated import ChildRunner
         from conformance.profiles import get_profile
 
         self.spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
-        self.adapter = load_adapter(self.spec)
+        # The adapter runs in its own process, as under `kvsched conform`: nothing it does can
+        # end or hang the test session.
+        self.runner = ChildRunner(self.spec)
+        self.adapter = self.runner.start()
         name = config.getoption("kvsched_profile") or (self.adapter.profiles[0] if self.adapter.profiles else "safety")
         self.profile = get_profile(name)
         self.examples = config.getoption("kvsched_examples") or 100
@@ -46,11 +49,13 @@ class _Run:
     @property
     def result(self):
         if self._result is None:
-            from conformance.adapter import load_adapter
             from conformance.fuzz import fuzz
 
-            self._result = fuzz(lambda: load_adapter(self.spec), self.profile, max_examples=self.examples,
-                                seed_value=self.seed, out_dir=self.out)
+            try:
+                self._result = fuzz(self.runner, self.profile, max_examples=self.examples, seed_value=self.seed,
+                                    out_dir=self.out, adapter_spec=self.spec)
+            finally:
+                self.runner.close()
         return self._result
 
 
@@ -86,6 +91,7 @@ class KvschedFailure(AssertionError):
             f"{invariant_id}: {statement}\n{finding.message}\n"
             f"counterexample ({finding.steps} steps): {finding.path}\n"
             f"replay: kvsched replay {finding.path} --adapter {spec}"
+            + (f"\nat {finding.location}" if getattr(finding, "location", None) else "")
         )
 
 
@@ -97,7 +103,7 @@ def pytest_collection_modifyitems(session, config, items):
     ids = [inv.id for inv in run.profile.invariants()]
     if run.profile.lockstep and run.profile.name in run.adapter.profiles:
         ids.append("LOCKSTEP")
-    ids += ["FAULT-raised", "FAULT-hang", "FAULT-malformed"]
+    ids += [f"FAULT-{kind}" for kind in ("raised", "hang", "malformed", "exit", "crash", "memory", "output")]
     for invariant_id in ids:
         items.append(KvschedItem.from_parent(session, name=f"kvsched[{invariant_id}]", run=run, invariant_id=invariant_id))
 

@@ -1,8 +1,11 @@
 """Reports of a conformance run: a terminal summary, JSON (versioned) and JUnit XML.
 
 Each invariant of the profile gets one status, like a test262 row: ``pass`` (checked on every
-step of every trace and never violated), ``fail`` (with a shrunk, replayable trace), or
-``not_applicable`` (the adapter does not expose what it needs: never counted as a pass).
+step of every trace and never violated), ``fail`` (with a shrunk, replayable trace),
+``not_applicable`` (the adapter does not expose what it needs: never counted as a pass),
+``expected`` (failed, and the expectations file lists it: shrunk and saved all the same),
+``unexpected_pass`` (listed as expected, not seen in this run), or ``skipped`` (``--skip`` or the
+expectations file: not checked).
 """
 
 from __future__ import annotations
@@ -18,12 +21,29 @@ from spec.catalogue import get
 REPORT_VERSION = 1
 
 
+STATUSES = ("pass", "fail", "expected", "unexpected_pass", "not_applicable", "skipped")
+
+
+def _status(result: FuzzResult, problem: str, finding: Any) -> str:
+    if problem in result.expected:
+        return "expected" if finding else "unexpected_pass"
+    return "fail" if finding else "pass"
+
+
+def replay_command(result: FuzzResult, finding: Any) -> str:
+    """The command that runs ``finding``'s trace again, as the user can paste it."""
+    import shlex
+
+    spec = result.adapter_spec or result.adapter
+    return f"kvsched replay {shlex.quote(str(finding.path))} --adapter {shlex.quote(spec)} --profile {result.profile}"
+
+
 def rows(result: FuzzResult) -> list[dict[str, Any]]:
     out = []
     for inv_id in [*result.active, *result.not_applicable]:
         inv = get(inv_id)
         finding = result.findings.get(inv_id)
-        status = "not_applicable" if inv_id in result.not_applicable else ("fail" if finding else "pass")
+        status = "not_applicable" if inv_id in result.not_applicable else _status(result, inv_id, finding)
         out.append({
             "id": inv_id,
             "category": inv.category,
@@ -36,13 +56,21 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
             "message": finding.message if finding else None,
             "needs": sorted(c.value for c in inv.needs) if status == "not_applicable" else None,
         })
+    for inv_id, reason in sorted(result.skipped.items()):
+        if inv_id == "LOCKSTEP" or inv_id in result.active or inv_id in result.not_applicable:
+            continue
+        inv = get(inv_id)
+        out.append({"id": inv_id, "category": inv.category, "statement": inv.statement, "status": "skipped",
+                    "exercised_steps": 0, "counterexample": None, "html": None, "counterexample_steps": None,
+                    "message": reason, "needs": None})
     for problem, finding in sorted(result.findings.items()):
         if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
             out.append({
                 "id": problem,
                 "category": "lockstep" if problem == "LOCKSTEP" else "adapter",
                 "statement": "agrees with the reference step for step" if problem == "LOCKSTEP" else "the adapter answered",
-                "status": "fail",
+                "status": _status(result, problem, finding),
+                "location": finding.location,
                 "exercised_steps": result.steps_checked,
                 "counterexample": str(finding.path) if finding.path else None,
                 "html": str(finding.html) if finding.html else None,
@@ -50,15 +78,21 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
                 "message": finding.message,
                 "needs": None,
             })
+    for problem in sorted(result.expected):
+        if problem.startswith("FAULT-") and problem not in result.findings:
+            out.append({"id": problem, "category": "adapter", "statement": "the adapter answered",
+                        "status": "unexpected_pass", "exercised_steps": result.steps_checked, "counterexample": None,
+                        "html": None, "counterexample_steps": None, "message": result.expected[problem], "needs": None})
     if result.lockstep and "LOCKSTEP" not in result.findings:
         out.append({"id": "LOCKSTEP", "category": "lockstep", "statement": "agrees with the reference step for step",
-                    "status": "pass", "exercised_steps": result.steps_checked, "counterexample": None, "html": None,
+                    "status": _status(result, "LOCKSTEP", None), "exercised_steps": result.steps_checked, "counterexample": None, "html": None,
                     "counterexample_steps": None, "message": None, "needs": None})
     return out
 
 
 def conforming(result: FuzzResult) -> bool:
-    return not result.findings
+    """No finding that the expectations do not list."""
+    return not result.unexpected
 
 
 def to_json(result: FuzzResult) -> dict[str, Any]:
@@ -71,9 +105,13 @@ def to_json(result: FuzzResult) -> dict[str, Any]:
         "examples": result.examples,
         "steps_checked": result.steps_checked,
         "seconds": round(result.seconds, 3),
+        "adapter_spec": result.adapter_spec,
         "lockstep": result.lockstep,
         "conforming": conforming(result),
-        "summary": {s: sum(1 for r in table if r["status"] == s) for s in ("pass", "fail", "not_applicable")},
+        "interrupted": result.interrupted,
+        "stopped_early": result.stopped_early,
+        "replayed": result.replayed,
+        "summary": {s: sum(1 for r in table if r["status"] == s) for s in STATUSES},
         "invariants": table,
         "coverage": result.coverage.to_dict() if result.coverage else None,
     }
@@ -89,7 +127,8 @@ def write_junit(result: FuzzResult, path: Path) -> None:
     suite = ET.Element(
         "testsuite", name=f"kvsched.{result.adapter}.{result.profile}", tests=str(len(table)),
         failures=str(sum(r["status"] == "fail" for r in table)),
-        skipped=str(sum(r["status"] == "not_applicable" for r in table)), time=f"{result.seconds:.3f}",
+        skipped=str(sum(r["status"] in ("not_applicable", "skipped", "expected") for r in table)),
+        time=f"{result.seconds:.3f}",
     )
     for r in table:
         case = ET.SubElement(suite, "testcase", classname=f"kvsched.{result.profile}.{r['category']}", name=r["id"])
@@ -98,6 +137,8 @@ def write_junit(result: FuzzResult, path: Path) -> None:
             failure.text = f"{r['statement']}\ncounterexample: {r['counterexample']}\n{r['message']}"
         elif r["status"] == "not_applicable":
             ET.SubElement(case, "skipped", message=f"adapter lacks {', '.join(r['needs'] or [])}")
+        elif r["status"] in ("skipped", "expected"):
+            ET.SubElement(case, "skipped", message=f"{r['status']}: {r['message'] or ''}"[:500])
     path.parent.mkdir(parents=True, exist_ok=True)
     root = ET.Element("testsuites", name="kvsched")
     root.append(suite)
@@ -106,22 +147,30 @@ def write_junit(result: FuzzResult, path: Path) -> None:
 
 def print_terminal(result: FuzzResult) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=max(Console().width, 120))
     table = Table(title=f"kvsched conform: adapter {result.adapter}, profile {result.profile}")
     for col in ("invariant", "category", "status", "steps exercised", "counterexample"):
         table.add_column(col, no_wrap=col != "counterexample")
-    style = {"pass": "green", "fail": "bold red", "not_applicable": "yellow"}
+    style = {"pass": "green", "fail": "bold red", "not_applicable": "yellow", "expected": "magenta",
+             "unexpected_pass": "cyan", "skipped": "yellow"}
     for r in rows(result):
         where = f"{r['counterexample']} ({r['counterexample_steps']} steps)" if r["counterexample"] else ""
         table.add_row(r["id"], r["category"], f"[{style[r['status']]}]{r['status']}[/]", str(r["exercised_steps"]), where)
     console.print(table)
     summary = to_json(result)["summary"]
+    counts = ", ".join(f"{s.replace('_', ' ')} {summary[s]}" for s in STATUSES if summary[s] or s in ("pass", "fail"))
+    replayed = f", {result.replayed} saved traces replayed first" if result.replayed else ""
     console.print(
-        f"{result.examples} traces, {result.steps_checked} steps checked in {result.seconds:.1f} s (seed {result.seed}); "
-        f"pass {summary['pass']}, fail {summary['fail']}, not applicable {summary['not_applicable']}"
+        f"{result.examples} traces, {result.steps_checked} steps checked in {result.seconds:.1f} s "
+        f"(seed {result.seed}{replayed}); {counts}"
     )
+    if result.stopped_early:
+        console.print(f"[bold yellow]stopped early[/]: {escape(result.stopped_early)}")
+    if result.interrupted:
+        console.print("[bold yellow]interrupted[/]: the search stopped early; findings below are unshrunk where marked")
     if result.coverage:
         unreached_inv = [i for i in result.active if not result.coverage.steps[i]]
         unreached = result.coverage.unreached_edges()
@@ -132,6 +181,11 @@ def print_terminal(result: FuzzResult) -> None:
         else:
             console.print("every lifecycle edge was reached")
     for problem, finding in sorted(result.findings.items()):
-        console.print(f"[bold red]{problem}[/]: {finding.message}", highlight=False)
-        console.print(f"  replay: kvsched replay {finding.path} --adapter {result.adapter}", highlight=False)
-    console.print("[green]conforming[/]" if conforming(result) else f"[red]{len(result.findings)} problem(s) found[/]")
+        label = "[magenta]expected[/] " if problem in result.expected else ""
+        console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
+        if finding.location:
+            console.print(f"  at {finding.location}", highlight=False, markup=False)
+        shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
+        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False)
+    unexpected = len(result.unexpected)
+    console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 from pathlib import Path
 
-from conformance.adapter import load_adapter
+from conformance.expectations import load_expectations, parse_skip
 from conformance.fuzz import fuzz
+from conformance.isolated import ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
 from conformance.report import conforming, print_terminal, write_json, write_junit
 from spec.errors import InputError
@@ -25,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
     p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds an adapter call may take before it counts as hung")
+    p.add_argument("--skip", help="invariant IDs (or LOCKSTEP) not to check, comma-separated")
+    p.add_argument("--expect", type=Path, help="an expectations file: known failures, each with a reason (docs/ADAPTERS.md)")
+    p.add_argument("--max-memory", type=int, default=8192, metavar="MB", help="the adapter process's memory limit (default 8192)")
+    p.add_argument("--max-output", type=int, default=16, metavar="MB", help="what the adapter may print per trace (default 16)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -36,11 +42,35 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--time-budget", f"must be > 0, got {args.time_budget}")
     if args.timeout <= 0:
         raise InputError("--timeout", f"must be > 0, got {args.timeout}")
-    adapter = load_adapter(args.adapter)
-    profile = get_profile(args.profile or (adapter.profiles[0] if adapter.profiles else "safety"))
+    if args.max_memory < 64:
+        raise InputError("--max-memory", f"must be >= 64 (MB), got {args.max_memory}")
+    if args.max_output < 1:
+        raise InputError("--max-output", f"must be >= 1 (MB), got {args.max_output}")
+    expectations = load_expectations(args.expect).with_skips(parse_skip(args.skip))
+    if args.profile is not None:
+        get_profile(args.profile)  # a bad name fails before the adapter's process starts
+    args.out.mkdir(parents=True, exist_ok=True)
+    runner = ChildRunner(args.adapter, Limits(timeout=args.timeout, max_memory_mb=args.max_memory,
+                                              max_output_mb=args.max_output), log=args.out / "adapter-output.log")
+    # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _conform(args, runner, expectations)
+    finally:
+        runner.close()
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _conform(args: argparse.Namespace, runner: ChildRunner, expectations) -> int:
+    info = runner.start()
+    profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)
-    print(f"kvsched conform: adapter {adapter.name}, profile {profile.name}, seed {seed}", flush=True)
+    print(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}", flush=True)
 
     progress_cb = None
     progress = None
@@ -58,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = fuzz(
-            lambda: load_adapter(args.adapter), profile, max_examples=max_examples, time_budget=args.time_budget,
-            seed_value=seed, out_dir=args.out, timeout=args.timeout, on_example=progress_cb,
+            runner, profile, max_examples=max_examples, time_budget=args.time_budget, seed_value=seed,
+            out_dir=args.out, timeout=args.timeout, on_example=progress_cb, expectations=expectations,
+            adapter_spec=args.adapter,
         )
     finally:
         if progress is not None:
@@ -69,4 +100,6 @@ def run(args: argparse.Namespace) -> int:
         write_json(result, args.json)
     if args.junit:
         write_junit(result, args.junit)
+    if result.interrupted and conforming(result):
+        return 130  # stopped before the budget was spent: not a pass
     return 0 if conforming(result) else 1

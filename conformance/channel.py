@@ -1,0 +1,95 @@
+"""The runner <-> adapter-process channel: length-prefixed JSON frames over a pair of pipes, and
+a small shared "stamp" through which the adapter's process says which call it is in.
+
+Frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON. Pipes carry them
+instead of the child's stdout so that whatever the adapter prints never mixes with the
+protocol (or with the report).
+
+The stamp is a memory-mapped file of 24 bytes, written by the child before and after every
+adapter call and read by the parent's watchdog: a call counter, the call's start on the
+machine's monotonic clock (the same clock in every process), the step, and which call (0 while
+the runner itself is working). Writing it costs well under a microsecond a call; a message per
+call would cost a round trip per call, which is what isolation must not cost (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import time
+from typing import Any
+
+_LENGTH = struct.Struct(">I")
+MAX_FRAME = 64 << 20  # a summary is a few KB; anything near this is a broken peer
+
+
+class ChannelClosed(Exception):
+    """The other end went away (EOF) or sent something that is not a frame."""
+
+
+def send(fd: int, message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    view = memoryview(_LENGTH.pack(len(data)) + data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_exact(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise ChannelClosed("end of stream")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive(fd: int) -> dict[str, Any]:
+    (length,) = _LENGTH.unpack(read_exact(fd, _LENGTH.size))
+    if length > MAX_FRAME:
+        raise ChannelClosed(f"frame of {length} bytes")
+    try:
+        message = json.loads(read_exact(fd, length))
+    except ValueError as err:
+        raise ChannelClosed(f"not JSON: {err}") from None
+    if not isinstance(message, dict):
+        raise ChannelClosed("a frame that is not an object")
+    return message
+
+
+# --------------------------------------------------------------------------- the call stamp
+CALLS = ("", "reset", "add_request", "abort_request", "schedule", "update", "snapshot", "load")
+_STAMP = struct.Struct("<qdii")  # calls started, start time (monotonic), step, call index (0: none)
+
+
+class Stamp:
+    """The shared stamp; the child `enter`s and `leave`s calls, the parent `read`s."""
+
+    def __init__(self, path: str, create: bool = False) -> None:
+        if create:
+            with open(path, "wb") as f:
+                f.write(b"\0" * _STAMP.size)
+        self._file = open(path, "r+b")  # noqa: SIM115 - kept open with the map
+        self._map = mmap.mmap(self._file.fileno(), _STAMP.size)
+        self.calls = 0
+        self.step = 0
+
+    def enter(self, call: str) -> None:
+        self.calls += 1
+        _STAMP.pack_into(self._map, 0, self.calls, time.monotonic(), self.step, CALLS.index(call))
+
+    def leave(self) -> None:
+        _STAMP.pack_into(self._map, 0, self.calls, 0.0, self.step, 0)
+
+    def read(self) -> tuple[int, float, int, str]:
+        """(calls started, start of the current call, step, current call or "")."""
+        calls, started, step, call = _STAMP.unpack_from(self._map, 0)
+        return calls, started, step, CALLS[call] if 0 <= call < len(CALLS) else "?"
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()

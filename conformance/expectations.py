@@ -1,0 +1,100 @@
+"""Known failures and skipped checks, kept per engine as data (as test262 and the wasm spec tests
+keep theirs), instead of a hand-made profile per engine.
+
+An expectations file is versioned JSON::
+
+    {"version": 1,
+     "expected": [{"id": "RES-004", "reason": "frees a finished request's blocks one step late",
+                   "source": "myengine/scheduler.py:free_finished"}],
+     "skip": [{"id": "LOCKSTEP", "reason": "a different admission order by design"}]}
+
+``expected``: the run still checks these, still shrinks and saves each failure, and reports it
+as ``expected`` (it does not make the run fail); one that is not seen in the run is reported as
+``unexpected_pass``, a hint to update the file (not a failure: a fuzz run that did not meet a
+bug has not shown it is gone). ``skip``: not checked at all, reported as ``skipped``. An id is
+an invariant ID, ``LOCKSTEP``, or ``FAULT-<kind>`` (expected only). ``--skip ID[,ID]`` adds skips
+on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spec.errors import InputError
+
+EXPECTATIONS_VERSION = 1
+_FAULT_KINDS = ("raised", "hang", "malformed", "config-rejected", "exit", "crash", "memory", "output")
+
+
+@dataclass(frozen=True)
+class Expectations:
+    expected: dict[str, str] = field(default_factory=dict)  # problem id -> reason
+    skip: dict[str, str] = field(default_factory=dict)  # invariant id or LOCKSTEP -> reason
+
+    def with_skips(self, ids: list[str], reason: str = "--skip") -> Expectations:
+        return Expectations(self.expected, {**self.skip, **{i: reason for i in ids}})
+
+
+def _known_ids() -> set[str]:
+    from spec.catalogue import catalogue
+
+    return {inv.id for inv in catalogue()} | {"LOCKSTEP"}
+
+
+def check_id(problem: str, where: str, *, faults: bool) -> str:
+    if problem in _known_ids() or (faults and problem.removeprefix("FAULT-") in _FAULT_KINDS and problem.startswith("FAULT-")):
+        return problem
+    allowed = "an invariant ID, LOCKSTEP" + (" or FAULT-<kind>" if faults else "")
+    raise InputError(where, f"unknown id {problem!r} (expected {allowed}; see `kvsched invariants`)")
+
+
+def parse_skip(value: str | None) -> list[str]:
+    if not value:
+        return []
+    return [check_id(part.strip(), "--skip", faults=False) for part in value.split(",") if part.strip()]
+
+
+def load_expectations(path: Path | None) -> Expectations:
+    if path is None:
+        return Expectations()
+    where = "--expect"
+    try:
+        if not path.is_file():
+            raise InputError(where, f"{path} is not a file")
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20 + 1)
+        if len(raw) > 1 << 20:
+            raise InputError(where, f"{path} is larger than 1 MB")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        if isinstance(err, InputError):
+            raise
+        raise InputError(where, f"{path} is not a readable JSON file ({type(err).__name__})") from None
+    return expectations_from_dict(data, where)
+
+
+def expectations_from_dict(data: Any, where: str = "expectations") -> Expectations:
+    if not isinstance(data, dict):
+        raise InputError(where, "must be a JSON object")
+    if data.get("version") != EXPECTATIONS_VERSION:
+        raise InputError(f"{where}.version", f"must be {EXPECTATIONS_VERSION}, got {data.get('version')!r}")
+    unknown = set(data) - {"version", "expected", "skip", "adapter", "profile", "comment"}
+    if unknown:
+        raise InputError(f"{where}.{sorted(unknown)[0]}", "unknown field (known: version, expected, skip, adapter, profile, comment)")
+    parts: dict[str, dict[str, str]] = {}
+    for name in ("expected", "skip"):
+        entries = data.get(name, [])
+        if not isinstance(entries, list):
+            raise InputError(f"{where}.{name}", "must be a list of {id, reason}")
+        parts[name] = {}
+        for i, entry in enumerate(entries):
+            at = f"{where}.{name}[{i}]"
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                raise InputError(at, "must be an object with an 'id' string")
+            if not isinstance(entry.get("reason"), str) or not entry["reason"].strip():
+                raise InputError(f"{at}.reason", "must say why (a non-empty string)")
+            parts[name][check_id(entry["id"], f"{at}.id", faults=name == "expected")] = entry["reason"]
+    return Expectations(parts["expected"], parts["skip"])

@@ -1,0 +1,155 @@
+"""The adapter's own process: load the adapter, then run whole traces for the runner.
+
+Started by `conformance.isolated.ChildRunner` as ``python -m conformance.worker``; never run by
+hand. The runner's process never imports the adapter: everything that touches it happens here.
+One round trip per trace, not per call: the runner sends a trace and the checks to make, this
+process drives the adapter through it with `conformance.driver.run_checked` (the same driver as
+in process), checks every step, and answers with a `conformance.summary.TraceSummary`.
+
+What it does so that nothing the adapter does can pass, hang or crash the runner:
+1. It dies with the runner (``PR_SET_PDEATHSIG``) and sits in its own session, so a Ctrl-C at
+   the terminal reaches only the runner, which then ends it.
+2. Each adapter call is stamped (`conformance.channel.Stamp`) so the runner's watchdog can time
+   it and kill this process when it hangs, however the adapter treats signals or exceptions.
+3. ``faulthandler`` writes the Python stack to a file on a crash (SIGSEGV, ...) and on SIGUSR1,
+   which the watchdog sends before killing a hung call: that is how a fault gets the adapter's
+   file:line.
+4. Every exception an adapter call raises, ``SystemExit`` and ``KeyboardInterrupt`` included, is
+   a fault of that call, with the adapter's frame as its location.
+5. Its stdout and stderr are a pipe the runner drains into a capped log, away from the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from conformance.channel import ChannelClosed, Stamp, receive, send
+from conformance.guard import AdapterFault, exception_location
+
+
+class StampedGuard:
+    """The driver's guard in this process: no timer (the runner's watchdog times calls), every
+    exception a fault, and a stamp around each call."""
+
+    dead = False
+
+    def __init__(self, stamp: Stamp) -> None:
+        self.stamp = stamp
+
+    def at_step(self, step: int) -> None:
+        self.stamp.step = step
+
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.stamp.enter(name)
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as err:
+            raise AdapterFault("exit", name, f"called sys.exit({err.code!r})", exception_location(err)) from None
+        except BaseException as err:  # noqa: BLE001 - whatever the adapter raises is its fault
+            raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from None
+        finally:
+            self.stamp.leave()
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed request pipe ends this process instead
+        pass
+
+
+def _hello(adapter: Any) -> dict[str, Any]:
+    domain = getattr(adapter, "config_domain", None)
+    return {
+        "op": "hello",
+        "name": str(getattr(adapter, "name", "adapter")),
+        "profiles": [str(p) for p in getattr(adapter, "profiles", ("safety",))],
+        "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
+        "domain": domain.to_dict() if hasattr(domain, "to_dict") else None,
+    }
+
+
+def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
+    from conformance.coverage import exercised
+    from conformance.driver import run_checked
+    from conformance.summary import summarize
+    from spec.catalogue import get
+    from spec.trace import Trace
+
+    trace = Trace.from_dict(request["trace"])
+    invariants = [get(i) for i in request["invariants"]]
+    reference = request.get("reference")
+    factory = None
+    if reference:
+        import importlib
+
+        module, _, attr = reference.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
+                         stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
+                         stop_on=request.get("stop_on"))
+    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    if request.get("html"):
+        from conformance.fuzz import write_html
+
+        written = write_html(request["html"], trace, result)
+        summary.html = str(written) if written else None
+    return {"op": "result", "summary": summary.to_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.worker")
+    parser.add_argument("--adapter", required=True)
+    parser.add_argument("--requests", type=int, required=True, help="fd the runner writes requests to")
+    parser.add_argument("--answers", type=int, required=True, help="fd this process answers on")
+    parser.add_argument("--stamp", required=True)
+    parser.add_argument("--dump", required=True, help="file for faulthandler's stacks")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when this process ends
+    dump = open(args.dump, "w")  # noqa: SIM115 - open for the life of the process
+    faulthandler.enable(dump, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, dump, all_threads=True)
+    for entry in os.environ.get("KVSCHED_PARENT_PATH", "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.append(entry)  # what the runner could import, this process can too
+    stamp = Stamp(args.stamp)
+    guard = StampedGuard(stamp)
+
+    from conformance.adapter import load_adapter
+    from spec.errors import InputError
+
+    stamp.enter("load")
+    try:
+        adapter = load_adapter(args.adapter)
+    except InputError as err:
+        send(args.answers, {"op": "input-error", "where": err.where, "message": err.message})
+        return 0
+    except BaseException as err:  # noqa: BLE001 - a factory may fail in any way: one line for the user
+        send(args.answers, {"op": "input-error", "where": "--adapter",
+                            "message": f"{args.adapter} failed to load: {type(err).__name__}: {err} "
+                                       f"(at {exception_location(err)})"})
+        return 0
+    finally:
+        stamp.leave()
+    send(args.answers, _hello(adapter))
+    while True:
+        try:
+            request = receive(args.requests)
+        except ChannelClosed:
+            return 0
+        if request.get("op") != "run":
+            return 0
+        send(args.answers, _run(adapter, request, guard))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
