@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.observation import Capability, Snapshot
+from spec.reservation import Reservation
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
 
@@ -51,8 +52,11 @@ class SchedulerAdapter:
         make: Callable[[SchedulerConfig], Any],
         profiles: Sequence[str] = ("safety",),
         capabilities: frozenset[Capability] | None = None,
+        reservation: Reservation | None = None,
     ) -> None:
         self.name = name
+        # What the scheduler reserves beyond its computed tokens (spec.reservation; CAP-006).
+        self.reservation = reservation
         self.profiles = tuple(profiles)
         self._make = make
         self._scheduler: Any = None

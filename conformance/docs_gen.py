@@ -124,7 +124,8 @@ _CAPABILITY_TEXT = {
     Capability.REF_COUNTS: "per-block reference counts on GPU and CPU",
     Capability.FREE_COUNTS: "the number of free blocks on GPU and CPU",
     Capability.FREE_LISTS: "the free block ids themselves",
-    Capability.SEQ_LENGTHS: "tokens and computed (KV-cached) tokens per sequence",
+    Capability.SEQ_LENGTHS: "tokens per sequence: prompt + every sampled token, a stop token included",
+    Capability.COMPUTED_TOKENS: "computed tokens per sequence: those whose KV is in the cache (the last sampled token has none yet)",
     Capability.MID_STEP: "a snapshot right after schedule(), before the outcome",
     Capability.PREFIX_CACHE: "each GPU block's content key (spec.prefix), the cache index, each sequence's token ids",
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
@@ -154,6 +155,30 @@ chosen profile whose needs the adapter's `capabilities` cover; the others are re
 | capability | what it exposes |
 | --- | --- |
 {capabilities}
+### Token counts, and what a scheduler reserves
+
+`SeqView.num_tokens` counts the prompt and every token sampled so far, a stop token included
+(the token that ends a sequence is still delivered to it). `SeqView.num_computed` counts the
+tokens whose KV is in the cache: after a step it is at most `num_tokens - 1`, because the token
+just sampled is computed by the next decode. An engine that does not keep a computed count
+leaves `computed_tokens` out of its capabilities and reports `num_computed=None`; the invariants
+that read it are then `not_applicable`, and the rest (block tables against token counts,
+reservations, residency, requests) still apply.
+
+Schedulers take blocks at different times, and all of them are correct: vLLM V0 takes a token's
+block when the decode that writes it is scheduled; another engine takes it when the token before
+is sampled; another takes prompt + max_tokens at admission and never preempts. Safety checks the
+range (CAP-004..006): a table covers at least the computed tokens and at most the sequence's
+tokens plus what the adapter declares it reserves, as `adapter.reservation =
+spec.reservation.Reservation(lookahead_tokens=..., whole_request=...)` (or the `reservation=`
+argument of `SchedulerAdapter`). No declaration means no reservation. The exact counts of
+vLLM V0 (CAP-001, CAP-002, ADM-001), its watermark (ADM-002) and freeing in the finishing step
+(RES-004) are policy, checked by the `vllm-v0`, `vllm-v1` and `nano-vllm` profiles.
+
+A scheduler may refuse a request it can never serve at `add_request`, returning its
+`Finished(request_id, FINISHED_IGNORED)`: that is the request's one finish, and it counts as
+reported (LEN-003).
+
 ## Profiles
 
 | profile | categories | lockstep with the reference | meaning |

@@ -121,7 +121,7 @@ def _run_checked(
             # trace: the shrinker must not trade one for the other.
             raise AdapterFault("config-rejected", "reset", fault.message) from fault
         caps = frozenset(adapter.capabilities)
-        checker = Checker(trace.config, caps, invariants)
+        checker = Checker(trace.config, caps, invariants, reservation=getattr(adapter, "reservation", None))
         result.active, result.not_applicable = checker.active, checker.not_applicable
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})
@@ -144,6 +144,7 @@ def _run_checked(
                 if reference:
                     reference.add_request(request)
                 unfinished.add(request.request_id)
+            refused = frozenset(f.request_id for f in finished)
             aborted = tuple(trace.aborts_at(step))
             for rid in aborted:
                 finished.extend(check_finished(guard.call("abort_request", adapter.abort_request, rid), "abort_request"))
@@ -159,7 +160,8 @@ def _run_checked(
             stopped = trace.stops_at(step)
             finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped)), "update"))
             after = check_snapshot(guard.call("snapshot", adapter.snapshot)) if observe else _EMPTY
-            record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after)
+            record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
+                                refused=refused)
             result.records.append(record)
             result.violations.extend(checker.check_step(record))
             if reference is not None:

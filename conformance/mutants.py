@@ -143,7 +143,7 @@ class _AllocateOneShort(BlockManager):
 
 
 mutant("admission-one-block-short", "admission allocates one block fewer than the prompt needs",
-       ("RES-001", "CAP-002", "ADM-001"))(_with_block_manager(_AllocateOneShort))
+       ("RES-001", "CAP-002", "ADM-001", "CAP-004", "CAP-005", "ADM-003"))(_with_block_manager(_AllocateOneShort))
 
 
 class _AppendEveryStep(BlockManager):
@@ -155,7 +155,7 @@ class _AppendEveryStep(BlockManager):
 
 
 mutant("append-spare-block", "every decode grabs a spare block it does not need",
-       ("CAP-001", "CAP-002"))(_with_block_manager(_AppendEveryStep))
+       ("CAP-001", "CAP-002", "CAP-006"))(_with_block_manager(_AppendEveryStep))
 
 
 class _WriteSharedInPlace(BlockManager):
@@ -268,6 +268,23 @@ mutant("swap-keeps-gpu-blocks", "a swapped victim keeps its GPU blocks",
        ("RES-002",))(_with_block_manager(_SwapKeepsGpuTables))
 
 
+class _SwapDropsKv(BlockManager):
+    """A "swap" that moves the tables but copies no KV, then resumes decoding on blocks that
+    hold nothing: every count stays right, only the swap maps tell."""
+
+    def swap_out(self, group: SequenceGroup) -> tuple[tuple[int, int], ...]:
+        super().swap_out(group)
+        return ()  # bug: the victim's KV is never copied to its CPU blocks
+
+    def swap_in(self, group: SequenceGroup) -> tuple[tuple[int, int], ...]:
+        super().swap_in(group)
+        return ()  # bug: nor back to the GPU
+
+
+mutant("swap-drops-kv", "a swap moves the block tables but copies no KV, and decoding resumes on empty blocks",
+       ("SWP-001", "SWP-002"))(_with_block_manager(_SwapDropsKv))
+
+
 # ---------------------------------------------------------------------------------- scheduler rules
 @mutant("recompute-keeps-blocks", "a recompute victim keeps its blocks while it waits", ("RES-003",))
 class _RecomputeKeepsBlocks(Scheduler):
@@ -278,7 +295,7 @@ class _RecomputeKeepsBlocks(Scheduler):
         self._enqueue(self.waiting, victim)
 
 
-@mutant("finished-keeps-blocks", "a finished sequence's blocks are never released", ("RES-004",))
+@mutant("finished-keeps-blocks", "a finished sequence's blocks are never released", ("RES-004", "RES-005"))
 class _FinishedKeepsBlocks(Scheduler):
     def _check_stop(self, group: SequenceGroup, seq: Sequence, stopped: frozenset[str]) -> None:
         if seq.seq_id in stopped:
@@ -420,6 +437,18 @@ class _AbortLeavesWaiting(Scheduler):
             if group.status.is_finished:
                 group.status = Status.WAITING  # the queue forgets the abort
         super()._schedule_prefills(budget, step)
+
+
+@mutant("stop-to-wrong-request", "a stop token is delivered to the next sequence in the batch, not its own",
+        ("REQ-005",))
+class _StopToWrongRequest(Scheduler):
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        output = self._last_output
+        if output is not None and outcome.stopped:
+            order = [s.seq_id for s in output.scheduled]
+            moved = {order[(order.index(sid) + 1) % len(order)] if sid in order else sid for sid in outcome.stopped}
+            outcome = StepOutcome(frozenset(moved))  # bug: each stop lands on the next sequence in the batch
+        return super().update(outcome)
 
 
 @mutant("decode-scheduled-twice", "a decode group's first sequence is put in the batch twice", ("OUT-001",))

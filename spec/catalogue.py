@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from spec.config import SchedulerConfig
 from spec.invariants._views import forget
 from spec.observation import Capability, StepRecord
+from spec.reservation import NONE, Reservation
 from spec.status import Status
-from spec.types import Request
+from spec.types import Request, request_of
 
 CATEGORIES = ("safety", "policy", "liveness")
 
@@ -38,6 +39,11 @@ class CheckContext:
     # The previous step's record when every check passed on it: incremental checks need not
     # look again at what is unchanged since (spec.invariants._views.fresh_*). None: check all.
     previous: StepRecord | None = None
+    # What the scheduler declares it reserves beyond its computed tokens (CAP-006).
+    reservation: Reservation = NONE
+    # Requests one of whose sequences an outcome stopped while it was scheduled, this step
+    # included: only those may finish as FINISHED_STOPPED (REQ-005).
+    stopped: set[str] = field(default_factory=set)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -174,9 +180,10 @@ class Checker:
         config: SchedulerConfig,
         capabilities: frozenset[Capability],
         invariants: Iterable[Invariant] | None = None,
+        reservation: Reservation | None = None,
     ) -> None:
         chosen = list(invariants) if invariants is not None else catalogue()
-        self.context = CheckContext(config)
+        self.context = CheckContext(config, reservation=reservation or NONE)
         self.active = [inv for inv in chosen if inv.applicable(capabilities)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities)]
         self._step_checks = [inv for inv in self.active if inv.step is not None]
@@ -188,6 +195,9 @@ class Checker:
             ctx.requests[request.request_id] = request
             ctx.arrival[request.request_id] = len(ctx.arrival)
             ctx.last_arrival_step = record.step
+        if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
+            ran = {s.request_id for s in record.output.scheduled}
+            ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)
         found = [
             Violation(inv.id, record.step, message)
             for inv in self._step_checks
@@ -215,9 +225,10 @@ def check_records(
     records: Iterable[StepRecord],
     drained: bool,
     ended_at_max_steps: bool = False,
+    reservation: Reservation | None = None,
 ) -> Iterator[Violation]:
     """Check a whole recorded run (convenience for tests and replay)."""
-    checker = Checker(config, capabilities)
+    checker = Checker(config, capabilities, reservation=reservation)
     for record in records:
         yield from checker.check_step(record)
     yield from checker.check_end(drained, ended_at_max_steps)

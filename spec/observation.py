@@ -26,7 +26,12 @@ class Capability(StrEnum):
     REF_COUNTS = "ref_counts"  # per-block reference counts on GPU and CPU
     FREE_COUNTS = "free_counts"  # number of free blocks on GPU and CPU
     FREE_LISTS = "free_lists"  # the free block ids themselves
-    SEQ_LENGTHS = "seq_lengths"  # tokens and computed (KV-cached) tokens per sequence
+    SEQ_LENGTHS = "seq_lengths"  # tokens per sequence (prompt + every sampled token, a stop token included)
+    # The scheduler tracks each sequence's computed tokens: SeqView.num_computed is the number of
+    # its tokens whose KV is in the cache (the last sampled token, a stop token included, has none
+    # until the decode that computes it). An engine that does not keep that count leaves this out
+    # and reports num_computed None; the invariants that read it are then not_applicable.
+    COMPUTED_TOKENS = "computed_tokens"  # num_computed is tracked (the KV-cached tokens per sequence)
     MID_STEP = "mid_step"  # a snapshot right after schedule(), before the outcome
     # Prefix caching: each GPU block's content key, the cache index (key -> blocks a lookup can
     # find) and each sequence's token ids. Exposed by the schedulers of today's engines
@@ -138,3 +143,6 @@ class StepRecord:
     finished: tuple[Finished, ...]  # from aborts and from the outcome, in that order
     after: Snapshot
     extra: Mapping[str, object] = field(default_factory=dict)
+    # Requests the scheduler refused at the door in this step: add_request returned their
+    # Finished (FINISHED_IGNORED), which is in ``finished`` too. Not in any output's ``ignored``.
+    refused: frozenset[str] = frozenset()

@@ -21,6 +21,7 @@ MUTANT_TRACES = 25
 RARE_ON_THESE_TRACES = {
     "abort-finished-again", "admission-ignores-watermark", "recompute-to-back", "running-in-admission-order",
     "v1-ignores-partial-prefill-limit",
+    "stop-to-wrong-request",  # needs a stop on a sequence batched with another request's
 }
 
 

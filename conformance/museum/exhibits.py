@@ -181,7 +181,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         "the partial last block and a new slot as well, so the swap-in eats into the watermark (or runs the "
         "free list dry).",
         expected=("ADM-002",),
-        profile="safety",
+        profile="vllm-v0",
         factory=new.SwapInUndercount,
         mutant="swap-in-counts-full-blocks",
         code=(new.SwapInCountsFullBlocks.blocks_to_swap_in,),
@@ -257,7 +257,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         source_id="abort-swapped-leak",
         bug_class="The abort path assumes a request that is not running owns no KV memory, so a swapped-out "
         "request is finished with its CPU blocks still held.",
-        expected=("RES-004",),
+        expected=("RES-005",),
         profile="safety",
         factory=new.AbortSwappedKeepsBlocks,
         mutant="abort-swapped-keeps-blocks",
@@ -323,7 +323,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         source_id="partial-alloc-no-rollback",
         bug_class="Allocation of a prompt's blocks is not atomic: when the free blocks run out part-way, the "
         "blocks already taken stay with a request that keeps waiting.",
-        expected=("ADM-001", "RES-003"),
+        expected=("ADM-003", "RES-003"),
         profile="safety",
         factory=_reused("partial-allocation"),
         mutant="partial-allocation",

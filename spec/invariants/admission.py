@@ -1,4 +1,4 @@
-"""Admission: all of a prompt's blocks at once, and never below the watermark."""
+"""Admission: all of a prompt's blocks at once, and (vLLM's policy) never below the watermark."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from spec.status import Status
 
 
 @invariant(
-    "ADM-001", "safety",
+    "ADM-001", "policy",
     """Atomic admission: after schedule(), a request admitted in this step holds every block its
     prefill (with chunked prefill: its first chunk) needs, and a request still waiting holds none.""",
     """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more).
     The spec decides against it, as vLLM does: can_allocate answers for the whole prompt and
     allocate takes all its blocks or none. A partial holder waits while holding what others need,
-    which deadlocks two such requests.""",
-    (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS),
+    which deadlocks two such requests. Policy, not safety: *exactly* the prefill's blocks is vLLM's
+    allocate; a scheduler that reserves prompt + max_tokens at admission takes more, all at once.
+    Safety keeps the atomic part (ADM-003, RES-003).""",
+    (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
 def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -40,12 +42,14 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "ADM-002", "safety",
+    "ADM-002", "policy",
     "In a step that admits a prompt or swaps a request in, at least the watermark of GPU blocks is free after schedule().",
     """vLLM's can_allocate and can_swap_in keep watermark_blocks = int(watermark * num_gpu_blocks)
     free so the running sequences can keep decoding without preempting at once; the seed's
     'preemption overhead' pitfall (seed 000 §3.5) is what the watermark avoids. Decode appends
-    may use the watermark (vLLM #255), so only admission steps are checked.""",
+    may use the watermark (vLLM #255), so only admission steps are checked. Policy, not safety:
+    the watermark is vLLM's hedge against preempting at once; a scheduler that reserves a whole
+    request at admission never preempts and needs none, and vLLM V1 and nano-vllm have none.""",
     (C.MID_STEP, C.FREE_COUNTS, C.QUEUES),
 )
 def watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -53,3 +57,35 @@ def watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     entered = admitted(rec) + list(rec.output.swapped_in)
     if entered and rec.mid.gpu_free < ctx.config.watermark_blocks:
         yield f"{entered} entered with {rec.mid.gpu_free} GPU blocks left free, watermark {ctx.config.watermark_blocks}"
+
+
+@invariant(
+    "ADM-003", "safety",
+    """Atomic admission: after schedule(), a request admitted in this step holds, on the GPU, at
+    least every block its prefill needs (with chunked prefill: its first chunk), and a request
+    still waiting holds none.""",
+    """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more);
+    the spec decides against it: a partial holder waits while holding what others need, which
+    deadlocks two such requests. Engine-neutral form of ADM-001: how much more than the prefill a
+    scheduler takes at admission is its policy (CAP-006 bounds it by its declaration).""",
+    (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS),
+)
+def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.seqs is not None
+    bs = ctx.config.block_size
+    chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
+    for rid in admitted(rec):
+        for v in rec.mid.seqs_of(rid):
+            if v.status.is_finished:
+                continue
+            tokens = v.num_tokens or 0
+            if ctx.config.enable_chunked_prefill or ctx.config.enable_prefix_caching:
+                if v.num_computed is None:
+                    continue  # the first chunk's end is unknown without the computed count
+                tokens = min(tokens, v.num_computed + chunk.get(v.seq_id, 0))
+            need = -(-tokens // bs)
+            if len(v.blocks or ()) < need or (need and v.device != "gpu"):
+                yield f"{rid} admitted with {len(v.blocks or ())} {v.device} blocks, {v.seq_id}'s prefill needs {need} on gpu"
+    for sid, v in fresh_mid(ctx, rec):
+        if v.status is Status.WAITING and v.blocks:
+            yield f"{sid} is still waiting after schedule() but holds blocks {list(v.blocks)}"

@@ -60,7 +60,7 @@ def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Without chunked prefill vLLM V0 schedules a whole prompt or one token per sequence
     (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached. Not
     checked with chunked prefill; with prefix caching a prefill may start after a cache hit.""",
-    (C.MID_STEP, C.SEQ_LENGTHS),
+    (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
 def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -118,15 +118,20 @@ def over_long_never_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[st
 
 @invariant(
     "LEN-003", "safety",
-    "An over-long prompt is finished as FINISHED_IGNORED, and every ignored request is reported in the output of the step that ignored it.",
+    """An over-long prompt is finished as FINISHED_IGNORED, and every ignored request is reported,
+    either refused at add_request or in the output of the step that ignored it.""",
     """Seed 003 §2.2 sets FINISHED_IGNORED and drops the request; vLLM returns it in
-    SchedulerOutputs.ignored_seq_groups so the client gets an answer instead of silence.""",
+    SchedulerOutputs.ignored_seq_groups so the client gets an answer instead of silence.
+    Relaxed for engines that refuse an unservable request at the door: add_request returning
+    its Finished is an answer too (vLLM V1's input processor likewise rejects a prompt longer
+    than max_model_len before the scheduler sees it).""",
 )
 def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.prompt_limit
     for f in rec.finished:
         request = ctx.requests.get(f.request_id)
-        if f.status is Status.FINISHED_IGNORED and f.request_id not in rec.output.ignored:
+        if f.status is Status.FINISHED_IGNORED and f.request_id not in rec.output.ignored \
+                and f.request_id not in rec.refused:
             yield f"{f.request_id} finished as ignored without being reported in the step's output"
         if request is not None and request.prompt_len > limit and f.status not in (
             Status.FINISHED_IGNORED, Status.FINISHED_ABORTED

@@ -38,7 +38,7 @@ def at_least_one_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM V1 schedules ``num_tokens - num_computed_tokens`` at most (its comment: computed
     tokens catch up with the tokens); computing past the end reads token ids that do not exist
     and writes KV slots no block was sized for.""",
-    (C.SEQ_LENGTHS,),
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
 def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, sid, v in fresh_in_snapshots(ctx, rec):
@@ -61,7 +61,7 @@ def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM V1's _preempt_request frees the blocks and sets num_computed_tokens = 0 but keeps the
     output tokens, which the resume re-prefills; a stale computed count (nano-vllm PR #207) skips
     tokens on resume, a dropped token (vLLM PR #5349) changes output the client already has.""",
-    (C.SEQ_LENGTHS, C.BLOCK_TABLES),
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.BLOCK_TABLES),
 )
 def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None
@@ -92,7 +92,7 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM V1's _update_after_schedule adds num_scheduled_tokens to num_computed_tokens, no more
     and no less: counting a partial chunk as the whole prompt leaves KV holes that later steps
     read, counting less recomputes (and re-writes) KV.""",
-    (C.MID_STEP, C.SEQ_LENGTHS),
+    (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
 def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None and rec.after.seqs is not None
@@ -141,7 +141,7 @@ def long_prefill_capped(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM's max_num_partial_prefills bounds the prompts being chunked at once, so that
     half-computed prompts do not pile up holding blocks while none of them finishes; 0 means no
     limit (vLLM V1 does not apply one).""",
-    (C.SEQ_LENGTHS, C.STATUSES),
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
 )
 def partial_prefills_bounded(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.max_num_partial_prefills

@@ -34,7 +34,7 @@ def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
     once its tokens are computed; a key that does not match the content (a stale key on a reused
     block, a key on a partly written block) makes a later lookup return KV of other tokens, which
     the model then attends to silently.""",
-    _NEEDS,
+    (*_NEEDS, C.COMPUTED_TOKENS),
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
@@ -153,7 +153,7 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     """vLLM V1 caps a hit at num_tokens - 1 (find_longest_cache_hit with max_cache_hit_length):
     the last token must be computed to get the logits that sample the next one. A full hit
     (nano-vllm) schedules nothing for the request, and it never produces a token.""",
-    (C.PREFIX_CACHE, C.MID_STEP, C.SEQ_LENGTHS, C.QUEUES),
+    (C.PREFIX_CACHE, C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.QUEUES),
 )
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None

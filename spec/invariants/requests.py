@@ -9,6 +9,7 @@ from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import changed_between, changed_requests_between
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.status import Status
 from spec.types import request_of
 
 
@@ -116,3 +117,18 @@ def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
     given = sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
     completes = (mid.num_computed or 0) + given >= (mid.num_tokens or 0)
     return grew == (1 if completes else 0)
+
+
+@invariant(
+    "REQ-005", "safety",
+    """A request finishes as FINISHED_STOPPED only if an outcome stopped one of its sequences in
+    a step that ran the request (this step or an earlier one).""",
+    """Which sequence samples a stop token is the model's word, delivered in the step's outcome
+    (StepOutcome.stopped). A stop applied to the wrong request cuts off a client whose output
+    was not done and lets the stopped one run on to its length cap: both clients get wrong
+    answers, and every count stays consistent, so nothing else notices.""",
+)
+def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for f in rec.finished:
+        if f.status is Status.FINISHED_STOPPED and f.request_id not in ctx.stopped:
+            yield f"{f.request_id} finished as {f.status.value} but no outcome stopped any of its sequences"

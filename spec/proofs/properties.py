@@ -104,6 +104,7 @@ def cap001(enc: Encoder, st: State) -> Any:
 
 
 def cap003(enc: Encoder, st: State) -> Any:
+    """V0's exact lag (computed = tokens - 1), which implies the catalogue's relaxed CAP-003."""
     return _all([
         z3.And(
             z3.Implies(_admitted(st, s), st.ncomp[s] == st.ntok[s] - 1),
@@ -249,6 +250,15 @@ SCOPE: dict[str, str] = {
     "REQ-004": "step property relating two snapshots (not a state invariant)",
     "OUT-001": "step property over one scheduler output (not a state invariant)",
     "OUT-002": "step property over one scheduler output (not a state invariant)",
+    # The engine-neutral safety forms: on this flow each follows from the stronger, proved
+    # policy form of the same rule (CAP-003 is proved in V0's exact form, which implies its
+    # relaxed catalogue form too).
+    "CAP-004": "implied on this flow by CAP-001 (proved: exactly ceil(computed / block_size) blocks)",
+    "CAP-005": "mid-step table coverage: implied by the decode/admit transitions (see CAP-002 and ALLOC)",
+    "CAP-006": "implied on this flow by CAP-001 and CAP-003 (proved: computed < tokens, no reservation)",
+    "ADM-003": "step property on the mid-step snapshot (admission is all-or-nothing by construction of admit)",
+    "RES-005": "implied on this flow by RES-004 (proved: a finished sequence holds no block)",
+    "REQ-005": "property of the finish reports and outcomes of a run (not a state invariant)",
 }
 SCOPE_BY_FAMILY = {
     "POL": "policy (queue order is not modelled; proofs hold for every order)",

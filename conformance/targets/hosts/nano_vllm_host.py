@@ -199,7 +199,7 @@ class NanoEngine:
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
-                "seq_lengths", "mid_step"]
+                "seq_lengths", "computed_tokens", "mid_step"]
 
 
 def main() -> int:

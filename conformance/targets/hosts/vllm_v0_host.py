@@ -239,7 +239,7 @@ class V0Engine:
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
-                "seq_lengths", "mid_step"]
+                "seq_lengths", "computed_tokens", "mid_step"]
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(V0Engine(), "vllm-v0", ("vllm-v0", "safety"), CAPABILITIES))

@@ -227,7 +227,7 @@ class V1Engine:
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
-                "seq_lengths", "mid_step"]
+                "seq_lengths", "computed_tokens", "mid_step"]
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), CAPABILITIES))
