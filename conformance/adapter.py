@@ -68,8 +68,8 @@ class SchedulerAdapter:
         if not self._fixed_capabilities and hasattr(self._scheduler, "capabilities"):
             self.capabilities = frozenset(self._scheduler.capabilities)
 
-    def add_request(self, request: Request) -> None:
-        self._scheduler.add_request(request)
+    def add_request(self, request: Request) -> Finished | None:
+        return self._scheduler.add_request(request)  # a Finished: refused at the door
 
     def abort_request(self, request_id: str) -> Finished | None:
         return self._scheduler.abort_request(request_id)

@@ -32,6 +32,8 @@ def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[s
         if prior is not None and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) \
                 and free == (prior.gpu_free if device == "gpu" else prior.cpu_free):
             continue  # the same counts this check passed just before
+        if device == "cpu" and not refs and not free:
+            continue  # no CPU pool at all: a scheduler that never swaps has no swap space to keep
         if len(refs) != total:
             yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
             continue
@@ -57,9 +59,13 @@ def gpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "BLK-002", "safety",
-    "CPU block conservation: free swap blocks plus swap blocks in use equal the CPU pool size.",
+    """CPU block conservation: free swap blocks plus swap blocks in use equal the CPU pool size
+    (or the scheduler has no CPU pool and reports an empty one).""",
     """The swap space is a second pool with the same bookkeeping (vLLM's CPU allocator); a leak
-    there turns into the 'lack of CPU swap space' failure long before the space is really full.""",
+    there turns into the 'lack of CPU swap space' failure long before the space is really full.
+    A scheduler without swap space (it preempts by recompute only, as vLLM V1 and nano-vllm do)
+    keeps no such pool, whatever num_cpu_blocks says; it is held to an empty one (no CPU table,
+    BLK-004).""",
     (C.REF_COUNTS, C.FREE_COUNTS),
 )
 def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:

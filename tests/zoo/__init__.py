@@ -1,0 +1,72 @@
+"""The zoo: small schedulers that are correct but differ from vLLM V0, each behind an adapter.
+
+Safety must hold for every correct scheduler of this kind, whatever its design (DESIGN.md,
+"Safety is engine-neutral"). Each zoo member changes one design decision of the reference
+(`reference_impl.scheduler`, or `reference_impl.v1_scheduler` for the token-budget one) and must
+conform to the ``safety`` and ``liveness`` profiles with no failure; each has a deliberately
+broken twin that the runner must catch. tests/test_zoo.py runs them all through the isolated
+child (`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
+
+| module | design | declares |
+| --- | --- | --- |
+| whole_request | reserves prompt + max_tokens at admission, never preempts | Reservation(whole_request=True) |
+| lookahead | takes the next token's block when a token is sampled | Reservation(lookahead_tokens=1) |
+| no_cpu_pool | has no swap space at all; preempts by recompute only | an empty CPU pool |
+| door_refusal | refuses an unservable request at add_request | |
+| no_computed | keeps no computed-token count | no `computed_tokens` capability |
+| lazy_free | frees finished requests' blocks at its next schedule() | |
+| no_seq_limit | one token budget and no sequence limit (V1 flow) | |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Member:
+    module: str  # tests/zoo/<module>.py, with make() and make_broken()
+    design: str
+    broken: str  # what the broken twin gets wrong
+    caught_by: tuple[str, ...]  # the invariants that catch the twin (any one of them will do)
+    traces: Callable[[], Any]  # the trace strategy the member accepts
+
+    @property
+    def spec(self) -> str:
+        return f"zoo.{self.module}:make"
+
+    @property
+    def broken_spec(self) -> str:
+        return f"zoo.{self.module}:make_broken"
+
+
+def _default() -> Any:
+    from conformance.generate import traces
+
+    return traces()
+
+
+def _token_budget_only() -> Any:
+    from zoo.no_seq_limit import traces
+
+    return traces()
+
+
+ZOO: tuple[Member, ...] = (
+    Member("whole_request", "reserve prompt + max_tokens at admission and never preempt",
+           "reserves one block too few and writes past its table", ("CAP-005", "RES-001"), _default),
+    Member("lookahead", "reserve the next token's block when a token is sampled",
+           "reserves further ahead than it declares", ("CAP-006",), _default),
+    Member("no_cpu_pool", "no CPU pool: never swaps",
+           "delivers a stop token to the next request in the batch", ("REQ-005",), _default),
+    Member("door_refusal", "refuse an unservable request at add_request",
+           "reports the refusal but keeps the request queued", ("REQ-002", "QUE-001", "REQ-001"), _default),
+    Member("no_computed", "no computed-token tracking",
+           "admits a prompt with one block too few", ("ADM-003", "RES-001"), _default),
+    Member("lazy_free", "free finished requests lazily at the next schedule()",
+           "frees them one schedule() later still", ("RES-005",), _default),
+    Member("no_seq_limit", "a token budget with no sequence limit",
+           "schedules one token past the budget", ("BUD-001",), _token_budget_only),
+)

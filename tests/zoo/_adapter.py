@@ -1,0 +1,21 @@
+"""The adapter every zoo member uses: the standard `SchedulerAdapter`, claiming safety and liveness."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conformance.adapter import SchedulerAdapter
+from spec.config import SchedulerConfig
+from spec.observation import ALL_CAPABILITIES, Capability
+from spec.reservation import Reservation
+
+
+def zoo_adapter(
+    name: str,
+    make: Callable[[SchedulerConfig], Any],
+    capabilities: frozenset[Capability] = ALL_CAPABILITIES,
+    reservation: Reservation | None = None,
+) -> SchedulerAdapter:
+    return SchedulerAdapter(name, make, profiles=("safety", "liveness"), capabilities=capabilities,
+                            reservation=reservation)
