@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from spec.config import SchedulerConfig
+from spec.errors import InputError
 from spec.invariants._views import forget
 from spec.observation import Capability, StepRecord
 from spec.reservation import NONE, Reservation
@@ -183,6 +184,9 @@ class Checker:
         reservation: Reservation | None = None,
     ) -> None:
         chosen = list(invariants) if invariants is not None else catalogue()
+        if reservation is not None and not isinstance(reservation, Reservation):
+            raise InputError("adapter.reservation",
+                             f"must be a spec.reservation.Reservation or None, got {type(reservation).__name__}")
         self.context = CheckContext(config, reservation=reservation or NONE)
         self.active = [inv for inv in chosen if inv.applicable(capabilities)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities)]

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import entries, tables
 from spec.observation import Capability as C
-from spec.observation import StepRecord
+from spec.observation import Snapshot, StepRecord
 from spec.status import PreemptionMode
+from spec.types import request_of
 
 
 def _bijection(pairs: tuple[tuple[int, int], ...], name: str) -> Iterator[str]:
@@ -20,14 +21,19 @@ def _bijection(pairs: tuple[tuple[int, int], ...], name: str) -> Iterator[str]:
         yield f"{name} map names a destination block twice: {list(pairs)}"
 
 
-def _distinct(rec_tables: dict[str, tuple[int, ...]], request_ids: set[str], sep: str = "#") -> set[int]:
-    return {b for sid, t in rec_tables.items() if sid.rsplit(sep, 1)[0] in request_ids for b in t}
+def _live_blocks(snap: Snapshot, device: str, request_ids: set[str]) -> set[int]:
+    """The ``device`` blocks of the unfinished sequences of ``request_ids``: what a swap moves.
+    A finished sibling's blocks are not moved; a scheduler that frees lazily frees them later
+    (RES-005)."""
+    seqs = snap.seqs or {}
+    return {b for sid, t in tables(snap, device).items()
+            if request_of(sid) in request_ids and not (sid in seqs and seqs[sid].status.is_finished) for b in t}
 
 
 @invariant(
     "SWP-001", "safety",
-    """Swap-out is a bijection from exactly the swapped-out requests' GPU blocks onto CPU blocks
-    that were free.""",
+    """Swap-out is a bijection from exactly the GPU blocks of the swapped-out requests' unfinished
+    sequences onto CPU blocks that were free.""",
     """Seed 000 §3.4 step 5 swaps a victim's KV to CPU to free GPU blocks; vLLM's
     blocks_to_swap_out is a block map the cache engine executes. A missing source loses KV, a
     busy destination overwrites another swapped request.""",
@@ -39,7 +45,7 @@ def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not pairs and not victims:
         return  # nothing swapped out: the empty map is the bijection
     yield from _bijection(pairs, "swap-out")
-    expected = _distinct(tables(rec.before, "gpu"), victims)
+    expected = _live_blocks(rec.before, "gpu", victims)
     if {a for a, _ in pairs} != expected:
         yield f"swap-out sources {sorted(a for a, _ in pairs)} != the victims' GPU blocks {sorted(expected)}"
     busy = set(entries(rec.before, "cpu"))
@@ -51,10 +57,11 @@ def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "SWP-002", "safety",
     """Swap-in is a bijection from exactly the swapped-in requests' CPU blocks onto GPU blocks
-    that no other request holds.""",
+    that no other request holds after schedule() (after the step, when that is all there is to see).""",
     """The reverse of SWP-001 (vLLM's blocks_to_swap_in). A destination still held by a running
     sequence (vLLM PR #8824 under-counted what a swap-in consumes) puts two sequences' KV in one
-    block.""",
+    block. Judged when the swap happens: a block the swapped-in request frees later in the step
+    (it finished) may go to another request at once.""",
     (C.BLOCK_TABLES,),
 )
 def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -63,10 +70,11 @@ def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not pairs and not group:
         return  # nothing swapped in: the empty map is the bijection
     yield from _bijection(pairs, "swap-in")
-    expected = _distinct(tables(rec.before, "cpu"), group)
+    expected = _live_blocks(rec.before, "cpu", group)
     if {a for a, _ in pairs} != expected:
         yield f"swap-in sources {sorted(a for a, _ in pairs)} != the swapped-in CPU blocks {sorted(expected)}"
-    others = {b for sid, t in tables(rec.after, "gpu").items() if sid.rsplit("#", 1)[0] not in group for b in t}
+    seen = rec.mid if rec.mid is not None and rec.mid.seqs is not None else rec.after
+    others = {b for sid, t in tables(seen, "gpu").items() if request_of(sid) not in group for b in t}
     clash = sorted({b for _, b in pairs} & others)
     if clash:
         yield f"swap-in writes GPU blocks {clash} held by other requests"
