@@ -1,8 +1,11 @@
 """Profiles: which invariants a run checks, and whether the reference runs in lockstep.
 
-``safety`` holds for any correct scheduler of this kind, whatever its policy. ``liveness`` adds
-progress and completion. ``vllm-v0`` is the reference's own policy (vLLM V0's default flow):
-safety, liveness, the policy invariants, and step-for-step agreement with the reference.
+``safety`` holds for any correct scheduler of this kind, whatever its policy (the zoo in
+tests/zoo/ holds it to that). ``liveness`` adds progress and completion. ``vllm-v0`` is the
+reference's own policy (vLLM V0's default flow): safety, liveness, the policy invariants (queue
+order, victims, and vLLM's block timing: exact block counts CAP-001/002 and ADM-001, the
+watermark ADM-002, freeing in the finishing step RES-004), and step-for-step agreement with
+the reference.
 ``vllm-v1`` and ``nano-vllm`` are today's engines' flows, each with its own reference
 (`reference_impl.v1_scheduler`, `reference_impl.nano_scheduler`) for lockstep.
 """
@@ -51,7 +54,8 @@ PROFILES: dict[str, Profile] = {
     "liveness": Profile("liveness", ("safety", "liveness"), False, "safety plus progress and completion"),
     "vllm-v0": Profile(
         "vllm-v0", ("safety", "liveness", "policy"), True,
-        "vLLM V0's default flow: safety, liveness, FCFS, swapped-first, victim order, and lockstep with the reference",
+        "vLLM V0's default flow: safety, liveness, FCFS, swapped-first, victim order, exact block counts, "
+        "watermark, eager freeing, and lockstep with the reference",
         exclude=("ORD-001", "ORD-002", "ORD-003", "PFX-001", "PFX-002", "PFX-003", "PFX-004", "PFX-005"),
     ),
     "vllm-v1": Profile(

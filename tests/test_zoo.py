@@ -24,7 +24,7 @@ sys.path.insert(0, str(TESTS))  # the child inherits the parent's path: zoo.<mem
 from zoo import ZOO  # noqa: E402
 
 TRACES = int(os.environ.get("KVSCHED_ZOO_TRACES", "40"))
-BROKEN_TRACES = 200  # a twin must be caught within these
+BROKEN_TRACES = 500  # a twin must be caught within these (the rarest, a misdelivered stop, took 170 of 1000)
 CHECKED = [inv.id for inv in get_profile("liveness").invariants()]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import entries, tables
+from spec.invariants._views import tables
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
 from spec.status import PreemptionMode
@@ -33,10 +33,13 @@ def _live_blocks(snap: Snapshot, device: str, request_ids: set[str]) -> set[int]
 @invariant(
     "SWP-001", "safety",
     """Swap-out is a bijection from exactly the GPU blocks of the swapped-out requests' unfinished
-    sequences onto CPU blocks that were free.""",
+    sequences onto CPU blocks that no other request holds after schedule() (after the step, when
+    that is all there is to see).""",
     """Seed 000 §3.4 step 5 swaps a victim's KV to CPU to free GPU blocks; vLLM's
     blocks_to_swap_out is a block map the cache engine executes. A missing source loses KV, a
-    busy destination overwrites another swapped request.""",
+    busy destination overwrites another swapped request. Judged when the swap happens: a
+    scheduler that frees lazily may free a finished request's CPU blocks in the same schedule()
+    and swap into them.""",
     (C.BLOCK_TABLES,),
 )
 def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -48,10 +51,11 @@ def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     expected = _live_blocks(rec.before, "gpu", victims)
     if {a for a, _ in pairs} != expected:
         yield f"swap-out sources {sorted(a for a, _ in pairs)} != the victims' GPU blocks {sorted(expected)}"
-    busy = set(entries(rec.before, "cpu"))
+    seen = rec.mid if rec.mid is not None and rec.mid.seqs is not None else rec.after
+    busy = {b for sid, t in tables(seen, "cpu").items() if request_of(sid) not in victims for b in t}
     clash = sorted({b for _, b in pairs} & busy)
     if clash:
-        yield f"swap-out writes CPU blocks {clash} that were already in use"
+        yield f"swap-out writes CPU blocks {clash} that other requests hold"
 
 
 @invariant(
