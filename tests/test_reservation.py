@@ -1,0 +1,84 @@
+"""What an adapter declares it reserves (spec.reservation) is what CAP-006 allows, no more.
+
+A scheduler that takes blocks early is correct when it says so: the same lookahead scheduler
+passes with its declaration and fails CAP-006 without it, and CAP-001 (vLLM V0's exact count)
+is policy, not safety.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.driver import run_checked
+from conformance.generate import sample_traces, traces
+from conformance.profiles import get_profile
+from spec.catalogue import Checker
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.observation import ALL_CAPABILITIES
+from spec.reservation import NONE, Reservation
+from spec.types import Request
+
+sys.path.insert(0, str(Path(__file__).parent))
+from zoo import lookahead, whole_request  # noqa: E402
+from zoo._adapter import zoo_adapter  # noqa: E402
+
+SAFETY = get_profile("safety").invariants()
+
+
+def test_the_bound_is_tokens_plus_lookahead_or_the_whole_request():
+    request = Request("r", prompt_len=5, max_tokens=7)
+    assert NONE.max_tokens_held(6, request) == 6
+    assert Reservation(lookahead_tokens=2).max_tokens_held(6, request) == 8
+    assert Reservation(whole_request=True).max_tokens_held(6, request) == 12
+    assert Reservation(lookahead_tokens=9, whole_request=True).max_tokens_held(6, request) == 15
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"lookahead_tokens": -1}, "lookahead_tokens"), ({"lookahead_tokens": 1.5}, "lookahead_tokens"),
+    ({"lookahead_tokens": True}, "lookahead_tokens"), ({"whole_request": 1}, "whole_request"),
+])
+def test_a_bad_declaration_is_one_input_error_naming_the_field(kwargs, field):
+    with pytest.raises(InputError) as err:
+        Reservation(**kwargs)
+    assert err.value.where == f"adapter.reservation.{field}"
+
+
+def test_the_checker_refuses_what_is_not_a_reservation():
+    with pytest.raises(InputError) as err:
+        Checker(SchedulerConfig(), ALL_CAPABILITIES, reservation={"lookahead_tokens": 1})  # type: ignore[arg-type]
+    assert err.value.where == "adapter.reservation"
+
+
+def _problems(adapter, count: int = 60) -> set[str]:
+    found: set[str] = set()
+    for trace in sample_traces(traces(), count, 5):
+        found |= run_checked(adapter, trace, SAFETY, timeout=None, stop_at_first=False).problem_ids
+    return found
+
+
+def test_early_blocks_pass_when_declared_and_fail_cap_006_when_not():
+    declared = zoo_adapter("lookahead", lookahead.ReserveAtSampling, reservation=Reservation(lookahead_tokens=1))
+    silent = zoo_adapter("lookahead-undeclared", lookahead.ReserveAtSampling)
+    assert _problems(declared) == set()
+    assert _problems(silent) == {"CAP-006"}
+
+
+def test_a_whole_request_reservation_needs_its_declaration():
+    declared = zoo_adapter("whole", whole_request.ReserveWholeRequest, reservation=Reservation(whole_request=True))
+    too_little = zoo_adapter("whole-lookahead", whole_request.ReserveWholeRequest, reservation=Reservation(lookahead_tokens=1))
+    assert _problems(declared) == set()
+    assert _problems(too_little) == {"CAP-006"}
+
+
+def test_exact_block_counts_are_vllm_v0_policy():
+    adapter = zoo_adapter("lookahead", lookahead.ReserveAtSampling, reservation=Reservation(lookahead_tokens=1))
+    policy = [inv for inv in get_profile("vllm-v0").invariants() if inv.id in ("CAP-001", "CAP-002")]
+    assert {inv.category for inv in policy} == {"policy"}
+    found: set[str] = set()
+    for trace in sample_traces(traces(), 60, 5):
+        found |= run_checked(adapter, trace, policy, timeout=None, stop_at_first=False).problem_ids
+    assert "CAP-001" in found  # the zoo member is a real departure from V0's timing, not a no-op
