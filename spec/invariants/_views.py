@@ -379,7 +379,35 @@ def admitted(record: StepRecord) -> list[str]:
     return list(seen)
 
 
+def finished_holders(snap: Snapshot, _device: object = None, _depth: int = 0) -> frozenset[str]:
+    """The sequences that are finished and still hold blocks in ``snap`` (a scheduler that frees
+    lazily has some between steps). Carried forward through the delta like `tables`."""
+    kept = _kept(snap, "finished_holders", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    assert snap.seqs is not None
+
+    def build() -> frozenset[str]:
+        seqs = snap.seqs
+        prior = _delta_base(snap, "finished_holders", None, _depth)  # type: ignore[arg-type]
+        if prior is None:
+            return frozenset(sid for sid, v in seqs.items() if v.blocks and v.status.is_finished)
+        if not snap.changed_seqs:
+            return prior
+        out = set(prior)
+        for sid in snap.changed_seqs:
+            view = seqs.get(sid)
+            if view is not None and view.blocks and view.status.is_finished:
+                out.add(sid)
+            else:
+                out.discard(sid)
+        return frozenset(out)
+
+    return _memo(snap, "finished_holders", None, build)
+
+
 _DERIVED = {
+    "finished_holders": finished_holders,
     "entry_counts": lambda snap, key, depth: entry_counts(snap, key[0], key[1], depth),
     "tables": tables,
     "entries": entries,

@@ -9,10 +9,10 @@ from spec.invariants._views import (
     changed_between,
     changed_requests_between,
     checked_with_prior,
+    finished_holders,
     fresh_in_snapshots,
     queue_moves,
     seq_ids_by_request,
-    tables,
 )
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
@@ -179,10 +179,12 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.STATUSES, C.BLOCK_TABLES),
 )
 def finished_freed_by_next_step(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    before = rec.before.seqs
-    assert before is not None and rec.after.seqs is not None
-    for device in ("gpu", "cpu"):
-        for sid, blocks in tables(rec.after, device).items():  # only sequences that hold blocks
-            old = before.get(sid)
-            if old is not None and old.status.is_finished:
-                yield f"{sid} was {old.status.value} when the step began and still holds {device} blocks {list(blocks)}"
+    before, after = rec.before.seqs, rec.after.seqs
+    assert before is not None and after is not None
+    changed = changed_between(rec.after, rec.before)
+    # Finished when the step began: those that held blocks then, and any whose view changed since.
+    candidates = before if changed is None else finished_holders(rec.before) | changed
+    for sid in sorted(candidates):
+        old, new = before.get(sid), after.get(sid)
+        if old is not None and old.status.is_finished and new is not None and new.blocks:
+            yield f"{sid} was {old.status.value} when the step began and still holds {new.device} blocks {list(new.blocks)}"
