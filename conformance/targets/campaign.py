@@ -74,7 +74,7 @@ CLASSES: dict[str, tuple[str, str]] = {
         "A swapped group whose swap-in can never fit (can_swap_in NEVER) is marked FINISHED_IGNORED and dropped "
         "from the swapped queue without freeing its CPU blocks (vllm/core/scheduler.py: Scheduler._schedule_swapped, "
         "the AllocStatus.NEVER branch calls no free_seq); free_finished_seq_groups only visits running, so the swap "
-        "space leaks for good (BLK-004 / RES-004).",
+        "space leaks for good (BLK-004 / RES-004; RES-005 under safety).",
     ),
     "unclassified": ("open", "not yet explained"),
 }
@@ -93,7 +93,7 @@ def classify(result: TraceResult) -> str | None:
         return "unclassified"
     problems = result.problem_ids
     ignored_swapped = any(rid in (rec.before.swapped or ()) for rec in result.records for rid in rec.output.ignored)
-    if ignored_swapped and problems & {"BLK-004", "RES-004", "BLK-002"}:
+    if ignored_swapped and problems & {"BLK-004", "RES-004", "RES-005", "BLK-002"}:
         return "swap-in-never-leaks-cpu-blocks"
     if result.trace.config.policy == "priority" and problems & {"QUE-002", "SWP-001", "SWP-003", "BLK-004", "RES-002", "RES-003"}:
         return "priority-swap-out-lost"
