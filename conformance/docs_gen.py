@@ -74,6 +74,12 @@ def render_invariants(proofs: dict[str, Any] | None, conformance: dict[str, dict
              "swapped queues, reference-counted blocks, preemption by swap or recompute) must guarantee, and why.\n"
              "Every invariant has a stable ID, one executable predicate, a mutant of the reference that the\n"
              "predicate catches, and, where it is a property of the state, a Z3 proof that every action keeps it.\n\n",
+             "**Safety is engine-neutral**: an invariant is `safety` only if every correct scheduler of this kind\n"
+             "keeps it, whatever its design; the zoo of correct-but-different schedulers in `tests/zoo/` is held to\n"
+             "it. What encodes one engine's choice is `policy`, checked by that engine's profile; these were moved\n"
+             "out of safety, each with its reason under *why*: "
+             + ", ".join(f"[{i.id}](#{i.id.lower()})" for i in items if "Policy, not safety" in i.rationale)
+             + ".\n\n",
              f"{len(items)} invariants: "
              + ", ".join(f"{sum(i.category == c for i in items)} {c}" for c in ("safety", "policy", "liveness"))
              + ".\n\n", "| ID | category | statement |\n| --- | --- | --- |\n"]
