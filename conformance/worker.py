@@ -67,13 +67,16 @@ def _die_with_parent() -> None:
 
 
 def _hello(adapter: Any) -> dict[str, Any]:
-    domain = getattr(adapter, "config_domain", None)
+    """What the runner learns of the adapter without importing it, the config domain included:
+    the runner generates and shrinks traces inside it."""
+    from conformance.adapter import adapter_domain
+
     return {
         "op": "hello",
         "name": str(getattr(adapter, "name", "adapter")),
         "profiles": [str(p) for p in getattr(adapter, "profiles", ("safety",))],
         "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
-        "domain": domain.to_dict() if hasattr(domain, "to_dict") else None,
+        "domain": adapter_domain(adapter).to_dict(),
     }
 
 

@@ -1,4 +1,10 @@
-"""``kvsched replay``: run a saved trace through an adapter and show what happens at each step."""
+"""``kvsched replay``: run a saved trace through an adapter and show what happens at each step.
+
+A trace the runner saved names the adapter (``meta.adapter_spec``, a spec loadable from any
+folder) and the profile it was found with; replay uses both unless told otherwise, so
+``kvsched replay TRACE`` alone reproduces a finding. The built-in reference runs only a trace
+that names no adapter.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,16 @@ from pathlib import Path
 from conformance.adapter import load_adapter
 from conformance.driver import run_checked
 from conformance.profiles import PROFILES, get_profile
+from spec.errors import InputError
 from spec.trace import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="run a JSON trace through an adapter and check it")
     p.add_argument("trace", type=Path, help="a trace file (for example a counterexample the runner wrote)")
-    p.add_argument("--adapter", default="reference", help="a built-in, a target, or module:factory (default reference)")
+    p.add_argument("--adapter", default=None,
+                   help="a built-in, a target, path/to/file.py:factory or module:factory "
+                        "(default: the trace's meta.adapter_spec, else reference)")
     p.add_argument("--profile", help=f"one of {', '.join(PROFILES)} (default: the trace's, else the adapter's)")
     p.add_argument("--html", type=Path, help="also write a self-contained HTML view of the run here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -25,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     trace = Trace.load(args.trace)
-    adapter = load_adapter(args.adapter)
+    adapter = load_adapter(args.adapter or _trace_adapter(trace))
     name = args.profile or trace.meta.get("profile") or (adapter.profiles[0] if adapter.profiles else "safety")
     profile = get_profile(str(name))
     lockstep = profile.lockstep and profile.name in adapter.profiles
@@ -48,6 +57,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(result, adapter.name, profile.name)
     return 1 if result.failed else 0
+
+
+def _trace_adapter(trace: Trace) -> str:
+    spec = trace.meta.get("adapter_spec")
+    if spec is None:
+        return "reference"
+    if not isinstance(spec, str) or not spec:
+        raise InputError("trace.meta.adapter_spec", f"must be an adapter spec string, got {spec!r}")
+    return spec
 
 
 def _print(result, adapter: str, profile: str) -> None:
