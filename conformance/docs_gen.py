@@ -109,11 +109,44 @@ def render_lifecycle() -> str:
             "```mermaid\n" + to_mermaid() + "```\n\n| from | to | action |\n| --- | --- | --- |\n" + rows)
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+# The commands ADAPTERS.md tells a user to run from docs/examples/myengine/; tests run them there.
+EXAMPLE_COMMANDS = (
+    "kvsched conform --adapter myengine_adapter.py:make --max-examples 200 --json report.json --junit junit.xml",
+    "kvsched replay trace.json --adapter myengine_adapter.py:make --html view.html",
+    "pytest --kvsched-adapter=myengine_adapter.py:make --kvsched-examples=50",
+)
+
+
 def render_adapters() -> str:
+    from spec.domain import ConfigDomain
+
     caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} |\n" for c in Capability)
     profiles = "".join(f"| `{p.name}` | {', '.join(p.categories)} | {'yes' if p.lockstep else 'no'} | {p.description} |\n"
                        for p in PROFILES.values())
-    return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles)
+    defaults = ConfigDomain()
+    domain_fields = "".join(f"| `{name}` | `{getattr(defaults, name)!r}` | {text} |\n" for name, text in _DOMAIN_TEXT.items())
+    example = (EXAMPLES / "myengine" / "myengine_adapter.py").read_text()
+    return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles, example_adapter=example,
+                                          example_commands="".join(c + "\n" for c in EXAMPLE_COMMANDS),
+                                          domain_fields=domain_fields)
+
+
+_DOMAIN_TEXT = {
+    "flow": "which trace family: `v0` (groups of n sequences, no prompt ids) or `v1` / `nano` (prompt ids that share prefixes)",
+    "swap": "preemption by swap (`swap` and `auto` modes); false: `recompute` only",
+    "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
+    "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
+    "priority": "the priority policy; false: FCFS only",
+    "aborts": "`abort_request` is called",
+    "max_n": "parallel sequences per request",
+    "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
+    "token_budget": "false: no per-step token budget (configs get `max_num_seqs * max_model_len`, which never binds)",
+    "chunked_prefill": "chunked prefill configs",
+    "prefix_caching": "prefix caching configs",
+    "budget_covers_model_len": "without chunked prefill the token budget is at least `max_model_len` (vLLM, nano-vllm)",
+    "cache_holds_model_len": "the GPU cache holds one `max_model_len` sequence (vLLM V1 checks it at start-up)",
+}
 
 
 _CAPABILITY_TEXT = {
@@ -161,76 +194,39 @@ chosen profile whose needs the adapter's `capabilities` cover; the others are re
 {profiles}
 ## A worked example
 
-An adapter for a scheduler object that already speaks kvsched's types is one line; most real
-adapters translate. This one wraps a hypothetical `myengine.Scheduler` whose step returns a
-list of `(seq_id, num_tokens, is_prompt)` and which preempts by recompute only:
+`docs/examples/myengine/` holds a toy engine, `myengine.py`, that knows nothing of kvsched: its
+own names, a step that returns `(seq_id, num_tokens, is_prompt)` tuples, string statuses,
+recompute-only preemption, no swap space. This is its whole adapter:
 
 ```python
-# myengine_adapter.py
-from conformance.adapter import SchedulerAdapter
-from spec.observation import Capability, Snapshot
-from spec.status import PreemptionMode, Status
-from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
+{example_adapter}```
 
-import myengine
-
-
-class MyEngine:
-    capabilities = frozenset({{Capability.OUTPUT, Capability.QUEUES, Capability.STATUSES}})
-
-    def __init__(self, config):
-        self.engine = myengine.Scheduler(block_size=config.block_size, num_blocks=config.num_gpu_blocks,
-                                         max_seqs=config.max_num_seqs, max_tokens=config.max_num_batched_tokens)
-        self.step = 0
-
-    def add_request(self, request):
-        self.engine.add(request.request_id, prompt_len=request.prompt_len, max_new=request.max_tokens)
-
-    def abort_request(self, request_id):
-        return Finished(request_id, Status.FINISHED_ABORTED) if self.engine.abort(request_id) else None
-
-    def schedule(self):
-        batch = self.engine.schedule()
-        out = SchedulerOutput(
-            step=self.step,
-            scheduled=tuple(ScheduledSeq(sid, sid.split("#")[0], n, prompt) for sid, n, prompt in batch.items),
-            preempted=tuple(Preempted(r, PreemptionMode.RECOMPUTE) for r in batch.preempted),
-        )
-        self.step += 1
-        return out
-
-    def update(self, outcome):
-        done = self.engine.step_done(stopped=outcome.stopped)
-        return [Finished(r, Status.FINISHED_STOPPED if why == "stop" else Status.FINISHED_LENGTH_CAPPED)
-                for r, why in done]
-
-    def snapshot(self):
-        e = self.engine
-        return Snapshot(
-            statuses={{r: Status[s] for r, s in e.statuses().items()}},
-            waiting=tuple(e.waiting), running=tuple(e.running), swapped=(),
-        )
-
-
-def make():
-    return SchedulerAdapter("myengine", MyEngine, profiles=("safety",), capabilities=MyEngine.capabilities)
-```
-
-Run it:
+From that folder, exactly as written (a test runs these lines there):
 
 ```bash
-kvsched conform --adapter myengine_adapter:make --max-examples 500 --json report.json --junit junit.xml
-kvsched replay kvsched-out/counterexamples/QUE-001.json --adapter myengine_adapter:make --html view.html
-```
+{example_commands}```
 
-or, in the engine's own test suite, one test per invariant:
+`--adapter` takes a built-in name, a target, `path/to/file.py:factory` (the file's folder is put
+first on `sys.path`, so modules beside it import, as when running a script) or
+`module:factory` (the current folder importable, as under `python -m`). The adapter always
+runs in a child process that kvsched owns; what it prints goes to `kvsched-out/adapter-output.log`,
+never into the report. Every counterexample trace records the adapter as a spec that loads
+from any folder (`meta.adapter_spec`, an absolute path for a local file) and the profile it was
+found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
+on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
 
-```bash
-pytest --kvsched-adapter=myengine_adapter:make --kvsched-examples=200
-```
+## Declaring the config domain
 
-An adapter may define `trace_strategy()` (a Hypothesis strategy of `Trace`s, see
-`conformance/generate.py`) when its engine accepts only some configs.
+A real engine accepts only part of the config space. Say which part with
+`domain=spec.domain.ConfigDomain(...)` (an argument of `SchedulerAdapter`, or a `domain`
+attribute on your own adapter class); the runner then generates only traces inside it and the
+shrinker never leaves it, so a counterexample is always something your engine can be given.
+The default is the whole space. Fields:
+
+| field | default | meaning |
+| --- | --- | --- |
+{domain_fields}
+`domain.why_not(config_or_trace)` says in one line which field a config or trace breaks.
 
 ## Incremental checking (optional)
 

@@ -184,8 +184,10 @@ def print_terminal(result: FuzzResult) -> None:
         label = "[magenta]expected[/] " if problem in result.expected else ""
         console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
         if finding.location:
-            console.print(f"  at {finding.location}", highlight=False, markup=False)
+            console.print(f"  at {finding.location}", highlight=False, markup=False, soft_wrap=True)
         shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
-        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False)
+        # One line however long, so the command can be copied and run as printed.
+        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False,
+                      soft_wrap=True)
     unexpected = len(result.unexpected)
     console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")
