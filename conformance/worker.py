@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = Stamp(args.stamp)
     guard = StampedGuard(stamp)
 
-    from conformance.adapter import load_adapter
+    from conformance.adapter import load_adapter, user_location
     from spec.errors import InputError
 
     stamp.enter("load")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:  # noqa: BLE001 - a factory may fail in any way: one line for the user
         send(args.answers, {"op": "input-error", "where": "--adapter",
                             "message": f"{args.adapter} failed to load: {type(err).__name__}: {err} "
-                                       f"(at {exception_location(err)})"})
+                                       f"(at {user_location(err)})"})
         return 0
     finally:
         stamp.leave()

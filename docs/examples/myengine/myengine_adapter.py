@@ -1,11 +1,11 @@
 # myengine_adapter.py
+import myengine
+
 from conformance.adapter import SchedulerAdapter
 from spec.domain import ConfigDomain
 from spec.observation import Capability, SeqView, Snapshot
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
-
-import myengine
 
 FINISHED = {"stop": Status.FINISHED_STOPPED, "length": Status.FINISHED_LENGTH_CAPPED, "ignored": Status.FINISHED_IGNORED}
 
