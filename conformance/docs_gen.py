@@ -121,7 +121,7 @@ EXAMPLE_COMMANDS = (
 def render_adapters() -> str:
     from spec.domain import ConfigDomain
 
-    caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} |\n" for c in Capability)
+    caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} | {_CAPABILITY_FIELDS.get(c, '')} |\n" for c in Capability)
     profiles = "".join(f"| `{p.name}` | {', '.join(p.categories)} | {'yes' if p.lockstep else 'no'} | {p.description} |\n"
                        for p in PROFILES.values())
     defaults = ConfigDomain()
@@ -163,6 +163,21 @@ _CAPABILITY_TEXT = {
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
+# What a snapshot must fill once the capability is claimed (a claimed part left None is an
+# adapter fault, never a pass).
+_CAPABILITY_FIELDS = {
+    Capability.OUTPUT: "none: `schedule()`'s output and the `Finished` records",
+    Capability.STATUSES: "`statuses` (every request ever added) **and** `seqs`: a `SeqView(seq_id, request_id, status)` per sequence",
+    Capability.QUEUES: "`waiting`, `running`, `swapped` (request ids, in the engine's order; `()` when it has no such queue)",
+    Capability.BLOCK_TABLES: "`SeqView.blocks` (physical ids, logical order) and `SeqView.device` (`\"gpu\"`, `\"cpu\"`, or None with no blocks)",
+    Capability.REF_COUNTS: "`gpu_ref_counts` / `cpu_ref_counts`: one count per physical block id (`()` with no CPU pool)",
+    Capability.FREE_COUNTS: "`gpu_free`, `cpu_free`",
+    Capability.FREE_LISTS: "`gpu_free_ids`, `cpu_free_ids`",
+    Capability.SEQ_LENGTHS: "`SeqView.num_tokens` (prompt + generated) and `SeqView.num_computed` (see the rules below)",
+    Capability.MID_STEP: "nothing new: `snapshot()` is also called between `schedule()` and `update()`",
+    Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
+    Capability.TOKEN_BUDGET_FLOW: "none",
+}
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
 
@@ -182,10 +197,34 @@ Sequence ids are `<request>#<index>`. A run checks, after every step, each invar
 chosen profile whose needs the adapter's `capabilities` cover; the others are reported
 `not_applicable`, never `pass`.
 
+## Rules every adapter follows
+
+These are the places where writing an adapter from this page alone went wrong (for
+`docs/examples/tinyserve/`, see its README); each is checked by some invariant.
+
+- `SchedulerOutput.step` counts `schedule()` calls from 0; keep the counter in the adapter if the
+  engine has none.
+- `outcome.stopped` holds sequence ids (`r0#0`), not request ids. The token sampled in a step
+  counts as generated (`num_tokens` grows by one) even when it is a stop token.
+- Every request finishes exactly once: refused at the door (`add_request` returns
+  `Finished(id, FINISHED_IGNORED)`), aborted (`abort_request` returns its `Finished`), or from
+  `update()` (stopped, length-capped, ignored).
+- A request that can never run (its prompt over the prompt limit, `min(max_model_len,
+  max_num_batched_tokens)` without chunked prefill, or needing more blocks than the cache has)
+  is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned
+  as `FINISHED_IGNORED` from the same step's `update()`.
+- A finished request stays in `statuses`, and its sequences in `seqs`, with their final status.
+- `num_computed` for an engine that does not count it (no chunked prefill): between steps a
+  running sequence has computed every token but the one it sampled last (`num_tokens - 1`); in
+  the snapshot right after `schedule()` it is still the count from before this step (0 for a
+  sequence being prefilled from scratch, `num_tokens - 1` for a decode); a waiting sequence (new
+  or preempted by recompute) has 0; a finished one keeps the count it reached.
+- A capability is a promise: claim only what `snapshot()` fills (table below).
+
 ## Capabilities
 
-| capability | what it exposes |
-| --- | --- |
+| capability | what it exposes | what `snapshot()` fills |
+| --- | --- | --- |
 {capabilities}
 ## Profiles
 
