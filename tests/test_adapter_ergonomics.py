@@ -171,3 +171,52 @@ def test_the_child_declares_its_domain_in_its_hello():
         runner.close()
     assert ConfigDomain.from_dict(info.domain) == ConfigDomain(swap=False, cpu_pool=False, watermark=0.0,
                                                                 priority=False, max_n=1)
+
+
+LEAKY = '''
+import tinyserve
+import tinyserve_adapter
+
+
+class Leaky(tinyserve.TinyServe):
+    def cancel(self, rid):
+        s = self.seqs.get(rid)
+        if s is not None and s.state == "active":
+            s.table = []  # forgets to give the blocks back
+        return super().cancel(rid)
+
+
+tinyserve.TinyServe = Leaky
+make = tinyserve_adapter.make
+'''
+
+
+def test_tinyserve_adapter_is_short_conforms_and_catches_a_leak(tmp_path):
+    """The stranger's adapter (docs/examples/tinyserve) fits in under 100 lines, conforms to
+    liveness, and a scheduler that leaks blocks on cancel fails it."""
+    folder = tmp_path / "tinyserve"
+    shutil.copytree(EXAMPLES / "tinyserve", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    assert len((folder / "tinyserve_adapter.py").read_text().splitlines()) < 100
+    ok = _sh("kvsched conform --adapter tinyserve_adapter.py:make --profile liveness --max-examples 150 --seed 1 "
+             "--quiet --json r.json", folder)
+    report = json.loads((folder / "r.json").read_text())
+    assert ok.returncode == 0 and report["summary"]["fail"] == 0 and report["summary"]["pass"] >= 40, ok.stdout
+    (folder / "leaky.py").write_text(LEAKY)
+    bad = _sh("kvsched conform --adapter leaky.py:make --max-examples 150 --seed 1 --quiet --out leak", folder)
+    assert bad.returncode == 1 and "BLK-001" in bad.stdout
+
+
+def test_a_fault_names_the_adapter_line(tmp_path):
+    (tmp_path / "ergo_raises.py").write_text(
+        "from conformance.adapter import SchedulerAdapter\n"
+        "from reference_impl.scheduler import Scheduler\n\n\n"
+        "class Raising(Scheduler):\n"
+        "    def schedule(self):\n"
+        "        raise RuntimeError('boom')\n\n\n"
+        "def make():\n"
+        "    return SchedulerAdapter('raises', Raising)\n")
+    done = _sh("kvsched conform --adapter ergo_raises:make --max-examples 2 --quiet --out out", tmp_path)
+    assert done.returncode == 1
+    saved = Trace.load(tmp_path / "out" / "counterexamples" / "FAULT-raised.json")
+    assert saved.meta["location"] == f"{tmp_path / 'ergo_raises.py'}:7"
+    assert f"at {tmp_path / 'ergo_raises.py'}:7" in done.stdout
