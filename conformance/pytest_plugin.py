@@ -21,7 +21,7 @@ import pytest
 
 def pytest_addoption(parser):
     group = parser.getgroup("kvsched", "kvsched scheduler conformance")
-    group.addoption("--kvsched-adapter", default=None, help="adapter spec: a built-in name or module:factory")
+    group.addoption("--kvsched-adapter", default=None, help="adapter spec: a built-in name, a target, path/to/file.py:factory or module:factory")
     group.addoption("--kvsched-profile", default=None, help="conformance profile (default: the adapter's own)")
     group.addoption("--kvsched-examples", type=int, default=None, help="fuzzed traces to run (default 100)")
     group.addoption("--kvsched-seed", type=int, default=None, help="seed for the fuzzed traces")

@@ -17,7 +17,8 @@ from spec.errors import InputError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("conform", help="fuzz a scheduler through an adapter and check every invariant")
-    p.add_argument("--adapter", required=True, help="a built-in (reference, reference-v1, reference-nano, gpu, gpu-v1), a target, or module:factory")
+    p.add_argument("--adapter", required=True, help="a built-in (reference, reference-v1, reference-nano, gpu, gpu-v1), a target, "
+                        "path/to/file.py:factory, or module:factory (the current folder importable)")
     p.add_argument("--profile", help=f"one of {', '.join(PROFILES)} (default: the adapter's first claim)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-examples", type=int, default=None, help="traces to generate (default 200)")
