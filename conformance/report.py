@@ -38,6 +38,12 @@ def replay_command(result: FuzzResult, finding: Any) -> str:
     return f"kvsched replay {shlex.quote(str(finding.path))} --adapter {shlex.quote(spec)} --profile {result.profile}"
 
 
+# Problems that are not the adapter's: a disagreement with the reference, a crash of kvsched's own checks.
+_FAULT_CATEGORY = {"LOCKSTEP": "lockstep", "FAULT-checker": "kvsched"}
+_FAULT_STATEMENT = {"LOCKSTEP": "agrees with the reference step for step",
+                    "FAULT-checker": "kvsched's own checks ran (a failure here is a kvsched bug)"}
+
+
 def rows(result: FuzzResult) -> list[dict[str, Any]]:
     out = []
     for inv_id in [*result.active, *result.not_applicable]:
@@ -67,8 +73,8 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
         if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
             out.append({
                 "id": problem,
-                "category": "lockstep" if problem == "LOCKSTEP" else "adapter",
-                "statement": "agrees with the reference step for step" if problem == "LOCKSTEP" else "the adapter answered",
+                "category": _FAULT_CATEGORY.get(problem, "adapter"),
+                "statement": _FAULT_STATEMENT.get(problem, "the adapter answered"),
                 "status": _status(result, problem, finding),
                 "location": finding.location,
                 "exercised_steps": result.steps_checked,

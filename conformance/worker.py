@@ -151,7 +151,29 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if request.get("op") != "run":
             return 0
-        send(args.answers, _run(adapter, request, guard))
+        stamp.step = 0
+        try:
+            answer = _run(adapter, request, guard)
+        except Exception as err:  # noqa: BLE001 - kvsched's own code failed, not an adapter call
+            answer = _checker_failed(err, stamp.step)
+        send(args.answers, answer)
+
+
+def _checker_failed(err: Exception, step: int) -> dict[str, Any]:
+    """A trace whose checking crashed in kvsched's own code (every adapter call is guarded, so
+    this is not the adapter's doing): a ``FAULT-checker`` problem with kvsched's file:line and
+    the trace kept like any finding, instead of the process dying as if the adapter had exited."""
+    import traceback
+
+    from conformance.summary import Problem, TraceSummary
+
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    step = max(step, 0)
+    message = (f"step {step}: kvsched's own checking raised {type(err).__name__}: {err} (a kvsched bug, not the "
+               "adapter's: please report it with this trace)")
+    problem = Problem("FAULT-checker", step, message, where)
+    return {"op": "result", "summary": TraceSummary(step + 1, {problem.id: problem}).to_dict()}
 
 
 if __name__ == "__main__":

@@ -220,3 +220,19 @@ def test_a_fault_names_the_adapter_line(tmp_path):
     saved = Trace.load(tmp_path / "out" / "counterexamples" / "FAULT-raised.json")
     assert saved.meta["location"] == f"{tmp_path / 'ergo_raises.py'}:7"
     assert f"at {tmp_path / 'ergo_raises.py'}:7" in done.stdout
+
+
+def test_a_crash_in_kvsched_checks_is_not_blamed_on_the_adapter():
+    """The child answers a crash in kvsched's own code with FAULT-checker (kvsched's file:line,
+    the trace kept), not by dying as though the adapter had exited."""
+    from conformance.report import _FAULT_CATEGORY
+    from conformance.summary import TraceSummary
+    from conformance.worker import _checker_failed
+
+    try:
+        {}["missing"]
+    except KeyError as err:
+        answer = _checker_failed(err, 3)
+    problem = TraceSummary.from_dict(answer["summary"]).problems["FAULT-checker"]
+    assert problem.step == 3 and "kvsched bug" in problem.message
+    assert problem.location.startswith(__file__ + ":") and _FAULT_CATEGORY["FAULT-checker"] == "kvsched"
