@@ -53,6 +53,9 @@ class AdapterInfo:
     profiles: tuple[str, ...]
     capabilities: frozenset[str]
     domain: dict[str, Any] | None = None
+    # An engine that builds itself in reset() (vLLM: 5-20 s under load) declares how long that may take;
+    # every other call keeps the runner's --timeout, so a hang mid-trace is still caught quickly.
+    reset_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ class ChildRunner:
         if hello.get("op") != "hello":
             raise InputError("--adapter", f"{self.spec}: the adapter's process answered {hello.get('op')!r}")
         self.info = AdapterInfo(hello["name"], tuple(hello["profiles"]), frozenset(hello["capabilities"]),
-                                hello.get("domain"))
+                                hello.get("domain"), hello.get("reset_timeout"))
         return self.info
 
     def close(self) -> None:
@@ -225,8 +228,9 @@ class ChildRunner:
                 return self._ended(call or "between calls")
             if deadline_s is not None and now - started > deadline_s:
                 return self._kill("hang", call or "load", f"no answer within {deadline_s:g} s")
-            if call and not loading and now - call_started > limits.timeout:
-                return self._kill("hang", call, f"no answer within {limits.timeout:g} s")
+            allowed = self._call_limit(call)
+            if call and not loading and now - call_started > allowed:
+                return self._kill("hang", call, f"no answer within {allowed:g} s")
             if calls != last_calls:
                 last_calls, idle_since = calls, now
             elif not loading and not call and now - idle_since > max(60.0, 10 * limits.timeout):
@@ -241,6 +245,11 @@ class ChildRunner:
                 if rss > limits.max_memory_mb:
                     return self._kill("memory", call or "between calls",
                                       f"resident memory {rss} MB passed the limit of {limits.max_memory_mb} MB")
+
+    def _call_limit(self, call: str) -> float:
+        """Seconds ``call`` may take: --timeout, or the adapter's declared reset time when longer."""
+        declared = self.info.reset_timeout if self.info is not None and call == "reset" else None
+        return max(self.limits.timeout, declared or 0.0)
 
     def _resident_mb(self) -> int:
         try:

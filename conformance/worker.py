@@ -74,7 +74,15 @@ def _hello(adapter: Any) -> dict[str, Any]:
         "profiles": [str(p) for p in getattr(adapter, "profiles", ("safety",))],
         "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
         "domain": domain.to_dict() if hasattr(domain, "to_dict") else None,
+        "reset_timeout": _seconds(getattr(adapter, "reset_timeout", None)),
     }
+
+
+def _seconds(value: Any) -> float | None:
+    """An adapter's declared time limit, or None when it declares none (or nonsense)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value < float("inf") else None
 
 
 def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
