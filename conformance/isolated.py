@@ -193,22 +193,34 @@ class ChildRunner:
     # -- one trace -------------------------------------------------------------------------------
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
             stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
+        answer = self._ask({"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
+                            "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
+                            "stop_on": stop_on, "html": str(html) if html else None})
+        if isinstance(answer, Problem):
+            return TraceSummary(answer.step + 1, {answer.id: answer})
+        return TraceSummary.from_dict(answer["summary"])
+
+    def replay(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False,
+               html: Path | None = None) -> dict[str, Any] | Problem:
+        """Every step of one trace as `conformance.replay_view` tells it, or the fault that ended the child."""
+        answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
+                            "lockstep": lockstep, "html": str(html) if html else None})
+        return answer if isinstance(answer, Problem) else answer["replay"]
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | Problem:
         if self._proc is None:
             self.start()
         self._output.mark()
         try:
-            send(self._requests, {"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
-                                  "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
-                                  "stop_on": stop_on, "html": str(html) if html else None})
+            send(self._requests, request)
         except OSError:
             pass  # the child is gone: _wait says how
         answer = self._wait(None)
         if isinstance(answer, AdapterFault):
             _, _, step, _ = self._stamp.read()
             self.close()
-            problem = Problem(f"FAULT-{answer.kind}", step, f"step {step}: {answer}", answer.location)
-            return TraceSummary(step + 1, {problem.id: problem})
-        return TraceSummary.from_dict(answer["summary"])
+            return Problem(f"FAULT-{answer.kind}", step, f"step {step}: {answer}", answer.location)
+        return answer
 
     def _wait(self, deadline_s: float | None, loading: bool = False) -> dict[str, Any] | AdapterFault:
         """The child's next frame, or the fault that ended the wait."""

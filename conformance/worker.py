@@ -86,6 +86,7 @@ def _seconds(value: Any) -> float | None:
 
 
 def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
+    """One trace, checked here; the answer is the verdict (``run``) or the whole story (``replay``)."""
     from conformance.coverage import exercised
     from conformance.driver import run_checked
     from conformance.summary import summarize
@@ -104,12 +105,18 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str
     result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
                          stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
                          stop_on=request.get("stop_on"))
-    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    html = None
     if request.get("html"):
         from conformance.fuzz import write_html
 
         written = write_html(request["html"], trace, result)
-        summary.html = str(written) if written else None
+        html = str(written) if written else None
+    if request["op"] == "replay":
+        from conformance.replay_view import replay_view
+
+        return {"op": "result", "replay": replay_view(result), "html": html}
+    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    summary.html = html
     return {"op": "result", "summary": summary.to_dict()}
 
 
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             request = receive(args.requests)
         except ChannelClosed:
             return 0
-        if request.get("op") != "run":
+        if request.get("op") not in ("run", "replay"):
             return 0
         send(args.answers, _run(adapter, request, guard))
 

@@ -194,3 +194,17 @@ def test_a_declared_reset_time_is_honoured_and_still_bounded(factory, fault, wit
     else:
         assert summary.problems[fault].step == 0 and "reset" in summary.problems[fault].message, summary.problems
     assert elapsed < within, elapsed
+
+
+@pytest.mark.parametrize(("name", "kind"), [("hangs", "hang"), ("segfault", "crash"), ("exit_0", "exit")])
+def test_replay_runs_the_adapter_in_a_child_too(tmp_path, capsys, name, kind):
+    """`kvsched replay` of a trace that makes the adapter hang, crash or exit reports the FAULT,
+    exit 1, within the timeout: the command's own process is never the adapter's."""
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"version": 1, "config": {}, "requests": [
+        {"id": "r0", "prompt_len": 3, "max_tokens": 8}], "max_steps": 10}))
+    started = time.monotonic()
+    assert main(["replay", str(trace), "--adapter", f"fault_adapters:{name}", "--timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"ADAPTER FAULT at step 2: adapter {kind} in schedule" in out, out
+    assert time.monotonic() - started < 10
