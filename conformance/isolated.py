@@ -66,7 +66,11 @@ class Limits:
 @dataclass
 class _Output:
     """The child's stdout and stderr, drained by a thread: counted, the head kept in a log file,
-    the tail kept for fault messages."""
+    the tail kept for fault messages.
+
+    With no log file yet, the head is held in memory until `attach` names one: `kvsched conform`
+    creates its ``--out`` folder only once the adapter has loaded, so that a refused adapter
+    leaves nothing on disk, yet what the adapter printed while loading still reaches the log."""
 
     log: Path | None
     total: int = 0
@@ -74,25 +78,45 @@ class _Output:
     tail: bytes = b""
     cap: int = 1 << 20
     written: int = 0
+    held: bytearray = field(default_factory=bytearray)
+    out: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def drain(self, pipe) -> None:
-        out = open(self.log, "ab") if self.log else None  # noqa: SIM115
+        if self.log:
+            self.attach(self.log)
         try:
             while chunk := pipe.read1(1 << 16):
                 with self.lock:
                     self.total += len(chunk)
                     self.since_mark += len(chunk)
                     self.tail = (self.tail + chunk)[-2048:]
-                if out is not None and self.written < self.cap:
-                    out.write(chunk[: self.cap - self.written])
-                    self.written += min(len(chunk), self.cap - self.written)
-                    out.flush()
+                    self._keep(chunk)
         except (OSError, ValueError):
             pass
         finally:
-            if out is not None:
-                out.close()
+            with self.lock:
+                if self.out is not None:
+                    self.out.close()
+                    self.out = None
+
+    def attach(self, log: Path) -> None:
+        """Write the head to ``log`` from now on, starting with what was held in memory."""
+        with self.lock:
+            held, self.held, self.written = bytes(self.held), bytearray(), 0
+            self.log, self.out = log, open(log, "ab")  # noqa: SIM115 - closed when the pipe ends
+            self._keep(held)
+
+    def _keep(self, chunk: bytes) -> None:
+        room = self.cap - self.written
+        if room <= 0 or not chunk:
+            return
+        if self.out is not None:
+            self.out.write(chunk[:room])
+            self.out.flush()
+        else:
+            self.held += chunk[:room]
+        self.written += min(len(chunk), room)
 
     def mark(self) -> None:
         with self.lock:
@@ -169,6 +193,12 @@ class ChildRunner:
         self.info = AdapterInfo(hello["name"], tuple(hello["profiles"]), frozenset(hello["capabilities"]),
                                 hello.get("domain"))
         return self.info
+
+    def keep_log(self, log: Path) -> None:
+        """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
+        self.log = log
+        if self._proc is not None:
+            self._output.attach(log)
 
     def close(self) -> None:
         proc, self._proc = self._proc, None

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from conformance.adapter import load_adapter
+from conformance.arguments import check_output_file, check_seconds
 from conformance.driver import run_checked
 from conformance.profiles import PROFILES, get_profile
 from spec.trace import Trace
@@ -24,6 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Flags and the output path first: nothing is loaded or run for a command that would fail.
+    check_seconds(args.timeout, "--timeout")
+    check_output_file(args.html, "--html")
+    if args.profile is not None:
+        get_profile(args.profile)
     trace = Trace.load(args.trace)
     adapter = load_adapter(args.adapter)
     name = args.profile or trace.meta.get("profile") or (adapter.profiles[0] if adapter.profiles else "safety")
