@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,7 +158,7 @@ class ChildRunner:
         self.log = log
         self.info: AdapterInfo | None = None
         self._proc: subprocess.Popen | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
+        self._dir: Path | None = None  # this child's stamp and stack dump; removed when it ends
         self.starts = 0
 
     # -- the child's life ----------------------------------------------------------------------
@@ -165,6 +166,7 @@ class ChildRunner:
         """Start the child and wait for its hello; a broken adapter spec raises InputError."""
         self.close()
         self.starts += 1
+        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
         stamp_path, self._dump = self._dir / "stamp", self._dir / "stack.txt"
         self._stamp = Stamp(str(stamp_path), create=True)
         self._dump.write_bytes(b"")
@@ -216,6 +218,9 @@ class ChildRunner:
                 proc.kill()
         proc.wait()
         self._stamp.close()
+        if self._dir is not None:  # a fault's location was read from the dump before close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     # -- one trace -------------------------------------------------------------------------------
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,

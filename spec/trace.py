@@ -118,8 +118,8 @@ class Trace:
         if not isinstance(data, Mapping):
             raise InputError("trace", "must be a JSON object")
         version = data.get("version")
-        if version != TRACE_VERSION:
-            raise InputError("version", f"must be {TRACE_VERSION}, got {version!r}")
+        if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
+            raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
         known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta"}
         for key in data:
             if key not in known:

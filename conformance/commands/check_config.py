@@ -22,6 +22,7 @@ from pathlib import Path
 from spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from spec.errors import InputError
 from spec.json_input import read_json
+from spec.trace import Trace
 
 SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")
 
@@ -95,11 +96,15 @@ def _config(args: argparse.Namespace) -> tuple[SchedulerConfig, dict[str, str]]:
     data: dict = {}
     sources = {f.name: "default" for f in fields(SchedulerConfig)}
     if args.config is not None:
-        raw = read_json(args.config, where=f"--config {args.config}")
-        if isinstance(raw, dict) and isinstance(raw.get("config"), dict):
-            raw = raw["config"]
+        where = f"--config {args.config}"
+        raw = read_json(args.config, where=where)
         if not isinstance(raw, dict):
-            raise InputError(f"--config {args.config}", "must be a JSON object (a config, or a trace with one)")
+            raise InputError(where, "must be a JSON object (a config, or a trace with one)")
+        if "version" in raw or "requests" in raw:  # a trace: all of it must be valid, not only its config
+            try:
+                raw = Trace.from_dict(raw).config.to_dict()
+            except InputError as err:
+                raise InputError(f"{where}: {err.where}", err.message) from None
         data.update(raw)
         sources.update({k: "--config" for k in raw if k in sources})
     for f in fields(SchedulerConfig):

@@ -33,10 +33,15 @@ def load_workload(spec: str) -> Trace:
     path = Path(spec)
     try:
         path.lstat()
-    except OSError:  # missing, or a name the system refuses (too long, ...)
-        raise InputError("--workload", f"no such file or built-in workload {shown(spec)} "
+    except FileNotFoundError:
+        raise InputError("--workload", f"no such file or built-in workload {shown(spec, 200)} "
                          f"(built-ins: {', '.join(BUILTIN)})") from None
-    return Trace.load(path)
+    except OSError as err:  # a name the system refuses: too long, under a file, ...
+        raise InputError(f"--workload {shown(spec, 200)}", f"cannot read: {err.strerror}") from None
+    try:
+        return Trace.load(path)
+    except InputError as err:
+        raise InputError(f"--workload {err.where}", err.message) from None
 
 
 def run(args: argparse.Namespace) -> int:
