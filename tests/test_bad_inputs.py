@@ -212,3 +212,37 @@ def test_output_paths_are_checked_before_the_run(refusals, fixtures):
     refusals.run(case.id, [_fill(a, fixtures) for a in case.argv], case.names)
     assert not refusals.problems, refusals.problems
     assert refusals.slowest[0] < 5.0  # refused before any of the million traces
+
+
+def test_output_while_loading_reaches_the_log_once_out_exists(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(FILES.parent))
+    out = tmp_path / "out"
+    code = main(["conform", "--adapter", "loud_adapter:make", "--max-examples", "2", "--seed", "1", "--quiet",
+                 "--out", str(out)])
+    assert code == 0
+    assert "LOUD" not in capsys.readouterr().out  # the adapter's output never mixes into the report
+    assert "LOUD: loading the adapter" in (out / "adapter-output.log").read_text()
+
+
+def test_the_catch_all_prints_one_line_for_a_bug_and_for_an_os_error(monkeypatch, capsys):
+    """Input no check foresaw still gives one line: an OSError is input (exit 2), anything else a
+    kvsched bug (exit 3), neither with a traceback unless KVSCHED_TRACEBACK is set."""
+    import conformance.commands.simulate as simulate
+
+    def broken(args):
+        raise KeyError("a bug\nover two lines")
+
+    def unwritable(args):
+        raise PermissionError(13, "Permission denied", "/some/report.json")
+
+    monkeypatch.delenv("KVSCHED_TRACEBACK", raising=False)
+    for handler, code, text in ((broken, 3, "internal error in simulate: KeyError"),
+                                (unwritable, 2, "/some/report.json: Permission denied")):
+        monkeypatch.setattr(simulate, "run", handler)
+        assert main(["simulate"]) == code
+        out, err = capsys.readouterr()
+        assert not out and len(err.splitlines()) == 1 and text in err and "Traceback" not in err, err
+    monkeypatch.setenv("KVSCHED_TRACEBACK", "1")
+    monkeypatch.setattr(simulate, "run", broken)
+    with pytest.raises(KeyError):
+        main(["simulate"])
