@@ -19,7 +19,8 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from spec.config import POLICIES, PREEMPTION_MODES, SchedulerConfig
+from conformance.arguments import check_count
+from spec.config import MAX_SEQS, POLICIES, PREEMPTION_MODES, SchedulerConfig
 from spec.errors import InputError
 from spec.json_input import read_json
 from spec.trace import Trace
@@ -52,9 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_count(args.max_n, "--max-n", maximum=MAX_SEQS)  # n sequences of one request: MAX_SEQS at most
     config, sources = _config(args)
-    if args.max_n is not None and not 1 <= args.max_n <= 2**16:
-        raise InputError("--max-n", f"must be an integer in [1, 65536], got {args.max_n}")
     from spec.proofs.config_check import check_config
     from spec.proofs.config_explain import admissible_text, explain
 

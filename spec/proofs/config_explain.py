@@ -74,7 +74,7 @@ def _never_fits(cfg: SchedulerConfig, finding: Finding | None) -> RuleExplanatio
         return RuleExplanation("never_fits", True, False,
                                f"{rule}; the longest admissible prompt ({prompt} tokens) needs {need} <= {room}")
     p = finding.request["prompt_len"]
-    hints = [f"--num-gpu-blocks {_smallest_pool(cfg, need)}"]
+    hints = [f"--num-gpu-blocks {_smallest_pool(cfg, need)}", _max_model_len(cfg, room * cfg.block_size + 1)]
     if need <= cfg.num_gpu_blocks:
         hints.append("--watermark 0")
     return RuleExplanation("never_fits", True, True,
@@ -104,7 +104,8 @@ def _over_token_budget(cfg: SchedulerConfig, finding: Finding | None) -> RuleExp
                            f"{rule}; a prompt of {finding.request['prompt_len']} tokens is more, so it is finished "
                            "as ignored",
                            _settable([f"--max-num-batched-tokens {max(prompt, cfg.max_num_seqs)}",
-                                      "--enable-chunked-prefill"]))
+                                      "--enable-chunked-prefill",
+                                      _max_model_len(cfg, cfg.max_num_batched_tokens + 1)]))
 
 
 def _too_many_seqs(cfg: SchedulerConfig, max_n: int, finding: Finding | None) -> RuleExplanation:
@@ -133,7 +134,8 @@ def _cannot_grow(cfg: SchedulerConfig, max_n: int, finding: Finding | None) -> R
     shared = w["prompt_len"] // cfg.block_size
     need = w["n"] * _blocks(cfg, full) - (w["n"] - 1) * shared
     fits = cfg.num_gpu_blocks // per_seq
-    hints = [f"--num-gpu-blocks {worst}"] + ([f"--max-n {fits}"] if fits >= 1 else [])
+    hints = [f"--num-gpu-blocks {worst}", _max_model_len(cfg, cfg.num_gpu_blocks // max_n * cfg.block_size)]
+    hints += [f"--max-n {fits}"] if fits >= 1 else []
     return RuleExplanation("cannot_grow", True, True,
                            f"{rule}; n = {w['n']} sequences of {full} tokens ({_blocks(cfg, full)} blocks each, "
                            f"{shared} prompt block(s) shared) need {need} > {cfg.num_gpu_blocks}", _settable(hints))
@@ -155,17 +157,23 @@ def _swap_space_short(cfg: SchedulerConfig, max_n: int, finding: Finding | None)
                                f"{cfg.num_cpu_blocks}")
     return RuleExplanation("swap_space_short", True, True,
                            f"{rule}; n = {finding.request['n']} sequences at full length need more",
-                           _settable([f"--num-cpu-blocks {worst}", "--preemption-mode recompute"]))
+                           _settable([f"--num-cpu-blocks {worst}", "--preemption-mode recompute",
+                                      _max_model_len(cfg, cfg.num_cpu_blocks // max_n * cfg.block_size)]))
 
 
 _LIMITS = {"--num-gpu-blocks": MAX_BLOCKS, "--num-cpu-blocks": MAX_BLOCKS, "--max-num-seqs": MAX_SEQS,
            "--max-num-batched-tokens": MAX_TOKENS}
 
 
+def _max_model_len(cfg: SchedulerConfig, length: int) -> str:
+    """A --max-model-len hint, or "" where no length of two tokens or more would do."""
+    return f"--max-model-len {length}" if 2 <= length < cfg.max_model_len else ""
+
+
 def _settable(hints: list[str]) -> tuple[str, ...]:
     """The hints whose value the config accepts (a pool past MAX_BLOCKS is no advice)."""
     kept = []
-    for hint in hints:
+    for hint in filter(None, hints):
         flag, _, value = hint.partition(" ")
         if flag in _LIMITS and int(value) > _LIMITS[flag]:
             continue
