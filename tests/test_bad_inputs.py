@@ -19,6 +19,7 @@ sample through ``python -m conformance`` to check what a shell sees, a non-UTF-8
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -107,7 +108,7 @@ class Refusals:
         if any(self.cwd.iterdir()):
             why.append(f"wrote {sorted(p.name for p in self.cwd.iterdir())}")
             for p in self.cwd.iterdir():
-                subprocess.run(["rm", "-rf", str(p)], check=True)
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
         if _snapshot(Path(self.fixtures["{base}"])) != self.before:
             why.append("changed the fixtures")
         if why:
@@ -246,3 +247,24 @@ def test_the_catch_all_prints_one_line_for_a_bug_and_for_an_os_error(monkeypatch
     monkeypatch.setattr(simulate, "run", broken)
     with pytest.raises(KeyError):
         main(["simulate"])
+
+
+def test_the_json_limits_are_where_they_say(tmp_path):
+    """Just inside each limit is read; one past it is refused (so the limits are the ones named)."""
+    from spec.errors import InputError
+    from spec.json_input import MAX_BYTES, MAX_DEPTH, MAX_INT_DIGITS, parse_json, read_json
+
+    assert parse_json("[" * MAX_DEPTH + "]" * MAX_DEPTH, "x") is not None
+    assert parse_json("9" * MAX_INT_DIGITS, "x") == int("9" * MAX_INT_DIGITS)
+    assert parse_json("1e308", "x") == 1e308
+    for text, says in (("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "nested"),
+                       ("9" * (MAX_INT_DIGITS + 1), f"{MAX_INT_DIGITS + 1} digits"),
+                       ("1e309", "out of range"), ("NaN", "NaN"), ("[Infinity]", "Infinity")):
+        with pytest.raises(InputError, match=says):
+            parse_json(text, "x")
+    exact = tmp_path / "exact.json"
+    exact.write_bytes(b"[" + b" " * (MAX_BYTES - 2) + b"]")
+    assert read_json(exact) == []
+    exact.write_bytes(b"[" + b" " * (MAX_BYTES - 1) + b"]")
+    with pytest.raises(InputError, match="more than"):
+        read_json(exact)
