@@ -84,8 +84,11 @@ class _Output:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def drain(self, pipe) -> None:
-        if self.log:
-            self.attach(self.log)
+        try:
+            if self.log:
+                self.attach(self.log)
+        except OSError:
+            pass  # no log, but the pipe is still drained: a full pipe would stall the adapter
         try:
             while chunk := pipe.read1(1 << 16):
                 with self.lock:
