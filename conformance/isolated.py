@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,7 +70,11 @@ class Limits:
 @dataclass
 class _Output:
     """The child's stdout and stderr, drained by a thread: counted, the head kept in a log file,
-    the tail kept for fault messages."""
+    the tail kept for fault messages.
+
+    With no log file yet, the head is held in memory until `attach` names one: `kvsched conform`
+    creates its ``--out`` folder only once the adapter has loaded, so that a refused adapter
+    leaves nothing on disk, yet what the adapter printed while loading still reaches the log."""
 
     log: Path | None
     total: int = 0
@@ -77,25 +82,48 @@ class _Output:
     tail: bytes = b""
     cap: int = 1 << 20
     written: int = 0
+    held: bytearray = field(default_factory=bytearray)
+    out: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def drain(self, pipe) -> None:
-        out = open(self.log, "ab") if self.log else None  # noqa: SIM115
+        try:
+            if self.log:
+                self.attach(self.log)
+        except OSError:
+            pass  # no log, but the pipe is still drained: a full pipe would stall the adapter
         try:
             while chunk := pipe.read1(1 << 16):
                 with self.lock:
                     self.total += len(chunk)
                     self.since_mark += len(chunk)
                     self.tail = (self.tail + chunk)[-2048:]
-                if out is not None and self.written < self.cap:
-                    out.write(chunk[: self.cap - self.written])
-                    self.written += min(len(chunk), self.cap - self.written)
-                    out.flush()
+                    self._keep(chunk)
         except (OSError, ValueError):
             pass
         finally:
-            if out is not None:
-                out.close()
+            with self.lock:
+                if self.out is not None:
+                    self.out.close()
+                    self.out = None
+
+    def attach(self, log: Path) -> None:
+        """Write the head to ``log`` from now on, starting with what was held in memory."""
+        with self.lock:
+            held, self.held, self.written = bytes(self.held), bytearray(), 0
+            self.log, self.out = log, open(log, "ab")  # noqa: SIM115 - closed when the pipe ends
+            self._keep(held)
+
+    def _keep(self, chunk: bytes) -> None:
+        room = self.cap - self.written
+        if room <= 0 or not chunk:
+            return
+        if self.out is not None:
+            self.out.write(chunk[:room])
+            self.out.flush()
+        else:
+            self.held += chunk[:room]
+        self.written += min(len(chunk), room)
 
     def mark(self) -> None:
         with self.lock:
@@ -136,7 +164,7 @@ class ChildRunner:
         self.log = log
         self.info: AdapterInfo | None = None
         self._proc: subprocess.Popen | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
+        self._dir: Path | None = None  # this child's stamp and stack dump; removed when it ends
         self.starts = 0
 
     # -- the child's life ----------------------------------------------------------------------
@@ -144,6 +172,7 @@ class ChildRunner:
         """Start the child and wait for its hello; a broken adapter spec raises InputError."""
         self.close()
         self.starts += 1
+        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
         stamp_path, self._dump = self._dir / "stamp", self._dir / "stack.txt"
         self._stamp = Stamp(str(stamp_path), create=True)
         self._dump.write_bytes(b"")
@@ -173,6 +202,12 @@ class ChildRunner:
                                 hello.get("domain"), hello.get("reset_timeout"))
         return self.info
 
+    def keep_log(self, log: Path) -> None:
+        """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
+        self.log = log
+        if self._proc is not None:
+            self._output.attach(log)
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
@@ -189,6 +224,9 @@ class ChildRunner:
                 proc.kill()
         proc.wait()
         self._stamp.close()
+        if self._dir is not None:  # a fault's location was read from the dump before close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     # -- one trace -------------------------------------------------------------------------------
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,

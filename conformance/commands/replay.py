@@ -6,10 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from conformance.arguments import check_output_file, check_seconds
 from conformance.isolated import ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
 from conformance.summary import Problem
-from spec.errors import InputError
 from spec.trace import Trace
 
 
@@ -25,9 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Flags and the output path first: nothing is loaded or run for a command that would fail.
+    check_seconds(args.timeout, "--timeout")
+    check_output_file(args.html, "--html")
+    if args.profile is not None:
+        get_profile(args.profile)
     trace = Trace.load(args.trace)
-    if args.timeout <= 0:
-        raise InputError("--timeout", f"must be > 0, got {args.timeout}")
     # The adapter runs in a child process, as under `kvsched conform`: a replayed hang, exit or
     # crash is reported as the FAULT it is, and never ends or hangs this command.
     runner = ChildRunner(args.adapter, Limits(timeout=args.timeout))
