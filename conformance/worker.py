@@ -77,10 +77,19 @@ def _hello(adapter: Any) -> dict[str, Any]:
         "profiles": [str(p) for p in getattr(adapter, "profiles", ("safety",))],
         "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
         "domain": adapter_domain(adapter).to_dict(),
+        "reset_timeout": _seconds(getattr(adapter, "reset_timeout", None)),
     }
 
 
+def _seconds(value: Any) -> float | None:
+    """An adapter's declared time limit, or None when it declares none (or nonsense)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value < float("inf") else None
+
+
 def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
+    """One trace, checked here; the answer is the verdict (``run``) or the whole story (``replay``)."""
     from conformance.coverage import exercised
     from conformance.driver import run_checked
     from conformance.summary import summarize
@@ -99,12 +108,18 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str
     result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
                          stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
                          stop_on=request.get("stop_on"))
-    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    html = None
     if request.get("html"):
         from conformance.fuzz import write_html
 
         written = write_html(request["html"], trace, result)
-        summary.html = str(written) if written else None
+        html = str(written) if written else None
+    if request["op"] == "replay":
+        from conformance.replay_view import replay_view
+
+        return {"op": "result", "replay": replay_view(result), "html": html}
+    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    summary.html = html
     return {"op": "result", "summary": summary.to_dict()}
 
 
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             request = receive(args.requests)
         except ChannelClosed:
             return 0
-        if request.get("op") != "run":
+        if request.get("op") not in ("run", "replay"):
             return 0
         stamp.step = 0
         try:
@@ -162,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 def _checker_failed(err: Exception, step: int) -> dict[str, Any]:
     """A trace whose checking crashed in kvsched's own code (every adapter call is guarded, so
     this is not the adapter's doing): a ``FAULT-checker`` problem with kvsched's file:line and
-    the trace kept like any finding, instead of the process dying as if the adapter had exited."""
+    the trace kept like any finding, instead of the process dying as if the adapter had exited.
+    The answer serves both ops (``run`` reads the summary, ``replay`` the story)."""
     import traceback
 
     from conformance.summary import Problem, TraceSummary
@@ -173,7 +189,10 @@ def _checker_failed(err: Exception, step: int) -> dict[str, Any]:
     message = (f"step {step}: kvsched's own checking raised {type(err).__name__}: {err} (a kvsched bug, not the "
                "adapter's: please report it with this trace)")
     problem = Problem("FAULT-checker", step, message, where)
-    return {"op": "result", "summary": TraceSummary(step + 1, {problem.id: problem}).to_dict()}
+    story = {"steps": [], "violations": [], "fault": message, "fault_step": step, "divergence": None, "failed": True,
+             "lines": [f"KVSCHED ERROR {message} (at {where})"]}
+    return {"op": "result", "summary": TraceSummary(step + 1, {problem.id: problem}).to_dict(), "replay": story,
+            "html": None}
 
 
 if __name__ == "__main__":
