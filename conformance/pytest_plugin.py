@@ -53,6 +53,7 @@ class _Run:
         if self.seed is None:
             self.seed = random.randrange(2**31)
         self.out = Path(config.getoption("kvsched_out"))
+        self.item_ids: list[str] = []
         self._result = None
 
     @property
@@ -76,6 +77,11 @@ class KvschedItem(pytest.Item):
 
     def runtest(self) -> None:
         result = self.run.result
+        if self.invariant_id == OTHER:  # a problem no item above names must still fail the session
+            unlisted = sorted(set(result.findings) - set(self.run.item_ids))
+            if unlisted:
+                raise KvschedFailure(unlisted[0], result.findings[unlisted[0]], result)
+            return
         if self.invariant_id in result.not_applicable:
             pytest.skip(f"{self.invariant_id}: not applicable (the adapter does not expose what it needs)")
         finding = result.findings.get(self.invariant_id)
@@ -105,6 +111,11 @@ class KvschedFailure(AssertionError):
         )
 
 
+# Every FAULT kind the runner reports (conformance.isolated, conformance.driver, conformance.worker).
+FAULT_KINDS = ("raised", "hang", "malformed", "exit", "crash", "memory", "output", "config-rejected", "checker")
+OTHER = "other"  # the item that fails on any problem the others do not name
+
+
 def pytest_collection_modifyitems(session, config, items):
     spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
     if not spec:
@@ -118,8 +129,9 @@ def pytest_collection_modifyitems(session, config, items):
     ids = [inv.id for inv in run.profile.invariants()]
     if run.profile.lockstep and run.profile.name in run.adapter.profiles:
         ids.append("LOCKSTEP")
-    ids += [f"FAULT-{kind}" for kind in ("raised", "hang", "malformed", "exit", "crash", "memory", "output")]
-    for invariant_id in ids:
+    ids += [f"FAULT-{kind}" for kind in FAULT_KINDS]
+    run.item_ids = list(ids)
+    for invariant_id in [*ids, OTHER]:
         items.append(KvschedItem.from_parent(session, name=f"kvsched[{invariant_id}]", run=run, invariant_id=invariant_id))
 
 

@@ -100,6 +100,9 @@ def test_the_pytest_plugin_runs_from_the_adapter_folder(example):
     assert done.returncode == 1, done.stdout[-3000:]
     command = re.search(r"replay: (kvsched replay .+)$", done.stdout, re.M).group(1)
     assert _sh(command, example).returncode == 1
+    listed = _sh("pytest -q -p no:cacheprovider --collect-only --kvsched-adapter=broken_adapter.py:make", example)
+    for item in ("kvsched[QUE-002]", "kvsched[FAULT-checker]", "kvsched[FAULT-config-rejected]", "kvsched[other]"):
+        assert item in listed.stdout  # every problem the runner can report fails some test
     bad = _sh("pytest -q -p no:cacheprovider --kvsched-adapter=no_such_module:make", example)
     assert bad.returncode == 4 and "INTERNALERROR" not in bad.stdout + bad.stderr
     assert "kvsched: --adapter: cannot import 'no_such_module'" in bad.stderr
