@@ -119,6 +119,7 @@ EXAMPLE_COMMANDS = (
 
 
 def render_adapters() -> str:
+    from conformance.summary import FAULT_KINDS
     from spec.domain import ConfigDomain
 
     caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} | {_CAPABILITY_FIELDS.get(c, '')} |\n" for c in Capability)
@@ -126,10 +127,11 @@ def render_adapters() -> str:
                        for p in PROFILES.values())
     defaults = ConfigDomain()
     domain_fields = "".join(f"| `{name}` | `{getattr(defaults, name)!r}` | {text} |\n" for name, text in _DOMAIN_TEXT.items())
+    fault_rows = "".join(f"| `FAULT-{kind}` | {text} |\n" for kind, text in FAULT_KINDS.items())
     example = (EXAMPLES / "myengine" / "myengine_adapter.py").read_text()
     return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles, example_adapter=example,
                                           example_commands="".join(c + "\n" for c in EXAMPLE_COMMANDS),
-                                          domain_fields=domain_fields)
+                                          domain_fields=domain_fields, fault_rows=fault_rows)
 
 
 _DOMAIN_TEXT = {
@@ -266,6 +268,42 @@ The default is the whole space. Fields:
 | --- | --- | --- |
 {domain_fields}
 `domain.why_not(config_or_trace)` says in one line which field a config or trace breaks.
+
+## When the adapter misbehaves: faults and limits
+
+The runner never trusts the adapter's process. Whatever happens in it becomes a counterexample
+named `FAULT-<kind>`, with the trace up to that step, the adapter's `file:line` where one is
+known, and exit 1; no path ends a run with exit 0 and no report:
+
+| kind | what happened in the adapter's process |
+| --- | --- |
+{fault_rows}
+Limits: `--timeout S` per call (default 10 s; the watchdog kills the process, so a hang is
+reported within the timeout plus about a second, even if the adapter blocks signals or swallows
+`BaseException`), `--max-memory MB` (resident, default 8192), `--max-output MB` (printed per
+trace, default 16). An engine built inside `reset()` may take longer than `--timeout`: declare
+`reset_timeout = 60` (seconds) on the adapter; every other call keeps `--timeout`. A trace goes
+on after a violation, so it reports every invariant it breaks, each shrunk on its own; a fault
+ends the trace (the next one starts a fresh process). Each failure is written to
+`kvsched-out/counterexamples/` and the example database the moment it is found; after Ctrl-C or
+SIGTERM a rerun with the same `--out` replays the saved failures first.
+
+## Known failures: expectations files
+
+An engine with a known, accepted deviation keeps it as data, not as a hand-made profile (as
+test262 and the wasm spec tests keep theirs). `--skip ID[,ID]` does not check those invariants
+(or `LOCKSTEP`); `--expect FILE` reads a versioned file:
+
+```json
+{{"version": 1,
+ "expected": [{{"id": "RES-004", "reason": "frees a finished request's blocks one step late",
+               "source": "myengine/scheduler.py:free_finished"}}],
+ "skip": [{{"id": "LOCKSTEP", "reason": "a different admission order by design"}}]}}
+```
+
+An expected failure is still checked, shrunk and saved, and reported as `expected` (the run does
+not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
+update the file. `FAULT-<kind>` may be expected too (never skipped).
 
 ## Incremental checking (optional)
 

@@ -26,7 +26,6 @@ from spec.errors import InputError
 from spec.json_input import read_json
 
 EXPECTATIONS_VERSION = 1
-_FAULT_KINDS = ("raised", "hang", "malformed", "config-rejected", "exit", "crash", "memory", "output")
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,9 @@ def _known_ids() -> set[str]:
 
 
 def check_id(problem: str, where: str, *, faults: bool) -> str:
-    if problem in _known_ids() or (faults and problem.removeprefix("FAULT-") in _FAULT_KINDS and problem.startswith("FAULT-")):
+    from conformance.summary import FAULT_KINDS
+
+    if problem in _known_ids() or (faults and problem.removeprefix("FAULT-") in FAULT_KINDS and problem.startswith("FAULT-")):
         return problem
     allowed = "an invariant ID, LOCKSTEP" + (" or FAULT-<kind>" if faults else "")
     raise InputError(where, f"unknown id {problem!r} (expected {allowed}; see `kvsched invariants`)")

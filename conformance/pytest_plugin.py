@@ -111,8 +111,6 @@ class KvschedFailure(AssertionError):
         )
 
 
-# Every FAULT kind the runner reports (conformance.isolated, conformance.driver, conformance.worker).
-FAULT_KINDS = ("raised", "hang", "malformed", "exit", "crash", "memory", "output", "config-rejected", "checker")
 OTHER = "other"  # the item that fails on any problem the others do not name
 
 
@@ -129,6 +127,8 @@ def pytest_collection_modifyitems(session, config, items):
     ids = [inv.id for inv in run.profile.invariants()]
     if run.profile.lockstep and run.profile.name in run.adapter.profiles:
         ids.append("LOCKSTEP")
+    from conformance.summary import FAULT_KINDS
+
     ids += [f"FAULT-{kind}" for kind in FAULT_KINDS]
     run.item_ids = list(ids)
     for invariant_id in [*ids, OTHER]:
