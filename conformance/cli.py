@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,12 +28,19 @@ COMMANDS = (
     "conformance.commands.museum",
 )
 
-EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+MAX_LINE = 400
+
+
+def one_line(message: str) -> str:
+    """``message`` as one line of at most `MAX_LINE` characters."""
+    text = " ".join(str(message).split("\n"))
+    return text if len(text) <= MAX_LINE else f"{text[: MAX_LINE - 20]} ... ({len(text)} characters)"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
-        self.exit(EXIT_USAGE, f"kvsched: error: {message}\n")
+        self.exit(EXIT_USAGE, f"kvsched: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,13 +57,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except InputError as err:
-        print(f"kvsched: error: {err}", file=sys.stderr)
+        print(f"kvsched: error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("kvsched: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as err:  # a path the checks could not foresee (disk full, removed meanwhile)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"kvsched: error: {one_line(where + (err.strerror or str(err)))}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as err:  # noqa: BLE001 - the catch-all: one line, never a traceback
+        if os.environ.get("KVSCHED_TRACEBACK"):
+            raise
+        print(f"kvsched: internal error in {args.command}: {one_line(f'{type(err).__name__}: {err}')} "
+              "(a kvsched bug: set KVSCHED_TRACEBACK=1 for the traceback and report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

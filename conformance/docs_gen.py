@@ -115,11 +115,46 @@ def render_lifecycle() -> str:
             "```mermaid\n" + to_mermaid() + "```\n\n| from | to | action |\n| --- | --- | --- |\n" + rows)
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+# The commands ADAPTERS.md tells a user to run from docs/examples/myengine/; tests run them there.
+EXAMPLE_COMMANDS = (
+    "kvsched conform --adapter myengine_adapter.py:make --max-examples 200 --json report.json --junit junit.xml",
+    "kvsched replay trace.json --adapter myengine_adapter.py:make --html view.html",
+    "pytest --kvsched-adapter=myengine_adapter.py:make --kvsched-examples=50",
+)
+
+
 def render_adapters() -> str:
-    caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} |\n" for c in Capability)
+    from conformance.summary import FAULT_KINDS
+    from spec.domain import ConfigDomain
+
+    caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} | {_CAPABILITY_FIELDS.get(c, '')} |\n" for c in Capability)
     profiles = "".join(f"| `{p.name}` | {', '.join(p.categories)} | {'yes' if p.lockstep else 'no'} | {p.description} |\n"
                        for p in PROFILES.values())
-    return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles)
+    defaults = ConfigDomain()
+    domain_fields = "".join(f"| `{name}` | `{getattr(defaults, name)!r}` | {text} |\n" for name, text in _DOMAIN_TEXT.items())
+    fault_rows = "".join(f"| `FAULT-{kind}` | {text} |\n" for kind, text in FAULT_KINDS.items())
+    example = (EXAMPLES / "myengine" / "myengine_adapter.py").read_text()
+    return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles, example_adapter=example,
+                                          example_commands="".join(c + "\n" for c in EXAMPLE_COMMANDS),
+                                          domain_fields=domain_fields, fault_rows=fault_rows)
+
+
+_DOMAIN_TEXT = {
+    "flow": "which trace family: `v0` (groups of n sequences, no prompt ids) or `v1` / `nano` (prompt ids that share prefixes)",
+    "swap": "preemption by swap (`swap` and `auto` modes); false: `recompute` only",
+    "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
+    "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
+    "priority": "the priority policy; false: FCFS only",
+    "aborts": "`abort_request` is called",
+    "max_n": "parallel sequences per request",
+    "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
+    "token_budget": "false: no per-step token budget (configs get `max_num_seqs * max_model_len`, which never binds)",
+    "chunked_prefill": "chunked prefill configs",
+    "prefix_caching": "prefix caching configs",
+    "budget_covers_model_len": "without chunked prefill the token budget is at least `max_model_len` (vLLM, nano-vllm)",
+    "cache_holds_model_len": "the GPU cache holds one `max_model_len` sequence (vLLM V1 checks it at start-up)",
+}
 
 
 _CAPABILITY_TEXT = {
@@ -137,6 +172,22 @@ _CAPABILITY_TEXT = {
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
+# What a snapshot must fill once the capability is claimed (a claimed part left None is an
+# adapter fault, never a pass).
+_CAPABILITY_FIELDS = {
+    Capability.OUTPUT: "none: `schedule()`'s output and the `Finished` records",
+    Capability.STATUSES: "`statuses` (every request ever added) **and** `seqs`: a `SeqView(seq_id, request_id, status)` per sequence",
+    Capability.QUEUES: "`waiting`, `running`, `swapped` (request ids, in the engine's order; `()` when it has no such queue)",
+    Capability.BLOCK_TABLES: "`SeqView.blocks` (physical ids, logical order) and `SeqView.device` (`\"gpu\"`, `\"cpu\"`, or None with no blocks)",
+    Capability.REF_COUNTS: "`gpu_ref_counts` / `cpu_ref_counts`: one count per physical block id (`()` with no CPU pool)",
+    Capability.FREE_COUNTS: "`gpu_free`, `cpu_free`",
+    Capability.FREE_LISTS: "`gpu_free_ids`, `cpu_free_ids`",
+    Capability.SEQ_LENGTHS: "`SeqView.num_tokens` (prompt + generated, a stop token included)",
+    Capability.COMPUTED_TOKENS: "`SeqView.num_computed` (see the rules below); leave it None, and this capability out, if the engine keeps no such count",
+    Capability.MID_STEP: "nothing new: `snapshot()` is also called between `schedule()` and `update()`",
+    Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
+    Capability.TOKEN_BUDGET_FLOW: "none",
+}
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
 
@@ -156,10 +207,36 @@ Sequence ids are `<request>#<index>`. A run checks, after every step, each invar
 chosen profile whose needs the adapter's `capabilities` cover; the others are reported
 `not_applicable`, never `pass`.
 
+## Rules every adapter follows
+
+These are the places where writing an adapter from this page alone went wrong (for
+`docs/examples/tinyserve/`, see its README); each is checked by some invariant.
+
+- `SchedulerOutput.step` counts `schedule()` calls from 0; keep the counter in the adapter if the
+  engine has none.
+- `outcome.stopped` holds sequence ids (`r0#0`), not request ids. The token sampled in a step
+  counts as generated (`num_tokens` grows by one) even when it is a stop token.
+- Every request finishes exactly once: refused at the door (`add_request` returns
+  `Finished(id, FINISHED_IGNORED)`), aborted (`abort_request` returns its `Finished`), or from
+  `update()` (stopped, length-capped, ignored).
+- A request that can never run (its prompt over the prompt limit, `min(max_model_len,
+  max_num_batched_tokens)` without chunked prefill, or needing more blocks than the cache has)
+  is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned
+  as `FINISHED_IGNORED` from the same step's `update()`.
+- A finished request stays in `statuses`, and its sequences in `seqs`, with their final status.
+- `num_computed` (capability `computed_tokens`) for an engine that does not count it: either
+  leave it None and the capability out (the invariants that read it are then `not_applicable`),
+  or report what vLLM's count would be (no chunked prefill): between steps a running sequence
+  has computed every token but the one it sampled last (`num_tokens - 1`); in the snapshot right
+  after `schedule()` it is still the count from before this step (0 for a sequence being
+  prefilled from scratch, `num_tokens - 1` for a decode); a waiting sequence (new or preempted by
+  recompute) has 0; a finished one keeps the count it reached.
+- A capability is a promise: claim only what `snapshot()` fills (table below).
+
 ## Capabilities
 
-| capability | what it exposes |
-| --- | --- |
+| capability | what it exposes | what `snapshot()` fills |
+| --- | --- | --- |
 {capabilities}
 ### Token counts, and what a scheduler reserves
 
@@ -192,76 +269,75 @@ reported (LEN-003).
 {profiles}
 ## A worked example
 
-An adapter for a scheduler object that already speaks kvsched's types is one line; most real
-adapters translate. This one wraps a hypothetical `myengine.Scheduler` whose step returns a
-list of `(seq_id, num_tokens, is_prompt)` and which preempts by recompute only:
+`docs/examples/myengine/` holds a toy engine, `myengine.py`, that knows nothing of kvsched: its
+own names, a step that returns `(seq_id, num_tokens, is_prompt)` tuples, string statuses,
+recompute-only preemption, no swap space. This is its whole adapter:
 
 ```python
-# myengine_adapter.py
-from conformance.adapter import SchedulerAdapter
-from spec.observation import Capability, Snapshot
-from spec.status import PreemptionMode, Status
-from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
+{example_adapter}```
 
-import myengine
-
-
-class MyEngine:
-    capabilities = frozenset({{Capability.OUTPUT, Capability.QUEUES, Capability.STATUSES}})
-
-    def __init__(self, config):
-        self.engine = myengine.Scheduler(block_size=config.block_size, num_blocks=config.num_gpu_blocks,
-                                         max_seqs=config.max_num_seqs, max_tokens=config.max_num_batched_tokens)
-        self.step = 0
-
-    def add_request(self, request):
-        self.engine.add(request.request_id, prompt_len=request.prompt_len, max_new=request.max_tokens)
-
-    def abort_request(self, request_id):
-        return Finished(request_id, Status.FINISHED_ABORTED) if self.engine.abort(request_id) else None
-
-    def schedule(self):
-        batch = self.engine.schedule()
-        out = SchedulerOutput(
-            step=self.step,
-            scheduled=tuple(ScheduledSeq(sid, sid.split("#")[0], n, prompt) for sid, n, prompt in batch.items),
-            preempted=tuple(Preempted(r, PreemptionMode.RECOMPUTE) for r in batch.preempted),
-        )
-        self.step += 1
-        return out
-
-    def update(self, outcome):
-        done = self.engine.step_done(stopped=outcome.stopped)
-        return [Finished(r, Status.FINISHED_STOPPED if why == "stop" else Status.FINISHED_LENGTH_CAPPED)
-                for r, why in done]
-
-    def snapshot(self):
-        e = self.engine
-        return Snapshot(
-            statuses={{r: Status[s] for r, s in e.statuses().items()}},
-            waiting=tuple(e.waiting), running=tuple(e.running), swapped=(),
-        )
-
-
-def make():
-    return SchedulerAdapter("myengine", MyEngine, profiles=("safety",), capabilities=MyEngine.capabilities)
-```
-
-Run it:
+From that folder, exactly as written (a test runs these lines there):
 
 ```bash
-kvsched conform --adapter myengine_adapter:make --max-examples 500 --json report.json --junit junit.xml
-kvsched replay kvsched-out/counterexamples/QUE-001.json --adapter myengine_adapter:make --html view.html
+{example_commands}```
+
+`--adapter` takes a built-in name, a target, `path/to/file.py:factory` (the file's folder is put
+first on `sys.path`, so modules beside it import, as when running a script) or
+`module:factory` (the current folder importable, as under `python -m`). The adapter always
+runs in a child process that kvsched owns; what it prints goes to `kvsched-out/adapter-output.log`,
+never into the report. Every counterexample trace records the adapter as a spec that loads
+from any folder (`meta.adapter_spec`, an absolute path for a local file) and the profile it was
+found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
+on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
+
+## Declaring the config domain
+
+A real engine accepts only part of the config space. Say which part with
+`domain=spec.domain.ConfigDomain(...)` (an argument of `SchedulerAdapter`, or a `domain`
+attribute on your own adapter class); the runner then generates only traces inside it and the
+shrinker never leaves it, so a counterexample is always something your engine can be given.
+The default is the whole space. Fields:
+
+| field | default | meaning |
+| --- | --- | --- |
+{domain_fields}
+`domain.why_not(config_or_trace)` says in one line which field a config or trace breaks.
+
+## When the adapter misbehaves: faults and limits
+
+The runner never trusts the adapter's process. Whatever happens in it becomes a counterexample
+named `FAULT-<kind>`, with the trace up to that step, the adapter's `file:line` where one is
+known, and exit 1; no path ends a run with exit 0 and no report:
+
+| kind | what happened in the adapter's process |
+| --- | --- |
+{fault_rows}
+Limits: `--timeout S` per call (default 10 s; the watchdog kills the process, so a hang is
+reported within the timeout plus about a second, even if the adapter blocks signals or swallows
+`BaseException`), `--max-memory MB` (resident, default 8192), `--max-output MB` (printed per
+trace, default 16). An engine built inside `reset()` may take longer than `--timeout`: declare
+`reset_timeout = 60` (seconds) on the adapter; every other call keeps `--timeout`. A trace goes
+on after a violation, so it reports every invariant it breaks, each shrunk on its own; a fault
+ends the trace (the next one starts a fresh process). Each failure is written to
+`kvsched-out/counterexamples/` and the example database the moment it is found; after Ctrl-C or
+SIGTERM a rerun with the same `--out` replays the saved failures first.
+
+## Known failures: expectations files
+
+An engine with a known, accepted deviation keeps it as data, not as a hand-made profile (as
+test262 and the wasm spec tests keep theirs). `--skip ID[,ID]` does not check those invariants
+(or `LOCKSTEP`); `--expect FILE` reads a versioned file:
+
+```json
+{{"version": 1,
+ "expected": [{{"id": "RES-004", "reason": "frees a finished request's blocks one step late",
+               "source": "myengine/scheduler.py:free_finished"}}],
+ "skip": [{{"id": "LOCKSTEP", "reason": "a different admission order by design"}}]}}
 ```
 
-or, in the engine's own test suite, one test per invariant:
-
-```bash
-pytest --kvsched-adapter=myengine_adapter:make --kvsched-examples=200
-```
-
-An adapter may define `trace_strategy()` (a Hypothesis strategy of `Trace`s, see
-`conformance/generate.py`) when its engine accepts only some configs.
+An expected failure is still checked, shrunk and saved, and reported as `expected` (the run does
+not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
+update the file. `FAULT-<kind>` may be expected too (never skipped).
 
 ## Incremental checking (optional)
 

@@ -152,14 +152,14 @@ def _run_checked(
                     done = reference.abort_request(rid)
                     ref_finished.extend([done] if done else [])
             if observe and (added or aborted or not result.records):
-                before = check_snapshot(guard.call("snapshot", adapter.snapshot))
+                before = check_snapshot(guard.call("snapshot", adapter.snapshot), caps)
             else:  # nothing happened since the last step's final snapshot: it is this step's start
                 before = result.records[-1].after if result.records else _EMPTY
             output = check_output(guard.call("schedule", adapter.schedule), step)
-            mid = check_snapshot(guard.call("snapshot", adapter.snapshot)) if mid_step else None
+            mid = check_snapshot(guard.call("snapshot", adapter.snapshot), caps) if mid_step else None
             stopped = trace.stops_at(step)
             finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped)), "update"))
-            after = check_snapshot(guard.call("snapshot", adapter.snapshot)) if observe else _EMPTY
+            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
                                 refused=refused)
             result.records.append(record)

@@ -18,15 +18,14 @@ on the command line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spec.errors import InputError
+from spec.json_input import read_json
 
 EXPECTATIONS_VERSION = 1
-_FAULT_KINDS = ("raised", "hang", "malformed", "config-rejected", "exit", "crash", "memory", "output")
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,9 @@ def _known_ids() -> set[str]:
 
 
 def check_id(problem: str, where: str, *, faults: bool) -> str:
-    if problem in _known_ids() or (faults and problem.removeprefix("FAULT-") in _FAULT_KINDS and problem.startswith("FAULT-")):
+    from conformance.summary import FAULT_KINDS
+
+    if problem in _known_ids() or (faults and problem.removeprefix("FAULT-") in FAULT_KINDS and problem.startswith("FAULT-")):
         return problem
     allowed = "an invariant ID, LOCKSTEP" + (" or FAULT-<kind>" if faults else "")
     raise InputError(where, f"unknown id {problem!r} (expected {allowed}; see `kvsched invariants`)")
@@ -61,18 +62,7 @@ def load_expectations(path: Path | None) -> Expectations:
     if path is None:
         return Expectations()
     where = "--expect"
-    try:
-        if not path.is_file():
-            raise InputError(where, f"{path} is not a file")
-        with open(path, "rb") as f:
-            raw = f.read(1 << 20 + 1)
-        if len(raw) > 1 << 20:
-            raise InputError(where, f"{path} is larger than 1 MB")
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        if isinstance(err, InputError):
-            raise
-        raise InputError(where, f"{path} is not a readable JSON file ({type(err).__name__})") from None
+    data = read_json(path, where=f"{where} {path}", max_bytes=1 << 20)
     return expectations_from_dict(data, where)
 
 

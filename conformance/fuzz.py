@@ -41,6 +41,7 @@ from conformance.isolated import LocalRunner
 from conformance.profiles import Profile
 from conformance.shrink import shrink, size
 from conformance.summary import TraceSummary
+from spec.domain import ConfigDomain
 from spec.errors import InputError
 from spec.trace import Trace
 
@@ -123,6 +124,13 @@ def fuzz(
     del hypothesis_shrink
     runner = _runner_for(make_adapter, timeout)
     info = runner.info or runner.start()
+    domain = _domain_of(runner)
+    if adapter_spec is None and isinstance(getattr(runner, "spec", None), str):
+        adapter_spec = runner.spec
+    if adapter_spec is not None:  # loadable from any folder: traces and replay commands carry it
+        from conformance.adapter import canonical_spec
+
+        adapter_spec = canonical_spec(adapter_spec)
     expectations = expectations or Expectations()
     if strategy is None:
         strategy = _strategy_for(runner)
@@ -156,7 +164,7 @@ def fuzz(
     try:
         if not result.interrupted:
             for problem, (_, trace, summary) in sorted(best.items()):
-                result.findings[problem] = _shrunk_finding(problem, trace, summary, run, result, out_dir)
+                result.findings[problem] = _shrunk_finding(problem, trace, summary, run, result, out_dir, domain)
     except KeyboardInterrupt:
         result.interrupted = True
     for problem, (_, trace, summary) in sorted(best.items()):
@@ -174,19 +182,24 @@ def fuzz(
 def _strategy_for(runner: Any) -> st.SearchStrategy:
     """The traces this adapter accepts: its own strategy when it runs in this process, else what
     the runner's side knows of it (a built-in's or a target's, or its declared config domain)."""
-    from conformance.generate import traces
+    from conformance.adapter import adapter_domain, traces_for
+    from conformance.generate_domain import traces_in
 
     adapter = getattr(runner, "adapter", None)
-    if adapter is not None and hasattr(adapter, "trace_strategy"):
-        return adapter.trace_strategy()
-    spec = getattr(runner, "spec", None)
-    if spec is not None:
-        from conformance.adapter import builtin_strategy
+    if adapter is not None:
+        return adapter.trace_strategy() if hasattr(adapter, "trace_strategy") else traces_in(adapter_domain(adapter))
+    return traces_for(getattr(runner, "spec", ""), runner.info.domain)
 
-        found = builtin_strategy(spec, runner.info)
-        if found is not None:
-            return found
-    return traces()
+
+def _domain_of(runner: Any) -> ConfigDomain | None:
+    """The config domain the adapter declared, which shrinking must not leave."""
+    adapter = getattr(runner, "adapter", None)
+    if adapter is not None:  # in this process: a declared domain, else whatever trace_strategy draws
+        from conformance.adapter import adapter_domain
+
+        return adapter_domain(adapter) if getattr(adapter, "domain", None) is not None else None
+    domain = getattr(runner.info, "domain", None)
+    return ConfigDomain.from_dict(domain) if domain is not None else None
 
 
 def _search(strategy, seed_value, max_examples, deadline, stop_when, result, best, run, record, on_example) -> None:
@@ -274,14 +287,14 @@ def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: Trac
 
 
 def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,
-                    out_dir: Path) -> Finding:
+                    out_dir: Path, domain: ConfigDomain | None = None) -> Finding:
     def failing(candidate: Trace) -> int | None:
         return run(candidate, stop_on=problem).step_of(problem)
 
     # A fatal fault costs a process start (a hang a whole timeout) per try: a small budget.
     tries, seconds = (10, 15.0) if problem in FATAL else (400, 30.0)
     try:
-        small, step = shrink(trace, failing, budget=tries, seconds=seconds)
+        small, step = shrink(trace, failing, budget=tries, seconds=seconds, domain=domain)
     except ValueError:  # flaky: no longer fails alone; keep what was seen
         small, step = trace, summary.problems[problem].step
     path = out_dir / "counterexamples" / f"{problem}.json"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +54,9 @@ class AdapterInfo:
     profiles: tuple[str, ...]
     capabilities: frozenset[str]
     domain: dict[str, Any] | None = None
+    # An engine that builds itself in reset() (vLLM: 5-20 s under load) declares how long that may take;
+    # every other call keeps the runner's --timeout, so a hang mid-trace is still caught quickly.
+    reset_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,11 @@ class Limits:
 @dataclass
 class _Output:
     """The child's stdout and stderr, drained by a thread: counted, the head kept in a log file,
-    the tail kept for fault messages."""
+    the tail kept for fault messages.
+
+    With no log file yet, the head is held in memory until `attach` names one: `kvsched conform`
+    creates its ``--out`` folder only once the adapter has loaded, so that a refused adapter
+    leaves nothing on disk, yet what the adapter printed while loading still reaches the log."""
 
     log: Path | None
     total: int = 0
@@ -74,25 +82,48 @@ class _Output:
     tail: bytes = b""
     cap: int = 1 << 20
     written: int = 0
+    held: bytearray = field(default_factory=bytearray)
+    out: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def drain(self, pipe) -> None:
-        out = open(self.log, "ab") if self.log else None  # noqa: SIM115
+        try:
+            if self.log:
+                self.attach(self.log)
+        except OSError:
+            pass  # no log, but the pipe is still drained: a full pipe would stall the adapter
         try:
             while chunk := pipe.read1(1 << 16):
                 with self.lock:
                     self.total += len(chunk)
                     self.since_mark += len(chunk)
                     self.tail = (self.tail + chunk)[-2048:]
-                if out is not None and self.written < self.cap:
-                    out.write(chunk[: self.cap - self.written])
-                    self.written += min(len(chunk), self.cap - self.written)
-                    out.flush()
+                    self._keep(chunk)
         except (OSError, ValueError):
             pass
         finally:
-            if out is not None:
-                out.close()
+            with self.lock:
+                if self.out is not None:
+                    self.out.close()
+                    self.out = None
+
+    def attach(self, log: Path) -> None:
+        """Write the head to ``log`` from now on, starting with what was held in memory."""
+        with self.lock:
+            held, self.held, self.written = bytes(self.held), bytearray(), 0
+            self.log, self.out = log, open(log, "ab")  # noqa: SIM115 - closed when the pipe ends
+            self._keep(held)
+
+    def _keep(self, chunk: bytes) -> None:
+        room = self.cap - self.written
+        if room <= 0 or not chunk:
+            return
+        if self.out is not None:
+            self.out.write(chunk[:room])
+            self.out.flush()
+        else:
+            self.held += chunk[:room]
+        self.written += min(len(chunk), room)
 
     def mark(self) -> None:
         with self.lock:
@@ -133,7 +164,7 @@ class ChildRunner:
         self.log = log
         self.info: AdapterInfo | None = None
         self._proc: subprocess.Popen | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
+        self._dir: Path | None = None  # this child's stamp and stack dump; removed when it ends
         self.starts = 0
 
     # -- the child's life ----------------------------------------------------------------------
@@ -141,6 +172,7 @@ class ChildRunner:
         """Start the child and wait for its hello; a broken adapter spec raises InputError."""
         self.close()
         self.starts += 1
+        self._dir = Path(tempfile.mkdtemp(prefix="kvsched-child-"))
         stamp_path, self._dump = self._dir / "stamp", self._dir / "stack.txt"
         self._stamp = Stamp(str(stamp_path), create=True)
         self._dump.write_bytes(b"")
@@ -167,8 +199,14 @@ class ChildRunner:
         if hello.get("op") != "hello":
             raise InputError("--adapter", f"{self.spec}: the adapter's process answered {hello.get('op')!r}")
         self.info = AdapterInfo(hello["name"], tuple(hello["profiles"]), frozenset(hello["capabilities"]),
-                                hello.get("domain"))
+                                hello.get("domain"), hello.get("reset_timeout"))
         return self.info
+
+    def keep_log(self, log: Path) -> None:
+        """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
+        self.log = log
+        if self._proc is not None:
+            self._output.attach(log)
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -186,26 +224,41 @@ class ChildRunner:
                 proc.kill()
         proc.wait()
         self._stamp.close()
+        if self._dir is not None:  # a fault's location was read from the dump before close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     # -- one trace -------------------------------------------------------------------------------
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
             stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
+        answer = self._ask({"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
+                            "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
+                            "stop_on": stop_on, "html": str(html) if html else None})
+        if isinstance(answer, Problem):
+            return TraceSummary(answer.step + 1, {answer.id: answer})
+        return TraceSummary.from_dict(answer["summary"])
+
+    def replay(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False,
+               html: Path | None = None) -> dict[str, Any] | Problem:
+        """Every step of one trace as `conformance.replay_view` tells it, or the fault that ended the child."""
+        answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
+                            "lockstep": lockstep, "html": str(html) if html else None})
+        return answer if isinstance(answer, Problem) else answer["replay"]
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | Problem:
         if self._proc is None:
             self.start()
         self._output.mark()
         try:
-            send(self._requests, {"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
-                                  "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
-                                  "stop_on": stop_on, "html": str(html) if html else None})
+            send(self._requests, request)
         except OSError:
             pass  # the child is gone: _wait says how
         answer = self._wait(None)
         if isinstance(answer, AdapterFault):
             _, _, step, _ = self._stamp.read()
             self.close()
-            problem = Problem(f"FAULT-{answer.kind}", step, f"step {step}: {answer}", answer.location)
-            return TraceSummary(step + 1, {problem.id: problem})
-        return TraceSummary.from_dict(answer["summary"])
+            return Problem(f"FAULT-{answer.kind}", step, f"step {step}: {answer}", answer.location)
+        return answer
 
     def _wait(self, deadline_s: float | None, loading: bool = False) -> dict[str, Any] | AdapterFault:
         """The child's next frame, or the fault that ended the wait."""
@@ -225,8 +278,9 @@ class ChildRunner:
                 return self._ended(call or "between calls")
             if deadline_s is not None and now - started > deadline_s:
                 return self._kill("hang", call or "load", f"no answer within {deadline_s:g} s")
-            if call and not loading and now - call_started > limits.timeout:
-                return self._kill("hang", call, f"no answer within {limits.timeout:g} s")
+            allowed = self._call_limit(call)
+            if call and not loading and now - call_started > allowed:
+                return self._kill("hang", call, f"no answer within {allowed:g} s")
             if calls != last_calls:
                 last_calls, idle_since = calls, now
             elif not loading and not call and now - idle_since > max(60.0, 10 * limits.timeout):
@@ -241,6 +295,11 @@ class ChildRunner:
                 if rss > limits.max_memory_mb:
                     return self._kill("memory", call or "between calls",
                                       f"resident memory {rss} MB passed the limit of {limits.max_memory_mb} MB")
+
+    def _call_limit(self, call: str) -> float:
+        """Seconds ``call`` may take: --timeout, or the adapter's declared reset time when longer."""
+        declared = self.info.reset_timeout if self.info is not None and call == "reset" else None
+        return max(self.limits.timeout, declared or 0.0)
 
     def _resident_mb(self) -> int:
         try:

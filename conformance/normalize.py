@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import SeqView, Snapshot
+from spec.observation import Capability, SeqView, Snapshot
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -85,12 +85,18 @@ def check_finished(value: Any, call: str) -> tuple[Finished, ...]:
     return items
 
 
-def check_snapshot(value: Any) -> Snapshot:
-    """The snapshot, once every field it fills has the type the spec gives it (so no predicate
-    can crash on it). A snapshot whose ``base`` passed this check before is checked only where it
-    differs from the base: the fields that are new objects and the views in ``changed_seqs``."""
+def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset()) -> Snapshot:
+    """The snapshot, once every field it fills has the type the spec gives it and every field
+    a ``claimed`` capability promises is filled (so no predicate can crash on it). A snapshot
+    whose ``base`` passed this check before is checked only where it differs from the base: the
+    fields that are new objects and the views in ``changed_seqs``."""
     if not isinstance(value, Snapshot):
         raise _fail("snapshot", f"returned {type(value).__name__}, expected Snapshot")
+    for capability in claimed:
+        for name in _PROMISED.get(capability, ()):
+            if getattr(value, name) is None:
+                raise _fail("snapshot", f"Snapshot.{name} is None, yet the adapter claims the {capability.value!r} "
+                                        f"capability, which needs {', '.join(_PROMISED[capability])} (docs/ADAPTERS.md)")
     if value.__dict__.get(_CHECKED):
         return value
     base = value.base if value.base is not None and value.base.__dict__.get(_CHECKED) else None
@@ -109,6 +115,17 @@ def check_snapshot(value: Any) -> Snapshot:
 
 
 _CHECKED = "_kvsched_checked"
+# The snapshot parts each capability promises (docs/ADAPTERS.md, "what snapshot() fills"). The
+# CPU parts are left out: an engine without a CPU pool may leave them None.
+_PROMISED: dict[Capability, tuple[str, ...]] = {
+    Capability.STATUSES: ("statuses", "seqs"),
+    Capability.QUEUES: ("waiting", "running", "swapped"),
+    Capability.BLOCK_TABLES: ("seqs",),
+    Capability.SEQ_LENGTHS: ("seqs",),
+    Capability.REF_COUNTS: ("gpu_ref_counts",),
+    Capability.FREE_COUNTS: ("gpu_free",),
+    Capability.FREE_LISTS: ("gpu_free_ids",),
+}
 
 
 def _ints(values: Any, *, non_negative: bool = False) -> str | None:

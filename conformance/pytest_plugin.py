@@ -5,6 +5,10 @@ nothing unless ``--kvsched-adapter`` (or ``kvsched_adapter`` in the ini file) is
 conformance run happens once per session, on the first kvsched test; each invariant then
 passes, fails (the message names the shrunk counterexample trace to replay), or is skipped as
 not applicable to what the adapter exposes.
+
+It works from the adapter's own folder: the adapter's process has the current folder importable
+(`conformance.adapter.load_adapter`), ``path/to/file.py:factory`` is accepted too, and a bad
+spec, profile or option stops pytest with one usage line instead of an INTERNALERROR.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pytest
 
 def pytest_addoption(parser):
     group = parser.getgroup("kvsched", "kvsched scheduler conformance")
-    group.addoption("--kvsched-adapter", default=None, help="adapter spec: a built-in name or module:factory")
+    group.addoption("--kvsched-adapter", default=None, help="adapter spec: a built-in name, a target, path/to/file.py:factory or module:factory")
     group.addoption("--kvsched-profile", default=None, help="conformance profile (default: the adapter's own)")
     group.addoption("--kvsched-examples", type=int, default=None, help="fuzzed traces to run (default 100)")
     group.addoption("--kvsched-seed", type=int, default=None, help="seed for the fuzzed traces")
@@ -31,19 +35,25 @@ class _Run:
     def __init__(self, config) -> None:
         from conformance.isolated import ChildRunner
         from conformance.profiles import get_profile
+        from spec.errors import InputError
 
         self.spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
+        self.examples = config.getoption("kvsched_examples") or 100
+        if self.examples < 1:
+            raise InputError("--kvsched-examples", f"must be >= 1, got {self.examples}")
+        name = config.getoption("kvsched_profile")
+        if name is not None:
+            get_profile(name)  # a bad name fails before the adapter's process starts
         # The adapter runs in its own process, as under `kvsched conform`: nothing it does can
         # end or hang the test session.
         self.runner = ChildRunner(self.spec)
         self.adapter = self.runner.start()
-        name = config.getoption("kvsched_profile") or (self.adapter.profiles[0] if self.adapter.profiles else "safety")
-        self.profile = get_profile(name)
-        self.examples = config.getoption("kvsched_examples") or 100
+        self.profile = get_profile(name or (self.adapter.profiles[0] if self.adapter.profiles else "safety"))
         self.seed = config.getoption("kvsched_seed")
         if self.seed is None:
             self.seed = random.randrange(2**31)
         self.out = Path(config.getoption("kvsched_out"))
+        self.item_ids: list[str] = []
         self._result = None
 
     @property
@@ -67,11 +77,16 @@ class KvschedItem(pytest.Item):
 
     def runtest(self) -> None:
         result = self.run.result
+        if self.invariant_id == OTHER:  # a problem no item above names must still fail the session
+            unlisted = sorted(set(result.findings) - set(self.run.item_ids))
+            if unlisted:
+                raise KvschedFailure(unlisted[0], result.findings[unlisted[0]], result)
+            return
         if self.invariant_id in result.not_applicable:
             pytest.skip(f"{self.invariant_id}: not applicable (the adapter does not expose what it needs)")
         finding = result.findings.get(self.invariant_id)
         if finding is not None:
-            raise KvschedFailure(self.invariant_id, finding, self.run.spec)
+            raise KvschedFailure(self.invariant_id, finding, self.run.result)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, KvschedFailure):
@@ -83,28 +98,40 @@ class KvschedItem(pytest.Item):
 
 
 class KvschedFailure(AssertionError):
-    def __init__(self, invariant_id: str, finding, spec: str) -> None:
+    def __init__(self, invariant_id: str, finding, result) -> None:
+        from conformance.report import replay_command
         from spec.catalogue import get
 
         statement = get(invariant_id).statement if "-" in invariant_id and not invariant_id.startswith("FAULT") else ""
         super().__init__(
             f"{invariant_id}: {statement}\n{finding.message}\n"
             f"counterexample ({finding.steps} steps): {finding.path}\n"
-            f"replay: kvsched replay {finding.path} --adapter {spec}"
+            f"replay: {replay_command(result, finding)}"
             + (f"\nat {finding.location}" if getattr(finding, "location", None) else "")
         )
+
+
+OTHER = "other"  # the item that fails on any problem the others do not name
 
 
 def pytest_collection_modifyitems(session, config, items):
     spec = config.getoption("kvsched_adapter") or config.getini("kvsched_adapter")
     if not spec:
         return
-    run = _Run(config)
+    from spec.errors import InputError
+
+    try:
+        run = _Run(config)
+    except InputError as err:  # a usage error: one line, not an INTERNALERROR
+        raise pytest.UsageError(f"kvsched: {err.where}: {err.message}") from None
     ids = [inv.id for inv in run.profile.invariants()]
     if run.profile.lockstep and run.profile.name in run.adapter.profiles:
         ids.append("LOCKSTEP")
-    ids += [f"FAULT-{kind}" for kind in ("raised", "hang", "malformed", "exit", "crash", "memory", "output")]
-    for invariant_id in ids:
+    from conformance.summary import FAULT_KINDS
+
+    ids += [f"FAULT-{kind}" for kind in FAULT_KINDS]
+    run.item_ids = list(ids)
+    for invariant_id in [*ids, OTHER]:
         items.append(KvschedItem.from_parent(session, name=f"kvsched[{invariant_id}]", run=run, invariant_id=invariant_id))
 
 

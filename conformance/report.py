@@ -38,6 +38,12 @@ def replay_command(result: FuzzResult, finding: Any) -> str:
     return f"kvsched replay {shlex.quote(str(finding.path))} --adapter {shlex.quote(spec)} --profile {result.profile}"
 
 
+# Problems that are not the adapter's: a disagreement with the reference, a crash of kvsched's own checks.
+_FAULT_CATEGORY = {"LOCKSTEP": "lockstep", "FAULT-checker": "kvsched"}
+_FAULT_STATEMENT = {"LOCKSTEP": "agrees with the reference step for step",
+                    "FAULT-checker": "kvsched's own checks ran (a failure here is a kvsched bug)"}
+
+
 def rows(result: FuzzResult) -> list[dict[str, Any]]:
     out = []
     for inv_id in [*result.active, *result.not_applicable]:
@@ -67,8 +73,8 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
         if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
             out.append({
                 "id": problem,
-                "category": "lockstep" if problem == "LOCKSTEP" else "adapter",
-                "statement": "agrees with the reference step for step" if problem == "LOCKSTEP" else "the adapter answered",
+                "category": _FAULT_CATEGORY.get(problem, "adapter"),
+                "statement": _FAULT_STATEMENT.get(problem, "the adapter answered"),
                 "status": _status(result, problem, finding),
                 "location": finding.location,
                 "exercised_steps": result.steps_checked,
@@ -184,8 +190,10 @@ def print_terminal(result: FuzzResult) -> None:
         label = "[magenta]expected[/] " if problem in result.expected else ""
         console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
         if finding.location:
-            console.print(f"  at {finding.location}", highlight=False, markup=False)
+            console.print(f"  at {finding.location}", highlight=False, markup=False, soft_wrap=True)
         shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
-        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False)
+        # One line however long, so the command can be copied and run as printed.
+        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False,
+                      soft_wrap=True)
     unexpected = len(result.unexpected)
     console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")

@@ -3,7 +3,9 @@
 Hypothesis shrinks the first failure it finds; a run can fail several invariants, so each
 finding is shrunk again here, greedily, for its own invariant: cut the trace at the failing
 step, drop requests, aborts and stops, lower numbers, simplify the config. A candidate is kept
-when the same problem still shows and the trace got simpler.
+when the same problem still shows and the trace got simpler. Given the adapter's
+`spec.domain.ConfigDomain`, no candidate leaves it: a smaller trace the engine cannot be given
+would shrink the adapter's translation, not the scheduler's bug.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from spec.config import SchedulerConfig
+from spec.domain import ConfigDomain
 from spec.errors import InputError
 from spec.trace import Arrival, Trace
 
@@ -31,9 +34,10 @@ def size(trace: Trace, failure_step: int) -> tuple[int, ...]:
     )
 
 
-def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 30.0) -> tuple[Trace, int]:
+def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 30.0,
+           domain: ConfigDomain | None = None) -> tuple[Trace, int]:
     """Return the simplest failing trace found within ``budget`` candidate runs (and about
-    ``seconds`` of time), and its failing step."""
+    ``seconds`` of time), and its failing step. Candidates outside ``domain`` are never run."""
     deadline = time.monotonic() + seconds
     step = failing(trace)
     if step is None:
@@ -44,6 +48,8 @@ def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 3
     while improved and tries < budget and time.monotonic() < deadline:
         improved = False
         for candidate in _candidates(best):
+            if domain is not None and not domain.admits(candidate):
+                continue
             tries += 1
             if tries > budget or time.monotonic() > deadline:
                 break

@@ -15,6 +15,21 @@ from typing import Any
 
 from conformance.driver import TraceResult
 
+# Every FAULT kind the runner reports (conformance.isolated, conformance.driver, conformance.worker),
+# with what happened; the pytest plugin, expectations files and ADAPTERS.md all read this one table.
+FAULT_KINDS: dict[str, str] = {
+    "raised": "a call raised an exception",
+    "hang": "a call did not return within `--timeout` (or its declared `reset_timeout`); the process was killed",
+    "malformed": "an answer of the wrong shape: `None` where a sequence or field must be, a wrong type, an absurd number, "
+                 "a claimed capability left empty",
+    "config-rejected": "`reset()` raised on a trace's config (declare a config domain so that no such config is generated)",
+    "exit": "the process exited: `sys.exit` with any code (0 included), `os._exit`",
+    "crash": "the process was killed by a signal (a segfault, an abort)",
+    "memory": "resident memory passed `--max-memory`",
+    "output": "the adapter printed more than `--max-output` in one trace",
+    "checker": "kvsched's own checks crashed on this trace (a kvsched bug, not the adapter's: reported under category kvsched)",
+}
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -67,17 +67,29 @@ def _die_with_parent() -> None:
 
 
 def _hello(adapter: Any) -> dict[str, Any]:
-    domain = getattr(adapter, "config_domain", None)
+    """What the runner learns of the adapter without importing it, the config domain included:
+    the runner generates and shrinks traces inside it."""
+    from conformance.adapter import adapter_domain
+
     return {
         "op": "hello",
         "name": str(getattr(adapter, "name", "adapter")),
         "profiles": [str(p) for p in getattr(adapter, "profiles", ("safety",))],
         "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
-        "domain": domain.to_dict() if hasattr(domain, "to_dict") else None,
+        "domain": adapter_domain(adapter).to_dict(),
+        "reset_timeout": _seconds(getattr(adapter, "reset_timeout", None)),
     }
 
 
+def _seconds(value: Any) -> float | None:
+    """An adapter's declared time limit, or None when it declares none (or nonsense)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value < float("inf") else None
+
+
 def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
+    """One trace, checked here; the answer is the verdict (``run``) or the whole story (``replay``)."""
     from conformance.coverage import exercised
     from conformance.driver import run_checked
     from conformance.summary import summarize
@@ -96,12 +108,18 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str
     result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
                          stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
                          stop_on=request.get("stop_on"))
-    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    html = None
     if request.get("html"):
         from conformance.fuzz import write_html
 
         written = write_html(request["html"], trace, result)
-        summary.html = str(written) if written else None
+        html = str(written) if written else None
+    if request["op"] == "replay":
+        from conformance.replay_view import replay_view
+
+        return {"op": "result", "replay": replay_view(result), "html": html}
+    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    summary.html = html
     return {"op": "result", "summary": summary.to_dict()}
 
 
@@ -124,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = Stamp(args.stamp)
     guard = StampedGuard(stamp)
 
-    from conformance.adapter import load_adapter
+    from conformance.adapter import load_adapter, user_location
     from spec.errors import InputError
 
     stamp.enter("load")
@@ -136,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:  # noqa: BLE001 - a factory may fail in any way: one line for the user
         send(args.answers, {"op": "input-error", "where": "--adapter",
                             "message": f"{args.adapter} failed to load: {type(err).__name__}: {err} "
-                                       f"(at {exception_location(err)})"})
+                                       f"(at {user_location(err)})"})
         return 0
     finally:
         stamp.leave()
@@ -146,9 +164,35 @@ def main(argv: list[str] | None = None) -> int:
             request = receive(args.requests)
         except ChannelClosed:
             return 0
-        if request.get("op") != "run":
+        if request.get("op") not in ("run", "replay"):
             return 0
-        send(args.answers, _run(adapter, request, guard))
+        stamp.step = 0
+        try:
+            answer = _run(adapter, request, guard)
+        except Exception as err:  # noqa: BLE001 - kvsched's own code failed, not an adapter call
+            answer = _checker_failed(err, stamp.step)
+        send(args.answers, answer)
+
+
+def _checker_failed(err: Exception, step: int) -> dict[str, Any]:
+    """A trace whose checking crashed in kvsched's own code (every adapter call is guarded, so
+    this is not the adapter's doing): a ``FAULT-checker`` problem with kvsched's file:line and
+    the trace kept like any finding, instead of the process dying as if the adapter had exited.
+    The answer serves both ops (``run`` reads the summary, ``replay`` the story)."""
+    import traceback
+
+    from conformance.summary import Problem, TraceSummary
+
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    step = max(step, 0)
+    message = (f"step {step}: kvsched's own checking raised {type(err).__name__}: {err} (a kvsched bug, not the "
+               "adapter's: please report it with this trace)")
+    problem = Problem("FAULT-checker", step, message, where)
+    story = {"steps": [], "violations": [], "fault": message, "fault_step": step, "divergence": None, "failed": True,
+             "lines": [f"KVSCHED ERROR {message} (at {where})"]}
+    return {"op": "result", "summary": TraceSummary(step + 1, {problem.id: problem}).to_dict(), "replay": story,
+            "html": None}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from spec.errors import InputError
+from spec.errors import InputError, shown
+
+# Upper limits on the sizes a config may ask for. The reference keeps a Python object per block
+# and the torch twin a tensor row per block and per sequence, so an absurd count (10**12 blocks)
+# would fill memory or hang instead of being refused; these are far above any real engine's
+# (2**20 blocks of 16 tokens is 16M tokens of KV on one GPU; vLLM caps max_num_seqs at 1024).
+MAX_BLOCKS = 2**20
+MAX_TOKENS = 2**24
+MAX_SEQS = 2**16
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 POLICIES = ("fcfs", "priority")
@@ -44,28 +52,29 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False  # share full blocks across requests by content key
 
     def __post_init__(self) -> None:
-        _positive_int("config.block_size", self.block_size)
-        _positive_int("config.num_gpu_blocks", self.num_gpu_blocks)
-        _positive_int("config.num_cpu_blocks", self.num_cpu_blocks, minimum=0)
-        _positive_int("config.max_num_seqs", self.max_num_seqs)
-        _positive_int("config.max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive_int("config.max_model_len", self.max_model_len)
+        _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
+        _positive_int("config.num_gpu_blocks", self.num_gpu_blocks, maximum=MAX_BLOCKS)
+        _positive_int("config.num_cpu_blocks", self.num_cpu_blocks, minimum=0, maximum=MAX_BLOCKS)
+        _positive_int("config.max_num_seqs", self.max_num_seqs, maximum=MAX_SEQS)
+        _positive_int("config.max_num_batched_tokens", self.max_num_batched_tokens, maximum=MAX_TOKENS)
+        _positive_int("config.max_model_len", self.max_model_len, maximum=MAX_TOKENS)
         if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)):
-            raise InputError("config.watermark", f"must be a number in [0, 1), got {self.watermark!r}")
+            raise InputError("config.watermark", f"must be a number in [0, 1), got {shown(self.watermark)}")
         if not (0.0 <= float(self.watermark) < 1.0) or math.isnan(self.watermark):
-            raise InputError("config.watermark", f"must be in [0, 1), got {self.watermark!r}")
-        if self.preemption_mode not in PREEMPTION_MODES:
+            raise InputError("config.watermark", f"must be in [0, 1), got {shown(self.watermark)}")
+        if not isinstance(self.preemption_mode, str) or self.preemption_mode not in PREEMPTION_MODES:
             raise InputError(
                 "config.preemption_mode",
-                f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}",
+                f"must be one of {', '.join(PREEMPTION_MODES)}, got {shown(self.preemption_mode)}",
             )
-        if self.policy not in POLICIES:
-            raise InputError("config.policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
+            raise InputError("config.policy", f"must be one of {', '.join(POLICIES)}, got {shown(self.policy)}")
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
-                raise InputError(f"config.{name}", f"must be true or false, got {getattr(self, name)!r}")
-        _positive_int("config.max_num_partial_prefills", self.max_num_partial_prefills, minimum=0)
-        _positive_int("config.long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
+                raise InputError(f"config.{name}", f"must be true or false, got {shown(getattr(self, name))}")
+        _positive_int("config.max_num_partial_prefills", self.max_num_partial_prefills, minimum=0, maximum=MAX_SEQS)
+        _positive_int("config.long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0,
+                      maximum=MAX_TOKENS)
         for name in ("max_num_partial_prefills", "long_prefill_token_threshold"):
             if getattr(self, name) and not self.enable_chunked_prefill:
                 raise InputError(f"config.{name}", f"limits prefill chunks, so it needs enable_chunked_prefill "
@@ -115,7 +124,8 @@ class SchedulerConfig:
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
-                raise InputError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
+                raise InputError(f"{where}.{str(key)[:40]}",
+                                 f"unknown field (known: {', '.join(sorted(known))})")
         try:
             return cls(**dict(data))
         except InputError as err:
@@ -132,6 +142,8 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _positive_int(where: str, value: Any, minimum: int = 1) -> None:
+def _positive_int(where: str, value: Any, minimum: int = 1, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(where, f"must be an integer >= {minimum}, got {value!r}")
+        raise InputError(where, f"must be an integer >= {minimum}, got {shown(value)}")
+    if maximum is not None and value > maximum:
+        raise InputError(where, f"must be at most {maximum}, got {shown(value)}")

@@ -26,11 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec.config import SchedulerConfig
-from spec.errors import InputError
+from spec.config import MAX_SEQS, MAX_TOKENS, SchedulerConfig
+from spec.errors import InputError, shown
+from spec.json_input import read_json
 from spec.types import Request
 
 TRACE_VERSION = 1
+# Every engine loop runs up to max_steps steps and the checker looks at each: 10**5 steps is
+# minutes of reference time, 10**9 would be days, so a larger value is a mistake, refused up
+# front rather than discovered as a hang. The other limits keep one trace to what a real
+# workload replay holds, with every message still one line.
+MAX_STEPS = 100_000
+MAX_REQUESTS = 100_000
+MAX_ID_CHARS = 200
+MAX_PRIORITY = 2**31
 
 
 @dataclass(frozen=True)
@@ -109,26 +118,34 @@ class Trace:
         if not isinstance(data, Mapping):
             raise InputError("trace", "must be a JSON object")
         version = data.get("version")
-        if version != TRACE_VERSION:
-            raise InputError("version", f"must be {TRACE_VERSION}, got {version!r}")
+        if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
+            raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
         known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta"}
         for key in data:
             if key not in known:
-                raise InputError(key, f"unknown field (known: {', '.join(sorted(known))})")
+                raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
         config = SchedulerConfig.from_dict(data.get("config", {}))
+        requests = _list(data, "requests")
+        if len(requests) > MAX_REQUESTS:
+            raise InputError("requests", f"has {len(requests)} requests, more than the {MAX_REQUESTS} a trace may have")
         arrivals = []
         seen: set[str] = set()
-        for i, raw in enumerate(_list(data, "requests")):
+        for i, raw in enumerate(requests):
             where = f"requests[{i}]"
             if not isinstance(raw, Mapping):
                 raise InputError(where, "must be an object")
             allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens"}
             for key in raw:
                 if key not in allowed:
-                    raise InputError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(allowed))})")
+                    raise InputError(f"{where}.{str(key)[:40]}", f"unknown field (known: {', '.join(sorted(allowed))})")
             if "id" not in raw or "prompt_len" not in raw:
                 raise InputError(where, "needs 'id' and 'prompt_len'")
-            step = _int(raw.get("arrival_step", 0), f"{where}.arrival_step", 0)
+            _str(raw["id"], f"{where}.id")
+            step = _int(raw.get("arrival_step", 0), f"{where}.arrival_step", 0, MAX_STEPS)
+            _int(raw["prompt_len"], f"{where}.prompt_len", 1, MAX_TOKENS)
+            _int(raw.get("max_tokens", 16), f"{where}.max_tokens", 1, MAX_TOKENS)
+            _int(raw.get("n", 1), f"{where}.n", 1, MAX_SEQS)
+            _int(raw.get("priority", 0), f"{where}.priority", -MAX_PRIORITY, MAX_PRIORITY)
             try:
                 request = Request(
                     request_id=raw["id"],
@@ -151,14 +168,14 @@ class Trace:
             where = f"aborts[{i}]"
             if not isinstance(raw, Mapping) or "step" not in raw or "request" not in raw:
                 raise InputError(where, "must be an object with 'step' and 'request'")
-            aborts.append((_int(raw["step"], f"{where}.step", 0), _str(raw["request"], f"{where}.request")))
+            aborts.append((_int(raw["step"], f"{where}.step", 0, MAX_STEPS), _str(raw["request"], f"{where}.request")))
         stops = []
         for i, raw in enumerate(_list(data, "stops")):
             where = f"stops[{i}]"
             if not isinstance(raw, Mapping) or "step" not in raw or "seq" not in raw:
                 raise InputError(where, "must be an object with 'step' and 'seq'")
-            stops.append((_int(raw["step"], f"{where}.step", 0), _str(raw["seq"], f"{where}.seq")))
-        max_steps = _int(data.get("max_steps", 1000), "max_steps", 1)
+            stops.append((_int(raw["step"], f"{where}.step", 0, MAX_STEPS), _str(raw["seq"], f"{where}.seq")))
+        max_steps = _int(data.get("max_steps", 1000), "max_steps", 1, MAX_STEPS)
         meta = data.get("meta", {})
         if not isinstance(meta, Mapping):
             raise InputError("meta", "must be an object")
@@ -166,17 +183,10 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
+        """Read a trace file through `spec.json_input.read_json` (size, encoding, depth and number
+        limits); every error names the file and then the field."""
         path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise InputError(str(path), "no such file") from None
-        except OSError as err:
-            raise InputError(str(path), f"cannot read: {err.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(str(path), f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+        data = read_json(path)
         try:
             return cls.from_dict(data)
         except InputError as err:
@@ -190,13 +200,17 @@ def _list(data: Mapping[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _int(value: Any, where: str, minimum: int) -> int:
+def _int(value: Any, where: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(where, f"must be an integer >= {minimum}, got {value!r}")
+        raise InputError(where, f"must be an integer >= {minimum}, got {shown(value)}")
+    if value > maximum:
+        raise InputError(where, f"must be at most {maximum}, got {shown(value)}")
     return value
 
 
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise InputError(where, f"must be a non-empty string, got {value!r}")
+        raise InputError(where, f"must be a non-empty string, got {shown(value)}")
+    if len(value) > MAX_ID_CHARS:
+        raise InputError(where, f"must be at most {MAX_ID_CHARS} characters, got {len(value)}")
     return value

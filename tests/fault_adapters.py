@@ -184,3 +184,30 @@ class _Chatty(SchedulerAdapter):
 
 def chatty() -> SchedulerAdapter:
     return _Chatty()
+
+
+class _SlowReset(SchedulerAdapter):
+    """A correct scheduler whose reset builds an engine slowly (as vLLM's does under load) and
+    says so with ``reset_timeout``; with ``hang_in_reset`` its reset never returns at all."""
+
+    def __init__(self, reset_s: float, declared: float | None) -> None:
+        super().__init__("slow-reset", Scheduler, profiles=("safety",))
+        self.capabilities = Scheduler.capabilities
+        self.reset_timeout = declared
+        self._reset_s = reset_s
+
+    def reset(self, config):
+        time.sleep(self._reset_s)
+        return super().reset(config)
+
+
+def slow_reset_declared() -> SchedulerAdapter:
+    return _SlowReset(1.5, declared=5.0)
+
+
+def slow_reset_undeclared() -> SchedulerAdapter:
+    return _SlowReset(1.5, declared=None)
+
+
+def reset_hangs_past_its_declared_time() -> SchedulerAdapter:
+    return _SlowReset(3600, declared=2.0)

@@ -169,3 +169,42 @@ def test_printed_replay_command_runs_as_printed(tmp_path):
             command = f"{shlex.quote(sys.executable)} -m conformance{command.removeprefix('kvsched')}"
         replay = subprocess.run(command, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
         assert replay.returncode == 1 and "VIOLATION" in replay.stdout + replay.stderr, replay.stdout + replay.stderr
+
+
+@pytest.mark.parametrize(("factory", "fault", "within"), [
+    ("slow_reset_declared", None, 8.0),
+    ("slow_reset_undeclared", "FAULT-hang", 2.5),
+    ("reset_hangs_past_its_declared_time", "FAULT-hang", 4.0),
+])
+def test_a_declared_reset_time_is_honoured_and_still_bounded(factory, fault, within):
+    """An engine built in reset (vLLM) may take longer than --timeout if the adapter declares it;
+    every other call keeps --timeout, and a reset past its declared time is still a hang."""
+    runner = ChildRunner(f"fault_adapters:{factory}", Limits(timeout=1.0))
+    try:
+        runner.start()
+        trace = Trace.from_dict({"version": 1, "config": {}, "requests": [
+            {"id": "r0", "prompt_len": 3, "max_tokens": 2}], "max_steps": 10})
+        started = time.monotonic()
+        summary = runner.run(trace, [inv.id for inv in get_profile("safety").invariants()])
+        elapsed = time.monotonic() - started
+    finally:
+        runner.close()
+    if fault is None:
+        assert not summary.problems, summary.problems
+    else:
+        assert summary.problems[fault].step == 0 and "reset" in summary.problems[fault].message, summary.problems
+    assert elapsed < within, elapsed
+
+
+@pytest.mark.parametrize(("name", "kind"), [("hangs", "hang"), ("segfault", "crash"), ("exit_0", "exit")])
+def test_replay_runs_the_adapter_in_a_child_too(tmp_path, capsys, name, kind):
+    """`kvsched replay` of a trace that makes the adapter hang, crash or exit reports the FAULT,
+    exit 1, within the timeout: the command's own process is never the adapter's."""
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"version": 1, "config": {}, "requests": [
+        {"id": "r0", "prompt_len": 3, "max_tokens": 8}], "max_steps": 10}))
+    started = time.monotonic()
+    assert main(["replay", str(trace), "--adapter", f"fault_adapters:{name}", "--timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"ADAPTER FAULT at step 2: adapter {kind} in schedule" in out, out
+    assert time.monotonic() - started < 10

@@ -7,17 +7,21 @@ import random
 import signal
 from pathlib import Path
 
+from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds
 from conformance.expectations import load_expectations, parse_skip
 from conformance.fuzz import fuzz
-from conformance.isolated import ChildRunner, Limits
+from conformance.isolated import AdapterInfo, ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
 from conformance.report import conforming, print_terminal, write_json, write_junit
-from spec.errors import InputError
+
+# A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
+MAX_EXAMPLES = 10**6
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("conform", help="fuzz a scheduler through an adapter and check every invariant")
-    p.add_argument("--adapter", required=True, help="a built-in (reference, reference-v1, reference-nano, gpu, gpu-v1), a target, or module:factory")
+    p.add_argument("--adapter", required=True, help="a built-in (reference, reference-v1, reference-nano, gpu, gpu-v1), a target, "
+                        "path/to/file.py:factory, or module:factory (the current folder importable)")
     p.add_argument("--profile", help=f"one of {', '.join(PROFILES)} (default: the adapter's first claim)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-examples", type=int, default=None, help="traces to generate (default 200)")
@@ -36,26 +40,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_examples is not None and args.max_examples < 1:
-        raise InputError("--max-examples", f"must be >= 1, got {args.max_examples}")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise InputError("--time-budget", f"must be > 0, got {args.time_budget}")
-    if args.timeout <= 0:
-        raise InputError("--timeout", f"must be > 0, got {args.timeout}")
-    if args.max_memory < 64:
-        raise InputError("--max-memory", f"must be >= 64 (MB), got {args.max_memory}")
-    if args.max_output < 1:
-        raise InputError("--max-output", f"must be >= 1 (MB), got {args.max_output}")
+    """Check every flag and output path, then load the adapter, and only then create ``--out``
+    and print: a refused run (bad flag, unwritable path, adapter that does not load) exits 2
+    with nothing on stdout and nothing written."""
+    check_count(args.max_examples, "--max-examples", maximum=MAX_EXAMPLES)
+    check_seconds(args.time_budget, "--time-budget", maximum=30 * DAY_S)
+    check_seconds(args.timeout, "--timeout", maximum=DAY_S)
+    check_count(args.max_memory, "--max-memory", minimum=64, maximum=1 << 22, unit="(MB)")
+    check_count(args.max_output, "--max-output", maximum=1 << 14, unit="(MB)")
+    check_count(args.seed, "--seed", minimum=0, maximum=2**64 - 1)
     expectations = load_expectations(args.expect).with_skips(parse_skip(args.skip))
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
-    args.out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(args.out, "--out")
+    check_output_file(args.json, "--json")
+    check_output_file(args.junit, "--junit")
     runner = ChildRunner(args.adapter, Limits(timeout=args.timeout, max_memory_mb=args.max_memory,
-                                              max_output_mb=args.max_output), log=args.out / "adapter-output.log")
+                                              max_output_mb=args.max_output))
     # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return _conform(args, runner, expectations)
+        info = runner.start()  # an adapter that does not load raises InputError naming --adapter
+        args.out.mkdir(parents=True, exist_ok=True)
+        runner.keep_log(args.out / "adapter-output.log")
+        return _conform(args, runner, expectations, info)
     finally:
         runner.close()
         signal.signal(signal.SIGTERM, previous_term)
@@ -65,8 +73,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _conform(args: argparse.Namespace, runner: ChildRunner, expectations) -> int:
-    info = runner.start()
+def _conform(args: argparse.Namespace, runner: ChildRunner, expectations, info: AdapterInfo) -> int:
     profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)

@@ -10,7 +10,7 @@ from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
 from reference_impl.workloads import BUILTIN
 from spec.catalogue import Checker
-from spec.errors import InputError
+from spec.errors import InputError, shown
 from spec.observation import StepRecord
 from spec.trace import Trace
 
@@ -27,15 +27,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_workload(spec: str) -> Trace:
+    """A built-in workload by name, else a trace file (read with every limit of `Trace.load`)."""
     if spec in BUILTIN:
         return BUILTIN[spec]()
     path = Path(spec)
-    if not path.exists():
-        raise InputError("--workload", f"no such file or built-in workload {spec!r} (built-ins: {', '.join(BUILTIN)})")
-    return Trace.load(path)
+    try:
+        path.lstat()
+    except FileNotFoundError:
+        raise InputError("--workload", f"no such file or built-in workload {shown(spec, 200)} "
+                         f"(built-ins: {', '.join(BUILTIN)})") from None
+    except OSError as err:  # a name the system refuses: too long, under a file, ...
+        raise InputError(f"--workload {shown(spec, 200)}", f"cannot read: {err.strerror}") from None
+    try:
+        return Trace.load(path)
+    except InputError as err:
+        raise InputError(f"--workload {err.where}", err.message) from None
 
 
 def run(args: argparse.Namespace) -> int:
+    # Everything the user gave is read and checked before the first step runs.
     trace = load_workload(args.workload)
     scheduler = Scheduler(trace.config)
     checker = Checker(trace.config, scheduler.capabilities)

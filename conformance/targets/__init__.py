@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from spec.config import SchedulerConfig
+from spec.domain import ConfigDomain
 from spec.errors import InputError
 
 HOSTS_DIR = Path(__file__).parent / "hosts"
@@ -94,6 +95,7 @@ class Target:
     smoke: str = ""  # Python run in the venv after install; must print nothing on failure
     profiles: tuple[str, ...] = ("safety",)
     strategy: Callable[[], st.SearchStrategy] | None = None
+    domain: ConfigDomain | None = None  # the config space `strategy` draws from; shrinking stays inside it
     files: dict[str, Any] = field(default_factory=dict)  # extra files written into the target dir
     timeout: float = 60.0
 
@@ -123,6 +125,7 @@ class Target:
         env = {**self.env, "KVSCHED_TARGET_DIR": str(self.root)}
         adapter = WireAdapter(self.name, self.command(), profiles=self.profiles, env=env, timeout=self.timeout,
                               trace_strategy=self.strategy)
+        adapter.domain = self.domain
         try:
             # Start (or reuse) the host now, outside the runner's per-call timeout: importing
             # vLLM takes 20-40 s; later adapters of the same target share this process.
@@ -155,6 +158,13 @@ def _v1_strategy() -> st.SearchStrategy:
     return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",),
                                         cache_holds_model_len=True), max_n=1)
 
+
+# Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
+_NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
+                            budget_covers_model_len=True)
+_V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
+_V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
+                          cache_holds_model_len=True)
 
 _V0_DEPS = (
     "regex==2026.11.19", "pydantic==2.11.9", "pydantic-core==2.33.2", "typing-inspection==0.4.5",
@@ -193,28 +203,28 @@ _TARGET_LIST = [
         "nano_vllm_host.py", ("--pkg", "nanovllmnpu", "--name", "nano-vllm"),
         pip_steps=(("--no-deps", "nano-vllm-npu==0.0.2", *_NANO_DEPS),),
         smoke="import importlib.util; assert importlib.util.find_spec('nanovllmnpu')",
-        strategy=_nano_strategy, timeout=30.0,
+        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0,
     ),
     Target(
         "nano-vllm-fork", "nano-vllm-fork==20260210", "nano-vllm fork with CFG pairing (package nanovllm)",
         "nano_vllm_host.py", ("--pkg", "nanovllm", "--name", "nano-vllm-fork"),
         pip_steps=(("--no-deps", "nano-vllm-fork==20260210", *_NANO_DEPS),),
         smoke="import importlib.util; assert importlib.util.find_spec('nanovllm')",
-        strategy=_nano_strategy, timeout=30.0,
+        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0,
     ),
     Target(
         "vllm-v0", "vllm==0.10.2", "vLLM V0 Scheduler + SelfAttnBlockSpaceManager (vllm/core/scheduler.py)",
         "vllm_v0_host.py", env={"VLLM_USE_V1": "0", "VLLM_TARGET_DEVICE": "cpu"},
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.10.2"), ("--no-deps", *_V0_DEPS)),
         smoke="from vllm.core.scheduler import Scheduler; from vllm.config import SchedulerConfig, CacheConfig",
-        profiles=("vllm-v0", "safety"), strategy=_v0_strategy,
+        profiles=("vllm-v0", "safety"), strategy=_v0_strategy, domain=_V0_DOMAIN,
     ),
     Target(
         "vllm-v1", "vllm==0.33.0", "vLLM V1 Scheduler + KVCacheManager (vllm/v1/core/sched/scheduler.py)",
         "vllm_v1_host.py", env={"VLLM_TARGET_DEVICE": "cpu"},
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.33.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.scheduler import Scheduler; from vllm.config import ModelConfig, VllmConfig",
-        strategy=_v1_strategy, files={"tiny-llama/config.json": TINY_LLAMA},
+        strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
         profiles=("safety", "vllm-v1"),
     ),
 ]

@@ -203,6 +203,9 @@ class WireAdapter:
         self.command = list(command)
         self.env = dict(env or {})
         self.timeout = timeout
+        # Building the engine in reset may outlast the runner's --timeout (vLLM under load): the
+        # isolated runner allows reset this long; a reset that hangs past it is still a FAULT-hang.
+        self.reset_timeout = timeout
         self.start_timeout = start_timeout
         self._claimed_profiles = tuple(profiles) if profiles is not None else None
         self.profiles: tuple[str, ...] = self._claimed_profiles or ("safety",)

@@ -28,12 +28,12 @@ def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[s
     for label, snap, prior in checked_with_prior(ctx, rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
         free = snap.gpu_free if device == "gpu" else snap.cpu_free
+        if device == "cpu" and not refs and not free:
+            continue  # no CPU pool at all (empty or None): a scheduler that never swaps has no swap space
         assert refs is not None and free is not None
         if prior is not None and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) \
                 and free == (prior.gpu_free if device == "gpu" else prior.cpu_free):
             continue  # the same counts this check passed just before
-        if device == "cpu" and not refs and not free:
-            continue  # no CPU pool at all: a scheduler that never swaps has no swap space to keep
         if len(refs) != total:
             yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
             continue
@@ -75,6 +75,8 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
     for label, snap in snapshots(rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
+        if refs is None and device == "cpu":
+            refs = ()  # no CPU pool: any CPU table points outside it
         assert refs is not None
         expected = entry_counts(snap, device, len(refs))
         if expected is not None and (refs is expected or refs == expected):
@@ -127,6 +129,8 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             ("gpu", snap.gpu_free_ids, ctx.config.num_gpu_blocks),
             ("cpu", snap.cpu_free_ids, ctx.config.num_cpu_blocks),
         ):
+            if free_ids is None and device == "cpu":
+                free_ids = ()  # no CPU pool
             assert free_ids is not None
             counts = entry_counts(snap, device, total)
             if prior is not None and prior.seqs is not None and counts is not None \

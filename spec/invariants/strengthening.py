@@ -38,6 +38,8 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             ("gpu", snap.gpu_ref_counts, snap.gpu_free_ids),
             ("cpu", snap.cpu_ref_counts, snap.cpu_free_ids),
         ):
+            if device == "cpu" and refs is None and free_ids is None:
+                continue  # no CPU pool: nothing to agree
             assert refs is not None and free_ids is not None
             if prior is not None and refs is getattr(prior, f"{device}_ref_counts") \
                     and free_ids is getattr(prior, f"{device}_free_ids"):

@@ -90,7 +90,9 @@ class _Model:
         full = self.p + self.mt
         self.reasons = {
             "never_fits": k["num_gpu_blocks"] - blocks(self.p) < k["watermark_blocks"],
-            "over_token_budget": self.p > k["max_num_batched_tokens"],
+            # with chunked prefill a prompt is split over steps (`SchedulerConfig.prompt_limit`)
+            "over_token_budget": (z3.BoolVal(False) if cfg.enable_chunked_prefill
+                                  else self.p > k["max_num_batched_tokens"]),
             "too_many_seqs": self.n > k["max_num_seqs"],
             # n sequences sharing the prompt's full blocks, each with its own tail, at full length
             "cannot_grow": self.n * blocks(full) - (self.n - 1) * (self.p / k["block_size"]) > k["num_gpu_blocks"],

@@ -7,6 +7,7 @@ from typing import Any
 
 from conformance.adapter import SchedulerAdapter
 from spec.config import SchedulerConfig
+from spec.domain import ConfigDomain
 from spec.observation import ALL_CAPABILITIES, Capability
 from spec.reservation import Reservation
 
@@ -16,6 +17,7 @@ def zoo_adapter(
     make: Callable[[SchedulerConfig], Any],
     capabilities: frozenset[Capability] = ALL_CAPABILITIES,
     reservation: Reservation | None = None,
+    domain: ConfigDomain | None = None,
 ) -> SchedulerAdapter:
     return SchedulerAdapter(name, make, profiles=("safety", "liveness"), capabilities=capabilities,
-                            reservation=reservation)
+                            domain=domain, reservation=reservation)

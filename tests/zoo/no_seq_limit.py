@@ -4,7 +4,8 @@ The engine reads every setting of its config but max_num_seqs, which it does not
 requests are bounded by the token budget alone (each running request takes at least one token
 per step, and admission stops when the budget is spent). Its traces set max_num_seqs to the
 token budget, the most a config may say, so the declared limits (BUD-002/003) still speak for
-this engine.
+this engine while the budget binds. (`spec.domain.ConfigDomain(seq_limit=False)` would give it
+max_num_seqs = 64, and so budgets of 64 and more that these small traces never reach.)
 """
 
 from __future__ import annotations
