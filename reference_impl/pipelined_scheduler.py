@@ -159,13 +159,12 @@ class PipelinedV1Scheduler(V1Scheduler):
         return (tracked.num_generated + ahead >= tracked.request.max_tokens
                 or tracked.num_tokens + ahead >= self.config.max_model_len)
 
-    def _admit(self, budget, threshold, scheduled, reasons, ignored) -> None:  # type: ignore[no-untyped-def]
+    def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         # Spec decision: a preempted request whose stale steps are still in flight waits for them
-        # (only at depth 2; spec/reasons.py has no kind for it yet, so no reason is logged).
-        head = self.waiting[0] if self.waiting else None
-        if head is not None and self.counters[head.request_id].num_stale:
-            return
-        super()._admit(budget, threshold, scheduled, reasons, ignored)
+        # (only at depth 2; the step's reason says wait_blocks, spec/reasons.py has no kind for it yet).
+        if self.counters[tracked.request_id].num_stale:
+            return False
+        return super()._whole_sequence_fits(tracked, hits)
 
     # ---------------------------------------------------------------- 5. preemption
     def _preempt(self, victim: TrackedRequest) -> None:
@@ -203,10 +202,12 @@ class PipelinedV1Scheduler(V1Scheduler):
             if not stale:
                 counters.num_placeholders -= 1
                 assert counters.num_placeholders >= 0, f"{tracked.request_id}: placeholders below zero"
+            if not stale and tracked.status is Status.RUNNING:
+                # the blocks whose KV every processed step has now written, even if it stops here
+                # (scheduler.py:2401-2413: cached before the stop is handled)
+                self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
             status = self._stop_status(tracked, step.stopped or frozenset())
             if status is None:
-                if not stale and tracked.status is Status.RUNNING:
-                    self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
                 continue
             (self.running if tracked.status is Status.RUNNING else self.waiting).remove(tracked)
             self._finish(tracked, status)

@@ -1,0 +1,201 @@
+"""Lockstep, one step behind: `PipelinedV1Scheduler` at depth 1 against vLLM 0.33.0's AsyncScheduler.
+
+    python -m conformance.targets.pipelined_one_behind [--path plain|chunked|preemption|all]
+        [--traces 1000] [--seed 20261201] [--out docs/results/pipelined-lockstep.json]
+        [--traces-dir docs/traces/pipelined]
+
+Each seeded trace runs through the ``vllm_v1_async_host.py`` wire host (the engine loop of
+``EngineCore.step_with_batch_queue``) with the pipelined reference (depth 1) beside it. Every
+step compares what is scheduled (tokens per request, prefill flag), preempted and ignored, and
+which requests finished (delivered) in the step (`conformance.lockstep.compare`), then the state
+after the step (`conformance.targets.lockstep_v1.compare_state`: statuses, the processed
+frontier, block tables, queues, free blocks in order). Paths:
+
+* ``plain``: no chunked prefill; prefix caching on or off;
+* ``chunked``: chunked prefill (with ``long_prefill_token_threshold``); prefix caching on or off;
+* ``preemption``: either, with a cache of one to three blocks above one ``max_model_len``
+  sequence, so that KV pressure preempts running requests whose steps are in flight.
+
+A trace runs to its end (violations of the ``safety`` profile are counted, not stopping); its
+first divergence is classified (`classify`) by rerunning it against a reference that models one
+known engine behaviour (`MODELS`). The first trace of each class is saved (unshrunk; see the
+module's notes in docs/PIPELINED.md) under ``--traces-dir``. Results: versioned JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.driver import run_checked
+from conformance.generate import sample_traces
+from conformance.generate_v1 import token_traces
+from conformance.profiles import get_profile
+from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
+from conformance.targets.recording import RecordsSnapshots
+from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+from spec.config import SchedulerConfig
+from spec.trace import Trace
+
+PATHS = ("plain", "chunked", "preemption")
+VERSION = 1
+
+# class -> (kind, explanation with the vLLM source location); filled from what the runs found.
+CLASSES: dict[str, tuple[str, str]] = {
+    "chunk-clamped-below-max-model-len": (
+        "vllm-deviation",
+        "As for the synchronous target (lockstep_v1): V1 clamps every running chunk at `max_model_len - "
+        "num_computed_tokens - 1` (vllm/v1/core/sched/scheduler.py:851-857), so a prompt of exactly max_model_len "
+        "tokens continued as a running chunk stops one token short. The pipelined reference keeps the V1 "
+        "reference's spec decision.",
+    ),
+}
+
+
+@st.composite
+def one_behind_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
+    """A V1 path's config (`lockstep_v1.path_configs`: what vLLM 0.33.0 accepts), with prefix
+    caching drawn on or off and, on the ``preemption`` path, a tight cache and several seats."""
+    chunked = {"plain": False, "chunked": True}.get(path)
+    if chunked is None:
+        chunked = draw(st.booleans())
+    config = draw(path_configs("chunked+prefix" if chunked else "prefix"))
+    config = dataclasses.replace(config, enable_prefix_caching=draw(st.booleans()))
+    if path == "preemption":
+        min_blocks = config.blocks_for(config.max_model_len)
+        config = dataclasses.replace(config, num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 2)),
+                                     max_num_seqs=max(config.max_num_seqs, 2),
+                                     max_num_batched_tokens=max(config.max_num_batched_tokens, 2))
+    return config
+
+
+def path_strategy(path: str) -> st.SearchStrategy:
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config))
+
+
+class RecordingPipelined(RecordsSnapshots, PipelinedV1Scheduler):
+    """The pipelined reference at depth 1, keeping its snapshot after every step."""
+
+
+class ClampedPipelined(RecordingPipelined):
+    """With V1's clamp of every running chunk at ``max_model_len - num_computed - 1``
+    (scheduler.py:851-857). Used only to classify divergences."""
+
+    def _running_chunk(self, tracked, budget: int, threshold: int) -> int:  # type: ignore[no-untyped-def]
+        tokens = super()._running_chunk(tracked, budget, threshold)
+        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
+
+
+MODELS: tuple[tuple[str, type[RecordingPipelined]], ...] = (
+    ("chunk-clamped-below-max-model-len", ClampedPipelined),
+)
+
+
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingPipelined] = RecordingPipelined) -> Outcome:
+    holder: list[RecordingPipelined] = []
+
+    def factory(config: SchedulerConfig) -> RecordingPipelined:
+        holder.append(reference(config))
+        return holder[-1]
+
+    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory,
+                         stop_at_first=False)
+    state = compare_state(result, holder[0]) if holder else None  # type: ignore[arg-type]
+    return Outcome(result, state)
+
+
+def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
+    """The divergence's class (a key of `CLASSES`), ``unclassified`` when no model explains it,
+    or None when the trace agrees. A class is confirmed by a counterfactual: rerun against the
+    reference with the engine's behaviour modelled, every decision and state then agree."""
+    if outcome.result.divergence is None and outcome.state is None:
+        return None if outcome.result.fault is None else "fault"
+    for cls, model in MODELS:
+        again = run_one(adapter, trace, invariants, reference=model)
+        if again.result.divergence is None and again.state is None and again.result.fault is None:
+            return cls
+    return "unclassified"
+
+
+def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
+    traces = sample_traces(path_strategy(path), count, seed_value)
+    by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
+    violations: collections.Counter[str] = collections.Counter()
+    steps = agreeing = preempting = 0
+    started = time.monotonic()
+    for trace in traces:
+        outcome = run_one(adapter, trace, invariants)
+        result = outcome.result
+        steps += len(result.records)
+        preempting += any(r.output.preempted for r in result.records)
+        for problem in result.problem_ids - {"LOCKSTEP"}:
+            violations[problem] += 1
+        cls = classify(adapter, trace, outcome, invariants)
+        if cls is None:
+            agreeing += 1
+            continue
+        by_field[outcome.field or "?"] += 1
+        by_class[cls] += 1
+        first.setdefault((path, cls), (trace, outcome))
+    return {"traces": len(traces), "steps": steps, "traces_with_preemption": preempting,
+            "agreeing_traces": agreeing, "divergent_by_field": dict(sorted(by_field.items())),
+            "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from conformance.targets.pipelined_smoke import async_adapter
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--path", choices=(*PATHS, "all"), default="all")
+    ap.add_argument("--traces", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--out", type=Path, default=Path("docs/results/pipelined-lockstep.json"))
+    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/pipelined"))
+    args = ap.parse_args(argv)
+    paths = PATHS if args.path == "all" else (args.path,)
+    adapter = async_adapter()
+    invariants = get_profile("safety").invariants()
+    report: dict[str, Any] = {"version": VERSION, "target": "vllm-v1-async (vllm_v1_async_host.py)",
+                              "package": "vllm==0.33.0", "reference": "reference_impl.pipelined_scheduler:"
+                              "PipelinedV1Scheduler(depth=1)", "profile": "safety", "seed": args.seed,
+                              "paths": {}, "classes": {}}
+    if args.out.exists():  # keep the other paths' results
+        old = json.loads(args.out.read_text())
+        if old.get("version") == VERSION:
+            report["paths"].update(old.get("paths", {}))
+            report["classes"].update(old.get("classes", {}))
+    first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
+    for path in paths:
+        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
+        print(json.dumps({"path": path, **entry}), flush=True)
+    for (path, cls), (trace, outcome) in sorted(first.items()):
+        kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        meta = {"adapter": "vllm-v1-async", "path": path, "class": cls, "kind": kind,
+                "message": outcome.describe(), "steps": len(outcome.result.records)}
+        saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta)
+        out = saved.save(args.traces_dir / f"{path}-{cls}.json")
+        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
+        entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
+        print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
+    adapter.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    total = sum(p["traces"] for p in report["paths"].values())
+    agree = sum(p["agreeing_traces"] for p in report["paths"].values())
+    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
