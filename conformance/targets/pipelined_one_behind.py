@@ -13,7 +13,7 @@ frontier, block tables, queues, free blocks in order). Paths:
 
 * ``plain``: no chunked prefill; prefix caching on or off;
 * ``chunked``: chunked prefill (with ``long_prefill_token_threshold``); prefix caching on or off;
-* ``preemption``: either, with a cache of one to three blocks above one ``max_model_len``
+* ``preemption``: either, with a cache of at most one block above one ``max_model_len``
   sequence, so that KV pressure preempts running requests whose steps are in flight.
 
 A trace runs to its end (violations of the ``safety`` profile are counted, not stopping); its
@@ -70,7 +70,7 @@ def one_behind_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
     config = dataclasses.replace(config, enable_prefix_caching=draw(st.booleans()))
     if path == "preemption":
         min_blocks = config.blocks_for(config.max_model_len)
-        config = dataclasses.replace(config, num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 2)),
+        config = dataclasses.replace(config, num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 1)),
                                      max_num_seqs=max(config.max_num_seqs, 2),
                                      max_num_batched_tokens=max(config.max_num_batched_tokens, 2))
     return config
@@ -79,7 +79,8 @@ def one_behind_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
 def path_strategy(path: str) -> st.SearchStrategy:
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config))
+    requests = 8 if path == "preemption" else 6
+    return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config, max_requests=requests))
 
 
 class RecordingPipelined(RecordsSnapshots, PipelinedV1Scheduler):
@@ -131,13 +132,16 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
-    steps = agreeing = preempting = 0
+    steps = agreeing = preempting = in_flight_victims = 0
     started = time.monotonic()
     for trace in traces:
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
         preempting += any(r.output.preempted for r in result.records)
+        in_flight_victims += sum(1 for before, rec in zip(result.records, result.records[1:], strict=False)
+                                 for p in rec.output.preempted
+                                 if any(s.request_id == p.request_id for s in before.output.scheduled))
         for problem in result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         cls = classify(adapter, trace, outcome, invariants)
@@ -148,6 +152,7 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
         by_class[cls] += 1
         first.setdefault((path, cls), (trace, outcome))
     return {"traces": len(traces), "steps": steps, "traces_with_preemption": preempting,
+            "preemptions_of_a_request_with_a_step_in_flight": in_flight_victims,
             "agreeing_traces": agreeing, "divergent_by_field": dict(sorted(by_field.items())),
             "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
