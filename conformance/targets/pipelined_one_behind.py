@@ -114,6 +114,16 @@ def run_one(adapter, trace: Trace, invariants, reference: type[RecordingPipeline
     return Outcome(result, state)
 
 
+def lockstep_field(outcome: Outcome) -> str:
+    """What differed first between the reference and the target: a decision (`compare`'s
+    field), ``state.<field>`` (`compare_state`), or ``fault``. Invariant violations are counted
+    apart: at depth 1 several ``safety`` invariants fire on the reference too (docs/PIPELINED.md)."""
+    divergence, state = outcome.result.divergence, outcome.state
+    if state is not None and (divergence is None or state[0] < divergence.step):
+        return f"state.{state[1]}"
+    return divergence.field if divergence is not None else "fault"
+
+
 def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     """The divergence's class (a key of `CLASSES`), ``unclassified`` when no model explains it,
     or None when the trace agrees. A class is confirmed by a counterfactual: rerun against the
@@ -148,7 +158,7 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
         if cls is None:
             agreeing += 1
             continue
-        by_field[outcome.field or "?"] += 1
+        by_field[lockstep_field(outcome)] += 1
         by_class[cls] += 1
         first.setdefault((path, cls), (trace, outcome))
     return {"traces": len(traces), "steps": steps, "traces_with_preemption": preempting,
