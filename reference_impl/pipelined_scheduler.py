@@ -20,10 +20,10 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
    step just scheduled, then *processes* the oldest in-flight steps until at most ``depth`` are
    left (core.py:778-795). Processing a step appends each sampled token (resolving a
    placeholder), applies stops and length limits, and frees finished requests; an outcome of a
-   request that has finished or was aborted meanwhile is dropped (scheduler.py:2326-2334).
+   request that has finished or was aborted meanwhile is dropped (scheduler.py:2327-2334).
 5. Preemption (recompute) resets computed tokens and placeholders; the victim's in-flight steps
    become *stale*: their tokens are still delivered when they return but touch no counter
-   (scheduler.py:1799-1843 ``_preempt_request``, 2300-2318 and 2744-2770).
+   (scheduler.py:1799-1843 ``_preempt_request``, 2316-2323 and 2744-2770).
 
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
@@ -204,7 +204,7 @@ class PipelinedV1Scheduler(V1Scheduler):
                 assert counters.num_placeholders >= 0, f"{tracked.request_id}: placeholders below zero"
             if not stale and tracked.status is Status.RUNNING:
                 # the blocks whose KV every processed step has now written, even if it stops here
-                # (scheduler.py:2401-2413: cached before the stop is handled)
+                # (scheduler.py:2402-2415: cached before the stop is handled)
                 self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
             status = self._stop_status(tracked, step.stopped or frozenset())
             if status is None:

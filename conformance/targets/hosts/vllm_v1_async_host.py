@@ -1,5 +1,5 @@
 """kvsched adapter host for vLLM 0.33.0's ``AsyncScheduler`` (vllm/v1/core/sched/async_scheduler.py),
-driven the way ``EngineCore.step_with_batch_queue`` (vllm/v1/engine/core.py:708-830) drives it:
+driven the way ``EngineCore.step_with_batch_queue`` (vllm/v1/engine/core.py:708-822) drives it:
 outcomes come back one step late.
 
 Run with the target venv's Python (VLLM_TARGET_DEVICE=cpu):  python vllm_v1_async_host.py
@@ -13,9 +13,9 @@ The engine loop, as ``step_with_batch_queue`` runs it with ``batch_queue_size`` 
 batches in flight):
 
 1. wire ``schedule`` (step k): if the scheduler has requests, ``schedule()`` plans step k and the
-   batch joins the front of the queue (core.py:738, 766). If the queue is then still short of
+   batch joins the front of the queue (core.py:734, 763). If the queue is then still short of
    two batches and the step ran a model or requests remain, the engine returns without taking an
-   outcome (core.py:767-772); otherwise the oldest batch's outcome is due.
+   outcome (core.py:764-769); otherwise the oldest batch's outcome is due.
 2. wire ``update(stopped)``: "the model runs" step k: every request whose step-k tokens complete
    its known tokens (``not request.is_prefill_chunk`` after scheduling, the same test
    ``AsyncScheduler._update_after_schedule`` uses to add a placeholder) samples one token, the
@@ -29,7 +29,7 @@ finish is reported one wire step after the step that sampled its last token, and
 between may already have scheduled one more token for it (the ``at most d tokens past a stop``
 of docs/PIPELINED.md). Aborts run between steps as ``_process_aborts_queue`` does, through
 ``finish_requests``; an in-flight outcome of an aborted request is dropped by
-``update_from_output`` (scheduler.py:2326-2334).
+``update_from_output`` (scheduler.py:2327-2334).
 
 Translations beyond vllm_v1_host.py's:
 * the snapshot's ``num_computed`` is the processed frontier, ``num_computed_tokens -
@@ -87,7 +87,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
                   "swap_in": [], "copies": [], "ignored": ignored}
         self.step_no += 1
         self.pending = None
-        if not sched.has_requests():  # core.py:775: nothing to schedule, take an outcome if one is queued
+        if not sched.has_requests():  # core.py:771-778: nothing to schedule, take an outcome if one is queued
             self.due = bool(self.batch_queue)
             self.new_batch = None
             self.ignored = ignored
