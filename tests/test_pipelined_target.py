@@ -54,3 +54,25 @@ def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) ->
         assert outcome.result.fault is None, outcome.result.fault
         assert classify(adapter, trace, outcome, invariants) in (None, "chunk-clamped-below-max-model-len"), \
             outcome.describe()
+
+
+def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
+    """PIP-003 on vLLM itself, from the host's raw ``in_flight`` snapshot field: after each step's
+    update no counter is negative and no sequence has more placeholders than steps in flight (1)."""
+    from conformance.generate import sample_traces
+    from conformance.targets.pipelined_one_behind import path_strategy
+    from spec.types import StepOutcome
+
+    for trace in sample_traces(path_strategy("preemption"), 6, 3):
+        adapter.reset(trace.config)
+        for step in range(trace.max_steps):
+            for request in trace.arrivals_at(step):
+                adapter.add_request(request)
+            for rid in trace.aborts_at(step):
+                adapter.abort_request(rid)
+            adapter.schedule()
+            adapter.update(StepOutcome(trace.stops_at(step)))
+            counters = adapter.host.call("snapshot", {}, 60)["in_flight"]
+            for seq, c in counters.items():
+                assert min(c.values()) >= 0, (step, seq, c)
+                assert c["placeholders"] <= 1, (step, seq, c)

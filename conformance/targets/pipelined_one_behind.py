@@ -18,8 +18,8 @@ frontier, block tables, queues, free blocks in order). Paths:
 
 A trace runs to its end (violations of the ``safety`` profile are counted, not stopping); its
 first divergence is classified (`classify`) by rerunning it against a reference that models one
-known engine behaviour (`MODELS`). The first trace of each class is saved (unshrunk; see the
-module's notes in docs/PIPELINED.md) under ``--traces-dir``. Results: versioned JSON.
+known engine behaviour (`MODELS`). The first trace of each class is shrunk (`conformance.shrink`,
+keeping the class) and saved under ``--traces-dir``. Results: versioned JSON.
 """
 
 from __future__ import annotations
@@ -137,21 +137,49 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     return "unclassified"
 
 
+def shrink_class(adapter, trace: Trace, cls: str, invariants) -> Trace:
+    """The smallest trace (`conformance.shrink`) whose divergence is still of class ``cls``,
+    with the same chunked-prefill and prefix-caching settings."""
+    from conformance.shrink import shrink
+
+    flags = (trace.config.enable_chunked_prefill, trace.config.enable_prefix_caching)
+
+    def failing(candidate: Trace) -> int | None:
+        if (candidate.config.enable_chunked_prefill, candidate.config.enable_prefix_caching) != flags:
+            return None
+        try:
+            got = run_one(adapter, candidate, invariants)
+        except Exception:  # noqa: BLE001 - a candidate outside what V1 accepts is no smaller instance
+            return None
+        if classify(adapter, candidate, got, invariants) != cls:
+            return None
+        steps = [s for s in (got.result.divergence and got.result.divergence.step, got.state and got.state[0])
+                 if s is not None]
+        return min(steps) if steps else None
+
+    try:
+        return shrink(trace, failing, budget=300, seconds=90)[0]
+    except ValueError:
+        return trace
+
+
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
-    steps = agreeing = preempting = in_flight_victims = 0
+    steps = agreeing = preempting = in_flight_victims = aborts_in_flight = computed_past_stop = 0
     started = time.monotonic()
     for trace in traces:
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
         preempting += any(r.output.preempted for r in result.records)
-        in_flight_victims += sum(1 for before, rec in zip(result.records, result.records[1:], strict=False)
-                                 for p in rec.output.preempted
-                                 if any(s.request_id == p.request_id for s in before.output.scheduled))
+        for before, rec in zip(result.records, result.records[1:], strict=False):
+            ran = {s.request_id for s in before.output.scheduled}
+            in_flight_victims += sum(1 for p in rec.output.preempted if p.request_id in ran)
+            aborts_in_flight += sum(1 for rid in rec.aborted if rid in ran)
+            computed_past_stop += sum(1 for s in rec.output.scheduled if s.seq_id in before.stopped)
         for problem in result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         cls = classify(adapter, trace, outcome, invariants)
@@ -163,6 +191,8 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
         first.setdefault((path, cls), (trace, outcome))
     return {"traces": len(traces), "steps": steps, "traces_with_preemption": preempting,
             "preemptions_of_a_request_with_a_step_in_flight": in_flight_victims,
+            "aborts_of_a_request_with_a_step_in_flight": aborts_in_flight,
+            "steps_scheduled_past_a_stop": computed_past_stop,
             "agreeing_traces": agreeing, "divergent_by_field": dict(sorted(by_field.items())),
             "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
@@ -177,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--out", type=Path, default=Path("docs/results/pipelined-lockstep.json"))
     ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/pipelined"))
+    ap.add_argument("--no-shrink", action="store_true")
     args = ap.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
     adapter = async_adapter()
@@ -195,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, cls), (trace, outcome) in sorted(first.items()):
+        if not args.no_shrink:
+            trace = shrink_class(adapter, trace, cls, invariants)
+            outcome = run_one(adapter, trace, invariants)
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
         meta = {"adapter": "vllm-v1-async", "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}

@@ -38,7 +38,8 @@ Translations beyond vllm_v1_host.py's:
   yet known to be written;
 * ``prefill`` in the wire output is True until the request is scheduled for a step that samples
   after its (re)admission (decided when the step is scheduled, not when its outcome returns);
-* the host's ``hello`` adds ``"pipeline_depth": 1``.
+* the host's ``hello`` adds ``"pipeline_depth": 1``; its snapshot adds ``in_flight`` (per
+  unfinished sequence: placeholders, in-flight tokens, stale tokens), ignored by today's runner.
 """
 
 from __future__ import annotations
@@ -150,14 +151,16 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             if view is None or r.is_finished():
                 continue
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
+        snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/PIPELINED.md PIP-003)
         return snap
 
     def in_flight(self) -> dict:
-        """The counters issue 16's PIP-003 reads (not yet on the wire): per request, its output
-        placeholders, in-flight and stale tokens."""
-        return {rid: {"placeholders": r.num_output_placeholders, "in_flight": r.num_in_flight_tokens,
-                      "stale": r.num_stale_output_tokens}
-                for rid, r in self.reqs.items()}
+        """The counters PIP-003 reads (docs/PIPELINED.md), per unfinished sequence: its output
+        placeholders, in-flight tokens and stale tokens. The snapshot carries them as
+        ``in_flight``, a key today's runner ignores (docs/PROTOCOL.md)."""
+        return {f"{rid}#0": {"placeholders": r.num_output_placeholders, "in_flight_tokens": r.num_in_flight_tokens,
+                             "stale": r.num_stale_output_tokens}
+                for rid, r in self.reqs.items() if not r.is_finished()}
 
 
 if __name__ == "__main__":
