@@ -54,9 +54,11 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.reasons import Reason
 from spec.status import Status
-from spec.types import Finished, SchedulerOutput, StepOutcome, generated_token
+from spec.types import Finished, Request, SchedulerOutput, StepOutcome, generated_token
 
-MAX_DEPTH = 2  # vLLM keeps at most two batches in flight without PP (vllm/config/vllm.py:588-598)
+# vLLM without PP keeps two batches in flight: depth 1 (vllm/config/vllm.py:588-598); 2 stands for
+# deeper queues (the V2 model runner with PP keeps pp_size + 1).
+MAX_DEPTH = 2
 
 
 @dataclass
@@ -119,7 +121,7 @@ class PipelinedV1Scheduler(V1Scheduler):
         self.in_flight: collections.deque[InFlightStep] = collections.deque()  # oldest first
         self.counters: dict[str, InFlightCounters] = {}
 
-    def _track(self, request):  # type: ignore[no-untyped-def]
+    def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)
         self.counters[tracked.request_id] = InFlightCounters()
         return tracked
