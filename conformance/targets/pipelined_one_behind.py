@@ -179,7 +179,8 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
             ran = {s.request_id for s in before.output.scheduled}
             in_flight_victims += sum(1 for p in rec.output.preempted if p.request_id in ran)
             aborts_in_flight += sum(1 for rid in rec.aborted if rid in ran)
-            computed_past_stop += sum(1 for s in rec.output.scheduled if s.seq_id in before.stopped)
+            sampled_stop = {s.seq_id for s in before.output.scheduled if s.seq_id in before.stopped}
+            computed_past_stop += sum(1 for s in rec.output.scheduled if s.seq_id in sampled_stop)
         for problem in result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         cls = classify(adapter, trace, outcome, invariants)
