@@ -1,6 +1,6 @@
 """The pipelined V1 reference (reference_impl/pipelined_scheduler.py): depth 0 is the V1 reference,
 and at depth 1 and 2 the client receives the same token stream as a synchronous run that samples
-the same tokens (docs/PIPELINED.md PIP-001..PIP-003, checked here on the reference only)."""
+the same tokens (docs/PIPELINED.md PIP-001..PIP-006 as drafted in conformance/pipelined_checks.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conformance.generate_v1 import token_traces
+from conformance.pipelined_checks import problems
 from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
@@ -52,37 +53,6 @@ def test_depth_0_is_the_v1_reference_step_for_step(trace: Trace) -> None:
 
 
 # ------------------------------------------------------------------------------ depth 1 and 2
-def run_by_position(trace: Trace, depth: int, stop_at: dict[str, int]) -> tuple[dict, PipelinedV1Scheduler, dict]:
-    """Run ``trace``'s arrivals at ``depth``, a request stopping when it samples the position
-    ``stop_at`` names (the same sampled tokens, whatever the steps). Checks PIP-003 after every
-    step. Returns each request's (generated tokens, final status), the scheduler, and the most
-    tokens ever counted computed per request."""
-    scheduler = PipelinedV1Scheduler(trace.config, depth=depth)
-    most_computed: dict[str, int] = {}
-    finals: dict[str, Status] = {}
-    arrived = 0
-    for step in range(trace.max_steps * 3 + 10):
-        for request in trace.arrivals_at(step):
-            scheduler.add_request(request)
-            arrived += 1
-        scheduler.schedule()
-        samples = scheduler.samples_of_last_step()
-        stopped = frozenset(seq for seq, position in samples.items() if stop_at.get(seq) == position)
-        for done in scheduler.update(StepOutcome(stopped)):
-            assert done.request_id not in finals, f"{done.request_id} finished twice"
-            finals[done.request_id] = done.status
-        for rid, tracked in scheduler.requests.items():
-            most_computed[rid] = max(most_computed.get(rid, 0), tracked.num_computed)
-            counters = scheduler.counters[rid]
-            assert min(counters.num_placeholders, counters.num_in_flight, counters.num_stale) >= 0, (rid, counters)
-        if not scheduler.in_flight:  # PIP-003: nothing in flight, nothing counted in flight
-            assert all(c.num_placeholders == c.num_in_flight == c.num_stale == 0 for c in scheduler.counters.values())
-        if step >= trace.last_arrival_step and len(finals) == arrived == len(trace.arrivals):
-            break
-    streams = {rid: (tuple(t.tokens[t.request.prompt_len:]), finals.get(rid)) for rid, t in scheduler.requests.items()}
-    return streams, scheduler, most_computed
-
-
 @st.composite
 def position_stopped_traces(draw: st.DrawFn) -> tuple[Trace, dict[str, int]]:
     trace = draw(token_traces("v1", allow_aborts=False))
@@ -96,15 +66,11 @@ def position_stopped_traces(draw: st.DrawFn) -> tuple[Trace, dict[str, int]]:
 @FUZZ
 @given(position_stopped_traces(), st.sampled_from([1, 2]))
 def test_pipelined_stream_equals_the_synchronous_stream(case, depth: int) -> None:
-    """PIP-001 (stream), PIP-002 (at most `depth` tokens computed past the end), PIP-003."""
+    """PIP-001 (stream), PIP-002 (nothing after a finish, at most `depth` tokens computed past
+    the end), PIP-003 (counters), PIP-005 (no failure), PIP-006 (finish latency), as drafted in
+    conformance/pipelined_checks.py."""
     trace, stop_at = case
-    sync, _, _ = run_by_position(trace, 0, stop_at)
-    piped, scheduler, most_computed = run_by_position(trace, depth, stop_at)
-    assert piped == sync
-    for rid, tracked in scheduler.requests.items():
-        if tracked.status is not Status.FINISHED_IGNORED:
-            # a synchronous run computes every token but the last; a pipelined one at most `depth` more
-            assert most_computed[rid] <= tracked.num_tokens - 1 + depth, (rid, most_computed[rid], tracked.num_tokens)
+    assert problems(lambda config: PipelinedV1Scheduler(config, depth=depth), trace, stop_at) == []
 
 
 @FUZZ
