@@ -126,7 +126,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         for rid in batch.output.num_scheduled_tokens:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
-                self.final[rid] = vllm_v1_host._STATUS.get(r.status, r.status.name)
+                self.final[rid] = vllm_v1_host.STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
 

@@ -64,7 +64,7 @@ def default_prompt_tokens(prompt_len: int) -> list[int]:
 def generated_token(request_id: str, position: int) -> int:
     """spec.types.generated_token for sequence 0."""
     return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
-_STATUS = {
+STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_async_host.py)
     RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
     RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
     RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
@@ -190,7 +190,7 @@ class V1Engine:
         for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
-                self.final[rid] = _STATUS.get(r.status, r.status.name)
+                self.final[rid] = STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
 
@@ -207,7 +207,7 @@ class V1Engine:
             if rid not in self.reqs:
                 statuses[rid] = self.final[rid]
         for rid, r in self.reqs.items():
-            status = self.final.get(rid) or _STATUS.get(r.status, r.status.name)
+            status = self.final.get(rid) or STATUS.get(r.status, r.status.name)
             statuses[rid] = status
             blocks = [b.block_id - 1 for b in tables.get(rid, ()) if not b.is_null] if not r.is_finished() else []
             views[f"{rid}#0"] = {"request": rid, "status": status, "num_tokens": r.num_tokens,
