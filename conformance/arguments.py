@@ -19,6 +19,7 @@ is not created here; the command creates it once the run is sure to go ahead.
 from __future__ import annotations
 
 import math
+import os
 import stat
 import tempfile
 from pathlib import Path
@@ -119,3 +120,28 @@ def _probe(folder: Path, path: Path, flag: str) -> None:
 
 
 __all__ = ["check_count", "check_output_dir", "check_output_file", "check_seconds"]
+
+
+MAX_WORKERS = 256
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_workers(value: str | int, flag: str = "--workers") -> int:
+    """``N`` (1..256) or ``auto`` (the cores available)."""
+    if isinstance(value, int):
+        number = value
+    elif value.strip().lower() == "auto":
+        return available_cores()
+    else:
+        try:
+            number = int(value)
+        except ValueError:
+            raise InputError(flag, f"must be a whole number or 'auto', got {shown(value)}") from None
+    return check_count(number, flag, maximum=MAX_WORKERS) or 1

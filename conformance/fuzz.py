@@ -112,13 +112,17 @@ def fuzz(
     hypothesis_shrink: bool = False,
     expectations: Expectations | None = None,
     adapter_spec: str | None = None,
+    workers: int = 1,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
     ``make_adapter`` is a runner (`conformance.isolated.ChildRunner`) or a callable returning an
     adapter, run in this process. ``stop_when(problems)``, if given, ends the search early once
     it returns true for the set of problems found so far (the bug museum stops at an exhibit's
-    expected invariant). ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
+    expected invariant). A runner with its own process draws the traces there, in seeded batches
+    (`conformance.workers`); ``workers`` > 1 runs that many copies of it, each its own search
+    (ignored for an in-process runner or a caller's ``strategy``, which only this process has).
+    ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
     always off (each problem is shrunk on its own afterwards).
     """
     del hypothesis_shrink
@@ -132,6 +136,7 @@ def fuzz(
 
         adapter_spec = canonical_spec(adapter_spec)
     expectations = expectations or Expectations()
+    drawn_by_runner = strategy is None and hasattr(runner, "search")  # the child draws from the same strategy
     if strategy is None:
         strategy = _strategy_for(runner)
     lockstep = profile.lockstep and profile.name in info.profiles and "LOCKSTEP" not in expectations.skip
@@ -139,32 +144,70 @@ def fuzz(
                         expected=dict(expectations.expected), skipped=dict(expectations.skip))
     invariants = [inv.id for inv in profile.invariants() if inv.id not in expectations.skip]
     result.coverage = Coverage(invariants)
-    best: dict[str, tuple[tuple[int, ...], Trace, TraceSummary]] = {}
+    # problem -> (how small its trace is, then (worker, index) to break ties the same way every run)
+    best: dict[str, tuple[tuple[Any, ...], Trace, TraceSummary]] = {}
     reference = profile.reference if lockstep else None
     started = time.monotonic()
     deadline = started + time_budget if time_budget else None
+    runners = [runner, *(_more_runners(runner, workers - 1) if drawn_by_runner else [])]
+    fatal: Counter[str] = Counter()
 
-    def run(trace: Trace, **kw: Any) -> TraceSummary:
-        return runner.run(trace, invariants, lockstep=lockstep, reference=reference, **kw)
+    def run_on(on: Any, trace: Trace, **kw: Any) -> TraceSummary:
+        return on.run(trace, invariants, lockstep=lockstep, reference=reference, **kw)
 
-    def record(trace: Trace, summary: TraceSummary) -> None:
+    def record(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
         for problem in sorted(summary.problems):
-            step = summary.problems[problem].step
-            key = size(trace, step)
+            key = (size(trace, summary.problems[problem].step), order)
             if problem not in best or key < best[problem][0]:
                 first = problem not in best
                 best[problem] = (key, trace, summary)
                 _save_unshrunk(trace, result, problem, summary, out_dir, first)
 
+    def searched(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
+        for problem in summary.problem_ids & FATAL:
+            fatal[problem] += 1
+            if fatal[problem] >= FATAL_REPEATS:
+                result.stopped_early = (f"{problem} ended {FATAL_REPEATS} traces: the adapter's process keeps dying, "
+                                        "so the search stopped there")
+        result.examples += 1
+        result.steps_checked += summary.steps
+        result.active = summary.active or result.active
+        result.not_applicable = summary.not_applicable or result.not_applicable
+        result.coverage.add_counts(summary.exercised, summary.edges)
+        record(trace, summary, order)
+        if on_example:
+            on_example(result)
+
+    def stop() -> bool:
+        return (result.examples >= max_examples or result.stopped_early is not None
+                or (deadline is not None and time.monotonic() > deadline)
+                or (stop_when is not None and stop_when(frozenset(best))))
+
     try:
-        result.replayed = _replay_saved(out_dir, result, run, record)
-        _search(strategy, seed_value, max_examples, deadline, stop_when, result, best, run, record, on_example)
+        result.replayed = _replay_saved(out_dir, result, lambda t: run_on(runner, t), record)
+        if drawn_by_runner:
+            from conformance.workers import search
+
+            def run_batch(on: Any, seed_batch: int, count: int, should_stop: Callable[[], bool]):
+                return on.search(seed_batch, count, invariants, lockstep=lockstep, reference=reference,
+                                 should_stop=should_stop)
+
+            search(runners, strategy, seed_value, max_examples, run_batch, searched, stop)
+        else:  # a strategy only this process has (an in-process adapter's, or the caller's)
+            _search(strategy, seed_value, max_examples, stop, lambda t: run_on(runner, t), searched, best)
     except KeyboardInterrupt:
         result.interrupted = True
     try:
         if not result.interrupted:
-            for problem, (_, trace, summary) in sorted(best.items()):
-                result.findings[problem] = _shrunk_finding(problem, trace, summary, run, result, out_dir, domain)
+            from conformance.workers import each_on_a_runner
+
+            def shrink_one(on: Any, item: tuple[str, tuple[Any, Trace, TraceSummary]]) -> Finding:
+                problem, (_, trace, summary) = item
+                return _shrunk_finding(problem, trace, summary, lambda t, **kw: run_on(on, t, **kw), result,
+                                       out_dir, domain)
+
+            for finding in each_on_a_runner(runners, sorted(best.items()), shrink_one):
+                result.findings[finding.problem] = finding
     except KeyboardInterrupt:
         result.interrupted = True
     for problem, (_, trace, summary) in sorted(best.items()):
@@ -174,9 +217,23 @@ def fuzz(
                                                out_dir / "counterexamples" / f"{problem}.json", None, found.location,
                                                shrunk=False)
     result.seconds = time.monotonic() - started
+    for extra in runners[1:]:
+        extra.close()
     if runner is not make_adapter:
         runner.close()
     return result
+
+
+def _more_runners(runner: Any, n: int) -> list[Any]:
+    """``n`` more runners of the same adapter, started together (a slow import is paid once in
+    wall time); only a runner that can clone itself (a child process) gives any."""
+    if n <= 0 or not hasattr(runner, "clone"):
+        return []
+    more = [runner.clone(i + 1) for i in range(n)]
+    from conformance.workers import each_on_a_runner
+
+    each_on_a_runner(more, more, lambda _, r: r.start())
+    return more
 
 
 def _strategy_for(runner: Any) -> st.SearchStrategy:
@@ -202,7 +259,10 @@ def _domain_of(runner: Any) -> ConfigDomain | None:
     return ConfigDomain.from_dict(domain) if domain is not None else None
 
 
-def _search(strategy, seed_value, max_examples, deadline, stop_when, result, best, run, record, on_example) -> None:
+def _search(strategy, seed_value, max_examples, stop, run, searched, best) -> None:
+    """One Hypothesis search (generation only) over ``strategy``, every trace run whole."""
+    index = 0
+
     @settings(
         max_examples=max_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet, phases=(Phase.generate,),
@@ -210,27 +270,14 @@ def _search(strategy, seed_value, max_examples, deadline, stop_when, result, bes
     @seed(seed_value)
     @given(strategy)
     def search(trace: Trace) -> None:
-        if result.examples >= max_examples or (deadline is not None and time.monotonic() > deadline) \
-                or (stop_when is not None and stop_when(frozenset(best))):
+        nonlocal index
+        if stop():
             raise _Stop
-        summary = run(trace)
-        for problem in summary.problem_ids & FATAL:
-            fatal[problem] += 1
-            if fatal[problem] >= FATAL_REPEATS:
-                result.stopped_early = (f"{problem} ended {FATAL_REPEATS} traces: the adapter's process keeps dying, "
-                                        "so the search stopped there")
-        result.examples += 1
-        result.steps_checked += summary.steps
-        result.active = summary.active or result.active
-        result.not_applicable = summary.not_applicable or result.not_applicable
-        result.coverage.add_counts(summary.exercised, summary.edges)
-        record(trace, summary)
-        if on_example:
-            on_example(result)
-        if result.stopped_early:
+        searched(trace, run(trace), (0, index))
+        index += 1
+        if stop():
             raise _Stop
 
-    fatal: Counter[str] = Counter()
     try:
         search()
     except _Stop:
@@ -261,7 +308,7 @@ def _replay_saved(out_dir: Path, result: FuzzResult, run, record) -> int:
             if key in seen:
                 continue
             seen.add(key)
-            record(trace, run(trace))
+            record(trace, run(trace), (-1, replayed))
             replayed += 1
     return replayed
 

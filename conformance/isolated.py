@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,12 @@ class ChildRunner:
                                 hello.get("domain"), hello.get("reset_timeout"))
         return self.info
 
+    def clone(self, index: int) -> ChildRunner:
+        """Another child of the same adapter and limits (a parallel worker), logging beside this
+        one's log as ``<name>-<index><suffix>``."""
+        log = self.log.with_name(f"{self.log.stem}-{index}{self.log.suffix}") if self.log else None
+        return ChildRunner(self.spec, self.limits, log=log)
+
     def keep_log(self, log: Path) -> None:
         """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
         self.log = log
@@ -244,6 +250,44 @@ class ChildRunner:
         answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
                             "lockstep": lockstep, "html": str(html) if html else None})
         return answer if isinstance(answer, Problem) else answer["replay"]
+
+    def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,
+               reference: str | None = None, should_stop: Callable[[], bool] = lambda: False,
+               ) -> Iterator[tuple[int, TraceSummary, Trace | None]]:
+        """Let the child draw ``count`` traces from ``seed_value`` (`conformance.workers.draw`) and
+        check each: ``(index, summary, trace)`` per trace, the trace only when it showed a problem.
+        A fault ends the batch with the index of the trace in hand and no trace (the caller draws
+        it again from the same seed). Once ``should_stop()`` is true the child is asked to stop
+        after the trace in hand."""
+        if self._proc is None:
+            self.start()
+        self._output.mark()
+        try:
+            send(self._requests, {"op": "search", "seed": seed_value, "count": count, "invariants": list(invariants),
+                                  "lockstep": lockstep, "reference": reference})
+        except OSError:
+            pass  # the child is gone: _wait says how
+        received, stop_sent = 0, False
+        while True:
+            answer = self._wait(None)
+            if isinstance(answer, AdapterFault):
+                _, _, step, _ = self._stamp.read()
+                self.close()
+                problem = Problem(f"FAULT-{answer.kind}", step, f"step {step}: {answer}", answer.location)
+                yield received, TraceSummary(step + 1, {problem.id: problem}), None
+                return
+            if answer.get("op") != "item":
+                return
+            trace = Trace.from_dict(answer["trace"]) if answer.get("trace") else None
+            yield int(answer["index"]), TraceSummary.from_dict(answer["summary"]), trace
+            received += 1
+            self._output.mark()
+            if not stop_sent and should_stop():
+                stop_sent = True
+                try:
+                    send(self._requests, {"op": "stop"})
+                except OSError:
+                    pass
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any] | Problem:
         if self._proc is None:

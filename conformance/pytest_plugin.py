@@ -25,6 +25,7 @@ def pytest_addoption(parser):
     group.addoption("--kvsched-profile", default=None, help="conformance profile (default: the adapter's own)")
     group.addoption("--kvsched-examples", type=int, default=None, help="fuzzed traces to run (default 100)")
     group.addoption("--kvsched-seed", type=int, default=None, help="seed for the fuzzed traces")
+    group.addoption("--kvsched-workers", default="1", help="adapter processes searching at once (N or auto; default 1)")
     group.addoption("--kvsched-out", default="kvsched-out", help="folder for counterexample traces")
     parser.addini("kvsched_adapter", "adapter spec for kvsched conformance tests", default=None)
 
@@ -41,6 +42,9 @@ class _Run:
         self.examples = config.getoption("kvsched_examples") or 100
         if self.examples < 1:
             raise InputError("--kvsched-examples", f"must be >= 1, got {self.examples}")
+        from conformance.arguments import parse_workers
+
+        self.workers = parse_workers(config.getoption("kvsched_workers"), "--kvsched-workers")
         name = config.getoption("kvsched_profile")
         if name is not None:
             get_profile(name)  # a bad name fails before the adapter's process starts
@@ -63,7 +67,7 @@ class _Run:
 
             try:
                 self._result = fuzz(self.runner, self.profile, max_examples=self.examples, seed_value=self.seed,
-                                    out_dir=self.out, adapter_spec=self.spec)
+                                    out_dir=self.out, adapter_spec=self.spec, workers=self.workers)
             finally:
                 self.runner.close()
         return self._result

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -88,7 +89,7 @@ def _seconds(value: Any) -> float | None:
     return float(value) if 0 < value < float("inf") else None
 
 
-def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str, Any]:
+def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any = None) -> dict[str, Any]:
     """One trace, checked here; the answer is the verdict (``run``) or the whole story (``replay``)."""
     from conformance.coverage import exercised
     from conformance.driver import run_checked
@@ -96,7 +97,7 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str
     from spec.catalogue import get
     from spec.trace import Trace
 
-    trace = Trace.from_dict(request["trace"])
+    trace = trace if trace is not None else Trace.from_dict(request["trace"])
     invariants = [get(i) for i in request["invariants"]]
     reference = request.get("reference")
     factory = None
@@ -114,7 +115,7 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard) -> dict[str
 
         written = write_html(request["html"], trace, result)
         html = str(written) if written else None
-    if request["op"] == "replay":
+    if request.get("op") == "replay":
         from conformance.replay_view import replay_view
 
         return {"op": "result", "replay": replay_view(result), "html": html}
@@ -158,20 +159,51 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stamp.leave()
-    send(args.answers, _hello(adapter))
+    hello = _hello(adapter)
+    send(args.answers, hello)
+    strategy = None
     while True:
         try:
             request = receive(args.requests)
         except ChannelClosed:
             return 0
+        if request.get("op") == "stop":
+            continue  # a stop that crossed the end of its search on the way
+        if request.get("op") == "search":
+            if strategy is None:
+                from conformance.adapter import traces_for
+
+                strategy = traces_for(args.adapter, hello["domain"])
+            _search(adapter, request, guard, strategy, args)
+            continue
         if request.get("op") not in ("run", "replay"):
             return 0
-        stamp.step = 0
-        try:
-            answer = _run(adapter, request, guard)
-        except Exception as err:  # noqa: BLE001 - kvsched's own code failed, not an adapter call
-            answer = _checker_failed(err, stamp.step)
-        send(args.answers, answer)
+        send(args.answers, _checked(adapter, request, guard))
+
+
+def _checked(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any = None) -> dict[str, Any]:
+    guard.stamp.step = 0
+    try:
+        return _run(adapter, request, guard, trace)
+    except Exception as err:  # noqa: BLE001 - kvsched's own code failed, not an adapter call
+        return _checker_failed(err, guard.stamp.step)
+
+
+def _search(adapter: Any, request: dict[str, Any], guard: StampedGuard, strategy: Any, args: argparse.Namespace) -> None:
+    """Draw ``count`` traces from ``seed`` here and check each, one ``item`` frame per trace (the
+    trace itself only when it showed a problem), then ``done``. The runner draws nothing and
+    sends no trace: that is the cost parallel workers would otherwise share in one process. A
+    ``stop`` frame from the runner ends the batch after the trace in hand."""
+    from conformance.workers import draw
+
+    traces = draw(strategy, int(request["seed"]), int(request["count"]))
+    for index, trace in enumerate(traces):
+        if select.select([args.requests], [], [], 0)[0] and receive(args.requests).get("op") == "stop":
+            break
+        summary = _checked(adapter, request, guard, trace)["summary"]
+        send(args.answers, {"op": "item", "index": index, "summary": summary,
+                            "trace": trace.to_dict() if summary.get("problems") else None})
+    send(args.answers, {"op": "done", "drawn": len(traces)})
 
 
 def _checker_failed(err: Exception, step: int) -> dict[str, Any]:

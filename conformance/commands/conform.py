@@ -7,7 +7,7 @@ import random
 import signal
 from pathlib import Path
 
-from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds
+from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds, parse_workers
 from conformance.expectations import load_expectations, parse_skip
 from conformance.fuzz import fuzz
 from conformance.isolated import AdapterInfo, ChildRunner, Limits
@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--expect", type=Path, help="an expectations file: known failures, each with a reason (docs/ADAPTERS.md)")
     p.add_argument("--max-memory", type=int, default=8192, metavar="MB", help="the adapter process's memory limit (default 8192)")
     p.add_argument("--max-output", type=int, default=16, metavar="MB", help="what the adapter may print per trace (default 16)")
+    p.add_argument("--workers", default="1", metavar="N|auto",
+                   help="adapter processes searching at once, each its own seeded search (default 1; auto: the cores available)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     check_count(args.max_memory, "--max-memory", minimum=64, maximum=1 << 22, unit="(MB)")
     check_count(args.max_output, "--max-output", maximum=1 << 14, unit="(MB)")
     check_count(args.seed, "--seed", minimum=0, maximum=2**64 - 1)
+    args.workers = parse_workers(args.workers)
     expectations = load_expectations(args.expect).with_skips(parse_skip(args.skip))
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
@@ -97,7 +100,7 @@ def _conform(args: argparse.Namespace, runner: ChildRunner, expectations, info: 
         result = fuzz(
             runner, profile, max_examples=max_examples, time_budget=args.time_budget, seed_value=seed,
             out_dir=args.out, timeout=args.timeout, on_example=progress_cb, expectations=expectations,
-            adapter_spec=args.adapter,
+            adapter_spec=args.adapter, workers=args.workers,
         )
     finally:
         if progress is not None:

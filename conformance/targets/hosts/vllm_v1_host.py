@@ -64,7 +64,7 @@ def default_prompt_tokens(prompt_len: int) -> list[int]:
 def generated_token(request_id: str, position: int) -> int:
     """spec.types.generated_token for sequence 0."""
     return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
-_STATUS = {
+STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_async_host.py)
     RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
     RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
     RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
@@ -77,6 +77,12 @@ def model_dir() -> str:
 
 
 class V1Engine:
+    # Hook points for a variant host (vllm_v1_async_host.py): the scheduler class and V1's
+    # ``SchedulerConfig.async_scheduling`` flag (vllm/config/scheduler.py: get_scheduler_cls picks
+    # AsyncScheduler when it is set).
+    scheduler_cls: type = Scheduler
+    async_scheduling: bool = False
+
     def __init__(self) -> None:
         self._model_configs: dict[int, ModelConfig] = {}
 
@@ -99,13 +105,13 @@ class V1Engine:
         sc = SchedulerConfig(max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
                              max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=chunked,
                              long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
-                             async_scheduling=False, policy=config["policy"], watermark=float(config["watermark"]))
+                             async_scheduling=self.async_scheduling, policy=config["policy"], watermark=float(config["watermark"]))
         cc = CacheConfig(block_size=bs, enable_prefix_caching=caching)
         vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc)
         cc.num_gpu_blocks = G + 1
         kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
             ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-        self.sched = Scheduler(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
+        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
                                block_size=bs, log_stats=False)
         self.block_hasher = None
         if caching:  # as vllm/v1/engine/core.py: EngineCore.__init__ builds it
@@ -184,7 +190,7 @@ class V1Engine:
         for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
-                self.final[rid] = _STATUS.get(r.status, r.status.name)
+                self.final[rid] = STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
 
@@ -201,7 +207,7 @@ class V1Engine:
             if rid not in self.reqs:
                 statuses[rid] = self.final[rid]
         for rid, r in self.reqs.items():
-            status = self.final.get(rid) or _STATUS.get(r.status, r.status.name)
+            status = self.final.get(rid) or STATUS.get(r.status, r.status.name)
             statuses[rid] = status
             blocks = [b.block_id - 1 for b in tables.get(rid, ()) if not b.is_null] if not r.is_finished() else []
             views[f"{rid}#0"] = {"request": rid, "status": status, "num_tokens": r.num_tokens,

@@ -1,0 +1,79 @@
+"""Mutants of the pipelined reference, each the shape of an upstream async-scheduling bug, each
+with the PIP invariants (docs/PIPELINED.md, drafted in `conformance.pipelined_checks`) that must
+catch it. A mutant overrides one hook of `PipelinedV1Scheduler`; tests/test_pipelined_mutants.py
+shows each caught on seeded traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_impl.pipelined_scheduler import InFlightStep, PipelinedV1Scheduler
+from reference_impl.v1_scheduler import TrackedRequest
+from spec.types import Finished, SchedulerOutput
+
+
+class ForgetsInFlightOnPreempt(PipelinedV1Scheduler):
+    """vllm-project/vllm#48245 (and #47900): preemption resets computed tokens and placeholders
+    but does not mark the victim's in-flight outcome stale, so when it returns it drains against
+    the reset counters: placeholders underflow."""
+
+    def _preempt(self, victim: TrackedRequest) -> None:
+        super()._preempt(victim)
+        self.counters[victim.request_id].num_stale = 0
+
+
+class FinalChunkWithoutPlaceholder(PipelinedV1Scheduler):
+    """vllm-project/vllm#35755 / #50692: the final chunk of a prompt that needed several chunks
+    reserves no placeholder, though the model returns its token."""
+
+    def schedule(self) -> SchedulerOutput:
+        mid_prompt = {t.request_id for t in self.running  # a chunk computed, prompt tokens left
+                      if 0 < t.num_computed < t.num_tokens and not self.counters[t.request_id].num_placeholders}
+        output = super().schedule()
+        for tracked, _tokens, position in self.in_flight[-1].entries:
+            if position is not None and tracked.request_id in mid_prompt:
+                self.counters[tracked.request_id].num_placeholders -= 1  # the reservation it skipped
+        return output
+
+
+class AppliesOutcomesOfFinished(PipelinedV1Scheduler):
+    """An in-flight outcome of a request that finished meanwhile is applied anyway (vLLM drops
+    it: vllm/v1/core/sched/scheduler.py:2327-2334)."""
+
+    def _process(self, step: InFlightStep) -> list[Finished]:
+        for tracked, _tokens, position in step.entries:
+            if tracked.status.is_finished and position is not None and position == tracked.num_tokens:
+                tracked.tokens.append(0)
+        return super()._process(step)
+
+
+class OneStepLater(PipelinedV1Scheduler):
+    """Outcomes are processed one step later than the declared depth (a queue one batch too deep,
+    or stale frames that delay a stop: vllm-project/vllm#49860)."""
+
+    def update(self, outcome):  # type: ignore[no-untyped-def]
+        depth, self.depth = self.depth, self.depth + 1
+        try:
+            return super().update(outcome)
+        finally:
+            self.depth = depth
+
+
+@dataclass(frozen=True)
+class PipelinedMutant:
+    name: str
+    cls: type[PipelinedV1Scheduler]
+    caught_by: frozenset[str]
+    upstream: str
+
+
+MUTANTS = (
+    PipelinedMutant("forgets_in_flight_on_preempt", ForgetsInFlightOnPreempt, frozenset({"PIP-003", "PIP-005"}),
+                    "vllm-project/vllm#48245"),
+    PipelinedMutant("final_chunk_without_placeholder", FinalChunkWithoutPlaceholder,
+                    frozenset({"PIP-003", "PIP-005"}), "vllm-project/vllm#35755"),
+    PipelinedMutant("applies_outcomes_of_finished", AppliesOutcomesOfFinished, frozenset({"PIP-001", "PIP-002"}),
+                    "vllm/v1/core/sched/scheduler.py:2327-2334"),
+    PipelinedMutant("one_step_later", OneStepLater, frozenset({"PIP-006", "PIP-002"}), "vllm-project/vllm#49860"),
+)

@@ -1,0 +1,167 @@
+"""kvsched adapter host for vLLM 0.33.0's ``AsyncScheduler`` (vllm/v1/core/sched/async_scheduler.py),
+driven the way ``EngineCore.step_with_batch_queue`` (vllm/v1/engine/core.py:708-822) drives it:
+outcomes come back one step late.
+
+Run with the target venv's Python (VLLM_TARGET_DEVICE=cpu):  python vllm_v1_async_host.py
+
+Everything but the engine loop is `vllm_v1_host.V1Engine` (same CPU-only set-up, same token
+scheme, same snapshot translation), with ``SchedulerConfig.async_scheduling=True`` and the
+``AsyncScheduler`` class (vllm/config/scheduler.py:231 ``get_scheduler_cls``).
+
+The engine loop, as ``step_with_batch_queue`` runs it with ``batch_queue_size`` 2
+(vllm/config/vllm.py:588 ``max_concurrent_batches``: async scheduling without PP keeps two
+batches in flight):
+
+1. wire ``schedule`` (step k): if the scheduler has requests, ``schedule()`` plans step k and the
+   batch joins the front of the queue (core.py:734, 763). If the queue is then still short of
+   two batches and the step ran a model or requests remain, the engine returns without taking an
+   outcome (core.py:764-769); otherwise the oldest batch's outcome is due.
+2. wire ``update(stopped)``: "the model runs" step k: every request whose step-k tokens complete
+   its known tokens (``not request.is_prefill_chunk`` after scheduling, the same test
+   ``AsyncScheduler._update_after_schedule`` uses to add a placeholder) samples one token, the
+   trace's stop token when the runner says so, else ``spec.types.generated_token`` at the
+   position the step computes. That outcome waits in the queue. If an outcome is due (step 1),
+   the oldest batch is popped and fed to ``update_from_output`` (core.py:778-795), whose finished
+   requests are this wire step's answer.
+
+So at steady state wire step k schedules step k and processes step k-1's outcome: a request's
+finish is reported one wire step after the step that sampled its last token, and the step in
+between may already have scheduled one more token for it (the ``at most d tokens past a stop``
+of docs/PIPELINED.md). Aborts run between steps as ``_process_aborts_queue`` does, through
+``finish_requests``; an in-flight outcome of an aborted request is dropped by
+``update_from_output`` (scheduler.py:2327-2334).
+
+Translations beyond vllm_v1_host.py's:
+* the snapshot's ``num_computed`` is the processed frontier, ``num_computed_tokens -
+  num_in_flight_tokens`` (0 for a preempted request): V1 advances ``num_computed_tokens`` when it
+  schedules (scheduler.py:1845 ``_update_after_schedule``), the KV of an in-flight step is not
+  yet known to be written;
+* ``prefill`` in the wire output is True until the request is scheduled for a step that samples
+  after its (re)admission (decided when the step is scheduled, not when its outcome returns);
+* the host's ``hello`` adds ``"pipeline_depth": 1``; its snapshot adds ``in_flight`` (per
+  unfinished sequence: placeholders, in-flight tokens, stale tokens), ignored by today's runner.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvsched_host  # noqa: E402
+import vllm_v1_host  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+
+BATCH_QUEUE_SIZE = 2  # vllm/config/vllm.py:592-597: async scheduling, no PP
+
+
+class InFlight:
+    """One scheduled batch in the engine's batch queue: its SchedulerOutput, the requests that
+    sample in it (with the token position they sample), and, once "the model ran", its output."""
+
+    def __init__(self, output, samples: dict[str, int]) -> None:
+        self.output = output
+        self.samples = samples
+        self.model_output: ModelRunnerOutput | None = None
+
+
+class AsyncV1Engine(vllm_v1_host.V1Engine):
+    scheduler_cls = AsyncScheduler
+    async_scheduling = True
+
+    def hello_extra(self) -> dict:
+        return {**super().hello_extra(), "pipeline_depth": BATCH_QUEUE_SIZE - 1}
+
+    def reset(self, config: dict) -> None:
+        super().reset(config)
+        self.batch_queue: collections.deque[InFlight] = collections.deque()
+        self.due = False  # an outcome is to be processed in this wire step's update
+        self.new_batch: InFlight | None = None
+        self.ignored: list[str] = []
+
+    def schedule(self) -> dict:
+        sched = self.sched
+        ignored, self.rejected = self.rejected, []
+        result = {"step": self.step_no, "scheduled": [], "preempted": [], "swapped_in": [], "swap_out": [],
+                  "swap_in": [], "copies": [], "ignored": ignored}
+        self.step_no += 1
+        self.pending = None
+        if not sched.has_requests():  # core.py:771-778: nothing to schedule, take an outcome if one is queued
+            self.due = bool(self.batch_queue)
+            self.new_batch = None
+            self.ignored = ignored
+            return result
+        out = sched.schedule()
+        self.decoding -= set(out.preempted_req_ids or ())
+        samples = {}
+        for rid in out.num_scheduled_tokens:
+            r = self.reqs[rid]
+            result["scheduled"].append({"seq": f"{rid}#0", "request": rid, "tokens": out.num_scheduled_tokens[rid],
+                                        "prefill": rid not in self.decoding})
+            if not r.is_prefill_chunk:  # the step samples: its token lands at position num_computed_tokens
+                samples[rid] = r.num_computed_tokens
+                self.decoding.add(rid)
+        result["preempted"] = [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())]
+        batch = InFlight(out, samples)
+        self.batch_queue.appendleft(batch)
+        executed = out.total_num_scheduled_tokens > 0
+        self.due = not (len(self.batch_queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()))
+        self.new_batch = batch
+        self.ignored = ignored
+        return result
+
+    def update(self, stopped: list) -> list:
+        finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid in self.ignored]
+        self.ignored = []
+        if self.new_batch is not None:  # the model runs the batch scheduled in this wire step
+            self.new_batch.model_output = self._run_model(self.new_batch, set(stopped))
+            self.new_batch = None
+        if not self.due:
+            return finished
+        self.due = False
+        batch = self.batch_queue.pop()
+        self.sched.update_from_output(batch.output, batch.model_output)
+        for rid in batch.output.num_scheduled_tokens:
+            r = self.reqs[rid]
+            if r.is_finished() and rid not in self.final:
+                self.final[rid] = vllm_v1_host.STATUS.get(r.status, r.status.name)
+                finished.append({"request": rid, "status": self.final[rid]})
+        return finished
+
+    def _run_model(self, batch: InFlight, stop: set) -> ModelRunnerOutput:
+        req_ids = list(batch.output.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            if rid in batch.samples:
+                token = vllm_v1_host.STOP_TOKEN if f"{rid}#0" in stop else vllm_v1_host.generated_token(
+                    rid, batch.samples[rid])
+                sampled.append([token])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def snapshot(self) -> dict:
+        self.pending = None  # the base class would subtract this step's tokens; the frontier does it
+        snap = super().snapshot()
+        for rid, r in self.reqs.items():
+            view = snap["seqs"].get(f"{rid}#0")
+            if view is None or r.is_finished():
+                continue
+            view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
+        snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/PIPELINED.md PIP-003)
+        return snap
+
+    def in_flight(self) -> dict:
+        """The counters PIP-003 reads (docs/PIPELINED.md), per unfinished sequence: its output
+        placeholders, in-flight tokens and stale tokens. The snapshot carries them as
+        ``in_flight``, a key today's runner ignores (docs/PROTOCOL.md)."""
+        return {f"{rid}#0": {"placeholders": r.num_output_placeholders, "in_flight_tokens": r.num_in_flight_tokens,
+                             "stale": r.num_stale_output_tokens}
+                for rid, r in self.reqs.items() if not r.is_finished()}
+
+
+if __name__ == "__main__":
+    sys.exit(kvsched_host.serve(AsyncV1Engine(), "vllm-v1-async", ("safety",), vllm_v1_host.CAPABILITIES))

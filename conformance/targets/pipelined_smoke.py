@@ -1,0 +1,72 @@
+"""Smoke run of the ``vllm-v1-async`` wire host (vLLM 0.33.0's AsyncScheduler, one step late).
+
+    python -m conformance.targets.pipelined_smoke [--traces 5] [--seed 1] [--path plain|chunked|preemption]
+
+Not yet a registered target (issue 16 registers flows in one place; until then this module
+builds the `WireAdapter` itself from the installed ``vllm-v1`` venv, which already holds the
+AsyncScheduler). Runs a few seeded traces under the ``safety`` profile and prints, per trace,
+the steps run, the violations and any fault: what it shows is that the host speaks the protocol
+and that vLLM's engine survives the traces, not that anything is correct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from conformance.targets import HOSTS_DIR, get_target
+
+ASYNC_HOST = "vllm_v1_async_host.py"
+
+
+def async_adapter(timeout: float = 60.0):
+    """A started `WireAdapter` on the async host, in the ``vllm-v1`` target's venv."""
+    from conformance.wire import WireAdapter
+    from spec.errors import InputError
+
+    target = get_target("vllm-v1")
+    if not target.installed():
+        raise InputError("--adapter", "target 'vllm-v1' is not installed: run `kvsched targets install vllm-v1`")
+    env = {**target.env, "KVSCHED_TARGET_DIR": str(target.root)}
+    adapter = WireAdapter("vllm-v1-async", [str(target.python), str(HOSTS_DIR / ASYNC_HOST)], profiles=("safety",),
+                          env=env, timeout=timeout)
+    return adapter.start()
+
+
+def async_installed() -> bool:
+    return get_target("vllm-v1").installed() and (HOSTS_DIR / ASYNC_HOST).exists()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from conformance.driver import run_checked
+    from conformance.generate import sample_traces
+    from conformance.profiles import get_profile
+    from conformance.targets.pipelined_one_behind import PATHS, path_strategy
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--path", choices=PATHS, default="plain")
+    ap.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
+    args = ap.parse_args(argv)
+    adapter = async_adapter()
+    invariants = get_profile("safety").invariants()
+    rows = []
+    for i, trace in enumerate(sample_traces(path_strategy(args.path), args.traces, args.seed)):
+        result = run_checked(adapter, trace, invariants, timeout=60, stop_at_first=False)
+        row = {"trace": i, "steps": len(result.records), "drained": result.drained,
+               "violations": sorted({v.invariant_id for v in result.violations}),
+               "fault": None if result.fault is None else str(result.fault)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    adapter.close()
+    if args.out:
+        args.out.write_text(json.dumps({"version": 1, "host": ASYNC_HOST, "path": args.path, "rows": rows}, indent=2)
+                            + "\n")
+    return 1 if any(r["fault"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The V1 flow with pipelined steps: a step's outcome arrives ``depth`` steps after it was scheduled
+(vLLM 0.33.0's ``AsyncScheduler`` driven by ``EngineCore.step_with_batch_queue``: depth 1).
+
+docs/PIPELINED.md is the design; this module is its executable meaning. The scheduling decisions
+are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One engine step, as
+`schedule()` then `update()` run it:
+
+1. ``schedule()`` plans the step with V1's flow, seeing every request as if its in-flight steps
+   had already returned: a request's uncomputed tokens are ``num_tokens + num_placeholders -
+   num_computed``, where a placeholder is a token some in-flight step samples (its value is not
+   known yet) and ``num_computed`` already counts every in-flight step's tokens
+   (vllm/v1/core/sched/scheduler.py:838-842; `_running_chunk`).
+2. A running request whose in-flight tokens already reach ``max_tokens`` or ``max_model_len`` is
+   not scheduled again: that token could never be delivered (scheduler.py:800-815).
+3. The scheduled tokens are counted as computed at once, and every request whose tokens this
+   step completes gets one more placeholder: the step samples a token at position
+   ``num_computed`` (scheduler.py:1845-1866 ``_update_after_schedule``; async_scheduler.py:24-46).
+   The step joins the in-flight queue.
+4. ``update(outcome)`` hands the environment's outcome (which sampled tokens are stops) to the
+   step just scheduled, then *processes* the oldest in-flight steps until at most ``depth`` are
+   left (core.py:778-795). Processing a step appends each sampled token (resolving a
+   placeholder), applies stops and length limits, and frees finished requests; an outcome of a
+   request that has finished or was aborted meanwhile is dropped (scheduler.py:2327-2334).
+5. Preemption (recompute) resets computed tokens and placeholders; the victim's in-flight steps
+   become *stale*: their tokens are still delivered when they return but touch no counter
+   (scheduler.py:1799-1843 ``_preempt_request``, 2316-2323 and 2744-2770).
+
+``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
+the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
+(tests/test_pipelined_reference.py).
+
+The snapshot reports ``num_computed`` as the *processed frontier* (``num_computed`` minus the
+in-flight tokens, 0 for a preempted request): the KV an in-flight step writes is not yet known
+to be there, exactly what the V1 reference shows mid-step.
+
+Where this differs from the engine (spec decisions, docs/PIPELINED.md):
+* a preempted request is not readmitted while a stale step of it is still in flight (at depth 1
+  this never happens: V1 admits nothing in a step that preempts, and the stale step returns in
+  that same step's update); vLLM 0.33.0 would resample a position the stale token then also
+  fills;
+* V1's extra clamp of every running chunk at ``max_model_len - num_computed - 1`` is not applied
+  to prefill chunks (the V1 reference's spec decision, lockstep_v1 ``chunk-clamped-...``);
+* the sampled token's value is the trace's (`spec.types.generated_token` at its position), so a
+  pipelined run and a synchronous run sample the same tokens and may be compared.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler, snapshot_of
+from spec.config import SchedulerConfig
+from spec.observation import Snapshot
+from spec.reasons import Reason
+from spec.status import Status
+from spec.types import Finished, Request, SchedulerOutput, StepOutcome, generated_token
+
+# vLLM without PP keeps two batches in flight: depth 1 (vllm/config/vllm.py:588-598); 2 stands for
+# deeper queues (the V2 model runner with PP keeps pp_size + 1).
+MAX_DEPTH = 2
+
+
+@dataclass
+class InFlightCounters:
+    """A request's share of the steps still in flight (vLLM's ``Request`` fields of the same
+    meaning: ``num_output_placeholders``, ``num_in_flight_tokens``, ``num_stale_output_tokens``)."""
+
+    num_placeholders: int = 0  # tokens in-flight steps sample for it, not yet appended
+    num_in_flight: int = 0  # tokens in-flight steps compute for it
+    num_stale: int = 0  # of those, tokens of steps scheduled before its last preemption
+
+
+@dataclass
+class InFlightStep:
+    """One scheduled step whose outcome has not been processed: per request, the tokens it
+    computes and the position it samples (None: a prefill chunk that samples nothing)."""
+
+    step: int
+    entries: list[tuple[TrackedRequest, int, int | None]]
+    stopped: frozenset[str] | None = None  # the outcome, once the model has run it
+
+
+@dataclass
+class _FrontierView:
+    """A request as the snapshot shows it: the processed frontier in place of ``num_computed``."""
+
+    tracked: TrackedRequest
+    num_computed: int
+    seq_id: str = field(init=False)
+    request_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seq_id, self.request_id = self.tracked.seq_id, self.tracked.request_id
+
+    @property
+    def status(self) -> Status:
+        return self.tracked.status
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tracked.num_tokens
+
+    @property
+    def blocks(self) -> list[int]:
+        return self.tracked.blocks
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.tracked.tokens
+
+
+class PipelinedV1Scheduler(V1Scheduler):
+    """`V1Scheduler` whose outcomes arrive ``depth`` steps late. Implements `spec.protocol.SchedulerLike`."""
+
+    def __init__(self, config: SchedulerConfig, depth: int = 1) -> None:
+        if not 0 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be 0..{MAX_DEPTH}, got {depth}")
+        super().__init__(config)
+        self.depth = depth
+        self.in_flight: collections.deque[InFlightStep] = collections.deque()  # oldest first
+        self.counters: dict[str, InFlightCounters] = {}
+
+    def _track(self, request: Request) -> TrackedRequest:
+        tracked = super()._track(request)
+        self.counters[tracked.request_id] = InFlightCounters()
+        return tracked
+
+    # ---------------------------------------------------------------- 1-3. schedule
+    def schedule(self) -> SchedulerOutput:
+        output = super().schedule()  # V1's flow, through the hooks below
+        entries = []
+        for tracked, tokens in self._scheduled:
+            counters = self.counters[tracked.request_id]
+            tracked.num_computed += tokens  # 3. counted as computed when scheduled
+            counters.num_in_flight += tokens
+            position = None
+            if tracked.num_computed >= tracked.num_tokens + counters.num_placeholders:
+                position = tracked.num_computed  # the step samples the token at this position
+                counters.num_placeholders += 1
+                tracked.in_prefill = False
+            entries.append((tracked, tokens, position))
+        self._scheduled = []  # V1's update must not apply them again
+        self.in_flight.append(InFlightStep(output.step, entries))
+        return output
+
+    def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
+        counters = self.counters[tracked.request_id]
+        if counters.num_placeholders and self._in_flight_reaches_limit(tracked, counters):
+            return 0  # 2. nothing it computes now could be delivered
+        tokens = tracked.num_tokens + counters.num_placeholders - tracked.num_computed  # 1.
+        if 0 < threshold < tokens:
+            tokens = threshold
+        return min(tokens, budget)
+
+    def _in_flight_reaches_limit(self, tracked: TrackedRequest, counters: InFlightCounters) -> bool:
+        """Whether the tokens already in flight take the request to ``max_tokens`` or
+        ``max_model_len`` (vLLM: scheduler.py:800-815 for the first, the running loop's
+        ``max_model_len - num_computed_tokens - 1`` clamp for the second)."""
+        ahead = counters.num_placeholders
+        return (tracked.num_generated + ahead >= tracked.request.max_tokens
+                or tracked.num_tokens + ahead >= self.config.max_model_len)
+
+    def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
+        # Spec decision: a preempted request whose stale steps are still in flight waits for them
+        # (only at depth 2; the step's reason says wait_blocks, spec/reasons.py has no kind for it yet).
+        if self.counters[tracked.request_id].num_stale:
+            return False
+        return super()._whole_sequence_fits(tracked, hits)
+
+    # ---------------------------------------------------------------- 5. preemption
+    def _preempt(self, victim: TrackedRequest) -> None:
+        super()._preempt(victim)
+        counters = self.counters[victim.request_id]
+        counters.num_stale = counters.num_in_flight  # its in-flight steps no longer count
+        counters.num_placeholders = 0
+
+    # ---------------------------------------------------------------- 4. outcome
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        finished, self._ignored = self._ignored, []
+        if self.in_flight and self.in_flight[-1].stopped is None:
+            self.in_flight[-1].stopped = outcome.stopped  # the model ran the step just scheduled
+        while len(self.in_flight) > self.depth:
+            finished.extend(self._process(self.in_flight.popleft()))
+        return finished
+
+    def _process(self, step: InFlightStep) -> list[Finished]:
+        """Apply one returned step: append each sampled token, then stop, cap or go on."""
+        finished = []
+        for tracked, tokens, position in step.entries:
+            if tracked.status.is_finished:
+                continue  # finished or aborted while the step was in flight: its output is dropped
+            counters = self.counters[tracked.request_id]
+            counters.num_in_flight -= tokens
+            stale = counters.num_stale > 0
+            if stale:
+                counters.num_stale -= tokens
+                assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
+            if position is None:
+                continue  # a prefill chunk: nothing sampled
+            assert position == tracked.num_tokens, (
+                f"{tracked.request_id}: step {step.step} sampled position {position}, expected {tracked.num_tokens}")
+            tracked.tokens.append(generated_token(tracked.request_id, 0, position))
+            if not stale:
+                counters.num_placeholders -= 1
+                assert counters.num_placeholders >= 0, f"{tracked.request_id}: placeholders below zero"
+            if not stale and tracked.status is Status.RUNNING:
+                # the blocks whose KV every processed step has now written, even if it stops here
+                # (scheduler.py:2402-2415: cached before the stop is handled)
+                self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
+            status = self._stop_status(tracked, step.stopped or frozenset())
+            if status is None:
+                continue
+            (self.running if tracked.status is Status.RUNNING else self.waiting).remove(tracked)
+            self._finish(tracked, status)
+            kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
+            finished.append(Finished(tracked.request_id, status, Reason.of(
+                kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
+                max_model_len=self.config.max_model_len)))
+        return finished
+
+    def _stop_status(self, tracked: TrackedRequest, stopped: frozenset[str]) -> Status | None:
+        """`reference_impl.v1_scheduler.apply_outcome`'s stop rule, for one appended token."""
+        if tracked.seq_id in stopped:
+            return Status.FINISHED_STOPPED
+        if (tracked.num_generated >= tracked.request.max_tokens
+                or tracked.num_tokens >= self.config.max_model_len):
+            return Status.FINISHED_LENGTH_CAPPED
+        return None
+
+    # ---------------------------------------------------------------- observation
+    def samples_of_last_step(self) -> dict[str, int]:
+        """The sequences the step just scheduled samples for, with the position each samples:
+        what a model would know, so that a test can decide stops by position."""
+        if not self.in_flight or self.in_flight[-1].stopped is not None:
+            return {}
+        return {t.seq_id: p for t, _, p in self.in_flight[-1].entries if p is not None}
+
+    def frontier(self, tracked: TrackedRequest) -> int:
+        """Tokens whose KV a processed step wrote."""
+        return max(tracked.num_computed - self.counters[tracked.request_id].num_in_flight, 0)
+
+    def snapshot(self) -> Snapshot:
+        views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}
+        self._last_snapshot = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
+                                          self._last_snapshot)
+        return self._last_snapshot
+
+    def metrics(self) -> dict[str, int]:
+        return {**super().metrics(), "steps_in_flight": len(self.in_flight),
+                "placeholders": sum(c.num_placeholders for c in self.counters.values())}

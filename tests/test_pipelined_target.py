@@ -1,0 +1,78 @@
+"""vLLM 0.33.0's AsyncScheduler through the ``vllm_v1_async_host.py`` wire host, one step behind,
+in lockstep with the pipelined reference at depth 1. Skips unless ``kvsched targets install
+vllm-v1`` has run (the async host uses that target's venv)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.targets.pipelined_smoke import async_installed
+
+pytestmark = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    from conformance.targets.pipelined_smoke import async_adapter
+
+    started = async_adapter()
+    yield started
+    started.close()
+
+
+def test_host_says_it_is_one_step_behind(adapter) -> None:
+    assert adapter.hello.get("pipeline_depth") == 1
+
+
+def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) -> None:
+    from conformance.profiles import get_profile
+    from conformance.targets.pipelined_one_behind import run_one
+    from spec.config import SchedulerConfig
+    from spec.trace import Arrival, Trace
+    from spec.types import Request
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=16, watermark=0.0, preemption_mode="recompute")
+    trace = Trace(config, (Arrival(0, Request("a", prompt_len=4, max_tokens=3)),), max_steps=8)
+    outcome = run_one(adapter, trace, get_profile("safety").invariants())
+    records = outcome.result.records
+    assert outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
+    scheduled = [[(s.seq_id, s.num_tokens) for s in r.output.scheduled] for r in records]
+    assert scheduled[:4] == [[("a#0", 4)], [("a#0", 1)], [("a#0", 1)], []]  # step 3: its last token is in flight
+    assert [r.step for r in records if r.finished] == [3]  # the synchronous flow finishes it in step 2
+
+
+@pytest.mark.parametrize("path", ["plain", "chunked", "preemption"])
+def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) -> None:
+    from conformance.generate import sample_traces
+    from conformance.profiles import get_profile
+    from conformance.targets.pipelined_one_behind import classify, path_strategy, run_one
+
+    invariants = get_profile("safety").invariants()
+    for trace in sample_traces(path_strategy(path), 8, 16):
+        outcome = run_one(adapter, trace, invariants)
+        assert outcome.result.fault is None, outcome.result.fault
+        assert classify(adapter, trace, outcome, invariants) in (None, "chunk-clamped-below-max-model-len"), \
+            outcome.describe()
+
+
+def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
+    """PIP-003 on vLLM itself, from the host's raw ``in_flight`` snapshot field: after each step's
+    update no counter is negative and no sequence has more placeholders than steps in flight (1)."""
+    from conformance.generate import sample_traces
+    from conformance.targets.pipelined_one_behind import path_strategy
+    from spec.types import StepOutcome
+
+    for trace in sample_traces(path_strategy("preemption"), 6, 3):
+        adapter.reset(trace.config)
+        for step in range(trace.max_steps):
+            for request in trace.arrivals_at(step):
+                adapter.add_request(request)
+            for rid in trace.aborts_at(step):
+                adapter.abort_request(rid)
+            adapter.schedule()
+            adapter.update(StepOutcome(trace.stops_at(step)))
+            counters = adapter.host.call("snapshot", {}, 60)["in_flight"]
+            for seq, c in counters.items():
+                assert min(c.values()) >= 0, (step, seq, c)
+                assert c["placeholders"] <= 1, (step, seq, c)
