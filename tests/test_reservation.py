@@ -82,3 +82,22 @@ def test_exact_block_counts_are_vllm_v0_policy():
     for trace in sample_traces(traces(), 60, 5):
         found |= run_checked(adapter, trace, policy, timeout=None, stop_at_first=False).problem_ids
     assert "CAP-001" in found  # the zoo member is a real departure from V0's timing, not a no-op
+
+
+def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
+    """At depth 1 the pipelined reference allocates the in-flight token's slot before the token
+    is counted: one token of lookahead. Declared, the capacity range holds; undeclared, CAP-006
+    says exactly that (docs/PIPELINED.md lists the other synchronous-step assumptions)."""
+    from conformance.adapter import SchedulerAdapter
+    from conformance.targets.pipelined_one_behind import path_strategy
+    from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+
+    capacity = [inv for inv in SAFETY if inv.id in ("CAP-004", "CAP-005", "CAP-006")]
+    found = {}
+    for declared in (Reservation(lookahead_tokens=1), None):
+        adapter = SchedulerAdapter("pipelined-d1", lambda c: PipelinedV1Scheduler(c, depth=1), reservation=declared)
+        found[declared] = set()
+        for trace in sample_traces(path_strategy("plain"), 40, 20261201):
+            found[declared] |= run_checked(adapter, trace, capacity, timeout=None, stop_at_first=False).problem_ids
+    assert found[Reservation(lookahead_tokens=1)] == set()
+    assert found[None] == {"CAP-006"}
