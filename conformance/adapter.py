@@ -250,6 +250,8 @@ def _import_file(path_text: str) -> Any:
     if not path.is_file():
         raise InputError("--adapter", f"no file {path_text!r} (looked in {os.getcwd()})")
     path = path.resolve()
+    if (path.parent / "__init__.py").is_file():
+        return _import_package_file(path, path_text)
     folder = str(path.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -273,6 +275,24 @@ def _import_file(path_text: str) -> Any:
         del sys.modules[name]
         raise
     return module
+
+
+def _import_package_file(path: Path, path_text: str) -> Any:
+    """A file inside a package (its folder has ``__init__.py``), imported as pytest's default
+    import mode does: the folder above the outermost package first on ``sys.path``, then the
+    module by its dotted name, so its own absolute and relative imports work."""
+    root, parts = path.parent, [path.stem]
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    name = ".".join(parts)
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise InputError("--adapter", f"{path_text} could not import as {name}: {err} (at {user_location(err)})") \
+            from None
 
 
 def _import_module(module_name: str) -> Any:

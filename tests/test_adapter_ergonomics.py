@@ -241,3 +241,21 @@ def test_a_crash_in_kvsched_checks_is_not_blamed_on_the_adapter():
     problem = TraceSummary.from_dict(answer["summary"]).problems["FAULT-checker"]
     assert problem.step == 3 and "kvsched bug" in problem.message
     assert problem.location.startswith(__file__ + ":") and _FAULT_CATEGORY["FAULT-checker"] == "kvsched"
+
+
+def test_a_file_inside_a_package_loads_with_its_package_imports(tmp_path):
+    """`--adapter pkg/sub/mod.py:make` where mod imports its package absolutely and relatively:
+    imported by its dotted name, as pytest imports test files in packages."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("from conformance.adapter import load_adapter\n"
+                                    "def make():\n    return load_adapter('reference')\n")
+    (pkg / "sub" / "mod.py").write_text("from pkg.helpers import make as _make\nfrom .. import helpers\n"
+                                        "def make():\n    assert helpers.make is _make\n    return _make()\n")
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "conformance", "conform", "--adapter", "pkg/sub/mod.py:make",
+                           "--max-examples", "3", "--quiet", "--out", "out", "--json", str(report)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
