@@ -9,8 +9,9 @@ to a scheduler object" into an adapter. See docs/ADAPTERS.md for a worked exampl
 
 An adapter whose engine accepts only some configs (no swap space, a fixed watermark, no
 sequence limit, ...) declares ``domain = spec.domain.ConfigDomain(...)``: the runner then
-generates and shrinks only traces inside it (`adapter_domain`, `traces_for`). An adapter run
-in the runner's own process may instead define ``trace_strategy()``.
+generates and shrinks only traces inside it (`adapter_domain`, `traces_for`). An adapter may
+instead define ``trace_strategy()`` (a Hypothesis strategy of traces): its own process draws
+from it (`adapter_strategy`), and the shrinker keeps to its declared domain, if any.
 
 A spec string names an adapter: a built-in (``reference``, ``gpu``, ``reference-v1``,
 ``reference-nano``, ``gpu-v1``), a target (`conformance.targets`), ``path/to/file.py:factory``
@@ -211,6 +212,16 @@ def traces_for(spec: str, domain: dict[str, Any] | None = None) -> Any:
     from conformance.generate_domain import traces_in
 
     return traces_in(ConfigDomain.from_dict(domain) if domain is not None else ConfigDomain())
+
+
+def adapter_strategy(adapter: Any) -> Any:
+    """The traces to draw for a loaded adapter, in its own process: its ``trace_strategy()``
+    when it has one (built-ins and targets do: the same as `traces_for` gives), else its domain's."""
+    if hasattr(adapter, "trace_strategy"):
+        return adapter.trace_strategy()
+    from conformance.generate_domain import traces_in
+
+    return traces_in(adapter_domain(adapter))
 
 
 def _is_file_spec(left: str) -> bool:

@@ -188,9 +188,9 @@ def fuzz(
         if drawn_by_runner:
             from conformance.workers import search
 
-            def run_batch(on: Any, seed_batch: int, count: int, should_stop: Callable[[], bool]):
+            def run_batch(on: Any, seed_batch: int, count: int, should_stop: Callable[[], bool], start: int = 0):
                 return on.search(seed_batch, count, invariants, lockstep=lockstep, reference=reference,
-                                 should_stop=should_stop)
+                                 should_stop=should_stop, start=start)
 
             search(runners, strategy, seed_value, max_examples, run_batch, searched, stop)
         else:  # a strategy only this process has (an in-process adapter's, or the caller's)
@@ -239,12 +239,11 @@ def _more_runners(runner: Any, n: int) -> list[Any]:
 def _strategy_for(runner: Any) -> st.SearchStrategy:
     """The traces this adapter accepts: its own strategy when it runs in this process, else what
     the runner's side knows of it (a built-in's or a target's, or its declared config domain)."""
-    from conformance.adapter import adapter_domain, traces_for
-    from conformance.generate_domain import traces_in
+    from conformance.adapter import adapter_strategy, traces_for
 
     adapter = getattr(runner, "adapter", None)
     if adapter is not None:
-        return adapter.trace_strategy() if hasattr(adapter, "trace_strategy") else traces_in(adapter_domain(adapter))
+        return adapter_strategy(adapter)
     return traces_for(getattr(runner, "spec", ""), runner.info.domain)
 
 

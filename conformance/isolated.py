@@ -179,6 +179,7 @@ class ChildRunner:
         req_r, self._requests = os.pipe()
         self._answers, ans_w = os.pipe()
         env = {**os.environ, "KVSCHED_PARENT_PATH": os.pathsep.join(p for p in sys.path if p),
+               "KVSCHED_FROM_MAIN_THREAD": "1" if threading.current_thread() is threading.main_thread() else "0",
                "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "conformance.worker", "--adapter", self.spec, "--requests", str(req_r),
@@ -252,10 +253,11 @@ class ChildRunner:
         return answer if isinstance(answer, Problem) else answer["replay"]
 
     def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,
-               reference: str | None = None, should_stop: Callable[[], bool] = lambda: False,
+               reference: str | None = None, should_stop: Callable[[], bool] = lambda: False, start: int = 0,
                ) -> Iterator[tuple[int, TraceSummary, Trace | None]]:
         """Let the child draw ``count`` traces from ``seed_value`` (`conformance.workers.draw`) and
-        check each: ``(index, summary, trace)`` per trace, the trace only when it showed a problem.
+        check each from ``start`` on: ``(index, summary, trace)`` per trace, the trace only when it
+        showed a problem.
         A fault ends the batch with the index of the trace in hand and no trace (the caller draws
         it again from the same seed). Once ``should_stop()`` is true the child is asked to stop
         after the trace in hand."""
@@ -263,11 +265,11 @@ class ChildRunner:
             self.start()
         self._output.mark()
         try:
-            send(self._requests, {"op": "search", "seed": seed_value, "count": count, "invariants": list(invariants),
-                                  "lockstep": lockstep, "reference": reference})
+            send(self._requests, {"op": "search", "seed": seed_value, "count": count, "start": start,
+                                  "invariants": list(invariants), "lockstep": lockstep, "reference": reference})
         except OSError:
             pass  # the child is gone: _wait says how
-        received, stop_sent = 0, False
+        received, stop_sent = start, False
         while True:
             answer = self._wait(None)
             if isinstance(answer, AdapterFault):
@@ -288,6 +290,14 @@ class ChildRunner:
                     send(self._requests, {"op": "stop"})
                 except OSError:
                     pass
+
+    def draw(self, seed_value: int, count: int, index: int) -> Trace | None:
+        """Trace ``index`` of the batch `search` drew from ``seed_value`` (drawn again by the
+        adapter's process, whose strategy it is); None if the process cannot say."""
+        answer = self._ask({"op": "draw", "seed": seed_value, "count": count, "index": index})
+        if isinstance(answer, Problem) or not answer.get("trace"):
+            return None
+        return Trace.from_dict(answer["trace"])
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any] | Problem:
         if self._proc is None:

@@ -27,6 +27,8 @@ import os
 import select
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,12 +61,27 @@ class StampedGuard:
 
 
 def _die_with_parent() -> None:
-    try:
-        import ctypes
+    """End this process when the runner's process ends, however it ends (even SIGKILL).
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the closed request pipe ends this process instead
-        pass
+    PR_SET_PDEATHSIG fires when the *thread* that started this process exits, not the process;
+    the runner starts children from worker threads too, so it is set only when the runner says
+    it started this one from its main thread. A thread that watches the parent's pid covers
+    every case (while the adapter lets Python run; a closed request pipe ends the rest)."""
+    parent = os.getppid()
+    if os.environ.get("KVSCHED_FROM_MAIN_THREAD") == "1":
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the watcher below does it
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="kvsched-parent-watch").start()
 
 
 def _hello(adapter: Any) -> dict[str, Any]:
@@ -169,12 +186,19 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if request.get("op") == "stop":
             continue  # a stop that crossed the end of its search on the way
-        if request.get("op") == "search":
+        if request.get("op") in ("search", "draw"):
             if strategy is None:
-                from conformance.adapter import traces_for
+                from conformance.adapter import adapter_strategy
 
-                strategy = traces_for(args.adapter, hello["domain"])
-            _search(adapter, request, guard, strategy, args)
+                strategy = adapter_strategy(adapter)
+            if request["op"] == "draw":  # one trace of a batch again (a fault ended the process that ran it)
+                from conformance.workers import draw
+
+                batch = draw(strategy, int(request["seed"]), int(request["count"]))
+                index = int(request["index"])
+                send(args.answers, {"op": "trace", "trace": batch[index].to_dict() if index < len(batch) else None})
+            else:
+                _search(adapter, request, guard, strategy, args)
             continue
         if request.get("op") not in ("run", "replay"):
             return 0
@@ -198,6 +222,8 @@ def _search(adapter: Any, request: dict[str, Any], guard: StampedGuard, strategy
 
     traces = draw(strategy, int(request["seed"]), int(request["count"]))
     for index, trace in enumerate(traces):
+        if index < int(request.get("start", 0)):
+            continue  # run before a fault ended an earlier process
         if select.select([args.requests], [], [], 0)[0] and receive(args.requests).get("op") == "stop":
             break
         summary = _checked(adapter, request, guard, trace)["summary"]

@@ -68,7 +68,7 @@ def search(
 ) -> None:
     """Every worker's search on its own runner, in a thread each; results reach ``on_result(trace,
     summary, (worker, index))`` in this thread as they come. ``run_batch(runner, seed, count,
-    should_stop)`` runs one batch drawn in the runner's process (`ChildRunner.search`); a trace
+    should_stop, start)`` runs one batch drawn in the runner's process (`ChildRunner.search`); a trace
     that a fault ended is drawn again here, from the batch's seed, so it can be saved."""
     results: queue.Queue = queue.Queue()
     halt = threading.Event()
@@ -78,11 +78,18 @@ def search(
             done, batch = 0, 0
             while done < quota and not halt.is_set():
                 count, seed_value = min(CHUNK, quota - done), worker_seed(run_seed, worker, batch)
-                ran = 0
-                for index, summary, trace in run_batch(runner, seed_value, count, halt.is_set):
-                    results.put((worker, done + index, trace, summary, (seed_value, count, index)))
-                    ran += 1
-                if ran == 0:
+                start = 0
+                while start < count and not halt.is_set():  # a fault ends a batch: go on after it
+                    last = None
+                    for index, summary, trace in run_batch(runner, seed_value, count, halt.is_set, start):
+                        if trace is None and summary.problems and hasattr(runner, "draw"):
+                            trace = runner.draw(seed_value, count, index)  # a fault: drawn again where it was drawn
+                        results.put((worker, done + index, trace, summary, (seed_value, count, index)))
+                        last = index
+                    if last is None:
+                        break
+                    start = last + 1
+                if start == 0:
                     break  # nothing more to draw
                 done, batch = done + count, batch + 1
         except BaseException as err:  # noqa: BLE001 - handed to the main thread, which decides
@@ -108,7 +115,7 @@ def search(
             if isinstance(item, BaseException):
                 raise item
             worker, index, trace, summary, (seed_value, count, at) = item
-            if trace is None and summary.problems:  # a fault ended the batch: the trace, drawn again
+            if trace is None and summary.problems:  # a fault, and its process could not draw it again
                 trace = draw(strategy, seed_value, count)[at]
             on_result(trace, summary, (worker, index))
             if stop():
