@@ -166,12 +166,15 @@ class RayRunner:
         return summary
 
     def close(self) -> None:
+        """Ask the actor to end its adapter's process, then end the actor. An actor still in a
+        batch (Ctrl-C) is given a few seconds; after that its child, whose answers pipe has lost
+        its reader, exits at its next answer (one trace later)."""
         actor, self._actor = self._actor, None
         if actor is None:
             return
         ray = _ray()
         try:
-            ray.get(actor.close.remote(), timeout=30)
+            ray.get(actor.close.remote(), timeout=5)
         except Exception:  # noqa: BLE001 - the actor (or its node) is gone: nothing left to close
             pass
         ray.kill(actor)
