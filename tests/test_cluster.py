@@ -209,3 +209,24 @@ def test_redis_that_does_not_answer_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--redis" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_fuzz_feeds_and_replays_a_shared_database_without_a_cluster(tmp_path):
+    """The same contract as the Redis test, in process: what one run stores, a run with a fresh
+    ``--out`` replays first."""
+    import broken_adapters
+
+    from conformance.fuzz import fuzz
+    from conformance.profiles import get_profile
+
+    database = InMemoryExampleDatabase()
+    first = fuzz(broken_adapters.fork_without_incref, get_profile("safety"), max_examples=24, seed_value=11,
+                 out_dir=tmp_path / "a", shared=SharedExamples(database, "x", "safety"))
+    stored = {t.meta["problem"]: t for t in SharedExamples(database, "x", "safety").traces()}
+    assert "BLK-003" in first.findings and set(stored) == set(first.findings)
+    assert stored["BLK-003"].to_json() == (tmp_path / "a" / "counterexamples" / "BLK-003.json").read_text().strip()
+    again = fuzz(broken_adapters.fork_without_incref, get_profile("safety"), max_examples=1, seed_value=99,
+                 out_dir=tmp_path / "b", shared=SharedExamples(database, "x", "safety"))
+    assert again.replayed == len(stored) and "BLK-003" in again.findings
+    found = Trace.load(tmp_path / "b" / "found" / "BLK-003.json")
+    assert found.to_dict()["requests"] == stored["BLK-003"].to_dict()["requests"]
