@@ -27,6 +27,7 @@ view the adapter's process writes is written on its node, then sent back and wri
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -55,11 +56,25 @@ def connect(address: str) -> int:
     line naming ``--ray``."""
     ray = _ray()
     if not ray.is_initialized():
+        _check_listening(address)
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise InputError("--ray", f"no Ray cluster answered at {address} ({str(err).splitlines()[0]})") from None
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _check_listening(address: str, seconds: float = 5.0) -> None:
+    """Refuse a ``host:port`` where nothing listens at once: ``ray.init`` would retry for minutes."""
+    if address == "auto" or "://" in address:
+        return  # Ray finds "auto" itself and fails fast; a ray:// client has its own timeout
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError("--ray", f"must be host:port, auto or ray://host:port, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as err:
+        raise InputError("--ray", f"no Ray cluster answered at {address} ({err.strerror or err})") from None
 
 
 def disconnect() -> None:

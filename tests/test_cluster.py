@@ -201,6 +201,18 @@ def test_ray_without_the_extra_is_one_line(monkeypatch, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "not-an-address"])
+def test_ray_address_that_does_not_answer_is_one_line_at_once(address, tmp_path, capsys):
+    if importlib.util.find_spec("ray") is None:
+        _missing("ray")
+    started = time.monotonic()
+    code = main(["conform", "--adapter", "reference", "--out", str(tmp_path / "o"),
+                 "--ray", address.format(port=_free_port())])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--ray" in err
+    assert time.monotonic() - started < 10 and not (tmp_path / "o").exists()  # ray.init alone retries for minutes
+
+
 def test_redis_that_does_not_answer_is_one_line(tmp_path, capsys):
     if importlib.util.find_spec("redis") is None:
         _missing("the redis client")

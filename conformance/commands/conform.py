@@ -6,6 +6,7 @@ import argparse
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds, parse_workers
 from conformance.expectations import load_expectations, parse_skip
@@ -98,7 +99,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _conform(args: argparse.Namespace, runner: ChildRunner, expectations, info: AdapterInfo, database=None) -> int:
+def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
+    """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.RayRunner` under
+    ``--ray``), sharing failures through ``database`` (``--redis``) when given."""
     profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)
