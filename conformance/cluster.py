@@ -19,6 +19,9 @@ Two simplifications, both deliberate:
   `TraceSummary.to_dict`): what Ray pickles is data, never kvsched objects whose layout could
   differ between the nodes' installs.
 
+An actor that dies (its worker process or its node gone: the cluster's doing, since the
+adapter's own deaths are faults inside the actor) is replaced once and its call run again.
+
 Every node needs kvsched installed (the same version) and the adapter spec loadable there: a
 built-in, a target, an installed module, or a file at the same absolute path on every node
 (specs are made absolute before they leave, `conformance.adapter.canonical_spec`). An HTML
@@ -160,18 +163,14 @@ class RayRunner:
         is looked at only before the batch starts)."""
         if should_stop():
             return
-        if self._actor is None:
-            self.start()
-        items = _ray().get(self._actor.search.remote(seed_value, count, list(invariants), lockstep, reference))
+        items = self._call("search", seed_value, count, list(invariants), lockstep, reference)
         for index, summary, trace in items:
             yield index, TraceSummary.from_dict(summary), Trace.from_dict(trace) if trace is not None else None
 
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
             stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
-        if self._actor is None:
-            self.start()
         options = {"lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first, "stop_on": stop_on}
-        data, page = _ray().get(self._actor.run.remote(trace.to_dict(), list(invariants), options, html is not None))
+        data, page = self._call("run", trace.to_dict(), list(invariants), options, html is not None)
         summary = TraceSummary.from_dict(data)
         summary.html = None
         if html is not None and page is not None:
@@ -179,6 +178,24 @@ class RayRunner:
             Path(html).write_text(page)
             summary.html = str(html)
         return summary
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """``method`` on the actor, in a fresh actor once more if the first died. The adapter's own
+        deaths are faults inside the actor (its `ChildRunner` reports them); an actor dies only
+        with its worker process or its node, which is the cluster's doing, not the adapter's,
+        and Ray places the new actor where it can. The call is a seeded batch or one trace, so
+        running it again gives the same verdicts."""
+        ray = _ray()
+        for attempt in (1, 2):
+            if self._actor is None:
+                self.start()
+            try:
+                return ray.get(getattr(self._actor, method).remote(*args))
+            except ray.exceptions.RayActorError:
+                self._actor = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Ask the actor to end its adapter's process, then end the actor. An actor still in a

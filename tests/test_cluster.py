@@ -242,3 +242,23 @@ def test_fuzz_feeds_and_replays_a_shared_database_without_a_cluster(tmp_path):
     assert again.replayed == len(stored) and "BLK-003" in again.findings
     found = Trace.load(tmp_path / "b" / "found" / "BLK-003.json")
     assert found.to_dict()["requests"] == stored["BLK-003"].to_dict()["requests"]
+
+
+def test_a_batch_whose_actor_died_runs_again_on_a_fresh_one(ray_address):
+    """An actor dies with its node (the cluster's doing): the seeded batch runs again elsewhere
+    with the same verdicts."""
+    import ray
+
+    from conformance.cluster import RayRunner, connect, disconnect
+
+    connect(ray_address)
+    runner = RayRunner(BROKEN)
+    try:
+        runner.start()
+        first = [(i, s.problem_ids) for i, s, _ in runner.search(7, 4, ["BLK-003"])]
+        ray.kill(runner._actor)  # noqa: SLF001 - standing in for a node that went away
+        again = [(i, s.problem_ids) for i, s, _ in runner.search(7, 4, ["BLK-003"])]
+        assert again == first and len(first) == 4
+    finally:
+        runner.close()
+        disconnect()
