@@ -153,7 +153,7 @@ def _stored(url: str) -> list[Trace]:
     return list(SharedExamples(database, BROKEN, "safety").traces())
 
 
-def test_a_campaign_on_ray_is_shared_through_redis(ray_address, redis_url, tmp_path):
+def test_a_campaign_on_ray_is_shared_through_redis(redis_url, ray_address, tmp_path):
     started = time.monotonic()
     code, report = _conform(tmp_path / "first", "--seed", "11", "--max-examples", "24", "--ray", ray_address,
                             "--redis", redis_url)
