@@ -262,3 +262,11 @@ def test_a_batch_whose_actor_died_runs_again_on_a_fresh_one(ray_address):
     finally:
         runner.close()
         disconnect()
+
+
+def test_more_workers_than_the_cluster_has_cpus_is_one_line(ray_address, tmp_path, capsys):
+    code = main(["conform", "--adapter", "reference", "--out", str(tmp_path / "o"), "--ray", ray_address,
+                 "--workers", "3"])  # the head has 2 CPUs
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--workers" in err and "2 CPUs" in err
+    assert not (tmp_path / "o").exists()

@@ -14,6 +14,7 @@ from conformance.fuzz import fuzz
 from conformance.isolated import AdapterInfo, ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
 from conformance.report import conforming, print_terminal, write_json, write_junit
+from spec.errors import InputError
 
 # A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
 MAX_EXAMPLES = 10**6
@@ -71,10 +72,14 @@ def run(args: argparse.Namespace) -> int:
 
         database = open_redis(args.redis)  # a server that does not answer is refused before anything starts
     if args.ray is not None:
-        from conformance.cluster import RayRunner, connect
+        from conformance.cluster import RayRunner, connect, disconnect
 
         cpus = connect(args.ray)
         args.workers = args.workers or cpus
+        if args.workers > cpus:  # each actor takes a CPU: the rest would wait for one forever
+            disconnect()
+            raise InputError("--workers", f"{args.workers} is more than the {cpus} CPUs of the Ray cluster at {args.ray} "
+                                          "(each worker takes one)")
         runner = RayRunner(args.adapter, limits)
     else:
         args.workers = args.workers or 1
