@@ -2,16 +2,19 @@
 
 1. Saved failures first. Every trace already in ``<out>/counterexamples/`` and ``<out>/found/``
    that was found with this adapter and profile is run again before anything new is generated,
-   so a rerun with the same ``--out`` finds what an earlier (perhaps interrupted) run found.
+   so a rerun with the same ``--out`` finds what an earlier (perhaps interrupted) run found;
+   then those of a shared example database (``--redis``, `conformance.example_db`), which any
+   run of this adapter spec and profile, on any machine, fed.
 2. Search. Hypothesis draws up to ``max_examples`` traces (never more: the count is of traces
    run, and Hypothesis' own shrinking is off). Each runs whole: a violation does not end its
    trace, so every invariant a trace breaks is seen, each at its own first step
    (`conformance.driver`). The first failing trace of each problem is written to
-   ``<out>/found/<ID>.json`` and ``<out>/counterexamples/<ID>.json`` the moment it is seen,
-   before any shrinking; a smaller one found later replaces it in ``counterexamples/``.
+   ``<out>/found/<ID>.json`` and ``<out>/counterexamples/<ID>.json`` (and the shared database)
+   the moment it is seen, before any shrinking; a smaller one found later replaces it in
+   ``counterexamples/``.
 3. Shrink. Each problem's smallest trace is shrunk again for that problem alone
    (`conformance.shrink`) and written over ``<out>/counterexamples/<ID>.json``, with an HTML
-   view beside it.
+   view beside it; in the shared database it takes the place of the unshrunk ones.
 
 Ctrl-C (and SIGTERM, which ``kvsched conform`` turns into the same) stops the search: what was
 found is already on disk, and the result says ``interrupted``. Expected failures
@@ -25,9 +28,10 @@ process; pass a plain ``make_adapter`` callable).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
 from conformance.coverage import Coverage
+from conformance.example_db import SharedExamples
 from conformance.expectations import Expectations
 from conformance.isolated import LocalRunner
 from conformance.profiles import Profile
@@ -113,6 +118,7 @@ def fuzz(
     expectations: Expectations | None = None,
     adapter_spec: str | None = None,
     workers: int = 1,
+    shared: SharedExamples | None = None,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
@@ -122,7 +128,8 @@ def fuzz(
     expected invariant). A runner with its own process draws the traces there, in seeded batches
     (`conformance.workers`); ``workers`` > 1 runs that many copies of it, each its own search
     (ignored for an in-process runner or a caller's ``strategy``, which only this process has).
-    ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
+    ``shared`` is an example database beside ``out_dir`` (`conformance.example_db`): replayed
+    first, fed every failure found. ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
     always off (each problem is shrunk on its own afterwards).
     """
     del hypothesis_shrink
@@ -161,7 +168,9 @@ def fuzz(
             if problem not in best or key < best[problem][0]:
                 first = problem not in best
                 best[problem] = (key, trace, summary)
-                _save_unshrunk(trace, result, problem, summary, out_dir, first)
+                saved = _save_unshrunk(trace, result, problem, summary, out_dir, first)
+                if shared is not None:
+                    shared.found(problem, saved)
 
     def searched(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
         for problem in summary.problem_ids & FATAL:
@@ -184,7 +193,8 @@ def fuzz(
                 or (stop_when is not None and stop_when(frozenset(best))))
 
     try:
-        result.replayed = _replay_saved(out_dir, result, lambda t: run_on(runner, t), record)
+        result.replayed = _replay_saved(out_dir, result, lambda t: run_on(runner, t), record,
+                                        shared.traces() if shared is not None else ())
         if drawn_by_runner:
             from conformance.workers import search
 
@@ -203,8 +213,11 @@ def fuzz(
 
             def shrink_one(on: Any, item: tuple[str, tuple[Any, Trace, TraceSummary]]) -> Finding:
                 problem, (_, trace, summary) = item
-                return _shrunk_finding(problem, trace, summary, lambda t, **kw: run_on(on, t, **kw), result,
-                                       out_dir, domain)
+                finding = _shrunk_finding(problem, trace, summary, lambda t, **kw: run_on(on, t, **kw), result,
+                                          out_dir, domain)
+                if shared is not None:
+                    shared.shrunk(problem, finding.trace)
+                return finding
 
             for finding in each_on_a_runner(runners, sorted(best.items()), shrink_one):
                 result.findings[finding.problem] = finding
@@ -290,25 +303,30 @@ def _search(strategy, seed_value, max_examples, stop, run, searched, best) -> No
             raise RuntimeError(f"the fuzz run stopped unexpectedly: {type(err).__name__}: {err}") from err
 
 
-def _replay_saved(out_dir: Path, result: FuzzResult, run, record) -> int:
-    """Run again the traces an earlier run with this adapter and profile saved under ``out_dir``."""
-    seen: set[str] = set()
-    replayed = 0
+def _saved_in(out_dir: Path) -> Iterator[Trace]:
     for folder in ("counterexamples", "found"):
         for path in sorted((out_dir / folder).glob("*.json")):
             try:
-                trace = Trace.load(path)
+                yield Trace.load(path)
             except (InputError, OSError, ValueError):
                 continue  # not a trace of ours (or damaged): the search goes on without it
-            meta = trace.meta
-            if meta.get("adapter") != result.adapter or meta.get("profile") != result.profile:
-                continue
-            key = trace.to_json()
-            if key in seen:
-                continue
-            seen.add(key)
-            record(trace, run(trace), (-1, replayed))
-            replayed += 1
+
+
+def _replay_saved(out_dir: Path, result: FuzzResult, run, record, shared: Iterable[Trace] = ()) -> int:
+    """Run again the traces an earlier run with this adapter and profile saved under ``out_dir``,
+    then those of the shared database (``shared``) not among them."""
+    seen: set[str] = set()
+    replayed = 0
+    for trace in itertools.chain(_saved_in(out_dir), shared):
+        meta = trace.meta
+        if meta.get("adapter") != result.adapter or meta.get("profile") != result.profile:
+            continue
+        key = trace.to_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        record(trace, run(trace), (-1, replayed))
+        replayed += 1
     return replayed
 
 
@@ -324,12 +342,13 @@ def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: i
 
 
 def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,
-                   first: bool) -> None:
+                   first: bool) -> Trace:
     found = summary.problems[problem]
     saved = _meta(trace, result, problem, found.message, found.step + 1, False, found.location)
     if first:
         saved.save(out_dir / "found" / f"{problem}.json")  # the first failing trace, kept as found
     saved.save(out_dir / "counterexamples" / f"{problem}.json")  # replaced by the shrunk one later
+    return saved
 
 
 def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,

@@ -6,6 +6,7 @@ import argparse
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds, parse_workers
 from conformance.expectations import load_expectations, parse_skip
@@ -13,6 +14,7 @@ from conformance.fuzz import fuzz
 from conformance.isolated import AdapterInfo, ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
 from conformance.report import conforming, print_terminal, write_json, write_junit
+from spec.errors import InputError
 
 # A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
 MAX_EXAMPLES = 10**6
@@ -35,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--expect", type=Path, help="an expectations file: known failures, each with a reason (docs/ADAPTERS.md)")
     p.add_argument("--max-memory", type=int, default=8192, metavar="MB", help="the adapter process's memory limit (default 8192)")
     p.add_argument("--max-output", type=int, default=16, metavar="MB", help="what the adapter may print per trace (default 16)")
-    p.add_argument("--workers", default="1", metavar="N|auto",
-                   help="adapter processes searching at once, each its own seeded search (default 1; auto: the cores available)")
+    p.add_argument("--workers", default=None, metavar="N|auto",
+                   help="adapter processes searching at once, each its own seeded search (default 1, or the cluster's "
+                        "CPUs with --ray; auto: the cores available)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the workers as actors on this Ray cluster (host:port or auto; "
+                        "needs kvsched[cluster], and the adapter loadable on every node)")
+    p.add_argument("--redis", metavar="URL", help="share failing traces through this Redis server (redis://host:port): "
+                        "replayed first, every failure stored (needs kvsched[cluster])")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -51,36 +58,65 @@ def run(args: argparse.Namespace) -> int:
     check_count(args.max_memory, "--max-memory", minimum=64, maximum=1 << 22, unit="(MB)")
     check_count(args.max_output, "--max-output", maximum=1 << 14, unit="(MB)")
     check_count(args.seed, "--seed", minimum=0, maximum=2**64 - 1)
-    args.workers = parse_workers(args.workers)
+    args.workers = parse_workers(args.workers) if args.workers is not None else None
     expectations = load_expectations(args.expect).with_skips(parse_skip(args.skip))
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
     check_output_dir(args.out, "--out")
     check_output_file(args.json, "--json")
     check_output_file(args.junit, "--junit")
-    runner = ChildRunner(args.adapter, Limits(timeout=args.timeout, max_memory_mb=args.max_memory,
-                                              max_output_mb=args.max_output))
+    limits = Limits(timeout=args.timeout, max_memory_mb=args.max_memory, max_output_mb=args.max_output)
+    database = None
+    if args.redis is not None:
+        from conformance.example_db import open_redis
+
+        database = open_redis(args.redis)  # a server that does not answer is refused before anything starts
+    if args.ray is not None:
+        from conformance.cluster import RayRunner, connect, disconnect
+
+        cpus = connect(args.ray)
+        args.workers = args.workers or cpus
+        if args.workers > cpus:  # each actor takes a CPU: the rest would wait for one forever
+            disconnect()
+            raise InputError("--workers", f"{args.workers} is more than the {cpus} CPUs of the Ray cluster at {args.ray} "
+                                          "(each worker takes one)")
+        runner = RayRunner(args.adapter, limits)
+    else:
+        args.workers = args.workers or 1
+        runner = ChildRunner(args.adapter, limits)
     # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         info = runner.start()  # an adapter that does not load raises InputError naming --adapter
         args.out.mkdir(parents=True, exist_ok=True)
         runner.keep_log(args.out / "adapter-output.log")
-        return _conform(args, runner, expectations, info)
+        return _conform(args, runner, expectations, info, database)
     finally:
         runner.close()
         signal.signal(signal.SIGTERM, previous_term)
+        if args.ray is not None:
+            from conformance.cluster import disconnect
+
+            disconnect()
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _conform(args: argparse.Namespace, runner: ChildRunner, expectations, info: AdapterInfo) -> int:
+def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
+    """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.RayRunner` under
+    ``--ray``), sharing failures through ``database`` (``--redis``) when given."""
     profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)
     print(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}", flush=True)
+    shared = None
+    if database is not None:
+        from conformance.adapter import canonical_spec
+        from conformance.example_db import SharedExamples
+
+        shared = SharedExamples(database, canonical_spec(args.adapter), profile.name)
 
     progress_cb = None
     progress = None
@@ -100,7 +136,7 @@ def _conform(args: argparse.Namespace, runner: ChildRunner, expectations, info: 
         result = fuzz(
             runner, profile, max_examples=max_examples, time_budget=args.time_budget, seed_value=seed,
             out_dir=args.out, timeout=args.timeout, on_example=progress_cb, expectations=expectations,
-            adapter_spec=args.adapter, workers=args.workers,
+            adapter_spec=args.adapter, workers=args.workers, shared=shared,
         )
     finally:
         if progress is not None:
