@@ -102,10 +102,14 @@ class BatchWorker:
         return data
 
     def search(self, seed_value: int, count: int, invariants: list[str], lockstep: bool,
-               reference: str | None) -> list[tuple[int, dict[str, Any], dict[str, Any] | None]]:
-        return [(index, summary.to_dict(), trace.to_dict() if trace is not None else None)
-                for index, summary, trace in self.runner.search(seed_value, count, invariants, lockstep=lockstep,
-                                                                 reference=reference)]
+               reference: str | None, start: int = 0) -> list[tuple[int, dict[str, Any], dict[str, Any] | None]]:
+        items = []
+        for index, summary, trace in self.runner.search(seed_value, count, invariants, lockstep=lockstep,
+                                                        reference=reference, start=start):
+            if trace is None and summary.problems:  # a fault: drawn again by a fresh child, here on the node
+                trace = self.runner.draw(seed_value, count, index)
+            items.append((index, summary.to_dict(), trace.to_dict() if trace is not None else None))
+        return items
 
     def run(self, trace: dict[str, Any], invariants: list[str], options: dict[str, Any],
             html: bool) -> tuple[dict[str, Any], str | None]:
@@ -157,13 +161,13 @@ class RayRunner:
         del log
 
     def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,
-               reference: str | None = None, should_stop: Callable[[], bool] = lambda: False,
+               reference: str | None = None, should_stop: Callable[[], bool] = lambda: False, start: int = 0,
                ) -> Iterator[tuple[int, TraceSummary, Trace | None]]:
         """`ChildRunner.search` on the actor's node, the batch coming back whole (``should_stop``
-        is looked at only before the batch starts)."""
+        is looked at only before the batch starts; a trace a fault ended comes back with it)."""
         if should_stop():
             return
-        items = self._call("search", seed_value, count, list(invariants), lockstep, reference)
+        items = self._call("search", seed_value, count, list(invariants), lockstep, reference, start)
         for index, summary, trace in items:
             yield index, TraceSummary.from_dict(summary), Trace.from_dict(trace) if trace is not None else None
 
