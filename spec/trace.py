@@ -20,6 +20,8 @@ Format (version 1)::
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,9 +110,20 @@ class Trace:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     def save(self, path: str | Path) -> Path:
+        """Write the trace whole or not at all: a temporary file beside ``path``, then a rename,
+        so that a run interrupted mid-write (Ctrl-C, SIGTERM) or a reader polling for the file
+        never sees half a trace, and an earlier trace at ``path`` survives a failed write."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n")
+        text = self.to_json() + "\n"
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod
