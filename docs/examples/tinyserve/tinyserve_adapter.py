@@ -20,7 +20,7 @@ def _sid(rid):
 
 class TinyServeAdapter:
     capabilities = frozenset({C.OUTPUT, C.STATUSES, C.QUEUES, C.BLOCK_TABLES, C.REF_COUNTS, C.FREE_COUNTS,
-                              C.FREE_LISTS, C.SEQ_LENGTHS, C.MID_STEP})
+                              C.FREE_LISTS, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.MID_STEP})
 
     def __init__(self, config):
         self.ts = tinyserve.TinyServe(block_size=config.block_size, num_blocks=config.num_gpu_blocks,
