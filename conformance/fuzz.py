@@ -82,6 +82,7 @@ class FuzzResult:
     replayed: int = 0  # saved traces run again before the search
     interrupted: bool = False
     stopped_early: str | None = None  # why the search ended before its budget, if it did
+    reservation: dict[str, Any] | None = None  # what the adapter declares it reserves (CAP-006), as reported
 
     @property
     def unexpected(self) -> dict[str, Finding]:
@@ -148,7 +149,8 @@ def fuzz(
         strategy = _strategy_for(runner)
     lockstep = profile.lockstep and profile.name in info.profiles and "LOCKSTEP" not in expectations.skip
     result = FuzzResult(info.name, profile.name, seed_value, lockstep=lockstep, adapter_spec=adapter_spec,
-                        expected=dict(expectations.expected), skipped=dict(expectations.skip))
+                        expected=dict(expectations.expected), skipped=dict(expectations.skip),
+                        reservation=_declared_reservation(runner, info))
     invariants = [inv.id for inv in profile.invariants() if inv.id not in expectations.skip]
     result.coverage = Coverage(invariants)
     # problem -> (how small its trace is, then (worker, index) to break ties the same way every run)
@@ -235,6 +237,15 @@ def fuzz(
     if runner is not make_adapter:
         runner.close()
     return result
+
+
+def _declared_reservation(runner: Any, info: Any) -> dict[str, Any] | None:
+    adapter = getattr(runner, "adapter", None)
+    if adapter is not None and getattr(adapter, "reservation", None) is not None:
+        from dataclasses import asdict
+
+        return asdict(adapter.reservation)
+    return getattr(info, "reservation", None)
 
 
 def _more_runners(runner: Any, n: int) -> list[Any]:

@@ -57,6 +57,7 @@ class AdapterInfo:
     # An engine that builds itself in reset() (vLLM: 5-20 s under load) declares how long that may take;
     # every other call keeps the runner's --timeout, so a hang mid-trace is still caught quickly.
     reset_timeout: float | None = None
+    reservation: dict[str, Any] | None = None  # what it declares it reserves (spec.reservation), for the report
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class ChildRunner:
         if hello.get("op") != "hello":
             raise InputError("--adapter", f"{self.spec}: the adapter's process answered {hello.get('op')!r}")
         self.info = AdapterInfo(hello["name"], tuple(hello["profiles"]), frozenset(hello["capabilities"]),
-                                hello.get("domain"), hello.get("reset_timeout"))
+                                hello.get("domain"), hello.get("reset_timeout"), hello.get("reservation"))
         return self.info
 
     def clone(self, index: int) -> ChildRunner:

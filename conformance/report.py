@@ -113,6 +113,7 @@ def to_json(result: FuzzResult) -> dict[str, Any]:
         "seconds": round(result.seconds, 3),
         "adapter_spec": result.adapter_spec,
         "lockstep": result.lockstep,
+        "reservation": result.reservation,
         "conforming": conforming(result),
         "interrupted": result.interrupted,
         "stopped_early": result.stopped_early,
@@ -173,6 +174,8 @@ def print_terminal(result: FuzzResult) -> None:
         f"{result.examples} traces, {result.steps_checked} steps checked in {result.seconds:.1f} s "
         f"(seed {result.seed}{replayed}); {counts}"
     )
+    if result.reservation:
+        console.print(f"the adapter declares it reserves: {escape(_reserves(result.reservation))} (CAP-006 allows it)")
     if result.stopped_early:
         console.print(f"[bold yellow]stopped early[/]: {escape(result.stopped_early)}")
     if result.interrupted:
@@ -197,3 +200,12 @@ def print_terminal(result: FuzzResult) -> None:
                       soft_wrap=True)
     unexpected = len(result.unexpected)
     console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")
+
+
+def _reserves(reservation: dict[str, Any]) -> str:
+    parts = []
+    if reservation.get("lookahead_tokens"):
+        parts.append(f"{reservation['lookahead_tokens']} token(s) past its last")
+    if reservation.get("whole_request"):
+        parts.append("the whole request (prompt + max_tokens) from admission")
+    return " and ".join(parts) or "nothing beyond its tokens"

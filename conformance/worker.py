@@ -96,7 +96,25 @@ def _hello(adapter: Any) -> dict[str, Any]:
         "capabilities": sorted(str(c) for c in getattr(adapter, "capabilities", ())),
         "domain": adapter_domain(adapter).to_dict(),
         "reset_timeout": _seconds(getattr(adapter, "reset_timeout", None)),
+        "reservation": _reservation(adapter),
     }
+
+
+def _reservation(adapter: Any) -> dict[str, Any] | None:
+    """What the adapter declares it reserves (CAP-006 allows it), for the report; a declaration
+    that is not a `spec.reservation.Reservation` is the adapter's input error, said at load."""
+    from dataclasses import asdict
+
+    from spec.errors import InputError
+    from spec.reservation import Reservation
+
+    declared = getattr(adapter, "reservation", None)
+    if declared is None:
+        return None
+    if not isinstance(declared, Reservation):
+        raise InputError("adapter.reservation",
+                         f"must be a spec.reservation.Reservation or None, got {type(declared).__name__}")
+    return asdict(declared)
 
 
 def _seconds(value: Any) -> float | None:
@@ -176,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stamp.leave()
-    hello = _hello(adapter)
+    try:
+        hello = _hello(adapter)
+    except InputError as err:
+        send(args.answers, {"op": "input-error", "where": err.where, "message": err.message})
+        return 0
     send(args.answers, hello)
     strategy = None
     while True:

@@ -7,6 +7,7 @@ is policy, not safety.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -101,3 +102,22 @@ def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
             found[declared] |= run_checked(adapter, trace, capacity, timeout=None, stop_at_first=False).problem_ids
     assert found[Reservation(lookahead_tokens=1)] == set()
     assert found[None] == {"CAP-006"}
+
+
+def test_the_declaration_is_reported_and_a_bad_one_refused_at_load(tmp_path, capsys):
+    """The report says what the adapter declared (so a reader sees what CAP-006 allowed); a
+    declaration of the wrong type is one line naming adapter.reservation, exit 2, nothing written."""
+    from conformance.cli import main
+
+    report = tmp_path / "r.json"
+    zoo = Path(__file__).parent / "zoo" / "lookahead.py"
+    assert main(["conform", "--adapter", f"{zoo}:make", "--max-examples", "5", "--quiet",
+                 "--out", str(tmp_path / "o"), "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["reservation"] == {"lookahead_tokens": 1, "whole_request": False}
+    bad = tmp_path / "bad.py"
+    bad.write_text("from conformance.adapter import load_adapter\n"
+                   "def make():\n    a = load_adapter('reference')\n    a.reservation = 3\n    return a\n")
+    capsys.readouterr()
+    assert main(["conform", "--adapter", f"{bad}:make", "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "adapter.reservation" in err and not (tmp_path / "never").exists()
