@@ -4,8 +4,8 @@
 tests/zoo/ holds it to that). ``liveness`` adds progress and completion. ``vllm-v0`` is the
 reference's own policy (vLLM V0's default flow): safety, liveness, the policy invariants (queue
 order, victims, and vLLM's block timing: exact block counts CAP-001/002 and ADM-001, the
-watermark ADM-002, freeing in the finishing step RES-004), and step-for-step agreement with
-the reference.
+watermark ADM-002, freeing in the finishing step RES-004; the running set bounded by
+max_num_seqs, BUD-003 / STR-002), and step-for-step agreement with the reference.
 ``vllm-v1`` and ``nano-vllm`` are today's engines' flows, each with its own reference
 (`reference_impl.v1_scheduler`, `reference_impl.nano_scheduler`) for lockstep.
 """

@@ -51,7 +51,7 @@ def test_nano_vllm_overfills_the_running_seats_and_ignores_max_model_len(name, t
                   out_dir=tmp_path)
     known = {"BUD-003", "STR-002", "LEN-001", "LEN-002", "LEN-003", "BUD-004", "FAULT-raised", "QUE-001", "QUE-002"}
     assert {"LEN-002", "LEN-003"} <= set(result.findings) <= known
-    seats = replay(name, DOCS / "nano-vllm" / "handmade" / "seats-overfilled.json")
+    seats = replay(name, DOCS / "nano-vllm" / "handmade" / "seats-overfilled.json", profile="nano-vllm")
     assert {"BUD-003", "STR-002"} <= seats.problem_ids
 
 

@@ -152,7 +152,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         source_id="best-of-over-max-num-seqs",
         bug_class="Admission counts a waiting parallel-sampling group as one seat although it will run n sequences.",
         expected=("BUD-003", "STR-002"),
-        profile="safety",
+        profile="vllm-v0",
         factory=_reused("best-of-one-seat"),
         mutant="best-of-one-seat",
         reused=True,
@@ -166,7 +166,7 @@ EXHIBITS: tuple[Exhibit, ...] = (
         bug_class="The seat check for new prefills counts only requests admitted in this step, not those "
         "already running, so the running set grows past max_num_seqs.",
         expected=("BUD-003", "STR-002", "BUD-002"),
-        profile="safety",
+        profile="vllm-v0",
         factory=new.AdmissionCountsOnlyThisStep,
         mutant="admission-counts-only-this-step",
         code=(new.AdmissionCountsOnlyThisStep._schedule_prefills,),

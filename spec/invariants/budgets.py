@@ -38,11 +38,16 @@ def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "BUD-003", "safety",
+    "BUD-003", "policy",
     "The live sequences of running requests never exceed max_num_seqs.",
     """vLLM counts every running group's sequences against the budget before admitting anything
     (budget.add_num_seqs for self.running); a group with n > 1 takes n seats before it forks
-    (vLLM PR #1068: best_of groups overflowing max_num_seqs).""",
+    (vLLM PR #1068: best_of groups overflowing max_num_seqs). Policy, not safety: vLLM's
+    max_num_seqs bounds the sequences of one iteration (BUD-002, which stays in safety); an
+    engine that keeps more requests resident than it batches in a step (their KV held, the
+    batch rotating among them) honours that bound and fails this one. vLLM V0, V1 and nano-vllm
+    run every running sequence each step, so for them the two coincide, and their profiles
+    keep it.""",
     (C.STATUSES,),
 )
 def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:

@@ -55,13 +55,15 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "STR-002", "safety",
+    "STR-002", "policy",
     """The seats of the running requests fit max_num_seqs: a request counts n seats before it
     forks and its live sequences after.""",
     """Found by the Z3 induction proof: BUD-003 (running sequences <= max_num_seqs) is not
     inductive, because a running request that has not forked yet holds one sequence but will hold
     n after its first update. vLLM budgets max_running_seqs() for exactly this reason (PR #1068);
-    the seat count is the invariant that makes BUD-003 inductive.""",
+    the seat count is the invariant that makes BUD-003 inductive. Policy with BUD-003, for the
+    same reason: it bounds the resident set, which only engines that batch every running
+    sequence (vLLM, nano-vllm) tie to max_num_seqs.""",
     (C.STATUSES,),
 )
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
