@@ -26,14 +26,19 @@ CAUSES: dict[tuple[str, str], str] = {
     ("nano-vllm", "FAULT-raised"): "`Scheduler.schedule` ends with `assert scheduled_seqs`: a waiting prompt that can never fit the free blocks with nothing running crashes the engine instead of being ignored.",
     ("nano-vllm-fork", "QUE-001"): "`nanovllm/engine/scheduler.py: Scheduler.schedule` (decode loop over `temp_running`) preempts `temp_running.pop(0)` and `preempt()` never removes the victim from `self.running`: it is in waiting and running at once, is re-admitted, appears twice, and a later `may_append` raises IndexError on its empty table.",
     ("nano-vllm-fork", "QUE-002"): "same cause as QUE-001: a WAITING victim left in `self.running`.",
+    ("nano-vllm-fork", "OUT-001"): "same cause as QUE-001: the victim left in `self.running` is re-admitted and then scheduled twice in one step.",
+    ("nano-vllm-fork", "REQ-004"): "same cause as QUE-001: scheduled twice, the sequence gains two tokens in one step.",
+    ("nano-vllm-fork", "CHK-004"): "same cause as QUE-001: scheduled twice, the sequence computes two tokens where one was given.",
     ("vllm-v0", "FAULT-raised"): "`vllm/core/scheduler.py: Scheduler._swap_out` raises RuntimeError('Aborted due to the lack of CPU swap space') when a swap victim does not fit the CPU pool; no fallback to recompute.",
-    ("vllm-v0", "RES-004"): "`vllm/core/scheduler.py: Scheduler._schedule_swapped`, AllocStatus.NEVER branch: a swapped group that can never be swapped back in is marked FINISHED_IGNORED without `free_seq`, so its CPU blocks leak for good.",
+    ("vllm-v0", "RES-005"): "`vllm/core/scheduler.py: Scheduler._schedule_swapped`, AllocStatus.NEVER branch: a swapped group that can never be swapped back in is marked FINISHED_IGNORED without `free_seq`, so its CPU blocks leak for good (a finished sequence still holds blocks a step later).",
+    ("vllm-v0", "SWP-001"): "`vllm/core/scheduler.py: Scheduler._schedule_priority_preemption` (0.10.2, lines 977 and 1012-1013): a victim is preempted with `self._preempt(vseq_group, blocks_to_swap_out)` into a local `blocks_to_swap_out` list that is never returned, then put back in the waiting queue. When `_preempt` picks swap (preemption_mode='swap', or the default for a group with more than one running sequence) the group is marked SWAPPED and `_swap_out` puts its block mapping in that local list, which never reaches the step's `blocks_to_swap_out`: the KV is never copied to the CPU, and the SWAPPED group waits in the waiting queue. Hidden before by the capacity invariants that failed first (issue 15).",
+    ("vllm-v0", "SWP-003"): "same cause as SWP-001: the swapped victim's mapping never reaches the step's swap-out list.",
+    ("vllm-v0", "QUE-002"): "same cause as SWP-001: the SWAPPED victim is appended to the waiting queue (`waiting_queue.appendleft(vseq_group)`), not to `self.swapped`.",
 }
-for inv in ("BUD-003", "STR-002", "LEN-001", "LEN-002", "LEN-003", "FAULT-raised"):
+for inv in ("LEN-001", "LEN-002", "LEN-003", "FAULT-raised"):
     CAUSES[("nano-vllm-fork", inv)] = CAUSES[("nano-vllm", inv)].replace("nanovllmnpu", "nanovllm")
 
 HANDMADE = {
-    "nano-vllm": [("BUD-003", "docs/traces/nano-vllm/handmade/seats-overfilled.json")],
     "nano-vllm-fork": [("QUE-001", "docs/traces/nano-vllm-fork/handmade/preempted-victim-stays-running.json"),
                        ("QUE-002", "docs/traces/nano-vllm-fork/handmade/preempted-victim-stays-running.json")],
 }
