@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -143,3 +144,28 @@ def test_pytest_plugin_gives_one_test_per_invariant(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "kvsched[BLK-003]" in proc.stdout and "replay: kvsched replay" in proc.stdout
     assert " passed" in proc.stdout and " failed" in proc.stdout
+
+
+def test_pytest_plugin_takes_skips_and_expectations(tmp_path):
+    """--kvsched-expect: the file's known failures are xfail (an expected one that does not show
+    is XPASS, not a failure) and its skips skipped; --kvsched-skip adds skips; with every failure
+    expected the session passes."""
+    (tmp_path / "test_placeholder.py").write_text("def test_ok():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    base = [sys.executable, "-m", "pytest", "-q", "-rfxXs", "-p", "no:cacheprovider",
+            "--kvsched-adapter=broken_adapters:fork_without_incref", "--kvsched-examples=60", "--kvsched-seed=1",
+            f"--kvsched-out={tmp_path / 'out'}", str(tmp_path)]
+    first = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    failing = sorted(set(re.findall(r"FAILED ::kvsched\[([A-Z]+-\d+)\]", first.stdout)))
+    assert first.returncode == 1 and "BLK-003" in failing, first.stdout[-3000:]
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"version": 1, "expected": [{"id": i, "reason": "known"} for i in [*failing, "SWP-001"]],
+                                  "skip": [{"id": "BUD-001", "reason": "not ours"}]}))
+    second = subprocess.run([*base, f"--kvsched-expect={expect}", "--kvsched-skip=BUD-002"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert "xfailed" in second.stdout and "xpassed" in second.stdout and "skipped" in second.stdout
+    assert "not ours" in second.stdout and "--skip" in second.stdout
+    bad = subprocess.run([*base, "--kvsched-skip=NOPE-9"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=600)
+    assert bad.returncode == 4 and "--kvsched-skip" in bad.stderr and "INTERNALERROR" not in bad.stdout + bad.stderr
