@@ -169,11 +169,13 @@ BUILTIN: dict[str, Callable[[], Adapter]] = {
 def _builtin_strategy(spec: str) -> Any:
     """A built-in's own traces: the V0 generator, or the token flows' (which draw prompt ids that
     share prefixes, so prefix caching is exercised). The V1 twin leaves prefix caching out."""
+    from conformance.flows import FLOWS
     from conformance.generate import traces
     from conformance.generate_v1 import token_configs, token_traces
 
-    if spec in ("reference-v1", "reference-nano"):
-        return token_traces("v1" if spec == "reference-v1" else "nano")
+    for flow in FLOWS.values():
+        if spec in flow.adapters and not spec.startswith("gpu"):
+            return flow.trace_strategy()
     if spec == "gpu-v1":
         configs = token_configs("v1").map(lambda c: replace(c, enable_prefix_caching=False))
         return configs.flatmap(lambda c: token_traces("v1", config=c))

@@ -88,13 +88,12 @@ def test_reference_snapshots_are_exact_deltas():
 @pytest.mark.parametrize("flow", ["v1", "nano"])
 def test_token_budget_snapshots_are_exact_deltas(flow):
     """The V1 and nano-vllm references' delta snapshots equal from-scratch ones."""
-    from conformance.generate_v1 import token_traces
-    from reference_impl.nano_scheduler import NanoScheduler
-    from reference_impl.v1_scheduler import V1Scheduler, snapshot_of
+    from conformance.flows import get_flow
+    from reference_impl.v1_scheduler import snapshot_of
 
-    factory = V1Scheduler if flow == "v1" else NanoScheduler
+    factory = get_flow(flow).make_reference()
     deltas = 0
-    for trace in sample_traces(token_traces(flow), 60, 5):
+    for trace in sample_traces(get_flow(flow).trace_strategy(), 60, 5):
         scheduler = factory(trace.config)
         for record in iter_steps(trace, scheduler):
             snap = record.after

@@ -85,6 +85,11 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config, max_requests=requests))
 
 
+
+def all_paths_strategy() -> st.SearchStrategy:
+    """Every path's traces (the flow's trace strategy, `conformance.flows`)."""
+    return st.one_of(*(path_strategy(path) for path in PATHS))
+
 class RecordingPipelined(RecordsSnapshots, PipelinedV1Scheduler):
     """The pipelined reference at depth 1, keeping its snapshot after every step."""
 
