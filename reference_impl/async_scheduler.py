@@ -1,7 +1,7 @@
 """The V1 flow with pipelined steps: a step's outcome arrives ``depth`` steps after it was scheduled
 (vLLM 0.33.0's ``AsyncScheduler`` driven by ``EngineCore.step_with_batch_queue``: depth 1).
 
-docs/PIPELINED.md is the design; this module is its executable meaning. The scheduling decisions
+docs/ASYNC.md is the design; this module is its executable meaning. The scheduling decisions
 are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One engine step, as
 `schedule()` then `update()` run it:
 
@@ -27,13 +27,13 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
 
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
-(tests/test_pipelined_reference.py).
+(tests/test_async_reference.py).
 
 The snapshot reports ``num_computed`` as the *processed frontier* (``num_computed`` minus the
 in-flight tokens, 0 for a preempted request): the KV an in-flight step writes is not yet known
 to be there, exactly what the V1 reference shows mid-step.
 
-Where this differs from the engine (spec decisions, docs/PIPELINED.md):
+Where this differs from the engine (spec decisions, docs/ASYNC.md):
 * a preempted request is not readmitted while a stale step of it is still in flight (at depth 1
   this never happens: V1 admits nothing in a step that preempts, and the stale step returns in
   that same step's update); vLLM 0.33.0 would resample a position the stale token then also
@@ -110,7 +110,7 @@ class _FrontierView:
         return self.tracked.tokens
 
 
-class PipelinedV1Scheduler(V1Scheduler):
+class AsyncV1Scheduler(V1Scheduler):
     """`V1Scheduler` whose outcomes arrive ``depth`` steps late. Implements `spec.protocol.SchedulerLike`."""
 
     def __init__(self, config: SchedulerConfig, depth: int = 1) -> None:

@@ -1,6 +1,6 @@
 """Smoke run of the ``vllm-v1-async`` wire host (vLLM 0.33.0's AsyncScheduler, one step late).
 
-    python -m conformance.targets.pipelined_smoke [--traces 5] [--seed 1] [--path plain|chunked|preemption]
+    python -m conformance.targets.async_smoke [--traces 5] [--seed 1] [--path plain|chunked|preemption]
 
 Not yet a registered target (issue 16 registers flows in one place; until then this module
 builds the `WireAdapter` itself from the installed ``vllm-v1`` venv, which already holds the
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from conformance.driver import run_checked
     from conformance.generate import sample_traces
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import PATHS, path_strategy
+    from conformance.targets.lockstep_async import PATHS, path_strategy
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=5)

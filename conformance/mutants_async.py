@@ -1,6 +1,6 @@
 """Mutants of the pipelined reference, each the shape of an upstream async-scheduling bug, each
-with the PIP invariants (docs/PIPELINED.md, drafted in `conformance.pipelined_checks`) that must
-catch it. A mutant overrides one hook of `PipelinedV1Scheduler`; tests/test_pipelined_mutants.py
+with the PIP invariants (docs/ASYNC.md, drafted in `conformance.async_checks`) that must
+catch it. A mutant overrides one hook of `AsyncV1Scheduler`; tests/test_async_mutants.py
 shows each caught on seeded traces.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.pipelined_scheduler import InFlightStep, PipelinedV1Scheduler
+from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput
 
 
-class ForgetsInFlightOnPreempt(PipelinedV1Scheduler):
+class ForgetsInFlightOnPreempt(AsyncV1Scheduler):
     """vllm-project/vllm#48245 (and #47900): preemption resets computed tokens and placeholders
     but does not mark the victim's in-flight outcome stale, so when it returns it drains against
     the reset counters: placeholders underflow."""
@@ -23,7 +23,7 @@ class ForgetsInFlightOnPreempt(PipelinedV1Scheduler):
         self.counters[victim.request_id].num_stale = 0
 
 
-class FinalChunkWithoutPlaceholder(PipelinedV1Scheduler):
+class FinalChunkWithoutPlaceholder(AsyncV1Scheduler):
     """vllm-project/vllm#35755 / #50692: the final chunk of a prompt that needed several chunks
     reserves no placeholder, though the model returns its token."""
 
@@ -37,7 +37,7 @@ class FinalChunkWithoutPlaceholder(PipelinedV1Scheduler):
         return output
 
 
-class AppliesOutcomesOfFinished(PipelinedV1Scheduler):
+class AppliesOutcomesOfFinished(AsyncV1Scheduler):
     """An in-flight outcome of a request that finished meanwhile is applied anyway (vLLM drops
     it: vllm/v1/core/sched/scheduler.py:2327-2334)."""
 
@@ -48,7 +48,7 @@ class AppliesOutcomesOfFinished(PipelinedV1Scheduler):
         return super()._process(step)
 
 
-class OneStepLater(PipelinedV1Scheduler):
+class OneStepLater(AsyncV1Scheduler):
     """Outcomes are processed one step later than the declared depth (a queue one batch too deep,
     or stale frames that delay a stop: vllm-project/vllm#49860)."""
 
@@ -61,19 +61,19 @@ class OneStepLater(PipelinedV1Scheduler):
 
 
 @dataclass(frozen=True)
-class PipelinedMutant:
+class AsyncMutant:
     name: str
-    cls: type[PipelinedV1Scheduler]
+    cls: type[AsyncV1Scheduler]
     caught_by: frozenset[str]
     upstream: str
 
 
 MUTANTS = (
-    PipelinedMutant("forgets_in_flight_on_preempt", ForgetsInFlightOnPreempt, frozenset({"PIP-003", "PIP-005"}),
+    AsyncMutant("forgets_in_flight_on_preempt", ForgetsInFlightOnPreempt, frozenset({"PIP-003", "PIP-005"}),
                     "vllm-project/vllm#48245"),
-    PipelinedMutant("final_chunk_without_placeholder", FinalChunkWithoutPlaceholder,
+    AsyncMutant("final_chunk_without_placeholder", FinalChunkWithoutPlaceholder,
                     frozenset({"PIP-003", "PIP-005"}), "vllm-project/vllm#35755"),
-    PipelinedMutant("applies_outcomes_of_finished", AppliesOutcomesOfFinished, frozenset({"PIP-001", "PIP-002"}),
+    AsyncMutant("applies_outcomes_of_finished", AppliesOutcomesOfFinished, frozenset({"PIP-001", "PIP-002"}),
                     "vllm/v1/core/sched/scheduler.py:2327-2334"),
-    PipelinedMutant("one_step_later", OneStepLater, frozenset({"PIP-006", "PIP-002"}), "vllm-project/vllm#49860"),
+    AsyncMutant("one_step_later", OneStepLater, frozenset({"PIP-006", "PIP-002"}), "vllm-project/vllm#49860"),
 )

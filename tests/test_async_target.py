@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.targets.pipelined_smoke import async_installed
+from conformance.targets.async_smoke import async_installed
 
 pytestmark = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
 
 
 @pytest.fixture(scope="module")
 def adapter():
-    from conformance.targets.pipelined_smoke import async_adapter
+    from conformance.targets.async_smoke import async_adapter
 
     started = async_adapter()
     yield started
@@ -26,7 +26,7 @@ def test_host_says_it_is_one_step_behind(adapter) -> None:
 
 def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) -> None:
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import run_one
+    from conformance.targets.lockstep_async import run_one
     from spec.config import SchedulerConfig
     from spec.trace import Arrival, Trace
     from spec.types import Request
@@ -46,7 +46,7 @@ def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) ->
 def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) -> None:
     from conformance.generate import sample_traces
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import classify, path_strategy, run_one
+    from conformance.targets.lockstep_async import classify, path_strategy, run_one
 
     invariants = get_profile("safety").invariants()
     for trace in sample_traces(path_strategy(path), 8, 16):
@@ -60,7 +60,7 @@ def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
     """PIP-003 on vLLM itself, from the host's raw ``in_flight`` snapshot field: after each step's
     update no counter is negative and no sequence has more placeholders than steps in flight (1)."""
     from conformance.generate import sample_traces
-    from conformance.targets.pipelined_one_behind import path_strategy
+    from conformance.targets.lockstep_async import path_strategy
     from spec.types import StepOutcome
 
     for trace in sample_traces(path_strategy("preemption"), 6, 3):
