@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.flows import get_flow
+from conformance.mutants import mutant
 from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput
@@ -48,6 +50,21 @@ class AppliesOutcomesOfFinished(AsyncV1Scheduler):
         return super()._process(step)
 
 
+class ResamplesAfterPreemption(AsyncV1Scheduler):
+    """vllm-project/vllm#38624 / #47900: the in-flight token of a preempted request is kept and
+    the position is sampled again after the resume, so the client gets one token twice."""
+
+    def _process(self, step: InFlightStep) -> list[Finished]:
+        stale = {t.request_id for t, _tokens, position in step.entries
+                 if position is not None and not t.status.is_finished and self.counters[t.request_id].num_stale}
+        finished = super()._process(step)
+        for rid in stale:
+            tracked = self.requests[rid]
+            if not tracked.status.is_finished:
+                tracked.tokens.append(tracked.tokens[-1])  # the kept token, delivered again
+        return finished
+
+
 class OneStepLater(AsyncV1Scheduler):
     """Outcomes are processed one step later than the declared depth (a queue one batch too deep,
     or stale frames that delay a stop: vllm-project/vllm#49860)."""
@@ -76,4 +93,17 @@ MUTANTS = (
     AsyncMutant("applies_outcomes_of_finished", AppliesOutcomesOfFinished, frozenset({"PIP-001", "PIP-002"}),
                     "vllm/v1/core/sched/scheduler.py:2327-2334"),
     AsyncMutant("one_step_later", OneStepLater, frozenset({"PIP-006", "PIP-002"}), "vllm-project/vllm#49860"),
+    AsyncMutant("resamples_after_preemption", ResamplesAfterPreemption, frozenset({"PIP-001"}),
+                "vllm-project/vllm#38624"),
 )
+
+# The catalogue's teeth (tests/test_mutants.py): the mutants whose finding is a catalogue invariant
+# on what the runner observes. The other two fail with an assert in update(), which the runner
+# reports as a FAULT (PIP-005) and `conformance.async_checks` checks in process.
+_ASYNC = get_flow("async").mutant_fields()
+mutant("async-applies-outcomes-of-finished", "an in-flight outcome of a request that finished meanwhile is applied",
+       ("PIP-002",), **_ASYNC)(AppliesOutcomesOfFinished)
+mutant("async-one-step-later", "outcomes are processed one step later than the declared pipeline depth",
+       ("PIP-006",), **_ASYNC)(OneStepLater)
+mutant("async-resamples-after-preemption", "a preempted request's in-flight token is kept and sampled again",
+       ("PIP-001",), **_ASYNC)(ResamplesAfterPreemption)

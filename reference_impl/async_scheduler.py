@@ -50,15 +50,14 @@ import collections
 from dataclasses import dataclass, field
 
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler, snapshot_of
-from spec.config import SchedulerConfig
+from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.observation import Snapshot
 from spec.reasons import Reason
+from spec.reservation import Reservation
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome, generated_token
 
-# vLLM without PP keeps two batches in flight: depth 1 (vllm/config/vllm.py:588-598); 2 stands for
-# deeper queues (the V2 model runner with PP keeps pp_size + 1).
-MAX_DEPTH = 2
+MAX_DEPTH = MAX_PIPELINE_DEPTH  # spec/config.py says why 2
 
 
 @dataclass
@@ -111,15 +110,23 @@ class _FrontierView:
 
 
 class AsyncV1Scheduler(V1Scheduler):
-    """`V1Scheduler` whose outcomes arrive ``depth`` steps late. Implements `spec.protocol.SchedulerLike`."""
+    """`V1Scheduler` whose outcomes arrive ``depth`` steps late (by default the config's
+    ``pipeline_depth``). Implements `spec.protocol.SchedulerLike`."""
 
-    def __init__(self, config: SchedulerConfig, depth: int = 1) -> None:
+    def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
+        depth = config.pipeline_depth if depth is None else depth
         if not 0 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be 0..{MAX_DEPTH}, got {depth}")
         super().__init__(config)
         self.depth = depth
         self.in_flight: collections.deque[InFlightStep] = collections.deque()  # oldest first
         self.counters: dict[str, InFlightCounters] = {}
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The slots of its in-flight tokens: allocated when a step is scheduled, counted when the
+        step returns, at most ``depth`` per sequence (CAP-006; tests/test_reservation.py)."""
+        return Reservation(lookahead_tokens=self.depth) if self.depth else None
 
     def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)

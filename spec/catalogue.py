@@ -11,8 +11,10 @@ and runs them (`Checker`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -45,6 +47,8 @@ class CheckContext:
     # Requests one of whose sequences an outcome stopped while it was scheduled, this step
     # included: only those may finish as FINISHED_STOPPED (REQ-005).
     stopped: set[str] = field(default_factory=set)
+    # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
+    flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -121,7 +125,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "POL", "ORD", "LIV",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "PIP", "POL", "ORD", "LIV",
 )
 
 
@@ -156,6 +160,8 @@ def _load() -> None:
         strengthening,
         swap,
     )
+
+    importlib.import_module("spec.invariants.async")  # the async flow's family; `async` is a keyword
 
 
 @dataclass(frozen=True)

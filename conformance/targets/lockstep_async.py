@@ -75,7 +75,7 @@ def one_behind_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
         config = dataclasses.replace(config, num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 1)),
                                      max_num_seqs=max(config.max_num_seqs, 2),
                                      max_num_batched_tokens=max(config.max_num_batched_tokens, 2))
-    return config
+    return dataclasses.replace(config, pipeline_depth=1)  # vLLM's: two batches in flight
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
@@ -85,10 +85,15 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config, max_requests=requests))
 
 
-
 def all_paths_strategy() -> st.SearchStrategy:
-    """Every path's traces (the flow's trace strategy, `conformance.flows`)."""
+    """Every path's traces at depth 1 (the ``vllm-v1-async`` target's)."""
     return st.one_of(*(path_strategy(path) for path in PATHS))
+
+
+def async_traces() -> st.SearchStrategy:
+    """The async flow's traces (`conformance.flows`): every path, at depth 1 or 2."""
+    return st.tuples(all_paths_strategy(), st.sampled_from([1, 1, 2])).map(
+        lambda pair: dataclasses.replace(pair[0], config=dataclasses.replace(pair[0].config, pipeline_depth=pair[1])))
 
 class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
     """The pipelined reference at depth 1, keeping its snapshot after every step."""
