@@ -1,6 +1,6 @@
-"""vLLM 0.33.0's AsyncScheduler through the ``vllm_v1_async_host.py`` wire host, one step behind,
-in lockstep with the pipelined reference at depth 1. Skips unless ``kvsched targets install
-vllm-v1`` has run (the async host uses that target's venv)."""
+"""vLLM 0.33.0's AsyncScheduler through the ``vllm_v1_async_host.py`` wire host (the
+``vllm-v1-async`` target), one step behind, in lockstep with the async reference at depth 1.
+Skips unless ``kvsched targets install vllm-v1`` has run (the async target shares that venv)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,25 @@ def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
             for seq, c in counters.items():
                 assert min(c.values()) >= 0, (step, seq, c)
                 assert c["placeholders"] <= 1, (step, seq, c)
+
+
+def test_registered_target_conforms_to_the_async_profile(tmp_path) -> None:
+    """``kvsched conform --adapter vllm-v1-async --profile async``: the target's own traces (its
+    domain: depth 1, chunked prefill and prefix caching on or off), the PIP family, lockstep with
+    the async reference. The only findings allowed are vLLM's documented chunk clamp
+    (lockstep_v1 / lockstep_async ``chunk-clamped-below-max-model-len``): a chunked prompt of
+    exactly max_model_len tokens stops one token short and never finishes (LIV-001, LIV-002)."""
+    from conformance.adapter import load_adapter
+    from conformance.fuzz import fuzz
+    from conformance.profiles import get_profile
+
+    result = fuzz(lambda: load_adapter("vllm-v1-async"), get_profile("async"), max_examples=20, seed_value=16,
+                  out_dir=tmp_path)
+    assert result.examples == 20
+    # PIP-001 reads token ids, which come with the prefix-cache capability the host does not declare.
+    assert {"PIP-002", "PIP-006"} <= set(result.active) and "PIP-001" in result.not_applicable, result.active
+    assert set(result.findings) <= {"LOCKSTEP", "LIV-001", "LIV-002"}, sorted(result.findings)
+    for finding in result.findings.values():
+        config = finding.trace.config
+        assert config.enable_chunked_prefill and any(
+            a.request.prompt_len == config.max_model_len for a in finding.trace.arrivals), finding.message

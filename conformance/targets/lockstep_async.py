@@ -96,7 +96,11 @@ def async_traces() -> st.SearchStrategy:
         lambda pair: dataclasses.replace(pair[0], config=dataclasses.replace(pair[0].config, pipeline_depth=pair[1])))
 
 class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
-    """The pipelined reference at depth 1, keeping its snapshot after every step."""
+    """The async reference at depth 1, keeping its snapshot after every step. The host runs
+    vLLM at depth 1 whatever the trace's config says, so the reference does too."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
 
 
 class ClampedPipelined(RecordingAsync):
