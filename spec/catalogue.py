@@ -142,9 +142,15 @@ def completion_bound_for(ctx: CheckContext) -> int:
     return bound(ctx)
 
 
+_LOADED: list[bool] = []
+
+
 def _load() -> None:
-    if _REGISTRY:
+    # A flag, not "the registry is non-empty": importing one family directly (the flows registry
+    # resolves each flow's families) registers only that family.
+    if _LOADED:
         return
+    _LOADED.append(True)
     # Importing the families registers their invariants.
     from spec.invariants import (  # noqa: F401
         admission,
