@@ -22,7 +22,7 @@ class ForgetsInFlightOnPreempt(AsyncV1Scheduler):
 
     def _preempt(self, victim: TrackedRequest) -> None:
         super()._preempt(victim)
-        self.counters[victim.request_id].num_stale = 0
+        self.counters[victim.request_id].num_stale = 0  # bug: the in-flight share is not marked stale
 
 
 class FinalChunkWithoutPlaceholder(AsyncV1Scheduler):
@@ -35,7 +35,7 @@ class FinalChunkWithoutPlaceholder(AsyncV1Scheduler):
         output = super().schedule()
         for tracked, _tokens, position in self.in_flight[-1].entries:
             if position is not None and tracked.request_id in mid_prompt:
-                self.counters[tracked.request_id].num_placeholders -= 1  # the reservation it skipped
+                self.counters[tracked.request_id].num_placeholders -= 1  # bug: the reservation it skipped
         return output
 
 
@@ -46,7 +46,7 @@ class AppliesOutcomesOfFinished(AsyncV1Scheduler):
     def _process(self, step: InFlightStep) -> list[Finished]:
         for tracked, _tokens, position in step.entries:
             if tracked.status.is_finished and position is not None and position == tracked.num_tokens:
-                tracked.tokens.append(0)
+                tracked.tokens.append(0)  # bug: applied although the request finished
         return super()._process(step)
 
 
@@ -61,7 +61,7 @@ class ResamplesAfterPreemption(AsyncV1Scheduler):
         for rid in stale:
             tracked = self.requests[rid]
             if not tracked.status.is_finished:
-                tracked.tokens.append(tracked.tokens[-1])  # the kept token, delivered again
+                tracked.tokens.append(tracked.tokens[-1])  # bug: the kept token, delivered again
         return finished
 
 
@@ -70,7 +70,7 @@ class OneStepLater(AsyncV1Scheduler):
     or stale frames that delay a stop: vllm-project/vllm#49860)."""
 
     def update(self, outcome):  # type: ignore[no-untyped-def]
-        depth, self.depth = self.depth, self.depth + 1
+        depth, self.depth = self.depth, self.depth + 1  # bug: one step deeper than declared
         try:
             return super().update(outcome)
         finally:
