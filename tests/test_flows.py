@@ -58,3 +58,20 @@ def test_mutants_register_with_their_flow() -> None:
 def test_unknown_flow_is_one_line() -> None:
     with pytest.raises(InputError, match="flow"):
         get_flow("sglang")
+
+
+@pytest.mark.parametrize("flow_id", [f.id for f in FLOWS.values() if f.adapters])
+def test_replay_uses_the_flows_own_lockstep_reference(flow_id: str, tmp_path, capsys) -> None:
+    """``kvsched replay`` under a flow's profile steps the profile's reference beside the adapter,
+    as ``conform`` does (it used the V0 reference, so every V1, nano or async replay diverged)."""
+    from conformance.cli import main
+    from conformance.generate import sample_traces
+
+    flow = FLOWS[flow_id]
+    adapter = flow.adapters[0]
+    for i, trace in enumerate(sample_traces(flow.trace_strategy(), 3, 11)):
+        path = tmp_path / f"{i}.json"
+        trace.save(path)
+        code = main(["replay", str(path), "--adapter", adapter, "--profile", flow.profile])
+        out = capsys.readouterr().out
+        assert code == 0 and "LOCKSTEP" not in out, out[-600:]

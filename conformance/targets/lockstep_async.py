@@ -86,14 +86,10 @@ def path_strategy(path: str) -> st.SearchStrategy:
 
 
 def all_paths_strategy() -> st.SearchStrategy:
-    """Every path's traces at depth 1 (the ``vllm-v1-async`` target's)."""
+    """Every path's traces at depth 1: the ``vllm-v1-async`` target's, the ``reference-async``
+    built-in's and the async flow's (`conformance.flows`)."""
     return st.one_of(*(path_strategy(path) for path in PATHS))
 
-
-def async_traces() -> st.SearchStrategy:
-    """The async flow's traces (`conformance.flows`): every path, at depth 1 or 2."""
-    return st.tuples(all_paths_strategy(), st.sampled_from([1, 1, 2])).map(
-        lambda pair: dataclasses.replace(pair[0], config=dataclasses.replace(pair[0].config, pipeline_depth=pair[1])))
 
 class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
     """The async reference at depth 1, keeping its snapshot after every step. The host runs
