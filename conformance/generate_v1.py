@@ -115,3 +115,13 @@ def v1_traces() -> st.SearchStrategy:
 def nano_traces() -> st.SearchStrategy:
     """The nano-vllm flow's traces (`conformance.flows.nano`)."""
     return token_traces("nano")
+
+
+def v1_configs() -> st.SearchStrategy:
+    """The V1 flow's configs (`conformance.flows.v1`)."""
+    return token_configs("v1")
+
+
+def nano_configs() -> st.SearchStrategy:
+    """The nano-vllm flow's configs (`conformance.flows.nano`)."""
+    return token_configs("nano")

@@ -11,6 +11,7 @@ FLOW = Flow(
     title="vLLM V1 pipelined (AsyncScheduler: outcomes one step late)",
     reference="reference_impl.async_scheduler:AsyncV1Scheduler",
     traces="conformance.targets.lockstep_async:all_paths_strategy",
+    configs="conformance.targets.lockstep_async:all_paths_configs",
     profile="async",
     invariant_families=("spec.invariants.async",),
     mutants="conformance.mutants_async",

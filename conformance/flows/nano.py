@@ -7,6 +7,7 @@ FLOW = Flow(
     title="nano-vllm (prefill steps or decode steps, prefix caching, recompute)",
     reference="reference_impl.nano_scheduler:NanoScheduler",
     traces="conformance.generate_v1:nano_traces",
+    configs="conformance.generate_v1:nano_configs",
     profile="nano-vllm",
     invariant_families=("spec.invariants.prefix_cache",),
     mutants="conformance.mutants_v1",

@@ -27,6 +27,7 @@ class Flow:
     reference: str  # "module:attr" of the reference scheduler class (config -> scheduler)
     traces: str  # "module:attr" of a zero-argument callable -> the flow's trace strategy
     profile: str  # the policy profile its reference claims (`conformance.profiles`)
+    configs: str = ""  # "module:attr" of a zero-argument callable -> the configs its traces run on
     invariant_families: tuple[str, ...] = ()  # spec/invariants modules the flow introduced
     mutants: str = ""  # the module that registers its mutants
     twin: str = ""  # "module:attr" of the GPU twin's factory
@@ -41,7 +42,7 @@ class Flow:
 
     def refs(self) -> dict[str, str]:
         """Every "module:attr" part, by field name (what tests/test_flows.py resolves)."""
-        found = {name: getattr(self, name) for name in ("reference", "traces", "mutants", "twin",
+        found = {name: getattr(self, name) for name in ("reference", "traces", "configs", "mutants", "twin",
                                                         "proof_encoding", "lockstep", "deviations")}
         found.update({f"invariant_families[{m}]": m for m in self.invariant_families})
         found.update({f"extra[{k}]": v for k, v in self.extra.items()})
@@ -52,6 +53,9 @@ class Flow:
 
     def trace_strategy(self) -> Any:
         return resolve(self.traces)()
+
+    def config_strategy(self) -> Any:
+        return resolve(self.configs)()
 
     def mutant_fields(self) -> dict[str, Any]:
         """What a mutant of this flow's reference registers with (`conformance.mutants.mutant`)."""

@@ -7,6 +7,7 @@ FLOW = Flow(
     title="vLLM V0 (groups, swap or recompute, no chunked prefill)",
     reference="reference_impl.scheduler:Scheduler",
     traces="conformance.generate:traces",
+    configs="conformance.generate:configs",
     profile="vllm-v0",
     invariant_families=("spec.invariants.blocks", "spec.invariants.swap", "spec.invariants.admission",
                         "spec.invariants.budgets", "spec.invariants.placement", "spec.invariants.requests",

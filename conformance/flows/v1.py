@@ -7,6 +7,7 @@ FLOW = Flow(
     title="vLLM V1 (token budget, chunked prefill, prefix caching, recompute)",
     reference="reference_impl.v1_scheduler:V1Scheduler",
     traces="conformance.generate_v1:v1_traces",
+    configs="conformance.generate_v1:v1_configs",
     profile="vllm-v1",
     invariant_families=("spec.invariants.chunked", "spec.invariants.prefix_cache", "spec.invariants.order"),
     mutants="conformance.mutants_v1",

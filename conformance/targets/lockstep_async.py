@@ -85,6 +85,11 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config, max_requests=requests))
 
 
+def all_paths_configs() -> st.SearchStrategy:
+    """Every path's configs, at depth 1 (the async flow's, `conformance.flows`)."""
+    return st.one_of(*(one_behind_configs(path) for path in PATHS))
+
+
 def all_paths_strategy() -> st.SearchStrategy:
     """Every path's traces at depth 1: the ``vllm-v1-async`` target's, the ``reference-async``
     built-in's and the async flow's (`conformance.flows`)."""
