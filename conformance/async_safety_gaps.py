@@ -32,7 +32,7 @@ def violations_by_invariant(depth: int, path: str, count: int, seed_value: int) 
     from conformance.targets.lockstep_async import path_strategy
     from reference_impl.async_scheduler import AsyncV1Scheduler
 
-    adapter = SchedulerAdapter(f"pipelined-d{depth}", lambda config: AsyncV1Scheduler(config, depth=depth))
+    adapter = SchedulerAdapter(f"async-d{depth}", lambda config: AsyncV1Scheduler(config, depth=depth))
     invariants = get_profile("safety").invariants()
     counts: collections.Counter[str] = collections.Counter()
     first: dict[str, str] = {}

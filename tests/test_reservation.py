@@ -95,7 +95,7 @@ def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
     capacity = [inv for inv in SAFETY if inv.id in ("CAP-004", "CAP-005", "CAP-006")]
     found = {}
     for declared in (Reservation(lookahead_tokens=1), None):
-        adapter = SchedulerAdapter("pipelined-d1", lambda c: AsyncV1Scheduler(c, depth=1), reservation=declared)
+        adapter = SchedulerAdapter("async-d1", lambda c: AsyncV1Scheduler(c, depth=1), reservation=declared)
         found[declared] = set()
         for trace in sample_traces(path_strategy("plain"), 40, 20261201):
             found[declared] |= run_checked(adapter, trace, capacity, timeout=None, stop_at_first=False).problem_ids

@@ -104,7 +104,7 @@ class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
 
 
-class ClampedPipelined(RecordingAsync):
+class ClampedAsync(RecordingAsync):
     """With V1's clamp of every running chunk at ``max_model_len - num_computed - 1``
     (scheduler.py:851-857). Used only to classify divergences."""
 
@@ -114,7 +114,7 @@ class ClampedPipelined(RecordingAsync):
 
 
 MODELS: tuple[tuple[str, type[RecordingAsync]], ...] = (
-    ("chunk-clamped-below-max-model-len", ClampedPipelined),
+    ("chunk-clamped-below-max-model-len", ClampedAsync),
 )
 
 
