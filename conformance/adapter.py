@@ -14,7 +14,7 @@ instead define ``trace_strategy()`` (a Hypothesis strategy of traces): its own p
 from it (`adapter_strategy`), and the shrinker keeps to its declared domain, if any.
 
 A spec string names an adapter: a built-in (``reference``, ``gpu``, ``reference-v1``,
-``reference-nano``, ``gpu-v1``), a target (`conformance.targets`), ``path/to/file.py:factory``
+``reference-nano``, ``gpu-v1``, ``reference-async``), a target (`conformance.targets`), ``path/to/file.py:factory``
 or ``module:factory`` (the current folder importable, as under ``python -m``), where
 ``factory()`` returns an adapter. `canonical_spec` turns a spec into one that loads the same
 adapter from any folder; traces and printed replay commands carry that one.
@@ -112,6 +112,8 @@ BUILTIN_DOMAINS: dict[str, ConfigDomain] = {
     "reference-nano": ConfigDomain(flow="nano", swap=False, cpu_pool=False, max_n=1, priority=False,
                                    prefix_caching=True, budget_covers_model_len=True, cache_holds_model_len=True),
     "gpu-v1": replace(_V1_DOMAIN, prefix_caching=False),  # the V1 twin leaves prefix caching out
+    # the async reference at vLLM's depth (conformance.targets.lockstep_async.all_paths_strategy)
+    "reference-async": replace(_V1_DOMAIN, watermark=0.0, pipeline_depth=1),
 }
 
 
@@ -149,6 +151,17 @@ def _reference_nano() -> Adapter:
     return adapter
 
 
+def _reference_async() -> Adapter:
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+    from spec.reservation import Reservation
+
+    adapter = SchedulerAdapter("reference-async", AsyncV1Scheduler, profiles=("async", "safety"),
+                               capabilities=AsyncV1Scheduler.capabilities, domain=BUILTIN_DOMAINS["reference-async"],
+                               reservation=Reservation(lookahead_tokens=1))  # its in-flight token's slot
+    adapter.trace_strategy = lambda: _builtin_strategy("reference-async")  # type: ignore[attr-defined]
+    return adapter
+
+
 def _gpu_v1() -> Adapter:
     try:
         module = importlib.import_module("gpu_impl.adapter_v1")
@@ -162,18 +175,20 @@ def _gpu_v1() -> Adapter:
 
 BUILTIN: dict[str, Callable[[], Adapter]] = {
     "reference": _reference, "gpu": _gpu, "reference-v1": _reference_v1, "reference-nano": _reference_nano,
-    "gpu-v1": _gpu_v1,
+    "gpu-v1": _gpu_v1, "reference-async": _reference_async,
 }
 
 
 def _builtin_strategy(spec: str) -> Any:
     """A built-in's own traces: the V0 generator, or the token flows' (which draw prompt ids that
     share prefixes, so prefix caching is exercised). The V1 twin leaves prefix caching out."""
+    from conformance.flows import FLOWS
     from conformance.generate import traces
     from conformance.generate_v1 import token_configs, token_traces
 
-    if spec in ("reference-v1", "reference-nano"):
-        return token_traces("v1" if spec == "reference-v1" else "nano")
+    for flow in FLOWS.values():
+        if spec in flow.adapters and not spec.startswith("gpu"):
+            return flow.trace_strategy()
     if spec == "gpu-v1":
         configs = token_configs("v1").map(lambda c: replace(c, enable_prefix_caching=False))
         return configs.flatmap(lambda c: token_traces("v1", config=c))

@@ -49,6 +49,7 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
         max_num_partial_prefills=draw(st.sampled_from([0, 0, 1, 2])) if chunked else 0,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])) if chunked else 0,
         enable_prefix_caching=domain.prefix_caching and draw(st.booleans() | st.just(True)),
+        pipeline_depth=domain.pipeline_depth,
     )
 
 

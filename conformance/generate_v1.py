@@ -105,3 +105,23 @@ def _bound(trace: Trace) -> int:
     for a in trace.arrivals:
         ctx.requests[a.request.request_id] = a.request
     return completion_bound_for(ctx)
+
+
+def v1_traces() -> st.SearchStrategy:
+    """The V1 flow's traces (`conformance.flows.v1`)."""
+    return token_traces("v1")
+
+
+def nano_traces() -> st.SearchStrategy:
+    """The nano-vllm flow's traces (`conformance.flows.nano`)."""
+    return token_traces("nano")
+
+
+def v1_configs() -> st.SearchStrategy:
+    """The V1 flow's configs (`conformance.flows.v1`)."""
+    return token_configs("v1")
+
+
+def nano_configs() -> st.SearchStrategy:
+    """The nano-vllm flow's configs (`conformance.flows.nano`)."""
+    return token_configs("nano")

@@ -247,10 +247,11 @@ class ChildRunner:
         return TraceSummary.from_dict(answer["summary"])
 
     def replay(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False,
-               html: Path | None = None) -> dict[str, Any] | Problem:
-        """Every step of one trace as `conformance.replay_view` tells it, or the fault that ended the child."""
+               reference: str | None = None, html: Path | None = None) -> dict[str, Any] | Problem:
+        """Every step of one trace as `conformance.replay_view` tells it, or the fault that ended the
+        child. ``reference``: the lockstep reference, "module:attr" (None: the V0 reference)."""
         answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
-                            "lockstep": lockstep, "html": str(html) if html else None})
+                            "lockstep": lockstep, "reference": reference, "html": str(html) if html else None})
         return answer if isinstance(answer, Problem) else answer["replay"]
 
     def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,

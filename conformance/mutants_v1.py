@@ -8,7 +8,7 @@ whose invariants apply; tests/test_mutants.py searches each pair as it does for 
 
 from __future__ import annotations
 
-from conformance.generate_v1 import token_traces
+from conformance.flows import get_flow
 from conformance.mutants import mutant
 from reference_impl.nano_scheduler import NanoScheduler
 from reference_impl.prefix_cache import CachingBlockPool
@@ -18,8 +18,9 @@ from spec.prefix import block_keys
 from spec.status import Status
 from spec.types import ScheduledSeq, SchedulerOutput
 
-V1 = {"reference": V1Scheduler, "trace_strategy": lambda: token_traces("v1"), "profile": "vllm-v1"}
-NANO = {"reference": NanoScheduler, "trace_strategy": lambda: token_traces("nano"), "profile": "nano-vllm"}
+# What each flow's mutants register with: its reference, traces and profile (conformance/flows/).
+V1 = get_flow("v1").mutant_fields()
+NANO = get_flow("nano").mutant_fields()
 
 
 # ---------------------------------------------------------------------------------- chunked prefill

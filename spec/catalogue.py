@@ -11,8 +11,10 @@ and runs them (`Checker`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -45,6 +47,8 @@ class CheckContext:
     # Requests one of whose sequences an outcome stopped while it was scheduled, this step
     # included: only those may finish as FINISHED_STOPPED (REQ-005).
     stopped: set[str] = field(default_factory=set)
+    # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
+    flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -121,7 +125,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "POL", "ORD", "LIV",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "PIP", "POL", "ORD", "LIV",
 )
 
 
@@ -138,9 +142,15 @@ def completion_bound_for(ctx: CheckContext) -> int:
     return bound(ctx)
 
 
+_LOADED: list[bool] = []
+
+
 def _load() -> None:
-    if _REGISTRY:
+    # A flag, not "the registry is non-empty": importing one family directly (the flows registry
+    # resolves each flow's families) registers only that family.
+    if _LOADED:
         return
+    _LOADED.append(True)
     # Importing the families registers their invariants.
     from spec.invariants import (  # noqa: F401
         admission,
@@ -156,6 +166,8 @@ def _load() -> None:
         strengthening,
         swap,
     )
+
+    importlib.import_module("spec.invariants.async")  # the async flow's family; `async` is a keyword
 
 
 @dataclass(frozen=True)

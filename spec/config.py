@@ -22,6 +22,11 @@ MAX_BLOCKS = 2**20
 MAX_TOKENS = 2**24
 MAX_SEQS = 2**16
 
+# Steps whose outcomes may still be in flight when the next step is scheduled. vLLM without
+# pipeline parallelism keeps two batches in flight (depth 1, vllm/config/vllm.py:588-598); 2 stands
+# for deeper queues (pipeline parallelism keeps pp_size + 1). The async reference implements both.
+MAX_PIPELINE_DEPTH = 2
+
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 POLICIES = ("fcfs", "priority")
 
@@ -50,6 +55,9 @@ class SchedulerConfig:
     max_num_partial_prefills: int = 0  # requests mid-prefill at once; 0 = no limit (vLLM V1)
     long_prefill_token_threshold: int = 0  # cap on one prefill chunk; 0 = no cap
     enable_prefix_caching: bool = False  # share full blocks across requests by content key
+    # The async flow (docs/ASYNC.md): a step's outcome is processed this many steps after the step
+    # was scheduled; 0 is the synchronous flow of every other scheduler.
+    pipeline_depth: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -79,6 +87,7 @@ class SchedulerConfig:
             if getattr(self, name) and not self.enable_chunked_prefill:
                 raise InputError(f"config.{name}", f"limits prefill chunks, so it needs enable_chunked_prefill "
                                  f"(got {getattr(self, name)} without it)")
+        _positive_int("config.pipeline_depth", self.pipeline_depth, minimum=0, maximum=MAX_PIPELINE_DEPTH)
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -139,6 +148,7 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "max_num_partial_prefills": 0,
     "long_prefill_token_threshold": 0,
     "enable_prefix_caching": False,
+    "pipeline_depth": 0,
 }
 
 

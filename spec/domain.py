@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from spec.config import SchedulerConfig
+from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
 
 VERSION = 1
@@ -45,6 +45,7 @@ class ConfigDomain:
     prefix_caching: bool = False
     budget_covers_model_len: bool = False  # without chunked prefill, budget >= max_model_len (vLLM, nano-vllm)
     cache_holds_model_len: bool = False  # the GPU cache holds one max_model_len sequence (vLLM V1)
+    pipeline_depth: int = 0  # the engine's pipeline depth (config.pipeline_depth): fixed, not drawn
 
     def __post_init__(self) -> None:
         if self.flow not in FLOWS:
@@ -55,6 +56,10 @@ class ConfigDomain:
                 raise InputError(f"domain.{f.name}", f"must be true or false, got {value!r}")
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
             raise InputError("domain.max_n", f"must be an integer >= 1, got {self.max_n!r}")
+        if isinstance(self.pipeline_depth, bool) or not isinstance(self.pipeline_depth, int) \
+                or not 0 <= self.pipeline_depth <= MAX_PIPELINE_DEPTH:
+            raise InputError("domain.pipeline_depth", f"must be an integer in 0..{MAX_PIPELINE_DEPTH}, "
+                             f"got {self.pipeline_depth!r}")
         if self.watermark is not None:
             if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)) \
                     or not 0.0 <= self.watermark < 1.0:
@@ -83,6 +88,8 @@ class ConfigDomain:
         return self.why_not(item) is None
 
     def _config_why_not(self, c: SchedulerConfig) -> str | None:
+        if c.pipeline_depth != self.pipeline_depth:
+            return f"config.pipeline_depth: the domain's engine runs at depth {self.pipeline_depth}, got {c.pipeline_depth}"
         if not self.swap and c.preemption_mode != "recompute":
             return f"config.preemption_mode: the domain has no swap, got {c.preemption_mode!r}"
         if not self.cpu_pool and c.num_cpu_blocks:

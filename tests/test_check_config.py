@@ -87,7 +87,7 @@ def _non_default(f) -> list[str]:
         return [flag]
     if f.name in ("max_num_partial_prefills", "long_prefill_token_threshold"):
         return ["--enable-chunked-prefill", flag, "3"]
-    other = {"watermark": "0.05", "preemption_mode": "swap", "policy": "priority"}
+    other = {"watermark": "0.05", "preemption_mode": "swap", "policy": "priority", "pipeline_depth": "1"}
     return [flag, other[f.name] if f.name in other else str(f.default + 8)]
 
 

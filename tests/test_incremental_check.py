@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.flows import FLOWS
 from conformance.generate import sample_traces, traces
 from conformance.mutants import MUTANTS
 from reference_impl import Scheduler
@@ -85,22 +86,22 @@ def test_reference_snapshots_are_exact_deltas():
             assert scratch == record.after
 
 
-@pytest.mark.parametrize("flow", ["v1", "nano"])
+@pytest.mark.parametrize("flow", [f.id for f in FLOWS.values() if f.id != "v0"])
 def test_token_budget_snapshots_are_exact_deltas(flow):
-    """The V1 and nano-vllm references' delta snapshots equal from-scratch ones."""
-    from conformance.generate_v1 import token_traces
-    from reference_impl.nano_scheduler import NanoScheduler
-    from reference_impl.v1_scheduler import V1Scheduler, snapshot_of
+    """Every token-budget flow's reference (conformance/flows/: V1, nano-vllm, async): its delta
+    snapshots equal from-scratch ones."""
+    from conformance.flows import get_flow
 
-    factory = V1Scheduler if flow == "v1" else NanoScheduler
+    factory = get_flow(flow).make_reference()
     deltas = 0
-    for trace in sample_traces(token_traces(flow), 60, 5):
+    for trace in sample_traces(get_flow(flow).trace_strategy(), 60, 5):
         scheduler = factory(trace.config)
         for record in iter_steps(trace, scheduler):
             snap = record.after
-            scratch = snapshot_of(scheduler.config, scheduler.requests, scheduler.waiting, scheduler.running,
-                                  scheduler.pool)
-            assert scratch == snap
+            last, scheduler._last_snapshot = scheduler._last_snapshot, None
+            scratch = scheduler.snapshot()  # no base: built whole
+            scheduler._last_snapshot = last
+            assert scratch.base is None and scratch == snap
             if snap.base is not None:
                 deltas += 1
                 for sid, view in snap.seqs.items():

@@ -88,15 +88,15 @@ def test_exact_block_counts_are_vllm_v0_policy():
 def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
     """At depth 1 the pipelined reference allocates the in-flight token's slot before the token
     is counted: one token of lookahead. Declared, the capacity range holds; undeclared, CAP-006
-    says exactly that (docs/PIPELINED.md lists the other synchronous-step assumptions)."""
+    says exactly that (docs/ASYNC.md lists the other synchronous-step assumptions)."""
     from conformance.adapter import SchedulerAdapter
-    from conformance.targets.pipelined_one_behind import path_strategy
-    from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+    from conformance.targets.lockstep_async import path_strategy
+    from reference_impl.async_scheduler import AsyncV1Scheduler
 
     capacity = [inv for inv in SAFETY if inv.id in ("CAP-004", "CAP-005", "CAP-006")]
     found = {}
     for declared in (Reservation(lookahead_tokens=1), None):
-        adapter = SchedulerAdapter("pipelined-d1", lambda c: PipelinedV1Scheduler(c, depth=1), reservation=declared)
+        adapter = SchedulerAdapter("async-d1", lambda c: AsyncV1Scheduler(c, depth=1), reservation=declared)
         found[declared] = set()
         for trace in sample_traces(path_strategy("plain"), 40, 20261201):
             found[declared] |= run_checked(adapter, trace, capacity, timeout=None, stop_at_first=False).problem_ids

@@ -1,6 +1,10 @@
 """Hypothesis stateful test: add, abort, step and finish requests under drawn configs, and check
 every catalogue invariant after every rule.
 
+One machine per flow of the registry (conformance/flows/): V0's reference against the whole
+catalogue, as before; every other flow's reference on its own configs, against its profile's
+invariants (the V0 policy is not theirs), with prompt ids and one sequence per request.
+
 Every rule is one engine step (its arrivals and aborts first, then schedule() and the outcome),
 so each rule produces exactly one `StepRecord` and the whole catalogue is checked on it. The
 ``drain`` rule stops arrivals and runs to completion, then the end-of-run invariants
@@ -14,8 +18,8 @@ import itertools
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from conformance.generate import configs
-from reference_impl import Scheduler
+from conformance.flows import FLOWS, Flow
+from conformance.profiles import get_profile
 from spec.catalogue import Checker, completion_bound_for
 from spec.observation import StepRecord
 from spec.status import Status
@@ -23,16 +27,22 @@ from spec.types import Request, StepOutcome
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    flow: Flow = FLOWS["v0"]
+
     def __init__(self) -> None:
         super().__init__()
         self.ids = itertools.count()
         self.violations: list = []
 
-    @initialize(config=configs())
-    def start(self, config):
+    @initialize(data=st.data())
+    def start(self, data):
+        config = data.draw(self.flow.config_strategy())
+        reference = self.flow.make_reference()
         self.config = config
-        self.scheduler = Scheduler(config)
-        self.checker = Checker(config, Scheduler.capabilities)
+        self.scheduler = reference(config)
+        invariants = None if self.flow.id == "v0" else get_profile(self.flow.profile).invariants()
+        self.checker = Checker(config, reference.capabilities, invariants,
+                               reservation=getattr(self.scheduler, "reservation", None))
         self.step_index = 0
         self.known: list[str] = []
 
@@ -65,7 +75,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         data=st.data(),
     )
     def add_and_step(self, requests, data):
-        added = [Request(f"r{next(self.ids)}", p, m, n, pr) for p, m, n, pr in requests]
+        if self.flow.id == "v0":
+            added = [Request(f"r{next(self.ids)}", p, m, n, pr) for p, m, n, pr in requests]
+        else:  # the token flows: prompt ids (a small vocabulary, so prefixes are shared), n = 1
+            added = [Request(f"r{next(self.ids)}", p, m, 1, pr, prompt_tokens=tuple(i % 3 for i in range(p)))
+                     for p, m, _n, pr in requests]
         self._step(added, [], data)
 
     @precondition(lambda self: bool(self.known))
@@ -102,7 +116,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         statuses = self.scheduler.snapshot().statuses
         assert m["num_waiting"] == sum(1 for s in statuses.values() if s is Status.WAITING)
         assert m["num_running"] == sum(1 for s in statuses.values() if s is Status.RUNNING)
-        assert m["num_swapped"] == sum(1 for s in statuses.values() if s is Status.SWAPPED)
+        assert m.get("num_swapped", 0) == sum(1 for s in statuses.values() if s is Status.SWAPPED)
 
 
-TestScheduler = SchedulerMachine.TestCase
+TestScheduler = SchedulerMachine.TestCase  # the V0 flow, under its old name
+
+
+def _machine(flow: Flow) -> type:
+    return type(f"SchedulerMachine_{flow.id}", (SchedulerMachine,), {"flow": flow})
+
+
+for _flow in FLOWS.values():
+    if _flow.id != "v0":
+        globals()[f"TestScheduler_{_flow.id}"] = _machine(_flow).TestCase

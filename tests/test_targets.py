@@ -37,10 +37,11 @@ def replay(name: str, path: Path, profile: str = "safety", lockstep: bool = Fals
                        lockstep=lockstep, stop_at_first=False)
 
 
-def test_registry_lists_the_four_targets_with_pins():
+def test_registry_lists_the_five_targets_with_pins():
     assert {n: t.version for n, t in TARGET_SPECS.items()} == {
         "nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
-        "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0"}
+        "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "vllm-v1-async": "vllm==0.33.0"}
+    assert get_target("vllm-v1-async").root == get_target("vllm-v1").root  # one venv for both schedulers
 
 
 @pytest.mark.parametrize("name", ["nano-vllm", "nano-vllm-fork"])

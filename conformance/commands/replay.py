@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         name = args.profile or trace.meta.get("profile") or (info.profiles[0] if info.profiles else "safety")
         profile = get_profile(str(name))
         lockstep = profile.lockstep and profile.name in info.profiles
-        view = runner.replay(trace, [inv.id for inv in profile.invariants()], lockstep=lockstep, html=args.html)
+        # The profile's own lockstep reference (vllm-v1, nano-vllm and async each name theirs), as under conform.
+        view = runner.replay(trace, [inv.id for inv in profile.invariants()], lockstep=lockstep,
+                             reference=profile.reference if lockstep else None, html=args.html)
     finally:
         runner.close()
     if isinstance(view, Problem):

@@ -50,6 +50,8 @@ def _invariant_statement(problem: str) -> str:
 
 def _mutant_location(exhibit: Exhibit) -> str:
     where = "conformance/mutants.py" if exhibit.reused else "conformance/museum/mutants.py"
+    if exhibit.reference is not None:  # another flow's mutant: its own module
+        where = exhibit.factory.__module__.replace(".", "/") + ".py"
     return f"`{exhibit.mutant}` ({where})"
 
 

@@ -20,10 +20,13 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance import mutants as lib
+from conformance import mutants_async as async_mutants
 from conformance.generate import configs, traces
 from conformance.museum import mutants as new
+from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.scheduler import Scheduler
 from spec.config import SchedulerConfig
+from spec.reservation import Reservation
 from spec.trace import Trace
 
 SOURCES_FILE = Path(__file__).with_name("sources.json")
@@ -94,6 +97,10 @@ class Exhibit:
     reused: bool = False  # the mutant comes from conformance.mutants
     note: str = ""  # what differs from the original bug (transfers between engines, caveats)
     strategy: Callable[[], st.SearchStrategy] | None = field(default=None, compare=False)
+    # Another flow's exhibit: the unbroken scheduler it is compared with (None: the V0 reference)
+    # and what that scheduler reserves past a sequence's last token (CAP-006).
+    reference: Callable[[SchedulerConfig], Any] | None = field(default=None, compare=False)
+    reservation: Any = None
 
     @property
     def source(self) -> dict[str, Any]:
@@ -122,6 +129,17 @@ class Exhibit:
     @property
     def source_label(self) -> str:
         return f"{self.repo} {'PR' if self.kind == 'pr' else 'issue'} #{self.number}"
+
+
+def _async_traces(path: str) -> Callable[[], st.SearchStrategy]:
+    """The async flow's traces on one path of `conformance.targets.lockstep_async` (depth 1)."""
+
+    def strategy() -> st.SearchStrategy:
+        from conformance.targets.lockstep_async import path_strategy
+
+        return path_strategy(path)
+
+    return strategy
 
 
 def _reused(name: str) -> Callable[[SchedulerConfig], Scheduler]:
@@ -474,6 +492,72 @@ EXHIBITS: tuple[Exhibit, ...] = (
         note="vLLM forgot an encoder-decoder group's cross-attention table; the reference has no cross-attention, "
         "so the forgotten tables are those of the group's other (forked) sequences.",
         strategy=_recompute_traces,
+    ),
+)
+
+# ------------------------------------------------------------------ the async flow (docs/ASYNC.md)
+_ASYNC = {"profile": "async", "reference": AsyncV1Scheduler, "reservation": Reservation(lookahead_tokens=1),
+          "reused": True}
+EXHIBITS += (
+    Exhibit(
+        id="async-preempt-placeholder-underflow",
+        title="Preemption with a step in flight: the placeholder count underflows and the engine dies",
+        source_id="async-preempt-placeholder-underflow",
+        bug_class="Preemption resets the victim's counters while its in-flight step still returns; the returning "
+        "token drains a placeholder that is no longer there and update() fails on the assert.",
+        expected=("FAULT-raised",),
+        factory=async_mutants.ForgetsInFlightOnPreempt,
+        mutant="forgets_in_flight_on_preempt",
+        code=(async_mutants.ForgetsInFlightOnPreempt._preempt,),
+        minimal_change="_preempt resets computed tokens and placeholders but leaves the victim's stale share at 0.",
+        note="PIP-005 (the engine survives outcomes of requests it preempted) is this FAULT; PIP-003 (counters) "
+        "is checked in process (conformance/async_checks.py) until the wire carries the counters.",
+        strategy=_async_traces("preemption"), **_ASYNC,
+    ),
+    Exhibit(
+        id="async-final-chunk-no-placeholder",
+        title="A final prompt chunk reserves no placeholder: the engine dies when its token returns",
+        source_id="async-final-chunk-no-placeholder",
+        bug_class="The last chunk of a chunked prompt samples a token but reserves no placeholder for it, so the "
+        "returning token drives the count below zero and update() fails on the assert.",
+        expected=("FAULT-raised",),
+        factory=async_mutants.FinalChunkWithoutPlaceholder,
+        mutant="final_chunk_without_placeholder",
+        code=(async_mutants.FinalChunkWithoutPlaceholder.schedule,),
+        minimal_change="schedule() takes back the placeholder of a sampling chunk that continues a prompt.",
+        note="Upstream the final chunk comes from streaming input (_update_request_as_session), which the wire "
+        "protocol does not have; here it is the last chunk of an ordinary chunked prefill.",
+        strategy=_async_traces("chunked"), **_ASYNC,
+    ),
+    Exhibit(
+        id="async-stale-frames-delay-stop",
+        title="Outcomes taken up a step late: a request's stop reaches the client late",
+        source_id="async-stale-frames-delay-stop",
+        bug_class="Steps are processed one step later than the declared pipeline depth, so a finished request is "
+        "reported a step after its outcome could have been known.",
+        expected=("PIP-006",),
+        factory=async_mutants.OneStepLater,
+        mutant="one_step_later",
+        code=(async_mutants.OneStepLater.update,),
+        minimal_change="update() keeps depth + 1 steps in flight instead of depth.",
+        note="Upstream the extra step comes from placeholders inflated by discarded stale frames after "
+        "reset_prefix_cache (not a wire method); the symptom, a stop delivered 1-2 steps late, is the same.",
+        strategy=_async_traces("plain"), **_ASYNC,
+    ),
+    Exhibit(
+        id="async-resumed-request-repeats-token",
+        title="A preempted request's in-flight token is kept and sampled again: the client sees it twice",
+        source_id="async-resumed-request-repeats-token",
+        bug_class="When a preempted request's stale step returns, its token is kept and the position sampled again, "
+        "so one token is delivered twice.",
+        expected=("PIP-001",),
+        factory=async_mutants.ResamplesAfterPreemption,
+        mutant="resamples_after_preemption",
+        code=(async_mutants.ResamplesAfterPreemption._process,),
+        minimal_change="_process appends a preempted request's returning token, then the kept token again.",
+        note="vLLM 0.33.0 cannot repeat at depth 1 (the stale token lands before readmission, docs/ASYNC.md); "
+        "the mutant re-creates the repeat the PR describes.",
+        strategy=_async_traces("preemption"), **_ASYNC,
     ),
 )
 

@@ -71,8 +71,9 @@ class ExhibitResult:
 def make_adapter(exhibit: Exhibit) -> SchedulerAdapter:
     """The exhibit's mutant behind the standard adapter. It claims no profile, so the runner checks
     invariants only (no lockstep with the reference, which every mutant would fail)."""
-    adapter = SchedulerAdapter(f"museum:{exhibit.id}", exhibit.factory, profiles=("museum",))
-    adapter.capabilities = Scheduler.capabilities
+    adapter = SchedulerAdapter(f"museum:{exhibit.id}", exhibit.factory, profiles=("museum",),
+                               reservation=exhibit.reservation)
+    adapter.capabilities = (exhibit.reference or Scheduler).capabilities  # type: ignore[attr-defined]
     return adapter
 
 
@@ -105,8 +106,9 @@ def run_exhibit(
 
 def reference_problems(exhibit: Exhibit, trace) -> set[str]:
     """What the runner finds on ``trace`` with the reference scheduler under the exhibit's profile."""
-    adapter = SchedulerAdapter("reference", Scheduler, profiles=("museum",))
-    adapter.capabilities = Scheduler.capabilities
+    reference = exhibit.reference or Scheduler
+    adapter = SchedulerAdapter("reference", reference, profiles=("museum",), reservation=exhibit.reservation)
+    adapter.capabilities = reference.capabilities  # type: ignore[attr-defined]
     return run_checked(adapter, trace, get_profile(exhibit.profile).invariants(), timeout=None).problem_ids
 
 

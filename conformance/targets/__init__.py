@@ -98,10 +98,12 @@ class Target:
     domain: ConfigDomain | None = None  # the config space `strategy` draws from; shrinking stays inside it
     files: dict[str, Any] = field(default_factory=dict)  # extra files written into the target dir
     timeout: float = 60.0
+    venv_of: str = ""  # another target whose venv (and install) this one shares
+    lookahead_tokens: int = 0  # slots the engine holds past a sequence's last token (CAP-006)
 
     @property
     def root(self) -> Path:
-        return targets_dir() / self.name
+        return targets_dir() / (self.venv_of or self.name)
 
     @property
     def python(self) -> Path:
@@ -126,6 +128,10 @@ class Target:
         adapter = WireAdapter(self.name, self.command(), profiles=self.profiles, env=env, timeout=self.timeout,
                               trace_strategy=self.strategy)
         adapter.domain = self.domain
+        if self.lookahead_tokens:
+            from spec.reservation import Reservation
+
+            adapter.reservation = Reservation(lookahead_tokens=self.lookahead_tokens)
         try:
             # Start (or reuse) the host now, outside the runner's per-call timeout: importing
             # vLLM takes 20-40 s; later adapters of the same target share this process.
@@ -165,6 +171,18 @@ _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=
 _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True)
+# vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
+# depth 1 (`conformance.targets.lockstep_async.path_strategy`).
+_V1_ASYNC_DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, watermark=0.0, max_n=1,
+                                budget_covers_model_len=True, cache_holds_model_len=True, chunked_prefill=True,
+                                prefix_caching=True, pipeline_depth=1)
+
+
+def _v1_async_strategy() -> st.SearchStrategy:
+    from conformance.targets.lockstep_async import all_paths_strategy
+
+    return all_paths_strategy()
+
 
 _V0_DEPS = (
     "regex==2026.11.19", "pydantic==2.11.9", "pydantic-core==2.33.2", "typing-inspection==0.4.5",
@@ -227,6 +245,15 @@ _TARGET_LIST = [
         strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
         profiles=("safety", "vllm-v1"),
     ),
+    Target(
+        "vllm-v1-async", "vllm==0.33.0",
+        "vLLM V1 AsyncScheduler driven as EngineCore.step_with_batch_queue drives it: outcomes one step late "
+        "(vllm/v1/core/sched/async_scheduler.py); shares the vllm-v1 venv",
+        "vllm_v1_async_host.py", env={"VLLM_TARGET_DEVICE": "cpu"}, venv_of="vllm-v1",
+        smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
+        strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
+        lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
+    ),
 ]
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
@@ -243,6 +270,8 @@ def install(name: str, *, log: Callable[[str], None] = print, force: bool = Fals
     packages, write its extra files, smoke-test the import and write ``installed.json``.
     Raises `RuntimeError` with one line naming the step that failed."""
     target = get_target(name)
+    if target.venv_of:  # the same pinned packages: installing it installs the target it shares
+        return install(target.venv_of, log=log, force=force)
     root = target.root
     venv = root / "venv"
     started = time.monotonic()

@@ -12,7 +12,9 @@ from spec.observation import StepRecord
 
 @invariant(
     "LIV-001", "liveness",
-    "Every step with unfinished requests makes progress: it schedules a token, ignores a request, or preempts one to free blocks.",
+    """Every step with unfinished requests makes progress: it schedules a token, ignores a request,
+    or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
+    earlier scheduled one, whose outcome is still in flight.""",
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
     (C.QUEUES,),
@@ -20,7 +22,14 @@ from spec.observation import StepRecord
 def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     queued = any(rec.before.queue(q) for q in ("waiting", "running", "swapped"))
     out = rec.output
-    if queued and not (out.scheduled or out.ignored or out.preempted):
+    # The async flow: a step may wait for an in-flight outcome (every running request's tokens are
+    # in flight up to its limit); a step scheduled within pipeline_depth steps is still progress.
+    seen = ctx.flow_state.setdefault("LIV-001", {})
+    if out.scheduled:
+        seen["last"] = rec.step
+    in_flight = ctx.config.pipeline_depth and rec.step - seen.get("last", -1 - ctx.config.pipeline_depth) <= \
+        ctx.config.pipeline_depth
+    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight):
         yield (
             f"nothing scheduled, ignored or preempted with waiting={list(rec.before.waiting or ())} "
             f"running={list(rec.before.running or ())} swapped={list(rec.before.swapped or ())}"

@@ -27,7 +27,7 @@ batches in flight):
 So at steady state wire step k schedules step k and processes step k-1's outcome: a request's
 finish is reported one wire step after the step that sampled its last token, and the step in
 between may already have scheduled one more token for it (the ``at most d tokens past a stop``
-of docs/PIPELINED.md). Aborts run between steps as ``_process_aborts_queue`` does, through
+of docs/ASYNC.md). Aborts run between steps as ``_process_aborts_queue`` does, through
 ``finish_requests``; an in-flight outcome of an aborted request is dropped by
 ``update_from_output`` (scheduler.py:2327-2334).
 
@@ -151,11 +151,11 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             if view is None or r.is_finished():
                 continue
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
-        snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/PIPELINED.md PIP-003)
+        snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/ASYNC.md PIP-003)
         return snap
 
     def in_flight(self) -> dict:
-        """The counters PIP-003 reads (docs/PIPELINED.md), per unfinished sequence: its output
+        """The counters PIP-003 reads (docs/ASYNC.md), per unfinished sequence: its output
         placeholders, in-flight tokens and stale tokens. The snapshot carries them as
         ``in_flight``, a key today's runner ignores (docs/PROTOCOL.md)."""
         return {f"{rid}#0": {"placeholders": r.num_output_placeholders, "in_flight_tokens": r.num_in_flight_tokens,

@@ -1,10 +1,9 @@
 """Smoke run of the ``vllm-v1-async`` wire host (vLLM 0.33.0's AsyncScheduler, one step late).
 
-    python -m conformance.targets.pipelined_smoke [--traces 5] [--seed 1] [--path plain|chunked|preemption]
+    python -m conformance.targets.async_smoke [--traces 5] [--seed 1] [--path plain|chunked|preemption]
 
-Not yet a registered target (issue 16 registers flows in one place; until then this module
-builds the `WireAdapter` itself from the installed ``vllm-v1`` venv, which already holds the
-AsyncScheduler). Runs a few seeded traces under the ``safety`` profile and prints, per trace,
+The registered target ``vllm-v1-async`` (`conformance.targets`, sharing the ``vllm-v1`` venv,
+which already holds the AsyncScheduler). Runs a few seeded traces under the ``safety`` profile and prints, per trace,
 the steps run, the violations and any fault: what it shows is that the host speaks the protocol
 and that vLLM's engine survives the traces, not that anything is correct.
 """
@@ -21,29 +20,20 @@ from conformance.targets import HOSTS_DIR, get_target
 ASYNC_HOST = "vllm_v1_async_host.py"
 
 
-def async_adapter(timeout: float = 60.0):
-    """A started `WireAdapter` on the async host, in the ``vllm-v1`` target's venv."""
-    from conformance.wire import WireAdapter
-    from spec.errors import InputError
-
-    target = get_target("vllm-v1")
-    if not target.installed():
-        raise InputError("--adapter", "target 'vllm-v1' is not installed: run `kvsched targets install vllm-v1`")
-    env = {**target.env, "KVSCHED_TARGET_DIR": str(target.root)}
-    adapter = WireAdapter("vllm-v1-async", [str(target.python), str(HOSTS_DIR / ASYNC_HOST)], profiles=("safety",),
-                          env=env, timeout=timeout)
-    return adapter.start()
+def async_adapter():
+    """A started `WireAdapter` on the async host (the ``vllm-v1-async`` target)."""
+    return get_target("vllm-v1-async").adapter()
 
 
 def async_installed() -> bool:
-    return get_target("vllm-v1").installed() and (HOSTS_DIR / ASYNC_HOST).exists()
+    return get_target("vllm-v1-async").installed() and (HOSTS_DIR / ASYNC_HOST).exists()
 
 
 def main(argv: list[str] | None = None) -> int:
     from conformance.driver import run_checked
     from conformance.generate import sample_traces
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import PATHS, path_strategy
+    from conformance.targets.lockstep_async import PATHS, path_strategy
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=5)

@@ -1,8 +1,8 @@
-"""Lockstep, one step behind: `PipelinedV1Scheduler` at depth 1 against vLLM 0.33.0's AsyncScheduler.
+"""Lockstep, one step behind: `AsyncV1Scheduler` at depth 1 against vLLM 0.33.0's AsyncScheduler.
 
-    python -m conformance.targets.pipelined_one_behind [--path plain|chunked|preemption|all]
-        [--traces 1000] [--seed 20261201] [--out docs/results/pipelined-lockstep.json]
-        [--traces-dir docs/traces/pipelined]
+    python -m conformance.targets.lockstep_async [--path plain|chunked|preemption|all]
+        [--traces 1000] [--seed 20261201] [--out docs/results/async-lockstep.json]
+        [--traces-dir docs/traces/async]
 
 Each seeded trace runs through the ``vllm_v1_async_host.py`` wire host (the engine loop of
 ``EngineCore.step_with_batch_queue``) with the pipelined reference (depth 1) beside it. Every
@@ -41,7 +41,7 @@ from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
-from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+from reference_impl.async_scheduler import AsyncV1Scheduler
 from spec.config import SchedulerConfig
 from spec.status import Status
 from spec.trace import Trace
@@ -75,7 +75,7 @@ def one_behind_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
         config = dataclasses.replace(config, num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 1)),
                                      max_num_seqs=max(config.max_num_seqs, 2),
                                      max_num_batched_tokens=max(config.max_num_batched_tokens, 2))
-    return config
+    return dataclasses.replace(config, pipeline_depth=1)  # vLLM's: two batches in flight
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
@@ -85,11 +85,26 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return one_behind_configs(path).flatmap(lambda config: token_traces("v1", config=config, max_requests=requests))
 
 
-class RecordingPipelined(RecordsSnapshots, PipelinedV1Scheduler):
-    """The pipelined reference at depth 1, keeping its snapshot after every step."""
+def all_paths_configs() -> st.SearchStrategy:
+    """Every path's configs, at depth 1 (the async flow's, `conformance.flows`)."""
+    return st.one_of(*(one_behind_configs(path) for path in PATHS))
 
 
-class ClampedPipelined(RecordingPipelined):
+def all_paths_strategy() -> st.SearchStrategy:
+    """Every path's traces at depth 1: the ``vllm-v1-async`` target's, the ``reference-async``
+    built-in's and the async flow's (`conformance.flows`)."""
+    return st.one_of(*(path_strategy(path) for path in PATHS))
+
+
+class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
+    """The async reference at depth 1, keeping its snapshot after every step. The host runs
+    vLLM at depth 1 whatever the trace's config says, so the reference does too."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+class ClampedAsync(RecordingAsync):
     """With V1's clamp of every running chunk at ``max_model_len - num_computed - 1``
     (scheduler.py:851-857). Used only to classify divergences."""
 
@@ -98,15 +113,15 @@ class ClampedPipelined(RecordingPipelined):
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
 
-MODELS: tuple[tuple[str, type[RecordingPipelined]], ...] = (
-    ("chunk-clamped-below-max-model-len", ClampedPipelined),
+MODELS: tuple[tuple[str, type[RecordingAsync]], ...] = (
+    ("chunk-clamped-below-max-model-len", ClampedAsync),
 )
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingPipelined] = RecordingPipelined) -> Outcome:
-    holder: list[RecordingPipelined] = []
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingAsync] = RecordingAsync) -> Outcome:
+    holder: list[RecordingAsync] = []
 
-    def factory(config: SchedulerConfig) -> RecordingPipelined:
+    def factory(config: SchedulerConfig) -> RecordingAsync:
         holder.append(reference(config))
         return holder[-1]
 
@@ -119,7 +134,7 @@ def run_one(adapter, trace: Trace, invariants, reference: type[RecordingPipeline
     return Outcome(result, state)
 
 
-def compare_tokens(result, reference: RecordingPipelined) -> tuple[int, str, Any, Any] | None:
+def compare_tokens(result, reference: RecordingAsync) -> tuple[int, str, Any, Any] | None:
     """The first step after which some sequence (finished ones included) holds a different number
     of tokens: the delivered streams differ (token values follow from positions on both sides,
     `spec.types.generated_token`), the PIP-001 check across the wire."""
@@ -137,7 +152,7 @@ def compare_tokens(result, reference: RecordingPipelined) -> tuple[int, str, Any
 def lockstep_field(outcome: Outcome) -> str:
     """What differed first between the reference and the target: a decision (`compare`'s
     field), ``state.<field>`` (`compare_state`), or ``fault``. Invariant violations are counted
-    apart: at depth 1 several ``safety`` invariants fire on the reference too (docs/PIPELINED.md)."""
+    apart: at depth 1 several ``safety`` invariants fire on the reference too (docs/ASYNC.md)."""
     divergence, state = outcome.result.divergence, outcome.state
     if state is not None and (divergence is None or state[0] < divergence.step):
         return f"state.{state[1]}"
@@ -220,22 +235,22 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.targets.pipelined_smoke import async_adapter
+    from conformance.targets.async_smoke import async_adapter
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", choices=(*PATHS, "all"), default="all")
     ap.add_argument("--traces", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=20261201)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/pipelined-lockstep.json"))
-    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/pipelined"))
+    ap.add_argument("--out", type=Path, default=Path("docs/results/async-lockstep.json"))
+    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/async"))
     ap.add_argument("--no-shrink", action="store_true")
     args = ap.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
     adapter = async_adapter()
     invariants = get_profile("safety").invariants()
     report: dict[str, Any] = {"version": VERSION, "target": "vllm-v1-async (vllm_v1_async_host.py)",
-                              "package": "vllm==0.33.0", "reference": "reference_impl.pipelined_scheduler:"
-                              "PipelinedV1Scheduler(depth=1)", "profile": "safety", "seed": args.seed,
+                              "package": "vllm==0.33.0", "reference": "reference_impl.async_scheduler:"
+                              "AsyncV1Scheduler(depth=1)", "profile": "safety", "seed": args.seed,
                               "paths": {}, "classes": {}}
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())

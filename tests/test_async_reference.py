@@ -1,6 +1,6 @@
-"""The pipelined V1 reference (reference_impl/pipelined_scheduler.py): depth 0 is the V1 reference,
+"""The pipelined V1 reference (reference_impl/async_scheduler.py): depth 0 is the V1 reference,
 and at depth 1 and 2 the client receives the same token stream as a synchronous run that samples
-the same tokens (docs/PIPELINED.md PIP-001..PIP-006 as drafted in conformance/pipelined_checks.py)."""
+the same tokens (docs/ASYNC.md PIP-001..PIP-006 as drafted in conformance/async_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conformance.async_checks import problems
 from conformance.generate_v1 import token_traces
-from conformance.pipelined_checks import problems
-from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.status import Status
@@ -35,7 +35,7 @@ def decisions(output):
 @FUZZ
 @given(token_traces("v1"))
 def test_depth_0_is_the_v1_reference_step_for_step(trace: Trace) -> None:
-    v1, pipelined = V1Scheduler(trace.config), PipelinedV1Scheduler(trace.config, depth=0)
+    v1, pipelined = V1Scheduler(trace.config), AsyncV1Scheduler(trace.config, depth=0)
     for step in range(trace.max_steps):
         for request in trace.arrivals_at(step):
             v1.add_request(request)
@@ -65,19 +65,19 @@ def position_stopped_traces(draw: st.DrawFn) -> tuple[Trace, dict[str, int]]:
 
 @FUZZ
 @given(position_stopped_traces(), st.sampled_from([1, 2]))
-def test_pipelined_stream_equals_the_synchronous_stream(case, depth: int) -> None:
+def test_async_stream_equals_the_synchronous_stream(case, depth: int) -> None:
     """PIP-001 (stream), PIP-002 (nothing after a finish, at most `depth` tokens computed past
     the end), PIP-003 (counters), PIP-005 (no failure), PIP-006 (finish latency), as drafted in
-    conformance/pipelined_checks.py."""
+    conformance/async_checks.py."""
     trace, stop_at = case
-    assert problems(lambda config: PipelinedV1Scheduler(config, depth=depth), trace, stop_at) == []
+    assert problems(lambda config: AsyncV1Scheduler(config, depth=depth), trace, stop_at) == []
 
 
 @FUZZ
 @given(token_traces("v1"), st.sampled_from([1, 2]))
 def test_every_request_finishes_once_with_aborts_and_stops(trace: Trace, depth: int) -> None:
     """PIP-005 on the reference: outcomes of aborted and preempted requests are taken in stride."""
-    scheduler = PipelinedV1Scheduler(trace.config, depth=depth)
+    scheduler = AsyncV1Scheduler(trace.config, depth=depth)
     finished: list[str] = []
     for step in range(trace.max_steps * 3 + 10):
         for request in trace.arrivals_at(step):
@@ -101,7 +101,7 @@ def test_one_request_at_depth_1_finishes_one_step_late_and_computes_nothing_past
     request = Request("a", prompt_len=4, max_tokens=3)
     scheduled, finishes = [], []
     for depth in (0, 1):
-        scheduler = PipelinedV1Scheduler(config, depth=depth)
+        scheduler = AsyncV1Scheduler(config, depth=depth)
         scheduler.add_request(request)
         steps, done_at = [], None
         for step in range(6):
@@ -117,7 +117,7 @@ def test_one_request_at_depth_1_finishes_one_step_late_and_computes_nothing_past
 
 def test_a_stop_at_depth_1_costs_one_token_that_is_never_delivered() -> None:
     config = cfg()
-    scheduler = PipelinedV1Scheduler(config, depth=1)
+    scheduler = AsyncV1Scheduler(config, depth=1)
     scheduler.add_request(Request("a", prompt_len=4, max_tokens=10))
     scheduler.schedule()
     scheduler.update(StepOutcome())  # step 0: prefill, its token in flight
@@ -135,4 +135,4 @@ def test_a_stop_at_depth_1_costs_one_token_that_is_never_delivered() -> None:
 
 def test_depth_is_bounded() -> None:
     with pytest.raises(ValueError, match="depth"):
-        PipelinedV1Scheduler(cfg(), depth=3)
+        AsyncV1Scheduler(cfg(), depth=3)

@@ -1,7 +1,7 @@
-"""Executable drafts of the pipelined invariants (docs/PIPELINED.md, PIP-001..PIP-006), run on a
+"""Executable drafts of the pipelined invariants (docs/ASYNC.md, PIP-001..PIP-006), run on a
 scheduler in process until `spec/invariants/` gains the family and the wire carries what they read.
 
-`run_by_position` drives a `reference_impl.pipelined_scheduler.PipelinedV1Scheduler` (or a mutant
+`run_by_position` drives a `reference_impl.async_scheduler.AsyncV1Scheduler` (or a mutant
 of it) through a trace's arrivals with stops decided by *position* (``stop_at``: sequence ->
 the position whose sampled token is a stop), so that runs at different depths sample the same
 tokens, and checks after every step:
@@ -16,7 +16,7 @@ tokens, and checks after every step:
 
 `problems` compares a run with the depth-0 run of the same trace for PIP-001 (each request's
 delivered tokens and final status). PIP-004 needs block-write bookkeeping the reference does not
-have yet (see docs/PIPELINED.md). Messages start with the invariant's ID.
+have yet (see docs/ASYNC.md). Messages start with the invariant's ID.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from spec.status import Status
 from spec.trace import Trace
 from spec.types import StepOutcome
 
-Make = Callable[[SchedulerConfig], object]  # -> a PipelinedV1Scheduler (or a mutant of it)
+Make = Callable[[SchedulerConfig], object]  # -> a AsyncV1Scheduler (or a mutant of it)
 
 
 @dataclass
-class PipelinedRun:
+class AsyncRun:
     """What one run delivered, and the PIP problems seen while it ran."""
 
     streams: dict[str, tuple[tuple[int, ...], Status | None]] = field(default_factory=dict)
@@ -52,10 +52,10 @@ def position_stops(trace: Trace) -> dict[str, int]:
     return stop_at
 
 
-def run_by_position(make: Make, trace: Trace, stop_at: dict[str, int], *, aborts: bool = False) -> PipelinedRun:
+def run_by_position(make: Make, trace: Trace, stop_at: dict[str, int], *, aborts: bool = False) -> AsyncRun:
     scheduler = make(trace.config)
     depth: int = scheduler.depth  # type: ignore[attr-defined]
-    run = PipelinedRun()
+    run = AsyncRun()
     most_computed: dict[str, int] = {}
     last_sample: dict[str, int] = {}  # request -> the last step that sampled a token for it
     finals: dict[str, Status] = {}
@@ -115,13 +115,13 @@ def run_by_position(make: Make, trace: Trace, stop_at: dict[str, int], *, aborts
 def problems(make: Make, trace: Trace, stop_at: dict[str, int] | None = None) -> list[str]:
     """Every PIP problem of ``make``'s scheduler on ``trace``: its own run's, then PIP-001 against
     the depth-0 reference (aborts left out: their timing legitimately cuts streams differently)."""
-    from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+    from reference_impl.async_scheduler import AsyncV1Scheduler
 
     stop_at = position_stops(trace) if stop_at is None else stop_at
     run = run_by_position(make, trace, stop_at)
     found = list(run.problems)
     if not any(p.startswith("PIP-005") for p in found):
-        sync = run_by_position(lambda config: PipelinedV1Scheduler(config, depth=0), trace, stop_at)
+        sync = run_by_position(lambda config: AsyncV1Scheduler(config, depth=0), trace, stop_at)
         for rid, want in sync.streams.items():
             got = run.streams.get(rid)
             if got != want:

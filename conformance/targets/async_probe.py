@@ -1,8 +1,8 @@
 """A first probe for vllm-project/vllm#57562 on the async host: chunked prefill with many concurrent
 requests, no spec decode, no preemption pressure needed.
 
-    python -m conformance.targets.pipelined_probe [--traces 500] [--seed 57562]
-        [--out docs/results/pipelined-probe-57562.json]
+    python -m conformance.targets.async_probe [--traces 500] [--seed 57562]
+        [--out docs/results/async-probe-57562.json]
 
 #57562 (open, reported on 0.29.0) is a placeholder underflow (`assert
 request.num_output_placeholders >= 0`) with chunked prefill and concurrent requests. This probe
@@ -82,13 +82,13 @@ def probe_one(adapter, trace: Trace) -> tuple[int, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     from conformance.generate import sample_traces
-    from conformance.targets.pipelined_smoke import async_adapter
+    from conformance.targets.async_smoke import async_adapter
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=500)
     ap.add_argument("--seed", type=int, default=57562)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/pipelined-probe-57562.json"))
-    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/pipelined"))
+    ap.add_argument("--out", type=Path, default=Path("docs/results/async-probe-57562.json"))
+    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/async"))
     args = ap.parse_args(argv)
     adapter = async_adapter()
     started = time.monotonic()

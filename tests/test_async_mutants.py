@@ -1,5 +1,5 @@
-"""Each mutant of the pipelined reference (conformance/mutants_pipelined.py) is caught by the PIP
-invariants it names (drafted in conformance/pipelined_checks.py), and the reference itself is
+"""Each mutant of the pipelined reference (conformance/mutants_async.py) is caught by the PIP
+invariants it names (drafted in conformance/async_checks.py), and the reference itself is
 caught by none, on the same seeded traces."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import functools
 
 import pytest
 
+from conformance.async_checks import problems
 from conformance.generate import sample_traces
-from conformance.mutants_pipelined import MUTANTS, PipelinedMutant
-from conformance.pipelined_checks import problems
-from conformance.targets.pipelined_one_behind import path_strategy
-from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+from conformance.mutants_async import MUTANTS, AsyncMutant
+from conformance.targets.lockstep_async import path_strategy
+from reference_impl.async_scheduler import AsyncV1Scheduler
 
 SEED = 20261201
 
@@ -25,11 +25,11 @@ def traces():
 def test_the_reference_breaks_no_pipelined_invariant() -> None:
     for depth in (1, 2):
         for trace in traces():
-            assert problems(lambda config, d=depth: PipelinedV1Scheduler(config, depth=d), trace) == []
+            assert problems(lambda config, d=depth: AsyncV1Scheduler(config, depth=d), trace) == []
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_each_mutant_is_caught_by_the_invariants_it_names(mutant: PipelinedMutant) -> None:
+def test_each_mutant_is_caught_by_the_invariants_it_names(mutant: AsyncMutant) -> None:
     caught: set[str] = set()
     for trace in traces():
         found = problems(lambda config: mutant.cls(config, depth=1), trace)

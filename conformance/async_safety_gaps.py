@@ -1,15 +1,15 @@
 """Which ``safety`` invariants assume that a step's outcome is applied in the same step.
 
-    python -m conformance.pipelined_safety_gaps [--traces 300] [--seed 20261201]
-        [--out docs/results/pipelined-safety-gaps.json]
+    python -m conformance.async_safety_gaps [--traces 300] [--seed 20261201]
+        [--out docs/results/async-safety-gaps.json]
 
-Runs the same seeded traces (`conformance.targets.pipelined_one_behind.path_strategy`, every
+Runs the same seeded traces (`conformance.targets.lockstep_async.path_strategy`, every
 path) through the pipelined reference at depth 0 and at depth 1 (in process, through
 `SchedulerAdapter`) under today's ``safety`` profile, and counts per invariant the traces that
 violate it. Depth 0 is the V1 reference, so an invariant that fires only at depth 1 states a
 synchronous-step assumption, not a scheduler bug: the reference at depth 1 delivers the
-synchronous token stream (tests/test_pipelined_reference.py). This is the list the spec part
-of issue 16 has to make depth-aware (docs/PIPELINED.md, "What today's safety profile says").
+synchronous token stream (tests/test_async_reference.py). This is the list the spec part
+of issue 16 has to make depth-aware (docs/ASYNC.md, "What today's safety profile says").
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def violations_by_invariant(depth: int, path: str, count: int, seed_value: int) 
     from conformance.driver import run_checked
     from conformance.generate import sample_traces
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import path_strategy
-    from reference_impl.pipelined_scheduler import PipelinedV1Scheduler
+    from conformance.targets.lockstep_async import path_strategy
+    from reference_impl.async_scheduler import AsyncV1Scheduler
 
-    adapter = SchedulerAdapter(f"pipelined-d{depth}", lambda config: PipelinedV1Scheduler(config, depth=depth))
+    adapter = SchedulerAdapter(f"async-d{depth}", lambda config: AsyncV1Scheduler(config, depth=depth))
     invariants = get_profile("safety").invariants()
     counts: collections.Counter[str] = collections.Counter()
     first: dict[str, str] = {}
@@ -47,15 +47,15 @@ def violations_by_invariant(depth: int, path: str, count: int, seed_value: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.targets.pipelined_one_behind import PATHS
+    from conformance.targets.lockstep_async import PATHS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=300)
     ap.add_argument("--seed", type=int, default=20261201)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/pipelined-safety-gaps.json"))
+    ap.add_argument("--out", type=Path, default=Path("docs/results/async-safety-gaps.json"))
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"version": VERSION, "profile": "safety", "seed": args.seed,
-                              "reference": "reference_impl.pipelined_scheduler:PipelinedV1Scheduler", "paths": {}}
+                              "reference": "reference_impl.async_scheduler:AsyncV1Scheduler", "paths": {}}
     for path in PATHS:
         report["paths"][path] = {f"depth_{d}": violations_by_invariant(d, path, args.traces, args.seed) for d in (0, 1)}
         print(json.dumps({"path": path, **{k: v["violating_traces"] for k, v in report["paths"][path].items()}}),

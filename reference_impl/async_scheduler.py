@@ -1,7 +1,7 @@
 """The V1 flow with pipelined steps: a step's outcome arrives ``depth`` steps after it was scheduled
 (vLLM 0.33.0's ``AsyncScheduler`` driven by ``EngineCore.step_with_batch_queue``: depth 1).
 
-docs/PIPELINED.md is the design; this module is its executable meaning. The scheduling decisions
+docs/ASYNC.md is the design; this module is its executable meaning. The scheduling decisions
 are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One engine step, as
 `schedule()` then `update()` run it:
 
@@ -27,13 +27,13 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
 
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
-(tests/test_pipelined_reference.py).
+(tests/test_async_reference.py).
 
 The snapshot reports ``num_computed`` as the *processed frontier* (``num_computed`` minus the
 in-flight tokens, 0 for a preempted request): the KV an in-flight step writes is not yet known
 to be there, exactly what the V1 reference shows mid-step.
 
-Where this differs from the engine (spec decisions, docs/PIPELINED.md):
+Where this differs from the engine (spec decisions, docs/ASYNC.md):
 * a preempted request is not readmitted while a stale step of it is still in flight (at depth 1
   this never happens: V1 admits nothing in a step that preempts, and the stale step returns in
   that same step's update); vLLM 0.33.0 would resample a position the stale token then also
@@ -50,15 +50,14 @@ import collections
 from dataclasses import dataclass, field
 
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler, snapshot_of
-from spec.config import SchedulerConfig
+from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.observation import Snapshot
 from spec.reasons import Reason
+from spec.reservation import Reservation
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome, generated_token
 
-# vLLM without PP keeps two batches in flight: depth 1 (vllm/config/vllm.py:588-598); 2 stands for
-# deeper queues (the V2 model runner with PP keeps pp_size + 1).
-MAX_DEPTH = 2
+MAX_DEPTH = MAX_PIPELINE_DEPTH  # spec/config.py says why 2
 
 
 @dataclass
@@ -110,16 +109,24 @@ class _FrontierView:
         return self.tracked.tokens
 
 
-class PipelinedV1Scheduler(V1Scheduler):
-    """`V1Scheduler` whose outcomes arrive ``depth`` steps late. Implements `spec.protocol.SchedulerLike`."""
+class AsyncV1Scheduler(V1Scheduler):
+    """`V1Scheduler` whose outcomes arrive ``depth`` steps late (by default the config's
+    ``pipeline_depth``). Implements `spec.protocol.SchedulerLike`."""
 
-    def __init__(self, config: SchedulerConfig, depth: int = 1) -> None:
+    def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
+        depth = config.pipeline_depth if depth is None else depth
         if not 0 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be 0..{MAX_DEPTH}, got {depth}")
         super().__init__(config)
         self.depth = depth
         self.in_flight: collections.deque[InFlightStep] = collections.deque()  # oldest first
         self.counters: dict[str, InFlightCounters] = {}
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The slots of its in-flight tokens: allocated when a step is scheduled, counted when the
+        step returns, at most ``depth`` per sequence (CAP-006; tests/test_reservation.py)."""
+        return Reservation(lookahead_tokens=self.depth) if self.depth else None
 
     def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)

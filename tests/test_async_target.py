@@ -1,19 +1,19 @@
-"""vLLM 0.33.0's AsyncScheduler through the ``vllm_v1_async_host.py`` wire host, one step behind,
-in lockstep with the pipelined reference at depth 1. Skips unless ``kvsched targets install
-vllm-v1`` has run (the async host uses that target's venv)."""
+"""vLLM 0.33.0's AsyncScheduler through the ``vllm_v1_async_host.py`` wire host (the
+``vllm-v1-async`` target), one step behind, in lockstep with the async reference at depth 1.
+Skips unless ``kvsched targets install vllm-v1`` has run (the async target shares that venv)."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance.targets.pipelined_smoke import async_installed
+from conformance.targets.async_smoke import async_installed
 
 pytestmark = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
 
 
 @pytest.fixture(scope="module")
 def adapter():
-    from conformance.targets.pipelined_smoke import async_adapter
+    from conformance.targets.async_smoke import async_adapter
 
     started = async_adapter()
     yield started
@@ -26,7 +26,7 @@ def test_host_says_it_is_one_step_behind(adapter) -> None:
 
 def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) -> None:
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import run_one
+    from conformance.targets.lockstep_async import run_one
     from spec.config import SchedulerConfig
     from spec.trace import Arrival, Trace
     from spec.types import Request
@@ -46,7 +46,7 @@ def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) ->
 def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) -> None:
     from conformance.generate import sample_traces
     from conformance.profiles import get_profile
-    from conformance.targets.pipelined_one_behind import classify, path_strategy, run_one
+    from conformance.targets.lockstep_async import classify, path_strategy, run_one
 
     invariants = get_profile("safety").invariants()
     for trace in sample_traces(path_strategy(path), 8, 16):
@@ -60,7 +60,7 @@ def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
     """PIP-003 on vLLM itself, from the host's raw ``in_flight`` snapshot field: after each step's
     update no counter is negative and no sequence has more placeholders than steps in flight (1)."""
     from conformance.generate import sample_traces
-    from conformance.targets.pipelined_one_behind import path_strategy
+    from conformance.targets.lockstep_async import path_strategy
     from spec.types import StepOutcome
 
     for trace in sample_traces(path_strategy("preemption"), 6, 3):
@@ -76,3 +76,25 @@ def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
             for seq, c in counters.items():
                 assert min(c.values()) >= 0, (step, seq, c)
                 assert c["placeholders"] <= 1, (step, seq, c)
+
+
+def test_registered_target_conforms_to_the_async_profile(tmp_path) -> None:
+    """``kvsched conform --adapter vllm-v1-async --profile async``: the target's own traces (its
+    domain: depth 1, chunked prefill and prefix caching on or off), the PIP family, lockstep with
+    the async reference. The only findings allowed are vLLM's documented chunk clamp
+    (lockstep_v1 / lockstep_async ``chunk-clamped-below-max-model-len``): a chunked prompt of
+    exactly max_model_len tokens stops one token short and never finishes (LIV-001, LIV-002)."""
+    from conformance.adapter import load_adapter
+    from conformance.fuzz import fuzz
+    from conformance.profiles import get_profile
+
+    result = fuzz(lambda: load_adapter("vllm-v1-async"), get_profile("async"), max_examples=20, seed_value=16,
+                  out_dir=tmp_path)
+    assert result.examples == 20
+    # PIP-001 reads token ids, which come with the prefix-cache capability the host does not declare.
+    assert {"PIP-002", "PIP-006"} <= set(result.active) and "PIP-001" in result.not_applicable, result.active
+    assert set(result.findings) <= {"LOCKSTEP", "LIV-001", "LIV-002"}, sorted(result.findings)
+    for finding in result.findings.values():
+        config = finding.trace.config
+        assert config.enable_chunked_prefill and any(
+            a.request.prompt_len == config.max_model_len for a in finding.trace.arrivals), finding.message

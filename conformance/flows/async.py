@@ -1,0 +1,25 @@
+"""vLLM V1's flow with pipelined steps (``AsyncScheduler``): a step's outcome arrives
+``pipeline_depth`` steps after it was scheduled. docs/ASYNC.md is the design.
+
+(The file is named by the flow id; ``async`` is a Python keyword, so the registry imports it with
+`importlib`.)"""
+
+from conformance.flows.record import Flow
+
+FLOW = Flow(
+    id="async",
+    title="vLLM V1 pipelined (AsyncScheduler: outcomes one step late)",
+    reference="reference_impl.async_scheduler:AsyncV1Scheduler",
+    traces="conformance.targets.lockstep_async:all_paths_strategy",
+    configs="conformance.targets.lockstep_async:all_paths_configs",
+    profile="async",
+    invariant_families=("spec.invariants.async",),
+    mutants="conformance.mutants_async",
+    adapters=("reference-async",),
+    targets=("vllm-v1-async",),
+    lockstep="conformance.targets.lockstep_async:main",
+    deviations="conformance.targets.lockstep_async:CLASSES",
+    tests=("tests/test_async_reference.py", "tests/test_async_mutants.py", "tests/test_async_target.py"),
+    extra={"checks": "conformance.async_checks:problems",
+           "safety_gaps": "conformance.async_safety_gaps:main"},
+)
