@@ -237,9 +237,14 @@ def prove(
         matrix.cells += [Cell(**c) for c in cells]
 
     if unbounded and mutant is None:
+        from spec.proofs.parametric import ROW_FACTS, prove_blocks
         from spec.proofs.unbounded import prove_unbounded
 
         upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
+        # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
+        # with STR-001, so a cell proved alone or without the strengthening keeps its bound
+        if strengthen and not alone and any(iid in ROW_FACTS for iid in wanted):
+            upgraded |= prove_blocks(timeout_ms=min(timeout_ms, 20_000)).cells(flow_name)
         for cell in matrix.cells:
             if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
                 cell.scope = "unbounded"
