@@ -255,11 +255,12 @@ class Parametric:
         return Op("drop", st.tlen[s] >= 1, post, (s, i), (d, b), None, {"s": s})
 
     def _op_move(self, st: PState) -> Op:
-        s, i, c, x = z3.Int("p_s"), z3.Int("p_i"), z3.Int("p_c"), z3.Int("p_x")
+        s, i, c, x, start = z3.Int("p_s"), z3.Int("p_i"), z3.Int("p_c"), z3.Int("p_x"), z3.Int("p_start")
         d, b = self.at(st, s, i)
         d2 = self.other(d)
-        # a new move starts from an empty map; a move goes on only in its own direction
-        mapped = z3.If(st.msrc == d, st.mapped, z3.K(I, z3.BoolVal(False)))
+        # a new move (``start`` = 1: the first entry of a swap) starts from an empty map; a move
+        # goes on only in its own direction
+        mapped = z3.If(z3.And(start == 0, st.msrc == d), st.mapped, z3.K(I, z3.BoolVal(False)))
         again = mapped[b]
         fresh_ok = z3.And(self.valid(d2, c), st.free[d2, c])
         if self.mutant == "swapin-busy-block":  # the lowest block not taken in this move, free or not
@@ -271,7 +272,7 @@ class Parametric:
         post = PState(ref, free, z3.Store(st.tab, s, i, dest), z3.Store(st.tdv, s, i, d2), st.tlen,
                       z3.Store(mapped, b, True), z3.Store(st.map, b, dest), d)
         guard = z3.And(self.entry(st, s, i), z3.Or(again, fresh_ok))
-        return Op("move", guard, post, (s, i), (d, b), (d2, dest), {"s": s, "i": i, "c": c})
+        return Op("move", guard, post, (s, i), (d, b), (d2, dest), {"s": s, "i": i, "c": c, "start": start})
 
     # ------------------------------------------------------------------ the delta check
     def delta(self, pre: PState, op: Op) -> Any:
@@ -473,3 +474,103 @@ def mutant_counterexample(mutant: str, timeout_ms: int = 20_000) -> dict[str, An
     m = s.model()
     return {"mutant": mutant, "op": op.name, "fact": fact, "pre": {str(k): v for k, v in tables.items()},
             "params": {k: m.eval(v, model_completion=True).as_long() for k, v in op.params.items()}}
+
+
+# ---------------------------------------------------------------------- concrete execution
+@dataclass
+class Snapshot:
+    """A concrete block layer: what the reference's BlockManager holds (sequences numbered)."""
+
+    ng: int
+    nc: int
+    ref: dict[tuple[int, int], int]  # every (device, block) of both pools
+    free: set[tuple[int, int]]
+    tables: dict[int, list[tuple[int, int]]]  # seq -> (device, block) entries
+    mapped: dict[int, int] = field(default_factory=dict)
+    msrc: int = GPU
+
+    def blocks(self) -> list[tuple[int, int]]:
+        return [(GPU, b) for b in range(self.ng)] + [(CPU, b) for b in range(self.nc)]
+
+    def layer(self) -> tuple[Any, ...]:
+        """What the reference shows: counts, free set, non-empty tables (not the ghost map)."""
+        return (self.ref, self.free, {s: e for s, e in self.tables.items() if e})
+
+
+def state_of(snap: Snapshot) -> tuple[PState, list[Any]]:
+    """The parametric state equal to ``snap`` (arrays as lambdas), with the pool sizes pinned."""
+    a, c = z3.Int("c_a"), z3.Int("c_c")
+
+    def table_fn(k: int) -> Any:
+        body: Any = z3.IntVal(0)
+        for s, entries in snap.tables.items():
+            for i, e in enumerate(entries):
+                body = z3.If(z3.And(a == s, c == i), e[k], body)
+        return z3.Lambda([a, c], body)
+
+    ref_body: Any = z3.IntVal(0)
+    free_body: Any = z3.BoolVal(True)
+    for (d, b), r in snap.ref.items():
+        ref_body = z3.If(z3.And(a == d, c == b), r, ref_body)
+        free_body = z3.If(z3.And(a == d, c == b), (d, b) in snap.free, free_body)
+    tlen: Any = z3.IntVal(0)
+    for s, entries in snap.tables.items():
+        tlen = z3.If(a == s, len(entries), tlen)
+    mapped: Any = z3.BoolVal(False)
+    mp: Any = z3.IntVal(0)
+    for src, dst in snap.mapped.items():
+        mapped = z3.If(a == src, True, mapped)
+        mp = z3.If(a == src, dst, mp)
+    P = Parametric()
+    st = PState(z3.Lambda([a, c], ref_body), z3.Lambda([a, c], free_body), table_fn(1), table_fn(0),
+                z3.Lambda([a], tlen), z3.Lambda([a], mapped), z3.Lambda([a], mp), z3.IntVal(snap.msrc))
+    return st, [P.NG == snap.ng, P.NC == snap.nc]
+
+
+class GuardFails(AssertionError):
+    pass
+
+
+def step(snap: Snapshot, name: str, params: dict[str, int], mutant: str | None = None) -> Snapshot:
+    """Run one micro-operation on a concrete state through its Z3 encoding: the guard must hold
+    (else ``GuardFails``), and the post-state is read back by evaluating the encoding."""
+    P = Parametric(mutant)
+    st, sizes = state_of(snap)
+    op = P.op(name, st)
+    pins = [(op.params[k], z3.IntVal(v)) for k, v in params.items()]
+    solver = z3.Solver()
+    solver.set("timeout", 20_000)
+    solver.add(*sizes, z3.Not(z3.substitute(op.guard, *pins)))
+    if solver.check() != z3.unsat:
+        raise GuardFails(f"{name}{params}: guard does not hold on {snap}")
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins, (P.NG, z3.IntVal(snap.ng)), (P.NC, z3.IntVal(snap.nc))))
+        if z3.is_int_value(v):
+            return v.as_long()
+        if z3.is_true(v) or z3.is_false(v):
+            return z3.is_true(v)
+        raise AssertionError(f"{name}: not a constant after evaluation: {v}")
+
+    post = op.post
+    ref = {(d, b): ev(post.ref[d, b]) for d, b in snap.blocks()}
+    free = {(d, b) for d, b in snap.blocks() if ev(post.free[d, b])}
+    seqs = set(snap.tables) | {v for k, v in params.items() if k in ("s", "t")}
+    tables = {}
+    for s in sorted(seqs):
+        n = ev(post.tlen[s])
+        tables[s] = [(ev(post.tdv[s, i]), ev(post.tab[s, i])) for i in range(n)]
+    msrc = ev(post.msrc)
+    src_n = snap.ng if msrc == GPU else snap.nc
+    mapped = {x: ev(post.map[x]) for x in range(src_n) if ev(post.mapped[x])}
+    return Snapshot(snap.ng, snap.nc, ref, free, tables, mapped, msrc)
+
+
+def holds(snap: Snapshot) -> bool:
+    """Every block fact (quantified) holds on the concrete state."""
+    P = Parametric()
+    st, sizes = state_of(snap)
+    solver = z3.Solver()
+    solver.set("timeout", 20_000)
+    solver.add(*sizes, z3.Not(z3.And(*P.facts(st).values())))
+    return solver.check() == z3.unsat
