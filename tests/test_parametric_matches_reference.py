@@ -21,8 +21,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import all_groups_of, apply_action, reference_guard
+from conformance.proof_bridge import (
+    all_groups_of,
+    apply_action,
+    reference_guard,
+    v1_apply_action,
+    v1_reference_guard,
+    v1_requests,
+)
 from reference_impl.scheduler import Scheduler
+from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.proofs.encoding import CPU, GPU
 from spec.proofs.parametric import ACTION_OPS, Snapshot, holds, step
@@ -187,3 +195,67 @@ def test_fixed_actions(action, make):
     group = sched.groups["a"]
     assert reference_guard(sched, action, group, None, UNBOUNDED_TABLES)
     check_action(sched, action, group)
+
+
+# ---------------------------------------------------------------------- the v1 flow
+def v1_snapshot(sched: Any, num: Numbering) -> Snapshot:
+    pool = sched.pool
+    ref = {(GPU, b): r for b, r in enumerate(pool.ref_counts)}
+    tables = {num(t.request_id): [(GPU, b) for b in t.blocks] for t in v1_requests(sched)}
+    return Snapshot(pool.num_blocks, 0, ref, {(GPU, b) for b in pool.free_ids()}, tables)
+
+
+def v1_micro_ops(pre: Snapshot, post: Snapshot) -> list[tuple[str, dict[str, int]]]:
+    """A v1 action's block effect as micro-ops: a table that grew took fresh blocks at its end
+    (``_allocate``); a table that emptied was released tail first (``_free_blocks``). Any other
+    change is not a v1 block effect and fails the test."""
+    ops: list[tuple[str, dict[str, int]]] = []
+    for s, after in post.tables.items():
+        before = pre.tables.get(s, [])
+        if after[: len(before)] == before:
+            ops += [("append", {"s": s, "d": GPU, "b": b}) for _, b in after[len(before):]]
+        elif not after:
+            ops += [("drop", {"s": s})] * len(before)
+        else:
+            raise AssertionError(f"request {s}: table {before} -> {after} is neither growth nor release")
+    return ops
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_v1_action_is_its_micro_ops(data):
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(4, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+    )
+    sched = V1Scheduler(config)
+    for k in range(data.draw(st.integers(0, 10))):
+        if data.draw(st.integers(0, 2)) == 0:
+            sched.add_request(Request(f"r{k}", prompt_len=data.draw(st.integers(1, 20)), max_tokens=data.draw(st.integers(1, 12))))
+        out = sched.schedule()
+        sched.update(StepOutcome(frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 0)))
+    for _ in range(data.draw(st.integers(1, 8))):
+        options = []
+        for t in v1_requests(sched):
+            for action in ("admit", "chunk", "preempt_recompute", "abort", "ignore"):
+                for k in (1, 2, 5) if action in ("admit", "chunk") else (1,):
+                    if v1_reference_guard(sched, action, t, k, UNBOUNDED_TABLES):
+                        options += [(action, t.request_id, k)] * (4 if action in ("admit", "chunk") else 1)
+        if not options:
+            return
+        action, rid, k = data.draw(st.sampled_from(options))
+        stop = data.draw(st.integers(0, 4)) == 0
+        num = Numbering()
+        pre = v1_snapshot(sched, num)
+        v1_apply_action(sched, action, sched.requests[rid], k, stop)
+        post = v1_snapshot(sched, num)
+        ops = v1_micro_ops(pre, post)
+        assert {name for name, _ in ops} <= set(ACTION_OPS["v1"][action]), (action, ops)
+        state = pre
+        for name, params in ops:
+            state = step(state, name, params)
+        assert state.layer() == post.layer(), f"{action}: micro-ops give {state}, reference {post}"
+        assert holds(post)
