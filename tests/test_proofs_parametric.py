@@ -73,3 +73,15 @@ def test_block_rows_are_unbounded_in_the_matrix():
         assert c.scope == ("bounded" if c.invariant == "RES-001" else "unbounded"), c
     alone = prove(invariants=["BLK-006"], actions=["abort"], alone=True)
     assert all(c.scope == "bounded" for c in alone.cells)  # the parametric proof assumes more
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_block_mutants_are_caught_by_an_unbounded_cell(mutant):
+    """Issue 19 item 5: the mutated transition breaks the unbounded proof of a cell that the
+    bounded matrix also refutes with a concrete counterexample."""
+    action = {"fork-no-incref": "fork", "swapin-busy-block": "swap_in"}[mutant]
+    m = prove(mutant=mutant, actions=[action], invariants=["BLK-003", "BLK-004", "BLK-005", "STR-001"])
+    broken = {tuple(c) for c in m.parametric["cells"]}
+    refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
+    assert broken & refuted, (broken, refuted)
+    assert m.to_dict()["parametric"]["witness"]["op"] == MUTANTS[mutant]

@@ -97,6 +97,9 @@ class Matrix:
     seconds: float = 0.0
     flow: str = "v0"  # v0, v1, or "all" (merged; bounds per flow in ``bounds``)
     bounds: dict[str, Bound] = field(default_factory=dict)
+    # the parametric block proof behind the block rows' unbounded cells (spec/proofs/parametric.py);
+    # for a block-layer mutant, the unbounded cells it breaks and the concrete witness
+    parametric: dict[str, Any] = field(default_factory=dict)
 
     @property
     def all_proved(self) -> bool:
@@ -123,6 +126,7 @@ class Matrix:
             "all_proved": self.all_proved,
             "cells": [c.to_dict() for c in self.cells],
             "not_state_invariants": self.out_of_scope,
+            **({"parametric": self.parametric} if self.parametric else {}),
         }
 
 
@@ -171,7 +175,7 @@ def merge(matrices: list[Matrix]) -> Matrix:
                 scope.setdefault(iid, why)
     return Matrix(first.bound, first.mutant, first.strengthened, first.alone,
                   [c for m in matrices for c in m.cells], scope, sum(m.seconds for m in matrices), "all",
-                  {m.flow: m.bound for m in matrices})
+                  {m.flow: m.bound for m in matrices}, next((m.parametric for m in matrices if m.parametric), {}))
 
 
 def prove(
@@ -236,15 +240,20 @@ def prove(
     for cells in results:
         matrix.cells += [Cell(**c) for c in cells]
 
+    from spec.proofs import parametric as P
+
+    if unbounded and mutant in P.MUTANTS:
+        matrix.parametric = P.broken_cells(mutant, flow_name)
     if unbounded and mutant is None:
-        from spec.proofs.parametric import ROW_FACTS, prove_blocks
         from spec.proofs.unbounded import prove_unbounded
 
         upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
         # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
         # with STR-001, so a cell proved alone or without the strengthening keeps its bound
-        if strengthen and not alone and any(iid in ROW_FACTS for iid in wanted):
-            upgraded |= prove_blocks(timeout_ms=min(timeout_ms, 20_000)).cells(flow_name)
+        if strengthen and not alone and any(iid in P.ROW_FACTS for iid in wanted):
+            proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
+            upgraded |= proof.cells(flow_name)
+            matrix.parametric = proof.to_dict()
         for cell in matrix.cells:
             if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
                 cell.scope = "unbounded"

@@ -373,6 +373,12 @@ class BlockProof:
     partition: bool
     seconds: float
 
+    def to_dict(self) -> dict[str, Any]:
+        ops: dict[str, dict[str, str]] = {}
+        for r in self.results:
+            ops.setdefault(r.op, {})[r.fact] = r.result
+        return {"ops": ops, "init": self.init, "partition": self.partition, "seconds": round(self.seconds, 3)}
+
     def failing(self) -> list[ParametricResult]:
         return [r for r in self.results if r.result != "proved"]
 
@@ -574,3 +580,14 @@ def holds(snap: Snapshot) -> bool:
     solver.set("timeout", 20_000)
     solver.add(*sizes, z3.Not(z3.And(*P.facts(st).values())))
     return solver.check() == z3.unsat
+
+
+def broken_cells(mutant: str, flow_name: str) -> dict[str, Any]:
+    """For a block-layer mutant: the unbounded cells of the flow whose proof the mutated
+    micro-op breaks (rows that need the broken fact, actions made of that op) and the witness."""
+    cex = mutant_counterexample(mutant)
+    if cex is None:
+        return {"mutant": mutant, "cells": [], "witness": None}
+    cells = sorted((row, action) for row, facts in ROW_FACTS.items() if cex["fact"] in facts
+                   for action, ops in ACTION_OPS[flow_name].items() if cex["op"] in ops)
+    return {"mutant": mutant, "cells": [list(c) for c in cells], "witness": cex}
