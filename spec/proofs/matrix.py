@@ -77,10 +77,13 @@ class Cell:
     scope: str = "bounded"  # bounded | unbounded
     counterexample: dict[str, Any] | None = None
     flow: str = "v0"
+    via: str | None = None  # set when the bounded query was not run: the cell follows from this proof
 
     def to_dict(self) -> dict[str, Any]:
         out = {"invariant": self.invariant, "action": self.action, "result": self.result,
                "seconds": round(self.seconds, 4), "scope": self.scope, "flow": self.flow}
+        if self.via is not None:
+            out["via"] = self.via
         if self.counterexample is not None:
             out["counterexample"] = self.counterexample
         return out
@@ -191,9 +194,15 @@ def prove(
     catalogue_ids: Iterable[str] = (),
     unbounded: bool = True,
     jobs: int = 1,
+    reuse_unbounded: bool | None = None,
 ) -> Matrix:
     """Run the matrix. ``strengthen=False`` drops the STR-* invariants from the hypothesis
-    (they are still checked as cells), which shows which cells need them."""
+    (they are still checked as cells), which shows which cells need them.
+
+    ``reuse_unbounded`` (default: on at any bound but the flow's default one): a cell proved for
+    every size is proved at this bound too, so its bounded query is not run (the cell says
+    ``via``). At the default bound every cell is also solved bounded, an independent check of
+    the bounded encoding."""
     started = time.perf_counter()
     fl = flow(flow_name)
     bound = bound if bound is not None else fl.default_bound
@@ -212,11 +221,32 @@ def prove(
     if alone:  # each invariant on its own (plus the model's WF): which are inductive alone
         hyp_ids = ["WF"]
 
+    from spec.proofs import parametric as P
+
+    upgraded: set[tuple[str, str]] = set()
+    if unbounded and mutant in P.MUTANTS:
+        matrix.parametric = P.broken_cells(mutant, flow_name)
+    if unbounded and mutant is None:
+        from spec.proofs.unbounded import prove_unbounded
+
+        upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
+        # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
+        # with STR-001, so a cell proved alone or without the strengthening keeps its bound
+        if strengthen and not alone and any(iid in P.ROW_FACTS for iid in wanted):
+            proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
+            upgraded |= proof.cells(flow_name)
+            matrix.parametric = proof.to_dict()
+    reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
+    skip = upgraded if reuse else set()
+
     # init column
     enc = fl.encoder(bound, mutant)
     init = enc.initial()
     for iid in wanted:
         if iid not in states:
+            continue
+        if (iid, "init") in skip:
+            matrix.cells.append(Cell(iid, "init", PROVED, 0.0, flow=flow_name, via=VIA))
             continue
         t0 = time.perf_counter()
         s = _solver(timeout_ms)
@@ -225,7 +255,8 @@ def prove(
         cex = _counterexample(s.model(), None, enc, init, None) if r == z3.sat else None
         matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex, flow=flow_name))
 
-    tasks = [(flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone) for action in chosen_actions]
+    tasks = [(flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone,
+              {iid for iid in wanted if (iid, action) in skip}) for action in chosen_actions]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -240,20 +271,7 @@ def prove(
     for cells in results:
         matrix.cells += [Cell(**c) for c in cells]
 
-    from spec.proofs import parametric as P
-
-    if unbounded and mutant in P.MUTANTS:
-        matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and mutant is None:
-        from spec.proofs.unbounded import prove_unbounded
-
-        upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
-        # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
-        # with STR-001, so a cell proved alone or without the strengthening keeps its bound
-        if strengthen and not alone and any(iid in P.ROW_FACTS for iid in wanted):
-            proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
-            upgraded |= proof.cells(flow_name)
-            matrix.parametric = proof.to_dict()
+    if upgraded:
         for cell in matrix.cells:
             if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
                 cell.scope = "unbounded"
@@ -261,11 +279,12 @@ def prove(
     return matrix
 
 
+VIA = "proved for every size (spec/proofs/parametric.py, spec/proofs/unbounded.py); bounded query not run"
 _WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
 
 
 def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
-    flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone = task
+    flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone, skip = task
     fl = flow(flow_name)
     states, transitions = fl.state_invariants, fl.transition_properties
     enc = fl.encoder(bound, mutant)
@@ -273,6 +292,10 @@ def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
     base = [enc.config_ok(), fl.grp_ok(enc), *[states[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
     cells = []
     for iid in wanted:
+        if iid in skip:
+            cells.append({"invariant": iid, "action": action, "result": PROVED, "seconds": 0.0,
+                          "counterexample": None, "flow": flow_name, "via": VIA})
+            continue
         t0 = time.perf_counter()
         hypothesis = [*base, states[iid](enc, ae.pre)] if alone and iid in states else base
         goal = states[iid](enc, ae.post) if iid in states else transitions[iid](ae)
