@@ -1,0 +1,223 @@
+"""Per-sequence rows for every size: one generic sequence of the touched request.
+
+RES-001..004, CAP-001, CAP-003 and LEN-001 are each a fact about one sequence alone (its status,
+device, table length, token and computed counts, and the config's ``max_model_len``). An action
+of the v0 flow changes only the sequences of the request it touches (``finish``: one of them),
+and changes each of them by the same rule, applied to that sequence's own pre-state (``fork``: a
+child's post-state is the parent's, since the child copies the parent's table and counts). So a
+row holds after an action for every number of sequences, requests, blocks and table entries iff
+it holds for one generic member: the queries here have one sequence (plus the parent, for a
+forked child), a symbolic block size and a symbolic config, and no bound at all.
+
+The member's status before the action is its request's (QUE-002's per-sequence half, and WF: a
+live sequence of an unfinished request has the request's status; an unborn child of a request
+that has not forked holds nothing). ``tests/test_per_sequence_matches_reference.py`` checks the
+per-sequence rules against the reference scheduler on drawn states of any size: each member's
+post-state is the rule applied to its pre-state, every other sequence is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from spec.proofs.encoding import CPU, FIN, GPU, NODEV, NONE, RUN, SWAP, WAIT
+
+ROWS = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "LEN-001")
+ACTIONS = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore")
+
+
+@dataclass
+class Seq:
+    st: Any
+    dv: Any
+    tl: Any
+    nt: Any
+    nc: Any
+
+
+# The proof mutants whose mutated transition is a per-sequence rule (spec.proofs.encoding.MUTANTS).
+MUTANTS = {
+    "recompute-keeps-computed": "preempt_recompute",
+    "abort-no-free": "abort",
+}
+
+
+class Generic:
+    """A generic sequence and its request's fields; the config and block size are symbolic."""
+
+    def __init__(self, mutant: str | None = None) -> None:
+        self.mutant = mutant
+        self.bs, self.ML = z3.Ints("g_block_size g_max_model_len")
+        self.plen, self.mtok = z3.Ints("g_prompt_len g_max_tokens")
+        self.gs = z3.Int("g_request_status")
+        self.forked = z3.Bool("g_forked")
+        self.first = z3.Bool("g_first")  # the request's first slot (the parent)
+
+    def seq(self, p: str) -> Seq:
+        return Seq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc"))
+
+    def ceil(self, t: Any) -> Any:
+        return (t + self.bs - 1) / self.bs
+
+    def base(self) -> Any:
+        return z3.And(self.bs >= 1, self.ML >= 1, self.plen >= 1, self.mtok >= 1)
+
+    # ---------------------------------------------------------------- facts
+    def rows(self, q: Seq) -> dict[str, Any]:
+        admitted = z3.Or(q.st == RUN, q.st == SWAP)
+        return {
+            "RES-001": z3.Implies(q.st == RUN, z3.And(q.dv == GPU, q.tl >= 1)),
+            "RES-002": z3.Implies(q.st == SWAP, z3.And(q.dv == CPU, q.tl >= 1)),
+            "RES-003": z3.Implies(q.st == WAIT, q.tl == 0),
+            "RES-004": z3.Implies(q.st == FIN, q.tl == 0),
+            "CAP-001": z3.Implies(admitted, q.tl == self.ceil(q.nc)),
+            "CAP-003": z3.And(z3.Implies(admitted, q.nc == q.nt - 1), z3.Implies(q.st == WAIT, q.nc == 0)),
+            "LEN-001": z3.Implies(admitted, q.nt <= self.ML),
+        }
+
+    def wf(self, q: Seq) -> Any:
+        """WF's per-sequence part, and its tie to the request (QUE-002's per-sequence half)."""
+        born = q.st != NONE
+        live = z3.Or(q.st == WAIT, q.st == RUN, q.st == SWAP)
+        unfinished = z3.Or(self.gs == WAIT, self.gs == RUN, self.gs == SWAP)
+        return z3.And(
+            q.st >= NONE, q.st <= FIN, q.dv >= NODEV, q.dv <= CPU, q.tl >= 0, (q.dv == NODEV) == (q.tl == 0),
+            z3.Implies(born, z3.And(q.nt >= 1, q.nc >= 0)), z3.Implies(z3.Not(born), q.tl == 0),
+            z3.Implies(self.gs == NONE, z3.Not(born)), z3.Implies(self.gs == FIN, z3.Not(live)),
+            z3.Implies(z3.And(unfinished, live), q.st == self.gs),
+            z3.Implies(self.first, born == (self.gs != NONE)),
+            z3.Implies(z3.Not(self.first), born == z3.And(self.gs != NONE, self.forked)),
+        )
+
+    def inv(self, q: Seq) -> Any:
+        return z3.And(self.wf(q), *self.rows(q).values())
+
+    # ---------------------------------------------------------------- per-sequence rules
+    @staticmethod
+    def live(q: Seq) -> Any:
+        return z3.Or(q.st == WAIT, q.st == RUN, q.st == SWAP)
+
+    def _freed(self, q: Seq, cond: Any, st: Any) -> Seq:
+        return Seq(z3.If(cond, st, q.st), z3.If(cond, NODEV, q.dv), z3.If(cond, 0, q.tl), q.nt, q.nc)
+
+    def _update(self, q: Seq, cond: Any, computed: Any) -> Seq:
+        """Scheduler.update for one sequence: computed, one token, the length / max_tokens cap."""
+        nc = z3.If(cond, computed, q.nc)
+        nt = z3.If(cond, q.nt + 1, q.nt)
+        capped = z3.And(cond, z3.Or(nt - self.plen >= self.mtok, nt >= self.ML))
+        return self._freed(Seq(q.st, q.dv, q.tl, nt, nc), capped, FIN)
+
+    def _prefill(self, q: Seq, cond: Any) -> Seq:
+        q = Seq(z3.If(cond, RUN, q.st), z3.If(cond, GPU, q.dv), z3.If(cond, self.ceil(q.nt), q.tl), q.nt, q.nc)
+        return self._update(q, cond, q.nt)
+
+    def _decode(self, q: Seq, cond: Any) -> Seq:
+        grow = z3.And(cond, q.nc / self.bs == q.tl)
+        return self._update(Seq(q.st, q.dv, z3.If(grow, q.tl + 1, q.tl), q.nt, q.nc), cond, q.nc + 1)
+
+    def effect(self, action: str, q: Seq, parent: Seq) -> tuple[Any, Seq]:
+        """(guard, post) for a member ``q`` of the touched request; ``parent`` is the request's
+        first sequence (used by ``fork``, where ``q`` may be an unborn child)."""
+        gs, m = self.gs, self.live(q)
+        if action == "add":  # the request arrives: its first slot waits with the prompt
+            post = Seq(z3.If(self.first, WAIT, q.st), q.dv, q.tl, z3.If(self.first, self.plen, q.nt),
+                       z3.If(self.first, 0, q.nc))
+            return gs == NONE, post
+        if action == "admit":
+            return z3.And(gs == WAIT, self.forked), self._prefill(q, m)
+        if action == "fork":  # parent: prefill; child: the parent's post-state
+            guard = z3.And(gs == WAIT, z3.Not(self.forked), parent.st == WAIT, parent.tl == 0, parent.nc == 0)
+            pre = z3.If(self.first, q.nt, parent.nt)
+            src = Seq(WAIT, NODEV, 0, pre, 0)
+            return guard, self._prefill(src, True)
+        if action == "decode":
+            return gs == RUN, self._decode(q, m)
+        if action == "preempt_recompute":
+            freed = self._freed(q, m, WAIT)
+            keep = self.mutant == "recompute-keeps-computed"
+            return gs == RUN, Seq(freed.st, freed.dv, freed.tl, freed.nt, q.nc if keep else z3.If(m, 0, q.nc))
+        if action == "swap_out":
+            return gs == RUN, Seq(z3.If(m, SWAP, q.st), z3.If(z3.And(m, q.dv == GPU), CPU, q.dv), q.tl, q.nt, q.nc)
+        if action == "swap_in":
+            moved = Seq(z3.If(m, RUN, q.st), z3.If(z3.And(m, q.dv == CPU), GPU, q.dv), q.tl, q.nt, q.nc)
+            return gs == SWAP, self._decode(moved, m)
+        if action == "finish":  # the stopped sequence (any other member is unchanged)
+            return z3.And(gs == RUN, q.st == RUN), self._freed(q, True, FIN)
+        if action in ("abort", "ignore"):
+            ok = z3.Or(gs == WAIT, gs == RUN, gs == SWAP) if action == "abort" else z3.Or(gs == WAIT, gs == SWAP)
+            if action == "abort" and self.mutant == "abort-no-free":
+                return ok, Seq(z3.If(m, FIN, q.st), q.dv, q.tl, q.nt, q.nc)
+            return ok, self._freed(q, m, FIN)
+        raise ValueError(action)
+
+
+@dataclass
+class SeqResult:
+    row: str
+    action: str
+    result: str
+    seconds: float
+
+
+def hypotheses_satisfiable(action: str) -> bool:
+    """The hypotheses of an action's queries have a model with a live member (not vacuous)."""
+    G = Generic()
+    q, parent = G.seq("pre"), G.seq("parent")
+    guard, _ = G.effect(action, q, parent)
+    s = z3.Solver()
+    s.add(G.base(), G.inv(q), guard, G.inv(parent) if action == "fork" else True)
+    if action not in ("add", "fork"):
+        s.add(G.live(q))
+    return s.check() == z3.sat
+
+
+def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
+                    actions: tuple[str, ...] = ACTIONS) -> list[SeqResult]:
+    """Each per-sequence row after each action, for one generic member (and the init column)."""
+    G = Generic(mutant)
+    out = []
+    for action in actions:
+        q, parent = G.seq("pre"), G.seq("parent")
+        guard, post = G.effect(action, q, parent)
+        hyps = [G.base(), G.inv(q), guard]
+        if action == "fork":
+            hyps += [G.inv(parent)]
+        after = G.rows(post)
+        for row in ROWS:
+            t0 = time.perf_counter()
+            s = z3.Solver()
+            s.set("timeout", timeout_ms)
+            s.add(*hyps, z3.Not(after[row]))
+            r = s.check()
+            out.append(SeqResult(row, action, "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown",
+                                 time.perf_counter() - t0))
+    for row in ROWS:  # the empty scheduler: every slot unborn
+        q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
+        s = z3.Solver()
+        s.add(G.base(), z3.Not(G.rows(q)[row]))
+        out.append(SeqResult(row, "init", "proved" if s.check() == z3.unsat else "counterexample", 0.0))
+    return out
+
+
+def cells(results: list[SeqResult]) -> set[tuple[str, str]]:
+    return {(r.row, r.action) for r in results if r.result == "proved"}
+
+
+_CACHE: dict[int, set[tuple[str, str]]] = {}
+
+
+def proved_cells(timeout_ms: int = 20_000) -> set[tuple[str, str]]:
+    """The v0 per-sequence cells proved for every size (cached: independent of the bound)."""
+    if timeout_ms not in _CACHE:
+        _CACHE[timeout_ms] = cells(prove_sequences(timeout_ms))
+    return _CACHE[timeout_ms]
+
+
+def broken_cells(mutant: str) -> list[list[str]]:
+    """The unbounded cells a per-sequence mutant breaks (its action's rows that fail)."""
+    action = MUTANTS[mutant]
+    return [[r.row, r.action] for r in prove_sequences(mutant=mutant, actions=(action,)) if r.result != "proved"]
