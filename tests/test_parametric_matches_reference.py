@@ -227,7 +227,7 @@ def test_each_v1_action_is_its_micro_ops(data):
     chunked = data.draw(st.booleans())
     config = SchedulerConfig(
         block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
-        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(4, 32)),
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
         max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
         long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
     )

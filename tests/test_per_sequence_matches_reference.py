@@ -14,13 +14,33 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import all_groups_of, apply_action, reference_guard
+from conformance.proof_bridge import (
+    all_groups_of,
+    apply_action,
+    reference_guard,
+    v1_apply_action,
+    v1_reference_guard,
+    v1_requests,
+)
 from reference_impl.scheduler import Scheduler
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
 from spec.proofs.encoding import CPU, FIN, GPU, NODEV, NONE, RUN, SWAP, WAIT
 from spec.proofs.matrix import prove
-from spec.proofs.per_sequence import ACTIONS, MUTANTS, ROWS, Generic, Seq, hypotheses_satisfiable, prove_sequences
+from spec.proofs.per_sequence import (
+    ACTIONS,
+    ACTIONS_V1,
+    MUTANTS,
+    MUTANTS_V1,
+    ROWS,
+    Generic,
+    GenericV1,
+    Seq,
+    hypotheses_satisfiable,
+    prove_sequences,
+)
 from spec.status import Status
-from spec.types import Request
+from spec.types import Request, StepOutcome
 from tests.conftest import examples
 from tests.test_parametric_matches_reference import FIXED as BLOCK_FIXED
 from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, _sched, reference_states
@@ -120,7 +140,7 @@ def test_hypotheses_are_satisfiable(action):
 
 @pytest.mark.parametrize("mutant, row", [("recompute-keeps-computed", "CAP-003"), ("abort-no-free", "RES-004")])
 def test_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant, row):
-    action = MUTANTS[mutant]
+    (action,) = MUTANTS[mutant]
     m = prove(mutant=mutant, actions=[action], invariants=[row])
     assert [row, action] in m.parametric["cells"]
     assert m.cell(row, action).result == "counterexample"
@@ -152,3 +172,79 @@ def test_fixed_actions(action, make):
         seq_id = next(s.seq_id for s in group.live_seqs() if s is not group.seqs[0])
     assert reference_guard(sched, action, group, seq_id, UNBOUNDED_TABLES)
     check_action(sched, action, group, seq_id)
+
+
+# ---------------------------------------------------------------------- the v1 flow
+def v1_seq_state(t: Any) -> tuple[int, int, int, int, int]:
+    return (_status(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
+
+
+def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple) -> tuple:
+    G = GenericV1()
+    sq = G.seq("q")
+    guard, post = G.effect(action, sq, sq)
+    cfg = sched.config
+    pins = [(a, z3.IntVal(v)) for a, v in zip((sq.st, sq.dv, sq.tl, sq.nt, sq.nc), q, strict=True)]
+    pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
+             (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
+             (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(int(stop))),
+             (G.CH, z3.BoolVal(cfg.enable_chunked_prefill))]
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins))
+        return v.as_long() if z3.is_int_value(v) else z3.is_true(v)
+
+    assert ev(guard), f"{action} k={k}: the generic guard does not hold for {q}"
+    return tuple(ev(x) for x in (post.st, post.dv, post.tl, post.nt, post.nc))
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_v1_request_follows_the_generic_rule(data):
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+    )
+    sched = V1Scheduler(config)
+    for j in range(data.draw(st.integers(0, 10))):
+        if data.draw(st.integers(0, 2)) == 0:
+            sched.add_request(Request(f"r{j}", prompt_len=data.draw(st.integers(1, 20)),
+                                      max_tokens=data.draw(st.integers(1, 12))))
+        out = sched.schedule()
+        sched.update(StepOutcome(frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 0)))
+    for _ in range(data.draw(st.integers(1, 8))):
+        options = []
+        for t in v1_requests(sched):
+            for action in ACTIONS_V1[1:]:
+                for k in (1, 2, 5) if action in ("admit", "chunk") else (1,):
+                    if v1_reference_guard(sched, action, t, k, UNBOUNDED_TABLES):
+                        options.append((action, t.request_id, k))
+        if not options:
+            return
+        action, rid, k = data.draw(st.sampled_from(options))
+        stop = data.draw(st.integers(0, 4)) == 0
+        t = sched.requests[rid]
+        pre = v1_seq_state(t)
+        others = {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
+        want = v1_predicted(sched, t, action, k, stop, pre)
+        v1_apply_action(sched, action, t, k, stop)
+        assert v1_seq_state(t) == want, f"{action} k={k} stop={stop}: reference {v1_seq_state(t)}, rule {want} (pre {pre})"
+        assert others == {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
+
+
+def test_v1_rows_are_proved_for_a_generic_sequence():
+    results = prove_sequences(flow_name="v1")
+    assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
+    assert all(hypotheses_satisfiable(a, "v1") for a in ACTIONS_V1)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS_V1))
+def test_v1_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant):
+    actions = list(MUTANTS_V1[mutant])
+    m = prove(flow_name="v1", mutant=mutant, actions=actions, invariants=["CAP-001", "CAP-003"])
+    broken = {tuple(c) for c in m.parametric["cells"]}
+    refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
+    assert broken and broken <= refuted, (broken, refuted)

@@ -228,8 +228,8 @@ def prove(
 
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and mutant in PS.MUTANTS and flow_name == "v0":
-        matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant), "witness": None}
+    if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+        matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
     if unbounded and mutant is None:
         from spec.proofs.unbounded import prove_unbounded
 
@@ -240,9 +240,9 @@ def prove(
             proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
             upgraded |= proof.cells(flow_name)
             matrix.parametric = proof.to_dict()
-        # the per-sequence rows of v0 (spec/proofs/per_sequence.py): one generic sequence
-        if flow_name == "v0" and not alone and any(iid in PS.ROWS for iid in wanted):
-            upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000))
+        # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
+        if not alone and any(iid in PS.rows_actions(flow_name)[0] for iid in wanted):
+            upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
     reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
     skip = upgraded if reuse else set()
 

@@ -41,8 +41,15 @@ class Seq:
 
 # The proof mutants whose mutated transition is a per-sequence rule (spec.proofs.encoding.MUTANTS).
 MUTANTS = {
-    "recompute-keeps-computed": "preempt_recompute",
-    "abort-no-free": "abort",
+    "recompute-keeps-computed": ("preempt_recompute",),
+    "abort-no-free": ("abort",),
+}
+# and of the v1 flow (spec.proofs.chunked.V1_MUTANTS)
+MUTANTS_V1 = {
+    "preempt-keeps-computed": ("preempt_recompute",),
+    "chunk-past-end": ("admit", "chunk"),
+    "chunk-no-alloc": ("chunk",),
+    "chunk-counts-as-whole": ("admit", "chunk"),
 }
 
 
@@ -155,6 +162,68 @@ class Generic:
         raise ValueError(action)
 
 
+ROWS_V1 = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001")
+ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
+
+
+class GenericV1(Generic):
+    """The v1 flow (spec/proofs/chunked.py): one sequence per request, chunks of ``k`` tokens,
+    no swap. The chunk size, the stop decision and chunked prefill are symbolic."""
+
+    def __init__(self, mutant: str | None = None) -> None:
+        super().__init__(mutant)
+        self.k, self.stop = z3.Ints("g_tokens g_stop")
+        self.CH = z3.Bool("g_chunked_prefill")
+        self.first = z3.BoolVal(True)
+        self.forked = z3.BoolVal(True)
+
+    def rows(self, q: Seq) -> dict[str, Any]:
+        out = super().rows(q)
+        out["CAP-003"] = z3.And(z3.Implies(q.st == RUN, q.nc <= q.nt - 1), z3.Implies(q.st == WAIT, q.nc == 0))
+        out["CHK-002"] = z3.Implies(q.st != NONE, z3.And(q.nc >= 0, q.nc <= q.nt))
+        return out
+
+    def wf(self, q: Seq) -> Any:
+        live = self.live(q)
+        unfinished = z3.Or(self.gs == WAIT, self.gs == RUN)  # the request's one sequence is live (WF)
+        return z3.And(super().wf(q), q.st != SWAP, self.gs != SWAP, z3.Implies(live, q.nt <= self.ML),
+                      z3.Implies(unfinished, live),
+                      z3.Implies(q.st != NONE, q.nt >= self.plen))
+
+    def _chunk(self, q: Seq, allocate: bool = True) -> tuple[Any, Seq]:
+        k = self.k
+        upper = q.nt - q.nc + (1 if self.mutant == "chunk-past-end" else 0)
+        ok = z3.And(k >= 1, k <= upper, self.stop >= 0, self.stop <= 1)
+        target = self.ceil(q.nc + k)
+        tl = z3.If(target > q.tl, target, q.tl) if allocate else q.tl
+        nc = q.nc + k
+        if self.mutant == "chunk-counts-as-whole":
+            nc = z3.If(nc < q.nt - 1, q.nt - 1, nc)
+        sampled = nc >= q.nt
+        nt = z3.If(sampled, q.nt + 1, q.nt)
+        ends = z3.And(sampled, z3.Or(self.stop == 1, nt - self.plen >= self.mtok, nt >= self.ML))
+        run = Seq(z3.IntVal(RUN), z3.If(tl >= 1, GPU, q.dv), tl, nt, nc)
+        return ok, self._freed(run, ends, FIN)
+
+    def effect(self, action: str, q: Seq, parent: Seq) -> tuple[Any, Seq]:
+        gs = self.gs
+        if action == "add":
+            rejected = self.plen > self.ML
+            return gs == NONE, Seq(z3.If(rejected, FIN, WAIT), q.dv, q.tl, self.plen, z3.IntVal(0))
+        if action in ("admit", "chunk"):
+            ok, post = self._chunk(q, allocate=not (action == "chunk" and self.mutant == "chunk-no-alloc"))
+            want = WAIT if action == "admit" else RUN
+            return z3.And(gs == want, ok, z3.Or(self.CH, action == "chunk", self.k == q.nt - q.nc)), post
+        if action == "preempt_recompute":
+            freed = self._freed(q, True, WAIT)
+            nc = q.nc if self.mutant == "preempt-keeps-computed" else z3.IntVal(0)
+            return gs == RUN, Seq(freed.st, freed.dv, freed.tl, freed.nt, nc)
+        if action in ("abort", "ignore"):
+            ok = z3.Or(gs == WAIT, gs == RUN) if action == "abort" else gs == WAIT
+            return ok, self._freed(q, True, FIN)
+        raise ValueError(action)
+
+
 @dataclass
 class SeqResult:
     row: str
@@ -163,9 +232,17 @@ class SeqResult:
     seconds: float
 
 
-def hypotheses_satisfiable(action: str) -> bool:
+def generic(flow_name: str, mutant: str | None = None) -> Generic:
+    return GenericV1(mutant) if flow_name == "v1" else Generic(mutant)
+
+
+def rows_actions(flow_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return (ROWS_V1, ACTIONS_V1) if flow_name == "v1" else (ROWS, ACTIONS)
+
+
+def hypotheses_satisfiable(action: str, flow_name: str = "v0") -> bool:
     """The hypotheses of an action's queries have a model with a live member (not vacuous)."""
-    G = Generic()
+    G = generic(flow_name)
     q, parent = G.seq("pre"), G.seq("parent")
     guard, _ = G.effect(action, q, parent)
     s = z3.Solver()
@@ -176,18 +253,19 @@ def hypotheses_satisfiable(action: str) -> bool:
 
 
 def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
-                    actions: tuple[str, ...] = ACTIONS) -> list[SeqResult]:
+                    actions: tuple[str, ...] | None = None, flow_name: str = "v0") -> list[SeqResult]:
     """Each per-sequence row after each action, for one generic member (and the init column)."""
-    G = Generic(mutant)
+    G = generic(flow_name, mutant)
+    rows, all_actions = rows_actions(flow_name)
     out = []
-    for action in actions:
+    for action in actions if actions is not None else all_actions:
         q, parent = G.seq("pre"), G.seq("parent")
         guard, post = G.effect(action, q, parent)
         hyps = [G.base(), G.inv(q), guard]
         if action == "fork":
             hyps += [G.inv(parent)]
         after = G.rows(post)
-        for row in ROWS:
+        for row in rows:
             t0 = time.perf_counter()
             s = z3.Solver()
             s.set("timeout", timeout_ms)
@@ -195,7 +273,7 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
             r = s.check()
             out.append(SeqResult(row, action, "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown",
                                  time.perf_counter() - t0))
-    for row in ROWS:  # the empty scheduler: every slot unborn
+    for row in rows:  # the empty scheduler: every slot unborn
         q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
         s = z3.Solver()
         s.add(G.base(), z3.Not(G.rows(q)[row]))
@@ -207,17 +285,19 @@ def cells(results: list[SeqResult]) -> set[tuple[str, str]]:
     return {(r.row, r.action) for r in results if r.result == "proved"}
 
 
-_CACHE: dict[int, set[tuple[str, str]]] = {}
+_CACHE: dict[tuple[int, str], set[tuple[str, str]]] = {}
 
 
-def proved_cells(timeout_ms: int = 20_000) -> set[tuple[str, str]]:
-    """The v0 per-sequence cells proved for every size (cached: independent of the bound)."""
-    if timeout_ms not in _CACHE:
-        _CACHE[timeout_ms] = cells(prove_sequences(timeout_ms))
-    return _CACHE[timeout_ms]
+def proved_cells(timeout_ms: int = 20_000, flow_name: str = "v0") -> set[tuple[str, str]]:
+    """The flow's per-sequence cells proved for every size (cached: independent of the bound)."""
+    key = (timeout_ms, flow_name)
+    if key not in _CACHE:
+        _CACHE[key] = cells(prove_sequences(timeout_ms, flow_name=flow_name))
+    return _CACHE[key]
 
 
-def broken_cells(mutant: str) -> list[list[str]]:
-    """The unbounded cells a per-sequence mutant breaks (its action's rows that fail)."""
-    action = MUTANTS[mutant]
-    return [[r.row, r.action] for r in prove_sequences(mutant=mutant, actions=(action,)) if r.result != "proved"]
+def broken_cells(mutant: str, flow_name: str = "v0") -> list[list[str]]:
+    """The unbounded cells a per-sequence mutant breaks (its actions' rows that fail)."""
+    actions = (MUTANTS_V1 if flow_name == "v1" else MUTANTS)[mutant]
+    return [[r.row, r.action] for r in prove_sequences(mutant=mutant, actions=actions, flow_name=flow_name)
+            if r.result != "proved"]
