@@ -32,7 +32,9 @@ from spec.proofs.per_sequence import (
     ACTIONS_V1,
     MUTANTS,
     MUTANTS_V1,
+    QUE_SEQS,
     ROWS,
+    TARGET,
     Generic,
     GenericV1,
     Seq,
@@ -91,6 +93,7 @@ def check_action(sched: Scheduler, action: str, group: Any, seq_id: str | None =
     assert slots[0] is not None, f"sequence ids are not request#index: {[s.seq_id for s in group.seqs]}"
     before = {k: seq_state(sched, s) for k, s in enumerate(slots)}
     others = {s.seq_id: seq_state(sched, s) for g in all_groups_of(sched) if g is not group for s in g.seqs}
+    other_status = {g.request_id: g.status for g in all_groups_of(sched) if g is not group}
     after_sched = copy.deepcopy(sched)
     apply_action(after_sched, action, after_sched.groups[group.request_id], seq_id)
     g2 = after_sched.groups[group.request_id]
@@ -104,8 +107,11 @@ def check_action(sched: Scheduler, action: str, group: Any, seq_id: str | None =
         if want[0] == NONE:
             want = (NONE, NODEV, 0, 0, 0)
         assert got == want, f"{action} member #{k}: reference {got}, rule {want} (pre {before[k]}, parent {before[0]})"
+    if any(s.status in _CODE for s in g2.seqs):  # a member is still live: QUE-002's target status
+        assert _status(g2.status) == TARGET[action], f"{action}: request status {g2.status} with a live member"
     for g in all_groups_of(after_sched):
         if g.request_id != group.request_id:
+            assert g.status == other_status[g.request_id], f"{action} changed the status of {g.request_id}"
             for s in g.seqs:
                 assert seq_state(after_sched, s) == others[s.seq_id], f"{action} changed {s.seq_id} of another request"
 
@@ -130,7 +136,7 @@ def test_each_member_follows_the_generic_rule(sched, data):
 def test_every_row_and_action_is_proved_for_a_generic_sequence():
     results = prove_sequences()
     assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
-    assert {(r.row, r.action) for r in results} == {(row, a) for row in ROWS for a in ("init", *ACTIONS)}
+    assert {(r.row, r.action) for r in results} == {(row, a) for row in (*ROWS, QUE_SEQS) for a in ("init", *ACTIONS)}
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -147,10 +153,10 @@ def test_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant, row):
 
 
 def test_per_sequence_rows_are_unbounded_in_the_v0_matrix():
-    m = prove(invariants=["RES-001", "CAP-001", "LEN-001", "QUE-002"], actions=["decode", "swap_in"])
+    m = prove(invariants=["RES-001", "CAP-001", "LEN-001", "QUE-002", "STR-002"], actions=["decode", "swap_in"])
     for c in m.cells:
         assert c.result == "proved"
-        assert c.scope == ("bounded" if c.invariant == "QUE-002" else "unbounded"), c
+        assert c.scope == ("bounded" if c.invariant == "STR-002" else "unbounded"), c
 
 
 def test_generic_sequence_type():

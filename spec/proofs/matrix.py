@@ -231,7 +231,7 @@ def prove(
     if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
     if unbounded and mutant is None:
-        from spec.proofs.unbounded import prove_unbounded
+        from spec.proofs.unbounded import QUE_QUEUES, prove_unbounded
 
         upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
         # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
@@ -243,6 +243,10 @@ def prove(
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
         if not alone and any(iid in PS.rows_actions(flow_name)[0] for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+        # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
+        if not alone and "QUE-002" in wanted:
+            seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+            upgraded |= {("QUE-002", a) for (iid, a) in upgraded if iid == QUE_QUEUES and (PS.QUE_SEQS, a) in seqs}
     reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
     skip = upgraded if reuse else set()
 

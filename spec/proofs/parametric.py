@@ -347,12 +347,17 @@ def prove_init(timeout_ms: int = 20_000) -> bool:
     return all(_check([P.sizes_ok()], facts[f], timeout_ms) == "proved" for f in Parametric.PROVED_FACTS)
 
 
+_PARTITION_RUNS = 0
+
+
 def prove_partition(timeout_ms: int = 20_000) -> bool:
     """BLK-001/002 from STR-001 and non-negative counts, for every pool size N, by induction on N:
     free(N) + in_use(N) == N when every block below N is free exactly when its count is zero."""
     A_i, A_b = z3.ArraySort(I, I), z3.ArraySort(I, B)
-    nfree = z3.RecFunction("nfree", A_b, I, I)
-    nused = z3.RecFunction("nused", A_i, I, I)
+    global _PARTITION_RUNS
+    _PARTITION_RUNS += 1  # a recursive function is defined once per name in Z3's context
+    nfree = z3.RecFunction(f"nfree_{_PARTITION_RUNS}", A_b, I, I)
+    nused = z3.RecFunction(f"nused_{_PARTITION_RUNS}", A_i, I, I)
     fr, rf, n = z3.Const("fr", A_b), z3.Const("rf", A_i), z3.Int("n")
     z3.RecAddDefinition(nfree, [fr, n], z3.If(n <= 0, 0, nfree(fr, n - 1) + z3.If(fr[n - 1], 1, 0)))
     z3.RecAddDefinition(nused, [rf, n], z3.If(n <= 0, 0, nused(rf, n - 1) + z3.If(rf[n - 1] > 0, 1, 0)))

@@ -27,6 +27,13 @@ import z3
 from spec.proofs.encoding import CPU, FIN, GPU, NODEV, NONE, RUN, SWAP, WAIT
 
 ROWS = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "LEN-001")
+# QUE-002's per-sequence half (a live sequence of an unfinished request has the request's
+# status); its per-request half (a queue names the status) is in spec/proofs/unbounded.py
+QUE_SEQS = "QUE-002/seqs"
+# The touched request's status after the action whenever one of its sequences is still live
+# (an action ends the request only when none is: finish_group_if_done, V1's finish)
+TARGET = {"add": WAIT, "admit": RUN, "fork": RUN, "decode": RUN, "preempt_recompute": WAIT, "swap_out": SWAP,
+          "swap_in": RUN, "finish": RUN, "abort": FIN, "ignore": FIN, "chunk": RUN}
 ACTIONS = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore")
 
 
@@ -265,7 +272,8 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
         if action == "fork":
             hyps += [G.inv(parent)]
         after = G.rows(post)
-        for row in rows:
+        after[QUE_SEQS] = z3.Implies(G.live(post), post.st == TARGET[action])
+        for row in (*rows, QUE_SEQS):
             t0 = time.perf_counter()
             s = z3.Solver()
             s.set("timeout", timeout_ms)
@@ -273,6 +281,7 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
             r = s.check()
             out.append(SeqResult(row, action, "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown",
                                  time.perf_counter() - t0))
+    out.append(SeqResult(QUE_SEQS, "init", "proved", 0.0))  # nothing is live
     for row in rows:  # the empty scheduler: every slot unborn
         q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
         s = z3.Solver()
