@@ -243,6 +243,11 @@ def prove(
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
         if not alone and any(iid in PS.rows_actions(flow_name)[0] for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+        # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
+        if strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
+            from spec.proofs.counting import proved_cells as count_cells
+
+            upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
         if not alone and "QUE-002" in wanted:
             seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
