@@ -67,10 +67,10 @@ def test_every_action_is_made_of_micro_ops():
 
 
 def test_block_rows_are_unbounded_in_the_matrix():
-    m = prove(invariants=["BLK-003", "STR-001", "BUD-003"], actions=["swap_out", "decode"])
+    m = prove(invariants=["BLK-003", "STR-001", "ALLOC"], actions=["swap_out", "decode"])
     for c in m.cells:
         assert c.result == "proved"
-        assert c.scope == ("bounded" if c.invariant == "BUD-003" else "unbounded"), c
+        assert c.scope == ("bounded" if c.invariant == "ALLOC" else "unbounded"), c
     alone = prove(invariants=["BLK-006"], actions=["abort"], alone=True)
     assert all(c.scope == "bounded" for c in alone.cells)  # the parametric proof assumes more
 

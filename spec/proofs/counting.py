@@ -26,11 +26,12 @@ import z3
 from spec.proofs.encoding import FIN, NONE, RUN, SWAP, WAIT
 
 ROWS = ("STR-002", "BUD-003")
+WF_REQUESTS = "WF/requests"  # WF's per-request part (spec/proofs/per_sequence.py has the rest)
 
 
 class Request:
     def __init__(self, p: str) -> None:
-        self.st, self.live = z3.Ints(f"{p}_status {p}_live")
+        self.st, self.live, self.plen, self.mtok = z3.Ints(f"{p}_status {p}_live {p}_prompt_len {p}_max_tokens")
         self.forked = z3.Bool(f"{p}_forked")
 
 
@@ -52,10 +53,11 @@ class Counting:
         """Per-request facts (WF): live sequences are between 0 and n, an unfinished request has
         one, a request of n = 1 (every v1 request) counts as forked, live <= seats."""
         unfinished = z3.Or(r.st == WAIT, r.st == RUN, r.st == SWAP)
+        arrived = r.st != NONE
         out = [r.st >= NONE, r.st <= FIN, r.live >= 0, r.live <= self.n,
                z3.Implies(unfinished, r.live >= 1), z3.Implies(z3.Or(r.st == NONE, r.st == FIN), r.live == 0),
-               z3.Implies(self.n == 1, r.forked), r.live <= self.seats(r),
-               z3.Implies(z3.Not(r.forked), r.live <= 1)]
+               z3.Implies(z3.And(arrived, self.n == 1), r.forked), r.live <= self.seats(r),
+               z3.Implies(z3.Not(r.forked), r.live <= 1), z3.Implies(arrived, z3.And(r.plen >= 1, r.mtok >= 1))]
         if self.flow == "v1":
             out.append(self.n == 1)
         return z3.And(out)
@@ -68,20 +70,20 @@ class Counting:
         """The relation between the touched request's pre (``a``) and post (``b``) state, with
         the action's guard on the sums (the reference's admission / swap-in seat check)."""
         running_seats = self.rest_seats + self.term(a)[0]
-        same_fork = b.forked == a.forked
+        same_fork = z3.And(b.forked == a.forked, b.plen == a.plen, b.mtok == a.mtok)
         run_or_end = z3.Or(z3.And(b.st == RUN, b.live >= 1), z3.And(b.st == FIN, b.live == 0))
         if action == "add":
-            return z3.And(a.st == NONE, b.st == WAIT, b.live == 1, b.forked == (self.n == 1))
+            return z3.And(a.st == NONE, b.st == WAIT, b.live == 1, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
         if action == "admit":
             guard = z3.And(a.st == WAIT, a.forked, self.seats(a) <= self.M, running_seats + self.seats(a) <= self.M)
             if self.flow == "v1":  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
                 guard = z3.And(a.st == WAIT, running_seats < self.M)
-                return z3.And(guard, same_fork, z3.Or(b.st == RUN, b.st == FIN), b.live <= a.live)
+                return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
             return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
         if action == "fork":
             guard = z3.And(a.st == WAIT, z3.Not(a.forked), self.n >= 2, self.n <= self.M,
                            running_seats + self.n <= self.M)
-            return z3.And(guard, b.forked, run_or_end, b.live <= self.n)
+            return z3.And(guard, b.forked, b.plen == a.plen, b.mtok == a.mtok, run_or_end, b.live <= self.n)
         if action in ("decode", "finish", "chunk"):
             return z3.And(a.st == RUN, same_fork, run_or_end, b.live <= a.live)
         if action == "swap_in":
@@ -121,7 +123,8 @@ def prove_counts(flow_name: str = "v0", timeout_ms: int = 20_000) -> dict[tuple[
             results[name] = "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown"
         for row in ROWS:
             out[(row, action)] = "proved" if results[row] == results["local"] == "proved" else results[row]
-    for row in ROWS:  # the empty scheduler: both sums are 0
+        out[(WF_REQUESTS, action)] = results["local"]
+    for row in (*ROWS, WF_REQUESTS):  # the empty scheduler: both sums are 0, no request arrived
         out[(row, "init")] = "proved"
     return out
 

@@ -248,6 +248,14 @@ def prove(
             from spec.proofs.counting import proved_cells as count_cells
 
             upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
+        # WF (v0) = its per-sequence part (per_sequence.py) and its per-request part (counting.py)
+        if flow_name == "v0" and strengthen and not alone and "WF" in wanted:
+            from spec.proofs.counting import WF_REQUESTS
+            from spec.proofs.counting import proved_cells as count_cells
+
+            seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+            reqs = count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
+            upgraded |= {("WF", a) for a in ("init", *fl.actions) if (PS.WF_SEQS, a) in seqs and (WF_REQUESTS, a) in reqs}
         # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
         if not alone and "QUE-002" in wanted:
             seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)

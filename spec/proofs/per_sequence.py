@@ -30,6 +30,8 @@ ROWS = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "LEN-0
 # QUE-002's per-sequence half (a live sequence of an unfinished request has the request's
 # status); its per-request half (a queue names the status) is in spec/proofs/unbounded.py
 QUE_SEQS = "QUE-002/seqs"
+# WF's per-sequence part (v0), with the request's status and fork flag after the action
+WF_SEQS = "WF/seqs"
 # The touched request's status after the action whenever one of its sequences is still live
 # (an action ends the request only when none is: finish_group_if_done, V1's finish)
 TARGET = {"add": WAIT, "admit": RUN, "fork": RUN, "decode": RUN, "preempt_recompute": WAIT, "swap_out": SWAP,
@@ -70,6 +72,9 @@ class Generic:
         self.gs = z3.Int("g_request_status")
         self.forked = z3.Bool("g_forked")
         self.first = z3.Bool("g_first")  # the request's first slot (the parent)
+        self.L = z3.Int("g_table_len")  # the bound's table length, symbolic (WF: tables fit it)
+        self.n = z3.Int("g_n")
+        self.anylive = z3.Bool("g_any_member_live_after")
 
     def seq(self, p: str) -> Seq:
         return Seq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc"))
@@ -93,19 +98,46 @@ class Generic:
             "LEN-001": z3.Implies(admitted, q.nt <= self.ML),
         }
 
-    def wf(self, q: Seq) -> Any:
+    def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
         """WF's per-sequence part, and its tie to the request (QUE-002's per-sequence half)."""
+        gs = self.gs if gs is None else gs
+        forked = self.forked if forked is None else forked
         born = q.st != NONE
         live = z3.Or(q.st == WAIT, q.st == RUN, q.st == SWAP)
-        unfinished = z3.Or(self.gs == WAIT, self.gs == RUN, self.gs == SWAP)
+        unfinished = z3.Or(gs == WAIT, gs == RUN, gs == SWAP)
         return z3.And(
             q.st >= NONE, q.st <= FIN, q.dv >= NODEV, q.dv <= CPU, q.tl >= 0, (q.dv == NODEV) == (q.tl == 0),
             z3.Implies(born, z3.And(q.nt >= 1, q.nc >= 0)), z3.Implies(z3.Not(born), q.tl == 0),
-            z3.Implies(self.gs == NONE, z3.Not(born)), z3.Implies(self.gs == FIN, z3.Not(live)),
-            z3.Implies(z3.And(unfinished, live), q.st == self.gs),
-            z3.Implies(self.first, born == (self.gs != NONE)),
-            z3.Implies(z3.Not(self.first), born == z3.And(self.gs != NONE, self.forked)),
+            z3.Implies(gs == NONE, z3.Not(born)), z3.Implies(gs == FIN, z3.Not(live)),
+            z3.Implies(z3.And(unfinished, live), q.st == gs),
+            z3.Implies(self.first, born == (gs != NONE)),
+            z3.Implies(z3.Not(self.first), born == z3.And(gs != NONE, forked)),
         )
+
+    def request_after(self, action: str, post: Seq) -> tuple[Any, Any, Any]:
+        """(constraint, status, fork flag) of the touched request after the action: an action
+        that may end it ends it exactly when no member is live (``anylive``, true when this one
+        is)."""
+        link = z3.Implies(self.live(post), self.anylive)
+        if action == "add":
+            return z3.Implies(z3.Not(self.first), self.n >= 2), z3.IntVal(WAIT), self.n == 1
+        if action in ("admit", "fork", "decode", "swap_in", "finish"):
+            forked = z3.BoolVal(True) if action == "fork" else self.forked
+            return link, z3.If(self.anylive, RUN, FIN), forked
+        status = {"preempt_recompute": WAIT, "swap_out": SWAP, "abort": FIN, "ignore": FIN}[action]
+        return z3.BoolVal(True), z3.IntVal(status), self.forked
+
+    def in_bound(self, action: str, q: Seq, parent: Seq) -> Any:
+        """The table-length guards of the bounded encoding (what keeps WF's tl <= L)."""
+        m = self.live(q)
+        grow = z3.And(m, q.nc / self.bs == q.tl, q.tl < self.L)
+        if action == "admit":
+            return z3.Implies(m, self.ceil(q.nt) <= self.L)
+        if action == "fork":
+            return self.ceil(parent.nt) <= self.L
+        if action in ("decode", "swap_in"):
+            return z3.Or(z3.Not(z3.And(m, q.nc / self.bs == q.tl)), grow)
+        return z3.BoolVal(True)
 
     def inv(self, q: Seq) -> Any:
         return z3.And(self.wf(q), *self.rows(q).values())
@@ -269,11 +301,20 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
         q, parent = G.seq("pre"), G.seq("parent")
         guard, post = G.effect(action, q, parent)
         hyps = [G.base(), G.inv(q), guard]
-        if action == "fork":
-            hyps += [G.inv(parent)]
+        if action == "fork":  # the parent is the first slot: q itself when q is first
+            same = z3.And(q.st == parent.st, q.dv == parent.dv, q.tl == parent.tl, q.nt == parent.nt, q.nc == parent.nc)
+            hyps += [G.inv(parent), z3.Implies(G.first, same)]
         after = G.rows(post)
         after[QUE_SEQS] = z3.Implies(G.live(post), post.st == TARGET[action])
-        for row in (*rows, QUE_SEQS):
+        names = (*rows, QUE_SEQS)
+        if flow_name == "v0":
+            link, gs2, forked2 = G.request_after(action, post)
+            hyps += [q.tl <= G.L, G.in_bound(action, q, parent), link]
+            if action == "fork":
+                hyps += [parent.tl <= G.L]
+            after[WF_SEQS] = z3.And(G.wf(post, gs2, forked2), post.tl <= G.L)
+            names = (*names, WF_SEQS)
+        for row in names:
             t0 = time.perf_counter()
             s = z3.Solver()
             s.set("timeout", timeout_ms)
@@ -282,6 +323,8 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
             out.append(SeqResult(row, action, "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown",
                                  time.perf_counter() - t0))
     out.append(SeqResult(QUE_SEQS, "init", "proved", 0.0))  # nothing is live
+    if flow_name == "v0":
+        out.append(SeqResult(WF_SEQS, "init", "proved", 0.0))  # every slot unborn, no request
     for row in rows:  # the empty scheduler: every slot unborn
         q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
         s = z3.Solver()
