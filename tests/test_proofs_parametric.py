@@ -85,3 +85,11 @@ def test_block_mutants_are_caught_by_an_unbounded_cell(mutant):
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken & refuted, (broken, refuted)
     assert m.to_dict()["parametric"]["witness"]["op"] == MUTANTS[mutant]
+
+
+def test_v1_ops_keep_blocks_unshared():
+    """v1's WF says no block is shared: append and drop keep every count <= 1; share does not."""
+    from spec.proofs.parametric import prove_unshared
+
+    assert prove_unshared()
+    assert set(o for ops in ACTION_OPS["v1"].values() for o in ops) == {"append", "drop"}

@@ -59,7 +59,7 @@ class Counting:
                z3.Implies(z3.And(arrived, self.n == 1), r.forked), r.live <= self.seats(r),
                z3.Implies(z3.Not(r.forked), r.live <= 1), z3.Implies(arrived, z3.And(r.plen >= 1, r.mtok >= 1))]
         if self.flow == "v1":
-            out.append(self.n == 1)
+            out += [self.n == 1, r.st != SWAP]
         return z3.And(out)
 
     def rows(self, r: Request) -> dict[str, Any]:

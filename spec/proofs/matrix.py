@@ -248,8 +248,9 @@ def prove(
             from spec.proofs.counting import proved_cells as count_cells
 
             upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
-        # WF (v0) = its per-sequence part (per_sequence.py) and its per-request part (counting.py)
-        if flow_name == "v0" and strengthen and not alone and "WF" in wanted:
+        # WF = its per-sequence part (per_sequence.py) and its per-request part (counting.py);
+        # v1's also says no block is shared (parametric.prove_unshared)
+        if strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
             from spec.proofs.counting import WF_REQUESTS
             from spec.proofs.counting import proved_cells as count_cells
 

@@ -335,6 +335,24 @@ def prove_ops(mutant: str | None = None, ops: tuple[str, ...] = OPS, timeout_ms:
     return out
 
 
+def prove_unshared(timeout_ms: int = 20_000) -> bool:
+    """The v1 flow's ops (append, drop) keep every count at most 1 (n = 1, no prefix caching: v1's
+    WF says no block is shared)."""
+    P = Parametric()
+    d, b = z3.Ints("u_d u_b")
+
+    def unshared(st: PState) -> Any:
+        return z3.ForAll([d, b], z3.Implies(P.valid(d, b), st.ref[d, b] <= 1))
+
+    ok = True
+    for name in sorted({o for ops in ACTION_OPS["v1"].values() for o in ops}):
+        pre = P.state("pre")
+        op = P.op(name, pre)
+        hyps = [P.sizes_ok(), op.guard, *P.facts(pre).values(), unshared(pre)]
+        ok = ok and _check(hyps, unshared(op.post), timeout_ms) == "proved"
+    return ok
+
+
 def prove_init(timeout_ms: int = 20_000) -> bool:
     """The empty scheduler (every block free with count 0, no table, no move) has every fact."""
     P = Parametric()

@@ -30,7 +30,7 @@ ROWS = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "LEN-0
 # QUE-002's per-sequence half (a live sequence of an unfinished request has the request's
 # status); its per-request half (a queue names the status) is in spec/proofs/unbounded.py
 QUE_SEQS = "QUE-002/seqs"
-# WF's per-sequence part (v0), with the request's status and fork flag after the action
+# WF's per-sequence part, with the request's status and fork flag after the action
 WF_SEQS = "WF/seqs"
 # The touched request's status after the action whenever one of its sequences is still live
 # (an action ends the request only when none is: finish_group_if_done, V1's finish)
@@ -222,12 +222,27 @@ class GenericV1(Generic):
         out["CHK-002"] = z3.Implies(q.st != NONE, z3.And(q.nc >= 0, q.nc <= q.nt))
         return out
 
-    def wf(self, q: Seq) -> Any:
+    def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
+        gs = self.gs if gs is None else gs
         live = self.live(q)
-        unfinished = z3.Or(self.gs == WAIT, self.gs == RUN)  # the request's one sequence is live (WF)
-        return z3.And(super().wf(q), q.st != SWAP, self.gs != SWAP, z3.Implies(live, q.nt <= self.ML),
+        unfinished = z3.Or(gs == WAIT, gs == RUN)  # the request's one sequence is live (WF)
+        return z3.And(super().wf(q, gs, forked), q.st != SWAP, gs != SWAP, z3.Implies(live, q.nt <= self.ML),
                       z3.Implies(unfinished, live),
                       z3.Implies(q.st != NONE, q.nt >= self.plen))
+
+    def request_after(self, action: str, post: Seq) -> tuple[Any, Any, Any]:
+        """The request's status after the action is its one sequence's (FIN once it ends)."""
+        if action == "add":
+            return z3.BoolVal(True), z3.If(self.plen > self.ML, FIN, WAIT), z3.BoolVal(True)
+        if action in ("admit", "chunk"):
+            return z3.BoolVal(True), z3.If(self.live(post), RUN, FIN), z3.BoolVal(True)
+        status = {"preempt_recompute": WAIT, "abort": FIN, "ignore": FIN}[action]
+        return z3.BoolVal(True), z3.IntVal(status), z3.BoolVal(True)
+
+    def in_bound(self, action: str, q: Seq, parent: Seq) -> Any:
+        if action in ("admit", "chunk"):
+            return self.ceil(q.nc + self.k) <= self.L
+        return z3.BoolVal(True)
 
     def _chunk(self, q: Seq, allocate: bool = True) -> tuple[Any, Seq]:
         k = self.k
@@ -307,7 +322,7 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
         after = G.rows(post)
         after[QUE_SEQS] = z3.Implies(G.live(post), post.st == TARGET[action])
         names = (*rows, QUE_SEQS)
-        if flow_name == "v0":
+        if True:  # WF's per-sequence part, both flows
             link, gs2, forked2 = G.request_after(action, post)
             hyps += [q.tl <= G.L, G.in_bound(action, q, parent), link]
             if action == "fork":
@@ -323,8 +338,7 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
             out.append(SeqResult(row, action, "proved" if r == z3.unsat else "counterexample" if r == z3.sat else "unknown",
                                  time.perf_counter() - t0))
     out.append(SeqResult(QUE_SEQS, "init", "proved", 0.0))  # nothing is live
-    if flow_name == "v0":
-        out.append(SeqResult(WF_SEQS, "init", "proved", 0.0))  # every slot unborn, no request
+    out.append(SeqResult(WF_SEQS, "init", "proved", 0.0))  # every slot unborn, no request
     for row in rows:  # the empty scheduler: every slot unborn
         q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
         s = z3.Solver()
