@@ -188,7 +188,7 @@ def v1_seq_state(t: Any) -> tuple[int, int, int, int, int]:
     return (_status(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
 
 
-def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple) -> tuple:
+def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, rest_partial: int = 0) -> tuple:
     G = GenericV1()
     sq = G.seq("q")
     guard, post = G.effect(action, sq, sq)
@@ -197,7 +197,8 @@ def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple) 
     pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
              (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
              (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(int(stop))),
-             (G.CH, z3.BoolVal(cfg.enable_chunked_prefill))]
+             (G.CH, z3.BoolVal(cfg.enable_chunked_prefill)), (G.P, z3.IntVal(cfg.max_num_partial_prefills)),
+             (G.rest_partial, z3.IntVal(rest_partial))]
 
     def ev(e: Any) -> Any:
         v = z3.simplify(z3.substitute(e, *pins))
@@ -216,6 +217,7 @@ def test_each_v1_request_follows_the_generic_rule(data):
         max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
         max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
         long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if chunked else 0,
     )
     sched = V1Scheduler(config)
     for j in range(data.draw(st.integers(0, 10))):
@@ -238,7 +240,9 @@ def test_each_v1_request_follows_the_generic_rule(data):
         t = sched.requests[rid]
         pre = v1_seq_state(t)
         others = {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
-        want = v1_predicted(sched, t, action, k, stop, pre)
+        rest = sum(1 for r in v1_requests(sched) if r is not t and r.status is Status.RUNNING
+                   and r.num_computed < r.num_tokens - 1)  # the other requests mid-prefill (CHK-006)
+        want = v1_predicted(sched, t, action, k, stop, pre, rest)
         v1_apply_action(sched, action, t, k, stop)
         assert v1_seq_state(t) == want, f"{action} k={k} stop={stop}: reference {v1_seq_state(t)}, rule {want} (pre {pre})"
         assert others == {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
@@ -253,7 +257,7 @@ def test_v1_rows_are_proved_for_a_generic_sequence():
 @pytest.mark.parametrize("mutant", sorted(MUTANTS_V1))
 def test_v1_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant):
     actions = list(MUTANTS_V1[mutant])
-    m = prove(flow_name="v1", mutant=mutant, actions=actions, invariants=["CAP-001", "CAP-003"])
+    m = prove(flow_name="v1", mutant=mutant, actions=actions, invariants=["CAP-001", "CAP-003", "CHK-006"])
     broken = {tuple(c) for c in m.parametric["cells"]}
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken and broken <= refuted, (broken, refuted)

@@ -55,6 +55,7 @@ MUTANTS = {
 }
 # and of the v1 flow (spec.proofs.chunked.V1_MUTANTS)
 MUTANTS_V1 = {
+    "admit-ignores-partial-limit": ("admit",),
     "preempt-keeps-computed": ("preempt_recompute",),
     "chunk-past-end": ("admit", "chunk"),
     "chunk-no-alloc": ("chunk",),
@@ -201,7 +202,7 @@ class Generic:
         raise ValueError(action)
 
 
-ROWS_V1 = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001")
+ROWS_V1 = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006")
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
 
 
@@ -213,6 +214,9 @@ class GenericV1(Generic):
         super().__init__(mutant)
         self.k, self.stop = z3.Ints("g_tokens g_stop")
         self.CH = z3.Bool("g_chunked_prefill")
+        # CHK-006 counts running requests mid-prefill: this request's term plus the others'
+        # (``rest``, an arbitrary count: only this request changes), against the limit P
+        self.P, self.rest_partial = z3.Ints("g_max_num_partial_prefills g_rest_partial")
         self.first = z3.BoolVal(True)
         self.forked = z3.BoolVal(True)
 
@@ -220,7 +224,15 @@ class GenericV1(Generic):
         out = super().rows(q)
         out["CAP-003"] = z3.And(z3.Implies(q.st == RUN, q.nc <= q.nt - 1), z3.Implies(q.st == WAIT, q.nc == 0))
         out["CHK-002"] = z3.Implies(q.st != NONE, z3.And(q.nc >= 0, q.nc <= q.nt))
+        out["CHK-006"] = z3.Implies(self.P > 0, self.rest_partial + self.partial(q) <= self.P)
         return out
+
+    @staticmethod
+    def partial(q: Seq) -> Any:
+        return z3.If(z3.And(q.st == RUN, q.nc < q.nt - 1), 1, 0)
+
+    def base(self) -> Any:
+        return z3.And(super().base(), self.P >= 0, self.rest_partial >= 0)
 
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
         gs = self.gs if gs is None else gs
@@ -267,6 +279,9 @@ class GenericV1(Generic):
         if action in ("admit", "chunk"):
             ok, post = self._chunk(q, allocate=not (action == "chunk" and self.mutant == "chunk-no-alloc"))
             want = WAIT if action == "admit" else RUN
+            if action == "admit" and self.mutant != "admit-ignores-partial-limit":
+                # a new partial prefill only while fewer than the limit are mid-prefill
+                ok = z3.And(ok, z3.Or(self.P == 0, q.nc + self.k >= q.nt - 1, self.rest_partial + self.partial(q) < self.P))
             return z3.And(gs == want, ok, z3.Or(self.CH, action == "chunk", self.k == q.nt - q.nc)), post
         if action == "preempt_recompute":
             freed = self._freed(q, True, WAIT)
@@ -342,7 +357,8 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
     for row in rows:  # the empty scheduler: every slot unborn
         q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
         s = z3.Solver()
-        s.add(G.base(), z3.Not(G.rows(q)[row]))
+        empty = G.rest_partial == 0 if isinstance(G, GenericV1) else z3.BoolVal(True)  # no other request either
+        s.add(G.base(), empty, z3.Not(G.rows(q)[row]))
         out.append(SeqResult(row, "init", "proved" if s.check() == z3.unsat else "counterexample", 0.0))
     return out
 
