@@ -92,7 +92,7 @@ def test_v1_request_effects(data):
         max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
         max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked))
     for j in range(data.draw(st.integers(0, 10))):
-        if data.draw(st.integers(0, 2)) == 0:
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:  # a few requests arrive first
             sched.add_request(Req(f"r{j}", prompt_len=data.draw(st.integers(1, 20)), max_tokens=data.draw(st.integers(1, 12))))
         out = sched.schedule()
         sched.update(StepOutcome(frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 0)))

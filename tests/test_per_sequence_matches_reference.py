@@ -188,7 +188,8 @@ def v1_seq_state(t: Any) -> tuple[int, int, int, int, int]:
     return (_status(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
 
 
-def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, rest_partial: int = 0) -> tuple:
+def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, rest_partial: int = 0,
+                 rest_active: int = 0) -> tuple:
     G = GenericV1()
     sq = G.seq("q")
     guard, post = G.effect(action, sq, sq)
@@ -198,7 +199,8 @@ def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, 
              (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
              (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(int(stop))),
              (G.CH, z3.BoolVal(cfg.enable_chunked_prefill)), (G.P, z3.IntVal(cfg.max_num_partial_prefills)),
-             (G.rest_partial, z3.IntVal(rest_partial))]
+             (G.rest_partial, z3.IntVal(rest_partial)), (G.rest_active, z3.IntVal(rest_active)),
+             (G.TH, z3.IntVal(cfg.long_prefill_token_threshold))]
 
     def ev(e: Any) -> Any:
         v = z3.simplify(z3.substitute(e, *pins))
@@ -221,7 +223,7 @@ def test_each_v1_request_follows_the_generic_rule(data):
     )
     sched = V1Scheduler(config)
     for j in range(data.draw(st.integers(0, 10))):
-        if data.draw(st.integers(0, 2)) == 0:
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:  # a few requests arrive first
             sched.add_request(Request(f"r{j}", prompt_len=data.draw(st.integers(1, 20)),
                                       max_tokens=data.draw(st.integers(1, 12))))
         out = sched.schedule()
@@ -232,7 +234,7 @@ def test_each_v1_request_follows_the_generic_rule(data):
             for action in ACTIONS_V1[1:]:
                 for k in (1, 2, 5) if action in ("admit", "chunk") else (1,):
                     if v1_reference_guard(sched, action, t, k, UNBOUNDED_TABLES):
-                        options.append((action, t.request_id, k))
+                        options += [(action, t.request_id, k)] * (3 if action in ("admit", "chunk") else 1)
         if not options:
             return
         action, rid, k = data.draw(st.sampled_from(options))
@@ -242,7 +244,8 @@ def test_each_v1_request_follows_the_generic_rule(data):
         others = {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
         rest = sum(1 for r in v1_requests(sched) if r is not t and r.status is Status.RUNNING
                    and r.num_computed < r.num_tokens - 1)  # the other requests mid-prefill (CHK-006)
-        want = v1_predicted(sched, t, action, k, stop, pre, rest)
+        active = sum(1 for r in v1_requests(sched) if r is not t and r.status in (Status.WAITING, Status.RUNNING))
+        want = v1_predicted(sched, t, action, k, stop, pre, rest, active)
         v1_apply_action(sched, action, t, k, stop)
         assert v1_seq_state(t) == want, f"{action} k={k} stop={stop}: reference {v1_seq_state(t)}, rule {want} (pre {pre})"
         assert others == {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
@@ -257,7 +260,8 @@ def test_v1_rows_are_proved_for_a_generic_sequence():
 @pytest.mark.parametrize("mutant", sorted(MUTANTS_V1))
 def test_v1_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant):
     actions = list(MUTANTS_V1[mutant])
-    m = prove(flow_name="v1", mutant=mutant, actions=actions, invariants=["CAP-001", "CAP-003", "CHK-006"])
+    m = prove(flow_name="v1", mutant=mutant, actions=actions,
+              invariants=["CAP-001", "CAP-003", "CHK-002", "CHK-003", "CHK-004", "CHK-005", "CHK-006"])
     broken = {tuple(c) for c in m.parametric["cells"]}
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken and broken <= refuted, (broken, refuted)

@@ -241,7 +241,7 @@ def prove(
             upgraded |= proof.cells(flow_name)
             matrix.parametric = proof.to_dict()
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
-        if not alone and any(iid in PS.rows_actions(flow_name)[0] for iid in wanted):
+        if not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
         # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
         if strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):

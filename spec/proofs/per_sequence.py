@@ -56,6 +56,7 @@ MUTANTS = {
 # and of the v1 flow (spec.proofs.chunked.V1_MUTANTS)
 MUTANTS_V1 = {
     "admit-ignores-partial-limit": ("admit",),
+    "chunk-ignores-threshold": ("admit", "chunk"),
     "preempt-keeps-computed": ("preempt_recompute",),
     "chunk-past-end": ("admit", "chunk"),
     "chunk-no-alloc": ("chunk",),
@@ -203,6 +204,8 @@ class Generic:
 
 
 ROWS_V1 = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006")
+# v1 transition properties about the touched request alone (no init column)
+STEPS_V1 = ("CHK-001", "CHK-003", "CHK-004", "CHK-005")
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
 
 
@@ -217,6 +220,8 @@ class GenericV1(Generic):
         # CHK-006 counts running requests mid-prefill: this request's term plus the others'
         # (``rest``, an arbitrary count: only this request changes), against the limit P
         self.P, self.rest_partial = z3.Ints("g_max_num_partial_prefills g_rest_partial")
+        # CHK-005's threshold applies when more than one request runs or waits: this one + the rest
+        self.TH, self.rest_active = z3.Ints("g_long_prefill_token_threshold g_rest_active")
         self.first = z3.BoolVal(True)
         self.forked = z3.BoolVal(True)
 
@@ -232,7 +237,23 @@ class GenericV1(Generic):
         return z3.If(z3.And(q.st == RUN, q.nc < q.nt - 1), 1, 0)
 
     def base(self) -> Any:
-        return z3.And(super().base(), self.P >= 0, self.rest_partial >= 0)
+        return z3.And(super().base(), self.P >= 0, self.rest_partial >= 0, self.TH >= 0, self.rest_active >= 0)
+
+    def threshold_applies(self, q: Seq) -> Any:
+        active = self.rest_active + z3.If(z3.Or(q.st == WAIT, q.st == RUN), 1, 0)
+        return z3.And(self.TH > 0, active > 1)
+
+    def transition_goals(self, action: str, q: Seq, post: Seq) -> dict[str, Any]:
+        """The v1 transition properties on (pre, post) of the touched request (others unchanged)."""
+        chunked = action in ("admit", "chunk")
+        true = z3.BoolVal(True)
+        return {
+            "CHK-001": self.k >= 1 if chunked else true,
+            "CHK-002/step": q.nc + self.k <= q.nt if chunked else true,
+            "CHK-003": z3.And(post.tl == 0, post.nc == 0, post.nt == q.nt) if action == "preempt_recompute" else true,
+            "CHK-004": post.nc == q.nc + self.k if chunked else true,
+            "CHK-005": z3.Implies(self.threshold_applies(q), self.k <= self.TH) if chunked else true,
+        }
 
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
         gs = self.gs if gs is None else gs
@@ -260,6 +281,8 @@ class GenericV1(Generic):
         k = self.k
         upper = q.nt - q.nc + (1 if self.mutant == "chunk-past-end" else 0)
         ok = z3.And(k >= 1, k <= upper, self.stop >= 0, self.stop <= 1)
+        if self.mutant != "chunk-ignores-threshold":
+            ok = z3.And(ok, z3.Implies(self.threshold_applies(q), k <= self.TH))
         target = self.ceil(q.nc + k)
         tl = z3.If(target > q.tl, target, q.tl) if allocate else q.tl
         nc = q.nc + k
@@ -344,6 +367,11 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
                 hyps += [parent.tl <= G.L]
             after[WF_SEQS] = z3.And(G.wf(post, gs2, forked2), post.tl <= G.L)
             names = (*names, WF_SEQS)
+        if isinstance(G, GenericV1):
+            steps = G.transition_goals(action, q, post)
+            after["CHK-002"] = z3.And(after["CHK-002"], steps.pop("CHK-002/step"))  # the row has a step part
+            after.update(steps)
+            names = (*names, *steps)
         for row in names:
             t0 = time.perf_counter()
             s = z3.Solver()
