@@ -200,7 +200,8 @@ def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, 
              (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(int(stop))),
              (G.CH, z3.BoolVal(cfg.enable_chunked_prefill)), (G.P, z3.IntVal(cfg.max_num_partial_prefills)),
              (G.rest_partial, z3.IntVal(rest_partial)), (G.rest_active, z3.IntVal(rest_active)),
-             (G.TH, z3.IntVal(cfg.long_prefill_token_threshold))]
+             (G.TH, z3.IntVal(cfg.long_prefill_token_threshold)), (G.F, z3.IntVal(sched.pool.num_free)),
+             (G.W, z3.IntVal(cfg.watermark_blocks))]
 
     def ev(e: Any) -> Any:
         v = z3.simplify(z3.substitute(e, *pins))
@@ -246,8 +247,11 @@ def test_each_v1_request_follows_the_generic_rule(data):
                    and r.num_computed < r.num_tokens - 1)  # the other requests mid-prefill (CHK-006)
         active = sum(1 for r in v1_requests(sched) if r is not t and r.status in (Status.WAITING, Status.RUNNING))
         want = v1_predicted(sched, t, action, k, stop, pre, rest, active)
+        free_before, blocks_before = sched.pool.num_free, len(t.blocks)
         v1_apply_action(sched, action, t, k, stop)
         assert v1_seq_state(t) == want, f"{action} k={k} stop={stop}: reference {v1_seq_state(t)}, rule {want} (pre {pre})"
+        if action in ("admit", "chunk") and not t.status.is_finished:  # ALLOC / ADM-002's count: taken = growth
+            assert free_before - sched.pool.num_free == len(t.blocks) - blocks_before
         assert others == {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
 
 

@@ -205,7 +205,7 @@ class Generic:
 
 ROWS_V1 = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006")
 # v1 transition properties about the touched request alone (no init column)
-STEPS_V1 = ("CHK-001", "CHK-003", "CHK-004", "CHK-005")
+STEPS_V1 = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002")
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
 
 
@@ -222,6 +222,8 @@ class GenericV1(Generic):
         self.P, self.rest_partial = z3.Ints("g_max_num_partial_prefills g_rest_partial")
         # CHK-005's threshold applies when more than one request runs or waits: this one + the rest
         self.TH, self.rest_active = z3.Ints("g_long_prefill_token_threshold g_rest_active")
+        # ALLOC / ADM-002: the pool's free count before the action and the watermark (symbolic)
+        self.F, self.W = z3.Ints("g_free_blocks g_watermark_blocks")
         self.first = z3.BoolVal(True)
         self.forked = z3.BoolVal(True)
 
@@ -237,7 +239,13 @@ class GenericV1(Generic):
         return z3.If(z3.And(q.st == RUN, q.nc < q.nt - 1), 1, 0)
 
     def base(self) -> Any:
-        return z3.And(super().base(), self.P >= 0, self.rest_partial >= 0, self.TH >= 0, self.rest_active >= 0)
+        return z3.And(super().base(), self.P >= 0, self.rest_partial >= 0, self.TH >= 0, self.rest_active >= 0,
+                      self.F >= 0, self.W >= 0)
+
+    def taken(self, q: Seq) -> Any:
+        """Fresh blocks a chunk of k takes: those covering computed + k beyond the table."""
+        fresh = self.ceil(q.nc + self.k) - q.tl
+        return z3.If(fresh > 0, fresh, 0)
 
     def threshold_applies(self, q: Seq) -> Any:
         active = self.rest_active + z3.If(z3.Or(q.st == WAIT, q.st == RUN), 1, 0)
@@ -253,6 +261,10 @@ class GenericV1(Generic):
             "CHK-003": z3.And(post.tl == 0, post.nc == 0, post.nt == q.nt) if action == "preempt_recompute" else true,
             "CHK-004": post.nc == q.nc + self.k if chunked else true,
             "CHK-005": z3.Implies(self.threshold_applies(q), self.k <= self.TH) if chunked else true,
+            # the blocks taken are free ones (the free-count link: |free set| = F, BLK-001)
+            "ALLOC": self.taken(q) <= self.F if chunked else true,
+            # an admitted request leaves the watermark free after its allocation
+            "ADM-002": self.F - self.taken(q) >= self.W if action == "admit" else true,
         }
 
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
@@ -302,6 +314,12 @@ class GenericV1(Generic):
         if action in ("admit", "chunk"):
             ok, post = self._chunk(q, allocate=not (action == "chunk" and self.mutant == "chunk-no-alloc"))
             want = WAIT if action == "admit" else RUN
+            # the block guards: admit keeps the whole sequence and the chunk above the watermark,
+            # a running chunk needs its fresh blocks free
+            if action == "admit":
+                ok = z3.And(ok, self.ceil(q.nt) - q.tl + self.W <= self.F, self.taken(q) + self.W <= self.F)
+            else:
+                ok = z3.And(ok, self.taken(q) <= self.F)
             if action == "admit" and self.mutant != "admit-ignores-partial-limit":
                 # a new partial prefill only while fewer than the limit are mid-prefill
                 ok = z3.And(ok, z3.Or(self.P == 0, q.nc + self.k >= q.nt - 1, self.rest_partial + self.partial(q) < self.P))
