@@ -129,6 +129,12 @@ def _print(matrix, written: list[str]) -> None:
     bad = matrix.failing()
     console.print(f"{len(matrix.cells) - len(bad)}/{len(matrix.cells)} cells proved in {matrix.seconds:.1f}s"
                   " (∞ = unbounded: proved for every size)")
+    broken = matrix.parametric.get("cells") if matrix.mutant else None
+    if broken:
+        w = matrix.parametric["witness"]
+        how = f"{w['fact']} of micro-op {w['op']} fails (params {json.dumps(w['params'])})" if w else \
+            "the generic sequence's rule fails"
+        console.print(f"unbounded proof broken by the mutant: {how}, cells {', '.join(f'{r} x {a}' for r, a in broken)}")
     for c in bad[:10]:
         if c.counterexample:
             console.print(f"counterexample {c.invariant} x {c.action} ({c.flow}): {json.dumps(c.counterexample.get('params', {}))} "

@@ -77,10 +77,13 @@ class Cell:
     scope: str = "bounded"  # bounded | unbounded
     counterexample: dict[str, Any] | None = None
     flow: str = "v0"
+    via: str | None = None  # set when the bounded query was not run: the cell follows from this proof
 
     def to_dict(self) -> dict[str, Any]:
         out = {"invariant": self.invariant, "action": self.action, "result": self.result,
                "seconds": round(self.seconds, 4), "scope": self.scope, "flow": self.flow}
+        if self.via is not None:
+            out["via"] = self.via
         if self.counterexample is not None:
             out["counterexample"] = self.counterexample
         return out
@@ -97,6 +100,9 @@ class Matrix:
     seconds: float = 0.0
     flow: str = "v0"  # v0, v1, or "all" (merged; bounds per flow in ``bounds``)
     bounds: dict[str, Bound] = field(default_factory=dict)
+    # the parametric block proof behind the block rows' unbounded cells (spec/proofs/parametric.py);
+    # for a block-layer mutant, the unbounded cells it breaks and the concrete witness
+    parametric: dict[str, Any] = field(default_factory=dict)
 
     @property
     def all_proved(self) -> bool:
@@ -123,6 +129,7 @@ class Matrix:
             "all_proved": self.all_proved,
             "cells": [c.to_dict() for c in self.cells],
             "not_state_invariants": self.out_of_scope,
+            **({"parametric": self.parametric} if self.parametric else {}),
         }
 
 
@@ -171,7 +178,7 @@ def merge(matrices: list[Matrix]) -> Matrix:
                 scope.setdefault(iid, why)
     return Matrix(first.bound, first.mutant, first.strengthened, first.alone,
                   [c for m in matrices for c in m.cells], scope, sum(m.seconds for m in matrices), "all",
-                  {m.flow: m.bound for m in matrices})
+                  {m.flow: m.bound for m in matrices}, next((m.parametric for m in matrices if m.parametric), {}))
 
 
 def prove(
@@ -187,9 +194,15 @@ def prove(
     catalogue_ids: Iterable[str] = (),
     unbounded: bool = True,
     jobs: int = 1,
+    reuse_unbounded: bool | None = None,
 ) -> Matrix:
     """Run the matrix. ``strengthen=False`` drops the STR-* invariants from the hypothesis
-    (they are still checked as cells), which shows which cells need them."""
+    (they are still checked as cells), which shows which cells need them.
+
+    ``reuse_unbounded`` (default: on at any bound but the flow's default one): a cell proved for
+    every size is proved at this bound too, so its bounded query is not run (the cell says
+    ``via``). At the default bound every cell is also solved bounded, an independent check of
+    the bounded encoding."""
     started = time.perf_counter()
     fl = flow(flow_name)
     bound = bound if bound is not None else fl.default_bound
@@ -208,11 +221,57 @@ def prove(
     if alone:  # each invariant on its own (plus the model's WF): which are inductive alone
         hyp_ids = ["WF"]
 
+    from spec.proofs import parametric as P
+
+    upgraded: set[tuple[str, str]] = set()
+    from spec.proofs import per_sequence as PS
+
+    if unbounded and mutant in P.MUTANTS:
+        matrix.parametric = P.broken_cells(mutant, flow_name)
+    if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+        matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
+    if unbounded and mutant is None:
+        from spec.proofs.unbounded import QUE_QUEUES, prove_unbounded
+
+        upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
+        # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
+        # with STR-001, so a cell proved alone or without the strengthening keeps its bound
+        if strengthen and not alone and any(iid in P.ROW_FACTS for iid in wanted):
+            proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
+            upgraded |= proof.cells(flow_name)
+            matrix.parametric = proof.to_dict()
+        # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
+        if not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
+            upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+        # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
+        if strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
+            from spec.proofs.counting import proved_cells as count_cells
+
+            upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
+        # WF = its per-sequence part (per_sequence.py) and its per-request part (counting.py);
+        # v1's also says no block is shared (parametric.prove_unshared)
+        if strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
+            from spec.proofs.counting import WF_REQUESTS
+            from spec.proofs.counting import proved_cells as count_cells
+
+            seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+            reqs = count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
+            upgraded |= {("WF", a) for a in ("init", *fl.actions) if (PS.WF_SEQS, a) in seqs and (WF_REQUESTS, a) in reqs}
+        # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
+        if not alone and "QUE-002" in wanted:
+            seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+            upgraded |= {("QUE-002", a) for (iid, a) in upgraded if iid == QUE_QUEUES and (PS.QUE_SEQS, a) in seqs}
+    reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
+    skip = upgraded if reuse else set()
+
     # init column
     enc = fl.encoder(bound, mutant)
     init = enc.initial()
     for iid in wanted:
         if iid not in states:
+            continue
+        if (iid, "init") in skip:
+            matrix.cells.append(Cell(iid, "init", PROVED, 0.0, flow=flow_name, via=VIA))
             continue
         t0 = time.perf_counter()
         s = _solver(timeout_ms)
@@ -221,7 +280,8 @@ def prove(
         cex = _counterexample(s.model(), None, enc, init, None) if r == z3.sat else None
         matrix.cells.append(Cell(iid, "init", _result(r), time.perf_counter() - t0, counterexample=cex, flow=flow_name))
 
-    tasks = [(flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone) for action in chosen_actions]
+    tasks = [(flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone,
+              {iid for iid in wanted if (iid, action) in skip}) for action in chosen_actions]
     if jobs > 1 and len(tasks) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -236,10 +296,7 @@ def prove(
     for cells in results:
         matrix.cells += [Cell(**c) for c in cells]
 
-    if unbounded and mutant is None:
-        from spec.proofs.unbounded import prove_unbounded
-
-        upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
+    if upgraded:
         for cell in matrix.cells:
             if cell.result == PROVED and (cell.invariant, cell.action) in upgraded:
                 cell.scope = "unbounded"
@@ -247,11 +304,12 @@ def prove(
     return matrix
 
 
+VIA = "proved for every size (spec/proofs/parametric.py, spec/proofs/unbounded.py); bounded query not run"
 _WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
 
 
 def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
-    flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone = task
+    flow_name, bound, mutant, action, hyp_ids, wanted, timeout_ms, alone, skip = task
     fl = flow(flow_name)
     states, transitions = fl.state_invariants, fl.transition_properties
     enc = fl.encoder(bound, mutant)
@@ -259,6 +317,10 @@ def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
     base = [enc.config_ok(), fl.grp_ok(enc), *[states[i](enc, ae.pre) for i in hyp_ids], ae.guard, *ae.defs]
     cells = []
     for iid in wanted:
+        if iid in skip:
+            cells.append({"invariant": iid, "action": action, "result": PROVED, "seconds": 0.0,
+                          "counterexample": None, "flow": flow_name, "via": VIA})
+            continue
         t0 = time.perf_counter()
         hypothesis = [*base, states[iid](enc, ae.pre)] if alone and iid in states else base
         goal = states[iid](enc, ae.post) if iid in states else transitions[iid](ae)

@@ -48,6 +48,16 @@ def _que001(status: Any, w: Any, r: Any, s: Any) -> Any:
     unfinished = z3.Or(status[j] == WAIT, status[j] == RUN, status[j] == SWAP)
     return z3.ForAll([j], z3.If(unfinished, n == 1, n == 0))
 
+def _que002_queues(status: Any, w: Any, r: Any, s: Any) -> Any:
+    """QUE-002's per-request half: a request in a queue has that queue's status."""
+    j = z3.Int("j")
+    return z3.ForAll([j], z3.And(z3.Implies(w[j], status[j] == WAIT), z3.Implies(r[j], status[j] == RUN),
+                                 z3.Implies(s[j], status[j] == SWAP)))
+
+
+QUE_QUEUES = "QUE-002/queues"
+
+
 def prove_unbounded(timeout_ms: int = 60_000, flow_name: str = "v0") -> set[tuple[str, str]]:
     """The (invariant, action) cells proved for every size (plus ``init``), for the v0 or v1 flow."""
     effects = _EFFECTS_V1 if flow_name == "v1" else _EFFECTS
@@ -60,22 +70,27 @@ def prove_unbounded(timeout_ms: int = 60_000, flow_name: str = "v0") -> set[tupl
     solver.set("timeout", timeout_ms)
     j = z3.Int("k")
     solver.add(z3.ForAll([j], z3.And(status[j] == NONE, z3.Not(w[j]), z3.Not(r[j]), z3.Not(s[j]))))
-    solver.add(z3.Not(_que001(status, w, r, s)))
-    if solver.check() == z3.unsat:
-        proved.add(("QUE-001", "init"))
+    init_facts = solver.assertions()
+    for name, fact in (("QUE-001", _que001), (QUE_QUEUES, _que002_queues)):
+        init = z3.Solver()
+        init.set("timeout", timeout_ms)
+        init.add(*init_facts, z3.Not(fact(status, w, r, s)))
+        if init.check() == z3.unsat:
+            proved.add((name, "init"))
     g = z3.Int("g")
     for action, (pre_ok, post_opts) in effects.items():
         new = z3.Int("new_status")
         status2 = z3.Store(status, g, new)
         queue = {WAIT: w, RUN: r, SWAP: s}
         posts = [z3.Store(arr, g, z3.And(new == code, z3.BoolVal(True))) for code, arr in queue.items()]
-        solver = z3.Solver()
-        solver.set("timeout", timeout_ms)
-        solver.add(_que001(status, w, r, s))
-        solver.add(z3.Or([status[g] == c for c in pre_ok]), z3.Or([new == c for c in post_opts]))
-        solver.add(z3.Not(_que001(status2, *posts)))
-        if solver.check() == z3.unsat:
-            proved.add(("QUE-001", action))
+        for name, fact in (("QUE-001", _que001), (QUE_QUEUES, _que002_queues)):
+            solver = z3.Solver()
+            solver.set("timeout", timeout_ms)
+            solver.add(_que001(status, w, r, s), _que002_queues(status, w, r, s))
+            solver.add(z3.Or([status[g] == c for c in pre_ok]), z3.Or([new == c for c in post_opts]))
+            solver.add(z3.Not(fact(status2, *posts)))
+            if solver.check() == z3.unsat:
+                proved.add((name, action))
     return proved
 
 assert FIN not in (WAIT, RUN, SWAP)

@@ -1,0 +1,271 @@
+"""The per-sequence rules behind the unbounded RES/CAP/LEN cells (spec/proofs/per_sequence.py)
+are the reference scheduler's: on drawn reference states of any size, after each action every
+member of the touched request has the post-state the generic rule gives for its own pre-state
+(a forked child: the rule applied to the parent), and every other sequence is unchanged. Also:
+the proofs themselves, their non-vacuity, and the two per-sequence proof mutants."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import z3
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance.proof_bridge import (
+    all_groups_of,
+    apply_action,
+    reference_guard,
+    v1_apply_action,
+    v1_reference_guard,
+    v1_requests,
+)
+from reference_impl.scheduler import Scheduler
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.proofs.encoding import CPU, FIN, GPU, NODEV, NONE, RUN, SWAP, WAIT
+from spec.proofs.matrix import prove
+from spec.proofs.per_sequence import (
+    ACTIONS,
+    ACTIONS_V1,
+    MUTANTS,
+    MUTANTS_V1,
+    QUE_SEQS,
+    ROWS,
+    TARGET,
+    WF_SEQS,
+    Generic,
+    GenericV1,
+    Seq,
+    hypotheses_satisfiable,
+    prove_sequences,
+)
+from spec.status import Status
+from spec.types import Request, StepOutcome
+from tests.conftest import examples
+from tests.test_parametric_matches_reference import FIXED as BLOCK_FIXED
+from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, _sched, reference_states
+
+_CODE = {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP}
+
+
+def _status(status: Status) -> int:
+    return FIN if status.is_finished else _CODE[status]
+
+
+def seq_state(sched: Scheduler, seq: Any | None) -> tuple[int, int, int, int, int]:
+    if seq is None:
+        return (NONE, NODEV, 0, 0, 0)
+    bm = sched.block_manager
+    if seq.seq_id in bm.gpu_tables:
+        dv, tl = GPU, len(bm.gpu_tables[seq.seq_id])
+    elif seq.seq_id in bm.cpu_tables:
+        dv, tl = CPU, len(bm.cpu_tables[seq.seq_id])
+    else:
+        dv, tl = NODEV, 0
+    return (_status(seq.status), dv, tl, seq.num_tokens, seq.num_computed)
+
+
+def predicted(sched: Scheduler, group: Any, action: str, q: tuple, parent: tuple, first: bool) -> tuple:
+    G = Generic()
+    sq, sp = G.seq("q"), G.seq("p")
+    guard, post = G.effect(action, sq, sp)
+    pins = [(a, z3.IntVal(v)) for a, v in zip((sq.st, sq.dv, sq.tl, sq.nt, sq.nc), q, strict=True)]
+    pins += [(a, z3.IntVal(v)) for a, v in zip((sp.st, sp.dv, sp.tl, sp.nt, sp.nc), parent, strict=True)]
+    cfg = sched.config
+    pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
+             (G.plen, z3.IntVal(group.request.prompt_len)), (G.mtok, z3.IntVal(group.request.max_tokens)),
+             (G.gs, z3.IntVal(_status(group.status))), (G.forked, z3.BoolVal(group.forked)),
+             (G.first, z3.BoolVal(first))]
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins))
+        return v.as_long() if z3.is_int_value(v) else z3.is_true(v)
+
+    assert ev(guard), f"{action}: the generic guard does not hold for {q} (parent {parent})"
+    return tuple(ev(x) for x in (post.st, post.dv, post.tl, post.nt, post.nc))
+
+
+def check_action(sched: Scheduler, action: str, group: Any, seq_id: str | None = None) -> None:
+    n = group.request.n
+    slots = [next((s for s in group.seqs if s.seq_id == f"{group.request_id}#{k}"), None) for k in range(n)]
+    assert slots[0] is not None, f"sequence ids are not request#index: {[s.seq_id for s in group.seqs]}"
+    before = {k: seq_state(sched, s) for k, s in enumerate(slots)}
+    others = {s.seq_id: seq_state(sched, s) for g in all_groups_of(sched) if g is not group for s in g.seqs}
+    other_status = {g.request_id: g.status for g in all_groups_of(sched) if g is not group}
+    after_sched = copy.deepcopy(sched)
+    apply_action(after_sched, action, after_sched.groups[group.request_id], seq_id)
+    g2 = after_sched.groups[group.request_id]
+    for k in range(n):
+        seq2 = next((s for s in g2.seqs if s.seq_id == f"{group.request_id}#{k}"), None)
+        got = seq_state(after_sched, seq2)
+        if action == "finish" and f"{group.request_id}#{k}" != seq_id:
+            assert got == before[k], f"finish changed another member #{k}"
+            continue
+        want = predicted(sched, group, action, before[k], before[0], k == 0)
+        if want[0] == NONE:
+            want = (NONE, NODEV, 0, 0, 0)
+        assert got == want, f"{action} member #{k}: reference {got}, rule {want} (pre {before[k]}, parent {before[0]})"
+    if any(s.status in _CODE for s in g2.seqs):  # a member is still live: QUE-002's target status
+        assert _status(g2.status) == TARGET[action], f"{action}: request status {g2.status} with a live member"
+    elif action in ("admit", "fork", "decode", "swap_in", "finish", "abort", "ignore"):  # WF: ends it
+        assert g2.status.is_finished, f"{action}: no live member but the request is {g2.status}"
+    for g in all_groups_of(after_sched):
+        if g.request_id != group.request_id:
+            assert g.status == other_status[g.request_id], f"{action} changed the status of {g.request_id}"
+            for s in g.seqs:
+                assert seq_state(after_sched, s) == others[s.seq_id], f"{action} changed {s.seq_id} of another request"
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(sched=reference_states(), data=st.data())
+def test_each_member_follows_the_generic_rule(sched, data):
+    for _ in range(data.draw(st.integers(1, 10))):
+        options = []
+        for group in all_groups_of(sched):
+            for action in ("admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "abort", "ignore", "finish"):
+                seq_id = next((s.seq_id for s in group.live_seqs()), None) if action == "finish" else None
+                if reference_guard(sched, action, group, seq_id, UNBOUNDED_TABLES):
+                    options += [(action, group.request_id, seq_id)] * (1 if action in ("abort", "ignore", "finish") else 3)
+        if not options:
+            return
+        action, rid, seq_id = data.draw(st.sampled_from(options))
+        check_action(sched, action, sched.groups[rid], seq_id)
+        apply_action(sched, action, sched.groups[rid], seq_id)
+
+
+def test_every_row_and_action_is_proved_for_a_generic_sequence():
+    results = prove_sequences()
+    assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
+    assert {(r.row, r.action) for r in results} == {(row, a) for row in (*ROWS, QUE_SEQS, WF_SEQS) for a in ("init", *ACTIONS)}
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_hypotheses_are_satisfiable(action):
+    assert hypotheses_satisfiable(action)
+
+
+@pytest.mark.parametrize("mutant, row", [("recompute-keeps-computed", "CAP-003"), ("abort-no-free", "RES-004")])
+def test_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant, row):
+    (action,) = MUTANTS[mutant]
+    m = prove(mutant=mutant, actions=[action], invariants=[row])
+    assert [row, action] in m.parametric["cells"]
+    assert m.cell(row, action).result == "counterexample"
+
+
+def test_per_sequence_rows_are_unbounded_in_the_v0_matrix():
+    m = prove(invariants=["RES-001", "CAP-001", "LEN-001", "QUE-002", "COW-001"], actions=["decode", "swap_in"])
+    for c in m.cells:
+        assert c.result == "proved"
+        assert c.scope == ("bounded" if c.invariant == "COW-001" else "unbounded"), c
+
+
+def test_generic_sequence_type():
+    assert Seq(1, 2, 3, 4, 5).tl == 3
+
+
+FIXED = [(a, make) for a, make in BLOCK_FIXED] + [
+    ("finish", lambda: _sched(Request("a", 5, max_tokens=9, n=3), actions=("fork",))),
+    ("ignore", lambda: _sched(Request("a", 40))),
+]
+
+
+@pytest.mark.parametrize("action, make", FIXED, ids=[f[0] for f in FIXED])
+def test_fixed_actions(action, make):
+    sched = make()
+    group = sched.groups["a"]
+    seq_id = "a#1" if action == "finish" else None
+    if action == "finish":
+        seq_id = next(s.seq_id for s in group.live_seqs() if s is not group.seqs[0])
+    assert reference_guard(sched, action, group, seq_id, UNBOUNDED_TABLES)
+    check_action(sched, action, group, seq_id)
+
+
+# ---------------------------------------------------------------------- the v1 flow
+def v1_seq_state(t: Any) -> tuple[int, int, int, int, int]:
+    return (_status(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
+
+
+def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, rest_partial: int = 0,
+                 rest_active: int = 0) -> tuple:
+    G = GenericV1()
+    sq = G.seq("q")
+    guard, post = G.effect(action, sq, sq)
+    cfg = sched.config
+    pins = [(a, z3.IntVal(v)) for a, v in zip((sq.st, sq.dv, sq.tl, sq.nt, sq.nc), q, strict=True)]
+    pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
+             (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
+             (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(int(stop))),
+             (G.CH, z3.BoolVal(cfg.enable_chunked_prefill)), (G.P, z3.IntVal(cfg.max_num_partial_prefills)),
+             (G.rest_partial, z3.IntVal(rest_partial)), (G.rest_active, z3.IntVal(rest_active)),
+             (G.TH, z3.IntVal(cfg.long_prefill_token_threshold)), (G.F, z3.IntVal(sched.pool.num_free)),
+             (G.W, z3.IntVal(cfg.watermark_blocks))]
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins))
+        return v.as_long() if z3.is_int_value(v) else z3.is_true(v)
+
+    assert ev(guard), f"{action} k={k}: the generic guard does not hold for {q}"
+    return tuple(ev(x) for x in (post.st, post.dv, post.tl, post.nt, post.nc))
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_v1_request_follows_the_generic_rule(data):
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if chunked else 0,
+    )
+    sched = V1Scheduler(config)
+    for j in range(data.draw(st.integers(0, 10))):
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:  # a few requests arrive first
+            sched.add_request(Request(f"r{j}", prompt_len=data.draw(st.integers(1, 20)),
+                                      max_tokens=data.draw(st.integers(1, 12))))
+        out = sched.schedule()
+        sched.update(StepOutcome(frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 0)))
+    for _ in range(data.draw(st.integers(1, 8))):
+        options = []
+        for t in v1_requests(sched):
+            for action in ACTIONS_V1[1:]:
+                for k in (1, 2, 5) if action in ("admit", "chunk") else (1,):
+                    if v1_reference_guard(sched, action, t, k, UNBOUNDED_TABLES):
+                        options += [(action, t.request_id, k)] * (3 if action in ("admit", "chunk") else 1)
+        if not options:
+            return
+        action, rid, k = data.draw(st.sampled_from(options))
+        stop = data.draw(st.integers(0, 4)) == 0
+        t = sched.requests[rid]
+        pre = v1_seq_state(t)
+        others = {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
+        rest = sum(1 for r in v1_requests(sched) if r is not t and r.status is Status.RUNNING
+                   and r.num_computed < r.num_tokens - 1)  # the other requests mid-prefill (CHK-006)
+        active = sum(1 for r in v1_requests(sched) if r is not t and r.status in (Status.WAITING, Status.RUNNING))
+        want = v1_predicted(sched, t, action, k, stop, pre, rest, active)
+        free_before, blocks_before = sched.pool.num_free, len(t.blocks)
+        v1_apply_action(sched, action, t, k, stop)
+        assert v1_seq_state(t) == want, f"{action} k={k} stop={stop}: reference {v1_seq_state(t)}, rule {want} (pre {pre})"
+        if action in ("admit", "chunk") and not t.status.is_finished:  # ALLOC / ADM-002's count: taken = growth
+            assert free_before - sched.pool.num_free == len(t.blocks) - blocks_before
+        assert others == {r.request_id: v1_seq_state(r) for r in v1_requests(sched) if r is not t}
+
+
+def test_v1_rows_are_proved_for_a_generic_sequence():
+    results = prove_sequences(flow_name="v1")
+    assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
+    assert all(hypotheses_satisfiable(a, "v1") for a in ACTIONS_V1)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS_V1))
+def test_v1_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant):
+    actions = list(MUTANTS_V1[mutant])
+    m = prove(flow_name="v1", mutant=mutant, actions=actions,
+              invariants=["CAP-001", "CAP-003", "CHK-002", "CHK-003", "CHK-004", "CHK-005", "CHK-006"])
+    broken = {tuple(c) for c in m.parametric["cells"]}
+    refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
+    assert broken and broken <= refuted, (broken, refuted)
