@@ -263,6 +263,7 @@ _TARGET_LIST = [
         "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
         smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
         strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly",
+        files={"tiny-llama/config.json": TINY_LLAMA},
     ),
 ]
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
