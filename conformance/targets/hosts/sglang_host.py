@@ -103,7 +103,8 @@ class SglangEngine:
         self.last_batch = None
         self.reqs: dict = {}  # rid -> Req
         self.final: dict = {}  # rid -> status
-        self.ignored: list = []
+        self.ignored: list = []  # refused at the door, reported by the next schedule
+        self.just_ignored: list = []
         self.pending = None  # (batch, is_prefill) between schedule and update
         self.step_no = 0
 
@@ -120,7 +121,8 @@ class SglangEngine:
         req = self.sb.Req(rid, "", array("q", tokens), params, eos_token_ids={EOS})
         self.reqs[rid] = req
         if len(tokens) >= self.max_req_len:  # validate_input_length (managers/utils.py:272)
-            self.final[rid] = "FINISHED_IGNORED"
+            # SGLang answers at the door; the wire's add_request has no result, so the refusal is
+            # reported as the next schedule's `ignored` (the request waits until then).
             self.ignored.append(rid)
             return
         params.max_new_tokens = max(0, min(params.max_new_tokens, self.max_req_len - len(tokens) - 1))
@@ -222,15 +224,17 @@ class SglangEngine:
                 scheduled.append({"seq": f"{req.rid}#0", "request": req.rid, "tokens": tokens, "prefill": prefill})
         self.pending = (batch, prefill) if batch is not None else None
         ignored, self.ignored = self.ignored, []
+        for rid in ignored:
+            self.final[rid] = "FINISHED_IGNORED"
+        self.just_ignored = ignored
         out = {"step": self.step_no, "scheduled": scheduled, "preempted": preempted, "swapped_in": [],
                "swap_out": [], "swap_in": [], "copies": [], "ignored": ignored}
         self.step_no += 1
         return out
 
     def update(self, stopped: list) -> list:
-        finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid, s in self.final.items()
-                    if s == "FINISHED_IGNORED" and rid not in getattr(self, "_reported", set())]
-        self._reported = getattr(self, "_reported", set()) | {f["request"] for f in finished}
+        finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid in self.just_ignored]
+        self.just_ignored = []
         if self.pending is None:
             return finished
         batch, prefill = self.pending
@@ -256,7 +260,7 @@ class SglangEngine:
         running_ids = {r.rid for r in self.running.reqs if not r.finished()}
         if self.last_batch is not None:
             running_ids |= {r.rid for r in self.last_batch.reqs if not r.finished() and not r.is_retracted}
-        waiting_ids = [r.rid for r in self.waiting]
+        waiting_ids = [r.rid for r in self.waiting] + list(self.ignored)
         statuses, views = {}, {}
         for rid, req in self.reqs.items():
             if rid in self.final:
