@@ -119,3 +119,11 @@ def test_vllm_v1_conforms_to_safety_on_its_default_path(tmp_path):
     result = fuzz(lambda: need("vllm-v1").adapter(), get_profile("safety"), max_examples=25, seed_value=20261130,
                   out_dir=tmp_path)
     assert result.examples == 25 and not result.findings, sorted(result.findings)
+
+
+@pytest.mark.parametrize("profile", ["safety", "liveness"])
+def test_sglang_conforms_on_its_page_size_one_path(profile, tmp_path):
+    # docs/results/sglang.json and sglang-liveness.json: 300 traces each, no failure
+    result = fuzz(lambda: need("sglang").adapter(), get_profile(profile), max_examples=25, seed_value=20261130,
+                  out_dir=tmp_path)
+    assert result.examples == 25 and not result.findings, sorted(result.findings)

@@ -25,8 +25,9 @@ lives on the Scheduler object:
 * ``Scheduler.handle_generate_request`` (scheduler.py:2700-2716, utils.py:259-289): a prompt
   at or over ``max_req_input_len`` is refused; ``max_new_tokens`` is clipped to
   ``max_req_len - input_len - 1``. The TP worker derives ``max_req_len`` from the model's context
-  length; here ``max_req_len = max_model_len + 1`` and ``max_req_input_len = max_model_len + 1``,
-  so the spec's prompt limit and length cap are what SGLang enforces.
+  length and the KV pool (tp_worker.py:568-572); here the context length is ``max_model_len + 2``,
+  so ``max_req_len = min(max_model_len + 1, num_gpu_blocks - 1)`` and ``max_req_input_len =
+  max_req_len - 5``: SGLang's own limits, stricter than the spec's on small pools.
 
 Observations SGLang has: per-request KV slot ids (``req_to_token`` rows; page size 1, so one
 slot per token and the spec's blocks are slots shifted by one: SGLang's slot 0 is the padding
@@ -89,7 +90,12 @@ class SglangEngine:
                                  f"no chunked prefill; got {config[key]!r}")
         self.config = config
         self.max_running = config["max_num_seqs"]
-        self.max_req_len = config["max_model_len"] + 1
+        # tp_worker.py:568-572: max_req_len = min(context_len - 1, kv_capacity - 1), input limit 5 below;
+        # context_len is max_model_len + 2 here, so with a large pool the spec's length cap holds.
+        self.max_req_len = min(config["max_model_len"] + 1, config["num_gpu_blocks"] - 1)
+        if self.max_req_len <= 0:  # tp_worker.py:425
+            raise ValueError("config.num_gpu_blocks: SGLang asserts 'Memory pool size is too small' below 2 slots")
+        self.max_req_input_len = self.max_req_len - 5
         self.req_pool = self.ReqToTokenPool(size=self.max_running, max_context_len=config["max_model_len"] + 4,
                                             device="cpu", enable_memory_saver=False)
         self.alloc = self.Allocator(size=config["num_gpu_blocks"], dtype=self.torch.float16, device="cpu",
@@ -120,7 +126,7 @@ class SglangEngine:
         params.normalize(None)
         req = self.sb.Req(rid, "", array("q", tokens), params, eos_token_ids={EOS})
         self.reqs[rid] = req
-        if len(tokens) >= self.max_req_len:  # validate_input_length (managers/utils.py:272)
+        if len(tokens) >= self.max_req_input_len:  # validate_input_length (managers/utils.py:272)
             # SGLang answers at the door; the wire's add_request has no result, so the refusal is
             # reported as the next schedule's `ignored` (the request waits until then).
             self.ignored.append(rid)
