@@ -127,3 +127,12 @@ def test_sglang_conforms_on_its_page_size_one_path(profile, tmp_path):
     result = fuzz(lambda: need("sglang").adapter(), get_profile(profile), max_examples=25, seed_value=20261130,
                   out_dir=tmp_path)
     assert result.examples == 25 and not result.findings, sorted(result.findings)
+
+
+def test_sglang_retract_decode_sends_a_request_back_and_stays_safe():
+    # 4 requests on 20 slots: PrefillAdder's 0.7 new-token ratio admits three, they outgrow the
+    # pool and ScheduleBatch.retract_decode retracts C (the fuzzed traces never get that far)
+    for profile in ("safety", "liveness"):
+        result = replay("sglang", DOCS / "sglang" / "handmade" / "retract-decode.json", profile=profile)
+        assert not result.failed and result.fault is None, result.problem_ids
+    assert any(p.request_id == "C" for rec in result.records for p in rec.output.preempted)
