@@ -51,6 +51,7 @@ def engine_configs(
     budget_covers_model_len: bool = True,
     cache_holds_model_len: bool = False,
     block_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    max_len_blocks: int = 12,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
@@ -61,7 +62,7 @@ def engine_configs(
     """
     block_size = draw(st.sampled_from(block_sizes))
     max_num_seqs = draw(st.integers(1, 6))
-    max_model_len = draw(st.integers(block_size, block_size * 12))
+    max_model_len = draw(st.integers(block_size, block_size * max_len_blocks))
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
     return SchedulerConfig(
         block_size=block_size,
@@ -166,9 +167,12 @@ def _v1_strategy() -> st.SearchStrategy:
 def _sglang_strategy() -> st.SearchStrategy:
     # SGLang (hosts/sglang_host.py): page size 1 (block_size 1, one KV slot per token), recompute
     # only (retract_decode), no CPU pool, no watermark, FCFS, no aborts, n = 1, prompt ids (the
-    # radix cache matches on them), chunked prefill off.
+    # radix cache matches on them), chunked prefill off. max_model_len up to 32 tokens: with one
+    # token per block the default 12 leaves SGLang's input limit (max_req_len - 5, tp_worker.py:572)
+    # at 8 or less, and most prompts would be refused at the door.
     return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
-                                        block_sizes=(1,)), max_n=1, allow_aborts=False)
+                                        block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
+                         allow_aborts=False)
 
 
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
@@ -176,7 +180,7 @@ _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=
                             budget_covers_model_len=True)
 _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
-                              budget_covers_model_len=True)
+                              budget_covers_model_len=True, cache_holds_model_len=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True)
 
