@@ -32,8 +32,10 @@ lives on the Scheduler object:
 Observations SGLang has: per-request KV slot ids (``req_to_token`` rows; page size 1, so one
 slot per token and the spec's blocks are slots shifted by one: SGLang's slot 0 is the padding
 slot, never allocated), the allocator's free list, the radix cache's evictable and protected
-sizes (sent as ``sglang_evictable`` / ``sglang_protected``, informational). Ref counts are not
-sent: a slot in the radix tree has no per-slot count (its node has a lock count).
+sizes (sent as ``sglang_evictable`` / ``sglang_protected``, informational), and the committed KV
+length of a running request (``req.kv.kv_committed_len``, as ``num_computed``; 0 while waiting).
+Ref counts are not sent: a slot in the radix tree has no per-slot count (its node has a lock
+count), and a slot a finished request left in the tree is neither free nor held by a request.
 """
 
 from __future__ import annotations
@@ -283,7 +285,8 @@ class SglangEngine:
                 slots = [int(s) - 1 for s in self.req_pool.req_to_token[idx, :n].tolist()]
             views[f"{rid}#0"] = {"request": rid, "status": status,
                                  "num_tokens": len(req.origin_input_ids) + len(req.output_ids),
-                                 "num_computed": None, "blocks": slots, "device": "gpu" if slots else None}
+                                 "num_computed": int(req.kv.kv_committed_len) if status == "RUNNING" else 0,
+                                 "blocks": slots, "device": "gpu" if slots else None}
         free = [int(s) - 1 for s in self.alloc.free_pages.tolist()] if self.alloc.free_pages is not None else []
         return {
             "statuses": statuses, "seqs": views, "waiting": waiting_ids,
@@ -293,7 +296,8 @@ class SglangEngine:
         }
 
 
-CAPABILITIES = ["output", "statuses", "queues", "block_tables", "seq_lengths"]
+CAPABILITIES = ["output", "statuses", "queues", "block_tables", "free_counts", "free_lists", "seq_lengths",
+                "computed_tokens"]
 
 
 def main() -> int:
