@@ -50,6 +50,8 @@ def engine_configs(
     policies: tuple[str, ...] = ("fcfs", "priority"),
     budget_covers_model_len: bool = True,
     cache_holds_model_len: bool = False,
+    block_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    max_len_blocks: int = 12,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
@@ -58,9 +60,9 @@ def engine_configs(
     at start-up a KV cache that cannot hold one max_model_len sequence
     (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory).
     """
-    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    block_size = draw(st.sampled_from(block_sizes))
     max_num_seqs = draw(st.integers(1, 6))
-    max_model_len = draw(st.integers(block_size, block_size * 12))
+    max_model_len = draw(st.integers(block_size, block_size * max_len_blocks))
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
     return SchedulerConfig(
         block_size=block_size,
@@ -100,6 +102,9 @@ class Target:
     timeout: float = 60.0
     venv_of: str = ""  # another target whose venv (and install) this one shares
     lookahead_tokens: int = 0  # slots the engine holds past a sequence's last token (CAP-006)
+    # "default": `kvsched targets install all` (and CI) installs it; "nightly": too slow to install
+    # from scratch within CI's budget, installed by name or by `kvsched targets install nightly`.
+    install_profile: str = "default"
 
     @property
     def root(self) -> Path:
@@ -165,10 +170,23 @@ def _v1_strategy() -> st.SearchStrategy:
                                         cache_holds_model_len=True), max_n=1)
 
 
+def _sglang_strategy() -> st.SearchStrategy:
+    # SGLang (hosts/sglang_host.py): page size 1 (block_size 1, one KV slot per token), recompute
+    # only (retract_decode), no CPU pool, no watermark, FCFS, no aborts, n = 1, prompt ids (the
+    # radix cache matches on them), chunked prefill off. max_model_len up to 32 tokens: with one
+    # token per block the default 12 leaves SGLang's input limit (max_req_len - 5, tp_worker.py:572)
+    # at 8 or less, and most prompts would be refused at the door.
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                        block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
+                         allow_aborts=False)
+
+
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
 _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                             budget_covers_model_len=True)
 _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
+_SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
+                              budget_covers_model_len=True, cache_holds_model_len=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True)
 # vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
@@ -205,6 +223,23 @@ _V1_DEPS = (
     "msgspec==0.23.0", "requests==2.34.2", "pillow==13.0.0", "pybase64==1.5.1", "blake3==1.0.11",
     "setproctitle==1.3.8", "py-cpuinfo==9.0.0", "openai-harmony==0.0.8", "openai==3.57.0", "uvloop==0.23.0",
     "httpx2==2.16.2", "prometheus-client==0.26.0",
+)
+
+# SGLang 0.5.23's scheduler modules import these at module level (found by importing
+# sglang.srt.managers.scheduler with the stubs of hosts/sglang_stubs.py until nothing was missing).
+_SGLANG_DEPS = (
+    "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "annotated-doc==0.0.7",
+    "annotated-types==0.8.0", "anyio==4.16.0", "apache-tvm-ffi==0.1.11", "attrs==26.1.0",
+    "certifi==2026.10.19.post1", "click==8.5.1", "compressed-tensors==0.20.1", "dill==0.4.1", "einops==0.8.2",
+    "fastapi==0.165.0", "frozenlist==1.8.0", "gguf==0.19.0", "h11==0.16.0", "httpcore2==2.16.2", "httpx2==2.16.2",
+    "huggingface_hub==2.4.0", "idna==3.20", "ipython==9.18.1", "loguru==0.7.3", "msgspec==0.23.0",
+    "multidict==7.2.1", "numpy==2.4.6", "openai==3.57.0", "opentelemetry-api==1.45.2", "orjson==3.13.0",
+    "packaging==26.4", "partial-json-parser==0.2.1.1.post7", "pillow==13.0.0", "propcache==0.5.4", "psutil==7.2.2",
+    "pybase64==1.5.1", "pydantic==2.14.4", "pydantic_core==2.50.5", "Pygments==2.21.0", "PyYAML==6.0.4",
+    "pyzmq==27.3.0", "regex==2026.11.19", "requests==2.34.2", "safetensors==0.8.0", "sentencepiece==0.2.3",
+    "setproctitle==1.3.8", "sniffio==1.3.1", "starlette==1.10.0", "tokenizers==0.23.3", "tqdm==4.70.1",
+    "traitlets==5.16.1", "transformers==5.24.0", "triton==3.9.0", "truststore==0.10.5", "typing-inspection==0.4.5",
+    "urllib3==2.8.0", "uvicorn==0.54.0", "yarl==1.25.1",
 )
 
 # A tiny llama config: vLLM V1's ModelConfig reads only config.json (no weights, no tokenizer).
@@ -254,9 +289,28 @@ _TARGET_LIST = [
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
     ),
+    Target(
+        "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
+        "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
+        smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
+        strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly",
+        files={"tiny-llama/config.json": TINY_LLAMA},
+    ),
 ]
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
+
+
+def install_names(names: list[str]) -> list[str]:
+    """Expand ``all`` (every target of the default install profile) and ``nightly`` (the slow ones)."""
+    out: list[str] = []
+    for name in names:
+        if name in ("all", "nightly"):
+            profile = "default" if name == "all" else "nightly"
+            out += [t.name for t in _TARGET_LIST if t.install_profile == profile]
+        else:
+            out.append(name)
+    return list(dict.fromkeys(out))
 
 
 def get_target(name: str) -> Target:

@@ -13,8 +13,9 @@ import argparse
 import json
 from pathlib import Path
 
-TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1")
+TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness")
 # vllm-v0's report is its safety run; its policy is checked by the lockstep campaign below.
+# sglang-liveness is the sglang target's liveness run (sglang.json is its safety run).
 
 CAUSES: dict[tuple[str, str], str] = {
     ("nano-vllm", "BUD-003"): "`nanovllmnpu/engine/scheduler.py: Scheduler.schedule` counts only this step's admissions against `max_num_seqs` (`num_seqs` starts at 0), so running can exceed it.",
@@ -76,7 +77,8 @@ def build(results: Path) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     pins = {"nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
-            "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0"}
+            "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "sglang": "sglang==0.5.23",
+            "sglang-liveness": "sglang==0.5.23"}
     for t, rep in reports.items():
         s = rep["summary"]
         lines.append(f"| {t} | {pins[t]} | {rep['profile']} | {rep['examples']} | {rep['steps_checked']} | "
@@ -127,7 +129,25 @@ def build(results: Path) -> str:
               "* **vllm-v1**: block 0 is V1's null block, so the pool has num_gpu_blocks + 1 blocks and ids are reported "
               "minus one; V1 advances `num_computed_tokens` inside `schedule()`, so the mid-step snapshot reports the tokens "
               "computed before the step; a prompt over max_model_len is rejected by V1's input processor and reported as "
-              "ignored. Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.", ""]
+              "ignored. Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
+              "* **sglang**: `hosts/sglang_host.py` drives SGLang's `PrefillAdder`, `SchedulePolicy` (fcfs), "
+              "`ScheduleBatch` (`prepare_for_extend`, `check_decode_mem`, `retract_decode`, `prepare_for_decode`), "
+              "`RadixCache` and the page-size-1 token allocator unmodified, and replays `Scheduler.get_next_batch_to_run`, "
+              "`update_running_batch` and the batch-result glue (lines named in its docstring) because `Scheduler.__init__` "
+              "needs a TP worker. Page size 1: the spec's blocks are SGLang's KV slots (slot ids minus one; slot 0 is "
+              "SGLang's padding slot). Observed: statuses, queues, per-request slot ids, the free list, sequence lengths and "
+              "the committed KV length (`req.kv.kv_committed_len`) as computed tokens; no ref counts (a radix node has a "
+              "lock count, a slot has none), so BLK-001/BLK-003 are not applicable. SGLang's own "
+              "length limits apply (`tp_worker.py:568-572`: `max_req_len = min(context_len - 1, kv_capacity - 1)`, prompts "
+              "at or over `max_req_len - 5` refused at the door, reported as ignored by the next step; `max_new_tokens` "
+              "clipped to `max_req_len - input_len - 1`); these are stricter than the spec's on small pools, a deviation by "
+              "design that the safety and liveness profiles allow (in the 300 safety traces SGLang refused 541 requests at the "
+              "door and admitted 426; traces draw max_model_len up to 32 and a pool that holds one max_model_len sequence). Slots a finished request leaves in the radix cache are "
+              "neither free nor held by a request (evictable; sent as `sglang_evictable`). Not reached in 300 traces: "
+              "`retract_decode` (RUNNING->WAITING): `PrefillAdder` reserves `new_token_ratio` (0.7, decaying over 600 "
+              "steps) of every running request's remaining `max_new_tokens`, and short traces never outgrow that; the handmade "
+              "[retract-decode](traces/sglang/handmade/retract-decode.json) trace (4 requests on 20 slots) does, and "
+              "passes both profiles.", ""]
     return "\n".join(lines)
 
 
