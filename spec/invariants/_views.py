@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from itertools import compress
+from operator import ne
 from typing import TYPE_CHECKING
 
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
+from spec.prefix import ROOT, block_key
 from spec.status import Status
 
 if TYPE_CHECKING:
@@ -415,3 +418,47 @@ _DERIVED = {
     "by_request": seq_ids_by_request,
     "status": with_status,
 }
+
+
+def changed_items(new: tuple | None, old: tuple | None) -> list[int] | None:
+    """Indices where two per-block tuples (keys, reference counts) differ, found at C speed; None
+    when they cannot be compared (one is missing or their lengths differ: check all)."""
+    if new is old:
+        return []
+    if new is None or old is None or len(new) != len(old):
+        return None
+    return list(compress(range(len(new)), map(ne, new, old)))
+
+
+def chained_keys(snap: Snapshot, sid: str, block_size: int) -> list[str]:
+    """`spec.prefix.block_keys` of sequence ``sid``'s token ids in ``snap`` (every full block).
+
+    A sequence's tokens only grow, so its keys are extended from the last ones computed for it:
+    the memo (sequence id -> (token ids, keys)) is handed from each snapshot to the next along
+    `Snapshot.base`, and an entry is reused only as far as its token ids are a prefix of the
+    view's (compared at C speed), so a reused key is always the key of these very tokens."""
+    memo = _kept(snap, "keys", block_size)
+    if memo is _MISSING:
+        base = snap.base
+        inherited = _kept(base, "keys", block_size) if base is not None and observation.INCREMENTAL else _MISSING
+        memo = _memo(snap, "keys", block_size, lambda: {} if inherited is _MISSING else inherited)
+    tokens = snap.seqs[sid].token_ids
+    assert tokens is not None
+    full = len(tokens) // block_size
+    known = memo.get(sid)  # type: ignore[union-attr]
+    if known is not None:
+        old_tokens, keys = known
+        if old_tokens is tokens:
+            return keys
+        reuse = min(len(keys), full)
+        if reuse and old_tokens[: reuse * block_size] != tokens[: reuse * block_size]:
+            reuse = 0
+        keys = keys[:reuse]
+    else:
+        keys = []
+    parent = keys[-1] if keys else ROOT
+    for j in range(len(keys), full):
+        parent = block_key(parent, tokens[j * block_size : (j + 1) * block_size])
+        keys.append(parent)
+    memo[sid] = (tokens, keys)  # type: ignore[index]
+    return keys

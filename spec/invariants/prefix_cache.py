@@ -10,10 +10,18 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted, snapshots
+from spec.invariants._views import (
+    admitted,
+    chained_keys,
+    changed_items,
+    checked_with_prior,
+    entry_counts,
+    fresh_views,
+    snapshots,
+    tables,
+)
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
-from spec.prefix import block_keys
 
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
@@ -38,14 +46,15 @@ def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    for label, snap in snapshots(rec):
+    scheduled = {s.seq_id for s in rec.output.scheduled}
+    for label, snap, prior in checked_with_prior(ctx, rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
-        for sid, v in snap.seqs.items():
+        for sid, v in _key_holders_to_check(snap, prior, scheduled):
             if v.device != "gpu" or not v.blocks or v.token_ids is None:
                 continue
             limit = _allowance(rec, label, sid, v.num_computed or 0)
-            expected = block_keys(v.token_ids, bs, limit=limit)
+            expected = chained_keys(snap, sid, bs)[: min(limit, len(v.token_ids)) // bs]
             for j, block in enumerate(v.blocks):
                 key = keys[block] if 0 <= block < len(keys) else None
                 if key is None:
@@ -54,6 +63,18 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key} but is not a full computed block"
                 elif key != expected[j]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key}, its tokens' key is {expected[j]}"
+
+
+def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: set[str]):
+    """The views whose keys PFX-001 must look at in ``snap``: every one when no block's key is
+    known to be unchanged since ``prior`` (a snapshot it passed); else the views changed since
+    then and the scheduled ones (whose allowance moves with the step)."""
+    if prior is None or changed_items(snap.gpu_block_keys, prior.gpu_block_keys) != []:
+        return snap.seqs.items()
+    seqs = snap.seqs
+    views = dict(fresh_views(snap, prior))
+    views.update((sid, seqs[sid]) for sid in scheduled if sid in seqs and sid not in views)
+    return sorted(views.items())
 
 
 @invariant(
@@ -68,17 +89,20 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 )
 def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         assert snap.seqs is not None
+        shared = _shared_blocks_to_check(ctx, snap, prior)
+        if shared is not None and not shared:
+            continue
         holders: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = {}
-        for sid, v in snap.seqs.items():
-            if v.device != "gpu" or not v.blocks:
-                continue
-            for j, block in enumerate(v.blocks):
-                holders.setdefault(block, []).append((sid, j, v.token_ids))
-        for block, held in holders.items():
+        for sid, table in tables(snap, "gpu").items():
+            for j, block in enumerate(table):
+                if shared is None or block in shared:
+                    holders.setdefault(block, []).append((sid, j, snap.seqs[sid].token_ids))
+        for block, held in sorted(holders.items()):
             if len(held) < 2:
                 continue
+            held.sort(key=lambda h: h[0])  # the same first holder whichever order the tables came in
             sid0, j0, tokens0 = held[0]
             for sid, j, tokens in held[1:]:
                 end = (j0 + 1) * bs
@@ -88,6 +112,22 @@ def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[s
                     len(tokens0) < end or len(tokens) < end or tokens0[:end] != tokens[:end]
                 ):
                     yield f"{label}: {sid0} and {sid} share gpu block {block} (block {j}) without equal full prefixes"
+
+
+def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot | None) -> set[int] | None:
+    """The GPU blocks PFX-002 must look at in ``snap``: the shared blocks (two or more table
+    entries) of the views changed since ``prior``, a snapshot it passed. A pair of holders
+    neither of which changed is the pair that passed there. None: every block."""
+    if prior is None:
+        return None
+    counts = entry_counts(snap, "gpu", ctx.config.num_gpu_blocks)
+    if counts is None:
+        return None
+    shared: set[int] = set()
+    for _, view in fresh_views(snap, prior):
+        if view.device == "gpu" and view.blocks:
+            shared.update(b for b in view.blocks if counts[b] > 1)
+    return shared
 
 
 @invariant(
