@@ -169,14 +169,18 @@ def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
         return f"is {type(seqs).__name__}, expected a mapping of sequence id to SeqView"
     changed = snap.changed_seqs if base is not None and snap.changed_seqs is not None else None
     items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
+    checked = base.seqs if changed is not None and isinstance(base.seqs, Mapping) else {}
     for sid, view in items:
-        problem = _view(view)
+        problem = _view(view, checked.get(sid))
         if problem or not isinstance(sid, str) or sid != view.seq_id:
             return f"{sid!r}: {problem or 'the key is not the view seq_id'}"
     return None
 
 
-def _view(v: Any) -> str | None:
+def _view(v: Any, checked: SeqView | None = None) -> str | None:
+    """What is wrong with view ``v``, or None. ``checked``: the same sequence's view in the base
+    snapshot, which passed this check; a token list that extends it is checked only past it
+    (a decode adds one token to hundreds)."""
     if not isinstance(v, SeqView):
         return f"{v!r} is not a SeqView"
     if not isinstance(v.seq_id, str) or not isinstance(v.request_id, str) or not isinstance(v.status, Status):
@@ -189,8 +193,13 @@ def _view(v: Any) -> str | None:
         return f"blocks {_ints(v.blocks)}"
     if v.device not in (None, "gpu", "cpu"):
         return f"device is {v.device!r}, expected 'gpu', 'cpu' or None"
-    if v.token_ids is not None and _ints(v.token_ids):
-        return f"token_ids {_ints(v.token_ids)}"
+    tokens = v.token_ids
+    if tokens is not None and isinstance(tokens, tuple) and checked is not None:
+        known = checked.token_ids
+        if known is not None and len(known) <= len(tokens) and tokens[: len(known)] == known:
+            tokens = tokens[len(known):]  # the prefix passed in the base snapshot
+    if tokens is not None and _ints(tokens):
+        return f"token_ids {_ints(tokens)}"
     return None
 
 

@@ -39,8 +39,9 @@ runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from reference_impl.prefix_cache import CachingBlockPool
 from spec import observation
@@ -127,6 +128,7 @@ class TrackedScheduler:
         self._scheduled: list[tuple[TrackedRequest, int]] = []
         self._ignored: list[Finished] = []
         self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
+        self._finished_holding: set[str] = set()  # finished requests seen holding blocks
 
     # ---------------------------------------------------------------- client side
     def _track(self, request: Request) -> TrackedRequest:
@@ -183,9 +185,42 @@ class TrackedScheduler:
 
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
-        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
-                                          self._last_snapshot)
-        return self._last_snapshot
+        base = self._last_snapshot
+        snap = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool, base,
+                           self._to_visit(base))
+        if snap.changed_seqs is None:
+            self._finished_holding = set()
+        seqs = snap.seqs
+        for sid in snap.seqs if snap.changed_seqs is None else snap.changed_seqs:
+            view = seqs[sid]
+            if view.status.is_finished and view.blocks:
+                self._finished_holding.add(view.request_id)
+            else:
+                self._finished_holding.discard(view.request_id)
+        self._last_snapshot = snap
+        return snap
+
+    def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
+        """The requests whose views may differ from ``base``'s (None: every request): the running
+        ones, the ones that were running, entered or left the waiting queue, or were added since,
+        and a waiting one that holds blocks or computed tokens or is not WAITING. A request that
+        stayed waiting has no token to add and nothing to hold, so its view is base's; finished
+        requests that were in no queue at ``base`` cannot change. Linear in the waiting queue
+        with a small constant; the views built are only those of changed requests."""
+        if base is None or base.waiting is None or base.running is None or base.statuses is None:
+            return None
+        requests = self.requests
+        was_waiting = set(base.waiting)
+        now_waiting = {r.request_id for r in self.waiting}
+        visit = {r.request_id: r for r in self.running}
+        for r in self.waiting:
+            if r.request_id not in was_waiting or r.blocks or r.num_computed or r.status is not Status.WAITING:
+                visit[r.request_id] = r
+        for rid in (*base.running, *(rid for rid in base.waiting if rid not in now_waiting), *self._finished_holding):
+            visit[rid] = requests[rid]  # left a queue since base, or finished holding blocks (a subclass may free late)
+        for r in islice(requests.values(), len(base.statuses), None):  # added since (never removed)
+            visit[r.request_id] = r
+        return list(visit.values())
 
     def metrics(self) -> dict[str, int]:
         return {
@@ -436,17 +471,19 @@ def snapshot_of(
     running: list[TrackedRequest],
     pool: CachingBlockPool,
     base: Snapshot | None = None,
+    visit: Iterable[TrackedRequest] | None = None,
 ) -> Snapshot:
     """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
     as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
     rebuilt only when a field of it changed (its tokens only ever grow), every unchanged part is
-    base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt."""
+    base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt.
+    ``visit``: the requests that may have changed since ``base`` (default: every request)."""
     if not observation.INCREMENTAL:
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
     fresh: dict[str, SeqView] = {}
     changed_status: dict[str, Status] = {}
-    for r in requests.values():
+    for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
         blocks = tuple(r.blocks)
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed

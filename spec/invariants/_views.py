@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from itertools import compress
-from operator import ne
+from itertools import compress, repeat
+from operator import is_not, ne
 from typing import TYPE_CHECKING
 
 from spec import observation
@@ -462,3 +462,39 @@ def chained_keys(snap: Snapshot, sid: str, block_size: int) -> list[str]:
         keys.append(parent)
     memo[sid] = (tokens, keys)  # type: ignore[index]
     return keys
+
+
+def keyed_blocks(snap: Snapshot) -> frozenset[int]:
+    """The GPU blocks that carry a prefix-cache key in ``snap``. Carried forward from the base
+    snapshot through the blocks whose key changed (`changed_items`, at C speed), so a check can
+    pass over a table none of whose blocks is keyed without reading the keys."""
+    kept = _kept(snap, "keyed", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    keys = snap.gpu_block_keys
+    assert keys is not None
+    base = snap.base if observation.INCREMENTAL else None
+    prior = _kept(base, "keyed", None) if base is not None else _MISSING
+    changed = changed_items(keys, base.gpu_block_keys) if prior is not _MISSING else None
+    if changed is None:
+        value = frozenset(compress(range(len(keys)), map(is_not, keys, repeat(None))))
+    elif not changed:
+        value = prior  # type: ignore[assignment]
+    else:
+        out = set(prior)  # type: ignore[arg-type]
+        for block in changed:
+            if keys[block] is None:
+                out.discard(block)
+            else:
+                out.add(block)
+        value = frozenset(out)
+    return _memo(snap, "keyed", None, lambda: value)
+
+
+def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
+    """`Snapshot.seqs_of` through the carried-forward per-request index (`seq_ids_by_request`):
+    a step that admits a thousand requests asks this a thousand times, and a scan of every view
+    each time is quadratic in the batch."""
+    assert snap.seqs is not None
+    seqs = snap.seqs
+    return [seqs[sid] for sid in seq_ids_by_request(snap).get(request_id, ())]

@@ -17,8 +17,10 @@ from spec.invariants._views import (
     checked_with_prior,
     entry_counts,
     fresh_views,
+    keyed_blocks,
     snapshots,
     tables,
+    views_of,
 )
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
@@ -26,10 +28,11 @@ from spec.observation import Snapshot, StepRecord
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
 
-def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
-    """Tokens whose KV is computed, or being computed in this step when looking after schedule()."""
+def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int) -> int:
+    """Tokens whose KV is computed, or being computed in this step when looking after schedule()
+    (``scheduled``: tokens scheduled per sequence in this step)."""
     if label == "after schedule":
-        return num_computed + sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
+        return num_computed + scheduled.get(sid, 0)
     return num_computed
 
 
@@ -46,14 +49,19 @@ def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    scheduled = {s.seq_id for s in rec.output.scheduled}
+    scheduled: dict[str, int] = {}
+    for item in rec.output.scheduled:
+        scheduled[item.seq_id] = scheduled.get(item.seq_id, 0) + item.num_tokens
     for label, snap, prior in checked_with_prior(ctx, rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
+        keyed = keyed_blocks(snap)
+        if not keyed:
+            continue  # no block is cached: no key to match
         for sid, v in _key_holders_to_check(snap, prior, scheduled):
-            if v.device != "gpu" or not v.blocks or v.token_ids is None:
+            if v.device != "gpu" or not v.blocks or v.token_ids is None or keyed.isdisjoint(v.blocks):
                 continue
-            limit = _allowance(rec, label, sid, v.num_computed or 0)
+            limit = _allowance(scheduled, label, sid, v.num_computed or 0)
             expected = chained_keys(snap, sid, bs)[: min(limit, len(v.token_ids)) // bs]
             for j, block in enumerate(v.blocks):
                 key = keys[block] if 0 <= block < len(keys) else None
@@ -65,7 +73,7 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key}, its tokens' key is {expected[j]}"
 
 
-def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: set[str]):
+def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: dict[str, int]):
     """The views whose keys PFX-001 must look at in ``snap``: every one when no block's key is
     known to be unchanged since ``prior`` (a snapshot it passed); else the views changed since
     then and the scheduled ones (whose allowance moves with the step)."""
@@ -198,7 +206,7 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
     for rid in admitted(rec):
-        for v in rec.mid.seqs_of(rid):
+        for v in views_of(rec.mid, rid):
             if v.status.is_finished or v.num_computed is None or v.num_tokens is None:
                 continue
             if v.num_computed >= v.num_tokens:
