@@ -189,7 +189,7 @@ def _view(v: Any, checked: SeqView | None = None) -> str | None:
         value = getattr(v, name)
         if value is not None and not (_is_int(value) and value >= 0):
             return f"{name} is {value!r}, expected an int >= 0 or None"
-    if v.blocks is not None and _ints(v.blocks):
+    if v.blocks is not None and (checked is None or v.blocks is not checked.blocks) and _ints(v.blocks):
         return f"blocks {_ints(v.blocks)}"
     if v.device not in (None, "gpu", "cpu"):
         return f"device is {v.device!r}, expected 'gpu', 'cpu' or None"

@@ -486,8 +486,10 @@ def snapshot_of(
     for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
         blocks = tuple(r.blocks)
+        if old is not None and old.blocks == blocks:
+            blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed
-                or old.num_tokens != r.num_tokens or old.blocks != blocks):
+                or old.num_tokens != r.num_tokens or old.blocks is not blocks):
             fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, blocks,
                                       "gpu" if blocks else None, tuple(r.tokens))
     if base is None:

@@ -149,9 +149,11 @@ def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot |
     (C.PREFIX_CACHE,),
 )
 def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         keys, index = snap.gpu_block_keys, snap.cache_index
         assert keys is not None and index is not None
+        if prior is not None and keys is prior.gpu_block_keys and index is prior.cache_index:
+            continue  # the same keys and index this check passed just before
         listed: set[int] = set()
         for key, blocks in index.items():
             if not blocks:
@@ -164,14 +166,16 @@ def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: key {key} finds gpu block {block}, outside the pool"
                 elif keys[block] != key:
                     yield f"{label}: a lookup of {key} finds gpu block {block}, whose key is {keys[block]}"
-        for block, key in enumerate(keys):
-            if key is not None and block not in index.get(key, ()):
+        for block in sorted(keyed_blocks(snap)):
+            key = keys[block]
+            if block not in index.get(key, ()):
                 yield f"{label}: gpu block {block} has key {key} but a lookup cannot find it"
 
 
 def _cached_free(snap: Snapshot) -> list[int]:
     assert snap.gpu_block_keys is not None and snap.gpu_ref_counts is not None
-    return [b for b, key in enumerate(snap.gpu_block_keys) if key is not None and snap.gpu_ref_counts[b] == 0]
+    refs = snap.gpu_ref_counts
+    return [b for b in sorted(keyed_blocks(snap)) if b < len(refs) and refs[b] == 0]
 
 
 @invariant(
@@ -188,8 +192,9 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
         assert snap.gpu_free_ids is not None and snap.gpu_free is not None
         if snap.gpu_free != len(snap.gpu_free_ids):
             yield f"{label}: {snap.gpu_free} GPU blocks reported free, the free list holds {len(snap.gpu_free_ids)}"
-        counts = Counter(snap.gpu_free_ids)
-        for block in _cached_free(snap):
+        cached_free = _cached_free(snap)
+        counts = Counter(snap.gpu_free_ids) if cached_free else {}
+        for block in cached_free:
             if counts[block] != 1:
                 yield f"{label}: cached-free gpu block {block} is on the free list {counts[block]} times"
 
