@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import is_not, ne
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
@@ -498,3 +498,43 @@ def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
     assert snap.seqs is not None
     seqs = snap.seqs
     return [seqs[sid] for sid in seq_ids_by_request(snap).get(request_id, ())]
+
+
+class PoolFacts(NamedTuple):
+    """What the block checks read of one device's reference counts and free list, computed in
+    one pass each at C speed and shared by BLK-001, BLK-005 and STR-001 (each read the whole
+    pool on its own before): the free ids as a set, whether the list repeats one, its lowest and
+    highest id, the number of unreferenced blocks and whether a count is negative."""
+
+    free: set[int]
+    repeats: bool
+    low: int
+    high: int
+    unreferenced: int
+    negative: bool
+
+
+def pool_facts(snap: Snapshot, device: str) -> PoolFacts:
+    """`PoolFacts` of ``device`` in ``snap`` (an absent CPU pool reads as empty); the base
+    snapshot's when both its counts and its free list are the very objects of ``snap``."""
+    kept = _kept(snap, "pool", device)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    refs = (snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts) or ()
+    free_ids = (snap.gpu_free_ids if device == "gpu" else snap.cpu_free_ids) or ()
+    base = snap.base if observation.INCREMENTAL else None
+    if base is not None and refs is ((base.gpu_ref_counts if device == "gpu" else base.cpu_ref_counts) or ()) \
+            and free_ids is ((base.gpu_free_ids if device == "gpu" else base.cpu_free_ids) or ()):
+        prior = _kept(base, "pool", device)
+        if prior is not _MISSING:
+            return _memo(snap, "pool", device, lambda: prior)
+    free = set(free_ids)
+    facts = PoolFacts(
+        free=free,
+        repeats=len(free) != len(free_ids),
+        low=min(free, default=0),
+        high=max(free, default=0),
+        unreferenced=refs.count(0),
+        negative=bool(refs) and min(refs) < 0,
+    )
+    return _memo(snap, "pool", device, lambda: facts)
