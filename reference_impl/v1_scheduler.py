@@ -503,7 +503,7 @@ def snapshot_of(
     prior = base if base is not None else Snapshot()
 
     def same(new: object, old: object) -> object:
-        return old if old is not None and old == new else new
+        return old if new is old or (old is not None and old == new) else new
 
     return Snapshot(
         statuses=statuses,
@@ -511,14 +511,14 @@ def snapshot_of(
         waiting=same(tuple(r.request_id for r in waiting), prior.waiting),
         running=same(tuple(r.request_id for r in running), prior.running),
         swapped=(),
-        gpu_ref_counts=same(tuple(pool.ref_counts), prior.gpu_ref_counts),
+        gpu_ref_counts=same(pool.observed("ref_counts"), prior.gpu_ref_counts),
         cpu_ref_counts=same((0,) * config.num_cpu_blocks, prior.cpu_ref_counts),
         gpu_free=pool.num_free,
         cpu_free=config.num_cpu_blocks,
-        gpu_free_ids=same(pool.free_ids(), prior.gpu_free_ids),
+        gpu_free_ids=same(pool.observed("free_ids"), prior.gpu_free_ids),
         cpu_free_ids=same(tuple(range(config.num_cpu_blocks)), prior.cpu_free_ids),
-        gpu_block_keys=same(tuple(pool.keys), prior.gpu_block_keys),
-        cache_index=same(pool.cache_index(), prior.cache_index),
+        gpu_block_keys=same(pool.observed("keys"), prior.gpu_block_keys),
+        cache_index=same(pool.observed("cache_index"), prior.cache_index),
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,
