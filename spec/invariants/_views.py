@@ -7,9 +7,14 @@ previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_r
 `fresh_*` hand a check of one view at a time only the views that changed since the last
 snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
 `changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
-the table entries per block as a tuple, compared with reference counts at C speed. An adapter
-that gives no delta gets every view checked every time; the verdicts are the same, only slower
-(`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
+the table entries per block as a tuple, compared with reference counts at C speed; `pool_facts`
+reads the reference counts and free list once per snapshot for every block check;
+`chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
+read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
+adapter that gives no delta has its whole snapshots diffed into one by the driver
+(`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
+of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py
+compares them, on the references, every mutant, and diffed whole snapshots).
 """
 
 from __future__ import annotations
