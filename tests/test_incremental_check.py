@@ -224,10 +224,9 @@ def test_references_incremental_equal_full(monkeypatch, flow):
     """The references pass either way, as deltas, diffed whole snapshots or checked whole, on their
     own traces (prefix caching and chunked prefill included for V1 and nano-vllm)."""
     from conformance.generate_v1 import token_traces
+    from conformance.profiles import get_profile
     from reference_impl.nano_scheduler import NanoScheduler
     from reference_impl.v1_scheduler import V1Scheduler
-
-    from conformance.profiles import get_profile
 
     factory = {"v0": Scheduler, "v1": V1Scheduler, "nano": NanoScheduler}[flow]
     strategy = traces(max_requests=10) if flow == "v0" else token_traces(flow)
