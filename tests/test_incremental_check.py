@@ -288,3 +288,35 @@ def test_carried_key_views_equal_whole(monkeypatch):
                     if view.token_ids is not None:
                         assert chained_keys(snap, sid, bs) == block_keys(view.token_ids, bs)
     assert keyed_seen
+
+
+def test_pool_observation_is_current():
+    """The tuples a V1 / nano-vllm pool hands a snapshot (reused while its change counters stand
+    still) are its state at that moment, on the references and on every mutant with such a pool
+    (some override the pool's eviction)."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.nano_scheduler import NanoScheduler
+    from reference_impl.prefix_cache import CachingBlockPool
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    cases = [(V1Scheduler, token_traces("v1")), (NanoScheduler, token_traces("nano"))]
+    cases += [(m.factory, m.trace_strategy()) for m in MUTANTS.values() if m.trace_strategy and m.reference]
+    looked = 0
+    for factory, strategy in cases:
+        for trace in sample_traces(strategy, 8, 31):
+            scheduler = factory(trace.config)
+            pool = getattr(scheduler, "pool", None)
+            if not isinstance(pool, CachingBlockPool):
+                break
+            try:
+                for _ in iter_steps(trace, scheduler):
+                    assert pool.observed("ref_counts") == tuple(pool.ref_counts)
+                    assert pool.observed("free_ids") == pool.free_ids()
+                    assert pool.observed("keys") == tuple(pool.keys)
+                    assert pool.observed("cache_index") == pool.cache_index()
+                    looked += 1
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - a mutant may crash; what was looked at counts
+                pass
+    assert looked > 100
