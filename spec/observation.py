@@ -157,6 +157,9 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
     to ``previous``'s replaced by ``previous``'s own object, so that the checks skip it as they
     do on the references' deltas. Equal to ``snap`` field by field; ``snap`` itself when it
     already has a base, when incremental checking is off, or when a part cannot be diffed.
+    Equality is the test, so a part equal to the previous one in value but not in type (``1.0``
+    for ``1``) is the previous one from then on: the checks read values, and the driver's type
+    check names such a part only where it differs.
 
     Raises TypeError/AttributeError on a malformed snapshot; the caller checks it whole then."""
     if snap.base is not None or previous is None or not INCREMENTAL:

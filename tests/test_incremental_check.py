@@ -320,3 +320,19 @@ def test_pool_observation_is_current():
             except Exception:  # noqa: BLE001 - a mutant may crash; what was looked at counts
                 pass
     assert looked > 100
+
+
+@pytest.mark.parametrize("bad", [1.0, True, "1", None, 2**70])
+def test_snapshot_check_reads_changed_counts(bad):
+    """The driver's snapshot check, reading only the reference counts that are not the base's
+    objects, still names a bad entry that appears in a later snapshot (equal to an int or not)."""
+    from conformance.guard import AdapterFault
+    from conformance.normalize import check_snapshot
+
+    first = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 1)))
+    good = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), base=first))
+    assert good.gpu_ref_counts == (0, 1, 2, 0)
+    with pytest.raises(AdapterFault, match="gpu_ref_counts"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0), base=good))
+    with pytest.raises(AdapterFault, match="gpu_ref_counts"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0)), previous=good)
