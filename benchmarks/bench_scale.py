@@ -18,7 +18,7 @@ a change in load hits every line alike:
 Targets: checked cost per request-step grows at most 1.25x from the smallest to the largest
 size, and at the smallest size the checked reference costs at most 1.5x vLLM V1's own step.
 
-    python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0]
+    python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0] [--scale-batch] [--no-vllm]
 """
 
 from __future__ import annotations
@@ -48,12 +48,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = Path(os.environ.get("KVSCHED_TARGETS_DIR", Path.home() / ".cache/kvsched/targets")) / "vllm-v1"
 
 
-def scaled_trace(requests: int, seed: int) -> Trace:
-    """One trace of ``requests`` requests, the pool scaled with the request count."""
+def scaled_trace(requests: int, seed: int, scale_batch: bool = False) -> Trace:
+    """One trace of ``requests`` requests, the pool scaled with the request count (and the batch
+    limits too with ``scale_batch``: ``requests`` sequences, 32 tokens per request)."""
     rng = random.Random(seed * 1_000_003 + requests)
     config = SchedulerConfig(
-        block_size=16, num_gpu_blocks=8 * requests, num_cpu_blocks=0, max_num_seqs=256,
-        max_num_batched_tokens=8192, max_model_len=768, watermark=0.0, preemption_mode="recompute",
+        block_size=16, num_gpu_blocks=8 * requests, num_cpu_blocks=0, max_num_seqs=requests if scale_batch else 256,
+        max_num_batched_tokens=32 * requests if scale_batch else 8192, max_model_len=768, watermark=0.0,
+        preemption_mode="recompute",
     )
     arrivals = tuple(Arrival(0, Request(f"r{i}", rng.randint(64, 512), rng.randint(16, 256))) for i in range(requests))
     return Trace(config, arrivals, max_steps=100_000)
@@ -108,12 +110,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm-all", action="store_true", help="time vLLM V1 at every size, not only the smallest")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--scale-batch", action="store_true",
+                    help="scale max_num_seqs and max_num_batched_tokens with the requests (default: V1's 256 / 8192)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     have_vllm = not args.no_vllm and (TARGET / "venv" / "bin" / "python").exists()
     adapter = load_adapter("reference-v1")
     safety = get_profile("safety").invariants()
-    traces = {n: scaled_trace(n, args.seed) for n in sizes}
+    traces = {n: scaled_trace(n, args.seed, args.scale_batch) for n in sizes}
     costs: dict[tuple[str, int], list[float]] = {}
     work: dict[tuple[str, int], int] = {}
     for _ in range(args.rounds):
