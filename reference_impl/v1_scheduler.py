@@ -42,6 +42,7 @@ import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import attrgetter
 
 from reference_impl.prefix_cache import CachingBlockPool
 from spec import observation
@@ -464,6 +465,10 @@ class V1Scheduler(TrackedScheduler):
         return {**super().metrics(), "cached_blocks": sum(1 for k in self.pool.keys if k is not None)}
 
 
+# A queue's ids read at C speed (the waiting queue is the size of the backlog, every snapshot).
+_REQUEST_ID = attrgetter("request.request_id")
+
+
 def snapshot_of(
     config: SchedulerConfig,
     requests: dict[str, TrackedRequest],
@@ -508,8 +513,8 @@ def snapshot_of(
     return Snapshot(
         statuses=statuses,
         seqs=seqs,
-        waiting=same(tuple(r.request_id for r in waiting), prior.waiting),
-        running=same(tuple(r.request_id for r in running), prior.running),
+        waiting=same(tuple(map(_REQUEST_ID, waiting)), prior.waiting),
+        running=same(tuple(map(_REQUEST_ID, running)), prior.running),
         swapped=(),
         gpu_ref_counts=same(pool.observed("ref_counts"), prior.gpu_ref_counts),
         cpu_ref_counts=same((0,) * config.num_cpu_blocks, prior.cpu_ref_counts),
