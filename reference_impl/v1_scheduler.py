@@ -41,8 +41,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import islice
-from operator import attrgetter
+from itertools import compress, filterfalse, islice, repeat
+from operator import attrgetter, is_not
 
 from reference_impl.prefix_cache import CachingBlockPool
 from spec import observation
@@ -210,14 +210,18 @@ class TrackedScheduler:
         with a small constant; the views built are only those of changed requests."""
         if base is None or base.waiting is None or base.running is None or base.statuses is None:
             return None
-        requests = self.requests
-        was_waiting = set(base.waiting)
-        now_waiting = {r.request_id for r in self.waiting}
+        requests, waiting = self.requests, self.waiting
+        waiting_ids = tuple(map(_REQUEST_ID, waiting))
+        now_waiting, was_waiting = set(waiting_ids), set(base.waiting)
         visit = {r.request_id: r for r in self.running}
-        for r in self.waiting:
-            if r.request_id not in was_waiting or r.blocks or r.num_computed or r.status is not Status.WAITING:
-                visit[r.request_id] = r
-        for rid in (*base.running, *(rid for rid in base.waiting if rid not in now_waiting), *self._finished_holding):
+        # The waiting queue is the backlog: each condition is read at C speed over it, in queue
+        # order (the snapshot's view order follows, so reports do not depend on hash seeds).
+        for rid in filterfalse(was_waiting.__contains__, waiting_ids):
+            visit[rid] = requests[rid]
+        for r in (*compress(waiting, map(_BLOCKS, waiting)), *compress(waiting, map(_COMPUTED, waiting)),
+                  *compress(waiting, map(is_not, map(_STATUS, waiting), repeat(Status.WAITING)))):
+            visit[r.request_id] = r
+        for rid in (*base.running, *filterfalse(now_waiting.__contains__, base.waiting), *sorted(self._finished_holding)):
             visit[rid] = requests[rid]  # left a queue since base, or finished holding blocks (a subclass may free late)
         for r in islice(requests.values(), len(base.statuses), None):  # added since (never removed)
             visit[r.request_id] = r
@@ -467,6 +471,7 @@ class V1Scheduler(TrackedScheduler):
 
 # A queue's ids read at C speed (the waiting queue is the size of the backlog, every snapshot).
 _REQUEST_ID = attrgetter("request.request_id")
+_BLOCKS, _COMPUTED, _STATUS = attrgetter("blocks"), attrgetter("num_computed"), attrgetter("status")
 
 
 def snapshot_of(
