@@ -17,12 +17,15 @@ sys.path.insert(0, HOSTS)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import vllm_v1_host  # noqa: E402
 
+clock = time.process_time if os.environ.get("KVSCHED_CPU_CLOCK") == "1" else time.perf_counter
+
 
 def main() -> None:
     traces = json.loads(open(sys.argv[1]).read())
     engine = vllm_v1_host.V1Engine()
     own = {"schedule": 0.0, "update_from_output": 0.0}
     steps = 0
+    request_steps = 0
     host_total = 0.0
     for trace in traces:
         engine.reset(trace["config"])
@@ -31,11 +34,11 @@ def main() -> None:
             original = getattr(sched, name)
 
             def timed(*args, _original=original, _name=name, **kwargs):
-                start = time.perf_counter()
+                start = clock()
                 try:
                     return _original(*args, **kwargs)
                 finally:
-                    own[_name] += time.perf_counter() - start
+                    own[_name] += clock() - start
 
             setattr(sched, name, timed)
         arrivals: dict[int, list] = {}
@@ -49,13 +52,13 @@ def main() -> None:
             stops.setdefault(s["step"], []).append(s["seq"])
         unfinished: set[str] = set()
         last = max([r["arrival_step"] for r in trace["requests"]] or [0])
-        start = time.perf_counter()
+        start = clock()
         for step in range(trace["max_steps"]):
             for r in arrivals.get(step, []):
                 engine.add_request(r)
                 unfinished.add(r["id"])
             done = [engine.abort_request(rid) for rid in aborts.get(step, [])]
-            engine.schedule()
+            request_steps += len(engine.schedule()["scheduled"])
             done += engine.update(stops.get(step, []))
             steps += 1
             for f in done:
@@ -63,8 +66,9 @@ def main() -> None:
                     unfinished.discard(f["request"])
             if step >= last and not unfinished:
                 break
-        host_total += time.perf_counter() - start
-    print(json.dumps({"steps": steps, "vllm_seconds": sum(own.values()), "own": own, "host_seconds": host_total}))
+        host_total += clock() - start
+    print(json.dumps({"steps": steps, "vllm_seconds": sum(own.values()), "own": own, "host_seconds": host_total,
+                      "request_steps": request_steps}))
 
 
 if __name__ == "__main__":

@@ -347,8 +347,11 @@ the one it returned before: set `base` to that snapshot, reuse its `SeqView` obj
 tuples and dicts) for everything unchanged, and name in `changed_seqs` every sequence whose view
 is new, gone or rebuilt and in `changed_requests` every request whose status is new or changed.
 A view not named must be the very object `base` holds. The reference does this
-(`reference_impl/scheduler.py: Scheduler.snapshot`); an adapter that leaves both sets `None` is
-checked whole, with the same verdicts. `KVSCHED_FULL_CHECK=1` turns incremental checking off,
+(`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
+whole snapshots: the runner diffs each with the one before at C speed
+(`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only
+what changed, with the same verdicts; a delta of your own saves that diff (a pass over every view
+and every block per snapshot). `KVSCHED_FULL_CHECK=1` turns incremental checking off,
 which is how to confirm a finding does not depend on it. Schedulers outside
 Python speak the same calls as JSON lines over stdin/stdout (see `PROTOCOL.md`, where present).
 """

@@ -151,15 +151,21 @@ def _run_checked(
                 if reference:
                     done = reference.abort_request(rid)
                     ref_finished.extend([done] if done else [])
+            # Each snapshot is checked as a delta on the one before (`check_snapshot`'s previous):
+            # an adapter that gives whole snapshots is diffed, so checking costs what changed.
+            last = result.records[-1].after if result.records and observe else None
             if observe and (added or aborted or not result.records):
-                before = check_snapshot(guard.call("snapshot", adapter.snapshot), caps)
+                before = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last)
             else:  # nothing happened since the last step's final snapshot: it is this step's start
                 before = result.records[-1].after if result.records else _EMPTY
             output = check_output(guard.call("schedule", adapter.schedule), step)
-            mid = check_snapshot(guard.call("snapshot", adapter.snapshot), caps) if mid_step else None
+            if mid_step:
+                mid = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last)
+            else:
+                mid = None
             stopped = trace.stops_at(step)
             finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped)), "update"))
-            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps) if observe else _EMPTY
+            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
                                 refused=refused)
             result.records.append(record)

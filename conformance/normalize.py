@@ -6,12 +6,14 @@ crash the runner or be mistaken for an invariant violation.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, is_not
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import Capability, SeqView, Snapshot
+from spec.observation import Capability, SeqView, Snapshot, with_delta
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -85,11 +87,14 @@ def check_finished(value: Any, call: str) -> tuple[Finished, ...]:
     return items
 
 
-def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset()) -> Snapshot:
+def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset(),
+                   previous: Snapshot | None = None) -> Snapshot:
     """The snapshot, once every field it fills has the type the spec gives it and every field
     a ``claimed`` capability promises is filled (so no predicate can crash on it). A snapshot
     whose ``base`` passed this check before is checked only where it differs from the base: the
-    fields that are new objects and the views in ``changed_seqs``."""
+    fields that are new objects and the views in ``changed_seqs``. A whole snapshot (no base) is
+    first made a delta on ``previous``, the adapter's snapshot just before it, when that passed
+    (`spec.observation.with_delta`, a diff at C speed), so checking it costs what changed."""
     if not isinstance(value, Snapshot):
         raise _fail("snapshot", f"returned {type(value).__name__}, expected Snapshot")
     for capability in claimed:
@@ -99,6 +104,11 @@ def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset()) -> 
                                         f"capability, which needs {', '.join(_PROMISED[capability])} (docs/ADAPTERS.md)")
     if value.__dict__.get(_CHECKED):
         return value
+    if value.base is None and previous is not None and previous.__dict__.get(_CHECKED):
+        try:
+            value = with_delta(value, previous)
+        except (TypeError, AttributeError, ValueError):
+            pass  # malformed: checked whole below, which names the field
     base = value.base if value.base is not None and value.base.__dict__.get(_CHECKED) else None
     try:
         for name, check in _FIELD_CHECKS:
@@ -131,6 +141,8 @@ _PROMISED: dict[Capability, tuple[str, ...]] = {
 def _ints(values: Any, *, non_negative: bool = False) -> str | None:
     if not isinstance(values, tuple):
         return f"is {type(values).__name__}, expected a tuple of ints"
+    if len(values) > _LONG and _plain_int64s(values):
+        return f"holds {min(values)}, expected ints >= 0" if non_negative and min(values) < 0 else None
     if values and set(map(type, values)) != {int}:
         bad = next(v for v in values if type(v) is not int)
         return f"holds {bad!r}, expected ints"
@@ -139,6 +151,30 @@ def _ints(values: Any, *, non_negative: bool = False) -> str | None:
     if non_negative and values and min(values) < 0:
         return f"holds {min(values)}, expected ints >= 0"
     return None
+
+
+_LONG = 256  # a pool-sized tuple: checked by `_plain_int64s` (a few C passes) before the type set
+
+
+def _plain_int64s(values: tuple) -> bool:
+    """Whether every entry is an int in int64, in one C pass (packing into an int64 array refuses
+    other types and larger ints), four times cheaper than the type set on a pool-sized tuple. An
+    int subclass, bool included, passes as the int it is. False: `_ints` says what is wrong."""
+    try:
+        array("q", values)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def _ints_since(values: Any, checked: Any) -> str | None:
+    """`_ints` of ``values``, reading only the entries that are not the very objects at the same
+    place in ``checked`` (the base snapshot's tuple, which passed): a step changes a few reference
+    counts of a large pool, and finding them by identity at C speed costs a fraction of a full
+    type scan. Identity, not equality: an entry equal to an int but of another type is read."""
+    if not isinstance(values, tuple) or not isinstance(checked, tuple) or len(values) != len(checked):
+        return _ints(values)
+    return _ints(tuple(map(values.__getitem__, compress(range(len(values)), map(is_not, values, checked)))))
 
 
 def _strs(values: Any) -> str | None:
@@ -169,14 +205,18 @@ def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
         return f"is {type(seqs).__name__}, expected a mapping of sequence id to SeqView"
     changed = snap.changed_seqs if base is not None and snap.changed_seqs is not None else None
     items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
+    checked = base.seqs if changed is not None and isinstance(base.seqs, Mapping) else {}
     for sid, view in items:
-        problem = _view(view)
+        problem = _view(view, checked.get(sid))
         if problem or not isinstance(sid, str) or sid != view.seq_id:
             return f"{sid!r}: {problem or 'the key is not the view seq_id'}"
     return None
 
 
-def _view(v: Any) -> str | None:
+def _view(v: Any, checked: SeqView | None = None) -> str | None:
+    """What is wrong with view ``v``, or None. ``checked``: the same sequence's view in the base
+    snapshot, which passed this check; a token list that extends it is checked only past it
+    (a decode adds one token to hundreds)."""
     if not isinstance(v, SeqView):
         return f"{v!r} is not a SeqView"
     if not isinstance(v.seq_id, str) or not isinstance(v.request_id, str) or not isinstance(v.status, Status):
@@ -185,12 +225,17 @@ def _view(v: Any) -> str | None:
         value = getattr(v, name)
         if value is not None and not (_is_int(value) and value >= 0):
             return f"{name} is {value!r}, expected an int >= 0 or None"
-    if v.blocks is not None and _ints(v.blocks):
+    if v.blocks is not None and (checked is None or v.blocks is not checked.blocks) and _ints(v.blocks):
         return f"blocks {_ints(v.blocks)}"
     if v.device not in (None, "gpu", "cpu"):
         return f"device is {v.device!r}, expected 'gpu', 'cpu' or None"
-    if v.token_ids is not None and _ints(v.token_ids):
-        return f"token_ids {_ints(v.token_ids)}"
+    tokens = v.token_ids
+    if tokens is not None and isinstance(tokens, tuple) and checked is not None:
+        known = checked.token_ids
+        if known is not None and len(known) <= len(tokens) and tokens[: len(known)] == known:
+            tokens = tokens[len(known):]  # the prefix passed in the base snapshot
+    if tokens is not None and _ints(tokens):
+        return f"token_ids {_ints(tokens)}"
     return None
 
 
@@ -215,8 +260,8 @@ _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str |
     ("waiting", lambda v, s, b: _strs(v)),
     ("running", lambda v, s, b: _strs(v)),
     ("swapped", lambda v, s, b: _strs(v)),
-    ("gpu_ref_counts", lambda v, s, b: _ints(v)),
-    ("cpu_ref_counts", lambda v, s, b: _ints(v)),
+    ("gpu_ref_counts", lambda v, s, b: _ints_since(v, b.gpu_ref_counts if b is not None else None)),
+    ("cpu_ref_counts", lambda v, s, b: _ints_since(v, b.cpu_ref_counts if b is not None else None)),
     ("gpu_free", lambda v, s, b: _count(v)),
     ("cpu_free", lambda v, s, b: _count(v)),
     ("gpu_free_ids", lambda v, s, b: _ints(v)),

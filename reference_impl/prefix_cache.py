@@ -46,6 +46,11 @@ class CachingBlockPool:
         self.keys: list[str | None] = [None] * num_blocks
         self.index: dict[str, list[int]] = {}  # key -> blocks registered under it, oldest first
         self._free: deque[int] = deque(range(num_blocks))
+        # Observation: counters of changes to the counts / free queue and to the keys / index, so
+        # that a snapshot reuses the tuples it built last time when nothing changed (`observed`).
+        self.block_changes = 0
+        self.key_changes = 0
+        self._observed: dict[str, tuple[int, object]] = {}
 
     # -- observation ------------------------------------------------------------------------
     @property
@@ -58,6 +63,19 @@ class CachingBlockPool:
 
     def cache_index(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v) for k, v in self.index.items()}
+
+    def observed(self, part: str) -> object:
+        """``part`` ("ref_counts", "free_ids", "keys" or "cache_index") as a fresh immutable
+        value, or the very object returned last time when its counter shows no change since:
+        building the tuples of a large pool is a snapshot's main fixed cost."""
+        changes = self.key_changes if part in ("keys", "cache_index") else self.block_changes
+        known = self._observed.get(part)
+        if known is not None and known[0] == changes:
+            return known[1]
+        value = {"ref_counts": lambda: tuple(self.ref_counts), "free_ids": self.free_ids,
+                 "keys": lambda: tuple(self.keys), "cache_index": self.cache_index}[part]()
+        self._observed[part] = (changes, value)
+        return value
 
     # -- lookup -------------------------------------------------------------------------------
     def lookup(self, key: str) -> int | None:
@@ -77,6 +95,8 @@ class CachingBlockPool:
         """``count`` fresh blocks from the front of the free queue; each is evicted first."""
         assert count <= len(self._free), "caller checked the free count"
         fresh = []
+        self.block_changes += 1
+        self.key_changes += self.caching  # each block is evicted (loses its key) first
         for _ in range(count):
             block = self._free.popleft()
             self._evict(block)
@@ -86,6 +106,7 @@ class CachingBlockPool:
 
     def touch(self, block: int) -> None:
         """Hold a cached block found by a lookup (take it off the free queue if nobody held it)."""
+        self.block_changes += 1
         if self.ref_counts[block] == 0:
             self._free.remove(block)
         self.ref_counts[block] += 1
@@ -94,6 +115,7 @@ class CachingBlockPool:
         """Cache ``block`` (full, computed or being computed now) under ``key``."""
         if not self.caching or self.keys[block] == key:
             return
+        self.key_changes += 1  # counted here, not in _evict: a subclass may override that
         self._evict(block)
         if self.order == "nano":  # one block per key: the older holders are no longer findable
             for older in self.index.pop(key, []):
@@ -106,6 +128,7 @@ class CachingBlockPool:
         reverse); blocks that reach zero go back to the free queue as `ORDERS` describes."""
         front: list[int] = []
         back: list[int] = []
+        self.block_changes += 1
         for block in blocks:
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"block {block} freed twice"

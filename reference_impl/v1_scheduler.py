@@ -39,8 +39,10 @@ runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, islice, repeat
+from operator import attrgetter, is_not
 
 from reference_impl.prefix_cache import CachingBlockPool
 from spec import observation
@@ -127,6 +129,7 @@ class TrackedScheduler:
         self._scheduled: list[tuple[TrackedRequest, int]] = []
         self._ignored: list[Finished] = []
         self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
+        self._finished_holding: set[str] = set()  # finished requests seen holding blocks
 
     # ---------------------------------------------------------------- client side
     def _track(self, request: Request) -> TrackedRequest:
@@ -183,9 +186,46 @@ class TrackedScheduler:
 
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
-        self._last_snapshot = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool,
-                                          self._last_snapshot)
-        return self._last_snapshot
+        base = self._last_snapshot
+        snap = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool, base,
+                           self._to_visit(base))
+        if snap.changed_seqs is None:
+            self._finished_holding = set()
+        seqs = snap.seqs
+        for sid in snap.seqs if snap.changed_seqs is None else snap.changed_seqs:
+            view = seqs[sid]
+            if view.status.is_finished and view.blocks:
+                self._finished_holding.add(view.request_id)
+            else:
+                self._finished_holding.discard(view.request_id)
+        self._last_snapshot = snap
+        return snap
+
+    def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
+        """The requests whose views may differ from ``base``'s (None: every request): the running
+        ones, the ones that were running, entered or left the waiting queue, or were added since,
+        and a waiting one that holds blocks or computed tokens or is not WAITING. A request that
+        stayed waiting has no token to add and nothing to hold, so its view is base's; finished
+        requests that were in no queue at ``base`` cannot change. Linear in the waiting queue
+        with a small constant; the views built are only those of changed requests."""
+        if base is None or base.waiting is None or base.running is None or base.statuses is None:
+            return None
+        requests, waiting = self.requests, self.waiting
+        waiting_ids = tuple(map(_REQUEST_ID, waiting))
+        now_waiting, was_waiting = set(waiting_ids), set(base.waiting)
+        visit = {r.request_id: r for r in self.running}
+        # The waiting queue is the backlog: each condition is read at C speed over it, in queue
+        # order (the snapshot's view order follows, so reports do not depend on hash seeds).
+        for rid in filterfalse(was_waiting.__contains__, waiting_ids):
+            visit[rid] = requests[rid]
+        for r in (*compress(waiting, map(_BLOCKS, waiting)), *compress(waiting, map(_COMPUTED, waiting)),
+                  *compress(waiting, map(is_not, map(_STATUS, waiting), repeat(Status.WAITING)))):
+            visit[r.request_id] = r
+        for rid in (*base.running, *filterfalse(now_waiting.__contains__, base.waiting), *sorted(self._finished_holding)):
+            visit[rid] = requests[rid]  # left a queue since base, or finished holding blocks (a subclass may free late)
+        for r in islice(requests.values(), len(base.statuses), None):  # added since (never removed)
+            visit[r.request_id] = r
+        return list(visit.values())
 
     def metrics(self) -> dict[str, int]:
         return {
@@ -429,6 +469,11 @@ class V1Scheduler(TrackedScheduler):
         return {**super().metrics(), "cached_blocks": sum(1 for k in self.pool.keys if k is not None)}
 
 
+# A queue's ids read at C speed (the waiting queue is the size of the backlog, every snapshot).
+_REQUEST_ID = attrgetter("request.request_id")
+_BLOCKS, _COMPUTED, _STATUS = attrgetter("blocks"), attrgetter("num_computed"), attrgetter("status")
+
+
 def snapshot_of(
     config: SchedulerConfig,
     requests: dict[str, TrackedRequest],
@@ -436,21 +481,25 @@ def snapshot_of(
     running: list[TrackedRequest],
     pool: CachingBlockPool,
     base: Snapshot | None = None,
+    visit: Iterable[TrackedRequest] | None = None,
 ) -> Snapshot:
     """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
     as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
     rebuilt only when a field of it changed (its tokens only ever grow), every unchanged part is
-    base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt."""
+    base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt.
+    ``visit``: the requests that may have changed since ``base`` (default: every request)."""
     if not observation.INCREMENTAL:
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
     fresh: dict[str, SeqView] = {}
     changed_status: dict[str, Status] = {}
-    for r in requests.values():
+    for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
         blocks = tuple(r.blocks)
+        if old is not None and old.blocks == blocks:
+            blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed
-                or old.num_tokens != r.num_tokens or old.blocks != blocks):
+                or old.num_tokens != r.num_tokens or old.blocks is not blocks):
             fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, blocks,
                                       "gpu" if blocks else None, tuple(r.tokens))
     if base is None:
@@ -464,22 +513,22 @@ def snapshot_of(
     prior = base if base is not None else Snapshot()
 
     def same(new: object, old: object) -> object:
-        return old if old is not None and old == new else new
+        return old if new is old or (old is not None and old == new) else new
 
     return Snapshot(
         statuses=statuses,
         seqs=seqs,
-        waiting=same(tuple(r.request_id for r in waiting), prior.waiting),
-        running=same(tuple(r.request_id for r in running), prior.running),
+        waiting=same(tuple(map(_REQUEST_ID, waiting)), prior.waiting),
+        running=same(tuple(map(_REQUEST_ID, running)), prior.running),
         swapped=(),
-        gpu_ref_counts=same(tuple(pool.ref_counts), prior.gpu_ref_counts),
+        gpu_ref_counts=same(pool.observed("ref_counts"), prior.gpu_ref_counts),
         cpu_ref_counts=same((0,) * config.num_cpu_blocks, prior.cpu_ref_counts),
         gpu_free=pool.num_free,
         cpu_free=config.num_cpu_blocks,
-        gpu_free_ids=same(pool.free_ids(), prior.gpu_free_ids),
+        gpu_free_ids=same(pool.observed("free_ids"), prior.gpu_free_ids),
         cpu_free_ids=same(tuple(range(config.num_cpu_blocks)), prior.cpu_free_ids),
-        gpu_block_keys=same(tuple(pool.keys), prior.gpu_block_keys),
-        cache_index=same(pool.cache_index(), prior.cache_index),
+        gpu_block_keys=same(pool.observed("keys"), prior.gpu_block_keys),
+        cache_index=same(pool.observed("cache_index"), prior.cache_index),
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,

@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import compress
+from operator import ne
 from typing import NamedTuple
 
 from spec.status import Status
@@ -146,3 +148,59 @@ class StepRecord:
     # Requests the scheduler refused at the door in this step: add_request returned their
     # Finished (FINISHED_IGNORED), which is in ``finished`` too. Not in any output's ``ignored``.
     refused: frozenset[str] = frozenset()
+
+
+def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
+    """``snap`` as a delta on ``previous`` (the snapshot taken just before it), for an adapter
+    that hands whole snapshots: `Snapshot.base`, `changed_seqs` and `changed_requests` found by
+    diffing at C speed (``map``/``compress`` over the views, tuple equality), and every part equal
+    to ``previous``'s replaced by ``previous``'s own object, so that the checks skip it as they
+    do on the references' deltas. Equal to ``snap`` field by field; ``snap`` itself when it
+    already has a base, when incremental checking is off, or when a part cannot be diffed.
+    Equality is the test, so a part equal to the previous one in value but not in type (``1.0``
+    for ``1``) is the previous one from then on: the checks read values, and the driver's type
+    check names such a part only where it differs.
+
+    Raises TypeError/AttributeError on a malformed snapshot; the caller checks it whole then."""
+    if snap.base is not None or previous is None or not INCREMENTAL:
+        return snap
+    new_seqs, old_seqs = snap.seqs, previous.seqs
+    new_st, old_st = snap.statuses, previous.statuses
+    if not isinstance(new_seqs, Mapping) or not isinstance(old_seqs, Mapping) \
+            or not isinstance(new_st, Mapping) or not isinstance(old_st, Mapping):
+        return snap
+    changed_seqs = _changed_keys(new_seqs, old_seqs)
+    if changed_seqs:
+        seqs = dict(old_seqs)
+        for sid in changed_seqs:
+            view = new_seqs.get(sid)
+            if view is None:
+                seqs.pop(sid, None)
+                continue
+            old = old_seqs.get(sid)
+            if old is not None and old.blocks is not view.blocks and old.blocks == view.blocks:
+                view = view._replace(blocks=old.blocks)  # an unchanged table is the same table
+            seqs[sid] = view
+    else:
+        seqs = old_seqs
+    changed_requests = _changed_keys(new_st, old_st)
+    parts = {name: _same(getattr(snap, name), getattr(previous, name)) for name in _TUPLE_PARTS}
+    return Snapshot(statuses=old_st if not changed_requests else new_st, seqs=seqs, **parts, base=previous,
+                    changed_seqs=frozenset(changed_seqs), changed_requests=frozenset(changed_requests))
+
+
+_TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index")
+
+
+def _changed_keys(new: Mapping, old: Mapping) -> set:
+    """Keys whose value is new, gone or different (``!=``), found at C speed."""
+    keys = new.keys()
+    changed = set(compress(keys, map(ne, new.values(), map(old.get, keys))))
+    changed.update(old.keys() - keys)  # gone (C speed: string hashes are cached)
+    return changed
+
+
+def _same(new: object, old: object) -> object:
+    """``old`` when it equals ``new`` (so checks see the same object), else ``new``."""
+    return old if new is not old and old is not None and type(new) is type(old) and new == old else new

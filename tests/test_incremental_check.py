@@ -153,3 +153,187 @@ def test_entry_counts_follow_the_delta(monkeypatch):
                     assert counts == whole == refs
                     carried += snap.base is not None
     assert carried > 500
+
+
+class _WholeSnapshots:
+    """A scheduler whose snapshots carry no delta and share no object with the one before: what
+    an adapter around a third-party engine hands (the driver diffs it, `spec.observation.with_delta`)."""
+
+    def __init__(self, make, config):
+        self._inner = make(config)
+        self.capabilities = self._inner.capabilities
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def snapshot(self):
+        snap = self._inner.snapshot()
+
+        def fresh(part):
+            return tuple(list(part)) if isinstance(part, tuple) else part
+
+        return observation.Snapshot(
+            statuses=dict(snap.statuses) if snap.statuses is not None else None,
+            seqs={sid: observation.SeqView(*map(fresh, v)) for sid, v in snap.seqs.items()} if snap.seqs is not None
+            else None,
+            **{name: fresh(getattr(snap, name)) for name in ("waiting", "running", "swapped", "gpu_ref_counts",
+                                                             "cpu_ref_counts", "gpu_free", "cpu_free", "gpu_free_ids",
+                                                             "cpu_free_ids", "gpu_block_keys")},
+            cache_index={k: fresh(v) for k, v in snap.cache_index.items()} if snap.cache_index is not None else None,
+        )
+
+
+def _driven(make, trace, invariants):
+    """(id, step, message) of every violation the driver finds, and how many snapshots it diffed."""
+    from conformance.adapter import SchedulerAdapter
+    from conformance.driver import run_checked
+    from spec.catalogue import catalogue
+
+    result = run_checked(SchedulerAdapter("under-test", make), trace, invariants or catalogue(), timeout=None,
+                         stop_at_first=False)
+    diffed = sum(1 for r in result.records if r.after.base is not None)
+    return sorted((v.invariant_id, v.step, v.message) for v in result.violations), diffed
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_whole_snapshots_diffed_equal_full(monkeypatch, name):
+    """An adapter that gives whole snapshots, diffed by the driver into deltas, gets the verdicts
+    of checking everything on every mutant."""
+    from conformance.profiles import get_profile
+
+    mutant = MUTANTS[name]
+    strategy = mutant.trace_strategy() if mutant.trace_strategy else traces(max_requests=8)
+    invariants = get_profile(mutant.profile).invariants() if mutant.profile else None
+    compared = diffed = 0
+    for trace in sample_traces(strategy, MUTANT_TRACES, 3):
+        monkeypatch.setattr(observation, "INCREMENTAL", True)
+        fast, count = _driven(lambda config: _WholeSnapshots(mutant.factory, config), trace, invariants)
+        diffed += count
+        monkeypatch.setattr(observation, "INCREMENTAL", False)
+        slow, _ = _driven(mutant.factory, trace, invariants)
+        monkeypatch.setattr(observation, "INCREMENTAL", True)
+        _assert_same_findings(fast, slow)
+        compared += bool(fast)
+        if compared >= 2:
+            break
+    assert diffed
+    assert compared or name in RARE_ON_THESE_TRACES
+
+
+@pytest.mark.parametrize("flow", ["v0", "v1", "nano"])
+def test_references_incremental_equal_full(monkeypatch, flow):
+    """The references pass either way, as deltas, diffed whole snapshots or checked whole, on their
+    own traces (prefix caching and chunked prefill included for V1 and nano-vllm)."""
+    from conformance.generate_v1 import token_traces
+    from conformance.profiles import get_profile
+    from reference_impl.nano_scheduler import NanoScheduler
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    factory = {"v0": Scheduler, "v1": V1Scheduler, "nano": NanoScheduler}[flow]
+    strategy = traces(max_requests=10) if flow == "v0" else token_traces(flow)
+    invariants = None if flow == "v0" else get_profile("safety").invariants()  # V0's policy is not theirs
+    for trace in sample_traces(strategy, 30, 17):
+        fast, slow = _both_ways(monkeypatch, factory, trace, invariants)
+        assert fast == slow == []
+        whole, diffed = _driven(lambda config: _WholeSnapshots(factory, config), trace, invariants)
+        assert whole == [] and (diffed or len(trace.arrivals) == 0)
+
+
+def test_with_delta_is_exact():
+    """A diffed snapshot equals the whole one, names exactly the views and requests that differ,
+    and shares every unchanged part with the snapshot before it."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    checked = 0
+    for trace in sample_traces(token_traces("v1"), 20, 23):
+        scheduler = _WholeSnapshots(V1Scheduler, trace.config)
+        previous = None
+        for _ in iter_steps(trace, scheduler):
+            whole = scheduler.snapshot()
+            snap = observation.with_delta(whole, previous)
+            assert snap == whole
+            if previous is not None:
+                checked += 1
+                assert snap.base is previous
+                assert snap.changed_seqs == {sid for sid in {*whole.seqs, *previous.seqs}
+                                             if whole.seqs.get(sid) != previous.seqs.get(sid)}
+                assert snap.changed_requests == {rid for rid in {*whole.statuses, *previous.statuses}
+                                                 if whole.statuses.get(rid) != previous.statuses.get(rid)}
+                for sid, view in snap.seqs.items():
+                    if sid not in snap.changed_seqs:
+                        assert view is previous.seqs[sid]
+                if whole.gpu_ref_counts == previous.gpu_ref_counts:
+                    assert snap.gpu_ref_counts is previous.gpu_ref_counts
+            previous = snap
+    assert checked > 50
+
+
+def test_carried_key_views_equal_whole(monkeypatch):
+    """Keys extended along the snapshot chain and the keyed blocks carried through changed keys
+    equal their whole computation, on prefix-caching traces."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.v1_scheduler import V1Scheduler
+    from spec.invariants._views import chained_keys, keyed_blocks
+    from spec.prefix import block_keys
+
+    keyed_seen = 0
+    for trace in sample_traces(token_traces("v1"), 30, 29):
+        bs = trace.config.block_size
+        for record in iter_steps(trace, V1Scheduler(trace.config)):
+            for snap in (record.mid, record.after):
+                keyed = keyed_blocks(snap)
+                assert keyed == {b for b, k in enumerate(snap.gpu_block_keys) if k is not None}
+                keyed_seen += bool(keyed)
+                for sid, view in snap.seqs.items():
+                    if view.token_ids is not None:
+                        assert chained_keys(snap, sid, bs) == block_keys(view.token_ids, bs)
+    assert keyed_seen
+
+
+def test_pool_observation_is_current():
+    """The tuples a V1 / nano-vllm pool hands a snapshot (reused while its change counters stand
+    still) are its state at that moment, on the references and on every mutant with such a pool
+    (some override the pool's eviction)."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.nano_scheduler import NanoScheduler
+    from reference_impl.prefix_cache import CachingBlockPool
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    cases = [(V1Scheduler, token_traces("v1")), (NanoScheduler, token_traces("nano"))]
+    cases += [(m.factory, m.trace_strategy()) for m in MUTANTS.values() if m.trace_strategy and m.reference]
+    looked = 0
+    for factory, strategy in cases:
+        for trace in sample_traces(strategy, 8, 31):
+            scheduler = factory(trace.config)
+            pool = getattr(scheduler, "pool", None)
+            if not isinstance(pool, CachingBlockPool):
+                break
+            try:
+                for _ in iter_steps(trace, scheduler):
+                    assert pool.observed("ref_counts") == tuple(pool.ref_counts)
+                    assert pool.observed("free_ids") == pool.free_ids()
+                    assert pool.observed("keys") == tuple(pool.keys)
+                    assert pool.observed("cache_index") == pool.cache_index()
+                    looked += 1
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - a mutant may crash; what was looked at counts
+                pass
+    assert looked > 100
+
+
+@pytest.mark.parametrize("bad", [1.0, True, "1", None, 2**70])
+def test_snapshot_check_reads_changed_counts(bad):
+    """The driver's snapshot check, reading only the reference counts that are not the base's
+    objects, still names a bad entry that appears in a later snapshot (equal to an int or not)."""
+    from conformance.guard import AdapterFault
+    from conformance.normalize import check_snapshot
+
+    first = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 1)))
+    good = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), base=first))
+    assert good.gpu_ref_counts == (0, 1, 2, 0)
+    with pytest.raises(AdapterFault, match="gpu_ref_counts"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0), base=good))
+    with pytest.raises(AdapterFault, match="gpu_ref_counts"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0)), previous=good)

@@ -7,19 +7,27 @@ previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_r
 `fresh_*` hand a check of one view at a time only the views that changed since the last
 snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
 `changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
-the table entries per block as a tuple, compared with reference counts at C speed. An adapter
-that gives no delta gets every view checked every time; the verdicts are the same, only slower
-(`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py compares them).
+the table entries per block as a tuple, compared with reference counts at C speed; `pool_facts`
+reads the reference counts and free list once per snapshot for every block check;
+`chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
+read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
+adapter that gives no delta has its whole snapshots diffed into one by the driver
+(`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
+of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py
+compares them, on the references, every mutant, and diffed whole snapshots).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from itertools import compress, repeat
+from operator import is_not, ne
+from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
+from spec.prefix import ROOT, block_key
 from spec.status import Status
 
 if TYPE_CHECKING:
@@ -415,3 +423,123 @@ _DERIVED = {
     "by_request": seq_ids_by_request,
     "status": with_status,
 }
+
+
+def changed_items(new: tuple | None, old: tuple | None) -> list[int] | None:
+    """Indices where two per-block tuples (keys, reference counts) differ, found at C speed; None
+    when they cannot be compared (one is missing or their lengths differ: check all)."""
+    if new is old:
+        return []
+    if new is None or old is None or len(new) != len(old):
+        return None
+    return list(compress(range(len(new)), map(ne, new, old)))
+
+
+def chained_keys(snap: Snapshot, sid: str, block_size: int) -> list[str]:
+    """`spec.prefix.block_keys` of sequence ``sid``'s token ids in ``snap`` (every full block).
+
+    A sequence's tokens only grow, so its keys are extended from the last ones computed for it:
+    the memo (sequence id -> (token ids, keys)) is handed from each snapshot to the next along
+    `Snapshot.base`, and an entry is reused only as far as its token ids are a prefix of the
+    view's (compared at C speed), so a reused key is always the key of these very tokens."""
+    memo = _kept(snap, "keys", block_size)
+    if memo is _MISSING:
+        base = snap.base
+        inherited = _kept(base, "keys", block_size) if base is not None and observation.INCREMENTAL else _MISSING
+        memo = _memo(snap, "keys", block_size, lambda: {} if inherited is _MISSING else inherited)
+    tokens = snap.seqs[sid].token_ids
+    assert tokens is not None
+    full = len(tokens) // block_size
+    known = memo.get(sid)  # type: ignore[union-attr]
+    if known is not None:
+        old_tokens, keys = known
+        if old_tokens is tokens:
+            return keys
+        reuse = min(len(keys), full)
+        if reuse and old_tokens[: reuse * block_size] != tokens[: reuse * block_size]:
+            reuse = 0
+        keys = keys[:reuse]
+    else:
+        keys = []
+    parent = keys[-1] if keys else ROOT
+    for j in range(len(keys), full):
+        parent = block_key(parent, tokens[j * block_size : (j + 1) * block_size])
+        keys.append(parent)
+    memo[sid] = (tokens, keys)  # type: ignore[index]
+    return keys
+
+
+def keyed_blocks(snap: Snapshot) -> frozenset[int]:
+    """The GPU blocks that carry a prefix-cache key in ``snap``. Carried forward from the base
+    snapshot through the blocks whose key changed (`changed_items`, at C speed), so a check can
+    pass over a table none of whose blocks is keyed without reading the keys."""
+    kept = _kept(snap, "keyed", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    keys = snap.gpu_block_keys
+    assert keys is not None
+    base = snap.base if observation.INCREMENTAL else None
+    prior = _kept(base, "keyed", None) if base is not None else _MISSING
+    changed = changed_items(keys, base.gpu_block_keys) if prior is not _MISSING else None
+    if changed is None:
+        value = frozenset(compress(range(len(keys)), map(is_not, keys, repeat(None))))
+    elif not changed:
+        value = prior  # type: ignore[assignment]
+    else:
+        out = set(prior)  # type: ignore[arg-type]
+        for block in changed:
+            if keys[block] is None:
+                out.discard(block)
+            else:
+                out.add(block)
+        value = frozenset(out)
+    return _memo(snap, "keyed", None, lambda: value)
+
+
+def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
+    """`Snapshot.seqs_of` through the carried-forward per-request index (`seq_ids_by_request`):
+    a step that admits a thousand requests asks this a thousand times, and a scan of every view
+    each time is quadratic in the batch."""
+    assert snap.seqs is not None
+    seqs = snap.seqs
+    return [seqs[sid] for sid in seq_ids_by_request(snap).get(request_id, ())]
+
+
+class PoolFacts(NamedTuple):
+    """What the block checks read of one device's reference counts and free list, computed in
+    one pass each at C speed and shared by BLK-001, BLK-005 and STR-001 (each read the whole
+    pool on its own before): the free ids as a set, whether the list repeats one, its lowest and
+    highest id, the number of unreferenced blocks and whether a count is negative."""
+
+    free: set[int]
+    repeats: bool
+    low: int
+    high: int
+    unreferenced: int
+    negative: bool
+
+
+def pool_facts(snap: Snapshot, device: str) -> PoolFacts:
+    """`PoolFacts` of ``device`` in ``snap`` (an absent CPU pool reads as empty); the base
+    snapshot's when both its counts and its free list are the very objects of ``snap``."""
+    kept = _kept(snap, "pool", device)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    refs = (snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts) or ()
+    free_ids = (snap.gpu_free_ids if device == "gpu" else snap.cpu_free_ids) or ()
+    base = snap.base if observation.INCREMENTAL else None
+    if base is not None and refs is ((base.gpu_ref_counts if device == "gpu" else base.cpu_ref_counts) or ()) \
+            and free_ids is ((base.gpu_free_ids if device == "gpu" else base.cpu_free_ids) or ()):
+        prior = _kept(base, "pool", device)
+        if prior is not _MISSING:
+            return _memo(snap, "pool", device, lambda: prior)
+    free = set(free_ids)
+    facts = PoolFacts(
+        free=free,
+        repeats=len(free) != len(free_ids),
+        low=min(free, default=0),
+        high=max(free, default=0),
+        unreferenced=refs.count(0),
+        negative=bool(refs) and min(refs) < 0,
+    )
+    return _memo(snap, "pool", device, lambda: facts)

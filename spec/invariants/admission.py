@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted, fresh_mid
+from spec.invariants._views import admitted, fresh_mid, views_of
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -28,7 +28,7 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
     chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
     for rid in admitted(rec):
-        for v in rec.mid.seqs_of(rid):
+        for v in views_of(rec.mid, rid):
             if v.status.is_finished:
                 continue
             need = -(-(v.num_tokens or 0) // bs)
@@ -75,7 +75,7 @@ def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     bs = ctx.config.block_size
     chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
     for rid in admitted(rec):
-        for v in rec.mid.seqs_of(rid):
+        for v in views_of(rec.mid, rid):
             if v.status.is_finished:
                 continue
             tokens = v.num_tokens or 0

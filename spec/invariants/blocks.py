@@ -13,6 +13,7 @@ from spec.invariants._views import (
     fresh_after,
     fresh_in_snapshots,
     fresh_tables_in_snapshots,
+    pool_facts,
     snapshots,
     tables,
 )
@@ -37,10 +38,11 @@ def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[s
         if len(refs) != total:
             yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
             continue
-        if refs and min(refs) < 0:
+        facts = pool_facts(snap, device)
+        if facts.negative:
             negative = [b for b, r in enumerate(refs) if r < 0]
             yield f"{label}: {device} blocks {negative[:5]} have negative reference counts"
-        in_use = sum(1 for r in refs if r > 0) if refs and min(refs) < 0 else len(refs) - refs.count(0)
+        in_use = sum(1 for r in refs if r > 0) if facts.negative else len(refs) - facts.unreferenced
         if in_use + free != total:
             yield f"{label}: {device} free {free} + in use {in_use} = {free + in_use}, expected {total}"
 
@@ -137,11 +139,12 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     and counts is entry_counts(prior, device, total) \
                     and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
                 continue  # the same free list and tables this check passed just before
-            free = set(free_ids)
-            if len(free) != len(free_ids):
+            facts = pool_facts(snap, device)
+            free = facts.free
+            if facts.repeats:
                 dupes = [b for b, n in Counter(free_ids).items() if n > 1]
                 yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            ids_valid = not free_ids or (min(free_ids) >= 0 and max(free_ids) < total)
+            ids_valid = not free_ids or (facts.low >= 0 and facts.high < total)
             if not ids_valid:
                 bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, fresh_in_snapshots
+from spec.invariants._views import changed_between, fresh_in_snapshots, views_of
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -71,7 +71,7 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for p in rec.output.preempted:
         if p.mode is not PreemptionMode.RECOMPUTE or p.request_id in scheduled:
             continue
-        for v in state.seqs_of(p.request_id):
+        for v in views_of(state, p.request_id):
             if v.status.is_finished:
                 continue
             old = rec.before.seqs.get(v.seq_id)

@@ -10,18 +10,29 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted, snapshots
+from spec.invariants._views import (
+    admitted,
+    chained_keys,
+    changed_items,
+    checked_with_prior,
+    entry_counts,
+    fresh_views,
+    keyed_blocks,
+    snapshots,
+    tables,
+    views_of,
+)
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
-from spec.prefix import block_keys
 
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
 
-def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
-    """Tokens whose KV is computed, or being computed in this step when looking after schedule()."""
+def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int) -> int:
+    """Tokens whose KV is computed, or being computed in this step when looking after schedule()
+    (``scheduled``: tokens scheduled per sequence in this step)."""
     if label == "after schedule":
-        return num_computed + sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
+        return num_computed + scheduled.get(sid, 0)
     return num_computed
 
 
@@ -38,14 +49,20 @@ def _allowance(rec: StepRecord, label: str, sid: str, num_computed: int) -> int:
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    for label, snap in snapshots(rec):
+    scheduled: dict[str, int] = {}
+    for item in rec.output.scheduled:
+        scheduled[item.seq_id] = scheduled.get(item.seq_id, 0) + item.num_tokens
+    for label, snap, prior in checked_with_prior(ctx, rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
-        for sid, v in snap.seqs.items():
-            if v.device != "gpu" or not v.blocks or v.token_ids is None:
+        keyed = keyed_blocks(snap)
+        if not keyed:
+            continue  # no block is cached: no key to match
+        for sid, v in _key_holders_to_check(snap, prior, scheduled):
+            if v.device != "gpu" or not v.blocks or v.token_ids is None or keyed.isdisjoint(v.blocks):
                 continue
-            limit = _allowance(rec, label, sid, v.num_computed or 0)
-            expected = block_keys(v.token_ids, bs, limit=limit)
+            limit = _allowance(scheduled, label, sid, v.num_computed or 0)
+            expected = chained_keys(snap, sid, bs)[: min(limit, len(v.token_ids)) // bs]
             for j, block in enumerate(v.blocks):
                 key = keys[block] if 0 <= block < len(keys) else None
                 if key is None:
@@ -54,6 +71,18 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key} but is not a full computed block"
                 elif key != expected[j]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key}, its tokens' key is {expected[j]}"
+
+
+def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: dict[str, int]):
+    """The views whose keys PFX-001 must look at in ``snap``: every one when no block's key is
+    known to be unchanged since ``prior`` (a snapshot it passed); else the views changed since
+    then and the scheduled ones (whose allowance moves with the step)."""
+    if prior is None or changed_items(snap.gpu_block_keys, prior.gpu_block_keys) != []:
+        return snap.seqs.items()
+    seqs = snap.seqs
+    views = dict(fresh_views(snap, prior))
+    views.update((sid, seqs[sid]) for sid in scheduled if sid in seqs and sid not in views)
+    return sorted(views.items())
 
 
 @invariant(
@@ -68,17 +97,20 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 )
 def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         assert snap.seqs is not None
+        shared = _shared_blocks_to_check(ctx, snap, prior)
+        if shared is not None and not shared:
+            continue
         holders: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = {}
-        for sid, v in snap.seqs.items():
-            if v.device != "gpu" or not v.blocks:
-                continue
-            for j, block in enumerate(v.blocks):
-                holders.setdefault(block, []).append((sid, j, v.token_ids))
-        for block, held in holders.items():
+        for sid, table in tables(snap, "gpu").items():
+            for j, block in enumerate(table):
+                if shared is None or block in shared:
+                    holders.setdefault(block, []).append((sid, j, snap.seqs[sid].token_ids))
+        for block, held in sorted(holders.items()):
             if len(held) < 2:
                 continue
+            held.sort(key=lambda h: h[0])  # the same first holder whichever order the tables came in
             sid0, j0, tokens0 = held[0]
             for sid, j, tokens in held[1:]:
                 end = (j0 + 1) * bs
@@ -88,6 +120,22 @@ def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[s
                     len(tokens0) < end or len(tokens) < end or tokens0[:end] != tokens[:end]
                 ):
                     yield f"{label}: {sid0} and {sid} share gpu block {block} (block {j}) without equal full prefixes"
+
+
+def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot | None) -> set[int] | None:
+    """The GPU blocks PFX-002 must look at in ``snap``: the shared blocks (two or more table
+    entries) of the views changed since ``prior``, a snapshot it passed. A pair of holders
+    neither of which changed is the pair that passed there. None: every block."""
+    if prior is None:
+        return None
+    counts = entry_counts(snap, "gpu", ctx.config.num_gpu_blocks)
+    if counts is None:
+        return None
+    shared: set[int] = set()
+    for _, view in fresh_views(snap, prior):
+        if view.device == "gpu" and view.blocks:
+            shared.update(b for b in view.blocks if counts[b] > 1)
+    return shared
 
 
 @invariant(
@@ -101,9 +149,11 @@ def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[s
     (C.PREFIX_CACHE,),
 )
 def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         keys, index = snap.gpu_block_keys, snap.cache_index
         assert keys is not None and index is not None
+        if prior is not None and keys is prior.gpu_block_keys and index is prior.cache_index:
+            continue  # the same keys and index this check passed just before
         listed: set[int] = set()
         for key, blocks in index.items():
             if not blocks:
@@ -116,14 +166,16 @@ def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: key {key} finds gpu block {block}, outside the pool"
                 elif keys[block] != key:
                     yield f"{label}: a lookup of {key} finds gpu block {block}, whose key is {keys[block]}"
-        for block, key in enumerate(keys):
-            if key is not None and block not in index.get(key, ()):
+        for block in sorted(keyed_blocks(snap)):
+            key = keys[block]
+            if block not in index.get(key, ()):
                 yield f"{label}: gpu block {block} has key {key} but a lookup cannot find it"
 
 
 def _cached_free(snap: Snapshot) -> list[int]:
     assert snap.gpu_block_keys is not None and snap.gpu_ref_counts is not None
-    return [b for b, key in enumerate(snap.gpu_block_keys) if key is not None and snap.gpu_ref_counts[b] == 0]
+    refs = snap.gpu_ref_counts
+    return [b for b in sorted(keyed_blocks(snap)) if b < len(refs) and refs[b] == 0]
 
 
 @invariant(
@@ -140,8 +192,9 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
         assert snap.gpu_free_ids is not None and snap.gpu_free is not None
         if snap.gpu_free != len(snap.gpu_free_ids):
             yield f"{label}: {snap.gpu_free} GPU blocks reported free, the free list holds {len(snap.gpu_free_ids)}"
-        counts = Counter(snap.gpu_free_ids)
-        for block in _cached_free(snap):
+        cached_free = _cached_free(snap)
+        counts = Counter(snap.gpu_free_ids) if cached_free else {}
+        for block in cached_free:
             if counts[block] != 1:
                 yield f"{label}: cached-free gpu block {block} is on the free list {counts[block]} times"
 
@@ -158,7 +211,7 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
     for rid in admitted(rec):
-        for v in rec.mid.seqs_of(rid):
+        for v in views_of(rec.mid, rid):
             if v.status.is_finished or v.num_computed is None or v.num_tokens is None:
                 continue
             if v.num_computed >= v.num_tokens:

@@ -14,6 +14,7 @@ from spec.invariants._views import (
     changed_between,
     changed_requests_between,
     checked_with_prior,
+    pool_facts,
     seq_ids_by_request,
     with_status,
 )
@@ -44,8 +45,9 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             if prior is not None and refs is getattr(prior, f"{device}_ref_counts") \
                     and free_ids is getattr(prior, f"{device}_free_ids"):
                 continue  # the same counts and free list this check passed just before
-            free = set(free_ids)
-            if len(free) == refs.count(0) and all(0 <= b < len(refs) for b in (min(free, default=0), max(free, default=0))) \
+            facts = pool_facts(snap, device)
+            free = facts.free
+            if len(free) == facts.unreferenced and 0 <= facts.low and facts.high < len(refs) \
                     and not any(map(refs.__getitem__, free)):
                 continue  # every free block is unreferenced and there are as many: the sets are equal
             unreferenced = {b for b, r in enumerate(refs) if r == 0}

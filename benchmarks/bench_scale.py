@@ -1,0 +1,155 @@
+"""Benchmark (issue 18, part 4): does checked cost per request-step stay flat as the state grows?
+
+Traces of vLLM V1's default path (recompute only, no chunked prefill, no prefix caching) with
+R requests arriving at step 0, prompts 64-512 tokens, outputs 16-256, block size 16 and a pool
+of 8 blocks per request (2048 blocks at 256 requests); the batch limits stay vLLM V1's defaults
+(256 sequences, 8192 tokens), so at 4096 requests a step runs about as many requests as at 256
+while the pool and the waiting queue are 16 times larger: what checking costs beyond the change
+shows as growth. A request-step
+is one request scheduled in one step (the unit of work the scheduler does); each cost is CPU
+time (``time.process_time``) per request-step. Measured, interleaved round by round so that
+a change in load hits every line alike:
+
+* vLLM V1's own ``schedule()`` + ``update_from_output()`` on the same traces (the vllm-v1 target
+  venv, in process there; its own CPU-time clock), at the smallest size only unless --vllm-all;
+* the reference's V1 flow, engine loop, unchecked;
+* the same through `run_checked` with every ``safety`` invariant checked after each step.
+
+Targets: checked cost per request-step grows at most 1.25x from the smallest to the largest
+size, and at the smallest size the checked reference costs at most 1.5x vLLM V1's own step.
+
+    python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0] [--scale-batch] [--no-vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from conformance.adapter import load_adapter
+from conformance.driver import run_checked
+from conformance.profiles import get_profile
+from reference_impl.engine import iter_steps
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.trace import Arrival, Trace
+from spec.types import Request
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = Path(os.environ.get("KVSCHED_TARGETS_DIR", Path.home() / ".cache/kvsched/targets")) / "vllm-v1"
+
+
+def scaled_trace(requests: int, seed: int, scale_batch: bool = False) -> Trace:
+    """One trace of ``requests`` requests, the pool scaled with the request count (and the batch
+    limits too with ``scale_batch``: ``requests`` sequences, 32 tokens per request)."""
+    rng = random.Random(seed * 1_000_003 + requests)
+    config = SchedulerConfig(
+        block_size=16, num_gpu_blocks=8 * requests, num_cpu_blocks=0, max_num_seqs=requests if scale_batch else 256,
+        max_num_batched_tokens=32 * requests if scale_batch else 8192, max_model_len=768, watermark=0.0,
+        preemption_mode="recompute",
+    )
+    arrivals = tuple(Arrival(0, Request(f"r{i}", rng.randint(64, 512), rng.randint(16, 256))) for i in range(requests))
+    return Trace(config, arrivals, max_steps=100_000)
+
+
+def request_steps(records) -> int:
+    return sum(len(r.output.scheduled) for r in records)
+
+
+def unchecked(trace: Trace) -> tuple[float, int]:
+    # The cyclic collector is paused as `run_checked` pauses it, so both lines pay the same for it.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.process_time()
+        work = sum(len(r.output.scheduled) for r in iter_steps(trace, V1Scheduler(trace.config), observe=False))
+        return time.process_time() - start, work
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def checked(trace: Trace, adapter, safety) -> tuple[float, int]:
+    start = time.process_time()
+    result = run_checked(adapter, trace, safety, timeout=None, stop_at_first=False)
+    spent = time.process_time() - start
+    if result.failed:
+        raise SystemExit(f"bench_scale: the reference failed its own check: {result.violations[:1] or result.fault}")
+    return spent, request_steps(result.records)
+
+
+def vllm(trace: Trace) -> tuple[float, int]:
+    """vLLM V1's own CPU time and its request-steps, from its venv (benchmarks/_v1_inprocess.py)."""
+    python = TARGET / "venv" / "bin" / "python"
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([trace.to_dict()], f)
+    env = {**os.environ, "KVSCHED_TARGET_DIR": str(TARGET), "VLLM_TARGET_DEVICE": "cpu", "KVSCHED_CPU_CLOCK": "1"}
+    try:
+        proc = subprocess.run([str(python), str(ROOT / "benchmarks/_v1_inprocess.py"), f.name,
+                               str(ROOT / "conformance/targets/hosts")], capture_output=True, text=True, env=env,
+                              check=True)
+    finally:
+        os.unlink(f.name)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["vllm_seconds"], out["request_steps"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="256,4096", help="comma-separated request counts (smallest first)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm-all", action="store_true", help="time vLLM V1 at every size, not only the smallest")
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--scale-batch", action="store_true",
+                    help="scale max_num_seqs and max_num_batched_tokens with the requests (default: V1's 256 / 8192)")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    have_vllm = not args.no_vllm and (TARGET / "venv" / "bin" / "python").exists()
+    adapter = load_adapter("reference-v1")
+    safety = get_profile("safety").invariants()
+    traces = {n: scaled_trace(n, args.seed, args.scale_batch) for n in sizes}
+    # Warm up once (imports, the catalogue, first-call caches), or the first checked line pays it.
+    warm = scaled_trace(16, args.seed, args.scale_batch)
+    unchecked(warm)
+    checked(warm, adapter, safety)
+    costs: dict[tuple[str, int], list[float]] = {}
+    work: dict[tuple[str, int], int] = {}
+    for _ in range(args.rounds):
+        for n in sizes:
+            runs = [("unchecked", lambda t=traces[n]: unchecked(t)), ("checked", lambda t=traces[n]: checked(t, adapter, safety))]
+            if have_vllm and (n == sizes[0] or args.vllm_all):
+                runs.insert(0, ("vllm", lambda t=traces[n]: vllm(t)))
+            for name, fn in runs:
+                spent, steps = fn()
+                costs.setdefault((name, n), []).append(spent / steps)
+                work[(name, n)] = steps
+    med = {key: statistics.median(values) for key, values in costs.items()}
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; rounds {args.rounds}, seed {args.seed}")
+    print(f"{'what':12s} {'requests':>8s} {'request-steps':>13s} {'us/request-step':>16s} {'vs smallest':>12s}")
+    for name in ("vllm", "unchecked", "checked"):
+        for n in sizes:
+            if (name, n) in med:
+                print(f"{name:12s} {n:8d} {work[(name, n)]:13d} {med[(name, n)] * 1e6:16.3f} "
+                      f"{med[(name, n)] / med[(name, sizes[0])]:11.2f}x")
+    growth = med[("checked", sizes[-1])] / med[("checked", sizes[0])]
+    print(f"checked growth {sizes[0]} -> {sizes[-1]} requests: {growth:.2f}x (target <= 1.25x): "
+          f"{'met' if growth <= 1.25 else 'not met'}")
+    if ("vllm", sizes[0]) in med:
+        ratio = med[("checked", sizes[0])] / med[("vllm", sizes[0])]
+        print(f"checked reference vs vLLM V1 at {sizes[0]} requests: {ratio:.2f}x (target <= 1.5x): "
+              f"{'met' if ratio <= 1.5 else 'not met'}")
+
+
+if __name__ == "__main__":
+    main()
