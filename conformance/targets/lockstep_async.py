@@ -25,12 +25,10 @@ keeping the class) and saved under ``--traces-dir``. Results: versioned JSON.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -39,6 +37,7 @@ from conformance.driver import run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
+from conformance.targets.campaign_args import campaign_parser
 from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.async_scheduler import AsyncV1Scheduler
@@ -237,14 +236,8 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
 def main(argv: list[str] | None = None) -> int:
     from conformance.targets.async_smoke import async_adapter
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", choices=(*PATHS, "all"), default="all")
-    ap.add_argument("--traces", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=20261201)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/async-lockstep.json"))
-    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/async"))
-    ap.add_argument("--no-shrink", action="store_true")
-    args = ap.parse_args(argv)
+    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261201, out="docs/results/async-lockstep.json",
+                           traces_dir="docs/traces/async").parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
     adapter = async_adapter()
     invariants = get_profile("safety").invariants()

@@ -28,12 +28,10 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -44,6 +42,7 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy
+from conformance.targets.campaign_args import campaign_parser
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
@@ -280,14 +279,8 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", choices=(*PATHS, "all"), default="all")
-    ap.add_argument("--traces", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=20261130)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/lockstep-vllm-v1.json"))
-    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/lockstep-v1"))
-    ap.add_argument("--no-shrink", action="store_true")
-    args = ap.parse_args(argv)
+    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
+                           traces_dir="docs/traces/lockstep-v1").parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
     adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
     invariants = profile.invariants()
