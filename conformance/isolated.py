@@ -216,6 +216,17 @@ class ChildRunner:
         if self._proc is not None:
             self._output.attach(log)
 
+    def kill(self) -> None:
+        """End the child's process group now, from any thread. Unlike `close`, the pipes stay
+        open: a thread waiting on this child sees it gone and returns (closing them itself),
+        and no closed descriptor number can be reused under it by another thread's open()."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:

@@ -122,11 +122,19 @@ def search(
                 halt.set()
     except BaseException:
         halt.set()
-        for runner in runners:  # a thread waiting on a child returns once its child is gone
-            runner.close()
+        _stop_threads(runners, threads)
         raise
     finally:
         halt.set()
+
+
+def _stop_threads(runners: Sequence[Any], threads: Sequence[threading.Thread]) -> None:
+    """End the children (a thread waiting on one returns once it is gone) and wait for the
+    threads, so that nothing still uses a runner when the caller closes it."""
+    for runner in runners:
+        getattr(runner, "kill", runner.close)()
+    for thread in threads:
+        thread.join(timeout=10)
 
 
 def each_on_a_runner(runners: Sequence[Any], items: Sequence[T], work: Callable[[Any, T], Any]) -> list[Any]:
@@ -151,7 +159,8 @@ def each_on_a_runner(runners: Sequence[Any], items: Sequence[T], work: Callable[
                 free.append(runner)
     except BaseException:
         for runner in runners:
-            runner.close()
+            getattr(runner, "kill", runner.close)()
+        pool.shutdown(wait=True, cancel_futures=True)  # no thread uses a runner once this returns
         raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
