@@ -69,7 +69,8 @@ def search(
     """Every worker's search on its own runner, in a thread each; results reach ``on_result(trace,
     summary, (worker, index))`` in this thread as they come. ``run_batch(runner, seed, count,
     should_stop, start)`` runs one batch drawn in the runner's process (`ChildRunner.search`); a trace
-    that a fault ended is drawn again here, from the batch's seed, so it can be saved."""
+    that a fault ended is drawn again by a fresh process of the runner (`ChildRunner.draw`), or
+    failing that here from ``strategy``, so that it can be saved."""
     results: queue.Queue = queue.Queue()
     halt = threading.Event()
 
@@ -116,7 +117,10 @@ def search(
                 raise item
             worker, index, trace, summary, (seed_value, count, at) = item
             if trace is None and summary.problems:  # a fault, and its process could not draw it again
-                trace = draw(strategy, seed_value, count)[at]
+                batch = draw(strategy, seed_value, count)
+                if at >= len(batch):
+                    continue  # the runner's strategy is not this process's: the fault cannot be saved
+                trace = batch[at]
             on_result(trace, summary, (worker, index))
             if stop():
                 halt.set()
@@ -145,11 +149,11 @@ def each_on_a_runner(runners: Sequence[Any], items: Sequence[T], work: Callable[
     results: dict[int, Any] = {}
     pool = ThreadPoolExecutor(len(runners), thread_name_prefix="kvsched-shrink")
     pending: dict[Future, tuple[int, Any]] = {}
-    queue = list(enumerate(items))
+    todo = list(enumerate(items))
     try:
-        while queue or pending:
-            while queue and free:
-                index, item = queue.pop(0)
+        while todo or pending:
+            while todo and free:
+                index, item = todo.pop(0)
                 runner = free.pop(0)
                 pending[pool.submit(work, runner, item)] = (index, runner)
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
