@@ -39,9 +39,14 @@ def run_install(args: argparse.Namespace) -> int:
     for name in names:
         get_target(name)  # unknown names: a usage error before anything is installed
     failed = 0
+    done: dict[str, dict] = {}  # venv -> its install: targets that share a venv install it once
     for name in names:
+        venv = get_target(name).venv_of or name
+        if venv in done:
+            print(f"{name}: shares {venv}'s venv, installed above", flush=True)
+            continue
         try:
-            info = install(name, force=args.force, log=lambda line: print(line, flush=True))
+            info = done[venv] = install(name, force=args.force, log=lambda line: print(line, flush=True))
         except RuntimeError as err:
             print(f"kvsched: target install failed: {err}", file=sys.stderr)
             failed += 1
