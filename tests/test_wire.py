@@ -106,3 +106,19 @@ def test_malformed_snapshot_names_the_field():
         snapshot_from_json({"gpu_ref_counts": [1, "x"]})
     with pytest.raises(WireError, match="unknown status"):
         snapshot_from_json({"statuses": {"a": "DONE"}})
+
+
+def test_a_host_can_refuse_a_request_at_the_door(tmp_path):
+    """add_request's answer may be the refusal itself ({"request", "status": "FINISHED_IGNORED"}):
+    a host that refuses unservable prompts at arrival conforms to safety and liveness."""
+    adapter = raw("--bug", "door")
+    adapter.reset(SchedulerConfig(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_seqs=2,
+                                  max_num_batched_tokens=16, max_model_len=16))
+    refused = adapter.add_request(Request("long", 40, 3))
+    assert refused is not None and refused.request_id == "long" and refused.status.value == "FINISHED_IGNORED"
+    assert adapter.add_request(Request("short", 4, 2)) is None
+    adapter.close()
+    for profile in ("safety", "liveness"):
+        result = fuzz(lambda: raw("--bug", "door"), get_profile(profile), max_examples=40, seed_value=5,
+                      out_dir=tmp_path / profile)
+        assert result.examples == 40 and not result.findings, {p: f.message for p, f in result.findings.items()}

@@ -241,8 +241,10 @@ class WireAdapter:
         self.start()
         self._call("reset", {"config": config_to_json(config)})
 
-    def add_request(self, request: Request) -> None:
-        self._call("add_request", {"request": request_to_json(request)})
+    def add_request(self, request: Request) -> Finished | None:
+        """None, or the host's refusal at the door (``{"request", "status": "FINISHED_IGNORED"}``)."""
+        result = self._call("add_request", {"request": request_to_json(request)})
+        return None if result is None else finished_from_json(result, "add_request")
 
     def abort_request(self, request_id: str) -> Finished | None:
         result = self._call("abort_request", {"request_id": request_id})

@@ -18,6 +18,12 @@ class Engine:
         self.pending, self.ignored, self.requests = None, [], {}
 
     def add(self, r):
+        c = self.c
+        if BUG == "door" and (r["prompt_len"] > min(c["max_model_len"], c["max_num_batched_tokens"])
+                              or r["n"] > c["max_num_seqs"]):
+            self.status[r["id"]] = "FINISHED_IGNORED"  # refused at the door: never queued
+            self.requests[r["id"]] = dict(r, live=[], seqs={})
+            return {"request": r["id"], "status": "FINISHED_IGNORED"}
         r = dict(r, done=0, live=[f"{r['id']}#0"], prefilled=False, lens={}, seqs={f"{r['id']}#0": "WAITING"})
         self.waiting.append(r)
         self.requests[r["id"]] = r
