@@ -94,6 +94,8 @@ def render_invariants(proofs: dict[str, Any] | None, conformance: dict[str, dict
             f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run'}\n",
             f"- why: {inv.rationale}\n",
             f"- observations needed: {needs}\n",
+            *(["- applies to synchronous steps only (not applicable at `pipeline_depth` > 0: a pipelined "
+                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous else []),
             f"- predicate: `{inv.predicate_location}`\n",
             f"- Z3: {proof_status.get(inv.id, 'no proof result committed')}\n",
             "- caught mutants: " + (", ".join(f"`{m}` ({MUTANTS[m].summary})" for m in mutants_by_id[inv.id])

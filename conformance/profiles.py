@@ -49,11 +49,6 @@ class Profile:
 # V1 mixes prefill chunks with decodes (POL-005).
 _V0_ONLY = ("POL-003", "POL-005", "POL-006")
 
-# The safety invariants that assume a step's outcome is applied in the same step: the async
-# reference, which delivers the synchronous token stream, breaks them at depth 1
-# (docs/results/async-safety-gaps.json, `conformance.async_safety_gaps`). Until they are restated
-# with the depth (docs/ASYNC.md, section 7), the async profile leaves them out.
-_SYNCHRONOUS_STEP = ("BUD-004", "CAP-001", "CAP-002", "CAP-003", "CHK-004", "LEN-001", "PFX-001", "REQ-004")
 
 
 PROFILES: dict[str, Profile] = {
@@ -82,7 +77,7 @@ PROFILES: dict[str, Profile] = {
         "vLLM V1's flow with outcomes pipeline_depth steps late (AsyncScheduler): safety without the invariants "
         "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), and lockstep "
         "with reference_impl.async_scheduler",
-        include=("PIP-006",), exclude=_SYNCHRONOUS_STEP, reference="reference_impl.async_scheduler:AsyncV1Scheduler",
+        include=("PIP-006",), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
     ),
 }
 

@@ -136,3 +136,17 @@ def test_a_stop_at_depth_1_costs_one_token_that_is_never_delivered() -> None:
 def test_depth_is_bounded() -> None:
     with pytest.raises(ValueError, match="depth"):
         AsyncV1Scheduler(cfg(), depth=3)
+
+
+def test_safety_holds_for_a_correct_pipelined_scheduler(tmp_path):
+    """`safety` holds for every correct scheduler: the async reference at depth 1 (vLLM's default
+    pipelining) passes it, the invariants that assume a synchronous step being not applicable there
+    (`Invariant.synchronous`) rather than false failures."""
+    from conformance.adapter import load_adapter
+    from conformance.fuzz import fuzz
+    from conformance.profiles import get_profile
+
+    result = fuzz(lambda: load_adapter("reference-async"), get_profile("safety"), max_examples=60, seed_value=4,
+                  out_dir=tmp_path)
+    assert result.examples == 60 and not result.findings, {p: f.message for p, f in result.findings.items()}
+    assert {"BUD-004", "CHK-004", "REQ-004", "LEN-001"} <= set(result.not_applicable)

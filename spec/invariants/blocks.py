@@ -184,6 +184,7 @@ def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     whole prompt + max_tokens at admission, holds more and is correct; safety keeps the range
     (CAP-004: at least; CAP-006: at most what it declares).""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
+    synchronous=True,
 )
 def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
@@ -207,6 +208,7 @@ def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     reserved earlier holds more. Safety keeps the missing-block half (CAP-005) and bounds the
     extra (CAP-006).""",
     (C.MID_STEP, C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    synchronous=True,
 )
 def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -237,6 +239,7 @@ def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     that computes later (chunked prefill, a pipelined step), not a safety problem; BUD-004 and
     CHK-004 say how much each step computes.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
+    synchronous=True,
 )
 def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None

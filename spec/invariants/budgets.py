@@ -66,6 +66,7 @@ def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached. Not
     checked with chunked prefill; with prefix caching a prefill may start after a cache hit.""",
     (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    synchronous=True,
 )
 def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -93,6 +94,7 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     FINISHED_LENGTH_CAPPED once get_len() >= max_model_len, so its KV never needs that slot. With
     chunked prefill a prompt of exactly max_model_len tokens runs mid-prefill over several steps.""",
     (C.SEQ_LENGTHS, C.STATUSES),
+    synchronous=True,
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None

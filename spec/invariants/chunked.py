@@ -93,6 +93,7 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     and no less: counting a partial chunk as the whole prompt leaves KV holes that later steps
     read, counting less recomputes (and re-writes) KV.""",
     (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    synchronous=True,
 )
 def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None and rec.after.seqs is not None

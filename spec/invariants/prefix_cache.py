@@ -46,6 +46,7 @@ def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: in
     block, a key on a partly written block) makes a later lookup return KV of other tokens, which
     the model then attends to silently.""",
     (*_NEEDS, C.COMPUTED_TOKENS),
+    synchronous=True,
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size

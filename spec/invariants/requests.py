@@ -78,6 +78,7 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
     or corrupts the output the client already received.""",
     (C.SEQ_LENGTHS,),
+    synchronous=True,
 )
 def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
