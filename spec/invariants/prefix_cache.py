@@ -201,12 +201,16 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
 
 
 @invariant(
-    "PFX-005", "safety",
+    "PFX-005", "policy",
     """A cache hit never covers a whole sequence: after schedule(), a request admitted in this step
     has fewer computed tokens than tokens, and its cached part ends on a block boundary.""",
     """vLLM V1 caps a hit at num_tokens - 1 (find_longest_cache_hit with max_cache_hit_length):
     the last token must be computed to get the logits that sample the next one. A full hit
-    (nano-vllm) schedules nothing for the request, and it never produces a token.""",
+    (nano-vllm) schedules nothing for the request, and it never produces a token. Policy, not
+    safety: an engine that also caches the last position's logits may serve a full hit without
+    computing anything, and one that shares prefixes at token granularity (a radix tree over
+    slots) ends a hit anywhere; a full hit that stalls a request is what liveness (LIV-*)
+    catches for every engine.""",
     (C.PREFIX_CACHE, C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.QUEUES),
 )
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
