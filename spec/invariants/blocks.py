@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import (
@@ -211,20 +212,22 @@ def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     synchronous=True,
 )
 def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for item, v, need in scheduled_tables(ctx, rec):
+        if v is None:
+            yield f"{item.seq_id} is scheduled but unknown after schedule()"
+        elif len(v.blocks or ()) != need or v.device != "gpu":
+            yield (f"{item.seq_id} scheduled for {item.num_tokens} token(s) after {v.num_computed} computed "
+                   f"holds {len(v.blocks or ())} {v.device} block(s), needs {need} on gpu")
+
+
+def scheduled_tables(ctx: CheckContext, rec: StepRecord) -> Iterator[tuple[Any, Any, int]]:
+    """Each scheduled sequence, its view after schedule() (None if unknown), and the blocks its
+    computed plus scheduled tokens fill (CAP-002 wants exactly these, CAP-005 at least)."""
     assert rec.mid is not None and rec.mid.seqs is not None
     bs = ctx.config.block_size
     for item in rec.output.scheduled:
         v = rec.mid.seqs.get(item.seq_id)
-        if v is None:
-            yield f"{item.seq_id} is scheduled but unknown after schedule()"
-            continue
-        need = -(-((v.num_computed or 0) + item.num_tokens) // bs)
-        have = len(v.blocks or ())
-        if have != need or v.device != "gpu":
-            yield (
-                f"{item.seq_id} scheduled for {item.num_tokens} token(s) after {v.num_computed} computed "
-                f"holds {have} {v.device} block(s), needs {need} on gpu"
-            )
+        yield item, v, (-(-((v.num_computed or 0) + item.num_tokens) // bs) if v is not None else 0)
 
 
 @invariant(
@@ -280,15 +283,10 @@ def covers_computed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.MID_STEP, C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
 def covers_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.mid is not None and rec.mid.seqs is not None
-    bs = ctx.config.block_size
-    for item in rec.output.scheduled:
-        v = rec.mid.seqs.get(item.seq_id)
+    for item, v, need in scheduled_tables(ctx, rec):
         if v is None:
             yield f"{item.seq_id} is scheduled but unknown after schedule()"
-            continue
-        need = -(-((v.num_computed or 0) + item.num_tokens) // bs)
-        if len(v.blocks or ()) < need or v.device != "gpu":
+        elif len(v.blocks or ()) < need or v.device != "gpu":
             yield (f"{item.seq_id} scheduled for {item.num_tokens} token(s) after {v.num_computed} computed "
                    f"holds {len(v.blocks or ())} {v.device} block(s), needs {need} on gpu")
 
