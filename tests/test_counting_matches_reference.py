@@ -25,7 +25,7 @@ from conformance.proof_bridge import (
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.proofs.counting import ACTIONS, Counting, Request, prove_counts, satisfiable
-from spec.proofs.encoding import FIN, NONE, RUN, SWAP, WAIT
+from spec.proofs.encoding import NONE, RUN, WAIT, status_code
 from spec.proofs.matrix import prove
 from spec.status import Status
 from spec.types import Request as Req
@@ -33,12 +33,6 @@ from spec.types import StepOutcome
 from tests.conftest import examples
 from tests.test_parametric_matches_reference import FIXED as BLOCK_FIXED
 from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, reference_states
-
-_CODE = {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP}
-
-
-def _code(status: Status) -> int:
-    return FIN if status.is_finished else _CODE[status]
 
 
 def _holds(flow_name: str, action: str, n: int, m: int, rest: tuple[int, int], pre: tuple, post: tuple) -> bool:
@@ -54,7 +48,7 @@ def _holds(flow_name: str, action: str, n: int, m: int, rest: tuple[int, int], p
 
 
 def _group(g: Any) -> tuple[int, bool, int]:
-    return (_code(g.status), bool(g.forked), len(g.live_seqs()))
+    return (status_code(g.status), bool(g.forked), len(g.live_seqs()))
 
 
 @settings(max_examples=examples(15), deadline=None, database=None)
@@ -108,7 +102,7 @@ def test_v1_request_effects(data):
         rest = (len(running), len(running))
 
         def state(r: Any) -> tuple[int, bool, int]:
-            return (_code(r.status), True, 0 if r.status.is_finished else 1)
+            return (status_code(r.status), True, 0 if r.status.is_finished else 1)
 
         pre = state(t)
         v1_apply_action(sched, action, t, k, data.draw(st.integers(0, 4)) == 0)
@@ -139,7 +133,7 @@ def test_count_rows_are_unbounded_in_the_matrix():
         assert c.scope == ("bounded" if c.invariant == "ADM-002" else "unbounded"), c
 
 
-def test_unborn_status_code():
+def test_unborn_statusstatus_code():
     assert NONE == 0
 
 

@@ -25,7 +25,7 @@ from conformance.proof_bridge import (
 from reference_impl.scheduler import Scheduler
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
-from spec.proofs.encoding import CPU, FIN, GPU, NODEV, NONE, RUN, SWAP, WAIT
+from spec.proofs.encoding import CPU, GPU, NODEV, NONE, status_code
 from spec.proofs.matrix import prove
 from spec.proofs.per_sequence import (
     ACTIONS,
@@ -48,12 +48,6 @@ from tests.conftest import examples
 from tests.test_parametric_matches_reference import FIXED as BLOCK_FIXED
 from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, _sched, reference_states
 
-_CODE = {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP}
-
-
-def _status(status: Status) -> int:
-    return FIN if status.is_finished else _CODE[status]
-
 
 def seq_state(sched: Scheduler, seq: Any | None) -> tuple[int, int, int, int, int]:
     if seq is None:
@@ -65,7 +59,7 @@ def seq_state(sched: Scheduler, seq: Any | None) -> tuple[int, int, int, int, in
         dv, tl = CPU, len(bm.cpu_tables[seq.seq_id])
     else:
         dv, tl = NODEV, 0
-    return (_status(seq.status), dv, tl, seq.num_tokens, seq.num_computed)
+    return (status_code(seq.status), dv, tl, seq.num_tokens, seq.num_computed)
 
 
 def predicted(sched: Scheduler, group: Any, action: str, q: tuple, parent: tuple, first: bool) -> tuple:
@@ -77,7 +71,7 @@ def predicted(sched: Scheduler, group: Any, action: str, q: tuple, parent: tuple
     cfg = sched.config
     pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
              (G.plen, z3.IntVal(group.request.prompt_len)), (G.mtok, z3.IntVal(group.request.max_tokens)),
-             (G.gs, z3.IntVal(_status(group.status))), (G.forked, z3.BoolVal(group.forked)),
+             (G.gs, z3.IntVal(status_code(group.status))), (G.forked, z3.BoolVal(group.forked)),
              (G.first, z3.BoolVal(first))]
 
     def ev(e: Any) -> Any:
@@ -108,8 +102,8 @@ def check_action(sched: Scheduler, action: str, group: Any, seq_id: str | None =
         if want[0] == NONE:
             want = (NONE, NODEV, 0, 0, 0)
         assert got == want, f"{action} member #{k}: reference {got}, rule {want} (pre {before[k]}, parent {before[0]})"
-    if any(s.status in _CODE for s in g2.seqs):  # a member is still live: QUE-002's target status
-        assert _status(g2.status) == TARGET[action], f"{action}: request status {g2.status} with a live member"
+    if any(not s.status.is_finished for s in g2.seqs):  # a member is still live: QUE-002's target status
+        assert status_code(g2.status) == TARGET[action], f"{action}: request status {g2.status} with a live member"
     elif action in ("admit", "fork", "decode", "swap_in", "finish", "abort", "ignore"):  # WF: ends it
         assert g2.status.is_finished, f"{action}: no live member but the request is {g2.status}"
     for g in all_groups_of(after_sched):
@@ -185,7 +179,7 @@ def test_fixed_actions(action, make):
 
 # ---------------------------------------------------------------------- the v1 flow
 def v1_seq_state(t: Any) -> tuple[int, int, int, int, int]:
-    return (_status(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
+    return (status_code(t.status), GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed)
 
 
 def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, rest_partial: int = 0,

@@ -33,10 +33,16 @@ from typing import Any
 import z3
 
 from spec.proofs.bound import Bound
+from spec.status import Status
 
 NONE, WAIT, RUN, SWAP, FIN = range(5)
 NODEV, GPU, CPU = range(3)
 STATUS_NAMES = ("NONE", "WAITING", "RUNNING", "SWAPPED", "FINISHED")
+
+
+def status_code(status: Status) -> int:
+    """A scheduler status as the encoding's code (every finished status is FIN)."""
+    return FIN if status.is_finished else {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP}[status]
 DEVICE_NAMES = (None, "gpu", "cpu")
 
 ACTIONS = (
