@@ -50,11 +50,12 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
         output = scheduler.schedule()
         mid = scheduler.snapshot() if mid_step else None
         stopped = trace.stops_at(step)
-        finished.extend(scheduler.update(StepOutcome(stopped)))
+        drafts = trace.drafts_at(step)
+        finished.extend(scheduler.update(StepOutcome(stopped, drafts)))
         after = scheduler.snapshot() if observe else _EMPTY
         for f in finished:
             unfinished.discard(f.request_id)
-        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after)
+        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after, drafts=drafts)
         if step >= trace.last_arrival_step and not unfinished:
             return
 

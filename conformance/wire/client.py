@@ -254,7 +254,10 @@ class WireAdapter:
         return output_from_json(self._call("schedule"))
 
     def update(self, outcome: StepOutcome) -> list[Finished]:
-        return finished_list_from_json(self._call("update", {"stopped": sorted(outcome.stopped)}), "update")
+        params: dict = {"stopped": sorted(outcome.stopped)}
+        if outcome.drafts:  # speculative decoding's decisions (spec/speculative.py); old hosts never see the key
+            params["drafts"] = {sid: d.to_dict() for sid, d in sorted(outcome.drafts.items())}
+        return finished_list_from_json(self._call("update", params), "update")
 
     def snapshot(self) -> Snapshot:
         return snapshot_from_json(self._call("snapshot"))
