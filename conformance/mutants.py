@@ -592,4 +592,4 @@ def violated(
 
 __all__ = ["MUTANTS", "Mutant", "violated"]
 
-from conformance import mutants_async, mutants_v1  # noqa: E402,F401  (register the mutants of today's engines)
+from conformance import mutants_async, mutants_specdec, mutants_v1  # noqa: E402,F401  (register the mutants of today's engines)

@@ -172,6 +172,7 @@ def _load() -> None:
         policy,
         prefix_cache,
         requests,
+        specdec,
         strengthening,
         swap,
     )
