@@ -207,6 +207,7 @@ class AsyncV1Scheduler(V1Scheduler):
         counters.num_stale = counters.num_in_flight  # its in-flight steps no longer count
         counters.num_placeholders = 0
         counters.num_sampling = 0
+        counters.num_valid_drafts = 0
 
     # ---------------------------------------------------------------- 4. outcome
     def update(self, outcome: StepOutcome) -> list[Finished]:
@@ -241,7 +242,8 @@ class AsyncV1Scheduler(V1Scheduler):
             placeholders = tracked.num_proposed
             status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=not stale,
                                    num_valid=counters.num_valid_drafts if self.depth else None)
-            counters.num_valid_drafts = tracked.num_proposed
+            if not stale:  # a stale step's proposal went with the preemption
+                counters.num_valid_drafts = tracked.num_proposed
             if self.depth:
                 tracked.num_proposed = placeholders  # the next step's drafts are already placeholders
             if not stale:

@@ -415,6 +415,11 @@ class V1Scheduler(TrackedScheduler):
             tokens = remaining
             if 0 < threshold < tokens:
                 tokens = threshold
+            padded = self._admission_tokens(tracked, tokens, computed, scheduled, budget)
+            if padded is None:
+                reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
+                break
+            tokens = padded
             if not config.enable_chunked_prefill and tokens > budget:
                 reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
                 break
@@ -440,6 +445,13 @@ class V1Scheduler(TrackedScheduler):
             scheduled[tracked.request_id] = tokens
             budget -= tokens
             reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))
+
+    def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int, scheduled: dict[str, int],
+                          budget: int) -> int | None:
+        """The tokens an admitted request is scheduled for, before the budget (None: admission
+        stops here): all it has left. A hook: `conformance.targets.lockstep_specdec` models
+        vLLM's padding of a one-token admission with placeholder drafts, to classify divergences."""
+        return tokens
 
     def _ignore_if_infeasible(self, tracked: TrackedRequest, reasons: list[Reason], ignored: list[str]) -> bool:
         config = self.config

@@ -37,6 +37,7 @@ from conformance.wire.codec import (
 )
 from spec.config import SchedulerConfig
 from spec.observation import Capability, Snapshot
+from spec.reservation import Reservation
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
 PROTOCOL_VERSION = 1
@@ -198,8 +199,14 @@ class WireAdapter:
         timeout: float | None = 60.0,
         start_timeout: float = 300.0,
         trace_strategy: Callable[[], Any] | None = None,
+        lookahead_tokens: int = 0,
     ) -> None:
         self.name = name
+        # Slots the engine holds past a sequence's last token (CAP-006): its in-flight steps' at
+        # pipeline depth d; with k drafts each in-flight step holds 1 + k and the next k more
+        # (`reset` declares d * (1 + k) + k for the config's k).
+        self.lookahead_tokens = lookahead_tokens
+        self.reservation = Reservation(lookahead_tokens=lookahead_tokens) if lookahead_tokens else None
         self.command = list(command)
         self.env = dict(env or {})
         self.timeout = timeout
@@ -239,6 +246,8 @@ class WireAdapter:
     # -- the Adapter protocol ------------------------------------------------------------------
     def reset(self, config: SchedulerConfig) -> None:
         self.start()
+        lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
+        self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
         self._call("reset", {"config": config_to_json(config)})
 
     def add_request(self, request: Request) -> Finished | None:

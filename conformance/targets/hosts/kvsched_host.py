@@ -13,6 +13,8 @@ The engine object has these methods, all on plain JSON values:
     abort_request(request_id: str) -> dict | None
     schedule() -> dict                           (SchedulerOutput shape)
     update(stopped: list[str]) -> list[dict]     ([{request, status}, ...])
+    update(stopped, drafts: dict) -> list[dict]  (an engine with ``speculative = True``: the trace's
+                                                 draft decisions by seq, docs/PROTOCOL.md)
     snapshot() -> dict                           (Snapshot shape, every field optional)
 
 Anything the engine raises becomes ``{"id": n, "error": {"message": ..., "type": ...}}``; the host
@@ -73,7 +75,10 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
             elif method == "schedule":
                 result = engine.schedule()
             elif method == "update":
-                result = engine.update(list(params.get("stopped", [])))
+                if getattr(engine, "speculative", False):
+                    result = engine.update(list(params.get("stopped", [])), dict(params.get("drafts") or {}))
+                else:
+                    result = engine.update(list(params.get("stopped", [])))
             elif method == "snapshot":
                 result = engine.snapshot()
             elif method == "shutdown":
