@@ -43,6 +43,10 @@ def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty
     raw = draw(st.lists(st.tuples(st.integers(0, horizon), st.sampled_from(seqs), decisions(k, allow_empty)),
                         max_size=80))
     chosen = {(step, sid): d for step, sid, d in raw}
+    for step, sid in trace.stops:  # half the stops fall inside an accepted run
+        if draw(st.booleans()):
+            chosen[(step, sid)] = DraftDecision(draw(st.none() | st.integers(0, k)), draw(st.integers(1, k)),
+                                                draw(st.integers(0, k - 1)), False)
     drafts = tuple((step, sid, d) for (step, sid), d in sorted(chosen.items()))
     return Trace(config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, dict(trace.meta), drafts)
 

@@ -79,6 +79,9 @@ class InFlight:
 class AsyncV1Engine(vllm_v1_host.V1Engine):
     scheduler_cls = AsyncScheduler
     async_scheduling = True
+    # VllmConfig refuses async scheduling with "ngram" on the V1 model runner (config/vllm.py:1653-1662);
+    # the device-side n-gram drafter is allowed and, like it, needs no model and no extra slots.
+    spec_method = "ngram_gpu"
 
     def hello_extra(self) -> dict:
         return {**super().hello_extra(), "pipeline_depth": BATCH_QUEUE_SIZE - 1}
@@ -187,8 +190,10 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         snap = super().snapshot()
         for rid, r in self.reqs.items():
             view = snap["seqs"].get(f"{rid}#0")
-            if view is None or r.is_finished():
+            if view is None:
                 continue
+            # a finished request too: a step of it may still have been in flight when it finished
+            # (its 1 + k tokens would count past its tokens)
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
         snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/ASYNC.md PIP-003)
         return snap

@@ -97,6 +97,7 @@ class V1Engine:
     scheduler_cls: type = Scheduler
     async_scheduling: bool = False
     speculative = True  # update() takes the trace's draft decisions (kvsched_host.serve)
+    spec_method = "ngram"  # a drafter without a model (vllm/config/speculative.py SpeculativeMethod)
 
     def __init__(self) -> None:
         self._model_configs: dict[int, ModelConfig] = {}
@@ -123,7 +124,7 @@ class V1Engine:
                              async_scheduling=self.async_scheduling, policy=config["policy"], watermark=float(config["watermark"]))
         cc = CacheConfig(block_size=bs, enable_prefix_caching=caching)
         self.k = int(config.get("num_speculative_tokens", 0))
-        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=self.k, prompt_lookup_max=self.k,
+        spec = SpeculativeConfig(method=self.spec_method, num_speculative_tokens=self.k, prompt_lookup_max=self.k,
                                  prompt_lookup_min=1) if self.k else None
         vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc,
                         speculative_config=spec)
