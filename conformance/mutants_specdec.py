@@ -28,7 +28,8 @@ class DraftsOutsideBudget(SpecDecScheduler):
         tokens = tracked.num_tokens - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
-        return min(tokens, budget) + (room if tracked.num_computed + min(tokens, budget) >= tracked.num_tokens else 0)
+        done = tracked.num_computed + min(tokens, budget) >= tracked.num_tokens
+        return min(tokens, budget) + (room if done else 0)  # bug: the drafts come on top of the budget
 
 
 @mutant("specdec-drafts-on-prefill-chunk", "drafts proposed after a prefill chunk are kept and ride the next chunk "
@@ -130,3 +131,18 @@ class CachesRejectedKv(SpecDecScheduler):
 
     def _cache_computed_blocks(self, tracked: TrackedRequest) -> None:
         self._cache_full_blocks(tracked, tracked.num_tokens)  # bug: the bonus token's slot is not computed
+
+
+@mutant("specdec-schedules-unproposed-drafts", "drafts are scheduled where the drafter proposed none "
+        "(vllm-project/vllm#54054)", ("SPD-008",), **_SPECDEC)
+class SchedulesUnproposedDrafts(SpecDecScheduler):
+    """vllm-project/vllm#54054: when drafting was skipped (the input no longer fit the drafter) the
+    runner zero-filled the drafts and the scheduler scheduled that padding as k drafts."""
+
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        finished = super().update(outcome)
+        for tracked in self.running:
+            decision = outcome.drafts.get(tracked.seq_id)
+            if decision is not None and decision.proposed == 0 and not tracked.in_prefill:
+                tracked.num_proposed = self.config.num_speculative_tokens  # bug: the padding counts as drafts
+        return finished

@@ -223,3 +223,38 @@ def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
                 yield (f"after the step: {sid} block {block} (index {index}) is keyed but holds positions up to "
                        f"{(index + 1) * bs - 1}, {v.num_computed} computed")
                 break
+
+
+@invariant(
+    "SPD-008", "policy",
+    """A sequence is scheduled with no more drafts than the drafter proposed after the last step
+    that sampled for it (none after a preemption, before its first sample, or when drafting was
+    skipped).""",
+    """A draft nobody proposed is padding: it is always rejected, takes a slot and a token of
+    budget, and counted as a draft it drives the acceptance rate to zero (vllm-project/vllm#54054:
+    when the input no longer fit the drafter, the runner zero-filled the drafts, the scheduler
+    scheduled the padding for verification and reported 0 % acceptance). A policy: a pipelined
+    engine schedules placeholders before the proposal exists (vLLM's AsyncScheduler), and vLLM
+    0.33.0 pads a one-token admission to full width for CUDA graphs (scheduler.py:1306-1330).""",
+    (C.SEQ_LENGTHS,),
+    synchronous=True,
+)
+def drafts_were_proposed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    proposals = ctx.flow_state.setdefault("SPD-008", {})
+    k = ctx.config.num_speculative_tokens
+    for p in rec.output.preempted:
+        for sid in [s for s in proposals if s.rsplit("#", 1)[0] == p.request_id]:
+            proposals[sid] = 0
+    for item in rec.output.scheduled:
+        if item.num_drafts > proposals.get(item.seq_id, 0):
+            yield (f"{item.seq_id} scheduled with {item.num_drafts} drafts, "
+                   f"the drafter proposed {proposals.get(item.seq_id, 0)}")
+        proposals[item.seq_id] = 0  # spent, however many fitted
+    if not k or rec.before.seqs is None or rec.after.seqs is None:
+        return
+    for item in rec.output.scheduled:
+        old, new = rec.before.seqs.get(item.seq_id), rec.after.seqs.get(item.seq_id)
+        if old is None or new is None or new.status is not Status.RUNNING:
+            continue
+        if (new.num_tokens or 0) > (old.num_tokens or 0):  # it sampled: the drafter proposes for its next decode
+            proposals[item.seq_id] = rec.drafts.get(item.seq_id, NO_DECISION).num_proposed(k)
