@@ -62,6 +62,14 @@ CLASSES: dict[str, tuple[str, str]] = {
         "budget, the threshold and max_model_len only); accepted tokens past max_tokens are trimmed by check_stop "
         "(scheduler.py:2744-2770). The reference caps them (SPD-004, a policy): same stream, fewer wasted slots.",
     ),
+    "padded-admission-cut-by-threshold": (
+        "vllm-defect",
+        "EngineCore dies on `assert num_new_tokens == 1 + self.num_spec_tokens` (v1/core/sched/scheduler.py:1579): "
+        "the waiting loop pads a one-token admission to 1 + k tokens (scheduler.py:1306-1330) and then caps it at "
+        "long_prefill_token_threshold (scheduler.py:1332-1333) when the threshold is below 1 + k, which the config "
+        "accepts; the Mamba branch drops the padding when alignment clips it (scheduler.py:1355-1370), this cap does "
+        "not. Sync and async alike.",
+    ),
     "pads-new-decode-drafts": (
         "vllm-deviation",
         "A request admitted from waiting with one token left (a prefix hit on all but its last token, or a one-token "
@@ -203,8 +211,11 @@ def run_one(adapter, trace: Trace, invariants, reference: type) -> Outcome:  # t
 
 
 def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants) -> str | None:  # type: ignore[no-untyped-def]
+    fault = outcome.result.fault
+    if fault is not None and "scheduler.py:1579" in str(fault):
+        return "padded-admission-cut-by-threshold"
     if outcome.result.divergence is None and outcome.state is None:
-        return None if outcome.result.fault is None else "fault"
+        return None if fault is None else "fault"
     for cls, model in models(base_of(path)):
         again = run_one(adapter, trace, invariants, model)
         if again.result.divergence is None and again.state is None and again.result.fault is None:
