@@ -64,7 +64,7 @@ from spec.proofs.chunked import (
 from spec.proofs.encoding import FIN, GPU, NONE, RUN, WAIT, ActionEncoding, Encoder, Pool, State, _count
 
 FLOW = "async"
-ASYNC_BOUND = Bound(gpu_blocks=4, cpu_blocks=1, seqs=2, groups=2, table_len=3, block_size=2)
+ASYNC_BOUND = Bound(gpu_blocks=4, cpu_blocks=1, seqs=3, groups=3, table_len=3, block_size=2)  # the v1 flow's
 ASYNC_ACTIONS = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore", "process")
 Q = MAX_PIPELINE_DEPTH + 1  # entries a request may have in flight: depth, plus the step being scheduled
 
