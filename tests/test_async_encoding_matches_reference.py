@@ -32,7 +32,7 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import async_concrete_state, async_config_constants, v1_requests
+from conformance.selftest.proof_bridge import async_concrete_state, async_config_constants, v1_requests
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from spec.config import SchedulerConfig
 from spec.proofs.encoding_async import (

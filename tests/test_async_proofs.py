@@ -10,7 +10,7 @@ import json
 import pytest
 import z3
 
-import conformance.mutants_async as mutants_async
+import conformance.selftest.mutants_async as mutants_async
 from conformance.cli import main
 from spec.catalogue import catalogue
 from spec.proofs.encoding import FIN, RUN, WAIT

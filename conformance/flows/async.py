@@ -14,7 +14,7 @@ FLOW = Flow(
     configs="conformance.targets.lockstep_async:all_paths_configs",
     profile="async",
     invariant_families=("spec.invariants.async",),
-    mutants="conformance.mutants_async",
+    mutants="conformance.selftest.mutants_async",
     proof_flow="async",
     proof_encoding="spec.proofs.encoding_async",
     adapters=("reference-async",),
@@ -23,6 +23,6 @@ FLOW = Flow(
     deviations="conformance.targets.lockstep_async:CLASSES",
     tests=("tests/test_async_reference.py", "tests/test_async_mutants.py", "tests/test_async_target.py",
            "tests/test_async_proofs.py", "tests/test_async_encoding_matches_reference.py"),
-    extra={"checks": "conformance.async_checks:problems",
-           "safety_gaps": "conformance.async_safety_gaps:main"},
+    extra={"checks": "conformance.selftest.async_checks:problems",
+           "safety_gaps": "conformance.selftest.async_safety_gaps:main"},
 )

@@ -69,7 +69,7 @@ ASYNC_ACTIONS = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore"
 Q = MAX_PIPELINE_DEPTH + 1  # entries a request may have in flight: depth, plus the step being scheduled
 
 # Mutated transitions, each the shape of an upstream bug (docs/ASYNC.md section 6) and of a
-# conformance mutant of the async reference (conformance/mutants_async.py, named in the value).
+# conformance mutant of the async reference (conformance/selftest/mutants_async.py, named in the value).
 ASYNC_MUTANTS = {
     "preempt-forgets-in-flight": "preemption resets the counters without marking the in-flight share stale "
                                  "(vllm#48245 / #47900; mutant forgets_in_flight_on_preempt)",
