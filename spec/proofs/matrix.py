@@ -240,6 +240,10 @@ def prove(
         matrix.parametric = P.broken_cells(mutant, flow_name)
     if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
+    from spec.proofs import writes as WR
+
+    if unbounded and mutant in WR.MUTANTS and flow_name == "v0":
+        matrix.parametric = WR.broken_cells(mutant)
     if unbounded and mutant is None:
         from spec.proofs.unbounded import QUE_QUEUES, prove_unbounded
 
@@ -250,6 +254,10 @@ def prove(
             proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
             upgraded |= proof.cells(flow_name)
             matrix.parametric = proof.to_dict()
+        # COW-001 (both flows), ALLOC and ADM-002 (v0): spec/proofs/writes.py's lemmas over the
+        # block facts (with STR-001) and the counts
+        if strengthen and not alone and any(iid in ("COW-001", "ALLOC", "ADM-002") for iid in wanted):
+            upgraded |= WR.proved_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
         if not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
@@ -314,7 +322,7 @@ def prove(
     return matrix
 
 
-VIA = "proved for every size (spec/proofs/parametric.py, spec/proofs/unbounded.py); bounded query not run"
+VIA = "proved for every size (spec/proofs/parametric.py, unbounded.py, writes.py, ...); bounded query not run"
 _WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
 
 
