@@ -336,6 +336,26 @@ def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
         prior = snap
 
 
+def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView, int]]:
+    """As `fresh_in_snapshots`, with the first token position the same check has not read in that
+    view yet: the length of the token ids it passed before when they are a prefix of these
+    (compared at C speed; identical entries compare by identity), else 0. A decode appends one
+    token to hundreds, so a check of every token reads only the new ones."""
+    prior = ctx.previous.after if ctx.previous is not None else None
+    for label, snap in snapshots(record):
+        seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
+        for sid, view in fresh_views(snap, prior):
+            old = seen.get(sid) if seen is not None else None
+            known = old.token_ids if old is not None else None
+            tokens = view.token_ids
+            first = 0
+            if known is not None and tokens is not None and len(known) <= len(tokens) \
+                    and (known is tokens or tokens[: len(known)] == known):
+                first = len(known)
+            yield label, sid, view, first
+        prior = snap
+
+
 def fresh_tables_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
     """As `fresh_in_snapshots`, without the views whose block table is the very object the same
     check saw before (a decode changes a view's token counts every step, its table rarely)."""
