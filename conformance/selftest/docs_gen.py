@@ -348,7 +348,12 @@ An adapter can let the runner check only what changed by building each snapshot 
 the one it returned before: set `base` to that snapshot, reuse its `SeqView` objects (and its
 tuples and dicts) for everything unchanged, and name in `changed_seqs` every sequence whose view
 is new, gone or rebuilt and in `changed_requests` every request whose status is new or changed.
-A view not named must be the very object `base` holds. The reference does this
+A view not named must be the very object `base` holds. For a large pool, also name in
+`gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
+entries changed since `base`, each with how many times the free list names it now: the block
+checks then read those blocks, not the pool (the reference pools log them in their containers,
+`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
+`base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only

@@ -8,7 +8,6 @@ trace. The bug museum builds on these.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,15 +60,15 @@ def _with_block_manager(manager: type[BlockManager]) -> type[Scheduler]:
 class _FreeOnEveryDecref(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
-        heapq.heappush(self._free, block)  # bug: back on the free list while others still hold it
+        self._release(block)  # bug: back on the free list while others still hold it
 
 
 class _FreeTwice(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            heapq.heappush(self._free, block)
-            heapq.heappush(self._free, block)  # bug: listed twice
+            self._release(block)
+            self._release(block)  # bug: listed twice
 
 
 class _GpuFreeOnEveryDecref(BlockManager):
