@@ -341,6 +341,14 @@ An expected failure is still checked, shrunk and saved, and reported as `expecte
 not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
 update the file. `FAULT-<kind>` may be expected too (never skipped).
 
+Each real target keeps its own file, `conformance/targets/expectations/<target>.json` (the
+known deviations of its pinned version, each with the class, kind and engine source that
+docs/CONFORMANCE.md explains), and `kvsched conform --adapter <target>` reads it by default:
+a target's known deviations show up within a few steps of most traces, and counted as failures
+they would bury a new one. `--expect FILE` reads another file instead; `--no-expect` reads none,
+so every failure counts. The report lists `new_findings` (these fail the run) apart from
+`expected_findings`, in the terminal and in `--json`.
+
 ## Incremental checking (optional)
 
 On a large batch the checks cost more than the scheduler when every snapshot is rescanned whole.

@@ -421,6 +421,18 @@ class _LengthCappedNotReported(Scheduler):
         return [f for f in super().update(outcome) if f.status is not Status.FINISHED_LENGTH_CAPPED]
 
 
+@mutant("finish-leaves-a-sequence-running",
+        "finishing an n > 1 group finishes its first live sequence only; the others keep running and their blocks",
+        ("REQ-006",))
+class _FinishLeavesASequenceRunning(Scheduler):
+    def _finish(self, group: SequenceGroup, status: Status) -> None:
+        live = group.live_seqs()
+        for seq in live[:1]:
+            self.block_manager.free(seq)
+            seq.status = status
+        group.status = status  # bug: live[1:] stay RUNNING (or SWAPPED) and hold their blocks
+
+
 @mutant("abort-leaves-waiting", "aborting a waiting request reports it finished but leaves it queued",
         ("REQ-003",))
 class _AbortLeavesWaiting(Scheduler):
