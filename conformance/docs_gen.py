@@ -172,6 +172,8 @@ _CAPABILITY_TEXT = {
     Capability.MID_STEP: "a snapshot right after schedule(), before the outcome",
     Capability.PREFIX_CACHE: "each GPU block's content key (spec.prefix), the cache index, each sequence's token ids",
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
+    Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
+                          "tokens, stale tokens), what PIP-003 reads",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -189,6 +191,7 @@ _CAPABILITY_FIELDS = {
     Capability.MID_STEP: "nothing new: `snapshot()` is also called between `schedule()` and `update()`",
     Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
     Capability.TOKEN_BUDGET_FLOW: "none",
+    Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

@@ -97,10 +97,17 @@ MUTANTS = (
                 "vllm-project/vllm#38624"),
 )
 
-# The catalogue's teeth (tests/test_mutants.py): the mutants whose finding is a catalogue invariant
-# on what the runner observes. The other two fail with an assert in update(), which the runner
-# reports as a FAULT (PIP-005) and `conformance.async_checks` checks in process.
+# The catalogue's teeth (tests/test_mutants.py): each mutant with the catalogue invariants that
+# catch it on what the runner observes. The in-flight counters (PIP-003) show the first two bugs
+# steps before the engine's own assert fails in update(), which PIP-005 names when the outcome is a
+# preempted request's.
 _ASYNC = get_flow("async").mutant_fields()
+mutant("async-forgets-in-flight-on-preempt",
+       "preemption resets the counters without marking the victim's in-flight tokens stale (vllm-project/vllm#48245)",
+       ("PIP-003", "PIP-005"), **_ASYNC)(ForgetsInFlightOnPreempt)
+mutant("async-final-chunk-without-placeholder",
+       "the final chunk of a chunked prompt reserves no placeholder (vllm-project/vllm#35755)",
+       ("PIP-003",), **_ASYNC)(FinalChunkWithoutPlaceholder)
 mutant("async-applies-outcomes-of-finished", "an in-flight outcome of a request that finished meanwhile is applied",
        ("PIP-002",), **_ASYNC)(AppliesOutcomesOfFinished)
 mutant("async-one-step-later", "outcomes are processed one step later than the declared pipeline depth",

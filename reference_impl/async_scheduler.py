@@ -47,11 +47,12 @@ Where this differs from the engine (spec decisions, docs/ASYNC.md):
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 
-from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler, snapshot_of
+from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, V1Scheduler, snapshot_of
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
-from spec.observation import Snapshot
+from spec.observation import Capability, InFlightView, Snapshot
 from spec.reasons import Reason
 from spec.reservation import Reservation
 from spec.status import Status
@@ -112,6 +113,8 @@ class _FrontierView:
 class AsyncV1Scheduler(V1Scheduler):
     """`V1Scheduler` whose outcomes arrive ``depth`` steps late (by default the config's
     ``pipeline_depth``). Implements `spec.protocol.SchedulerLike`."""
+
+    capabilities = CAPABILITIES | {Capability.IN_FLIGHT}  # its in-flight counters (PIP-003)
 
     def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
         depth = config.pipeline_depth if depth is None else depth
@@ -249,9 +252,16 @@ class AsyncV1Scheduler(V1Scheduler):
 
     def snapshot(self) -> Snapshot:
         views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}
-        self._last_snapshot = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
-                                          self._last_snapshot)
+        snap = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
+                           self._last_snapshot)
+        self._last_snapshot = dataclasses.replace(snap, in_flight=self.in_flight_counters())
         return self._last_snapshot
+
+    def in_flight_counters(self) -> dict[str, InFlightView]:
+        """Each unfinished sequence's in-flight counters, as the IN_FLIGHT snapshot part shows them."""
+        return {t.seq_id: InFlightView(c.num_placeholders, c.num_in_flight, c.num_stale)
+                for rid, t in self.requests.items() if not t.status.is_finished
+                for c in (self.counters[rid],)}
 
     def metrics(self) -> dict[str, int]:
         return {**super().metrics(), "steps_in_flight": len(self.in_flight),

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.config import SchedulerConfig
+from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
 from spec.invariants._views import forget
-from spec.observation import Capability, StepRecord
+from spec.observation import Capability, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
 from spec.status import Status
 from spec.types import Request, request_of
@@ -49,6 +49,11 @@ class CheckContext:
     stopped: set[str] = field(default_factory=set)
     # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
     flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The steps that scheduled each request, the last MAX_PIPELINE_DEPTH + 1 of them (the steps
+    # whose outcome may still be in flight), and the last step it left the running set in
+    # (preempted, aborted or finished), with how: what a failure predicate (PIP-005) reads.
+    scheduled_in: dict[str, list[int]] = field(default_factory=dict)
+    left_at: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -59,6 +64,8 @@ class CheckContext:
 
 StepPredicate = Callable[[CheckContext, StepRecord], Iterable[str]]
 EndPredicate = Callable[[CheckContext], Iterable[str]]
+# Called when a scheduler call fails mid-step (`StepFailure`): which failures the invariant forbids.
+FailurePredicate = Callable[[CheckContext, StepFailure], Iterable[str]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class Invariant:
     needs: frozenset[Capability]
     step: StepPredicate | None = None
     end: EndPredicate | None = None
+    failure: FailurePredicate | None = None
     # The statement assumes a step's outcome is processed in that step (a synchronous engine):
     # with outcomes pipelined (config.pipeline_depth > 0) a correct scheduler computes ahead of
     # what it has delivered, so the invariant does not apply there (spec/invariants/async.py
@@ -83,7 +91,7 @@ class Invariant:
 
     @property
     def predicate_location(self) -> str:
-        fn = self.step or self.end
+        fn = self.step or self.end or self.failure
         assert fn is not None
         return f"{fn.__module__}.{fn.__qualname__}"
 
@@ -94,7 +102,7 @@ class Invariant:
             "statement": self.statement,
             "rationale": self.rationale,
             "needs": sorted(c.value for c in self.needs),
-            "checked": "per step" if self.step else "at the end of a run",
+            "checked": "per step" if self.step else "at the end of a run" if self.end else "when a call fails",
             "synchronous_steps_only": self.synchronous,
             "predicate": self.predicate_location,
         }
@@ -105,9 +113,10 @@ _REGISTRY: dict[str, Invariant] = {}
 
 def invariant(
     id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
-    synchronous: bool = False,
+    synchronous: bool = False, at_failure: bool = False,
 ) -> Callable[[Callable], Callable]:
-    """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`)."""
+    """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`;
+    ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
     assert category in CATEGORIES, category
 
     def register(fn: Callable) -> Callable:
@@ -115,7 +124,8 @@ def invariant(
         needs_set = frozenset(needs) | {Capability.OUTPUT}
         _REGISTRY[id] = Invariant(
             id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
-            step=None if at_end else fn, end=fn if at_end else None, synchronous=synchronous,
+            step=None if at_end or at_failure else fn, end=fn if at_end else None,
+            failure=fn if at_failure else None, synchronous=synchronous,
         )
         return fn
 
@@ -213,6 +223,7 @@ class Checker:
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities, config)]
         self._step_checks = [inv for inv in self.active if inv.step is not None]
         self._end_checks = [inv for inv in self.active if inv.end is not None]
+        self._failure_checks = [inv for inv in self.active if inv.failure is not None]
 
     def check_step(self, record: StepRecord) -> list[Violation]:
         ctx = self.context
@@ -230,6 +241,7 @@ class Checker:
         ]
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
+        _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
         ctx.steps += 1
         if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
             for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):
@@ -238,10 +250,37 @@ class Checker:
         ctx.previous = None if found else record
         return found
 
+    def check_failure(self, failure: StepFailure) -> list[Violation]:
+        """The invariants a failed call breaks (PIP-005); the caller still reports the failure
+        itself as a fault. The failed step's aborts and output count as history."""
+        _note_in_flight_history(self.context, failure.step, failure.aborted, failure.output, ())
+        return [Violation(inv.id, failure.step, m)
+                for inv in self._failure_checks for m in inv.failure(self.context, failure)]  # type: ignore[misc]
+
     def check_end(self, drained: bool, ended_at_max_steps: bool) -> list[Violation]:
         self.context.drained = drained
         self.context.ended_at_max_steps = ended_at_max_steps
         return [Violation(inv.id, None, m) for inv in self._end_checks for m in inv.end(self.context)]  # type: ignore[misc]
+
+
+def _note_in_flight_history(ctx: CheckContext, step: int, aborted: Iterable[str], output: Any,
+                            finished: Iterable[Any]) -> None:
+    """Keep `CheckContext.scheduled_in` and `left_at` for one step (``output``: its
+    SchedulerOutput or None; ``finished``: its Finished list)."""
+    if output is not None:
+        for item in output.scheduled:
+            steps = ctx.scheduled_in.setdefault(item.request_id, [])
+            if not steps or steps[-1] != step:
+                steps.append(step)
+                del steps[:-(MAX_PIPELINE_DEPTH + 1)]
+    for rid in aborted:
+        ctx.left_at[rid] = (step, "aborted")
+    if output is not None:
+        for p in output.preempted:
+            ctx.left_at[p.request_id] = (step, "preempted")
+    for f in finished:
+        if ctx.left_at.get(f.request_id, (None, ""))[0] != step:  # an abort of this step says more
+            ctx.left_at[f.request_id] = (step, f"finished ({f.status.name})")
 
 
 def check_records(

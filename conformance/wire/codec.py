@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spec.config import SchedulerConfig
-from spec.observation import SeqView, Snapshot
+from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
@@ -76,6 +76,31 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
             out[name] = value
     if snap.gpu_block_keys is not None:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
+    if snap.in_flight is not None:
+        out["in_flight"] = {"version": IN_FLIGHT_VERSION,
+                            "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
+    return out
+
+
+def _in_flight(value: Any) -> dict[str, InFlightView] | None:
+    """``{"version": 1, "seqs": {seq: {placeholders, in_flight_tokens, stale}}}`` (docs/PROTOCOL.md).
+    Negative counts are well formed: they are what PIP-003 reports."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != IN_FLIGHT_VERSION:
+        raise WireError(f"snapshot.in_flight.version: expected {IN_FLIGHT_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    seqs = value.get("seqs")
+    if not isinstance(seqs, Mapping):
+        raise WireError("snapshot.in_flight.seqs: expected an object")
+    out = {}
+    for sid, counters in seqs.items():
+        where = f"in_flight.seqs.{sid}"
+        if not isinstance(counters, Mapping):
+            raise WireError(f"snapshot.{where}: expected an object")
+        if any(counters.get(name) is None for name in InFlightView._fields):
+            raise WireError(f"snapshot.{where}: expected {', '.join(InFlightView._fields)}")
+        out[str(sid)] = InFlightView(*(_opt_int(counters[name], f"{where}.{name}") for name in InFlightView._fields))
     return out
 
 
@@ -153,4 +178,5 @@ def snapshot_from_json(data: Any) -> Snapshot:
         gpu_free_ids=_ints(data.get("gpu_free_ids"), "gpu_free_ids"),
         cpu_free_ids=_ints(data.get("cpu_free_ids"), "cpu_free_ids"),
         gpu_block_keys=_keys(data.get("gpu_block_keys"), "gpu_block_keys"),
+        in_flight=_in_flight(data.get("in_flight")),
     )
