@@ -51,6 +51,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
+
+PROTOCOL_OUT = kvsched_host.protocol_stream()  # before vLLM is imported: 0.29.0 logs to stdout then
 import vllm_v1_host  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
@@ -167,4 +169,5 @@ if __name__ == "__main__":
     # --name NAME: the same host serves every pinned vLLM version (vllm-v1-async-0.29 runs it in
     # vLLM 0.29.0's venv; the AsyncScheduler API it drives is the same there).
     name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else "vllm-v1-async"
-    sys.exit(kvsched_host.serve(AsyncV1Engine(), name, ("safety",), [*vllm_v1_host.CAPABILITIES, "in_flight"]))
+    sys.exit(kvsched_host.serve(AsyncV1Engine(), name, ("safety",), [*vllm_v1_host.CAPABILITIES, "in_flight"],
+                                stdout=PROTOCOL_OUT))
