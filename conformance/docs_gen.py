@@ -174,6 +174,8 @@ _CAPABILITY_TEXT = {
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
     Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
                           "tokens, stale tokens), what PIP-003 reads",
+    Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
+                              "stream), so a freed block needs no fence (PIP-004 is moot)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -192,6 +194,8 @@ _CAPABILITY_FIELDS = {
     Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
     Capability.TOKEN_BUDGET_FLOW: "none",
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
+    Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
+                              "`Snapshot.gpu_fenced`)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from conformance.flows import get_flow
 from conformance.mutants import mutant
-from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
+from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput
 
@@ -77,6 +77,15 @@ class OneStepLater(AsyncV1Scheduler):
             self.depth = depth
 
 
+class FreesWithoutFence(DeferredFreeAsyncV1Scheduler):
+    """An engine that cannot promise in-order steps (a KV connector may write out of order) but
+    frees a preempted or finished request's blocks at once, while a step that writes them is still
+    in flight: what ``defer_block_free`` exists to prevent (vllm/v1/core/sched/scheduler.py:189-195)."""
+
+    def _free_blocks(self, tracked: TrackedRequest) -> None:
+        AsyncV1Scheduler._free_blocks(self, tracked)  # bug: no fence
+
+
 @dataclass(frozen=True)
 class AsyncMutant:
     name: str
@@ -114,3 +123,6 @@ mutant("async-one-step-later", "outcomes are processed one step later than the d
        ("PIP-006",), **_ASYNC)(OneStepLater)
 mutant("async-resamples-after-preemption", "a preempted request's in-flight token is kept and sampled again",
        ("PIP-001",), **_ASYNC)(ResamplesAfterPreemption)
+mutant("async-frees-without-fence",
+       "blocks a step in flight still writes are freed at preemption or finish, without the fence",
+       ("PIP-004",), **{**_ASYNC, "reference": DeferredFreeAsyncV1Scheduler})(FreesWithoutFence)

@@ -280,4 +280,5 @@ _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str |
     ("gpu_block_keys", _keys),
     ("cache_index", _index),
     ("in_flight", _in_flight),
+    ("gpu_fenced", lambda v, s, b: _ints(v)),
 )

@@ -83,9 +83,14 @@ class Invariant:
     # what it has delivered, so the invariant does not apply there (spec/invariants/async.py
     # says what does).
     synchronous: bool = False
+    # Claims that make the invariant moot (PIP-004 under ORDERED_STEPS): not applicable where the
+    # scheduler makes one of them.
+    unless: frozenset[Capability] = frozenset()
 
     def applicable(self, capabilities: frozenset[Capability], config: SchedulerConfig | None = None) -> bool:
         if self.synchronous and config is not None and config.pipeline_depth > 0:
+            return False
+        if self.unless & capabilities:
             return False
         return self.needs <= capabilities
 
@@ -104,6 +109,7 @@ class Invariant:
             "needs": sorted(c.value for c in self.needs),
             "checked": "per step" if self.step else "at the end of a run" if self.end else "when a call fails",
             "synchronous_steps_only": self.synchronous,
+            **({"moot_under": sorted(c.value for c in self.unless)} if self.unless else {}),
             "predicate": self.predicate_location,
         }
 
@@ -113,7 +119,7 @@ _REGISTRY: dict[str, Invariant] = {}
 
 def invariant(
     id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
-    synchronous: bool = False, at_failure: bool = False,
+    synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (),
 ) -> Callable[[Callable], Callable]:
     """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`;
     ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
@@ -125,7 +131,7 @@ def invariant(
         _REGISTRY[id] = Invariant(
             id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
             step=None if at_end or at_failure else fn, end=fn if at_end else None,
-            failure=fn if at_failure else None, synchronous=synchronous,
+            failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless),
         )
         return fn
 

@@ -45,12 +45,16 @@ class Capability(StrEnum):
     # Pipelined engines (docs/ASYNC.md): each unfinished sequence's in-flight counters
     # (`InFlightView`), what PIP-003 reads. A synchronous scheduler has none to show.
     IN_FLIGHT = "in_flight"  # Snapshot.in_flight: placeholders, in-flight and stale tokens per sequence
+    # A claim, not an observation: the engine's steps run in the order they were scheduled on the
+    # device (one stream), so a block freed while an in-flight step writes it can only be written
+    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
+    ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
-    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT}
+    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS}
 
 
 class SeqView(NamedTuple):
@@ -112,6 +116,10 @@ class Snapshot:
     cache_index: Mapping[str, tuple[int, ...]] | None = None
     # IN_FLIGHT: seq id -> its in-flight counters, for every unfinished sequence (PIP-003).
     in_flight: Mapping[str, InFlightView] | None = None
+    # GPU blocks held back from the free pool for the writes of in-flight steps of sequences that
+    # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
+    # block's reference count (BLK-003). None or empty: nothing held back.
+    gpu_fenced: tuple[int, ...] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -224,7 +232,7 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

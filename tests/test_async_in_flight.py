@@ -86,3 +86,41 @@ def test_the_runner_reports_the_engine_dying_on_a_stale_outcome_as_pip005():
     checked = [i for i in get_profile("async").invariants() if i.id != "PIP-003"]  # PIP-003 sees it sooner
     result = run_checked(adapter, trace, checked)
     assert {"FAULT-raised", "PIP-005"} <= result.problem_ids
+
+
+def test_gpu_fenced_round_trips():
+    snap = snapshot_from_json({"gpu_fenced": [3, 3, 5]})
+    assert snap.gpu_fenced == (3, 3, 5) and snapshot_to_json(snap) == {"gpu_fenced": [3, 3, 5]}
+
+
+def test_pip004_is_moot_for_an_engine_with_ordered_steps():
+    from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler
+
+    pip004, config = get("PIP-004"), SchedulerConfig(pipeline_depth=1)
+    assert not pip004.applicable(frozenset(AsyncV1Scheduler.capabilities), config)
+    assert pip004.applicable(frozenset(DeferredFreeAsyncV1Scheduler.capabilities), config)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_deferred_free_reference_fences_and_passes_safety(depth):
+    """Held-back blocks are counted (BLK-003), never free or another's before their step returns
+    (PIP-004), and an engine waiting for them is not idle (LIV-003)."""
+    import dataclasses
+
+    from conformance.flows import get_flow
+    from conformance.generate import sample_traces
+    from conformance.mutants import violated
+    from conformance.profiles import get_profile
+    from reference_impl.async_scheduler import DeferredFreeAsyncV1Scheduler
+
+    checked = get_profile("async").invariants()
+    assert get("PIP-004") in checked
+    fenced_steps = 0
+    for trace in sample_traces(get_flow("async").trace_strategy(), 40, 16):
+        trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=depth))
+        assert violated(DeferredFreeAsyncV1Scheduler, trace, invariants=checked) == set()
+        from reference_impl.engine import iter_steps
+
+        fenced_steps += sum(bool(r.after.gpu_fenced or (r.mid and r.mid.gpu_fenced))
+                            for r in iter_steps(trace, DeferredFreeAsyncV1Scheduler(trace.config)))
+    assert fenced_steps > 0, "no trace held a block back: the test shows nothing"

@@ -76,6 +76,8 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
             out[name] = value
     if snap.gpu_block_keys is not None:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
+    if snap.gpu_fenced is not None:
+        out["gpu_fenced"] = list(snap.gpu_fenced)
     if snap.in_flight is not None:
         out["in_flight"] = {"version": IN_FLIGHT_VERSION,
                             "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
@@ -179,4 +181,5 @@ def snapshot_from_json(data: Any) -> Snapshot:
         cpu_free_ids=_ints(data.get("cpu_free_ids"), "cpu_free_ids"),
         gpu_block_keys=_keys(data.get("gpu_block_keys"), "gpu_block_keys"),
         in_flight=_in_flight(data.get("in_flight")),
+        gpu_fenced=_ints(data.get("gpu_fenced"), "gpu_fenced"),
     )

@@ -196,3 +196,84 @@ def survives_stale_outcomes(ctx: CheckContext, failure: StepFailure) -> Iterator
             stale.append(f"{rid} (scheduled at step {in_flight[0]}, {left[1]} at step {left[0]})")
     if stale:
         yield (f"update failed while an outcome of {', '.join(sorted(stale))} was in flight: {failure.message}")
+
+
+def _written_blocks(rec: StepRecord, block_size: int) -> dict[str, dict[int, str | None]]:
+    """Per sequence the step schedules, the GPU blocks its tokens are written to, with each
+    block's key mid-step (None: unkeyed or no keys shown). The step computes the last ``tokens``
+    positions before ``num_computed + in_flight_tokens`` (the processed frontier plus every
+    in-flight token, this step's included)."""
+    mid = rec.mid
+    assert mid is not None and mid.seqs is not None and mid.in_flight is not None
+    keys = mid.gpu_block_keys
+    written: dict[str, dict[int, str | None]] = {}
+    for item in rec.output.scheduled:
+        view, counters = mid.seqs.get(item.seq_id), mid.in_flight.get(item.seq_id)
+        if view is None or counters is None or not view.blocks or view.num_computed is None:
+            continue
+        end = view.num_computed + counters.in_flight_tokens
+        slots = {p // block_size for p in range(max(end - item.num_tokens, 0), end)}
+        blocks = [view.blocks[i] for i in sorted(slots) if i < len(view.blocks)]
+        written[item.seq_id] = {b: keys[b] if keys is not None and 0 <= b < len(keys) else None for b in blocks}
+    return written
+
+
+def _handed_over(snap: Snapshot, label: str, pending: dict[tuple[int, str], dict[int, str | None]]) -> Iterator[str]:
+    assert snap.seqs is not None
+    orphans = []
+    for (step, sid), blocks in pending.items():
+        view = snap.seqs.get(sid)
+        held = set(view.blocks or ()) if view is not None and view.device == "gpu" else set()
+        orphans += [(step, sid, b, key) for b, key in blocks.items() if b not in held]
+    if not orphans:
+        return
+    free = set(snap.gpu_free_ids or ())
+    holders: dict[int, list[str]] = {}
+    for sid, view in snap.seqs.items():
+        if view.device == "gpu":
+            for b in view.blocks or ():
+                holders.setdefault(b, []).append(sid)
+    keys = snap.gpu_block_keys
+    for step, sid, b, key in orphans:
+        if b in free:
+            yield f"{label}: block {b}, which step {step} writes for {sid}, is free before that step's outcome is in"
+            continue
+        now = keys[b] if keys is not None and 0 <= b < len(keys) else None
+        others = [t for t in holders.get(b, ()) if t != sid]
+        if others and (key is None or now != key):  # a prefix hit on the same content is no hand-over
+            yield (f"{label}: block {b}, which step {step} writes for {sid}, is in {others[0]}'s table before that "
+                   f"step's outcome is in")
+
+
+@invariant(
+    "PIP-004", "safety",
+    """A block that an in-flight step writes for a sequence is not handed to another request (nor
+    put back in the free pool) before that step's outcome is processed, unless the engine
+    declares that its steps run in scheduling order (``ordered_steps``). A prefix hit on the
+    block's same content is not a hand-over.""",
+    """A KV write still landing in a block that now belongs to another request corrupts that
+    request's context silently. A preempted, aborted or finished request's blocks are freed at
+    once, while a step that writes them may still run; vLLM relies on the GPU running steps in
+    order (a later step writes the block after the earlier write) and defers the free until the
+    step returns only where a KV connector may write out of order (``defer_block_free``,
+    vllm/v1/core/sched/scheduler.py:189-195, 3077-3105). An engine that cannot promise order
+    must fence. The writes of a step are the positions it computes (``in_flight`` tokens past the
+    processed frontier, mid-step).""",
+    (C.IN_FLIGHT, C.BLOCK_TABLES, C.COMPUTED_TOKENS, C.MID_STEP, C.FREE_LISTS),
+    unless=(C.ORDERED_STEPS,),
+)
+def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    depth = ctx.config.pipeline_depth
+    if depth == 0 or rec.mid is None or rec.mid.in_flight is None:
+        return
+    pending: dict[tuple[int, str], dict[int, str | None]] = ctx.flow_state.setdefault("PIP-004", {})
+    for key in [k for k in pending if k[0] < rec.step - depth]:
+        del pending[key]
+    if ctx.previous is None or rec.before is not ctx.previous.after:
+        yield from _handed_over(rec.before, "before", pending)
+    for sid, blocks in _written_blocks(rec, ctx.config.block_size).items():
+        pending[(rec.step, sid)] = blocks
+    yield from _handed_over(rec.mid, "mid-step", pending)
+    for key in [k for k in pending if k[0] < rec.step - depth + 1]:
+        del pending[key]
+    yield from _handed_over(rec.after, "after", pending)

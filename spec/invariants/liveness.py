@@ -72,12 +72,13 @@ def completion_bound_for(ctx: CheckContext) -> int:
     "An idle engine never leaves its waiting head waiting: with nothing running or swapped, the head is admitted or ignored.",
     """With nothing running, every block is free, so a head that does not fit now never will: it
     must be ignored, not left to block the queue forever (vLLM PR #2163 and the AllocStatus.NEVER
-    rule).""",
+    rule). An engine that holds blocks back for in-flight writes (``Snapshot.gpu_fenced``,
+    PIP-004) is not idle until they are back.""",
     (C.QUEUES,),
 )
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()
-    if waiting and not rec.before.running and not rec.before.swapped:
+    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced:
         head = waiting[0]
         if head not in admitted(rec) and head not in rec.output.ignored:
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"

@@ -38,6 +38,9 @@ Translations beyond vllm_v1_host.py's:
   yet known to be written;
 * ``prefill`` in the wire output is True until the request is scheduled for a step that samples
   after its (re)admission (decided when the step is scheduled, not when its outcome returns);
+* it claims ``ordered_steps``: without a KV connector vLLM frees a request's blocks at once
+  (``defer_block_free`` is off, scheduler.py:189-195) and relies on steps running in order on
+  the device, the claim that makes PIP-004 moot;
 * the host's ``hello`` adds ``"pipeline_depth": 1``; its snapshot adds ``in_flight`` (per
   unfinished sequence: placeholders, in-flight tokens, stale tokens; capability ``in_flight``,
   read by PIP-003).
@@ -169,5 +172,5 @@ if __name__ == "__main__":
     # --name NAME: the same host serves every pinned vLLM version (vllm-v1-async-0.29 runs it in
     # vLLM 0.29.0's venv; the AsyncScheduler API it drives is the same there).
     name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else "vllm-v1-async"
-    sys.exit(kvsched_host.serve(AsyncV1Engine(), name, ("safety",), [*vllm_v1_host.CAPABILITIES, "in_flight"],
+    sys.exit(kvsched_host.serve(AsyncV1Engine(), name, ("safety",), [*vllm_v1_host.CAPABILITIES, "in_flight", "ordered_steps"],
                                 stdout=PROTOCOL_OUT))
