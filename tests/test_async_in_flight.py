@@ -74,9 +74,9 @@ def test_the_runner_reports_the_engine_dying_on_a_stale_outcome_as_pip005():
     from conformance.adapter import SchedulerAdapter
     from conformance.driver import run_checked
     from conformance.flows import get_flow
-    from conformance.mutants import violated
-    from conformance.mutants_async import ForgetsInFlightOnPreempt
     from conformance.profiles import get_profile
+    from conformance.selftest.mutants import violated
+    from conformance.selftest.mutants_async import ForgetsInFlightOnPreempt
 
     flow = get_flow("async")
     trace = find(flow.trace_strategy(), lambda t: "PIP-005" in violated(ForgetsInFlightOnPreempt, t),
@@ -109,8 +109,8 @@ def test_the_deferred_free_reference_fences_and_passes_safety(depth):
 
     from conformance.flows import get_flow
     from conformance.generate import sample_traces
-    from conformance.mutants import violated
     from conformance.profiles import get_profile
+    from conformance.selftest.mutants import violated
     from reference_impl.async_scheduler import DeferredFreeAsyncV1Scheduler
 
     checked = get_profile("async").invariants()

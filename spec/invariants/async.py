@@ -60,7 +60,7 @@ def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     vllm/v1/core/sched/scheduler.py:2327-2334); a token after the finish reaches a client that
     was told the stream ended. The other half of the promise, at most pipeline_depth tokens
     computed past the last delivered one, reads in-flight tokens the snapshot does not carry yet
-    (`conformance.async_checks`).""",
+    (`conformance.selftest.async_checks`).""",
     (C.SEQ_LENGTHS,),
 )
 def no_token_after_finish(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
