@@ -11,6 +11,7 @@ and runs them (`Checker`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -80,15 +81,21 @@ class Invariant:
     failure: FailurePredicate | None = None
     # The statement assumes a step's outcome is processed in that step (a synchronous engine):
     # with outcomes pipelined (config.pipeline_depth > 0) a correct scheduler computes ahead of
-    # what it has delivered, so the invariant does not apply there (spec/invariants/async.py
-    # says what does).
+    # what it has delivered, so there the invariant is checked on the step as the scheduler
+    # planned it (`spec.planned_view`: the in-flight counters added back), which needs the
+    # IN_FLIGHT observation; without it the invariant does not apply at depth > 0.
     synchronous: bool = False
+    # For a synchronous invariant: whether the planned view stands in for it at depth > 0. False
+    # where the planned view cannot say it (REQ-004: a preempted request's stale samples are not
+    # counted by any counter); other invariants (PIP-001, PIP-002) make its promise there.
+    planned: bool = True
     # Claims that make the invariant moot (PIP-004 under ORDERED_STEPS): not applicable where the
     # scheduler makes one of them.
     unless: frozenset[Capability] = frozenset()
 
     def applicable(self, capabilities: frozenset[Capability], config: SchedulerConfig | None = None) -> bool:
-        if self.synchronous and config is not None and config.pipeline_depth > 0:
+        if self.synchronous and config is not None and config.pipeline_depth > 0 \
+                and (not self.planned or Capability.IN_FLIGHT not in capabilities):
             return False
         if self.unless & capabilities:
             return False
@@ -108,7 +115,8 @@ class Invariant:
             "rationale": self.rationale,
             "needs": sorted(c.value for c in self.needs),
             "checked": "per step" if self.step else "at the end of a run" if self.end else "when a call fails",
-            "synchronous_steps_only": self.synchronous,
+            "synchronous_steps_only": self.synchronous and not self.planned,
+            "pipelined_as_planned": self.synchronous and self.planned,
             **({"moot_under": sorted(c.value for c in self.unless)} if self.unless else {}),
             "predicate": self.predicate_location,
         }
@@ -119,7 +127,7 @@ _REGISTRY: dict[str, Invariant] = {}
 
 def invariant(
     id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
-    synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (),
+    synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (), planned: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`;
     ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
@@ -131,7 +139,7 @@ def invariant(
         _REGISTRY[id] = Invariant(
             id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
             step=None if at_end or at_failure else fn, end=fn if at_end else None,
-            failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless),
+            failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless), planned=planned,
         )
         return fn
 
@@ -227,7 +235,9 @@ class Checker:
         self.context = CheckContext(config, reservation=reservation or NONE)
         self.active = [inv for inv in chosen if inv.applicable(capabilities, config)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities, config)]
-        self._step_checks = [inv for inv in self.active if inv.step is not None]
+        planned = config.pipeline_depth > 0  # synchronous invariants read the planned view (spec.planned_view)
+        self._step_checks = [inv for inv in self.active if inv.step is not None and not (planned and inv.synchronous)]
+        self._planned_checks = [inv for inv in self.active if inv.step is not None and planned and inv.synchronous]
         self._end_checks = [inv for inv in self.active if inv.end is not None]
         self._failure_checks = [inv for inv in self.active if inv.failure is not None]
 
@@ -245,6 +255,12 @@ class Checker:
             for inv in self._step_checks
             for message in inv.step(ctx, record)  # type: ignore[misc]
         ]
+        if self._planned_checks:
+            from spec.planned_view import planned_record
+
+            planned, whole = planned_record(record), dataclasses.replace(ctx, previous=None)  # whole snapshots
+            found += [Violation(inv.id, record.step, f"(as planned) {message}")
+                      for inv in self._planned_checks for message in inv.step(whole, planned)]  # type: ignore[misc]
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
         _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)

@@ -91,11 +91,14 @@ def render_invariants(proofs: dict[str, Any] | None, conformance: dict[str, dict
         lines += [
             f"## {inv.id}\n\n",
             f"**{inv.statement}**\n\n",
-            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run'}\n",
+            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run' if inv.end else 'when a call fails mid-step'}\n",
             f"- why: {inv.rationale}\n",
             f"- observations needed: {needs}\n",
             *(["- applies to synchronous steps only (not applicable at `pipeline_depth` > 0: a pipelined "
-                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous else []),
+                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous and not inv.planned else []),
+            *(["- stated for synchronous steps; at `pipeline_depth` > 0 checked on the step as the scheduler planned "
+               "it (`spec.planned_view`: the in-flight counters added back; needs `in_flight`)\n"]
+              if inv.synchronous and inv.planned else []),
             f"- predicate: `{inv.predicate_location}`\n",
             f"- Z3: {proof_status.get(inv.id, 'no proof result committed')}\n",
             "- caught mutants: " + (", ".join(f"`{m}` ({MUTANTS[m].summary})" for m in mutants_by_id[inv.id])
