@@ -91,11 +91,14 @@ def render_invariants(proofs: dict[str, Any] | None, conformance: dict[str, dict
         lines += [
             f"## {inv.id}\n\n",
             f"**{inv.statement}**\n\n",
-            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run'}\n",
+            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run' if inv.end else 'when a call fails mid-step'}\n",
             f"- why: {inv.rationale}\n",
             f"- observations needed: {needs}\n",
             *(["- applies to synchronous steps only (not applicable at `pipeline_depth` > 0: a pipelined "
-                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous else []),
+                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous and not inv.planned else []),
+            *(["- stated for synchronous steps; at `pipeline_depth` > 0 checked on the step as the scheduler planned "
+               "it (`spec.planned_view`: the in-flight counters added back; needs `in_flight`)\n"]
+              if inv.synchronous and inv.planned else []),
             f"- predicate: `{inv.predicate_location}`\n",
             f"- Z3: {proof_status.get(inv.id, 'no proof result committed')}\n",
             "- caught mutants: " + (", ".join(f"`{m}` ({MUTANTS[m].summary})" for m in mutants_by_id[inv.id])
@@ -172,6 +175,10 @@ _CAPABILITY_TEXT = {
     Capability.MID_STEP: "a snapshot right after schedule(), before the outcome",
     Capability.PREFIX_CACHE: "each GPU block's content key (spec.prefix), the cache index, each sequence's token ids",
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
+    Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
+                          "tokens, stale tokens), what PIP-003 reads",
+    Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
+                              "stream), so a freed block needs no fence (PIP-004 is moot)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -189,6 +196,9 @@ _CAPABILITY_FIELDS = {
     Capability.MID_STEP: "nothing new: `snapshot()` is also called between `schedule()` and `update()`",
     Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
     Capability.TOKEN_BUDGET_FLOW: "none",
+    Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
+    Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
+                              "`Snapshot.gpu_fenced`)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

@@ -581,7 +581,7 @@ def violated(
     """Run ``trace`` on a scheduler made by ``factory`` and return the IDs of the invariants it
     violates (among ``invariants``, default the whole catalogue). A crash ends the run; what was
     found before it counts."""
-    from reference_impl.engine import iter_steps
+    from reference_impl.engine import StepFailed, iter_steps
     from spec.catalogue import Checker
 
     scheduler = factory(trace.config)
@@ -593,6 +593,9 @@ def violated(
     try:
         for record in steps:
             found.update(v.invariant_id for v in checker.check_step(record))
+    except StepFailed as failed:  # a failure an invariant names (PIP-005) counts as its violation
+        found.update(v.invariant_id for v in checker.check_failure(failed.failure))
+        return found
     except Exception:  # noqa: BLE001 - a broken scheduler may crash; its violations so far stand
         return found
     arrived = {a.request.request_id for a in trace.arrivals}

@@ -304,6 +304,16 @@ _TARGET_LIST = [
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
     ),
     Target(
+        "vllm-v1-async-0.29", "vllm==0.29.0",
+        "vLLM 0.29.0's AsyncScheduler (the version vllm-project/vllm#57562 was reported on), driven as "
+        "vllm-v1-async drives 0.33.0; own venv",
+        "vllm_v1_async_host.py", ("--name", "vllm-v1-async-0.29"), env={"VLLM_TARGET_DEVICE": "cpu"},
+        pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
+        smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
+        strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1,
+    ),
+    Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
         "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
         smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
