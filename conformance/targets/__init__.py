@@ -181,12 +181,22 @@ def _sglang_strategy() -> st.SearchStrategy:
                          allow_aborts=False)
 
 
+def _lmdeploy_strategy() -> st.SearchStrategy:
+    # LMDeploy's PyTorch engine (hosts/lmdeploy_host.py): recompute eviction only (no swap in
+    # 0.18.0's Scheduler), no CPU pool, no watermark, FCFS by arrival, n = 1; the prefill budget
+    # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",)),
+                         max_n=1)
+
+
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
 _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                             budget_covers_model_len=True)
 _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                               budget_covers_model_len=True, cache_holds_model_len=True)
+_LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
+                                budget_covers_model_len=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True)
 # vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
@@ -240,6 +250,17 @@ _SGLANG_DEPS = (
     "setproctitle==1.3.8", "sniffio==1.3.1", "starlette==1.10.0", "tokenizers==0.23.3", "tqdm==4.70.1",
     "traitlets==5.16.1", "transformers==5.24.0", "triton==3.9.0", "truststore==0.10.5", "typing-inspection==0.4.5",
     "urllib3==2.8.0", "uvicorn==0.54.0", "yarl==1.25.1",
+)
+
+# LMDeploy 0.18.0's paging scheduler imports these (found by importing hosts/lmdeploy_host.py in a
+# venv holding only torch and lmdeploy until nothing was missing); torch brings filelock, fsspec,
+# jinja2, networkx, sympy and typing_extensions itself.
+_LMDEPLOY_DEPS = (
+    "annotated-types==0.8.0", "certifi==2026.10.19.post1", "h11==0.16.0", "httpcore2==2.16.2", "httpx2==2.16.2",
+    "huggingface_hub==2.4.0", "idna==3.20", "numpy==2.4.6", "packaging==26.4", "pillow==13.0.0", "psutil==7.2.2",
+    "pybase64==1.5.1", "pydantic==2.14.4", "pydantic_core==2.50.5", "PyYAML==6.0.4", "regex==2026.11.19",
+    "requests==2.34.2", "safetensors==0.8.0", "tokenizers==0.23.3", "tqdm==4.70.1", "transformers==5.24.0",
+    "truststore==0.10.5", "typing-inspection==0.4.5", "urllib3==2.8.0",
 )
 
 # A tiny llama config: vLLM V1's ModelConfig reads only config.json (no weights, no tokenizer).
@@ -297,6 +318,16 @@ _TARGET_LIST = [
         files={"tiny-llama/config.json": TINY_LLAMA},
     ),
 ]
+_TARGET_LIST.append(Target(
+    "lmdeploy", "lmdeploy==0.18.0",
+    "LMDeploy PyTorch engine: paging.Scheduler, its prefill scheduler, recompute eviction, block manager",
+    "lmdeploy_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "lmdeploy==0.18.0"), ("--no-deps", *_LMDEPLOY_DEPS)),
+    smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import lmdeploy_host; lmdeploy_host.load()",
+    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN,
+    # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
+    # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
+    lookahead_tokens=16,
+))
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
 
