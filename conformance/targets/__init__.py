@@ -185,8 +185,10 @@ def _lmdeploy_strategy() -> st.SearchStrategy:
     # LMDeploy's PyTorch engine (hosts/lmdeploy_host.py): recompute eviction only (no swap in
     # 0.18.0's Scheduler), no CPU pool, no watermark, FCFS by arrival, n = 1; the prefill budget
     # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",)),
-                         max_n=1)
+    # Block size 16: PytorchEngineConfig asserts kernel_block_size >= 16, a power of two, dividing
+    # block_size (lmdeploy/messages.py:623-629); 16 is the smallest block LMDeploy accepts.
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                        block_sizes=(16,), max_len_blocks=6), max_n=1)
 
 
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
@@ -327,6 +329,15 @@ _TARGET_LIST.append(Target(
     # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
     # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
     lookahead_tokens=16,
+))
+_TARGET_LIST.append(Target(
+    "aphrodite", "aphrodite-engine==0.24.1",
+    "Aphrodite V1 Scheduler + KVCacheManager (aphrodite/v1/core/sched/scheduler.py; a vLLM fork)",
+    "aphrodite_host.py", env={"APHRODITE_TARGET_DEVICE": "cpu", "VLLM_TARGET_DEVICE": "cpu"},
+    pip_steps=((TORCH_PIN,), ("--no-deps", "aphrodite-engine==0.24.1"), ("--no-deps", *_V1_DEPS)),
+    smoke="from aphrodite.v1.core.sched.scheduler import Scheduler; from aphrodite.config import AphroditeConfig",
+    strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
+    profiles=("safety", "vllm-v1"), install_profile="nightly",
 ))
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}

@@ -97,6 +97,9 @@ class LmdeployEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, config: dict) -> None:
+        bs = config["block_size"]
+        if bs < 16 or bs & (bs - 1):  # PytorchEngineConfig.__post_init__ (lmdeploy/messages.py:623-629)
+            raise ValueError(f"config.block_size: LMDeploy needs a power of two >= 16, got {bs}")
         for key, ok in (("num_cpu_blocks", not config.get("num_cpu_blocks")),
                         ("preemption_mode", config["preemption_mode"] == "recompute"),
                         ("policy", config["policy"] == "fcfs"),
@@ -106,7 +109,7 @@ class LmdeployEngine:
                 raise ValueError(f"config.{key}: the LMDeploy host supports recompute, fcfs, no CPU pool, no chunked "
                                  f"prefill and a prefill budget covering max_model_len; got {config.get(key)!r}")
         self.config = config
-        bs, gpu = config["block_size"], config["num_gpu_blocks"]
+        gpu = config["num_gpu_blocks"]
         sched_cfg = self.cfg.SchedulerConfig(max_batches=config["max_num_seqs"], max_session_len=config["max_model_len"],
                                              prefill_interval=PREFILL_INTERVAL, eviction_type="recompute")
         cache_cfg = self.cfg.CacheConfig(max_batches=config["max_num_seqs"], block_size=bs, num_cpu_blocks=0,
