@@ -2,7 +2,7 @@
 
     python -m conformance.targets.lockstep_v1 [--path default|chunked|prefix|chunked+prefix|all]
         [--traces 1000] [--seed 20261130] [--out docs/results/lockstep-vllm-v1.json]
-        [--traces-dir docs/traces/lockstep-v1] [--no-shrink]
+        [--traces-dir docs/traces/lockstep-v1] [--no-shrink] [--target vllm-v1|aphrodite]
 
 Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target with the
 ``vllm-v1`` profile's reference beside it:
@@ -41,7 +41,7 @@ from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets import _v1_strategy
+from conformance.targets import _v1_strategy, get_target
 from conformance.targets.campaign_args import campaign_parser
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
@@ -49,6 +49,7 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
+V1_TARGETS = ("vllm-v1", "aphrodite")  # targets whose scheduler is vLLM's V1 Scheduler
 PATHS = ("default", "chunked", "prefix", "chunked+prefix", "chunked+partial")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
@@ -279,12 +280,15 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
-                           traces_dir="docs/traces/lockstep-v1").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
+                             traces_dir="docs/traces/lockstep-v1")
+    # Aphrodite's V1 scheduler is vLLM's under another package name: the same reference, the same paths.
+    parser.add_argument("--target", choices=V1_TARGETS, default="vllm-v1")
+    args = parser.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
+    adapter, profile = load_adapter(args.target), get_profile("vllm-v1")
     invariants = profile.invariants()
-    report: dict[str, Any] = {"version": 2, "target": "vllm-v1", "package": "vllm==0.33.0",
+    report: dict[str, Any] = {"version": 2, "target": args.target, "package": get_target(args.target).version,
                               "reference": profile.reference, "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())
@@ -322,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
         kind = "+".join(dict.fromkeys(k for k, _ in parts))
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
-        meta = {"adapter": "vllm-v1", "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
         saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
         name = f"{path.replace('+', '-')}-{cls}.json"
