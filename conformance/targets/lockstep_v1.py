@@ -65,6 +65,14 @@ CLASSES: dict[str, tuple[str, str]] = {
         "then admitted whole: the waiting path has no such clamp. The spec lets a prompt of exactly max_model_len "
         "tokens complete (LEN-001) and every step make progress (LIV-001).",
     ),
+    "threshold-caps-a-lone-request": (
+        "aphrodite-deviation",
+        "Aphrodite 0.24.1 caps every chunk at long_prefill_token_threshold, also the chunk of a request that is "
+        "alone in the scheduler (aphrodite/v1/core/sched/scheduler.py: Scheduler.schedule, 566-567 for running and "
+        "923-925 for waiting requests). vLLM 0.33.0, which the reference follows, skips the cap when there is no "
+        "other request to starve (vllm/v1/core/sched/scheduler.py:754-770; vllm/config/scheduler.py, "
+        "long_prefill_token_threshold); Aphrodite forked before that change. The lone request takes more steps.",
+    ),
     "partial-prefills-not-applied": (
         "spec-decision",
         "vLLM 0.33.0's scheduler has no max_num_partial_prefills (vllm/config/scheduler.py: SchedulerConfig has no "
@@ -151,11 +159,26 @@ class ClampedNoPartialLimitV1(ClampedV1, NoPartialLimitV1):
     """Both of V1's behaviours above."""
 
 
+class AlwaysCappedV1(RecordingV1):
+    """The reference capping every chunk at ``long_prefill_token_threshold``, also a request's that
+    is alone (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:566-567 for running requests,
+    923-925 for waiting ones; vLLM 0.33.0 skips the cap for a lone request)."""
+
+    def _long_prefill_threshold(self) -> int:
+        return self.config.long_prefill_token_threshold
+
+
+class ClampedAlwaysCappedV1(ClampedV1, AlwaysCappedV1):
+    """V1's running-chunk clamp and the cap on a lone request together."""
+
+
 # the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
 MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
     ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
+    ("threshold-caps-a-lone-request", AlwaysCappedV1),
+    ("chunk-clamped-below-max-model-len+threshold-caps-a-lone-request", ClampedAlwaysCappedV1),
 )
 
 
@@ -245,7 +268,8 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     config = trace.config
     clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
     possible = {"chunk-clamped-below-max-model-len": clamp,
-                "partial-prefills-not-applied": bool(config.max_num_partial_prefills)}
+                "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
+                "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold)}
     for cls, model in MODELS:
         if all(possible[part] for part in cls.split("+")):
             again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
