@@ -22,7 +22,9 @@ class ForkServer:
                  env: dict[str, str] | None = None) -> None:
         self.python, self.socket, self.pytest_path = python, socket, pytest_path
         self.log = log or socket.with_suffix(".log")
-        self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", **(env or {})}
+        # One OpenMP thread: libgomp's pool does not survive fork(), and the judges need no
+        # parallel kernels (the machine's cores are shared anyway).
+        self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> ForkServer:

@@ -89,7 +89,7 @@ def describe(outcome) -> str:
 class KvschedJudge:
     """Runs the fixed traces of one target through a host whose vLLM may be mutated."""
 
-    def __init__(self, server: ForkServer, target: str, traces: list[Trace], *, call_timeout: float = 15.0) -> None:
+    def __init__(self, server: ForkServer, target: str, traces: list[Trace], *, call_timeout: float = 60.0) -> None:
         self.server, self.target, self.traces = server, get_target(target), traces
         self.flavour = flavour(target)
         self.call_timeout = call_timeout
