@@ -57,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=0, help="judge at most this many new mutants (a pilot)")
     ap.add_argument("--only", default="", help="comma-separated mutant ids")
     ap.add_argument("--judges", default="kvsched,pytest")
+    ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
     return ap.parse_args(argv)
@@ -106,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     key = {"descriptors_seed": args.seed, "sample": args.sample, "traces": args.traces,
            "async_traces": args.async_traces}
     results = load_results(args.out, key)
+    if args.summary_only:
+        results["summary"] = summarize(doc["mutants"], results["mutants"])
+        save_results(results, args.out)
+        print(render(results["summary"]))
+        return 0
     todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))]
     if args.limit:
         todo = todo[:args.limit]

@@ -85,9 +85,30 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def scope_of(line: str, definition: str | None) -> tuple[str, str]:
-    """``("in", "")`` or ``("out", family)`` for a mutation on ``line`` inside ``definition``."""
-    text = f"{definition or ''} {line}".lower()
+def enclosing_headers(lines: list[str], lineno: int) -> list[str]:
+    """The headers of the blocks around line ``lineno`` (1-based), innermost first, up to its
+    ``def``: a mutation under ``if self.enable_kv_cache_events:`` belongs to KV events."""
+    line = lines[lineno - 1]
+    indent = len(line) - len(line.lstrip())
+    out = []
+    for text in reversed(lines[:lineno - 1]):
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        own = len(text) - len(text.lstrip())
+        if own < indent:
+            if not stripped.startswith("with "):  # profiling scopes (record_function_or_nullcontext)
+                out.append(stripped)
+            indent = own
+            if stripped.startswith(("def ", "async def ", "class ")):
+                break
+    return out
+
+
+def scope_of(line: str, definition: str | None, context: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+    """``("in", "")`` or ``("out", family)`` for a mutation on ``line`` inside ``definition``,
+    under the block headers ``context`` (`enclosing_headers`)."""
+    text = " ".join([definition or "", line, *context]).lower()
     for family, words in OUT_OF_SCOPE:
         if any(w in text for w in words):
             return "out", family
@@ -131,7 +152,7 @@ def sample(points: list[dict], lines: dict[str, list[str]], count: int, seed: in
     for site in sorted(chosen):
         p = rng.choice(by_site[site])
         line = lines[p["file"]][p["start"][0] - 1]
-        scope, reason = scope_of(line, p["definition"])
+        scope, reason = scope_of(line, p["definition"], enclosing_headers(lines[p["file"]], p["start"][0])[:-1])
         out.append({"file": p["file"], "operator": p["operator"], "occurrence": p["occurrence"],
                     "line": p["start"][0], "col": p["start"][1], "end_line": p["end"][0], "end_col": p["end"][1],
                     "definition": p["definition"], "scope": scope, "scope_reason": reason,

@@ -24,7 +24,9 @@ class ForkServer:
         self.log = log or socket.with_suffix(".log")
         # One OpenMP thread: libgomp's pool does not survive fork(), and the judges need no
         # parallel kernels (the machine's cores are shared anyway).
-        self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
+        # No PYTHONPATH: kvsched's own tests/ would shadow vLLM's ``tests`` package in pytest jobs.
+        inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.env = {**inherited, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> ForkServer:
