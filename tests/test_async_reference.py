@@ -1,6 +1,6 @@
 """The pipelined V1 reference (reference_impl/async_scheduler.py): depth 0 is the V1 reference,
 and at depth 1 and 2 the client receives the same token stream as a synchronous run that samples
-the same tokens (docs/ASYNC.md PIP-001..PIP-006 as drafted in conformance/async_checks.py)."""
+the same tokens (docs/ASYNC.md PIP-001..PIP-006 as drafted in conformance/selftest/async_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.async_checks import problems
 from conformance.generate_v1 import token_traces
+from conformance.selftest.async_checks import problems
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
@@ -68,7 +68,7 @@ def position_stopped_traces(draw: st.DrawFn) -> tuple[Trace, dict[str, int]]:
 def test_async_stream_equals_the_synchronous_stream(case, depth: int) -> None:
     """PIP-001 (stream), PIP-002 (nothing after a finish, at most `depth` tokens computed past
     the end), PIP-003 (counters), PIP-005 (no failure), PIP-006 (finish latency), as drafted in
-    conformance/async_checks.py."""
+    conformance/selftest/async_checks.py."""
     trace, stop_at = case
     assert problems(lambda config: AsyncV1Scheduler(config, depth=depth), trace, stop_at) == []
 

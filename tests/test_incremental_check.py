@@ -12,7 +12,7 @@ import pytest
 
 from conformance.flows import FLOWS
 from conformance.generate import sample_traces, traces
-from conformance.mutants import MUTANTS
+from conformance.selftest.mutants import MUTANTS
 from reference_impl import Scheduler
 from reference_impl.engine import iter_steps
 from spec import observation

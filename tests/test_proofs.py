@@ -9,7 +9,7 @@ import pytest
 import z3
 
 from conformance.cli import main
-from conformance.proof_bridge import counterexample_trace, find_violation
+from conformance.selftest.proof_bridge import counterexample_trace, find_violation
 from reference_impl.scheduler import Scheduler
 from spec.catalogue import catalogue
 from spec.errors import InputError

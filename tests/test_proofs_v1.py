@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conformance.cli import main
-from conformance.proof_bridge import find_violation, v1_counterexample_trace
+from conformance.selftest.proof_bridge import find_violation, v1_counterexample_trace
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.catalogue import catalogue
 from spec.proofs.chunked import V1_ACTIONS, V1_MUTANTS, V1_STATE_INVARIANTS, V1_TRANSITION_PROPERTIES

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
-    from conformance.proof_bridge import counterexample_trace, v1_counterexample_trace
+    from conformance.selftest.proof_bridge import counterexample_trace, v1_counterexample_trace
     from reference_impl.scheduler import Scheduler
     from reference_impl.v1_scheduler import V1Scheduler
 

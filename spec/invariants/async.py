@@ -7,7 +7,7 @@ for every scheduler; the family is named for the flow that makes them non-trivia
 named by the flow id (STYLE.md rule 1); ``async`` is a keyword, so `spec.catalogue` imports it by
 name. PIP-003 (in-flight counters), PIP-004 (blocks an in-flight step writes) and PIP-005 (no
 failure on a stale outcome) need observations the wire does not carry yet; they are checked on the
-reference in process (`conformance.async_checks`) and, for PIP-005, by the runner as a FAULT.
+reference in process (`conformance.selftest.async_checks`) and, for PIP-005, by the runner as a FAULT.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     vllm/v1/core/sched/scheduler.py:2327-2334); a token after the finish reaches a client that
     was told the stream ended. The other half of the promise, at most pipeline_depth tokens
     computed past the last delivered one, reads in-flight tokens the snapshot does not carry yet
-    (`conformance.async_checks`).""",
+    (`conformance.selftest.async_checks`).""",
     (C.SEQ_LENGTHS,),
 )
 def no_token_after_finish(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:

@@ -29,7 +29,7 @@ class Mutant:
     summary: str
     catches: tuple[str, ...]
     factory: Callable[[SchedulerConfig], Scheduler]
-    # Mutants of another reference (conformance/mutants_v1.py): the reference it breaks, the
+    # Mutants of another reference (conformance/selftest/mutants_v1.py): the reference it breaks, the
     # traces that reach it, and the profile whose invariants apply to that reference.
     reference: Callable[[SchedulerConfig], Any] | None = None
     trace_strategy: Callable[[], Any] | None = None
@@ -592,4 +592,4 @@ def violated(
 
 __all__ = ["MUTANTS", "Mutant", "violated"]
 
-from conformance import mutants_async, mutants_v1  # noqa: E402,F401  (register the mutants of today's engines)
+from conformance.selftest import mutants_async, mutants_v1  # noqa: E402,F401  (register the mutants of today's engines)

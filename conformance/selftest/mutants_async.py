@@ -1,5 +1,5 @@
 """Mutants of the pipelined reference, each the shape of an upstream async-scheduling bug, each
-with the PIP invariants (docs/ASYNC.md, drafted in `conformance.async_checks`) that must
+with the PIP invariants (docs/ASYNC.md, drafted in `conformance.selftest.async_checks`) that must
 catch it. A mutant overrides one hook of `AsyncV1Scheduler`; tests/test_async_mutants.py
 shows each caught on seeded traces.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conformance.flows import get_flow
-from conformance.mutants import mutant
+from conformance.selftest.mutants import mutant
 from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput
@@ -99,7 +99,7 @@ MUTANTS = (
 
 # The catalogue's teeth (tests/test_mutants.py): the mutants whose finding is a catalogue invariant
 # on what the runner observes. The other two fail with an assert in update(), which the runner
-# reports as a FAULT (PIP-005) and `conformance.async_checks` checks in process.
+# reports as a FAULT (PIP-005) and `conformance.selftest.async_checks` checks in process.
 _ASYNC = get_flow("async").mutant_fields()
 mutant("async-applies-outcomes-of-finished", "an in-flight outcome of a request that finished meanwhile is applied",
        ("PIP-002",), **_ASYNC)(AppliesOutcomesOfFinished)

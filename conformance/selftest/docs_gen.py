@@ -14,8 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from conformance.mutants import MUTANTS
 from conformance.profiles import PROFILES
+from conformance.selftest.mutants import MUTANTS
 from spec.catalogue import catalogue
 from spec.lifecycle import EDGES, to_dot, to_mermaid
 from spec.observation import Capability
@@ -117,7 +117,7 @@ def render_lifecycle() -> str:
             "```mermaid\n" + to_mermaid() + "```\n\n| from | to | action |\n| --- | --- | --- |\n" + rows)
 
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 # The commands ADAPTERS.md tells a user to run from docs/examples/myengine/; tests run them there.
 EXAMPLE_COMMANDS = (
     "kvsched conform --adapter myengine_adapter.py:make --max-examples 200 --json report.json --junit junit.xml",
@@ -464,7 +464,7 @@ def render_all(docs_dir: Path) -> dict[str, str]:
         "CONFORMANCE.md": render_conformance(docs_dir / "results", conformance),
     }
     try:
-        from conformance.museum.docs import render_markdown
+        from conformance.selftest.museum.docs import render_markdown
     except ImportError:
         pass
     else:
