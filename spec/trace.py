@@ -20,6 +20,12 @@ Optional (left out when empty, so older traces read and write unchanged): ``"dra
 [{"step": 2, "seq": "A#0", "accepted": 1, "proposed": 3, "stop_at": 0, "empty": false}]``,
 speculative decoding's per-step decisions (`spec.speculative.DraftDecision`; only a config with
 ``num_speculative_tokens`` > 0 reads them).
+
+A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
+``"pipeline": {"version": 1, "depth": d}``, so that a reader of the file knows the outcomes lag:
+a stop at step N is the sample of step N (the outcome belongs to step N), and the engine processes
+it, and reports the finish, in step N + d. The field is written only when d > 0 (older traces and
+synchronous ones are unchanged); when present, its depth must equal the config's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from spec.speculative import NO_DECISION, DraftDecision
 from spec.types import Request
 
 TRACE_VERSION = 1
+PIPELINE_VERSION = 1  # of the optional "pipeline" field
 # Every engine loop runs up to max_steps steps and the checker looks at each: 10**5 steps is
 # minutes of reference time, 10**9 would be days, so a larger value is a mistake, refused up
 # front rather than discovered as a hang. The other limits keep one trace to what a real
@@ -111,7 +118,7 @@ class Trace:
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": TRACE_VERSION,
             "config": self.config.to_dict(),
             "requests": [{**a.request.to_dict(), "arrival_step": a.step} for a in self.arrivals],
@@ -121,6 +128,15 @@ class Trace:
             "meta": dict(self.meta),
             **({"drafts": [{"step": s, "seq": q, **d.to_dict()} for s, q, d in self.drafts]} if self.drafts else {}),
         }
+        if self.config.pipeline_depth:
+            data["pipeline"] = {"version": PIPELINE_VERSION, "depth": self.config.pipeline_depth}
+        return data
+
+    def outcome_step(self, step: int) -> int | None:
+        """The step whose outcome (sampled tokens, stops) the engine processes in ``step``'s
+        update: ``step - pipeline_depth``, None while the pipeline fills."""
+        of = step - self.config.pipeline_depth
+        return of if of >= 0 else None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -149,11 +165,13 @@ class Trace:
         version = data.get("version")
         if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
             raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
-        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "drafts"}
+        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline", "drafts"}
         for key in data:
             if key not in known:
                 raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
         config = SchedulerConfig.from_dict(data.get("config", {}))
+        if "pipeline" in data:
+            _pipeline(data["pipeline"], config)
         requests = _list(data, "requests")
         if len(requests) > MAX_REQUESTS:
             raise InputError("requests", f"has {len(requests)} requests, more than the {MAX_REQUESTS} a trace may have")
@@ -248,6 +266,21 @@ def _draft(raw: Any, where: str) -> tuple[int, str, DraftDecision]:
     if not isinstance(empty, bool):
         raise InputError(f"{where}.empty", f"must be true or false, got {shown(empty)}")
     return step, seq, DraftDecision(proposed, accepted, stop_at, empty)
+
+
+def _pipeline(value: Any, config: SchedulerConfig) -> None:
+    """Check the optional ``pipeline`` field against the config (it only restates the depth)."""
+    if not isinstance(value, Mapping):
+        raise InputError("pipeline", "must be an object {version, depth}")
+    version = value.get("version")
+    if type(version) is not int or version != PIPELINE_VERSION:
+        raise InputError("pipeline.version", f"must be {PIPELINE_VERSION}, got {shown(version)}")
+    for key in value:
+        if key not in ("version", "depth"):
+            raise InputError(f"pipeline.{str(key)[:40]}", "unknown field (known: depth, version)")
+    depth = value.get("depth")
+    if type(depth) is not int or depth != config.pipeline_depth:
+        raise InputError("pipeline.depth", f"must equal config.pipeline_depth ({config.pipeline_depth}), got {shown(depth)}")
 
 
 def _list(data: Mapping[str, Any], key: str) -> list[Any]:

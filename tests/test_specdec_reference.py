@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.generate_specdec import specdec_traces
 from conformance.generate_v1 import v1_traces
-from conformance.mutants import violated
 from conformance.profiles import get_profile
+from conformance.selftest.mutants import violated
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.engine import run_trace
 from reference_impl.specdec_scheduler import SpecDecScheduler

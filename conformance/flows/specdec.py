@@ -16,7 +16,7 @@ FLOW = Flow(
     configs="conformance.generate_specdec:specdec_configs",
     profile="specdec",
     invariant_families=("spec.invariants.specdec",),
-    mutants="conformance.mutants_specdec",
+    mutants="conformance.selftest.mutants_specdec",
     adapters=("reference-specdec",),
     tests=("tests/test_specdec_reference.py",),
 )

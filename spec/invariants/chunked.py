@@ -102,6 +102,8 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
     given = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
     drafts = {s.seq_id: s.num_drafts for s in rec.output.scheduled if s.num_drafts}
     voided = {sid for sid, d in rec.drafts.items() if d.empty}
+    k = ctx.config.num_speculative_tokens
+    lagged = bool(k and ctx.config.pipeline_depth)
     changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
     for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
         m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
@@ -115,8 +117,10 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
             want = m.num_computed
         else:
             continue
-        if sid in drafts or sid in voided:  # SPD-005 says how many roll back
-            if want - drafts.get(sid, 0) - (sid in voided) <= a.num_computed <= want:
+        if sid in drafts or sid in voided or lagged:  # SPD-005 says how many roll back
+            # (pipelined, the outcome processed now is an earlier step's: up to k + 1 of its tokens)
+            slack = k + 1 if lagged else drafts.get(sid, 0) + (sid in voided)
+            if want - slack <= a.num_computed <= want:
                 continue
         if a.num_computed != want and not (a.status.is_finished and sid not in given):
             yield f"{sid} went from {m.num_computed} to {a.num_computed} computed tokens, given {given.get(sid, 0)}"

@@ -146,6 +146,7 @@ def drafts_within_max_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     after an outcome: it was sampled, not computed.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
     synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
@@ -172,6 +173,7 @@ def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     tokens back to the stop). Delivering them is output after the end of the answer.""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
@@ -205,6 +207,7 @@ def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     that writes it runs (PFX-001 is synchronous for the same reason).""",
     (C.BLOCK_TABLES, C.COMPUTED_TOKENS),
     synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not ctx.config.num_speculative_tokens:
@@ -238,6 +241,7 @@ def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     0.33.0 pads a one-token admission to full width for CUDA graphs (scheduler.py:1306-1330).""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def drafts_were_proposed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     proposals = ctx.flow_state.setdefault("SPD-008", {})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conformance.flows import get_flow
 from conformance.generate_specdec import specdec_traces_with_empty
-from conformance.mutants import mutant
+from conformance.selftest.mutants import mutant
 from reference_impl.specdec_scheduler import SpecDecScheduler
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.speculative import NO_DECISION, DraftDecision
