@@ -18,5 +18,10 @@ FLOW = Flow(
     invariant_families=("spec.invariants.specdec",),
     mutants="conformance.selftest.mutants_specdec",
     adapters=("reference-specdec",),
-    tests=("tests/test_specdec_reference.py",),
+    # vLLM 0.33.0 with k > 0 through the same hosts (the config turns it on): docs/SPECDEC.md
+    targets=("vllm-v1", "vllm-v1-async"),
+    lockstep="conformance.targets.lockstep_specdec:main",
+    deviations="conformance.targets.lockstep_specdec:CLASSES",
+    tests=("tests/test_specdec_reference.py", "tests/test_specdec_target.py"),
+    extra={"hunt": "conformance.targets.specdec_hunt:main"},
 )
