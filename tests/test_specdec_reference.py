@@ -88,3 +88,25 @@ def test_rejections_roll_back_and_the_stream_is_unchanged() -> None:
             streams.append(_stream_by_position(trace, make)[sid])
     assert len(set(streams)) == 1 and len(streams[0]) == 3 + 9
 
+
+
+def test_drafts_round_trip_and_bad_fields_name_themselves() -> None:
+    import pytest
+
+    from spec.errors import InputError
+
+    config = SchedulerConfig(num_speculative_tokens=2)
+    trace = Trace(config, (Arrival(0, Request("A", 3, 4)),), max_steps=9,
+                  drafts=((1, "A#0", DraftDecision(proposed=1, accepted=2, stop_at=0)), (2, "A#0", DraftDecision(empty=True))))
+    again = Trace.from_dict(trace.to_dict())
+    assert again.drafts == trace.drafts and again.config.num_speculative_tokens == 2
+    assert "drafts" not in Trace(config, (), max_steps=3).to_dict()  # old readers see the old format
+    bad = trace.to_dict()
+    bad["drafts"][0]["accepted"] = -1
+    with pytest.raises(InputError, match=r"drafts\[0\]\.accepted"):
+        Trace.from_dict(bad)
+    bad["drafts"][0] = {"step": 1, "seq": "A#0", "acepted": 1}
+    with pytest.raises(InputError, match=r"drafts\[0\]\.acepted"):
+        Trace.from_dict(bad)
+    with pytest.raises(InputError, match="config.num_speculative_tokens"):
+        SchedulerConfig(num_speculative_tokens=17)
