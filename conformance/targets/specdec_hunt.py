@@ -31,6 +31,9 @@ from spec.trace import Arrival, Trace
 from spec.types import Request
 
 VERSION = 1
+# Seconds one call may take before the runner calls it hung: generous, because on a loaded machine
+# a vLLM host's reset can take minutes, and a host declared hung is replaced by a fresh one.
+CALL_TIMEOUT = 600
 
 
 def probe_42722(depth: int) -> Trace:
@@ -50,7 +53,7 @@ def hunt_path(path: str, count: int, seed: int, first: dict) -> dict[str, Any]:
     steps = drained = 0
     started = time.monotonic()
     for done, trace in enumerate(sample_traces(path_traces(path), count, seed), 1):
-        result = run_checked(adapter, trace, invariants, timeout=60, stop_at_first=False)
+        result = run_checked(adapter, trace, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
         steps += len(result.records)
         drained += result.drained
         for problem in sorted(result.problem_ids):
@@ -66,7 +69,7 @@ def hunt_path(path: str, count: int, seed: int, first: dict) -> dict[str, Any]:
 def run_probe(path: str) -> dict[str, Any]:
     adapter = adapter_for(path)
     trace = probe_42722(1 if path == "async" else 0)
-    result = run_checked(adapter, trace, get_profile("liveness").invariants(), timeout=60, stop_at_first=False)
+    result = run_checked(adapter, trace, get_profile("liveness").invariants(), timeout=CALL_TIMEOUT, stop_at_first=False)
     adapter.close()
     first = {}
     for v in result.violations:
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def failing(candidate: Trace, problem: str = problem, adapter=adapter, invariants=invariants) -> int | None:
                 try:
-                    got = run_checked(adapter, candidate, invariants, timeout=60, stop_at_first=False)
+                    got = run_checked(adapter, candidate, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
                 except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
                     return None
                 return got.failure_step if problem in got.problem_ids else None
