@@ -190,7 +190,9 @@ def path_traces(draw: st.DrawFn, path: str) -> Trace:
 def adapter_for(path: str):  # type: ignore[no-untyped-def]
     from conformance.targets import get_target
 
-    return get_target("vllm-v1" if path == "sync" else "vllm-v1-async").adapter()
+    adapter = get_target("vllm-v1" if path == "sync" else "vllm-v1-async").adapter()
+    adapter.timeout = adapter.reset_timeout = CALL_TIMEOUT  # the host's own wait for an answer, too
+    return adapter
 
 
 def base_of(path: str) -> type:
