@@ -404,6 +404,10 @@ ASYNC_SCOPE = {
     "CHK-002": "computed tokens run ahead of the delivered tokens by the placeholders (PIP-002 bounds by how much)",
     "CHK-003": "a recompute victim: proved in the v1 flow; here its in-flight share turns stale (PIP-003, PIP-005)",
     "CHK-004": _SYNC,
+    "PIP-001": "the delivered token values (the encoding counts tokens; its shadow here: sampled positions run on "
+               "from the tokens, WF, and each processed sample is the next position, PIP-005)",
+    "PIP-006": "latency in steps from the last scheduling step to the finish: the one-request actions carry no step "
+               "numbers (PIP-002's step part bounds the tokens computed past the finish instead)",
     "PIP-004": "blocks an in-flight step writes: the reference frees at preemption and relies on in-order steps "
                "(vLLM without defer_block_free), which the one-request-per-action model does not order",
 }

@@ -165,7 +165,11 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
             continue
         family = iid.split("-")[0]
         if family == "PIP" and flow_name != "async":
-            found[iid] = "pipelined steps: proved in the async flow (kvsched prove --flow async)"
+            pipelined = flow("async")
+            if iid in pipelined.state_invariants or iid in pipelined.transition_properties:
+                found[iid] = "pipelined steps: proved in the async flow (kvsched prove --flow async)"
+            else:
+                found[iid] = pipelined.scope.get(iid, UNCLASSIFIED)
             continue
         if family == "CHK" and flow_name == "v0":
             found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
