@@ -89,11 +89,12 @@ def test_the_in_flight_paths_are_reachable_by_the_hypotheses():
 
 # mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
 CAUGHT = {
-    "preempt-forgets-in-flight": ({("WF", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
-    "final-chunk-no-placeholder": ({("PIP-002", "chunk"), ("WF", "chunk")}, mutants_async.FinalChunkWithoutPlaceholder),
+    "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
+    "final-chunk-no-placeholder": ({("PIP-002", "chunk"), ("PIP-003", "chunk")},
+                                   mutants_async.FinalChunkWithoutPlaceholder),
     "applies-outcomes-of-finished": ({("PIP-002", "process"), ("PIP-005", "process")},
                                      mutants_async.AppliesOutcomesOfFinished),
-    "schedules-past-depth": ({("PIP-002", "chunk"), ("WF", "chunk")}, mutants_async.OneStepLater),
+    "schedules-past-depth": ({("PIP-002", "chunk"), ("PIP-003", "chunk")}, mutants_async.OneStepLater),
 }
 
 
