@@ -24,7 +24,7 @@ from conformance.lockstep import Divergence, compare
 from conformance.normalize import check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
-from spec.observation import Capability, Snapshot, StepRecord
+from spec.observation import Capability, Snapshot, StepFailure, StepRecord
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
 
@@ -111,6 +111,9 @@ def _run_checked(
 ) -> TraceResult:
     result = TraceResult(trace)
     step = -1
+    checker: Checker | None = None
+    aborted: tuple[str, ...] = ()
+    output = None
     try:
         try:
             guard.call("reset", adapter.reset, trace.config)
@@ -135,7 +138,10 @@ def _run_checked(
 
             reference = (reference_factory or Scheduler)(trace.config)  # a profile may name its own
         unfinished: set[str] = set()
+        aborted: tuple[str, ...] = ()
+        output = None
         for step in range(trace.max_steps):
+            aborted, output = (), None
             guard.at_step(step)
             added = tuple(trace.arrivals_at(step))
             finished: list[Finished] = []
@@ -192,4 +198,7 @@ def _run_checked(
         result.violations.extend(checker.check_end(result.drained, not result.drained))
     except AdapterFault as fault:
         result.fault, result.fault_step = fault, max(step, 0)
+        if checker is not None:  # a failure some invariant names (PIP-005) is also its violation
+            result.violations.extend(checker.check_failure(
+                StepFailure(max(step, 0), fault.call, fault.message, aborted, output)))
     return result

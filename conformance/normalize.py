@@ -13,7 +13,7 @@ from operator import attrgetter, is_not
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import Capability, SeqView, Snapshot, with_delta
+from spec.observation import Capability, InFlightView, SeqView, Snapshot, with_delta
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -135,6 +135,7 @@ _PROMISED: dict[Capability, tuple[str, ...]] = {
     Capability.REF_COUNTS: ("gpu_ref_counts",),
     Capability.FREE_COUNTS: ("gpu_free",),
     Capability.FREE_LISTS: ("gpu_free_ids",),
+    Capability.IN_FLIGHT: ("in_flight",),
 }
 
 
@@ -282,6 +283,16 @@ def _index(index: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
     return None
 
 
+def _in_flight(counters: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    # Any int is well formed, a negative one included: that is PIP-003's finding, not a shape error.
+    if not isinstance(counters, Mapping):
+        return f"is {type(counters).__name__}, expected a mapping of sequence id to InFlightView"
+    for sid, view in counters.items():
+        if not isinstance(sid, str) or not isinstance(view, InFlightView) or not all(map(_is_int, view)):
+            return f"{sid!r}: {view!r} is not an InFlightView of three ints"
+    return None
+
+
 _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str | None]], ...] = (
     ("statuses", _statuses),
     ("seqs", _seqs),
@@ -298,4 +309,6 @@ _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str |
     ("cpu_free_ids", lambda v, s, b: _free_since(v, b and b.cpu_free_ids, b and s.cpu_block_changes)),
     ("gpu_block_keys", _keys),
     ("cache_index", _index),
+    ("in_flight", _in_flight),
+    ("gpu_fenced", lambda v, s, b: _ints(v)),
 )

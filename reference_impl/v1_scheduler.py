@@ -255,10 +255,16 @@ class V1Scheduler(TrackedScheduler):
             return
         self._to_waiting(tracked, front=False)
 
+    def _long_prefill_threshold(self) -> int:
+        """This step's cap on one request's chunk. vLLM V1 does not cap a request that is alone in
+        the scheduler: there is no other request for it to starve (vllm/config/scheduler.py,
+        ``long_prefill_token_threshold``). A hook, so a variant can model an engine that always caps."""
+        return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        threshold = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
         preempted: list[TrackedRequest] = []
         reasons: list[Reason] = []

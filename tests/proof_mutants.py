@@ -101,8 +101,8 @@ MUTATED_REFERENCES: dict[str, tuple[type[Scheduler], tuple[str, ...]]] = {
 
 # ------------------------------------------------------------------ flow v1 (chunked prefill)
 def _v1_mutants() -> dict[str, tuple[type, tuple[str, ...], str]]:
-    import conformance.mutants_v1  # noqa: F401  (registers the V1 mutants)
-    from conformance.mutants import MUTANTS
+    import conformance.selftest.mutants_v1  # noqa: F401  (registers the V1 mutants)
+    from conformance.selftest.mutants import MUTANTS
     from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
 
     class ChunkNoAlloc(V1Scheduler):

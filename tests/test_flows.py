@@ -47,7 +47,7 @@ def test_proof_flows_are_the_matrix_flows() -> None:
 
 
 def test_mutants_register_with_their_flow() -> None:
-    from conformance.mutants import MUTANTS
+    from conformance.selftest.mutants import MUTANTS
 
     references = {f.make_reference(): f for f in FLOWS.values()}
     for mutant in MUTANTS.values():

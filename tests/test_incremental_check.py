@@ -12,7 +12,7 @@ import pytest
 
 from conformance.flows import FLOWS
 from conformance.generate import sample_traces, traces
-from conformance.mutants import MUTANTS
+from conformance.selftest.mutants import MUTANTS
 from reference_impl import Scheduler
 from reference_impl.engine import iter_steps
 from spec import observation
@@ -178,8 +178,9 @@ class _WholeSnapshots:
             else None,
             **{name: fresh(getattr(snap, name)) for name in ("waiting", "running", "swapped", "gpu_ref_counts",
                                                              "cpu_ref_counts", "gpu_free", "cpu_free", "gpu_free_ids",
-                                                             "cpu_free_ids", "gpu_block_keys")},
+                                                             "cpu_free_ids", "gpu_block_keys", "gpu_fenced")},
             cache_index={k: fresh(v) for k, v in snap.cache_index.items()} if snap.cache_index is not None else None,
+            in_flight=dict(snap.in_flight) if snap.in_flight is not None else None,
         )
 
 

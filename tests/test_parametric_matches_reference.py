@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import (
+from conformance.selftest.proof_bridge import (
     all_groups_of,
     apply_action,
     reference_guard,

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spec.config import SchedulerConfig
-from spec.observation import SeqView, Snapshot
+from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
@@ -76,6 +76,33 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
             out[name] = value
     if snap.gpu_block_keys is not None:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
+    if snap.gpu_fenced is not None:
+        out["gpu_fenced"] = list(snap.gpu_fenced)
+    if snap.in_flight is not None:
+        out["in_flight"] = {"version": IN_FLIGHT_VERSION,
+                            "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
+    return out
+
+
+def _in_flight(value: Any) -> dict[str, InFlightView] | None:
+    """``{"version": 1, "seqs": {seq: {placeholders, in_flight_tokens, stale}}}`` (docs/PROTOCOL.md).
+    Negative counts are well formed: they are what PIP-003 reports."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != IN_FLIGHT_VERSION:
+        raise WireError(f"snapshot.in_flight.version: expected {IN_FLIGHT_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    seqs = value.get("seqs")
+    if not isinstance(seqs, Mapping):
+        raise WireError("snapshot.in_flight.seqs: expected an object")
+    out = {}
+    for sid, counters in seqs.items():
+        where = f"in_flight.seqs.{sid}"
+        if not isinstance(counters, Mapping):
+            raise WireError(f"snapshot.{where}: expected an object")
+        if any(counters.get(name) is None for name in InFlightView._fields):
+            raise WireError(f"snapshot.{where}: expected {', '.join(InFlightView._fields)}")
+        out[str(sid)] = InFlightView(*(_opt_int(counters[name], f"{where}.{name}") for name in InFlightView._fields))
     return out
 
 
@@ -143,6 +170,7 @@ _PARTS = {
     "waiting": _strs, "running": _strs, "swapped": _strs,
     "gpu_ref_counts": _ints, "cpu_ref_counts": _ints, "gpu_free": _opt_int, "cpu_free": _opt_int,
     "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
+    "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
 }
 
 

@@ -36,8 +36,10 @@ import traceback
 PROTOCOL_VERSION = 2
 
 
-def _protocol_stream():
-    """Take the real stdout for the protocol and send everything else written to fd 1 to stderr."""
+def protocol_stream():
+    """Take the real stdout for the protocol and send everything else written to fd 1 to stderr.
+    A host whose engine logs to stdout while it is imported (vLLM 0.29.0 does) calls this before
+    that import and hands the stream to `serve`."""
     out_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -45,7 +47,7 @@ def _protocol_stream():
 
 
 def serve(engine, name: str, profiles=("safety",), capabilities=("output",), stdin=None, stdout=None) -> int:
-    out = stdout if stdout is not None else _protocol_stream()
+    out = stdout if stdout is not None else protocol_stream()
     inp = stdin if stdin is not None else sys.stdin
 
     def send(obj) -> None:
