@@ -129,6 +129,9 @@ def _run_checked(
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})
         mid_step = observe and Capability.MID_STEP in caps
+        begin = getattr(adapter, "begin_trace", None)  # optional: an adapter that batches the calls below
+        if begin is not None:
+            begin(trace, observe, mid_step)
         reference = None
         if lockstep:
             from reference_impl.scheduler import Scheduler

@@ -128,6 +128,13 @@ class Snapshot:
     changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)
     # Likewise for requests: every request whose status is new or differs from base's.
     changed_requests: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # Likewise for each pool (None: unknown, check the whole pool): every block whose reference
+    # count, or the number of times the free list names it, may differ from base's, mapped to that
+    # number in this snapshot. Every other block has base's count and base's free entries, and the
+    # reference counts are as long as base's. Trusted as given (a block left out is read as base's
+    # without looking); the built-in pools log it in their containers (reference_impl.pool_log).
+    gpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
 
     def queue(self, name: str) -> tuple[str, ...] | None:
         return getattr(self, name)

@@ -351,6 +351,14 @@ An expected failure is still checked, shrunk and saved, and reported as `expecte
 not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
 update the file. `FAULT-<kind>` may be expected too (never skipped).
 
+Each real target keeps its own file, `conformance/targets/expectations/<target>.json` (the
+known deviations of its pinned version, each with the class, kind and engine source that
+docs/CONFORMANCE.md explains), and `kvsched conform --adapter <target>` reads it by default:
+a target's known deviations show up within a few steps of most traces, and counted as failures
+they would bury a new one. `--expect FILE` reads another file instead; `--no-expect` reads none,
+so every failure counts. The report lists `new_findings` (these fail the run) apart from
+`expected_findings`, in the terminal and in `--json`.
+
 ## Incremental checking (optional)
 
 On a large batch the checks cost more than the scheduler when every snapshot is rescanned whole.
@@ -358,7 +366,12 @@ An adapter can let the runner check only what changed by building each snapshot 
 the one it returned before: set `base` to that snapshot, reuse its `SeqView` objects (and its
 tuples and dicts) for everything unchanged, and name in `changed_seqs` every sequence whose view
 is new, gone or rebuilt and in `changed_requests` every request whose status is new or changed.
-A view not named must be the very object `base` holds. The reference does this
+A view not named must be the very object `base` holds. For a large pool, also name in
+`gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
+entries changed since `base`, each with how many times the free list names it now: the block
+checks then read those blocks, not the pool (the reference pools log them in their containers,
+`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
+`base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only

@@ -8,7 +8,6 @@ trace. The bug museum builds on these.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,15 +60,15 @@ def _with_block_manager(manager: type[BlockManager]) -> type[Scheduler]:
 class _FreeOnEveryDecref(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
-        heapq.heappush(self._free, block)  # bug: back on the free list while others still hold it
+        self._release(block)  # bug: back on the free list while others still hold it
 
 
 class _FreeTwice(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            heapq.heappush(self._free, block)
-            heapq.heappush(self._free, block)  # bug: listed twice
+            self._release(block)
+            self._release(block)  # bug: listed twice
 
 
 class _GpuFreeOnEveryDecref(BlockManager):
@@ -420,6 +419,18 @@ class _AbortFinishedAgain(Scheduler):
 class _LengthCappedNotReported(Scheduler):
     def update(self, outcome: StepOutcome) -> list[Finished]:
         return [f for f in super().update(outcome) if f.status is not Status.FINISHED_LENGTH_CAPPED]
+
+
+@mutant("finish-leaves-a-sequence-running",
+        "finishing an n > 1 group finishes its first live sequence only; the others keep running and their blocks",
+        ("REQ-006",))
+class _FinishLeavesASequenceRunning(Scheduler):
+    def _finish(self, group: SequenceGroup, status: Status) -> None:
+        live = group.live_seqs()
+        for seq in live[:1]:
+            self.block_manager.free(seq)
+            seq.status = status
+        group.status = status  # bug: live[1:] stay RUNNING (or SWAPPED) and hold their blocks
 
 
 @mutant("abort-leaves-waiting", "aborting a waiting request reports it finished but leaves it queued",

@@ -13,9 +13,12 @@ import argparse
 import json
 from pathlib import Path
 
-TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness")
+TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness", "lmdeploy",
+           "lmdeploy-liveness", "aphrodite", "aphrodite-liveness", "vidur-vllm", "vidur-vllm-liveness", "vidur-sarathi",
+           "vidur-sarathi-liveness", "vidur-orca", "vidur-orca-liveness")
 # vllm-v0's report is its safety run; its policy is checked by the lockstep campaign below.
-# sglang-liveness is the sglang target's liveness run (sglang.json is its safety run).
+# sglang-liveness is the sglang target's liveness run (sglang.json is its safety run); likewise
+# for lmdeploy, aphrodite and the vidur-* targets.
 
 CAUSES: dict[tuple[str, str], str] = {
     ("nano-vllm", "BUD-003"): "`nanovllmnpu/engine/scheduler.py: Scheduler.schedule` counts only this step's admissions against `max_num_seqs` (`num_seqs` starts at 0), so running can exceed it.",
@@ -38,6 +41,44 @@ CAUSES: dict[tuple[str, str], str] = {
 }
 for inv in ("LEN-001", "LEN-002", "LEN-003", "FAULT-raised"):
     CAUSES[("nano-vllm-fork", inv)] = CAUSES[("nano-vllm", inv)].replace("nanovllmnpu", "nanovllm")
+
+_LMDEPLOY_EMPTY = (
+    "deviation by design: `lmdeploy/pytorch/engine/engine.py: Engine._add_message` (469-481) clips `max_new_tokens` "
+    "to `max_session_len - prompt_len`, 0 for a prompt that fills `max_session_len = min(max_model_len, "
+    "(num_gpu_blocks - 1) * block_size)` (`_get_max_session_len`, 328-341); the prefill then appends no token and "
+    "finishes the sequence (`strategies/ar/sequence.py: ARSequenceStrategy.update_running`, the `max_new_tokens == 0` "
+    "branch). The spec expects a scheduled prefill to produce a token; LMDeploy answers with an empty completion.")
+CAUSES[("lmdeploy", "REQ-004")] = CAUSES[("lmdeploy-liveness", "REQ-004")] = _LMDEPLOY_EMPTY
+_VIDUR = "vidur/scheduler/replica_scheduler"
+for _kind in ("vllm", "sarathi", "orca"):
+    for _run in (f"vidur-{_kind}", f"vidur-{_kind}-liveness"):
+        CAUSES[(_run, "LEN-001")] = (
+            "deviation by design: a Vidur request runs exactly its `num_decode_tokens` (`vidur/entities/request.py: "
+            "Request.on_batch_end`); nothing stops it at max_model_len. Vidur's request generators never draw a request "
+            "longer than `max_tokens`, so its schedulers have no limit of their own.")
+        CAUSES[(_run, "LEN-002")] = (
+            f"deviation by design: `{_VIDUR}/{_kind}_replica_scheduler.py: _get_next_batch` admits any prompt; no "
+            "prompt limit (see LEN-001 on why).")
+        CAUSES[(_run, "LEN-003")] = "same cause as LEN-002: an over-long prompt is run, never finished as ignored."
+        CAUSES[(_run, "FAULT-raised")] = (
+            "defect: a restarted (recompute-preempted) request crashes the simulator. `vidur/entities/request.py: "
+            "Request.restart` (328-344) resets `_num_processed_tokens` but not `_num_stage_processed_tokens` nor "
+            "`_is_prefill_stage_complete`, so the re-prefill's stage tokens add to the first prefill's and "
+            "`Request.on_batch_stage_end` fails `assert self._num_stage_processed_tokens <= self.total_tokens` "
+            "(request.py:300). Every restart that re-prefills more than the tokens left trips it.")
+        CAUSES[(_run, "LIV-001")] = (
+            f"defect: a prompt that can never fit the pool (or a restarted request that has outgrown it) waits at the "
+            f"head of the queue for ever: `{_VIDUR}/{_kind}_replica_scheduler.py: _can_allocate_request` (or "
+            "`can_allocate` for Orca) only says 'not now', nothing ignores it, and it blocks every request behind it.")
+        CAUSES[(_run, "LIV-002")] = "same cause as LIV-001."
+        CAUSES[(_run, "LIV-003")] = "same cause as LIV-001."
+        CAUSES[(_run, "REQ-004")] = (
+            "defect: `vidur/entities/request.py: Request.restart` (328-344) makes the tokens processed so far the new "
+            "prompt (`_num_prefill_tokens = _num_processed_tokens`) and the rest decode tokens, which is right only "
+            f"for a request past its prefill. Sarathi (`{_VIDUR}/sarathi_replica_scheduler.py: _get_next_batch`) picks "
+            "victims with `_preempted_requests.pop(-1)`, which can be a request in the middle of a chunked prefill: "
+            "its prompt shrinks to the chunks done (the sequence's length goes down) and the rest of its prompt is "
+            "then generated one token a step.")
 
 HANDMADE = {
     "nano-vllm-fork": [("QUE-001", "docs/traces/nano-vllm-fork/handmade/preempted-victim-stays-running.json"),
@@ -78,7 +119,11 @@ def build(results: Path) -> str:
     ]
     pins = {"nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
             "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "sglang": "sglang==0.5.23",
-            "sglang-liveness": "sglang==0.5.23"}
+            "sglang-liveness": "sglang==0.5.23", "lmdeploy": "lmdeploy==0.18.0", "lmdeploy-liveness": "lmdeploy==0.18.0",
+            "aphrodite": "aphrodite-engine==0.24.1", "aphrodite-liveness": "aphrodite-engine==0.24.1"}
+    for name in TARGETS:
+        if name.startswith("vidur-"):
+            pins[name] = "vidur==0.0.26"
     for t, rep in reports.items():
         s = rep["summary"]
         lines.append(f"| {t} | {pins[t]} | {rep['profile']} | {rep['examples']} | {rep['steps_checked']} | "
@@ -115,6 +160,8 @@ def build(results: Path) -> str:
         for cls, c in data["classes"].items():
             lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | [trace]({_rel(c['trace'])}) |")
     lines += _nano_lockstep(results / "lockstep-nano-vllm.json")
+    lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
+    lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
     lines += ["", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
@@ -148,8 +195,90 @@ def build(results: Path) -> str:
               "`retract_decode` (RUNNING->WAITING): `PrefillAdder` reserves `new_token_ratio` (0.7, decaying over 600 "
               "steps) of every running request's remaining `max_new_tokens`, and short traces never outgrow that; the handmade "
               "[retract-decode](traces/sglang/handmade/retract-decode.json) trace (4 requests on 20 slots) does, and "
-              "passes both profiles.", ""]
+              "passes both profiles.",
+              "* **lmdeploy**: `hosts/lmdeploy_host.py` drives LMDeploy 0.18.0's PyTorch-engine `paging.Scheduler` "
+              "unmodified (its prefill scheduler, `RecomputeEvictionHelper`, the logical/physical block allocators, the "
+              "sequence state machine) and replays the glue of `engine/inputs_maker.py` (`do_prefill_default`, "
+              "`_schedule_prefill`, `create_model_inputs_delta`, `update_running_seqs`, `preempt_invalid_decode_seqs`) and "
+              "`engine/engine_loop.py` (`activate_seqs`), lines named in its docstring; `lmdeploy/__init__.py` is skipped "
+              "(stub parent package) and the model agent is stubbed (imported by `strategies/ar/sequence.py` for a type "
+              "hint only). The engine's prefetch (it schedules the next batch before the current output is applied) is "
+              "not replayed: the host runs at pipeline depth 0. Block size 16 (LMDeploy asserts a power of two >= 16, "
+              "`messages.py:623-629`). Every allocation reserves `prefill_interval` = 16 tokens past the last one "
+              "(`AREngineStrategy.get_prealloc_size`), declared as the target's lookahead (CAP-006). Observed: block "
+              "tables (physical ids), the free list, per-block ref counts, lengths and `num_history_ids` as computed "
+              "tokens. Design points the spec allows: a preempted sequence goes back to WAITING *with* its blocks and "
+              "keeps them until another sequence's admission or growth reclaims them (`_reclaim_candidate`); prompts "
+              "over `max_session_len` are refused at the door. Because of the 16-token prealloc and the traces' "
+              "max_tokens <= 12, the fuzzed traces never preempt; the handmade "
+              "[preempt-then-evict](traces/lmdeploy/handmade/preempt-then-evict.json) trace does, and passes both "
+              "profiles. With block sizes below 16 (which LMDeploy refuses) a prompt that fits max_session_len but not "
+              "with its 16-token prealloc waits for ever.",
+              "* **aphrodite**: `hosts/aphrodite_host.py` runs the vLLM V1 host unchanged on Aphrodite 0.24.1 "
+              "(`aphrodite/v1/core/sched/scheduler.py` is vLLM's V1 Scheduler under another package name): `vllm.*` "
+              "imports are answered with the `aphrodite.*` module of the same path, `VllmConfig` is `AphroditeConfig`, "
+              "and the scheduler gets its config under Aphrodite's keyword `aphrodite_config`. Same translations as "
+              "vllm-v1; lockstep against the V1 reference below.",
+              "* **vidur-vllm / vidur-sarathi / vidur-orca**: `hosts/vidur_host.py` drives Vidur 0.0.26's replica "
+              "schedulers through the simulator's own batch events, handled in `Simulator.run`'s order "
+              "(`ReplicaScheduleEvent` -> `BatchStageArrivalEvent` -> `ReplicaStageScheduleEvent` is the step's decision, "
+              "`BatchStageEndEvent` -> `BatchEndEvent` its outcome), with one replica (routing is not under test), a "
+              "metrics store that records nothing and a fixed stage time (Vidur's trained predictor only sets when events "
+              "fire). Vidur has no stop tokens, aborts or priorities, so the traces have none. Observed: statuses, "
+              "queues, the free block count and lengths; per-request block counts are sent as `vidur_num_blocks` "
+              "(informational: Vidur has no block ids, ref counts or free lists, so the block invariants are not "
+              "applicable). Orca reserves `max_model_len // block_size` blocks per request; Sarathi chunks every prefill "
+              "at its chunk size (the token budget, chunked prefill on).",
+              ""]
     return "\n".join(lines)
+
+
+def _aphrodite_lockstep(path: Path) -> list[str]:
+    """Aphrodite's V1 scheduler against the V1 reference (`conformance.targets.lockstep_v1 --target aphrodite`)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the reference's `vllm-v1` flow vs Aphrodite's V1 scheduler", "",
+             f"`python -m conformance.targets.lockstep_v1 --target aphrodite` (seed {data['seed']}, {data['package']}): "
+             "the V1 campaign's paths and comparison (decisions, then statuses, computed tokens, block tables, queues and "
+             "the free queue after each step), each divergence classified by rerunning the reference with an engine "
+             "behaviour modelled.", "",
+             "| path | traces | steps | agree | by class | target's violations |", "| --- | --- | --- | --- | --- | --- |"]
+    for path_name, m in data["paths"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items())
+        viol = "; ".join(f"{k} x{v}" for k, v in m.get("violations", {}).items())
+        lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} | {viol} |")
+    lines += ["", "| class | kind | explanation (source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{p}]({_rel(v['trace'])})" for p, v in c.get("paths", {}).items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    return lines
+
+
+def _vidur_lockstep(path: Path) -> list[str]:
+    """Vidur's vLLM replica scheduler against the V0 reference (`conformance.targets.lockstep_vidur`)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the V0 reference vs Vidur's vLLM replica scheduler", "",
+             f"`python -m conformance.targets.lockstep_vidur` (seed {data['seed']}, {data['package']}, profile vllm-v0). "
+             "A simulator that decides differently from the engine it models gives wrong capacity plans, so every "
+             "divergence is a finding. **spec**: every request fits max_model_len and the cache (what Vidur's own request "
+             "generators produce); **full**: everything the target takes. Each trace runs to its first divergence, "
+             "violation or fault. A trace stopped by Vidur's restart assertion is run again under `python -O` (asserts "
+             "off) to see what the scheduler decides after it.", "",
+             "| space | traces | steps | agree | by class | restart-assertion traces under python -O |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for space, m in data["spaces"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items())
+        beyond = "; ".join(f"{k} x{v}" for k, v in m.get("restart_assertion_traces_under_python_O", {}).items())
+        lines.append(f"| {space} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} | {beyond} |")
+    lines += ["", "| class | kind | explanation (Vidur source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{s}{' (python -O)' if v.get('python_O') else ''}]({_rel(v['trace'])})"
+                          for s, v in c["spaces"].items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    return lines
 
 
 def _nano_lockstep(path: Path) -> list[str]:

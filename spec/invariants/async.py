@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import fresh_in_snapshots
+from spec.invariants._views import fresh_in_snapshots, fresh_tokens_in_snapshots, views_of
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepFailure, StepRecord
 from spec.status import Status
@@ -38,12 +38,12 @@ _DELIVERED = (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED)
     (C.PREFIX_CACHE, C.SEQ_LENGTHS),
 )
 def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
+    for label, sid, v, unread in fresh_tokens_in_snapshots(ctx, rec):
         request = ctx.requests.get(v.request_id)
         if request is None or v.token_ids is None:
             continue
         index = int(sid.rsplit("#", 1)[1]) if "#" in sid else 0
-        for position in range(request.prompt_len, len(v.token_ids)):
+        for position in range(max(request.prompt_len, unread), len(v.token_ids)):
             want = generated_token(v.request_id, index, position)
             if v.token_ids[position] != want:
                 yield (f"{label}: {sid} has token {v.token_ids[position]} at position {position}, "
@@ -72,7 +72,7 @@ def no_token_after_finish(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             yield (f"{label}: {sid} has {v.num_tokens} tokens, {lengths[sid]} when {rid} finished "
                    f"({ctx.finished[rid].name})")
     for done in rec.finished:
-        for v in rec.after.seqs_of(done.request_id):
+        for v in views_of(rec.after, done.request_id):
             if v.num_tokens is not None:
                 lengths.setdefault(v.seq_id, v.num_tokens)
 

@@ -11,6 +11,7 @@ from spec.invariants._views import (
     checked_with_prior,
     entries,
     entry_counts,
+    free_in_tables,
     fresh_after,
     fresh_in_snapshots,
     fresh_tables_in_snapshots,
@@ -154,20 +155,19 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
                 continue  # the same free list and tables this check passed just before
             facts = pool_facts(snap, device)
-            free = facts.free
-            if facts.repeats:
+            if facts.repeated:
                 dupes = [b for b, n in Counter(free_ids).items() if n > 1]
                 yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            ids_valid = not free_ids or (facts.low >= 0 and facts.high < total)
+            ids_valid = not free_ids or not facts.outside(total)
             if not ids_valid:
                 bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
             if counts is not None and ids_valid:
-                if any(map(counts.__getitem__, free)):  # read at C speed
-                    both = sorted(b for b in free if counts[b])
-                    yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
+                held = free_in_tables(snap, device, total)
+                if held:
+                    yield f"{label}: {device} blocks {sorted(held)[:5]} are free yet still in a block table"
                 continue
-            used = entries(snap, device)
+            free, used = facts.free(), entries(snap, device)
             if not free.isdisjoint(used):
                 both = sorted(free.intersection(used))
                 yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"

@@ -1,0 +1,111 @@
+"""vLLM's own tests as a judge of a mutant: ``tests/v1/core`` from the 0.33.0 sdist, on CPU.
+
+The baseline runs every test file once on the unmutated package, with `mutation_coverage`
+recording which lines of the mutable files each test runs. Usable tests are those that pass
+there; a file that does not collect (it needs a server, a GPU or a package the target venv does
+not have) is recorded with the reason and left out. A mutant then runs only the usable tests
+that run its line (all of them when the line runs at import), stopping at the first failure.
+
+Verdicts: ``killed`` (a test failed), ``survived`` (all selected tests passed, or none runs the
+line: ``not-reached`` says which), ``timeout`` (over the time cap), ``crash-at-import``
+(collection failed: the mutated module does not import).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from conformance.mutation.descriptors import FILES
+from conformance.mutation.forks import ForkServer
+
+# Files left out before running: they need what this CPU-only machine does not have.
+SKIP_FILES = {
+    "tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py":
+        "imports tests.utils.RemoteOpenAIServer (anthropic, an OpenAI server and a model)",
+}
+PYTEST_FLAGS = ["--noconftest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-W", "ignore"]
+
+
+class PytestJudge:
+    def __init__(self, server: ForkServer, sdist: Path, work: Path) -> None:
+        self.server, self.sdist, self.work = server, sdist, work
+        work.mkdir(parents=True, exist_ok=True)
+
+    def _run(self, args: list[str], overlay: dict[str, str], seconds: float, log: Path,
+             env: dict[str, str] | None = None) -> tuple[int | None, float]:
+        started = time.monotonic()
+        command = self.server.command("pytest", ["pytest", *PYTEST_FLAGS, *args], overlay=overlay,
+                                      cwd=str(self.sdist), env=env)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                rc: int | None = proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                proc.terminate()  # the client kills its child first
+                proc.wait(timeout=30)
+                rc = None
+        return rc, time.monotonic() - started
+
+    def baseline(self, seconds: float = 3600.0) -> dict[str, Any]:
+        files = sorted(str(p.relative_to(self.sdist)) for p in (self.sdist / "tests/v1/core").rglob("test_*.py"))
+        usable = [f for f in files if f not in SKIP_FILES]
+        out = self.work / "baseline-coverage.json"
+        log = self.work / "baseline.log"
+        rc, took = self._run(["--continue-on-collection-errors", "-p", "mutation_coverage", *usable], {}, seconds, log,
+                             env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)})
+        data = json.loads(out.read_text())
+        outcomes: dict[str, str] = data["outcomes"]
+        unusable = dict(SKIP_FILES)
+        text = log.read_text(errors="replace")
+        for nodeid, outcome in outcomes.items():
+            if outcome == "collection-error":
+                reason = _collection_reason(text, nodeid)
+                unusable[nodeid] = f"does not collect: {reason}"
+        passing = sorted(t for t, o in outcomes.items() if o == "passed" and "::" in t)
+        failing = sorted(t for t, o in outcomes.items() if o not in ("passed", "skipped", "collection-error"))
+        skipped = sorted(t for t, o in outcomes.items() if o == "skipped")
+        per_file: dict[str, dict[str, int]] = {}
+        for t, o in outcomes.items():
+            if "::" in t:
+                counts = per_file.setdefault(t.split("::")[0], {})
+                counts[o] = counts.get(o, 0) + 1
+        return {"rc": rc, "seconds": round(took, 1), "files": per_file, "unusable": unusable,
+                "passing": passing, "failing_unmutated": failing, "skipped": skipped,
+                "lines": {t: data["lines"].get(t, {}) for t in [*passing, "<import>"]}}
+
+    def select(self, baseline: dict[str, Any], mutant: dict[str, Any]) -> list[str]:
+        """The usable tests that run the mutant's line (every one of them for an import-time line)."""
+        lines = range(mutant["line"], mutant["end_line"] + 1)
+        if any(n in baseline["lines"].get("<import>", {}).get(mutant["file"], ()) for n in lines):
+            return list(baseline["passing"])
+        return [t for t in baseline["passing"]
+                if any(n in baseline["lines"].get(t, {}).get(mutant["file"], ()) for n in lines)]
+
+    def judge(self, mutant_id: str, overlay: dict[str, str], tests: list[str], seconds: float) -> dict[str, Any]:
+        if not tests:
+            return {"verdict": "survived", "not_reached": True, "tests": 0, "seconds": 0.0}
+        args_file = self.work / f"{mutant_id}.args"
+        args_file.write_text("\n".join(tests) + "\n")
+        log = self.work / f"{mutant_id}.log"
+        rc, took = self._run(["-x", f"@{args_file}"], overlay, seconds, log)
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        verdict = ("timeout" if rc is None else "survived" if rc in (0, 5) else "killed" if rc == 1
+                   else "crash-at-import" if rc == 2 else f"error-rc{rc}")
+        out: dict[str, Any] = {"verdict": verdict, "rc": rc, "tests": len(tests), "seconds": round(took, 1),
+                               "tail": [line[:200] for line in tail]}
+        failed = re.findall(r"^FAILED (\S+)", log.read_text(errors="replace"), re.M)
+        if failed:
+            out["failed"] = failed[:3]
+        return out
+
+
+def _collection_reason(text: str, nodeid: str) -> str:
+    """The last ``E   ...`` line of the collection error of ``nodeid`` in pytest's log."""
+    block = text.split(f"ERROR collecting {nodeid}", 1)[-1]
+    errors = [ln[1:].strip() for ln in block.splitlines()[:80] if ln.startswith("E ")]
+    return errors[-1][:200] if errors else "collection error"
