@@ -284,8 +284,9 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     for cls, model in MODELS:
         if all(possible[part] for part in cls.split("+")):
             again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
-            if again.result.fault is not None and again.result.fault.kind == "hang":
-                # a restarted host can take longer than the timeout on a loaded machine: once more
+            if again.result.fault is not None:
+                # the engine did not fault on this trace in the run being classified: a fault in the
+                # rerun is the host's (a restart past the timeout on a loaded machine), so once more
                 again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
             if again.result.divergence is None and again.state is None and again.result.fault is None:
                 return cls
