@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = todo[:args.limit]
     overlays = desc.materialize(tool, site, todo, workspace.scratch())
 
-    server = ForkServer(target.python, workspace.root() / "fork.sock",
+    server = ForkServer(target.python, workspace.root() / "fork.sock", hf_home=workspace.ensure_hf(),
                         pytest_path=workspace.ensure_pytest(target.python) if "pytest" in judges else None)
     workspace.ensure_tests()
     print("starting the fork server (imports vLLM once)", flush=True)

@@ -7,7 +7,8 @@ not have) is recorded with the reason and left out. A mutant then runs only the 
 that run its line (all of them when the line runs at import), stopping at the first failure.
 
 Verdicts: ``killed`` (a test failed), ``survived`` (all selected tests passed, or none runs the
-line: ``not-reached`` says which), ``timeout`` (over the time cap), ``crash-at-import``
+line: ``not_reached`` says which), ``timeout`` (one test ran past `TEST_SECONDS`: a hang),
+``survived-budget`` (the judge's time cap ended the run with no failure), ``crash-at-import``
 (collection failed: the mutated module does not import).
 """
 
@@ -28,6 +29,9 @@ SKIP_FILES = {
     "tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py":
         "imports tests.utils.RemoteOpenAIServer (anthropic, an OpenAI server and a model)",
 }
+# One test past this is a hang (`mutation_coverage.MutantTimeout`); the slowest usable test of
+# tests/v1/core takes a few seconds here, unmutated.
+TEST_SECONDS = 30
 PYTEST_FLAGS = ["--noconftest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-W", "ignore"]
 
 
@@ -92,13 +96,16 @@ class PytestJudge:
         args_file = self.work / f"{mutant_id}.args"
         args_file.write_text("\n".join(tests) + "\n")
         log = self.work / f"{mutant_id}.log"
-        rc, took = self._run(["-x", f"@{args_file}"], overlay, seconds, log)
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        verdict = ("timeout" if rc is None else "survived" if rc in (0, 5) else "killed" if rc == 1
+        rc, took = self._run(["-x", "-p", "mutation_coverage", f"@{args_file}"], overlay, seconds, log,
+                             env={"MUTATION_TEST_TIMEOUT": str(TEST_SECONDS)})
+        text = log.read_text(errors="replace")
+        tail = text.strip().splitlines()[-3:]
+        verdict = ("survived-budget" if rc is None else "survived" if rc in (0, 5)
+                   else "timeout" if rc == 1 and "MutantTimeout" in text else "killed" if rc == 1
                    else "crash-at-import" if rc == 2 else f"error-rc{rc}")
         out: dict[str, Any] = {"verdict": verdict, "rc": rc, "tests": len(tests), "seconds": round(took, 1),
                                "tail": [line[:200] for line in tail]}
-        failed = re.findall(r"^FAILED (\S+)", log.read_text(errors="replace"), re.M)
+        failed = re.findall(r"^FAILED (\S+)", text, re.M)
         if failed:
             out["failed"] = failed[:3]
         return out
