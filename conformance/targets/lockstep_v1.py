@@ -362,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 small = trace
         final = run_one(adapter, small, invariants)
+        if small is not trace and classify(adapter, small, final) != cls:
+            # the shrinker cut the trace to where its class cannot be told apart (a cut that ends
+            # before the later divergence that made it unclassified): keep the trace as drawn
+            small, final = trace, run_one(adapter, trace, invariants)
         parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
         kind = "+".join(dict.fromkeys(k for k, _ in parts))
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
