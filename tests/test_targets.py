@@ -179,6 +179,16 @@ def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
     assert lockstep_v1.classify(adapter, trace, outcome) == "threshold-caps-a-lone-request"
 
 
+def test_aphrodite_stops_its_running_scan_after_a_self_preemption():
+    # aphrodite/v1/core/sched/scheduler.py:682-684 breaks where vLLM 0.33.0 goes on (983-995)
+    from conformance.targets import lockstep_v1
+
+    trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-partial-self-preemption-ends-the-running-scan.json")
+    adapter = need("aphrodite").adapter()
+    outcome = lockstep_v1.run_one(adapter, trace, get_profile("safety").invariants())
+    assert lockstep_v1.classify(adapter, trace, outcome) == "self-preemption-ends-the-running-scan"
+
+
 VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-002", "LIV-003", "REQ-004", "BUD-001"}
 
 
