@@ -523,6 +523,7 @@ def snapshot_of(
                           if base.statuses is None or base.statuses.get(v.request_id) is not v.status}
         statuses = {**base.statuses, **changed_status} if changed_status or base.statuses is None else base.statuses
     prior = base if base is not None else Snapshot()
+    changes = pool.changed_blocks()  # taken every snapshot, so that it is always since the last one
 
     def same(new: object, old: object) -> object:
         return old if new is old or (old is not None and old == new) else new
@@ -544,6 +545,8 @@ def snapshot_of(
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,
+        gpu_block_changes=changes if base is not None else None,
+        cpu_block_changes={} if base is not None else None,  # no CPU pool: nothing ever changes there
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from conformance.adapter import SchedulerAdapter
-from conformance.mutants import MUTANTS
+from conformance.selftest.mutants import MUTANTS
 from reference_impl import Scheduler
 from spec.observation import Capability
 

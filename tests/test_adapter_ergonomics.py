@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.adapter import canonical_spec, load_adapter
-from conformance.docs_gen import EXAMPLE_COMMANDS, EXAMPLES
+from conformance.selftest.docs_gen import EXAMPLE_COMMANDS, EXAMPLES
 from spec.domain import ConfigDomain
 from spec.errors import InputError
 from spec.trace import Trace

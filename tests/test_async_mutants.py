@@ -1,5 +1,5 @@
-"""Each mutant of the pipelined reference (conformance/mutants_async.py) is caught by the PIP
-invariants it names (drafted in conformance/async_checks.py), and the reference itself is
+"""Each mutant of the pipelined reference (conformance/selftest/mutants_async.py) is caught by the PIP
+invariants it names (drafted in conformance/selftest/async_checks.py), and the reference itself is
 caught by none, on the same seeded traces."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import functools
 
 import pytest
 
-from conformance.async_checks import problems
 from conformance.generate import sample_traces
-from conformance.mutants_async import MUTANTS, AsyncMutant
+from conformance.selftest.async_checks import problems
+from conformance.selftest.mutants_async import MUTANTS, AsyncMutant
 from conformance.targets.lockstep_async import path_strategy
 from reference_impl.async_scheduler import AsyncV1Scheduler
 

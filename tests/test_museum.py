@@ -14,11 +14,11 @@ import pytest
 
 from conformance.cli import main
 from conformance.driver import run_checked
-from conformance.museum import EXHIBITS, MAX_STEPS, run_exhibit
-from conformance.museum.docs import bug_lines, render_markdown
-from conformance.museum.exhibits import sources
-from conformance.museum.run import make_adapter, reference_problems
 from conformance.profiles import PROFILES, get_profile
+from conformance.selftest.museum import EXHIBITS, MAX_STEPS, run_exhibit
+from conformance.selftest.museum.docs import bug_lines, render_markdown
+from conformance.selftest.museum.exhibits import sources
+from conformance.selftest.museum.run import make_adapter, reference_problems
 from spec.catalogue import catalogue
 
 URL = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/(?P<kind>pull|issues)/(?P<number>\d+)$")

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.generate import traces
-from conformance.mutants import MUTANTS, violated
 from conformance.profiles import get_profile
+from conformance.selftest.mutants import MUTANTS, violated
 from reference_impl import Scheduler
 from spec.catalogue import catalogue
 

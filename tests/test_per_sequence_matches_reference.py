@@ -14,7 +14,7 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import (
+from conformance.selftest.proof_bridge import (
     all_groups_of,
     apply_action,
     reference_guard,

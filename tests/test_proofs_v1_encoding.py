@@ -21,7 +21,7 @@ import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.proof_bridge import (
+from conformance.selftest.proof_bridge import (
     v1_apply_action,
     v1_concrete_state,
     v1_config_constants,

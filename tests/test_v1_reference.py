@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conformance.generate_v1 import token_traces
-from conformance.mutants import violated
 from conformance.profiles import get_profile
+from conformance.selftest.mutants import violated
 from reference_impl.engine import run_trace
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.catalogue import check_records

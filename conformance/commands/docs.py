@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from conformance.docs_gen import render_all
+from conformance.selftest.docs_gen import render_all
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,8 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from conformance.museum.exhibits import EXHIBITS, get_exhibit
-from conformance.museum.run import MAX_EXAMPLES, MAX_STEPS, SEED, ExhibitResult, all_caught, run_museum, to_json
+from conformance.selftest.museum.exhibits import EXHIBITS, get_exhibit
+from conformance.selftest.museum.run import (
+    MAX_EXAMPLES,
+    MAX_STEPS,
+    SEED,
+    ExhibitResult,
+    all_caught,
+    run_museum,
+    to_json,
+)
 from spec.errors import InputError
 
 

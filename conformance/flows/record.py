@@ -58,5 +58,5 @@ class Flow:
         return resolve(self.configs)()
 
     def mutant_fields(self) -> dict[str, Any]:
-        """What a mutant of this flow's reference registers with (`conformance.mutants.mutant`)."""
+        """What a mutant of this flow's reference registers with (`conformance.selftest.mutants.mutant`)."""
         return {"reference": self.make_reference(), "trace_strategy": self.trace_strategy, "profile": self.profile}

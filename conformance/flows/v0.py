@@ -12,7 +12,7 @@ FLOW = Flow(
     invariant_families=("spec.invariants.blocks", "spec.invariants.swap", "spec.invariants.admission",
                         "spec.invariants.budgets", "spec.invariants.placement", "spec.invariants.requests",
                         "spec.invariants.policy", "spec.invariants.liveness"),
-    mutants="conformance.mutants",
+    mutants="conformance.selftest.mutants",
     twin="gpu_impl.adapter:make",
     proof_flow="v0",
     proof_encoding="spec.proofs.encoding",

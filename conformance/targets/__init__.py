@@ -52,23 +52,32 @@ def engine_configs(
     cache_holds_model_len: bool = False,
     block_sizes: tuple[int, ...] = (1, 2, 4, 8),
     max_len_blocks: int = 12,
+    roomy_swap: bool = False,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
     ``budget_covers_model_len``: vLLM V0/V1 without chunked prefill and nano-vllm's Config all
     refuse ``max_num_batched_tokens < max_model_len``. ``cache_holds_model_len``: vLLM V1 refuses
     at start-up a KV cache that cannot hold one max_model_len sequence
-    (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory).
+    (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory). ``roomy_swap``: half the
+    configs get a CPU pool at least as large as the GPU pool, so a swap victim usually fits and
+    swapped groups live on to be swapped in, aborted or ignored (vLLM V0 raises when a victim does
+    not fit: with pools of 0-24 blocks most swap-mode traces ended at their first swap).
     """
     block_size = draw(st.sampled_from(block_sizes))
     max_num_seqs = draw(st.integers(1, 6))
     max_model_len = draw(st.integers(block_size, block_size * max_len_blocks))
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
+    num_gpu_blocks = draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
+                                      max(24, -(-max_model_len // block_size))))
+    num_cpu_blocks = 0
+    if cpu_blocks:
+        roomy = roomy_swap and draw(st.booleans())
+        num_cpu_blocks = draw(st.integers(num_gpu_blocks, 2 * num_gpu_blocks + 8) if roomy else st.integers(0, 24))
     return SchedulerConfig(
         block_size=block_size,
-        num_gpu_blocks=draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
-                                         max(24, -(-max_model_len // block_size)))),
-        num_cpu_blocks=draw(st.integers(0, 24)) if cpu_blocks else 0,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=draw(st.integers(low, max(low, max_model_len * 2 + 8))),
         max_model_len=max_model_len,
@@ -78,10 +87,12 @@ def engine_configs(
     )
 
 
-def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True) -> st.SearchStrategy:
+def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True,
+                  abort_odds: int = 6) -> st.SearchStrategy:
     from conformance.generate import traces
 
-    return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts))
+    return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts,
+                                                         abort_odds=abort_odds))
 
 
 # ------------------------------------------------------------------------------ the targets
@@ -157,9 +168,12 @@ def _nano_strategy() -> st.SearchStrategy:
 def _v0_strategy() -> st.SearchStrategy:
     # vLLM V0: the block manager's watermark is fixed at 0.01 (the Scheduler passes none).
     # n > 1: vLLM 0.10.2's LLMEngine splits such a request into n single-sequence groups before the
-    # scheduler sees it (ParallelSampleSequenceGroup), so the engine's real path has n == 1 here;
-    # the host can still fork at scheduler level (see docs/CONFORMANCE.md, "n > 1").
-    return engine_traces(engine_configs(watermark=0.01), max_n=1)
+    # scheduler sees it (ParallelSampleSequenceGroup), but its Scheduler and block manager still
+    # fork, share blocks, copy on write and swap whole groups (auto mode swaps a multi-sequence
+    # group), and the host forks at the prompt step as V0's sampler did: up to 3 sequences, so
+    # those paths are driven (issue 21). Roomy swap spaces, so swapped groups live on; aborts of
+    # one request in three, so every state gets aborted in a small campaign.
+    return engine_traces(engine_configs(watermark=0.01, roomy_swap=True), max_n=3, abort_odds=3)
 
 
 def _v1_strategy() -> st.SearchStrategy:
@@ -167,7 +181,7 @@ def _v1_strategy() -> st.SearchStrategy:
     # engine splits n>1 into independent requests), watermark 0; default path (no chunked
     # prefill, no prefix caching).
     return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",),
-                                        cache_holds_model_len=True), max_n=1)
+                                        cache_holds_model_len=True), max_n=1, abort_odds=3)
 
 
 def _sglang_strategy() -> st.SearchStrategy:
@@ -219,7 +233,7 @@ def _vidur_strategy(chunked: bool = False) -> Callable[[], st.SearchStrategy]:
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
 _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                             budget_covers_model_len=True)
-_V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
+_V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=3, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                               budget_covers_model_len=True, cache_holds_model_len=True)
 _LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
@@ -360,6 +374,16 @@ _TARGET_LIST = [
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
+    ),
+    Target(
+        "vllm-v1-async-0.29", "vllm==0.29.0",
+        "vLLM 0.29.0's AsyncScheduler (the version vllm-project/vllm#57562 was reported on), driven as "
+        "vllm-v1-async drives 0.33.0; own venv",
+        "vllm_v1_async_host.py", ("--name", "vllm-v1-async-0.29"), env={"VLLM_TARGET_DEVICE": "cpu"},
+        pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
+        smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
+        strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1,
     ),
     Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",

@@ -2,8 +2,8 @@
 
 Every class here subclasses the reference's `Scheduler` or `BlockManager` and overrides one
 method. Where the override had to repeat a method of the reference, the body is the reference's
-own, with the changed line marked ``# bug:``; the docs (`conformance.museum.docs`) quote those
-lines. Mutants that already existed in `conformance.mutants` are reused from there, not copied.
+own, with the changed line marked ``# bug:``; the docs (`conformance.selftest.museum.docs`) quote those
+lines. Mutants that already existed in `conformance.selftest.mutants` are reused from there, not copied.
 """
 
 from __future__ import annotations

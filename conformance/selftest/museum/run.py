@@ -19,8 +19,8 @@ from typing import Any
 from conformance.adapter import SchedulerAdapter
 from conformance.driver import run_checked
 from conformance.fuzz import Finding, fuzz
-from conformance.museum.exhibits import EXHIBITS, Exhibit
 from conformance.profiles import get_profile
+from conformance.selftest.museum.exhibits import EXHIBITS, Exhibit
 from reference_impl.scheduler import Scheduler
 
 MAX_STEPS = 10

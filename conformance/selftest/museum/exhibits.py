@@ -4,7 +4,7 @@ smallest change to the reference scheduler that shows the same class of bug.
 An exhibit names its public source (repository, issue or PR, URL; the facts about each source
 are in ``sources.json`` beside this module, collected from the threads themselves), the symptom
 users saw, the bug class, the invariant(s) that must catch it, and the mutant: a factory from a
-config to a broken scheduler. The museum runner (`conformance.museum.run`) fuzzes every exhibit
+config to a broken scheduler. The museum runner (`conformance.selftest.museum.run`) fuzzes every exhibit
 with the conformance runner and checks that an expected invariant catches it with a short trace.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance import mutants as lib
-from conformance import mutants_async as async_mutants
 from conformance.generate import configs, traces
-from conformance.museum import mutants as new
+from conformance.selftest import mutants as lib
+from conformance.selftest import mutants_async as async_mutants
+from conformance.selftest.museum import mutants as new
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.scheduler import Scheduler
 from spec.config import SchedulerConfig
@@ -93,8 +93,8 @@ class Exhibit:
     factory: Callable[[SchedulerConfig], Scheduler]
     minimal_change: str  # the change to the reference, in words
     code: tuple[Any, ...]  # the classes/functions holding the changed line(s), marked "# bug:"
-    mutant: str  # the mutant's name (from conformance.mutants when reused)
-    reused: bool = False  # the mutant comes from conformance.mutants
+    mutant: str  # the mutant's name (from conformance.selftest.mutants when reused)
+    reused: bool = False  # the mutant comes from conformance.selftest.mutants
     note: str = ""  # what differs from the original bug (transfers between engines, caveats)
     strategy: Callable[[], st.SearchStrategy] | None = field(default=None, compare=False)
     # Another flow's exhibit: the unbroken scheduler it is compared with (None: the V0 reference)
@@ -511,7 +511,7 @@ EXHIBITS += (
         code=(async_mutants.ForgetsInFlightOnPreempt._preempt,),
         minimal_change="_preempt resets computed tokens and placeholders but leaves the victim's stale share at 0.",
         note="PIP-005 (the engine survives outcomes of requests it preempted) is this FAULT; PIP-003 (counters) "
-        "is checked in process (conformance/async_checks.py) until the wire carries the counters.",
+        "is checked in process (conformance/selftest/async_checks.py) until the wire carries the counters.",
         strategy=_async_traces("preemption"), **_ASYNC,
     ),
     Exhibit(

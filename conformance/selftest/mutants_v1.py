@@ -1,7 +1,7 @@
 """Mutants of the token-budget references (vLLM V1's and nano-vllm's flows).
 
 Each breaks one rule of `reference_impl.v1_scheduler` or `reference_impl.nano_scheduler` and
-names the invariants that catch it. They register into `conformance.mutants.MUTANTS` with the
+names the invariants that catch it. They register into `conformance.selftest.mutants.MUTANTS` with the
 reference they break, the traces that reach them (`conformance.generate_v1`), and the profile
 whose invariants apply; tests/test_mutants.py searches each pair as it does for the V0 mutants.
 """
@@ -9,7 +9,7 @@ whose invariants apply; tests/test_mutants.py searches each pair as it does for 
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.mutants import mutant
+from conformance.selftest.mutants import mutant
 from reference_impl.nano_scheduler import NanoScheduler
 from reference_impl.prefix_cache import CachingBlockPool
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler

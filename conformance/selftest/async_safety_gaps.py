@@ -1,6 +1,6 @@
 """Which ``safety`` invariants assume that a step's outcome is applied in the same step.
 
-    python -m conformance.async_safety_gaps [--traces 300] [--seed 20261201]
+    python -m conformance.selftest.async_safety_gaps [--traces 300] [--seed 20261201]
         [--out docs/results/async-safety-gaps.json]
 
 Runs the same seeded traces (`conformance.targets.lockstep_async.path_strategy`, every
