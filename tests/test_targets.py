@@ -205,3 +205,14 @@ def test_vidur_restarted_request_trips_vidurs_own_assertion():
     # vidur/entities/request.py: restart() leaves _num_stage_processed_tokens, on_batch_stage_end asserts
     result = replay("vidur-vllm", DOCS / "lockstep-vidur" / "spec-restart-assertion.json")
     assert result.fault is not None and "request.py:300" in result.fault.message
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (DOCS / "lockstep-vidur").glob("*.json")))
+def test_vidur_lockstep_classes_hold_on_their_saved_traces(name):
+    # docs/results/lockstep-vidur-vllm.json: each class's saved trace still shows that class
+    from conformance.targets import lockstep_vidur
+
+    trace = Trace.load(DOCS / "lockstep-vidur" / f"{name}.json")
+    adapter = need("vidur-vllm").adapter()
+    result = run_checked(adapter, trace, get_profile("vllm-v0").invariants(), timeout=60, lockstep=True)
+    assert lockstep_vidur.classify(result) == trace.meta["class"]
