@@ -75,8 +75,10 @@ for _kind in ("vllm", "sarathi", "orca"):
         CAUSES[(_run, "FAULT-hang")] = (
             "open: the host did not answer one call within the timeout (60 to 180 s) in each 300-trace run of the "
             "vLLM and Orca schedulers, at different calls and steps; every saved trace replays to its end in about 10 s "
-            "(`kvsched replay ... --timeout 20`), in a fresh host. The machine ran at load 12-13 on 2 cores; the cause "
-            "(the host process after many traces, or the machine) is not found.")
+            "(`kvsched replay ... --timeout 20`), in a fresh host, and running the same traces in one host through "
+            "`conformance.driver.run_checked` does not hang either. Repeating the Orca safety run (seed 20261201): it "
+            "hung in 2 of 2 runs as committed, in 0 of 1 with `--max-output 1000` and in 0 of 2 with a faulthandler "
+            "watchdog thread in the host; the machine ran at load 12-13 on 2 cores. The cause is not found.")
         CAUSES[(_run, "BUD-001")] = (
             f"deviation by design: Orca batches at iteration level with no token budget: `{_VIDUR}/orca_replica_scheduler.py: "
             "_get_next_batch` bounds a batch by `_max_batch_size` and by the blocks it reserves, never by tokens "
