@@ -179,7 +179,7 @@ def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
     assert lockstep_v1.classify(adapter, trace, outcome) == "threshold-caps-a-lone-request"
 
 
-VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-002", "LIV-003", "REQ-004"}
+VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-002", "LIV-003", "REQ-004", "BUD-001"}
 
 
 @pytest.mark.parametrize("name", ["vidur-vllm", "vidur-sarathi", "vidur-orca"])

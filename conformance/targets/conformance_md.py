@@ -72,6 +72,15 @@ for _kind in ("vllm", "sarathi", "orca"):
             "`can_allocate` for Orca) only says 'not now', nothing ignores it, and it blocks every request behind it.")
         CAUSES[(_run, "LIV-002")] = "same cause as LIV-001."
         CAUSES[(_run, "LIV-003")] = "same cause as LIV-001."
+        CAUSES[(_run, "FAULT-hang")] = (
+            "open: the host did not answer one call within the timeout (60 to 180 s) in each 300-trace run of the "
+            "vLLM and Orca schedulers, at different calls and steps; every saved trace replays to its end in about 10 s "
+            "(`kvsched replay ... --timeout 20`), in a fresh host. The machine ran at load 12-13 on 2 cores; the cause "
+            "(the host process after many traces, or the machine) is not found.")
+        CAUSES[(_run, "BUD-001")] = (
+            f"deviation by design: Orca batches at iteration level with no token budget: `{_VIDUR}/orca_replica_scheduler.py: "
+            "_get_next_batch` bounds a batch by `_max_batch_size` and by the blocks it reserves, never by tokens "
+            "(`OrcaSchedulerConfig` has no token limit), so one step may prefill more than max_num_batched_tokens.")
         CAUSES[(_run, "REQ-004")] = (
             "defect: `vidur/entities/request.py: Request.restart` (328-344) makes the tokens processed so far the new "
             "prompt (`_num_prefill_tokens = _num_processed_tokens`) and the rest decode tokens, which is right only "

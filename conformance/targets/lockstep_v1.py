@@ -172,6 +172,14 @@ class ClampedAlwaysCappedV1(ClampedV1, AlwaysCappedV1):
     """V1's running-chunk clamp and the cap on a lone request together."""
 
 
+class NoPartialLimitAlwaysCappedV1(NoPartialLimitV1, AlwaysCappedV1):
+    """No partial-prefill limit and the cap on a lone request together."""
+
+
+class ClampedNoPartialLimitAlwaysCappedV1(ClampedV1, NoPartialLimitV1, AlwaysCappedV1):
+    """All three behaviours above."""
+
+
 # the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
 MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("chunk-clamped-below-max-model-len", ClampedV1),
@@ -179,6 +187,9 @@ MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
     ("threshold-caps-a-lone-request", AlwaysCappedV1),
     ("chunk-clamped-below-max-model-len+threshold-caps-a-lone-request", ClampedAlwaysCappedV1),
+    ("partial-prefills-not-applied+threshold-caps-a-lone-request", NoPartialLimitAlwaysCappedV1),
+    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied+threshold-caps-a-lone-request",
+     ClampedNoPartialLimitAlwaysCappedV1),
 )
 
 
@@ -273,6 +284,10 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     for cls, model in MODELS:
         if all(possible[part] for part in cls.split("+")):
             again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+            if again.result.fault is not None:
+                # the engine did not fault on this trace in the run being classified: a fault in the
+                # rerun is the host's (a restart past the timeout on a loaded machine), so once more
+                again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
             if again.result.divergence is None and again.state is None and again.result.fault is None:
                 return cls
     return "unclassified"

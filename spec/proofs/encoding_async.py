@@ -305,8 +305,8 @@ def _live(enc: Encoder, st: State, s: int) -> Any:
 def wf_async(enc: Encoder, st: State) -> Any:
     """The model's well-formedness for the async flow: the v1 flow's, the entries' shape, and how
     the counters and the scheduled computed count follow from the entries (the strengthening the
-    induction needs: placeholders are the non-stale sampling entries, stale tokens are all the
-    in-flight tokens of a preempted request, sampled positions run on from the tokens)."""
+    induction needs beside PIP-003: a request with stale tokens is waiting with nothing computed,
+    sampled positions run on from the tokens)."""
     assert isinstance(enc, AsyncEncoder) and isinstance(st, AsyncState)
     out = [wf_v1(enc, st)]
     for s in range(enc.S):
@@ -320,10 +320,7 @@ def wf_async(enc: Encoder, st: State) -> Any:
             out.append(z3.Implies(z3.And(live, inside, st.qp[s][j] >= 0), st.qp[s][j] == st.ntok[s] + before))
         out += [
             z3.Implies(st.sstat[s] == NONE, z3.And(st.qn[s] == 0, st.ph[s] == 0, st.inf[s] == 0, st.stl[s] == 0)),
-            z3.Implies(live, st.inf[s] == z3.Sum([st.qk[s][j] for j in range(Q)])),
-            z3.Implies(z3.And(live, st.stl[s] == 0), st.ph[s] == enc.sampling(st, s)),
-            z3.Implies(z3.And(live, st.stl[s] > 0), z3.And(st.sstat[s] == WAIT, st.ph[s] == 0, st.ncomp[s] == 0)),
-            z3.Implies(z3.And(live, st.sstat[s] == WAIT), st.stl[s] == st.inf[s]),
+            z3.Implies(z3.And(live, st.stl[s] > 0), z3.And(st.sstat[s] == WAIT, st.ncomp[s] == 0)),
             # the scheduled frontier: a request with a token in flight has computed up to it
             z3.Implies(z3.And(st.sstat[s] == RUN, st.ph[s] >= 1), st.ncomp[s] == st.ntok[s] + st.ph[s] - 1),
             z3.Implies(z3.And(st.sstat[s] == RUN, st.ph[s] == 0), st.ncomp[s] <= st.ntok[s] - 1),
@@ -367,14 +364,20 @@ def pip002_step(ae: ActionEncoding) -> Any:
 
 def pip003(enc: Encoder, st: State) -> Any:
     """PIP-003: an unfinished request's in-flight counters (placeholders, in-flight tokens, stale
-    tokens) are never negative, and all are zero when none of its steps is in flight. (A finished
-    request's counters are the engine's to drop: vLLM deletes the request.)"""
-    assert isinstance(st, AsyncState)
+    tokens) are never negative and agree with what is in flight: all are zero when none of its
+    steps is in flight, the in-flight tokens are its in-flight steps' tokens; one that is not running holds no placeholder and counts every in-flight
+    token stale; a running one without stale tokens holds a placeholder for every position its
+    in-flight steps sample. (A finished request's counters are the engine's to drop: vLLM
+    deletes the request.)"""
+    assert isinstance(enc, AsyncEncoder) and isinstance(st, AsyncState)
     out = []
     for s in range(enc.S):
         counters = (st.ph[s], st.inf[s], st.stl[s])
         out.append(z3.Implies(_live(enc, st, s), z3.And(
-            *[c >= 0 for c in counters], z3.Implies(st.qn[s] == 0, z3.And(*[c == 0 for c in counters])))))
+            *[c >= 0 for c in counters], z3.Implies(st.qn[s] == 0, z3.And(*[c == 0 for c in counters])),
+            st.inf[s] == z3.Sum([st.qk[s][j] for j in range(Q)]),
+            z3.Implies(st.sstat[s] == WAIT, z3.And(st.ph[s] == 0, st.stl[s] == st.inf[s])),
+            z3.Implies(z3.And(st.sstat[s] == RUN, st.stl[s] == 0), st.ph[s] == enc.sampling(st, s)))))
     return P0._all(out)
 
 
@@ -404,8 +407,13 @@ ASYNC_SCOPE = {
     "CHK-002": "computed tokens run ahead of the delivered tokens by the placeholders (PIP-002 bounds by how much)",
     "CHK-003": "a recompute victim: proved in the v1 flow; here its in-flight share turns stale (PIP-003, PIP-005)",
     "CHK-004": _SYNC,
-    "PIP-004": "blocks an in-flight step writes: the reference frees at preemption and relies on in-order steps "
-               "(vLLM without defer_block_free), which the one-request-per-action model does not order",
+    "PIP-001": "the delivered token values (the encoding counts tokens; its shadow here: sampled positions run on "
+               "from the tokens, WF, and each processed sample is the next position, PIP-005)",
+    "PIP-006": "latency in steps from the last scheduling step to the finish: the one-request actions carry no step "
+               "numbers (PIP-002's step part bounds the tokens computed past the finish instead)",
+    "PIP-004": "blocks an in-flight step writes: the reference frees at once and declares ordered steps (vLLM "
+               "without defer_block_free; PIP-004 is then moot), and one-request actions carry no step order; "
+               "the fencing variant (DeferredFreeAsyncV1Scheduler) is not encoded",
 }
 grp_ok_async = grp_ok_v1
 
