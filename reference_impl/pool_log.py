@@ -84,10 +84,6 @@ class LoggedCounts(list):
             self.log.whole = True
         list.__setitem__(self, index, value)
 
-    for _name in ("__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop", "remove", "clear",
-                  "sort", "reverse"):
-        locals()[_name] = _logs_whole(list, _name)
-    del _name
 
 
 class _FreeEntries:
@@ -158,9 +154,6 @@ class LoggedFreeQueue(_FreeEntries, deque):
         deque.remove(self, block)
         self._leave(block)
 
-    for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "insert", "clear", "rotate", "reverse"):
-        locals()[_name] = _logs_whole(deque, _name)
-    del _name
 
 
 class LoggedSortedFree(_FreeEntries, list):
@@ -189,10 +182,6 @@ class LoggedSortedFree(_FreeEntries, list):
         list.remove(self, block)
         self._leave(block)
 
-    for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "clear", "sort",
-                  "reverse"):
-        locals()[_name] = _logs_whole(list, _name)
-    del _name
 
 
 def changed_blocks(counts: object, free: object, log: ChangeLog) -> dict[int, int] | None:
@@ -202,3 +191,17 @@ def changed_blocks(counts: object, free: object, log: ChangeLog) -> dict[int, in
             and counts.log is log and free.log is log):
         return None
     return log.take(free)
+
+
+# The writes a container cannot attribute to blocks (a slice, a sort, growing the counts): each
+# marks the log whole, so the next snapshot is checked whole.
+for _cls, _base, _names in (
+    (LoggedCounts, list, ("__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop", "remove",
+                          "clear", "sort", "reverse")),
+    (LoggedFreeQueue, deque, ("__setitem__", "__delitem__", "__iadd__", "__imul__", "insert", "clear", "rotate",
+                              "reverse")),
+    (LoggedSortedFree, list, ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "clear",
+                              "sort", "reverse")),
+):
+    for _name in _names:
+        setattr(_cls, _name, _logs_whole(_base, _name))

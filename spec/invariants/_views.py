@@ -8,7 +8,10 @@ previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_r
 snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
 `changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
 the table entries per block as a tuple, compared with reference counts at C speed; `pool_facts`
-reads the reference counts and free list once per snapshot for every block check;
+reads the reference counts and free list once per snapshot for every block check, and carries
+them (like `free_in_tables`) through the blocks a pool names as changed
+(`Snapshot.gpu_block_changes`), so a large pool costs what changed; `fresh_tokens_in_snapshots`
+hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
 read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
