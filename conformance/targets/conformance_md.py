@@ -418,6 +418,8 @@ def _async_hunt(results: Path) -> list[str]:
             by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items()) or "-"
             lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} |")
     lines += [""] + [f"{note}\n" for note in ASYNC_HUNT_NOTES]
+    return lines
+
 
 def _specdec(lockstep: Path, hunt: Path) -> list[str]:
     """Speculative decoding on vLLM 0.33.0 (docs/SPECDEC.md): the lockstep campaign
