@@ -285,7 +285,8 @@ def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     positions past its last token: when it finishes, the tokens computed or in flight for it reach
     at most ``num_tokens - 1 + pipeline_depth`` (a synchronous step: ``num_tokens - 1``, the last
     sampled token has no KV; with speculative decoding each in-flight step may also carry its k
-    drafts: ``pipeline_depth * (1 + num_speculative_tokens)``).""",
+    drafts, and the stopping step its k drafts past a stop inside them: ``pipeline_depth * (1 + k) + k``
+    for k = num_speculative_tokens).""",
     """An in-flight step cannot be recalled, so the steps scheduled before a stop is known compute
     past it: at most pipeline_depth of them, one position each (vLLM drops their outputs,
     vllm/v1/core/sched/scheduler.py:2327-2334). More is KV written and compute spent past the end
@@ -301,8 +302,10 @@ def computes_at_most_depth_past_the_end(ctx: CheckContext, rec: StepRecord) -> I
         return
     aborted = set(rec.aborted)
     depth = ctx.config.pipeline_depth
-    # with speculative decoding each in-flight step computes its next token and up to k drafts
-    ahead = depth * (1 + ctx.config.num_speculative_tokens)
+    # with speculative decoding each in-flight step computes its next token and up to k drafts, and
+    # the step that sampled the stop computed its drafts past a stop inside its accepted run
+    k = ctx.config.num_speculative_tokens
+    ahead = depth * (1 + k) + k
     for done in rec.finished:
         if done.status not in _DELIVERED or done.request_id in aborted:
             continue
