@@ -23,6 +23,8 @@ RARE_ON_THESE_TRACES = {
     "abort-finished-again", "admission-ignores-watermark", "recompute-to-back", "running-in-admission-order",
     "v1-ignores-partial-prefill-limit",
     "stop-to-wrong-request",  # needs a stop on a sequence batched with another request's
+    "specdec-delivers-past-stop",  # needs a stop inside an accepted run of two or more drafts
+    "specdec-empty-outcome-keeps-drafts",  # needs an empty outcome on a step that verified drafts
 }
 
 
