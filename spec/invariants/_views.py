@@ -535,14 +535,25 @@ def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
 class FreeEntries:
     """How many times a snapshot's free list names each block: the base snapshot's answer plus the
     blocks changed since (`Snapshot.gpu_block_changes`), so that carrying it forward costs what
-    changed, not the pool. Chains are cut at `_DELTA_DEPTH` layers by flattening (one dict copy)."""
+    changed, not the pool. A chain longer than `_ENTRY_LAYERS` is cut by folding the parent's
+    layers into the root's dict *in place* (a copy of a pool-sized dict every few snapshots was the
+    largest cost left at 4096 requests). The parent still answers for its own snapshot (a block
+    in none of its layers keeps its root entry), but the layers below it no longer do for theirs:
+    only the current snapshots and their bases are asked (the checker reads the current step's;
+    `forget` drops the facts of older ones), never a grandparent."""
 
     __slots__ = ("parent", "counts", "depth")
 
     def __init__(self, counts: dict[int, int], parent: FreeEntries | None = None) -> None:
-        if parent is not None and parent.depth >= _DELTA_DEPTH:
-            counts = {**parent.flat(), **counts}
-            parent = None
+        if parent is not None and parent.depth >= _ENTRY_LAYERS:
+            layers, root = [], parent
+            while root.parent is not None:
+                layers.append(root.counts)
+                root = root.parent
+            folded = root.counts
+            for layer in reversed(layers):  # oldest first, so newer entries win
+                folded.update(layer)
+            parent = FreeEntries(folded)  # the parent's answers, as one dict
         self.parent, self.counts = parent, counts
         self.depth = 0 if parent is None else parent.depth + 1
 
@@ -591,6 +602,9 @@ class PoolFacts(NamedTuple):
         if self.low >= 0 and self.high < size:
             return False
         return any(not 0 <= b < size for b in self.free())
+
+
+_ENTRY_LAYERS = 12  # free-list entry layers kept before folding (`FreeEntries`): more than a checker reads back
 
 
 def pool_facts(snap: Snapshot, device: str) -> PoolFacts:
