@@ -57,6 +57,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=0, help="judge at most this many new mutants (a pilot)")
     ap.add_argument("--only", default="", help="comma-separated mutant ids")
     ap.add_argument("--judges", default="kvsched,pytest")
+    ap.add_argument("--rebaseline", nargs="+", default=None, metavar="TEST_FILE",
+                    help="rerun the pytest baseline of these test files (relative to the sdist), merge it, and "
+                         "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
@@ -113,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         print(render(results["summary"]))
         return 0
     todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))]
+    todo.sort(key=lambda m: (m["scope"] != "in", m["id"]))  # in scope first: a capped run still compares them
     if args.limit:
         todo = todo[:args.limit]
     overlays = desc.materialize(tool, site, todo, workspace.scratch())
 
-    server = ForkServer(target.python, workspace.root() / "fork.sock",
+    server = ForkServer(target.python, workspace.root() / "fork.sock", hf_home=workspace.ensure_hf(),
                         pytest_path=workspace.ensure_pytest(target.python) if "pytest" in judges else None)
     workspace.ensure_tests()
     print("starting the fork server (imports vLLM once)", flush=True)
@@ -141,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baseline pytest: {len(b['passing'])} passing, {len(b['failing_unmutated'])} failing unmutated, "
                   f"{len(b['unusable'])} unusable files, {b['seconds']} s", flush=True)
             save_results(results, args.out)
+
+        if args.rebaseline:
+            rebaseline(args, doc, results, pj, tool, site)
+            return 0
 
         def judge(m: dict) -> None:
             overlay = {desc.module_name(m["file"]): str(overlays[m["id"]])} if m["id"] in overlays else None
@@ -174,6 +182,39 @@ def main(argv: list[str] | None = None) -> int:
     save_results(results, args.out)
     print(render(results["summary"]))
     return 0
+
+
+def rebaseline(args: argparse.Namespace, doc: dict, results: dict, pj: PytestJudge, tool: Path, site: Path) -> None:
+    """Add test files to the pytest baseline (`--rebaseline`) and give vLLM's tests their chance
+    on the mutants they had let survive."""
+    from conformance.mutation.pytest_judge import merge_baselines
+    from conformance.mutation.summary import KILLS
+
+    files = list(args.rebaseline)
+    new = pj.baseline(files=files, tag="rebaseline")
+    print(f"rebaseline {files}: {len(new['passing'])} passing, {len(new['failing_unmutated'])} failing, "
+          f"{new['seconds']} s", flush=True)
+    merged = merge_baselines(results["baselines"]["pytest"], new, files)
+    results["baselines"]["pytest"] = merged
+    save_results(results, args.out)
+    again = [m for m in doc["mutants"] if results["mutants"].get(m["id"], {}).get("pytest", {}).get("verdict")
+             in ("survived", "survived-budget")]
+    chosen = {m["id"]: [t for t in pj.select(merged, m) if t.split("::")[0] in files] for m in again}
+    again = [m for m in again if chosen[m["id"]]]
+    overlays = desc.materialize(tool, site, again, workspace.scratch())
+    for m in again:
+        overlay = {desc.module_name(m["file"]): str(overlays[m["id"]])}
+        verdict = pj.judge(m["id"], overlay, chosen[m["id"]], args.pytest_seconds)
+        entry = results["mutants"][m["id"]]["pytest"]
+        if verdict["verdict"] in KILLS:
+            entry.update({**verdict, "rejudged_with": files, "not_reached": False})
+        else:
+            entry["also_ran"] = {"files": files, "tests": len(chosen[m["id"]]), "verdict": verdict["verdict"]}
+        save_results(results, args.out)
+        print(f"rejudged {m['id']}: pytest={verdict['verdict']} ({len(chosen[m['id']])} tests)", flush=True)
+    results["summary"] = summarize(doc["mutants"], results["mutants"])
+    save_results(results, args.out)
+    print(render(results["summary"]))
 
 
 def _judge_keys(judges: set[str]) -> list[str]:

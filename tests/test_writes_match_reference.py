@@ -7,7 +7,9 @@ scheduler runs on Hypothesis-drawn states of any size (the parametric tie test's
 to 24 blocks, block sizes 1-4, up to 6 requests with n up to 3), its block pools' calls counted,
 and for every action the guard allows: the blocks it takes from each pool
 are at most the argument's ``N`` for that action, and none is taken after a block of that pool
-was freed in the same action (a copy-on-write between two allocations frees nothing). For the swap-in, ``N`` is the distinct full CPU blocks
+was freed in the same action (a copy-on-write between two allocations frees nothing); and, for
+COW-001's argument, once a decode's (or swap-in's) appends are done every block a sequence's
+token is written to has count 1. For the swap-in, ``N`` is the distinct full CPU blocks
 plus one per live sequence, the reference's own ``blocks_to_swap_in``.
 """
 
@@ -69,7 +71,21 @@ def _check(sched: Scheduler, action: str, group: Any, seq_id: str | None) -> dic
 
     for d, pool in ((GPU, bm.gpu), (CPU, bm.cpu)):
         pool.allocate, pool.decref = allocating(d), decrefing(d)
+    written: list[int] = []
+    if action in ("decode", "swap_in"):  # COW-001's argument: once the appends are done, each
+        real_update = after.update       # block a sequence's token is written to has count 1
+
+        def update(*args: Any, **kw: Any) -> Any:
+            bs = after.config.block_size
+            for s in after.groups[group.request_id].live_seqs():
+                block = bm.gpu_tables[s.seq_id][s.num_computed // bs]
+                written.append(block)
+                assert bm.gpu.ref_counts[block] == 1, f"{action}: {s.seq_id} writes block {block} held {bm.gpu.ref_counts[block]} times"
+            return real_update(*args, **kw)
+
+        after.update = update  # type: ignore[method-assign]
     apply_action(after, action, after.groups[group.request_id], seq_id)
+    assert action not in ("decode", "swap_in") or written, action
     assert taken[GPU] <= n_gpu and taken[CPU] <= n_cpu, (action, taken, (n_gpu, n_cpu))
     return taken
 
@@ -111,3 +127,21 @@ def test_a_forked_swap_in_takes_exactly_its_bound():
     group = sched.groups["a"]
     taken = _check(sched, "swap_in", group, None)
     assert taken[GPU] == sched.block_manager.blocks_to_swap_in(group)
+
+
+def test_the_write_check_catches_a_decode_without_copy_on_write():
+    """The COW-001 half has teeth: the decode-no-cow reference (tests/proof_mutants.py) writes a
+    forked group's shared last block in place, and the check says so."""
+    import pytest
+
+    from spec.config import SchedulerConfig
+    from spec.types import Request
+    from tests.proof_mutants import MUTATED_REFERENCES
+
+    mutated, _ = MUTATED_REFERENCES["decode-no-cow"]
+    sched = mutated(SchedulerConfig(block_size=2, num_gpu_blocks=12, num_cpu_blocks=8, max_num_seqs=4,
+                                    max_num_batched_tokens=64, max_model_len=30, preemption_mode="swap"))
+    sched.add_request(Request("a", 5, max_tokens=9, n=3))
+    apply_action(sched, "fork", sched.groups["a"])
+    with pytest.raises(AssertionError, match="held 3 times"):
+        _check(sched, "decode", sched.groups["a"], None)

@@ -1,7 +1,7 @@
 """Mutation benchmark on a real engine (issue 21, item 5): seeded bugs in vLLM 0.33.0's V1
 scheduler, judged by kvsched's lockstep campaigns and by vLLM's own scheduler tests.
 
-Not to be confused with `conformance.mutants` (kvsched's own seeded bugs in the *reference*,
+Not to be confused with `conformance.selftest.mutants` (kvsched's own seeded bugs in the *reference*,
 one per invariant). Modules, in the order a run uses them:
 
 * `workspace`: the cache directory with Cosmic Ray, pytest and vLLM's sdist tests;

@@ -19,14 +19,18 @@ HERE = Path(__file__).parent
 
 class ForkServer:
     def __init__(self, python: Path, socket: Path, *, pytest_path: Path | None = None, log: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, hf_home: Path | None = None) -> None:
         self.python, self.socket, self.pytest_path = python, socket, pytest_path
         self.log = log or socket.with_suffix(".log")
         # One OpenMP thread: libgomp's pool does not survive fork(), and the judges need no
         # parallel kernels (the machine's cores are shared anyway).
         # No PYTHONPATH: kvsched's own tests/ would shadow vLLM's ``tests`` package in pytest jobs.
         inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.env = {**inherited, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
+        # Offline: nothing outside is reachable here, and a test that asks the Hugging Face hub for
+        # a model's config otherwise waits for the network to time out before failing.
+        # HF_HOME: the offline cache of model configs that vLLM's tests read (`hf_configs`).
+        self.env = {**inherited, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(hf_home or socket.parent / "hf"), **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> ForkServer:

@@ -99,6 +99,10 @@ def run_child(conn: socket.socket, job: dict, fds: list[int]) -> None:
         if job["kind"] == "pytest":
             import pytest
 
+            # The tests' root on the path, as ``python -m pytest`` from there would put it: a test
+            # directory without __init__.py (tests/v1/core/prefix_cache) is otherwise its own root
+            # and its ``from tests.v1.core...`` imports fail.
+            sys.path.insert(0, os.getcwd())
             rc = int(pytest.main(sys.argv[1:]))
         else:
             import runpy

@@ -7,7 +7,8 @@ not have) is recorded with the reason and left out. A mutant then runs only the 
 that run its line (all of them when the line runs at import), stopping at the first failure.
 
 Verdicts: ``killed`` (a test failed), ``survived`` (all selected tests passed, or none runs the
-line: ``not-reached`` says which), ``timeout`` (over the time cap), ``crash-at-import``
+line: ``not_reached`` says which), ``timeout`` (one test ran past `TEST_SECONDS`: a hang),
+``survived-budget`` (the judge's time cap ended the run with no failure), ``crash-at-import``
 (collection failed: the mutated module does not import).
 """
 
@@ -28,6 +29,9 @@ SKIP_FILES = {
     "tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py":
         "imports tests.utils.RemoteOpenAIServer (anthropic, an OpenAI server and a model)",
 }
+# One test past this is a hang (`mutation_coverage.MutantTimeout`); the slowest usable test of
+# tests/v1/core takes a few seconds here, unmutated.
+TEST_SECONDS = 30
 PYTEST_FLAGS = ["--noconftest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "-W", "ignore"]
 
 
@@ -51,11 +55,15 @@ class PytestJudge:
                 rc = None
         return rc, time.monotonic() - started
 
-    def baseline(self, seconds: float = 3600.0) -> dict[str, Any]:
+    def test_files(self) -> list[str]:
         files = sorted(str(p.relative_to(self.sdist)) for p in (self.sdist / "tests/v1/core").rglob("test_*.py"))
-        usable = [f for f in files if f not in SKIP_FILES]
-        out = self.work / "baseline-coverage.json"
-        log = self.work / "baseline.log"
+        return [f for f in files if f not in SKIP_FILES]
+
+    def baseline(self, seconds: float = 3600.0, files: list[str] | None = None, tag: str = "baseline") -> dict[str, Any]:
+        """Run ``files`` (default: every usable test file) unmutated, with line coverage per test."""
+        usable = files if files is not None else self.test_files()
+        out = self.work / f"{tag}-coverage.json"
+        log = self.work / f"{tag}.log"
         rc, took = self._run(["--continue-on-collection-errors", "-p", "mutation_coverage", *usable], {}, seconds, log,
                              env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)})
         data = json.loads(out.read_text())
@@ -92,20 +100,40 @@ class PytestJudge:
         args_file = self.work / f"{mutant_id}.args"
         args_file.write_text("\n".join(tests) + "\n")
         log = self.work / f"{mutant_id}.log"
-        rc, took = self._run(["-x", f"@{args_file}"], overlay, seconds, log)
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        verdict = ("timeout" if rc is None else "survived" if rc in (0, 5) else "killed" if rc == 1
+        rc, took = self._run(["-x", "-p", "mutation_coverage", f"@{args_file}"], overlay, seconds, log,
+                             env={"MUTATION_TEST_TIMEOUT": str(TEST_SECONDS)})
+        text = log.read_text(errors="replace")
+        tail = text.strip().splitlines()[-3:]
+        verdict = ("survived-budget" if rc is None else "survived" if rc in (0, 5)
+                   else "timeout" if rc == 1 and "MutantTimeout" in text else "killed" if rc == 1
                    else "crash-at-import" if rc == 2 else f"error-rc{rc}")
         out: dict[str, Any] = {"verdict": verdict, "rc": rc, "tests": len(tests), "seconds": round(took, 1),
                                "tail": [line[:200] for line in tail]}
-        failed = re.findall(r"^FAILED (\S+)", log.read_text(errors="replace"), re.M)
+        failed = re.findall(r"^FAILED (\S+)", text, re.M)
         if failed:
             out["failed"] = failed[:3]
         return out
 
 
+def merge_baselines(old: dict[str, Any], new: dict[str, Any], files: list[str]) -> dict[str, Any]:
+    """``old`` with the results of ``files`` replaced by ``new``'s (a rerun of some files)."""
+    def keep(t: str) -> bool:
+        return t.split("::")[0] not in files
+
+    merged = dict(old)
+    for key in ("passing", "failing_unmutated", "skipped"):
+        merged[key] = sorted({*filter(keep, old[key]), *new[key]})
+    merged["lines"] = {**{t: v for t, v in old["lines"].items() if keep(t)},
+                       **{t: v for t, v in new["lines"].items() if t != "<import>"}}
+    merged["files"] = {**{f: c for f, c in old["files"].items() if f not in files}, **new["files"]}
+    merged["unusable"] = {**{f: r for f, r in old["unusable"].items() if f not in files}, **new["unusable"]}
+    merged["seconds"] = round(old["seconds"] + new["seconds"], 1)
+    return merged
+
+
 def _collection_reason(text: str, nodeid: str) -> str:
-    """The last ``E   ...`` line of the collection error of ``nodeid`` in pytest's log."""
-    block = text.split(f"ERROR collecting {nodeid}", 1)[-1]
-    errors = [ln[1:].strip() for ln in block.splitlines()[:80] if ln.startswith("E ")]
-    return errors[-1][:200] if errors else "collection error"
+    """The first exception line of the collection error of ``nodeid`` in pytest's log."""
+    block = text.split(f"ERROR collecting {nodeid}", 1)[-1].split("\n_____", 1)[0]
+    errors = [ln[1:].strip() for ln in block.splitlines() if ln.startswith("E ")]
+    named = [e for e in errors if "Error" in e or "not found" in e]
+    return (named or errors or ["collection error"])[0][:200]

@@ -7,6 +7,8 @@ everything third-party it needs, fetched through the ordinary clients and never 
   fork server's path (the shared vllm-v1 target venv is left as ``kvsched targets install`` made it);
 * ``sdist/vllm-0.33.0/tests/``: vLLM's own tests, only ``tests/v1/core`` and the few helper
   modules it imports, extracted from the 0.33.0 sdist (sha256 pinned below);
+* ``hf/``: an offline Hugging Face cache holding only the model configs vLLM's tests ask for
+  (`hf_configs`);
 * ``scratch/<mutant>/vllm/...``: the mutated files (overlays), one per mutant.
 """
 
@@ -98,3 +100,9 @@ def ensure_tests(log=print) -> Path:
                            for s in SDIST_MEMBERS)]
         tar.extractall(root() / "sdist", members=members, filter="data")
     return sdist_root()
+
+
+def ensure_hf() -> Path:
+    from conformance.mutation.hf_configs import write_cache
+
+    return write_cache(root() / "hf")

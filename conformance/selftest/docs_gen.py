@@ -42,14 +42,28 @@ def _proof_status(proofs: dict[str, Any] | None) -> dict[str, str]:
         cells[cell["invariant"]].append(cell)
     bound = proofs.get("bound", {})
     bound_text = ", ".join(f"{k} {v}" for k, v in bound.items()) if isinstance(bound, dict) else str(bound)
+    flow_bounds = proofs.get("bounds", {})
+
+    def scope_of(items: list[dict[str, Any]]) -> str:
+        """'unbounded', or per flow which is unbounded and which bounded (at which bound)."""
+        flows = list(dict.fromkeys(c.get("flow", "v0") for c in items))
+        unbounded = [f for f in flows if all(c.get("scope") == "unbounded" for c in items if c.get("flow", "v0") == f)]
+        if len(unbounded) == len(flows):
+            return "unbounded"
+        bounded = [f for f in flows if f not in unbounded]
+        if any(f not in flow_bounds for f in bounded):
+            return f"bounded ({bound_text})"
+        at = "; ".join(f"{f} {','.join(f'{k}={v}' for k, v in flow_bounds[f].items())}" for f in bounded)
+        if not unbounded:
+            return f"bounded ({at})"
+        return f"unbounded in {', '.join(unbounded)}, bounded in {', '.join(bounded)} ({at})"
+
     status = {}
     for inv, items in cells.items():
         results = {c["result"] for c in items if c["result"] != "n/a"}
         seconds = sum(c.get("seconds", 0.0) for c in items)
-        scopes = {c.get("scope", "bounded") for c in items if c["result"] == "proved"}
         if results == {"proved"}:
-            scope = "unbounded" if scopes == {"unbounded"} else f"bounded ({bound_text})"
-            status[inv] = f"proved inductive for every action, {scope}; {seconds:.2f} s"
+            status[inv] = f"proved inductive for every action, {scope_of(items)}; {seconds:.2f} s"
         else:
             bad = sorted({f"{c['action']}: {c['result']}" for c in items if c["result"] not in ("proved", "n/a")})
             status[inv] = "not proved: " + "; ".join(bad)

@@ -120,7 +120,7 @@ mutant("async-final-chunk-without-placeholder",
 mutant("async-applies-outcomes-of-finished", "an in-flight outcome of a request that finished meanwhile is applied",
        ("PIP-002",), **_ASYNC)(AppliesOutcomesOfFinished)
 mutant("async-one-step-later", "outcomes are processed one step later than the declared pipeline depth",
-       ("PIP-006",), **_ASYNC)(OneStepLater)
+       ("PIP-006", "PIP-007"), **_ASYNC)(OneStepLater)
 mutant("async-resamples-after-preemption", "a preempted request's in-flight token is kept and sampled again",
        ("PIP-001",), **_ASYNC)(ResamplesAfterPreemption)
 mutant("async-frees-without-fence",

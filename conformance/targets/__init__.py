@@ -402,7 +402,7 @@ _TARGET_LIST.append(Target(
     # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
     # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
     lookahead_tokens=16,
-    install_profile="nightly",  # 190 s from scratch here (torch's CPU wheel is most of it)
+    install_profile="nightly",  # 190 s from scratch here (load 12; torch is most of it)
 ))
 _TARGET_LIST.append(Target(
     "aphrodite", "aphrodite-engine==0.24.1",
@@ -411,7 +411,7 @@ _TARGET_LIST.append(Target(
     pip_steps=((TORCH_PIN,), ("--no-deps", "aphrodite-engine==0.24.1"), ("--no-deps", *_V1_DEPS)),
     smoke="from aphrodite.v1.core.sched.scheduler import Scheduler; from aphrodite.config import AphroditeConfig",
     strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
-    profiles=("safety", "vllm-v1"), install_profile="nightly",  # a 300 MB wheel; 244 s from scratch here
+    profiles=("safety", "vllm-v1"), install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
 ))
 for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked prefill)"), ("orca", "Orca")):
     _TARGET_LIST.append(Target(

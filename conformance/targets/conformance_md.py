@@ -72,6 +72,17 @@ for _kind in ("vllm", "sarathi", "orca"):
             "`can_allocate` for Orca) only says 'not now', nothing ignores it, and it blocks every request behind it.")
         CAUSES[(_run, "LIV-002")] = "same cause as LIV-001."
         CAUSES[(_run, "LIV-003")] = "same cause as LIV-001."
+        CAUSES[(_run, "FAULT-hang")] = (
+            "open: the host did not answer one call within the timeout (60 to 180 s) in each 300-trace run of the "
+            "vLLM and Orca schedulers, at different calls and steps; every saved trace replays to its end in about 10 s "
+            "(`kvsched replay ... --timeout 20`), in a fresh host, and running the same traces in one host through "
+            "`conformance.driver.run_checked` does not hang either. Repeating the Orca safety run (seed 20261201): it "
+            "hung in 2 of 2 runs as committed, in 0 of 1 with `--max-output 1000` and in 0 of 2 with a faulthandler "
+            "watchdog thread in the host; the machine ran at load 12-13 on 2 cores. The cause is not found.")
+        CAUSES[(_run, "BUD-001")] = (
+            f"deviation by design: Orca batches at iteration level with no token budget: `{_VIDUR}/orca_replica_scheduler.py: "
+            "_get_next_batch` bounds a batch by `_max_batch_size` and by the blocks it reserves, never by tokens "
+            "(`OrcaSchedulerConfig` has no token limit), so one step may prefill more than max_num_batched_tokens.")
         CAUSES[(_run, "REQ-004")] = (
             "defect: `vidur/entities/request.py: Request.restart` (328-344) makes the tokens processed so far the new "
             "prompt (`_num_prefill_tokens = _num_processed_tokens`) and the rest decode tokens, which is right only "
@@ -162,6 +173,7 @@ def build(results: Path) -> str:
     lines += _nano_lockstep(results / "lockstep-nano-vllm.json")
     lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
+    lines += _async_hunt(results)
     lines += ["", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
@@ -309,6 +321,91 @@ def _nano_lockstep(path: Path) -> list[str]:
         lines.append(f"\nFixed in the reference ({name}): {why}")
     for inv, why in data.get("unchecked", {}).items():
         lines.append(f"\nNot checked in this lockstep: {inv}: {why}.")
+    return lines
+
+
+# The hunt's reading of what it found (issue 16, item 5); the numbers come from the result files.
+ASYNC_HUNT_NOTES = [
+    "**What was found.** On both versions one class, the synchronous target's known "
+    "`chunk-clamped-below-max-model-len`: a prompt of exactly max_model_len tokens whose chunked prefill "
+    "continues as a running chunk is clamped at `max_model_len - num_computed_tokens - 1` and never gets its last "
+    "prompt token (LIV-001 where it is the only work, LIV-002); vLLM 0.33.0 "
+    "`vllm/v1/core/sched/scheduler.py:851-857` (running loop, 'Make sure the input position does not exceed the max model "
+    "len'), 0.29.0 the same clamp (`scheduler.py:596-603`). `AsyncScheduler` inherits it from `Scheduler`. Nothing "
+    "else: no safety violation (PIP-001..005 and the seven synchronous invariants checked as planned included), no "
+    "engine failure, no in-flight counter out of range (PIP-003), on either version.",
+    "**#57562** (placeholder underflow, `assert request.num_output_placeholders >= 0`, reported on 0.29.0 with "
+    "chunked prefill and concurrent requests, no spec decode, no preemption). Not reproduced on 0.29.0 nor on "
+    "0.33.0. Tried: the hunt above (chunked prefill in about half the traces, prefix caching, preemption, aborts "
+    "and stops), and the probe made for the report's shape (`python -m conformance.targets.async_probe --target "
+    "vllm-v1-async-0.29`: chunked prefill always on, 4 to 8 seats, a token budget of one or two tokens per seat, "
+    "up to 10 requests at once, long_prefill_token_threshold 0, 1 or 3, prefix caching on in about half; every "
+    "step reads the host's in-flight counters). Where 0.29.0 differs: the decrement and the assert live in "
+    "`AsyncScheduler._update_request_with_output` (0.29.0 `vllm/v1/core/sched/async_scheduler.py:51-70`, the "
+    "assert at `:63`; 0.33.0 moved them into `Scheduler`), and the placeholder is skipped for a request whose "
+    "step leaves it mid-prompt (`async_scheduler.py:28`, `is_prefill_chunk` set in `scheduler.py:1466-1468` as "
+    "`num_computed_tokens < num_tokens + num_output_placeholders`); the same rule as 0.33.0, and both agree with "
+    "the reference here. Out of the host's reach, and so not tried: the report's hybrid Gated DeltaNet + "
+    "attention model (the Mamba-aligned chunk split, `_mamba_block_aligned_split`), data-parallel prefill "
+    "throttling (`defer_prefills`, 0.29.0 `scheduler.py:545-548` and `:579-583`: an in-progress prefill chunk "
+    "is skipped on a throttled step), speculative decoding and streaming input (#35755).",
+]
+
+
+def _async_hunt(results: Path) -> list[str]:
+    """Issue 16's hunt (`conformance.targets.async_hunt`), the #57562 probes and the 0.29.0
+    lockstep, when their results are committed."""
+    hunts = {v: results / f"async-hunt-{v}.json" for v in ("0.33.0", "0.29.0")}
+    if not any(p.exists() for p in hunts.values()):
+        return []
+    lines = ["", "## Pipelined (async) scheduling: the hunt on vLLM 0.33.0 and 0.29.0", "",
+             "`python -m conformance.targets.async_hunt --target vllm-v1-async` (0.33.0) and `--target "
+             "vllm-v1-async-0.29` (0.29.0, the version vllm-project/vllm#57562 was reported on; own venv, the same "
+             "host). Each trace is the target's own (`lockstep_async.all_paths_strategy`: plain, chunked prefill and "
+             "KV-pressure preemption paths at pipeline depth 1, prefix caching on in about half, aborts and stops), "
+             "checked against `safety` and `liveness` together, run whole, its problems classified; the first trace "
+             "of each class is shrunk and committed. docs/ASYNC.md is the design.", "",
+             "| version | traces | steps | preemptions | aborts | stops | prefix caching on | chunked prefill on | "
+             "clean | by class |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    classes: dict[str, dict] = {}
+    for version, path in hunts.items():
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        r = data["run"]
+        by = "; ".join(f"{k} x{v}" for k, v in r["by_class"].items()) or "-"
+        lines.append(f"| {version} (seed {data['seed']}) | {r['traces']} | {r['steps']} | {r['preemptions']} | "
+                     f"{r['aborts']} | {r['stops']} | {r['prefix_caching_on']} | {r['chunked_prefill_on']} | "
+                     f"{r['clean_traces']} | {by} |")
+        for cls, c in data["classes"].items():
+            entry = classes.setdefault(cls, {"kind": c["kind"], "explanation": c["explanation"], "traces": []})
+            entry["traces"].append(f"[{version}]({_rel(c['trace'])}) ({c['steps']} steps: {c['message'][:160]})")
+    if classes:
+        lines += ["", "| class | kind | explanation (vLLM source) | shrunk traces |", "| --- | --- | --- | --- |"]
+        for cls, c in sorted(classes.items()):
+            lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {'; '.join(c['traces'])} |")
+    probes = [(v, results / name) for v, name in (("0.33.0", "async-probe-57562.json"),
+                                                   ("0.29.0", "async-probe-57562-0.29.0.json"))]
+    if any(p.exists() for _, p in probes):
+        lines += ["", "The #57562 probe (`conformance.targets.async_probe`):", "",
+                  "| version | traces | steps | most requests in a trace | prefix caching on | problems |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for version, path in probes:
+            if path.exists():
+                d = json.loads(path.read_text())
+                lines.append(f"| {version} (seed {d['seed']}) | {d['traces']} | {d['steps']} | "
+                              f"{d['requests_per_trace_max']} | {d['prefix_caching_on']} | {len(d['problems'])} |")
+    lock = results / "async-lockstep-0.29.0.json"
+    if lock.exists():
+        d = json.loads(lock.read_text())
+        lines += ["", "Strict lockstep of 0.29.0 against the pipelined reference (`python -m "
+                  "conformance.targets.lockstep_async --target vllm-v1-async-0.29`, seed "
+                  f"{d['seed']}; 0.33.0's is in docs/ASYNC.md section 5):", "",
+                  "| path | traces | steps | agree | by class |", "| --- | --- | --- | --- | --- |"]
+        for path_name, m in d["paths"].items():
+            by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items()) or "-"
+            lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} |")
+    lines += [""] + [f"{note}\n" for note in ASYNC_HUNT_NOTES]
     return lines
 
 

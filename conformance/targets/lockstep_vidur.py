@@ -62,13 +62,6 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(vllm/engine/output_processor/stop_checker.py: StopChecker.maybe_stop_sequence); a Vidur request "
         "runs exactly its num_decode_tokens (vidur/entities/request.py: Request.on_batch_end), whatever its length.",
     ),
-    "preempts-with-room": (
-        "vidur-defect",
-        f"`{VIDUR}: _can_allocate_request` demands one free block for every running request ('vllm requires at "
-        "least one block to be available'), also for one whose next token fits its last block; vLLM appends a slot "
-        "without a new block then (BlockSpaceManager.can_append_slots). With the pool full Vidur preempts (restarts) "
-        "requests that vLLM keeps decoding.",
-    ),
     "restart-assertion": (
         "vidur-defect",
         "A restarted (recompute-preempted) request crashes the simulator: `vidur/entities/request.py: "
@@ -76,13 +69,6 @@ CLASSES: dict[str, tuple[str, str]] = {
         "`_is_prefill_stage_complete`, so the re-prefill's stage tokens add to the old ones and "
         "`Request.on_batch_stage_end` fails `assert self._num_stage_processed_tokens <= self.total_tokens` "
         "(request.py:300).",
-    ),
-    "prefill-decode-mix": (
-        "vidur-deviation",
-        f"vLLM V0 runs a step of prefills or a step of decodes, never both (Scheduler._schedule_default); "
-        f"`{VIDUR}: _get_next_batch` admits new prefills first and, only when none was admitted, the running "
-        "(there: `_preempted_requests`) decodes; the same split, but decided on a different queue state, so the "
-        "steps fall out of step.",
     ),
 }
 
@@ -128,8 +114,6 @@ def classify(result: TraceResult) -> str | None:
         return "never-fits-not-ignored"
     if d.field == "finished" and any(s == "FINISHED_LENGTH_CAPPED" for _, s in d.reference):
         return "no-max-model-len-cap"
-    if d.field == "preempted" and d.target and not d.reference:
-        return "preempts-with-room"
     return f"open-{d.field}"
 
 

@@ -277,3 +277,37 @@ def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     for key in [k for k in pending if k[0] < rec.step - depth + 1]:
         del pending[key]
     yield from _handed_over(rec.after, "after", pending)
+
+
+@invariant(
+    "PIP-007", "safety",
+    """A request that finishes stopped or length-capped has computed at most ``pipeline_depth``
+    positions past its last token: when it finishes, the tokens computed or in flight for it reach
+    at most ``num_tokens - 1 + pipeline_depth`` (a synchronous step: ``num_tokens - 1``, the last
+    sampled token has no KV).""",
+    """An in-flight step cannot be recalled, so the steps scheduled before a stop is known compute
+    past it: at most pipeline_depth of them, one position each (vLLM drops their outputs,
+    vllm/v1/core/sched/scheduler.py:2327-2334). More is KV written and compute spent past the end
+    of the stream, a queue deeper than declared, or a request scheduled again although its
+    in-flight token already reaches max_tokens or max_model_len (scheduler.py:800-815). The second
+    half of issue 16's "no token after the finish" (PIP-002 is the first); read mid-step, from the
+    in-flight counters, in the step that reports the finish.""",
+    (C.IN_FLIGHT, C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+)
+def computes_at_most_depth_past_the_end(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    mid = rec.mid
+    if mid is None or mid.in_flight is None or mid.seqs is None or rec.after.seqs is None:
+        return
+    aborted = set(rec.aborted)
+    depth = ctx.config.pipeline_depth
+    for done in rec.finished:
+        if done.status not in _DELIVERED or done.request_id in aborted:
+            continue
+        for v in rec.after.seqs_of(done.request_id):
+            planned, counters = mid.seqs.get(v.seq_id), mid.in_flight.get(v.seq_id)
+            if planned is None or counters is None or planned.num_computed is None or v.num_tokens is None:
+                continue
+            computed = planned.num_computed + counters.in_flight_tokens - counters.stale
+            if computed > v.num_tokens - 1 + depth:
+                yield (f"{v.seq_id} finished ({done.status.name}) with {v.num_tokens} tokens but {computed} computed or "
+                       f"in flight: {computed - v.num_tokens + 1} past its last, pipeline_depth {depth}")

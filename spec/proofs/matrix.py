@@ -165,7 +165,11 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
             continue
         family = iid.split("-")[0]
         if family == "PIP" and flow_name != "async":
-            found[iid] = "pipelined steps: proved in the async flow (kvsched prove --flow async)"
+            pipelined = flow("async")
+            if iid in pipelined.state_invariants or iid in pipelined.transition_properties:
+                found[iid] = "pipelined steps: proved in the async flow (kvsched prove --flow async)"
+            else:
+                found[iid] = pipelined.scope.get(iid, UNCLASSIFIED)
             continue
         if family == "CHK" and flow_name == "v0":
             found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
@@ -234,11 +238,12 @@ def prove(
     upgraded: set[tuple[str, str]] = set()
     from spec.proofs import per_sequence as PS
 
-    # the unbounded arguments cover the v0 and v1 flows; the async flow is proved at its bound
-    unbounded = unbounded and flow_name in ("v0", "v1")
+    # v0 and v1 have every argument below; the async flow has the block layer, QUE-001 and
+    # COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
+    sequences = flow_name in ("v0", "v1")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+    if unbounded and sequences and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
     from spec.proofs import writes as WR
 
@@ -259,16 +264,16 @@ def prove(
         if strengthen and not alone and any(iid in ("COW-001", "ALLOC", "ADM-002") for iid in wanted):
             upgraded |= WR.proved_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
-        if not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
+        if sequences and not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
         # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
-        if strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
+        if sequences and strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
             from spec.proofs.counting import proved_cells as count_cells
 
             upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # WF = its per-sequence part (per_sequence.py) and its per-request part (counting.py);
         # v1's also says no block is shared (parametric.prove_unshared)
-        if strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
+        if sequences and strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
             from spec.proofs.counting import WF_REQUESTS
             from spec.proofs.counting import proved_cells as count_cells
 
@@ -276,7 +281,7 @@ def prove(
             reqs = count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
             upgraded |= {("WF", a) for a in ("init", *fl.actions) if (PS.WF_SEQS, a) in seqs and (WF_REQUESTS, a) in reqs}
         # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
-        if not alone and "QUE-002" in wanted:
+        if sequences and not alone and "QUE-002" in wanted:
             seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
             upgraded |= {("QUE-002", a) for (iid, a) in upgraded if iid == QUE_QUEUES and (PS.QUE_SEQS, a) in seqs}
     reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded

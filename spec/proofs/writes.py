@@ -72,6 +72,7 @@ MUTANTS = {
 }
 ACTIONS_V0 = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore")
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
+ACTIONS_ASYNC = (*ACTIONS_V1, "process")
 
 
 def _check(hyps: list[Any], goal: Any, timeout_ms: int) -> str:
@@ -167,9 +168,9 @@ def cow_cells(flow_name: str, timeout_ms: int = 20_000) -> set[tuple[str, str]]:
     lemmas = prove_cow(timeout_ms=timeout_ms)
     if not _block_layer_ok():
         return set()
-    if flow_name == "v1":
+    if flow_name in ("v1", "async"):  # the async flow's blocks change as v1's do (append, drop)
         ok = lemmas["in-place/v1"] == "proved" and prove_unshared(timeout_ms)
-        return {("COW-001", a) for a in ACTIONS_V1} if ok else set()
+        return {("COW-001", a) for a in (ACTIONS_V1 if flow_name == "v1" else ACTIONS_ASYNC)} if ok else set()
     ok = all(v == "proved" for k, v in lemmas.items() if k != "in-place/v1")
     return {("COW-001", a) for a in ACTIONS_V0} if ok else set()
 
@@ -203,6 +204,7 @@ def broken_cells(mutant: str) -> dict[str, Any]:
     results = prove_cow(mutant) if row == "COW-001" else prove_alloc(mutant)
     if results[lemma] == "proved":
         return {"mutant": mutant, "cells": [], "witness": None}
+    step = "append_slot" if row == "COW-001" else "allocation run"
     return {"mutant": mutant, "cells": [[row, a] for a in actions],
-            "witness": {"fact": lemma, "op": row, "params": {}}}
+            "witness": {"fact": f"writes.py lemma {lemma}", "op": step, "params": {}}}
 

@@ -115,8 +115,10 @@ class VidurEngine:
         cache = vc.CacheConfig(block_size=config["block_size"], num_blocks=config["num_gpu_blocks"],
                                watermark_blocks_fraction=float(config["watermark"]))
         replica_cfg = vc.ReplicaConfig(num_pipeline_stages=1)
-        # max_tokens: the longest request Vidur plans for (orca reserves max_tokens // block_size blocks each)
-        generator = vc.SyntheticRequestGeneratorConfig(max_tokens=config["max_model_len"])
+        # max_tokens: the longest request Vidur plans for (Orca reserves max_tokens // block_size blocks for
+        # each request). SyntheticRequestGeneratorConfig.__post_init__ takes it from its length generator.
+        lengths = vc.FixedRequestLengthGeneratorConfig(max_tokens=config["max_model_len"])
+        generator = vc.SyntheticRequestGeneratorConfig(length_generator_config=lengths)
         self.replica = self.scheduler_cls(replica_cfg, sched_cfg, cache, generator, self.Replica(replica_cfg), 1,
                                           _Predictor())
         self.cluster = _OneReplica(self.replica)
