@@ -755,3 +755,28 @@ def _pool_changed(snap: Snapshot, device: str) -> Iterable[int] | None:
     if snap.cpu_ref_counts is base.cpu_ref_counts and snap.cpu_free_ids is base.cpu_free_ids:
         return ()
     return snap.cpu_block_changes
+
+
+def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, refs: tuple[int, ...],
+                        expected: tuple[int, ...]) -> bool:
+    """Whether ``refs`` equals ``expected`` (a snapshot's reference counts and its entry counts),
+    known by reading only the blocks that changed since ``prior``: ``prior`` is ``snap``'s base,
+    where the same check found them equal, and a block neither the pool's delta nor a moved table
+    names has both values it had there. False when that is not known (compare them whole), and
+    wherever a pipelined engine's holds (`Snapshot.gpu_fenced`) add to the expected counts."""
+    if prior is None or snap.base is not prior or not observation.INCREMENTAL:
+        return False
+    if device == "gpu" and (snap.gpu_fenced or prior.gpu_fenced):
+        return False
+    old_refs = (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) or ()
+    size = len(refs)
+    if len(old_refs) != size or len(expected) != size:
+        return False
+    pool = _pool_changed(snap, device)
+    tables = _kept(snap, "entry_changes", (device, size))
+    if pool is None or tables is _MISSING or tables is None:
+        return False
+    for block in (*pool, *tables):  # type: ignore[misc]
+        if not 0 <= block < size or refs[block] != expected[block]:
+            return False
+    return True
