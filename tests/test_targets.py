@@ -44,8 +44,7 @@ def test_registry_lists_the_targets_with_pins():
         "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "vllm-v1-async": "vllm==0.33.0",
         "vllm-v1-async-0.29": "vllm==0.29.0",
         "sglang": "sglang==0.5.23", "lmdeploy": "lmdeploy==0.18.0", "aphrodite": "aphrodite-engine==0.24.1",
-        "vidur-vllm": "vidur==0.0.26", "vidur-sarathi": "vidur==0.0.26", "vidur-orca": "vidur==0.0.26",
-        "vllm-v1-async-0.29": "vllm==0.29.0"}
+        "vidur-vllm": "vidur==0.0.26", "vidur-sarathi": "vidur==0.0.26", "vidur-orca": "vidur==0.0.26"}
     assert get_target("vllm-v1-async").root == get_target("vllm-v1").root  # one venv for both schedulers
     assert get_target("vllm-v1-async-0.29").root != get_target("vllm-v1").root  # 0.29.0 has its own
     assert get_target("vllm-v1-async-0.29").host == get_target("vllm-v1-async").host  # the same host
