@@ -123,13 +123,19 @@ def build(results: Path) -> str:
               "`generated_token`s (so nano's prefix cache sees what the reference sees); without them each request gets "
               "ids of its own. nano's block hashes are reported as `gpu_block_keys`.",
               "* **vllm-v0**: the host plays `LLMEngine._process_model_outputs` with vLLM's own `StopChecker`; swap maps "
-              "are vLLM's (device-relative), block tables are made pool-relative. The traces use n = 1: 0.10.2's engine "
-              "splits n > 1 into independent groups before the scheduler; the host can still fork at scheduler level, "
-              "where 0.10.2 counts one seat for an unforked group (`SequenceGroup.get_max_num_running_seqs`).",
+              "are vLLM's (device-relative), block tables are made pool-relative. 0.10.2's engine splits n > 1 into "
+              "independent groups before the scheduler, but its Scheduler and block manager still fork, share blocks, "
+              "copy on write and swap whole groups: the host forks at the prompt step as V0's sampler did, and the traces "
+              "draw n up to 3 (issue 21) outside 'recompute' mode (`_preempt_by_recompute` asserts one sequence) and at "
+              "most max_num_seqs; 0.10.2 counts one seat for an unforked group (`SequenceGroup.get_max_num_running_seqs`). "
+              "Entry path: `LLMEngine._validate_model_input` raises for a prompt over max_model_len; the host leaves it "
+              "to the scheduler's prompt limit, which ignores it unscheduled at the head of waiting (same verdict, later "
+              "step: an open translation gap, tests/test_host_fidelity.py).",
               "* **vllm-v1**: block 0 is V1's null block, so the pool has num_gpu_blocks + 1 blocks and ids are reported "
               "minus one; V1 advances `num_computed_tokens` inside `schedule()`, so the mid-step snapshot reports the tokens "
-              "computed before the step; a prompt over max_model_len is rejected by V1's input processor and reported as "
-              "ignored. Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
+              "computed before the step; a prompt over max_model_len, and a generate prompt of exactly max_model_len "
+              "tokens, is rejected by V1's input processor (`InputProcessor._validate_prompt_len`) and refused at the door "
+              "(`add_request` answers FINISHED_IGNORED; tests/test_host_fidelity.py). Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
               "* **sglang**: `hosts/sglang_host.py` drives SGLang's `PrefillAdder`, `SchedulePolicy` (fcfs), "
               "`ScheduleBatch` (`prepare_for_extend`, `check_decode_mem`, `retract_decode`, `prepare_for_decode`), "
               "`RadixCache` and the page-size-1 token allocator unmodified, and replays `Scheduler.get_next_batch_to_run`, "

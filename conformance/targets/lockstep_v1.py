@@ -149,10 +149,10 @@ class ClampedV1(RecordingV1):
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
 
-class RefusesMaxLenPromptV1(RecordingV1):
-    """The reference refusing a prompt of exactly max_model_len tokens on arrival, as vLLM V1's input
-    processor refuses a generate prompt that leaves no room for its output token (its over-long
-    path). Used only to classify divergences."""
+class RefusesMaxLenPrompt:
+    """Mixin for a V1-flow reference: refuse a prompt of exactly max_model_len tokens on arrival, as
+    vLLM V1's input processor refuses a generate prompt that leaves no room for its output token
+    (the reference's over-long path). Used only to classify divergences (here and in lockstep_async)."""
 
     def add_request(self, request) -> None:
         if request.prompt_len != self.config.max_model_len:
@@ -161,6 +161,10 @@ class RefusesMaxLenPromptV1(RecordingV1):
         tracked.status = Status.FINISHED_IGNORED
         self._rejected.append(tracked)
         return None
+
+
+class RefusesMaxLenPromptV1(RefusesMaxLenPrompt, RecordingV1):
+    """The V1 reference with V1's refusal of a generate prompt of max_model_len tokens."""
 
 
 class NoPartialLimitV1(RecordingV1):
@@ -174,12 +178,17 @@ class ClampedNoPartialLimitV1(ClampedV1, NoPartialLimitV1):
     """Both of V1's behaviours above."""
 
 
+class RefusesMaxLenNoPartialLimitV1(RefusesMaxLenPromptV1, NoPartialLimitV1):
+    """V1's door refusal and its missing partial-prefill limit."""
+
+
 # the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
 MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("generate-prompt-at-max-model-len-refused", RefusesMaxLenPromptV1),
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
     ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
+    ("generate-prompt-at-max-model-len-refused+partial-prefills-not-applied", RefusesMaxLenNoPartialLimitV1),
 )
 
 
