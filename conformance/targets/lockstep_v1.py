@@ -2,7 +2,7 @@
 
     python -m conformance.targets.lockstep_v1 [--path default|chunked|prefix|chunked+prefix|all]
         [--traces 1000] [--seed 20261130] [--out docs/results/lockstep-vllm-v1.json]
-        [--traces-dir docs/traces/lockstep-v1] [--no-shrink]
+        [--traces-dir docs/traces/lockstep-v1] [--no-shrink] [--target vllm-v1|aphrodite]
 
 Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target with the
 ``vllm-v1`` profile's reference beside it:
@@ -41,7 +41,7 @@ from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets import _v1_strategy
+from conformance.targets import _v1_strategy, get_target
 from conformance.targets.campaign_args import campaign_parser
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
@@ -50,6 +50,7 @@ from spec.observation import Snapshot
 from spec.status import Status
 from spec.trace import Trace
 
+V1_TARGETS = ("vllm-v1", "aphrodite")  # targets whose scheduler is vLLM's V1 Scheduler
 PATHS = ("default", "chunked", "prefix", "chunked+prefix", "chunked+partial")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
@@ -73,6 +74,14 @@ CLASSES: dict[str, tuple[str, str]] = {
         "token would not fit (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len, the "
         "`prompt_len == max_prompt_len and runner_type == \"generate\"` branch); the host refuses it at the "
         "door. The spec lets such a prompt run and finish length-capped after one token (vLLM V0 does).",
+    ),
+    "threshold-caps-a-lone-request": (
+        "aphrodite-deviation",
+        "Aphrodite 0.24.1 caps every chunk at long_prefill_token_threshold, also the chunk of a request that is "
+        "alone in the scheduler (aphrodite/v1/core/sched/scheduler.py: Scheduler.schedule, 566-567 for running and "
+        "923-925 for waiting requests). vLLM 0.33.0, which the reference follows, skips the cap when there is no "
+        "other request to starve (vllm/v1/core/sched/scheduler.py:754-770; vllm/config/scheduler.py, "
+        "long_prefill_token_threshold); Aphrodite forked before that change. The lone request takes more steps.",
     ),
     "partial-prefills-not-applied": (
         "spec-decision",
@@ -182,6 +191,27 @@ class RefusesMaxLenNoPartialLimitV1(RefusesMaxLenPromptV1, NoPartialLimitV1):
     """V1's door refusal and its missing partial-prefill limit."""
 
 
+class AlwaysCappedV1(RecordingV1):
+    """The reference capping every chunk at ``long_prefill_token_threshold``, also a request's that
+    is alone (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:566-567 for running requests,
+    923-925 for waiting ones; vLLM 0.33.0 skips the cap for a lone request)."""
+
+    def _long_prefill_threshold(self) -> int:
+        return self.config.long_prefill_token_threshold
+
+
+class ClampedAlwaysCappedV1(ClampedV1, AlwaysCappedV1):
+    """V1's running-chunk clamp and the cap on a lone request together."""
+
+
+class NoPartialLimitAlwaysCappedV1(NoPartialLimitV1, AlwaysCappedV1):
+    """No partial-prefill limit and the cap on a lone request together."""
+
+
+class ClampedNoPartialLimitAlwaysCappedV1(ClampedV1, NoPartialLimitV1, AlwaysCappedV1):
+    """All three behaviours above."""
+
+
 # the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
 MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("generate-prompt-at-max-model-len-refused", RefusesMaxLenPromptV1),
@@ -189,6 +219,11 @@ MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("partial-prefills-not-applied", NoPartialLimitV1),
     ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
     ("generate-prompt-at-max-model-len-refused+partial-prefills-not-applied", RefusesMaxLenNoPartialLimitV1),
+    ("threshold-caps-a-lone-request", AlwaysCappedV1),
+    ("chunk-clamped-below-max-model-len+threshold-caps-a-lone-request", ClampedAlwaysCappedV1),
+    ("partial-prefills-not-applied+threshold-caps-a-lone-request", NoPartialLimitAlwaysCappedV1),
+    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied+threshold-caps-a-lone-request",
+     ClampedNoPartialLimitAlwaysCappedV1),
 )
 
 
@@ -279,10 +314,15 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
     at_max = any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
     possible = {"chunk-clamped-below-max-model-len": clamp, "generate-prompt-at-max-model-len-refused": at_max,
-                "partial-prefills-not-applied": bool(config.max_num_partial_prefills)}
+                "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
+                "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold)}
     for cls, model in MODELS:
         if all(possible[part] for part in cls.split("+")):
             again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+            if again.result.fault is not None:
+                # the engine did not fault on this trace in the run being classified: a fault in the
+                # rerun is the host's (a restart past the timeout on a loaded machine), so once more
+                again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
             if again.result.divergence is None and again.state is None and again.result.fault is None:
                 return cls
     return "unclassified"
@@ -314,12 +354,15 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
-                           traces_dir="docs/traces/lockstep-v1").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
+                             traces_dir="docs/traces/lockstep-v1")
+    # Aphrodite's V1 scheduler is vLLM's under another package name: the same reference, the same paths.
+    parser.add_argument("--target", choices=V1_TARGETS, default="vllm-v1")
+    args = parser.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
+    adapter, profile = load_adapter(args.target), get_profile("vllm-v1")
     invariants = profile.invariants()
-    report: dict[str, Any] = {"version": 2, "target": "vllm-v1", "package": "vllm==0.33.0",
+    report: dict[str, Any] = {"version": 2, "target": args.target, "package": get_target(args.target).version,
                               "reference": profile.reference, "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())
@@ -357,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
         kind = "+".join(dict.fromkeys(k for k, _ in parts))
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
-        meta = {"adapter": "vllm-v1", "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
         saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
         name = f"{path.replace('+', '-')}-{cls}.json"

@@ -79,6 +79,7 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     or corrupts the output the client already received.""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
+    planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
 )
 def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
