@@ -172,7 +172,21 @@ def build(results: Path) -> str:
     lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
-    lines += ["", "## What each adapter translates", "",
+    lines += ["", "## Search strength: what a campaign reaches (issue 21)", "",
+              "Each target declares the lifecycle edges its engine takes and the invariants it can never exercise "
+              "(`Target.reach`, `conformance/targets/coverage_gate.py`); tests/test_targets.py runs 100 traces per "
+              "target, as `kvsched conform` does, and fails on an applicable invariant with zero exercised steps, an "
+              "untaken edge, or a finding the target's expectations file (`conformance/targets/expectations/`) does not "
+              "list. On vllm-v0, `kvsched conform --adapter vllm-v0 --profile vllm-v0 --max-examples 100 --seed "
+              "20261130`, before and after the target's traces drew n up to 3, roomy swap spaces, tight GPU caches, up "
+              "to 8 requests and burst aborts: never exercised before, BLK-002, BLK-004, RES-002, COW-001, COW-002, "
+              "SWP-001, SWP-002, SWP-003 and POL-002; after, none (SWP-002 on 11 steps, COW-001/002 on 5, SWP-001 on "
+              "30); swap-in, aborts of running and swapped groups and the ignore of a swapped group went from 0 to 9, "
+              "19, 5 and 14 edges taken. The group paths found that V0's `swap_out` maps each sequence of a group on "
+              "its own, so a block shared after a fork is copied to a CPU block per sequence "
+              "(group-swap-flattens-sharing, SWP-001/003), and that an unforked group takes one seat "
+              "(group-seats, BUD-003/STR-002); both are in the expectations file with their source.",
+              "", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
               "keep to those (`trace_strategy`). `num_computed` is derived (len - 1 for running sequences; the prefix-cache "
