@@ -239,6 +239,12 @@ class TrackedScheduler:
 class V1Scheduler(TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
+    # Under the priority policy, a running request that preempts itself (it is the lowest-priority
+    # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
+    # (vllm/v1/core/sched/scheduler.py, "preempted itself ... may still fit"). A hook, so a variant
+    # can model an engine whose scan stops there.
+    scan_past_self_preemption: bool = True
+
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self._last_output: SchedulerOutput | None = None
@@ -303,7 +309,7 @@ class V1Scheduler(TrackedScheduler):
                     break
                 fits = self._allocate(tracked, tokens, hits=[], watermark=False)
             if not fits:
-                if self.config.policy == "priority":
+                if self.config.policy == "priority" and self.scan_past_self_preemption:
                     continue  # the victim was this request; the next ones may still fit
                 break
             scheduled[tracked.request_id] = tokens

@@ -32,7 +32,7 @@ def test_async_matrix_is_proved():
     m = prove(flow_name="async", jobs=1, catalogue_ids=sorted(CATALOGUE))
     assert m.all_proved, [(c.invariant, c.action, c.result) for c in m.failing()]
     assert {c.action for c in m.cells} == {"init", *ASYNC_ACTIONS}
-    assert {c.invariant for c in m.cells} >= {"PIP-002", "PIP-003", "PIP-005", "BLK-001", "BLK-003", "BLK-005",
+    assert {c.invariant for c in m.cells} >= {"PIP-002", "PIP-003", "PIP-005", "PIP-007", "BLK-001", "BLK-003", "BLK-005",
                                                "QUE-001", "RES-001", "STR-001", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "async" for c in m.cells)
     # the block layer (parametric, v1's micro-ops), QUE-001 and COW-001 for every size; the rest bounded
@@ -90,11 +90,11 @@ def test_the_in_flight_paths_are_reachable_by_the_hypotheses():
 # mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
 CAUGHT = {
     "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
-    "final-chunk-no-placeholder": ({("PIP-002", "chunk"), ("PIP-003", "chunk")},
+    "final-chunk-no-placeholder": ({("PIP-007", "chunk"), ("PIP-003", "chunk")},
                                    mutants_async.FinalChunkWithoutPlaceholder),
     "applies-outcomes-of-finished": ({("PIP-002", "process"), ("PIP-005", "process")},
                                      mutants_async.AppliesOutcomesOfFinished),
-    "schedules-past-depth": ({("PIP-002", "chunk"), ("PIP-003", "chunk")}, mutants_async.OneStepLater),
+    "schedules-past-depth": ({("PIP-007", "chunk"), ("PIP-003", "chunk")}, mutants_async.OneStepLater),
 }
 
 

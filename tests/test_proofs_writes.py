@@ -44,5 +44,5 @@ def test_mutants_are_caught_by_an_unbounded_cell(mutant):
     broken = {tuple(c) for c in m.parametric["cells"]}
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken & refuted, (broken, refuted)
-    assert m.parametric["witness"]["fact"] == lemma
+    assert m.parametric["witness"]["fact"] == f"writes.py lemma {lemma}"
     assert broken <= W.proved_cells("v0")  # the unmutated proof holds them

@@ -42,9 +42,12 @@ def test_registry_lists_the_targets_with_pins():
     assert {n: t.version for n, t in TARGET_SPECS.items()} == {
         "nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
         "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "vllm-v1-async": "vllm==0.33.0",
+        "vllm-v1-async-0.29": "vllm==0.29.0",
         "sglang": "sglang==0.5.23", "lmdeploy": "lmdeploy==0.18.0", "aphrodite": "aphrodite-engine==0.24.1",
         "vidur-vllm": "vidur==0.0.26", "vidur-sarathi": "vidur==0.0.26", "vidur-orca": "vidur==0.0.26"}
     assert get_target("vllm-v1-async").root == get_target("vllm-v1").root  # one venv for both schedulers
+    assert get_target("vllm-v1-async-0.29").root != get_target("vllm-v1").root  # 0.29.0 has its own
+    assert get_target("vllm-v1-async-0.29").host == get_target("vllm-v1-async").host  # the same host
     assert get_target("vidur-orca").root == get_target("vidur-sarathi").root == get_target("vidur-vllm").root
 
 
@@ -179,6 +182,16 @@ def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
     assert lockstep_v1.classify(adapter, trace, outcome) == "threshold-caps-a-lone-request"
 
 
+def test_aphrodite_stops_its_running_scan_after_a_self_preemption():
+    # aphrodite/v1/core/sched/scheduler.py:682-684 breaks where vLLM 0.33.0 goes on (983-995)
+    from conformance.targets import lockstep_v1
+
+    trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-partial-self-preemption-ends-the-running-scan.json")
+    adapter = need("aphrodite").adapter()
+    outcome = lockstep_v1.run_one(adapter, trace, get_profile("safety").invariants())
+    assert lockstep_v1.classify(adapter, trace, outcome) == "self-preemption-ends-the-running-scan"
+
+
 VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-002", "LIV-003", "REQ-004", "BUD-001"}
 
 
@@ -194,6 +207,17 @@ def test_vidur_restarted_request_trips_vidurs_own_assertion():
     # vidur/entities/request.py: restart() leaves _num_stage_processed_tokens, on_batch_stage_end asserts
     result = replay("vidur-vllm", DOCS / "lockstep-vidur" / "spec-restart-assertion.json")
     assert result.fault is not None and "request.py:300" in result.fault.message
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (DOCS / "lockstep-vidur").glob("*.json")))
+def test_vidur_lockstep_classes_hold_on_their_saved_traces(name):
+    # docs/results/lockstep-vidur-vllm.json: each class's saved trace still shows that class
+    from conformance.targets import lockstep_vidur
+
+    trace = Trace.load(DOCS / "lockstep-vidur" / f"{name}.json")
+    adapter = need("vidur-vllm").adapter()
+    result = run_checked(adapter, trace, get_profile("vllm-v0").invariants(), timeout=60, lockstep=True)
+    assert lockstep_vidur.classify(result) == trace.meta["class"]
 
 
 # ------------------------------------------------------------------ the coverage gate (issue 21, item 1)

@@ -208,3 +208,39 @@ def test_snapshot_deltas_decode_to_the_whole_snapshots():
     assert deltas > 50
     with pytest.raises(WireError, match="no snapshot before it"):
         snapshot_from_json({"delta": True})
+
+
+def test_killing_a_host_kills_the_processes_it_started() -> None:
+    """A restarted host must not leave its engine's helper processes behind (they piled up under
+    a lockstep campaign that restarted vLLM hosts)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from conformance.wire.client import HostProcess, _descendants
+
+    if not os.path.exists(f"/proc/{os.getpid()}/task"):
+        pytest.skip("needs Linux's /proc")
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); "
+                             "print('up', flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    for _ in range(50):
+        helpers = _descendants(proc.pid)
+        if helpers:
+            break
+        time.sleep(0.1)
+    assert helpers
+    host = HostProcess.__new__(HostProcess)
+    host.proc = proc
+    host.kill()
+    time.sleep(0.3)
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split()[2] != "Z"
+        except OSError:
+            return False
+
+    assert proc.poll() is not None and not [pid for pid in helpers if running(pid)]

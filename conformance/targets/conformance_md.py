@@ -75,8 +75,10 @@ for _kind in ("vllm", "sarathi", "orca"):
         CAUSES[(_run, "FAULT-hang")] = (
             "open: the host did not answer one call within the timeout (60 to 180 s) in each 300-trace run of the "
             "vLLM and Orca schedulers, at different calls and steps; every saved trace replays to its end in about 10 s "
-            "(`kvsched replay ... --timeout 20`), in a fresh host. The machine ran at load 12-13 on 2 cores; the cause "
-            "(the host process after many traces, or the machine) is not found.")
+            "(`kvsched replay ... --timeout 20`), in a fresh host, and running the same traces in one host through "
+            "`conformance.driver.run_checked` does not hang either. Repeating the Orca safety run (seed 20261201): it "
+            "hung in 2 of 2 runs as committed, in 0 of 1 with `--max-output 1000` and in 0 of 2 with a faulthandler "
+            "watchdog thread in the host; the machine ran at load 12-13 on 2 cores. The cause is not found.")
         CAUSES[(_run, "BUD-001")] = (
             f"deviation by design: Orca batches at iteration level with no token budget: `{_VIDUR}/orca_replica_scheduler.py: "
             "_get_next_batch` bounds a batch by `_max_batch_size` and by the blocks it reserves, never by tokens "
@@ -350,8 +352,19 @@ ASYNC_HUNT_NOTES = [
     "prompt token (LIV-001 where it is the only work, LIV-002); vLLM 0.33.0 "
     "`vllm/v1/core/sched/scheduler.py:851-857` (running loop, 'Make sure the input position does not exceed the max model "
     "len'), 0.29.0 the same clamp (`scheduler.py:596-603`). `AsyncScheduler` inherits it from `Scheduler`. Nothing "
-    "else: no safety violation (PIP-001..005 and the seven synchronous invariants checked as planned included), no "
-    "engine failure, no in-flight counter out of range (PIP-003), on either version.",
+    "else: no safety violation (PIP-002, PIP-003, PIP-005, PIP-007 and the synchronous invariants checked as planned "
+    "included; PIP-001 needs token ids the host does not send, PIP-004 is moot for a host that claims "
+    "`ordered_steps`), no engine failure, no in-flight counter out of range (PIP-003), on either version.",
+    "**Where the versions differ.** The hunt ran the same 600 traces on both (the same seed): 21 stall on 0.29.0, "
+    "16 on 0.33.0, and no trace stalls on 0.33.0 alone. Of the 55 traces with the clamp's shape (chunked prefill, a "
+    "prompt of exactly max_model_len), 5 finish on 0.33.0 and stall on 0.29.0: the request is alone, and 0.33.0 "
+    "drops `long_prefill_token_threshold` when only one request is eligible ('When it is the only request there is "
+    "nobody to starve', 0.33.0 `scheduler.py:754-763`), so it takes the whole prompt from the waiting queue and "
+    "finishes; 0.29.0 applies the threshold always (`scheduler.py:984` on the waiting path, `:590-591` running), "
+    "cuts the prompt, and the running-chunk clamp then stalls it for good. Smallest case: one request, prompt 2 = "
+    "max_model_len 2, threshold 1 ([trace](traces/async/hunt/vllm-v1-async-0.29-lone-request-clamp.json): 0.33.0 "
+    "finishes it length-capped at step 4, 0.29.0 never schedules it again after step 3). 0.33.0 narrows the stall "
+    "to prompts that meet another request; it does not fix the clamp.",
     "**#57562** (placeholder underflow, `assert request.num_output_placeholders >= 0`, reported on 0.29.0 with "
     "chunked prefill and concurrent requests, no spec decode, no preemption). Not reproduced on 0.29.0 nor on "
     "0.33.0. Tried: the hunt above (chunked prefill in about half the traces, prefix caching, preemption, aborts "

@@ -21,7 +21,7 @@ running queue in order, the waiting queue, the free block count and the free que
 Block ids are comparable: the host reports V1's ids minus one (block 0 is V1's null block) and
 the reference's pool frees and evicts in V1's order. A trace runs to its first divergence, which
 is classified (`classify`: rerun against the reference with an engine behaviour modelled, see
-`MODELS`); the first trace of each class is shrunk for that class and saved under
+`PARTS`); the first trace of each class is shrunk for that class and saved under
 ``--traces-dir``. The results file keeps one entry per path (version 2). Needs
 ``kvsched targets install vllm-v1``.
 """
@@ -29,6 +29,7 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -82,6 +83,15 @@ CLASSES: dict[str, tuple[str, str]] = {
         "923-925 for waiting requests). vLLM 0.33.0, which the reference follows, skips the cap when there is no "
         "other request to starve (vllm/v1/core/sched/scheduler.py:754-770; vllm/config/scheduler.py, "
         "long_prefill_token_threshold); Aphrodite forked before that change. The lone request takes more steps.",
+    ),
+    "self-preemption-ends-the-running-scan": (
+        "aphrodite-deviation",
+        "Under the priority policy, when the running request that needs blocks is itself the lowest-priority one, "
+        "it preempts itself; Aphrodite 0.24.1 then stops scheduling running requests for the step "
+        "(aphrodite/v1/core/sched/scheduler.py:682-684, `if new_blocks is None: break`), while vLLM 0.33.0 goes on "
+        "to the higher-priority requests after it, which may still fit now that it freed its blocks "
+        "(vllm/v1/core/sched/scheduler.py:983-995). Aphrodite forked before that fix: those requests wait a step "
+        "(and with nothing else to run, the step schedules nothing).",
     ),
     "partial-prefills-not-applied": (
         "spec-decision",
@@ -183,14 +193,6 @@ class NoPartialLimitV1(RecordingV1):
         super().__init__(SchedulerConfig(**{**config.to_dict(), "max_num_partial_prefills": 0}))
 
 
-class ClampedNoPartialLimitV1(ClampedV1, NoPartialLimitV1):
-    """Both of V1's behaviours above."""
-
-
-class RefusesMaxLenNoPartialLimitV1(RefusesMaxLenPromptV1, NoPartialLimitV1):
-    """V1's door refusal and its missing partial-prefill limit."""
-
-
 class AlwaysCappedV1(RecordingV1):
     """The reference capping every chunk at ``long_prefill_token_threshold``, also a request's that
     is alone (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:566-567 for running requests,
@@ -200,31 +202,29 @@ class AlwaysCappedV1(RecordingV1):
         return self.config.long_prefill_token_threshold
 
 
-class ClampedAlwaysCappedV1(ClampedV1, AlwaysCappedV1):
-    """V1's running-chunk clamp and the cap on a lone request together."""
+class StopsAtSelfPreemptionV1(RecordingV1):
+    """The reference ending the running scan when, under the priority policy, a request preempts
+    itself (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:682-684 `break`; vLLM 0.33.0
+    goes on to the next running request, scheduler.py:983-995)."""
+
+    scan_past_self_preemption = False
 
 
-class NoPartialLimitAlwaysCappedV1(NoPartialLimitV1, AlwaysCappedV1):
-    """No partial-prefill limit and the cap on a lone request together."""
-
-
-class ClampedNoPartialLimitAlwaysCappedV1(ClampedV1, NoPartialLimitV1, AlwaysCappedV1):
-    """All three behaviours above."""
-
-
-# the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
-MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
+# the engine behaviours a divergence is tried against: each a reference variant overriding one
+# hook; `classify` tries every combination of the ones a trace can meet, smallest first
+PARTS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("generate-prompt-at-max-model-len-refused", RefusesMaxLenPromptV1),
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
-    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
-    ("generate-prompt-at-max-model-len-refused+partial-prefills-not-applied", RefusesMaxLenNoPartialLimitV1),
     ("threshold-caps-a-lone-request", AlwaysCappedV1),
-    ("chunk-clamped-below-max-model-len+threshold-caps-a-lone-request", ClampedAlwaysCappedV1),
-    ("partial-prefills-not-applied+threshold-caps-a-lone-request", NoPartialLimitAlwaysCappedV1),
-    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied+threshold-caps-a-lone-request",
-     ClampedNoPartialLimitAlwaysCappedV1),
+    ("self-preemption-ends-the-running-scan", StopsAtSelfPreemptionV1),
 )
+
+
+def model_of(parts: tuple[str, ...]) -> type[RecordingV1]:
+    """One reference class with every named behaviour modelled."""
+    mixins = tuple(model for name, model in PARTS if name in parts)
+    return mixins[0] if len(mixins) == 1 else type("+".join(parts), mixins, {})
 
 
 def state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
@@ -315,16 +315,18 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     at_max = any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
     possible = {"chunk-clamped-below-max-model-len": clamp, "generate-prompt-at-max-model-len-refused": at_max,
                 "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
-                "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold)}
-    for cls, model in MODELS:
-        if all(possible[part] for part in cls.split("+")):
-            again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+                "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold),
+                "self-preemption-ends-the-running-scan": config.policy == "priority"}
+    names = [name for name, _ in PARTS if possible[name]]
+    for size in range(1, len(names) + 1):
+        for parts in itertools.combinations(names, size):
+            again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model_of(parts))
             if again.result.fault is not None:
                 # the engine did not fault on this trace in the run being classified: a fault in the
                 # rerun is the host's (a restart past the timeout on a loaded machine), so once more
-                again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+                again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model_of(parts))
             if again.result.divergence is None and again.state is None and again.result.fault is None:
-                return cls
+                return "+".join(parts)
     return "unclassified"
 
 
@@ -397,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 small = trace
         final = run_one(adapter, small, invariants)
+        if small is not trace and classify(adapter, small, final) != cls:
+            # the shrinker cut the trace to where its class cannot be told apart (a cut that ends
+            # before the later divergence that made it unclassified): keep the trace as drawn
+            small, final = trace, run_one(adapter, trace, invariants)
         parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
         kind = "+".join(dict.fromkeys(k for k, _ in parts))
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))

@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -44,6 +45,26 @@ PROTOCOL_VERSION = 2
 _EOF = object()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from Linux's /proc (empty elsewhere or once it is gone)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
 class HostProcess:
     """One running host: a child process, a reader thread for its stdout, a tail of its stderr."""
 
@@ -51,6 +72,8 @@ class HostProcess:
         self.command = list(command)
         full_env = {**os.environ, **(env or {})}
         try:
+            # In the runner's process group, so that the runner's kill of an adapter process
+            # (conformance/isolated.py) takes its hosts too; `kill` takes the host's own children.
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=full_env, text=True, encoding="utf-8", bufsize=1,
@@ -147,12 +170,18 @@ class HostProcess:
                 return msg
 
     def kill(self) -> None:
+        """Kill the host and every process it started (vLLM's helper processes outlived a killed
+        host and piled up under a campaign that restarted it), then reap it."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
     def shutdown(self) -> None:
         if self.proc.poll() is None and not self.busy:

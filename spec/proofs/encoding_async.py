@@ -331,11 +331,11 @@ def wf_async(enc: Encoder, st: State) -> Any:
     return P0._all(out)
 
 
-def pip002(enc: Encoder, st: State) -> Any:
-    """PIP-002 (its depth half, as a state): a live request is counted computing at most its
-    placeholders past its last delivered token (``ncomp <= ntok - 1 + ph``), its placeholders are
-    at most its entries in flight, and those at most ``pipeline_depth + 1`` (the +1 is the step
-    being scheduled; ``update()`` processes down to ``pipeline_depth``)."""
+def pip007(enc: Encoder, st: State) -> Any:
+    """PIP-007's state (the strengthening behind its step part): a live request is counted
+    computing at most its placeholders past its last token (``ncomp <= ntok - 1 + ph``), its
+    placeholders are at most its entries in flight, and those at most ``pipeline_depth + 1`` (the
+    +1 is the step being scheduled; ``update()`` processes down to ``pipeline_depth``)."""
     assert isinstance(enc, AsyncEncoder) and isinstance(st, AsyncState)
     out = []
     for s in range(enc.S):
@@ -344,22 +344,23 @@ def pip002(enc: Encoder, st: State) -> Any:
     return P0._all(out)
 
 
-def pip002_step(ae: ActionEncoding) -> Any:
-    """PIP-002 (step part): an outcome of a finished request changes none of its tokens, and the
-    outcome that finishes a request leaves at most ``pipeline_depth`` tokens computed past its
-    last one."""
+def pip007_step(ae: ActionEncoding) -> Any:
+    """PIP-007: the outcome that finishes a request (stopped or length-capped) leaves at most
+    ``pipeline_depth`` positions computed past its last token."""
     if ae.action != "process":
         return z3.BoolVal(True)
     enc = ae.enc
     assert isinstance(enc, AsyncEncoder)
     pre, post = ae.pre, ae.post
-    out = []
-    for s in range(enc.S):
-        acted = ae.params["group"] == s
-        out += [z3.Implies(z3.And(acted, pre.sstat[s] == FIN), post.ntok[s] == pre.ntok[s]),
-                z3.Implies(z3.And(acted, pre.sstat[s] != FIN, post.sstat[s] == FIN),
-                           post.ncomp[s] <= post.ntok[s] - 1 + enc.DP)]
-    return P0._all(out)
+    return P0._all([z3.Implies(z3.And(ae.params["group"] == s, pre.sstat[s] != FIN, post.sstat[s] == FIN),
+                               post.ncomp[s] <= post.ntok[s] - 1 + enc.DP) for s in range(enc.S)])
+
+
+def pip002(ae: ActionEncoding) -> Any:
+    """PIP-002: no token is delivered to a request after its finish: no action (an outcome of a
+    finished request included) changes a finished request's tokens."""
+    pre, post = ae.pre, ae.post
+    return P0._all([z3.Implies(pre.sstat[s] == FIN, post.ntok[s] == pre.ntok[s]) for s in range(ae.enc.S)])
 
 
 def pip003(enc: Encoder, st: State) -> Any:
@@ -392,25 +393,25 @@ def pip005(ae: ActionEncoding) -> Any:
 ASYNC_STATE_INVARIANTS = {
     **{k: v for k, v in V1_STATE_INVARIANTS.items()
        if k not in ("CAP-001", "CAP-003", "LEN-001", "CHK-002", "WF")},
-    "PIP-002": pip002, "PIP-003": pip003, "WF": wf_async,
+    "PIP-003": pip003, "PIP-007": pip007, "WF": wf_async,
 }
 ASYNC_TRANSITION_PROPERTIES = {
-    "CHK-001": chk001, "CHK-005": chk005, "PIP-005": pip005,
+    "CHK-001": chk001, "CHK-005": chk005, "PIP-002": pip002, "PIP-005": pip005,
     "ADM-002": adm002_v1, "COW-001": P0.cow001, "ALLOC": P0.alloc_ok,
 }
-ASYNC_STEP_PARTS = {"PIP-002": pip002_step}
+ASYNC_STEP_PARTS = {"PIP-007": pip007_step}
 _SYNC = "assumes a step's outcome lands in the same step (Invariant.synchronous): not applicable at pipeline_depth > 0"
 ASYNC_SCOPE = {
     "CAP-001": f"{_SYNC}; its reading at the scheduler's computed count is part of the async WF",
     "CAP-003": f"{_SYNC}; the async WF states the scheduled frontier (computed = tokens + placeholders - 1)",
     "LEN-001": _SYNC,
-    "CHK-002": "computed tokens run ahead of the delivered tokens by the placeholders (PIP-002 bounds by how much)",
+    "CHK-002": "computed tokens run ahead of the delivered tokens by the placeholders (PIP-007 bounds by how much)",
     "CHK-003": "a recompute victim: proved in the v1 flow; here its in-flight share turns stale (PIP-003, PIP-005)",
     "CHK-004": _SYNC,
     "PIP-001": "the delivered token values (the encoding counts tokens; its shadow here: sampled positions run on "
                "from the tokens, WF, and each processed sample is the next position, PIP-005)",
     "PIP-006": "latency in steps from the last scheduling step to the finish: the one-request actions carry no step "
-               "numbers (PIP-002's step part bounds the tokens computed past the finish instead)",
+               "numbers (PIP-007 bounds the tokens computed past the finish instead)",
     "PIP-004": "blocks an in-flight step writes: the reference frees at once and declares ordered steps (vLLM "
                "without defer_block_free; PIP-004 is then moot), and one-request actions carry no step order; "
                "the fencing variant (DeferredFreeAsyncV1Scheduler) is not encoded",

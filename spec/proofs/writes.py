@@ -204,6 +204,7 @@ def broken_cells(mutant: str) -> dict[str, Any]:
     results = prove_cow(mutant) if row == "COW-001" else prove_alloc(mutant)
     if results[lemma] == "proved":
         return {"mutant": mutant, "cells": [], "witness": None}
+    step = "append_slot" if row == "COW-001" else "allocation run"
     return {"mutant": mutant, "cells": [[row, a] for a in actions],
-            "witness": {"fact": lemma, "op": row, "params": {}}}
+            "witness": {"fact": f"writes.py lemma {lemma}", "op": step, "params": {}}}
 

@@ -505,13 +505,13 @@ EXHIBITS += (
         source_id="async-preempt-placeholder-underflow",
         bug_class="Preemption resets the victim's counters while its in-flight step still returns; the returning "
         "token drains a placeholder that is no longer there and update() fails on the assert.",
-        expected=("FAULT-raised",),
+        expected=("PIP-003", "PIP-005", "FAULT-raised"),
         factory=async_mutants.ForgetsInFlightOnPreempt,
         mutant="forgets_in_flight_on_preempt",
         code=(async_mutants.ForgetsInFlightOnPreempt._preempt,),
         minimal_change="_preempt resets computed tokens and placeholders but leaves the victim's stale share at 0.",
-        note="PIP-005 (the engine survives outcomes of requests it preempted) is this FAULT; PIP-003 (counters) "
-        "is checked in process (conformance/selftest/async_checks.py) until the wire carries the counters.",
+        note="PIP-003 sees it first, mid-step: a preempted (waiting) sequence with in-flight tokens none of which "
+        "is stale; the assert then fails on the returning outcome, the FAULT that PIP-005 names.",
         strategy=_async_traces("preemption"), **_ASYNC,
     ),
     Exhibit(
@@ -520,13 +520,14 @@ EXHIBITS += (
         source_id="async-final-chunk-no-placeholder",
         bug_class="The last chunk of a chunked prompt samples a token but reserves no placeholder for it, so the "
         "returning token drives the count below zero and update() fails on the assert.",
-        expected=("FAULT-raised",),
+        expected=("PIP-003", "FAULT-raised"),
         factory=async_mutants.FinalChunkWithoutPlaceholder,
         mutant="final_chunk_without_placeholder",
         code=(async_mutants.FinalChunkWithoutPlaceholder.schedule,),
         minimal_change="schedule() takes back the placeholder of a sampling chunk that continues a prompt.",
         note="Upstream the final chunk comes from streaming input (_update_request_as_session), which the wire "
-        "protocol does not have; here it is the last chunk of an ordinary chunked prefill.",
+        "protocol does not have; here it is the last chunk of an ordinary chunked prefill. PIP-003 sees it a step "
+        "before the assert: the chunk in flight samples a position, but no placeholder stands for it.",
         strategy=_async_traces("chunked"), **_ASYNC,
     ),
     Exhibit(
@@ -535,13 +536,14 @@ EXHIBITS += (
         source_id="async-stale-frames-delay-stop",
         bug_class="Steps are processed one step later than the declared pipeline depth, so a finished request is "
         "reported a step after its outcome could have been known.",
-        expected=("PIP-006",),
+        expected=("PIP-003", "PIP-006", "PIP-007"),
         factory=async_mutants.OneStepLater,
         mutant="one_step_later",
         code=(async_mutants.OneStepLater.update,),
         minimal_change="update() keeps depth + 1 steps in flight instead of depth.",
         note="Upstream the extra step comes from placeholders inflated by discarded stale frames after "
-        "reset_prefix_cache (not a wire method); the symptom, a stop delivered 1-2 steps late, is the same.",
+        "reset_prefix_cache (not a wire method); the symptom, a stop delivered 1-2 steps late, is the same. "
+        "PIP-003 sees it first: counters still held for a step that is past the declared depth.",
         strategy=_async_traces("plain"), **_ASYNC,
     ),
     Exhibit(

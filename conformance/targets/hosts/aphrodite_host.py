@@ -76,10 +76,8 @@ def load():
 
 def main() -> int:
     # Aphrodite logs to stdout while it is imported, before `serve` would take fd 1 for the
-    # protocol: take it first, as serve does, and hand serve the protocol stream.
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    # protocol: take it first and hand serve the protocol stream.
+    protocol = kvsched_host.protocol_stream()
     engine_cls, capabilities = load()
     return kvsched_host.serve(engine_cls(), "aphrodite", ("safety",), capabilities, stdout=protocol)
 
