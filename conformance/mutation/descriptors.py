@@ -68,11 +68,16 @@ OUT_OF_SCOPE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stats/events/logging", ("stats", "metric", "logger", "log_", "kv_event", "events", "perf", "record_",
                               "iteration_details", "cudagraph", "num_cached_tokens", "get_usage")),
     ("hybrid/mamba/sliding-window", ("mamba", "sliding", "swa", "hybrid", "hisparse", "sparse", "group_id",
-                                     "prefix_replay", "replay_")),
+                                     "prefix_replay", "replay_",
+                                     # sub-block hits: only with aligned Mamba states
+                                     # (vllm/v1/core/kv_cache_utils.py: partial_hash_hits_enabled)
+                                     "partial_block", "partial_hash")),
     ("pooling/logprobs/streaming", ("pooling", "pooler", "logprobs", "streaming", "stream_", "resumable",
                                     "routed_expert", "repetition", "session")),
     ("parallelism", ("dp_", "data_parallel", "pipeline", "pp_", "dcp", "pcp", "ec_", "kv_sharing",
-                     "num_reqs_to_pad")),
+                     "num_reqs_to_pad",
+                     # DP prefill balancing and the V2+PP+async decode throttle (scheduler.py:389-395)
+                     "prefill_capacity_bound", "current_step", "throttle")),
 )
 
 
