@@ -67,10 +67,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def lines_file() -> Path:
+    """The pytest baseline's per-test line coverage (megabytes): kept in the workspace, not in
+    the committed results file."""
+    return workspace.root() / "pytest-baseline-lines.json"
+
+
 def load_results(path: Path, key: dict) -> dict:
     if path.exists():
         doc = json.loads(path.read_text())
         if doc.get("version") == RESULTS_VERSION and doc.get("key") == key:
+            pytest_baseline = doc["baselines"].get("pytest")
+            if pytest_baseline is not None and "lines" not in pytest_baseline:
+                if not lines_file().exists():  # the coverage is gone: run that baseline again
+                    doc["baselines"].pop("pytest")
+                else:
+                    pytest_baseline["lines"] = json.loads(lines_file().read_text())
             return doc
         print(f"{path}: made with other settings; starting afresh", flush=True)
     return {"version": RESULTS_VERSION, "key": key, "baselines": {}, "mutants": {}}
@@ -78,8 +90,13 @@ def load_results(path: Path, key: dict) -> dict:
 
 def save_results(doc: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    slim = json.loads(json.dumps(doc))
+    lines = slim["baselines"].get("pytest", {}).pop("lines", None)
+    if lines is not None:
+        lines_file().parent.mkdir(parents=True, exist_ok=True)
+        lines_file().write_text(json.dumps(lines))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(slim, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
