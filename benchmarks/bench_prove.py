@@ -1,5 +1,6 @@
-"""Time the Z3 invariant x action matrix (``kvsched prove``): the whole default matrix (both
-flows, bounded and unbounded cells), the ``large`` preset, and the parametric block proof alone.
+"""Time the Z3 invariant x action matrix (``kvsched prove``): the whole default matrix (every
+flow: v0, v1 and async, bounded and unbounded cells), ``kvsched prove --bound large`` (v0 at the
+``large`` preset, v1 and async at their own bounds), and the parametric block proof alone.
 
 CPU seconds are this process's plus its reaped worker processes' (user + system), the measure
 issue 19 sets limits on (whole matrix <= 60 s CPU, ``--bound large`` <= 5 min). Baseline: the
@@ -18,6 +19,7 @@ import time
 
 from spec.proofs.bound import DEFAULT, LARGE, Bound
 from spec.proofs.chunked import V1_BOUND
+from spec.proofs.encoding_async import ASYNC_BOUND
 from spec.proofs.matrix import prove
 
 
@@ -28,9 +30,10 @@ def _cpu() -> float:
 
 def measure(bound: Bound, jobs: int, flow_name: str = "v0") -> tuple[float, float, int, int, bool]:
     """(wall s, CPU s, cells, unbounded cells, all proved)."""
-    from spec.proofs import parametric
+    from spec.proofs import counting, parametric, per_sequence, writes
 
-    parametric._CACHE.clear()  # each measurement pays for the parametric proof
+    for cache in (parametric._CACHE, per_sequence._CACHE, counting._CACHE, writes._CACHE):
+        cache.clear()  # each measurement pays for its unbounded proofs
     t0, c0 = time.perf_counter(), _cpu()
     m = prove(bound, jobs=jobs, flow_name=flow_name)
     return (time.perf_counter() - t0, _cpu() - c0, len(m.cells), sum(c.scope == "unbounded" for c in m.cells),
@@ -54,14 +57,20 @@ def main() -> None:
     base = measure(DEFAULT, 1)
     print(f"baseline  v0 default ({DEFAULT}), 1 job: {base[0]:6.1f}s wall {base[1]:6.1f}s CPU  "
           f"{base[2]} cells ({base[3]} unbounded)  all proved={base[4]}")
-    whole = [measure(DEFAULT, args.jobs), measure(V1_BOUND, args.jobs, "v1")]
-    wall, cpu = sum(w[0] for w in whole), sum(w[1] for w in whole)
-    print(f"whole matrix (v0 + v1 default), {args.jobs} jobs: {wall:6.1f}s wall {cpu:6.1f}s CPU  "
-          f"{sum(w[2] for w in whole)} cells ({sum(w[3] for w in whole)} unbounded)  "
-          f"all proved={all(w[4] for w in whole)}")
+    whole = [measure(DEFAULT, args.jobs), measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async")]
+    for name, w in zip(("v0", "v1", "async"), whole, strict=True):
+        print(f"  {name:5}: {w[0]:6.1f}s wall {w[1]:6.1f}s CPU  {w[2]} cells ({w[3]} unbounded)  all proved={w[4]}")
+    _total(f"whole matrix (v0 + v1 + async default), {args.jobs} jobs", whole)
     r = measure(large, args.jobs)
-    print(f"large     v0 {large}, {args.jobs} jobs: {r[0]:6.1f}s wall {r[1]:6.1f}s CPU  {r[2]} cells "
+    print(f"  v0 {large}: {r[0]:6.1f}s wall {r[1]:6.1f}s CPU  {r[2]} cells "
           f"({r[3]} unbounded, not re-solved)  all proved={r[4]}  x{r[0] / base[0]:.2f} of baseline")
+    _total(f"kvsched prove --bound large (v0 large, v1 and async at their bounds), {args.jobs} jobs",
+           [r, measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async")])
+
+
+def _total(what: str, runs: list[tuple[float, float, int, int, bool]]) -> None:
+    print(f"{what}: {sum(w[0] for w in runs):6.1f}s wall {sum(w[1] for w in runs):6.1f}s CPU  "
+          f"{sum(w[2] for w in runs)} cells ({sum(w[3] for w in runs)} unbounded)  all proved={all(w[4] for w in runs)}")
 
 
 if __name__ == "__main__":

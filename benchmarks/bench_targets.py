@@ -9,9 +9,11 @@ caching), in process (no protocol):
 * the V1 reference through the runner with every `safety` invariant checked after each step.
 
 Separately: the wire protocol's cost per step (the vllm-v1 target over JSON lines minus the same
-engine driven in process by its host class).
+engine driven in process by its host class), wall clock, rounds interleaved, median: protocol 2's
+`steps` (many steps per message, a line per step, snapshot deltas) against the same host driven a
+call at a time (protocol 1's round trips), unchecked (no snapshots) and with `safety` checked.
 
-    python benchmarks/bench_targets.py [--traces 100] [--seed 0]   # needs `kvsched targets install vllm-v1`
+    python benchmarks/bench_targets.py [--traces 100] [--seed 0] [--rounds 3]   # needs `kvsched targets install vllm-v1`
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     python = TARGET / "venv" / "bin" / "python"
     if not python.exists():
@@ -75,7 +79,18 @@ def main() -> None:
     checked, steps_checked = timed(lambda: sum(len(run_checked(adapter, t, safety, timeout=None, stop_at_first=False).records)
                                                for t in corpus))
     wire = load_adapter("vllm-v1")
-    wire_s, wire_steps = timed(lambda: sum(len(run_checked(wire, t, [], timeout=60).records) for t in corpus))
+    single = CallByCall(wire)
+    lines = {("steps", "unchecked"): (wire, []), ("calls", "unchecked"): (single, []),
+             ("steps", "safety"): (wire, safety), ("calls", "safety"): (single, safety)}
+    wire_runs: dict[tuple[str, str], list[float]] = {key: [] for key in lines}
+    wire_steps = {}
+    for chosen, invariants in lines.values():  # warm up: the host starts, vLLM imports
+        run_checked(chosen, corpus[0], invariants, timeout=60)
+    for _ in range(args.rounds):
+        for key, (chosen, invariants) in lines.items():
+            spent, wire_steps[key] = timed(lambda c=chosen, i=invariants: sum(
+                len(run_checked(c, t, i, timeout=60, stop_at_first=False).records) for t in corpus))
+            wire_runs[key].append(spent / wire_steps[key])
 
     per = {
         "vLLM V1 schedule()+update_from_output() (baseline)": vllm["vllm_seconds"] / vllm["steps"],
@@ -92,8 +107,30 @@ def main() -> None:
     met = per["reference V1 flow + every safety invariant checked"] <= base
     print(f"target (checked reference at least as fast as vLLM V1's own scheduler): {'met' if met else 'not met'}")
     host_in_process = vllm["host_seconds"] / vllm["steps"]
-    print(f"protocol: {wire_s / wire_steps * 1e6:.1f} us/step over JSON lines vs {host_in_process * 1e6:.1f} us/step "
-          f"in process (same host engine): {(wire_s / wire_steps - host_in_process) * 1e6:.1f} us/step for the protocol")
+    own = vllm["vllm_seconds"] / vllm["steps"]
+    print(f"wire (vllm-v1 host; in process the same host engine takes {host_in_process * 1e6:.1f} us/step, "
+          f"vLLM's own step {own * 1e6:.1f}); rounds {args.rounds}, median, wall clock:")
+    for (how, checking), runs in wire_runs.items():
+        per_step = statistics.median(runs)
+        cost = per_step - host_in_process if checking == "unchecked" else None
+        extra = f", protocol {cost * 1e6:.1f} us/step = {cost / own:.2f}x vLLM's own step" if cost is not None else ""
+        print(f"  {how:5s} {checking:9s} {per_step * 1e6:9.1f} us/step over {wire_steps[(how, checking)]} steps{extra}")
+    for checking in ("unchecked", "safety"):
+        ratio = statistics.median(wire_runs[("calls", checking)]) / statistics.median(wire_runs[("steps", checking)])
+        print(f"  steps vs a call at a time, {checking}: {ratio:.2f}x faster")
+
+
+class CallByCall:
+    """The same adapter without the driver's `begin_trace` hook: every call a round trip (the way
+    protocol 1 ran)."""
+
+    def __init__(self, adapter) -> None:
+        self._adapter = adapter
+
+    def __getattr__(self, name):
+        if name == "begin_trace":
+            raise AttributeError(name)
+        return getattr(self._adapter, name)
 
 
 if __name__ == "__main__":

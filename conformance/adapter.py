@@ -52,6 +52,11 @@ class Adapter(Protocol):
     def update(self, outcome: StepOutcome) -> Sequence[Finished]: ...
     def snapshot(self) -> Snapshot: ...
 
+    # Optional, not part of the Protocol's required surface: ``begin_trace(trace, observe,
+    # mid_step)``, called by the driver right after ``reset``, tells an adapter that the calls
+    # which follow are the driver's for ``trace`` (conformance/driver.py), so that it may run them
+    # ahead in batches; `conformance.wire.WireAdapter` uses it to send many steps per message.
+
 
 class SchedulerAdapter:
     """An adapter around any ``make(config) -> SchedulerLike``; ``reset`` builds a fresh one.

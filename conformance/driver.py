@@ -24,7 +24,7 @@ from conformance.lockstep import Divergence, compare
 from conformance.normalize import check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
-from spec.observation import Capability, Snapshot, StepRecord
+from spec.observation import Capability, Snapshot, StepFailure, StepRecord
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
 
@@ -111,6 +111,9 @@ def _run_checked(
 ) -> TraceResult:
     result = TraceResult(trace)
     step = -1
+    checker: Checker | None = None
+    aborted: tuple[str, ...] = ()
+    output = None
     try:
         try:
             guard.call("reset", adapter.reset, trace.config)
@@ -126,13 +129,19 @@ def _run_checked(
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})
         mid_step = observe and Capability.MID_STEP in caps
+        begin = getattr(adapter, "begin_trace", None)  # optional: an adapter that batches the calls below
+        if begin is not None:
+            begin(trace, observe, mid_step)
         reference = None
         if lockstep:
             from reference_impl.scheduler import Scheduler
 
             reference = (reference_factory or Scheduler)(trace.config)  # a profile may name its own
         unfinished: set[str] = set()
+        aborted: tuple[str, ...] = ()
+        output = None
         for step in range(trace.max_steps):
+            aborted, output = (), None
             guard.at_step(step)
             added = tuple(trace.arrivals_at(step))
             finished: list[Finished] = []
@@ -189,4 +198,7 @@ def _run_checked(
         result.violations.extend(checker.check_end(result.drained, not result.drained))
     except AdapterFault as fault:
         result.fault, result.fault_step = fault, max(step, 0)
+        if checker is not None:  # a failure some invariant names (PIP-005) is also its violation
+            result.violations.extend(checker.check_failure(
+                StepFailure(max(step, 0), fault.call, fault.message, aborted, output)))
     return result

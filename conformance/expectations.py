@@ -14,6 +14,12 @@ as ``expected`` (it does not make the run fail); one that is not seen in the run
 bug has not shown it is gone). ``skip``: not checked at all, reported as ``skipped``. An id is
 an invariant ID, ``LOCKSTEP``, or ``FAULT-<kind>`` (expected only). ``--skip ID[,ID]`` adds skips
 on the command line.
+
+A real target keeps its known deviations in ``conformance/targets/expectations/<target>.json``
+(`target_expectations`): ``kvsched conform --adapter <target>`` reads it unless ``--expect`` names
+another file or ``--no-expect`` asks for every failure to count. Why by default: a target's
+known deviations are found in the first few steps of most traces; reported as failures they
+bury a new one, and a user who wants them all back says so in one flag.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ EXPECTATIONS_VERSION = 1
 class Expectations:
     expected: dict[str, str] = field(default_factory=dict)  # problem id -> reason
     skip: dict[str, str] = field(default_factory=dict)  # invariant id or LOCKSTEP -> reason
+    source: str | None = None  # the file they were read from, for the report
 
     def with_skips(self, ids: list[str], reason: str = "--skip") -> Expectations:
-        return Expectations(self.expected, {**self.skip, **{i: reason for i in ids}})
+        return Expectations(self.expected, {**self.skip, **{i: reason for i in ids}}, self.source)
 
 
 def _known_ids() -> set[str]:
@@ -63,7 +70,27 @@ def load_expectations(path: Path | None) -> Expectations:
         return Expectations()
     where = "--expect"
     data = read_json(path, where=f"{where} {path}", max_bytes=1 << 20)
-    return expectations_from_dict(data, where)
+    loaded = expectations_from_dict(data, where)
+    return Expectations(loaded.expected, loaded.skip, str(path))
+
+
+TARGET_EXPECTATIONS_DIR = Path(__file__).parent / "targets" / "expectations"
+
+
+def target_expectations_path(adapter: str) -> Path | None:
+    """The expectations file kept for the real target ``adapter``, if it has one."""
+    path = TARGET_EXPECTATIONS_DIR / f"{adapter}.json"
+    return path if "/" not in adapter and ":" not in adapter and path.is_file() else None
+
+
+def target_expectations(adapter: str) -> Expectations:
+    """The target's own expectations (empty for an adapter without a file)."""
+    path = target_expectations_path(adapter)
+    if path is None:
+        return Expectations()
+    data = read_json(path, where=str(path), max_bytes=1 << 20)
+    loaded = expectations_from_dict(data, str(path))
+    return Expectations(loaded.expected, loaded.skip, str(path))
 
 
 def expectations_from_dict(data: Any, where: str = "expectations") -> Expectations:
@@ -71,9 +98,10 @@ def expectations_from_dict(data: Any, where: str = "expectations") -> Expectatio
         raise InputError(where, "must be a JSON object")
     if data.get("version") != EXPECTATIONS_VERSION:
         raise InputError(f"{where}.version", f"must be {EXPECTATIONS_VERSION}, got {data.get('version')!r}")
-    unknown = set(data) - {"version", "expected", "skip", "adapter", "profile", "comment"}
+    unknown = set(data) - {"version", "expected", "skip", "adapter", "profile", "comment", "pinned"}
     if unknown:
-        raise InputError(f"{where}.{sorted(unknown)[0]}", "unknown field (known: version, expected, skip, adapter, profile, comment)")
+        raise InputError(f"{where}.{sorted(unknown)[0]}",
+                         "unknown field (known: version, expected, skip, adapter, profile, comment, pinned)")
     parts: dict[str, dict[str, str]] = {}
     for name in ("expected", "skip"):
         entries = data.get(name, [])

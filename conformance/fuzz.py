@@ -79,6 +79,7 @@ class FuzzResult:
     adapter_spec: str | None = None  # how to load the adapter again (for replay commands)
     expected: dict[str, str] = field(default_factory=dict)  # problem -> reason (from --expect)
     skipped: dict[str, str] = field(default_factory=dict)  # id -> reason (--skip, --expect)
+    expectations_file: str | None = None  # where ``expected`` and ``skipped`` were read from
     replayed: int = 0  # saved traces run again before the search
     interrupted: bool = False
     stopped_early: str | None = None  # why the search ended before its budget, if it did
@@ -88,6 +89,11 @@ class FuzzResult:
     def unexpected(self) -> dict[str, Finding]:
         """Findings the expectations do not list: these make a run fail."""
         return {p: f for p, f in self.findings.items() if p not in self.expected}
+
+    @property
+    def expected_found(self) -> dict[str, Finding]:
+        """Findings the expectations list: known deviations, seen again."""
+        return {p: f for p, f in self.findings.items() if p in self.expected}
 
 
 # Faults that end the adapter's process: each costs a process start (and a hang a whole timeout).
@@ -150,6 +156,7 @@ def fuzz(
     lockstep = profile.lockstep and profile.name in info.profiles and "LOCKSTEP" not in expectations.skip
     result = FuzzResult(info.name, profile.name, seed_value, lockstep=lockstep, adapter_spec=adapter_spec,
                         expected=dict(expectations.expected), skipped=dict(expectations.skip),
+                        expectations_file=expectations.source,
                         reservation=_declared_reservation(runner, info))
     invariants = [inv.id for inv in profile.invariants() if inv.id not in expectations.skip]
     result.coverage = Coverage(invariants)

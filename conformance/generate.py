@@ -54,7 +54,12 @@ def traces(
     max_requests: int = 6,
     max_n: int = 3,
     allow_aborts: bool = True,
+    abort_odds: int = 6,
 ) -> Trace:
+    """``abort_odds``: each request is aborted with probability 1 / abort_odds, at a step drawn
+    from its arrival to 12 steps later (so in whatever state it is then: waiting, running,
+    swapped, or already finished). A real target's strategy lowers it to reach aborts of running
+    and swapped requests within a small campaign (`conformance.targets`)."""
     if config is None:
         config = draw(configs())
     count = draw(st.integers(1, max_requests))
@@ -74,7 +79,7 @@ def traces(
     aborts: list[tuple[int, str]] = []
     if allow_aborts:
         for a in arrivals:
-            if draw(st.integers(0, 5)) == 0:
+            if draw(st.integers(0, abort_odds - 1)) == 0:
                 aborts.append((a.step + draw(st.integers(0, 12)), a.request.request_id))
     stops = []
     for a in arrivals:

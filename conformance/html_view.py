@@ -8,7 +8,9 @@ The page shows, step by step: the queue lanes (each request in waiting / running
 finished), the GPU and CPU block maps (which request holds which block, reference counts,
 shared blocks marked, blocks whose reference count disagrees with the tables flagged), the
 step's scheduled tokens, swap and copy maps, the reasons behind every decision, and every
-violated invariant highlighted at its step with its statement and message. Step through it
+violated invariant highlighted at its step with its statement and message; for a pipelined run
+(``pipeline_depth`` > 0), which step's outcome each step processes, which steps are still in
+flight, and which outcome each finish came from. Step through it
 with the arrow keys (Home / End, ``v`` for the next violation, ``s`` for the snapshot phase)
 or with the buttons; ``page.html#step=N`` opens it at step N.
 
@@ -28,7 +30,7 @@ from spec.catalogue import Violation
 from spec.observation import Snapshot, StepRecord
 from spec.trace import Trace
 
-VIEW_VERSION = 1
+VIEW_VERSION = 2  # 2: pipeline_depth, and per step and per finish the outcome it belongs to
 
 
 def _snapshot(snap: Snapshot | None) -> dict[str, Any] | None:
@@ -82,15 +84,23 @@ def view_data(
             {"id": v.invariant_id, "step": v.step, "message": v.message, "statement": statement, "category": category}
         )
     steps = []
+    depth = trace.config.pipeline_depth
     for r in records:
+        # Pipelined (docs/ASYNC.md): this step's update processes the outcome of step r.step - depth;
+        # a finish from an abort or a refusal at the door belongs to no outcome.
+        outcome_of = trace.outcome_step(r.step)
+        at_once = set(r.aborted) | set(r.refused)
         steps.append({
             "step": r.step,
             "added": [q.request_id for q in r.added],
             "aborted": list(r.aborted),
             "stopped": sorted(r.stopped),
             "output": r.output.to_dict(),
+            "outcome_of": outcome_of,
+            "in_flight": list(range(max(r.step - depth + 1, 0), r.step + 1)) if depth else [],
             "finished": [
-                {"request": f.request_id, "status": f.status.value, "reason": f.reason.text() if f.reason else None}
+                {"request": f.request_id, "status": f.status.value, "reason": f.reason.text() if f.reason else None,
+                 "outcome_of": None if f.request_id in at_once else outcome_of}
                 for f in r.finished
             ],
             "explain": explain_step(r.output, r.finished),
@@ -102,6 +112,7 @@ def view_data(
         "version": VIEW_VERSION,
         "title": name,
         "config": trace.config.to_dict(),
+        "pipeline_depth": depth,
         "watermark_blocks": trace.config.watermark_blocks,
         "requests": [{**a.request.to_dict(), "arrival_step": a.step} for a in trace.arrivals],
         "steps": steps,
@@ -306,6 +317,7 @@ td.mono, .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 .tag.decode { background:#e3f4e4; }
 .tag.preempt { background:#ffe7c2; }
 .tag.finish { background:#ede7f6; }
+.tag.outcome { background:#fff3bf; }
 @media (max-width: 900px) { .grid { grid-template-columns: 1fr; } }
 """
 
@@ -554,8 +566,18 @@ _JS = r"""
     }
     if (o.swapped_in.length) { line("swapped in", "decode", o.swapped_in.join(", ")); }
     if (o.ignored.length) { line("ignored", "finish", o.ignored.join(", ")); }
-    if (s.stopped.length) { line("stop token", "", s.stopped.join(", ")); }
-    s.finished.forEach(function (f) { line("finished", "finish", f.request + ": " + f.status.replace("FINISHED_", "").toLowerCase()); });
+    var depth = DATA.pipeline_depth || 0;
+    if (depth) {
+      line("outcome", "outcome", s.outcome_of === null ? "none yet (the pipeline fills: depth " + depth + ")" :
+        "of step " + s.outcome_of + " processed (depth " + depth + "); in flight after it: step " + s.in_flight.join(", "));
+    }
+    if (s.stopped.length) {
+      line("stop token", "", s.stopped.join(", ") + (depth ? " (sampled by this step; seen at step " + (s.step + depth) + ")" : ""));
+    }
+    s.finished.forEach(function (f) {
+      var of = (depth && f.outcome_of !== null && f.outcome_of !== undefined) ? " (outcome of step " + f.outcome_of + ")" : "";
+      line("finished", "finish", f.request + ": " + f.status.replace("FINISHED_", "").toLowerCase() + of);
+    });
     line("tokens", "", o.scheduled.reduce(function (a, x) { return a + x.tokens; }, 0) + " of " +
       cfg.max_num_batched_tokens + " budget, " + o.scheduled.length + " seq(s) of " + cfg.max_num_seqs);
   }

@@ -13,7 +13,7 @@ from operator import attrgetter, is_not
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import Capability, SeqView, Snapshot, with_delta
+from spec.observation import Capability, InFlightView, SeqView, Snapshot, with_delta
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -135,6 +135,7 @@ _PROMISED: dict[Capability, tuple[str, ...]] = {
     Capability.REF_COUNTS: ("gpu_ref_counts",),
     Capability.FREE_COUNTS: ("gpu_free",),
     Capability.FREE_LISTS: ("gpu_free_ids",),
+    Capability.IN_FLIGHT: ("in_flight",),
 }
 
 
@@ -175,6 +176,34 @@ def _ints_since(values: Any, checked: Any) -> str | None:
     if not isinstance(values, tuple) or not isinstance(checked, tuple) or len(values) != len(checked):
         return _ints(values)
     return _ints(tuple(map(values.__getitem__, compress(range(len(values)), map(is_not, values, checked)))))
+
+
+def _block_changes(changes: Any) -> str | None:
+    """A pool delta (`Snapshot.gpu_block_changes`): block id -> entries in the free list now."""
+    if not isinstance(changes, Mapping):
+        return f"is {type(changes).__name__}, expected a mapping of block id to free-list entries"
+    for block, entries in changes.items():
+        if not _is_int(block) or not _is_int(entries) or entries < 0:
+            return f"entry {block!r}: {entries!r} is not a block id with a count >= 0"
+    return None
+
+
+def _counts_since(values: Any, checked: Any, changes: Mapping[int, int] | None) -> str | None:
+    """Reference counts: with a pool delta on a base that passed, only the changed blocks' counts
+    are read (the others are the base's, as the delta says); else `_ints_since`."""
+    if changes is None or not isinstance(values, tuple) or not isinstance(checked, tuple) \
+            or len(values) != len(checked):
+        return _ints_since(values, checked)
+    return _ints(tuple(values[b] for b in changes if 0 <= b < len(values)))
+
+
+def _free_since(values: Any, checked: Any, changes: Mapping[int, int] | None) -> str | None:
+    """Free ids: with a pool delta on a base whose free list passed, the list is not read again.
+    A relaxation, like the delta itself: the ids it names are ints (`_block_changes`) and every
+    other entry is, the delta says, one the base listed. Else `_ints`."""
+    if changes is None or checked is None or not isinstance(values, tuple):
+        return _ints(values)
+    return None
 
 
 def _strs(values: Any) -> str | None:
@@ -254,18 +283,32 @@ def _index(index: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
     return None
 
 
+def _in_flight(counters: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    # Any int is well formed, a negative one included: that is PIP-003's finding, not a shape error.
+    if not isinstance(counters, Mapping):
+        return f"is {type(counters).__name__}, expected a mapping of sequence id to InFlightView"
+    for sid, view in counters.items():
+        if not isinstance(sid, str) or not isinstance(view, InFlightView) or not all(map(_is_int, view)):
+            return f"{sid!r}: {view!r} is not an InFlightView of three ints"
+    return None
+
+
 _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str | None]], ...] = (
     ("statuses", _statuses),
     ("seqs", _seqs),
     ("waiting", lambda v, s, b: _strs(v)),
     ("running", lambda v, s, b: _strs(v)),
     ("swapped", lambda v, s, b: _strs(v)),
-    ("gpu_ref_counts", lambda v, s, b: _ints_since(v, b.gpu_ref_counts if b is not None else None)),
-    ("cpu_ref_counts", lambda v, s, b: _ints_since(v, b.cpu_ref_counts if b is not None else None)),
+    ("gpu_block_changes", lambda v, s, b: _block_changes(v)),
+    ("cpu_block_changes", lambda v, s, b: _block_changes(v)),
+    ("gpu_ref_counts", lambda v, s, b: _counts_since(v, b and b.gpu_ref_counts, b and s.gpu_block_changes)),
+    ("cpu_ref_counts", lambda v, s, b: _counts_since(v, b and b.cpu_ref_counts, b and s.cpu_block_changes)),
     ("gpu_free", lambda v, s, b: _count(v)),
     ("cpu_free", lambda v, s, b: _count(v)),
-    ("gpu_free_ids", lambda v, s, b: _ints(v)),
-    ("cpu_free_ids", lambda v, s, b: _ints(v)),
+    ("gpu_free_ids", lambda v, s, b: _free_since(v, b and b.gpu_free_ids, b and s.gpu_block_changes)),
+    ("cpu_free_ids", lambda v, s, b: _free_since(v, b and b.cpu_free_ids, b and s.cpu_block_changes)),
     ("gpu_block_keys", _keys),
     ("cache_index", _index),
+    ("in_flight", _in_flight),
+    ("gpu_fenced", lambda v, s, b: _ints(v)),
 )

@@ -115,6 +115,10 @@ def to_json(result: FuzzResult) -> dict[str, Any]:
         "lockstep": result.lockstep,
         "reservation": result.reservation,
         "conforming": conforming(result),
+        "expectations_file": result.expectations_file,
+        # New findings make the run fail; expected ones are known deviations seen again.
+        "new_findings": sorted(result.unexpected),
+        "expected_findings": sorted(result.expected_found),
         "interrupted": result.interrupted,
         "stopped_early": result.stopped_early,
         "replayed": result.replayed,
@@ -189,8 +193,14 @@ def print_terminal(result: FuzzResult) -> None:
             console.print("[yellow]lifecycle edges not reached:[/] " + ", ".join(f"{a}->{b} ({c})" for a, b, c in unreached))
         else:
             console.print("every lifecycle edge was reached")
-    for problem, finding in sorted(result.findings.items()):
-        label = "[magenta]expected[/] " if problem in result.expected else ""
+    if result.expected_found or result.expectations_file:
+        source = f" ({escape(result.expectations_file)})" if result.expectations_file else ""
+        console.print(f"[magenta]expected findings[/]{source}: {', '.join(sorted(result.expected_found)) or 'none'}; "
+                      f"[bold]new findings[/]: {', '.join(sorted(result.unexpected)) or 'none'}", highlight=False)
+    # New findings first: they are what the run is for; expected ones follow, marked.
+    ordered = sorted(result.findings.items(), key=lambda item: (item[0] in result.expected, item[0]))
+    for problem, finding in ordered:
+        label = "[magenta]expected[/] " if problem in result.expected else "[bold]new[/] "
         console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
         if finding.location:
             console.print(f"  at {finding.location}", highlight=False, markup=False, soft_wrap=True)

@@ -47,11 +47,12 @@ Where this differs from the engine (spec decisions, docs/ASYNC.md):
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 
-from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler, snapshot_of
+from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, V1Scheduler, snapshot_of
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
-from spec.observation import Snapshot
+from spec.observation import Capability, InFlightView, Snapshot
 from spec.reasons import Reason
 from spec.reservation import Reservation
 from spec.status import Status
@@ -112,6 +113,10 @@ class _FrontierView:
 class AsyncV1Scheduler(V1Scheduler):
     """`V1Scheduler` whose outcomes arrive ``depth`` steps late (by default the config's
     ``pipeline_depth``). Implements `spec.protocol.SchedulerLike`."""
+
+    # Its in-flight counters (PIP-003); it frees a request's blocks at once, relying, as vLLM does,
+    # on steps running in order (ORDERED_STEPS: PIP-004 is moot; `DeferredFreeAsyncV1Scheduler` fences).
+    capabilities = CAPABILITIES | {Capability.IN_FLIGHT, Capability.ORDERED_STEPS}
 
     def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
         depth = config.pipeline_depth if depth is None else depth
@@ -249,10 +254,57 @@ class AsyncV1Scheduler(V1Scheduler):
 
     def snapshot(self) -> Snapshot:
         views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}
-        self._last_snapshot = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
-                                          self._last_snapshot)
+        snap = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
+                           self._last_snapshot)
+        self._last_snapshot = dataclasses.replace(snap, in_flight=self.in_flight_counters())
         return self._last_snapshot
+
+    def in_flight_counters(self) -> dict[str, InFlightView]:
+        """Each unfinished sequence's in-flight counters, as the IN_FLIGHT snapshot part shows them."""
+        return {t.seq_id: InFlightView(c.num_placeholders, c.num_in_flight, c.num_stale)
+                for rid, t in self.requests.items() if not t.status.is_finished
+                for c in (self.counters[rid],)}
 
     def metrics(self) -> dict[str, int]:
         return {**super().metrics(), "steps_in_flight": len(self.in_flight),
                 "placeholders": sum(c.num_placeholders for c in self.counters.values())}
+
+
+class DeferredFreeAsyncV1Scheduler(AsyncV1Scheduler):
+    """`AsyncV1Scheduler` for an engine whose steps may write KV out of order (vLLM's
+    ``defer_block_free``: a KV connector can load into a block a step still writes;
+    vllm/v1/core/sched/scheduler.py:189-195). The blocks of a request preempted, aborted or
+    finished while a step that scheduled it is in flight are held back (fenced) until that step's
+    outcome is processed, then freed in the order they would have been
+    (scheduler.py:3084-3093 ``_free_request_blocks``, 3106 ``_drain_deferred_frees``). It claims
+    no ORDERED_STEPS, so PIP-004 holds it to the fence."""
+
+    capabilities = AsyncV1Scheduler.capabilities - {Capability.ORDERED_STEPS}
+
+    def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
+        super().__init__(config, depth)
+        self.fenced: list[tuple[int, list[int]]] = []  # (the last in-flight step writing them, blocks) in free order
+
+    def _free_blocks(self, tracked: TrackedRequest) -> None:
+        fence = max((step.step for step in self.in_flight if any(t is tracked for t, _, _ in step.entries)),
+                    default=None)
+        if fence is None or not tracked.blocks:
+            super()._free_blocks(tracked)
+            return
+        self.fenced.append((fence, list(reversed(tracked.blocks))))  # tail first, as V1's free
+        tracked.blocks = []
+        tracked.num_keyed = 0
+
+    def _process(self, step: InFlightStep) -> list[Finished]:
+        finished = super()._process(step)
+        due = [blocks for fence, blocks in self.fenced if fence <= step.step]
+        self.fenced = [(fence, blocks) for fence, blocks in self.fenced if fence > step.step]
+        for blocks in due:
+            self.pool.release(blocks)
+        return finished
+
+    def snapshot(self) -> Snapshot:
+        snap = super().snapshot()
+        self._last_snapshot = dataclasses.replace(
+            snap, gpu_fenced=tuple(b for _, blocks in self.fenced for b in blocks))
+        return self._last_snapshot

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from spec.observation import Capability, Snapshot, StepRecord
+from spec.observation import Capability, Snapshot, StepFailure, StepRecord
 from spec.protocol import SchedulerLike
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
@@ -28,6 +28,15 @@ class Run:
     @property
     def finished(self) -> list[Finished]:
         return [f for r in self.records for f in r.finished]
+
+
+class StepFailed(Exception):
+    """A scheduler call failed mid-step; ``failure`` says which step and what it knew
+    (`spec.catalogue.Checker.check_failure` reads it). Chained to the scheduler's own exception."""
+
+    def __init__(self, failure: StepFailure) -> None:
+        super().__init__(f"step {failure.step}: {failure.call} failed: {failure.message}")
+        self.failure = failure
 
 
 def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> Iterator[StepRecord]:
@@ -50,7 +59,10 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
         output = scheduler.schedule()
         mid = scheduler.snapshot() if mid_step else None
         stopped = trace.stops_at(step)
-        finished.extend(scheduler.update(StepOutcome(stopped)))
+        try:
+            finished.extend(scheduler.update(StepOutcome(stopped)))
+        except Exception as err:  # noqa: BLE001 - said where it happened, for a failure predicate (PIP-005)
+            raise StepFailed(StepFailure(step, "update", f"{type(err).__name__}: {err}", aborted, output)) from err
         after = scheduler.snapshot() if observe else _EMPTY
         for f in finished:
             unfinished.discard(f.request_id)

@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from reference_impl.pool_log import ChangeLog, LoggedCounts, LoggedFreeQueue, changed_blocks
+
 ORDERS = ("v1", "nano")
 
 
@@ -42,10 +44,11 @@ class CachingBlockPool:
         self.num_blocks = num_blocks
         self.caching = caching
         self.order = order
-        self.ref_counts = [0] * num_blocks
+        self._log = ChangeLog()  # observation only: which blocks changed since the last snapshot
+        self.ref_counts = LoggedCounts(num_blocks, self._log)
         self.keys: list[str | None] = [None] * num_blocks
         self.index: dict[str, list[int]] = {}  # key -> blocks registered under it, oldest first
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = LoggedFreeQueue(range(num_blocks), self._log)
         # Observation: counters of changes to the counts / free queue and to the keys / index, so
         # that a snapshot reuses the tuples it built last time when nothing changed (`observed`).
         self.block_changes = 0
@@ -60,6 +63,11 @@ class CachingBlockPool:
     def free_ids(self) -> tuple[int, ...]:
         """The free queue, front (next to be handed out) first."""
         return tuple(self._free)
+
+    def changed_blocks(self) -> dict[int, int] | None:
+        """For a delta snapshot: each block whose reference count or free-queue entries changed
+        since the last call, with how many times the queue names it now (None: unknown)."""
+        return changed_blocks(self.ref_counts, self._free, self._log)
 
     def cache_index(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v) for k, v in self.index.items()}

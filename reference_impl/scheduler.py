@@ -451,6 +451,7 @@ class Scheduler:
             return old if old is not None and old == new else new
 
         old_snap = base if base is not None else Snapshot()
+        gpu_changes, cpu_changes = bm.gpu.changed_blocks(), bm.cpu.changed_blocks()  # taken every snapshot
         snap = Snapshot(
             statuses=statuses,
             seqs=seqs,
@@ -466,6 +467,8 @@ class Scheduler:
             base=base,
             changed_seqs=frozenset(new_views) if base is not None else None,
             changed_requests=frozenset(new_statuses) if base is not None else None,
+            gpu_block_changes=gpu_changes if base is not None else None,
+            cpu_block_changes=cpu_changes if base is not None else None,
         )
         # Only the latest is kept; holding the chain is the records' business, not the scheduler's.
         self._last_snapshot = snap

@@ -239,6 +239,12 @@ class TrackedScheduler:
 class V1Scheduler(TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
+    # Under the priority policy, a running request that preempts itself (it is the lowest-priority
+    # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
+    # (vllm/v1/core/sched/scheduler.py, "preempted itself ... may still fit"). A hook, so a variant
+    # can model an engine whose scan stops there.
+    scan_past_self_preemption: bool = True
+
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self._last_output: SchedulerOutput | None = None
@@ -255,10 +261,16 @@ class V1Scheduler(TrackedScheduler):
             return
         self._to_waiting(tracked, front=False)
 
+    def _long_prefill_threshold(self) -> int:
+        """This step's cap on one request's chunk. vLLM V1 does not cap a request that is alone in
+        the scheduler: there is no other request for it to starve (vllm/config/scheduler.py,
+        ``long_prefill_token_threshold``). A hook, so a variant can model an engine that always caps."""
+        return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        threshold = self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
         preempted: list[TrackedRequest] = []
         reasons: list[Reason] = []
@@ -297,7 +309,7 @@ class V1Scheduler(TrackedScheduler):
                     break
                 fits = self._allocate(tracked, tokens, hits=[], watermark=False)
             if not fits:
-                if self.config.policy == "priority":
+                if self.config.policy == "priority" and self.scan_past_self_preemption:
                     continue  # the victim was this request; the next ones may still fit
                 break
             scheduled[tracked.request_id] = tokens
@@ -511,6 +523,7 @@ def snapshot_of(
                           if base.statuses is None or base.statuses.get(v.request_id) is not v.status}
         statuses = {**base.statuses, **changed_status} if changed_status or base.statuses is None else base.statuses
     prior = base if base is not None else Snapshot()
+    changes = pool.changed_blocks()  # taken every snapshot, so that it is always since the last one
 
     def same(new: object, old: object) -> object:
         return old if new is old or (old is not None and old == new) else new
@@ -532,6 +545,8 @@ def snapshot_of(
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,
+        gpu_block_changes=changes if base is not None else None,
+        cpu_block_changes={} if base is not None else None,  # no CPU pool: nothing ever changes there
     )
 
 

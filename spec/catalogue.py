@@ -11,15 +11,16 @@ and runs them (`Checker`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.config import SchedulerConfig
+from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
 from spec.invariants._views import forget
-from spec.observation import Capability, StepRecord
+from spec.observation import Capability, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
 from spec.status import Status
 from spec.types import Request, request_of
@@ -49,6 +50,11 @@ class CheckContext:
     stopped: set[str] = field(default_factory=set)
     # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
     flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The steps that scheduled each request, the last MAX_PIPELINE_DEPTH + 1 of them (the steps
+    # whose outcome may still be in flight), and the last step it left the running set in
+    # (preempted, aborted or finished), with how: what a failure predicate (PIP-005) reads.
+    scheduled_in: dict[str, list[int]] = field(default_factory=dict)
+    left_at: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -59,6 +65,8 @@ class CheckContext:
 
 StepPredicate = Callable[[CheckContext, StepRecord], Iterable[str]]
 EndPredicate = Callable[[CheckContext], Iterable[str]]
+# Called when a scheduler call fails mid-step (`StepFailure`): which failures the invariant forbids.
+FailurePredicate = Callable[[CheckContext, StepFailure], Iterable[str]]
 
 
 @dataclass(frozen=True)
@@ -70,20 +78,32 @@ class Invariant:
     needs: frozenset[Capability]
     step: StepPredicate | None = None
     end: EndPredicate | None = None
+    failure: FailurePredicate | None = None
     # The statement assumes a step's outcome is processed in that step (a synchronous engine):
     # with outcomes pipelined (config.pipeline_depth > 0) a correct scheduler computes ahead of
-    # what it has delivered, so the invariant does not apply there (spec/invariants/async.py
-    # says what does).
+    # what it has delivered, so there the invariant is checked on the step as the scheduler
+    # planned it (`spec.planned_view`: the in-flight counters added back), which needs the
+    # IN_FLIGHT observation; without it the invariant does not apply at depth > 0.
     synchronous: bool = False
+    # For a synchronous invariant: whether the planned view stands in for it at depth > 0. False
+    # where the planned view cannot say it (REQ-004: a preempted request's stale samples are not
+    # counted by any counter); other invariants (PIP-001, PIP-002) make its promise there.
+    planned: bool = True
+    # Claims that make the invariant moot (PIP-004 under ORDERED_STEPS): not applicable where the
+    # scheduler makes one of them.
+    unless: frozenset[Capability] = frozenset()
 
     def applicable(self, capabilities: frozenset[Capability], config: SchedulerConfig | None = None) -> bool:
-        if self.synchronous and config is not None and config.pipeline_depth > 0:
+        if self.synchronous and config is not None and config.pipeline_depth > 0 \
+                and (not self.planned or Capability.IN_FLIGHT not in capabilities):
+            return False
+        if self.unless & capabilities:
             return False
         return self.needs <= capabilities
 
     @property
     def predicate_location(self) -> str:
-        fn = self.step or self.end
+        fn = self.step or self.end or self.failure
         assert fn is not None
         return f"{fn.__module__}.{fn.__qualname__}"
 
@@ -94,8 +114,10 @@ class Invariant:
             "statement": self.statement,
             "rationale": self.rationale,
             "needs": sorted(c.value for c in self.needs),
-            "checked": "per step" if self.step else "at the end of a run",
-            "synchronous_steps_only": self.synchronous,
+            "checked": "per step" if self.step else "at the end of a run" if self.end else "when a call fails",
+            "synchronous_steps_only": self.synchronous and not self.planned,
+            "pipelined_as_planned": self.synchronous and self.planned,
+            **({"moot_under": sorted(c.value for c in self.unless)} if self.unless else {}),
             "predicate": self.predicate_location,
         }
 
@@ -105,9 +127,10 @@ _REGISTRY: dict[str, Invariant] = {}
 
 def invariant(
     id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
-    synchronous: bool = False,
+    synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (), planned: bool = True,
 ) -> Callable[[Callable], Callable]:
-    """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`)."""
+    """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`;
+    ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
     assert category in CATEGORIES, category
 
     def register(fn: Callable) -> Callable:
@@ -115,7 +138,8 @@ def invariant(
         needs_set = frozenset(needs) | {Capability.OUTPUT}
         _REGISTRY[id] = Invariant(
             id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
-            step=None if at_end else fn, end=fn if at_end else None, synchronous=synchronous,
+            step=None if at_end or at_failure else fn, end=fn if at_end else None,
+            failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless), planned=planned,
         )
         return fn
 
@@ -211,8 +235,11 @@ class Checker:
         self.context = CheckContext(config, reservation=reservation or NONE)
         self.active = [inv for inv in chosen if inv.applicable(capabilities, config)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities, config)]
-        self._step_checks = [inv for inv in self.active if inv.step is not None]
+        planned = config.pipeline_depth > 0  # synchronous invariants read the planned view (spec.planned_view)
+        self._step_checks = [inv for inv in self.active if inv.step is not None and not (planned and inv.synchronous)]
+        self._planned_checks = [inv for inv in self.active if inv.step is not None and planned and inv.synchronous]
         self._end_checks = [inv for inv in self.active if inv.end is not None]
+        self._failure_checks = [inv for inv in self.active if inv.failure is not None]
 
     def check_step(self, record: StepRecord) -> list[Violation]:
         ctx = self.context
@@ -228,8 +255,15 @@ class Checker:
             for inv in self._step_checks
             for message in inv.step(ctx, record)  # type: ignore[misc]
         ]
+        if self._planned_checks:
+            from spec.planned_view import planned_record
+
+            planned, whole = planned_record(record), dataclasses.replace(ctx, previous=None)  # whole snapshots
+            found += [Violation(inv.id, record.step, f"(as planned) {message}")
+                      for inv in self._planned_checks for message in inv.step(whole, planned)]  # type: ignore[misc]
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
+        _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
         ctx.steps += 1
         if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
             for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):
@@ -238,10 +272,37 @@ class Checker:
         ctx.previous = None if found else record
         return found
 
+    def check_failure(self, failure: StepFailure) -> list[Violation]:
+        """The invariants a failed call breaks (PIP-005); the caller still reports the failure
+        itself as a fault. The failed step's aborts and output count as history."""
+        _note_in_flight_history(self.context, failure.step, failure.aborted, failure.output, ())
+        return [Violation(inv.id, failure.step, m)
+                for inv in self._failure_checks for m in inv.failure(self.context, failure)]  # type: ignore[misc]
+
     def check_end(self, drained: bool, ended_at_max_steps: bool) -> list[Violation]:
         self.context.drained = drained
         self.context.ended_at_max_steps = ended_at_max_steps
         return [Violation(inv.id, None, m) for inv in self._end_checks for m in inv.end(self.context)]  # type: ignore[misc]
+
+
+def _note_in_flight_history(ctx: CheckContext, step: int, aborted: Iterable[str], output: Any,
+                            finished: Iterable[Any]) -> None:
+    """Keep `CheckContext.scheduled_in` and `left_at` for one step (``output``: its
+    SchedulerOutput or None; ``finished``: its Finished list)."""
+    if output is not None:
+        for item in output.scheduled:
+            steps = ctx.scheduled_in.setdefault(item.request_id, [])
+            if not steps or steps[-1] != step:
+                steps.append(step)
+                del steps[:-(MAX_PIPELINE_DEPTH + 1)]
+    for rid in aborted:
+        ctx.left_at[rid] = (step, "aborted")
+    if output is not None:
+        for p in output.preempted:
+            ctx.left_at[p.request_id] = (step, "preempted")
+    for f in finished:
+        if ctx.left_at.get(f.request_id, (None, ""))[0] != step:  # an abort of this step says more
+            ctx.left_at[f.request_id] = (step, f"finished ({f.status.name})")
 
 
 def check_records(

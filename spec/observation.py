@@ -42,11 +42,19 @@ class Capability(StrEnum):
     # Not an observation but a claim: the scheduler follows the token-budget flow of today's
     # engines (vLLM V1, nano-vllm), so the ORD-* policy invariants are about it.
     TOKEN_BUDGET_FLOW = "token_budget_flow"  # a claim: the V1 / nano-vllm flow (ORD-* apply)
+    # Pipelined engines (docs/ASYNC.md): each unfinished sequence's in-flight counters
+    # (`InFlightView`), what PIP-003 reads. A synchronous scheduler has none to show.
+    IN_FLIGHT = "in_flight"  # Snapshot.in_flight: placeholders, in-flight and stale tokens per sequence
+    # A claim, not an observation: the engine's steps run in the order they were scheduled on the
+    # device (one stream), so a block freed while an in-flight step writes it can only be written
+    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
+    ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
-ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW}
+ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
+    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS}
 
 
 class SeqView(NamedTuple):
@@ -62,6 +70,21 @@ class SeqView(NamedTuple):
     blocks: tuple[int, ...] | None = None  # physical ids, logical order
     device: str | None = None  # "gpu", "cpu", or None when it holds no block
     token_ids: tuple[int, ...] | None = None  # prompt + generated ids (PREFIX_CACHE)
+
+
+class InFlightView(NamedTuple):
+    """One unfinished sequence's share of the steps still in flight (IN_FLIGHT; vLLM's
+    ``Request.num_output_placeholders``, ``num_in_flight_tokens``, ``num_stale_output_tokens``).
+    Plain ints, negative ones included: a counter below zero is what PIP-003 reports, so the
+    codec and the runner's shape check must let it through."""
+
+    placeholders: int  # tokens in-flight steps sample for it, not yet appended
+    in_flight_tokens: int  # tokens in-flight steps compute for it
+    stale: int  # of those, tokens of steps scheduled before its last preemption
+
+
+# The version of the ``in_flight`` snapshot field on the wire (docs/PROTOCOL.md).
+IN_FLIGHT_VERSION = 1
 
 
 # KVSCHED_FULL_CHECK=1 turns incremental checking off: snapshots are built whole and every
@@ -91,6 +114,12 @@ class Snapshot:
     # and the cache index, key -> the GPU blocks a lookup of that key can find.
     gpu_block_keys: tuple[str | None, ...] | None = None
     cache_index: Mapping[str, tuple[int, ...]] | None = None
+    # IN_FLIGHT: seq id -> its in-flight counters, for every unfinished sequence (PIP-003).
+    in_flight: Mapping[str, InFlightView] | None = None
+    # GPU blocks held back from the free pool for the writes of in-flight steps of sequences that
+    # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
+    # block's reference count (BLK-003). None or empty: nothing held back.
+    gpu_fenced: tuple[int, ...] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -99,6 +128,13 @@ class Snapshot:
     changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)
     # Likewise for requests: every request whose status is new or differs from base's.
     changed_requests: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # Likewise for each pool (None: unknown, check the whole pool): every block whose reference
+    # count, or the number of times the free list names it, may differ from base's, mapped to that
+    # number in this snapshot. Every other block has base's count and base's free entries, and the
+    # reference counts are as long as base's. Trusted as given (a block left out is read as base's
+    # without looking); the built-in pools log it in their containers (reference_impl.pool_log).
+    gpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
 
     def queue(self, name: str) -> tuple[str, ...] | None:
         return getattr(self, name)
@@ -150,6 +186,19 @@ class StepRecord:
     refused: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class StepFailure:
+    """A scheduler call that failed in the middle of a step (an exception, an engine assert):
+    what the runner knew of the step when it did. The runner still reports it as a fault; an
+    invariant that names such a failure (PIP-005) reads it through `spec.catalogue.Checker.check_failure`."""
+
+    step: int
+    call: str  # the call that failed: "update" (an outcome was being processed), "schedule", ...
+    message: str
+    aborted: tuple[str, ...] = ()  # this step's aborts, before it scheduled
+    output: SchedulerOutput | None = None  # this step's schedule() answer, when it came
+
+
 def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
     """``snap`` as a delta on ``previous`` (the snapshot taken just before it), for an adapter
     that hands whole snapshots: `Snapshot.base`, `changed_seqs` and `changed_requests` found by
@@ -190,7 +239,7 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

@@ -15,6 +15,12 @@ Format (version 1)::
      "stops": [{"step": 2, "seq": "A#0"}],
      "max_steps": 200,
      "meta": {}}
+
+A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
+``"pipeline": {"version": 1, "depth": d}``, so that a reader of the file knows the outcomes lag:
+a stop at step N is the sample of step N (the outcome belongs to step N), and the engine processes
+it, and reports the finish, in step N + d. The field is written only when d > 0 (older traces and
+synchronous ones are unchanged); when present, its depth must equal the config's.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from spec.json_input import read_json
 from spec.types import Request
 
 TRACE_VERSION = 1
+PIPELINE_VERSION = 1  # of the optional "pipeline" field
 # Every engine loop runs up to max_steps steps and the checker looks at each: 10**5 steps is
 # minutes of reference time, 10**9 would be days, so a larger value is a mistake, refused up
 # front rather than discovered as a hang. The other limits keep one trace to what a real
@@ -96,7 +103,7 @@ class Trace:
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": TRACE_VERSION,
             "config": self.config.to_dict(),
             "requests": [{**a.request.to_dict(), "arrival_step": a.step} for a in self.arrivals],
@@ -105,6 +112,15 @@ class Trace:
             "max_steps": self.max_steps,
             "meta": dict(self.meta),
         }
+        if self.config.pipeline_depth:
+            data["pipeline"] = {"version": PIPELINE_VERSION, "depth": self.config.pipeline_depth}
+        return data
+
+    def outcome_step(self, step: int) -> int | None:
+        """The step whose outcome (sampled tokens, stops) the engine processes in ``step``'s
+        update: ``step - pipeline_depth``, None while the pipeline fills."""
+        of = step - self.config.pipeline_depth
+        return of if of >= 0 else None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -133,11 +149,13 @@ class Trace:
         version = data.get("version")
         if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
             raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
-        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta"}
+        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline"}
         for key in data:
             if key not in known:
                 raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
         config = SchedulerConfig.from_dict(data.get("config", {}))
+        if "pipeline" in data:
+            _pipeline(data["pipeline"], config)
         requests = _list(data, "requests")
         if len(requests) > MAX_REQUESTS:
             raise InputError("requests", f"has {len(requests)} requests, more than the {MAX_REQUESTS} a trace may have")
@@ -204,6 +222,21 @@ class Trace:
             return cls.from_dict(data)
         except InputError as err:
             raise InputError(f"{path}: {err.where}", err.message) from None
+
+
+def _pipeline(value: Any, config: SchedulerConfig) -> None:
+    """Check the optional ``pipeline`` field against the config (it only restates the depth)."""
+    if not isinstance(value, Mapping):
+        raise InputError("pipeline", "must be an object {version, depth}")
+    version = value.get("version")
+    if type(version) is not int or version != PIPELINE_VERSION:
+        raise InputError("pipeline.version", f"must be {PIPELINE_VERSION}, got {shown(version)}")
+    for key in value:
+        if key not in ("version", "depth"):
+            raise InputError(f"pipeline.{str(key)[:40]}", "unknown field (known: depth, version)")
+    depth = value.get("depth")
+    if type(depth) is not int or depth != config.pipeline_depth:
+        raise InputError("pipeline.depth", f"must equal config.pipeline_depth ({config.pipeline_depth}), got {shown(depth)}")
 
 
 def _list(data: Mapping[str, Any], key: str) -> list[Any]:

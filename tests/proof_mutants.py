@@ -7,8 +7,6 @@ mutated code.
 
 from __future__ import annotations
 
-import heapq
-
 from reference_impl.block_manager import AllocStatus, BlockManager
 from reference_impl.scheduler import Scheduler
 from reference_impl.sequence import Sequence, SequenceGroup
@@ -29,8 +27,7 @@ class SwapInBusyBlock(BlockManager):
         for k, block in enumerate(self._distinct_blocks(group, self.cpu_tables)):
             mapping[block] = k  # the lowest ids not taken by this move, free or not
             if k in dst_pool._free:
-                dst_pool._free.remove(k)
-                heapq.heapify(dst_pool._free)
+                dst_pool._free.remove(k)  # the free list stays sorted
             dst_pool.ref_counts[k] = 1
         for seq in group.live_seqs():
             table = self.cpu_tables.pop(seq.seq_id)

@@ -452,3 +452,60 @@ def test_a_run_with_nothing_observed_still_renders(browser: Browser, tmp_path: P
     assert state["gpu"] == "not observed" and state["blocks"] == 0
     assert "C ignored" in state["reasons"]
     assert browser.problems() == []
+
+
+# ---------------------------------------------------------------------------- pipelined steps
+def _pipelined_run():
+    """A run of the async reference at depth 1 in which a stop sampled at one step is reported
+    at the next (docs/ASYNC.md)."""
+    import dataclasses
+
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=32, watermark=0.0,
+                             preemption_mode="recompute", pipeline_depth=1)
+    trace = Trace(config, (Arrival(0, Request("A", prompt_len=5, max_tokens=8)),
+                           Arrival(1, Request("B", prompt_len=3, max_tokens=2))), stops=((2, "A#0"),), max_steps=20)
+    trace = dataclasses.replace(trace, meta={"name": "pipelined"})
+    return trace, run_trace(trace, AsyncV1Scheduler)
+
+
+def test_the_view_says_which_outcome_belongs_to_which_step() -> None:
+    trace, run = _pipelined_run()
+    data = view_data(trace, run.records, [])
+    assert data["version"] == 2 and data["pipeline_depth"] == 1
+    steps = data["steps"]
+    assert steps[0]["outcome_of"] is None and steps[0]["in_flight"] == [0]  # the pipeline fills
+    assert [s["outcome_of"] for s in steps[1:4]] == [0, 1, 2]
+    stopped = next(f for s in steps for f in s["finished"] if f["request"] == "A")
+    assert stopped["status"] == "FINISHED_STOPPED" and stopped["outcome_of"] == 2  # sampled at 2, reported at 3
+    assert Trace.from_dict(trace.to_dict()).to_dict()["pipeline"] == {"version": 1, "depth": 1}
+    synchronous = view_data(BUILTIN["tour"](), run_trace(BUILTIN["tour"]()).records, [])
+    assert synchronous["pipeline_depth"] == 0 and synchronous["steps"][3]["outcome_of"] == 3
+
+
+def test_a_pipelined_trace_restates_its_depth_or_is_refused() -> None:
+    from spec.errors import InputError
+
+    trace, _ = _pipelined_run()
+    data = trace.to_dict()
+    data["pipeline"]["depth"] = 2
+    with pytest.raises(InputError, match="pipeline.depth"):
+        Trace.from_dict(data)
+    assert "pipeline" not in BUILTIN["tour"]().to_dict()  # synchronous traces are unchanged
+
+
+def test_pipelined_outcomes_in_chromium(browser: Browser, tmp_path: Path) -> None:
+    trace, run = _pipelined_run()
+    page = write_html(tmp_path / "pipelined.html", trace, run.records, [])
+    browser.events.clear()
+    browser.open(page.as_uri() + "#step=3")
+    assert _label(browser) == "3"
+    events = browser.js("document.getElementById('events').innerText")
+    assert "of step 2 processed (depth 1)" in events and "A: stopped (outcome of step 2)" in events, events
+    browser.open(page.as_uri() + "#step=2")
+    assert browser.poll("document.getElementById('step-label').dataset.step", "2") == "2"
+    events = browser.js("document.getElementById('events').innerText")
+    assert "sampled by this step; seen at step 3" in events, events
+    assert browser.problems() == []

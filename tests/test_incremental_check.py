@@ -178,8 +178,9 @@ class _WholeSnapshots:
             else None,
             **{name: fresh(getattr(snap, name)) for name in ("waiting", "running", "swapped", "gpu_ref_counts",
                                                              "cpu_ref_counts", "gpu_free", "cpu_free", "gpu_free_ids",
-                                                             "cpu_free_ids", "gpu_block_keys")},
+                                                             "cpu_free_ids", "gpu_block_keys", "gpu_fenced")},
             cache_index={k: fresh(v) for k, v in snap.cache_index.items()} if snap.cache_index is not None else None,
+            in_flight=dict(snap.in_flight) if snap.in_flight is not None else None,
         )
 
 
@@ -337,3 +338,102 @@ def test_snapshot_check_reads_changed_counts(bad):
         check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0), base=good))
     with pytest.raises(AdapterFault, match="gpu_ref_counts"):
         check_snapshot(observation.Snapshot(gpu_ref_counts=(0, bad, 2, 0)), previous=good)
+
+
+def _pool_cases():
+    """(factory, trace strategy) for the three references and every mutant (their pools, some
+    overridden, log their own changes)."""
+    from conformance.generate_v1 import token_traces
+    from reference_impl.nano_scheduler import NanoScheduler
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    cases = [(Scheduler, traces(max_requests=8)), (V1Scheduler, token_traces("v1")), (NanoScheduler, token_traces("nano"))]
+    return cases + [(m.factory, m.trace_strategy() if m.trace_strategy else traces(max_requests=8))
+                    for m in MUTANTS.values()]
+
+
+def test_pool_deltas_are_exact():
+    """Every block a snapshot's pool delta leaves out has the base's reference count and free-list
+    entries, and every block it names has the entries it gives, on the references and every mutant
+    (the delta is what lets the block checks skip the rest of the pool)."""
+    from collections import Counter
+
+    checked = 0
+    for factory, strategy in _pool_cases():
+        for trace in sample_traces(strategy, 4, 37):
+            try:
+                for record in iter_steps(trace, factory(trace.config)):
+                    for snap in (record.before, record.mid, record.after):
+                        if snap is None or snap.base is None:
+                            continue
+                        for device in ("gpu", "cpu"):
+                            changes = getattr(snap, f"{device}_block_changes")
+                            if changes is None:
+                                continue
+                            refs, old_refs = getattr(snap, f"{device}_ref_counts"), getattr(snap.base, f"{device}_ref_counts")
+                            free = Counter(getattr(snap, f"{device}_free_ids"))
+                            old_free = Counter(getattr(snap.base, f"{device}_free_ids"))
+                            assert len(refs) == len(old_refs)
+                            differ = {b for b in range(len(refs)) if refs[b] != old_refs[b]}
+                            differ |= {b for b in {*free, *old_free} if free[b] != old_free[b]}
+                            assert differ <= set(changes), (device, differ - set(changes))
+                            assert all(free[b] == n for b, n in changes.items())
+                            checked += 1
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - a mutant may crash; what was looked at counts
+                pass
+    assert checked > 1000
+
+
+def test_carried_pool_facts_equal_whole(monkeypatch):
+    """The pool facts and the free blocks held by tables, carried through the pool deltas, equal
+    their whole computation, on the references and every mutant (where the facts show a fault)."""
+    from spec.invariants import _views
+
+    carried = faulty = 0
+    for factory, strategy in _pool_cases():
+        for trace in sample_traces(strategy, 4, 41):
+            try:
+                for record in iter_steps(trace, factory(trace.config)):
+                    for snap in (record.mid, record.after):
+                        if snap is None:
+                            continue
+                        for device, total in (("gpu", trace.config.num_gpu_blocks), ("cpu", trace.config.num_cpu_blocks)):
+                            facts = _views.pool_facts(snap, device)
+                            held = _views.free_in_tables(snap, device, total)
+                            refs = getattr(snap, f"{device}_ref_counts") or ()
+                            free_ids = getattr(snap, f"{device}_free_ids") or ()
+                            whole = _views._whole_pool_facts(refs, free_ids)
+                            assert facts.free() == whole.free()
+                            assert facts._replace(entries=None, low=0, high=0) == whole._replace(entries=None, low=0, high=0)
+                            assert not free_ids or (facts.low <= whole.low and facts.high >= whole.high)  # bounds
+                            assert facts.outside(len(refs)) == whole.outside(len(refs))
+                            counts = _views.entry_counts(snap, device, total)
+                            assert held == (None if counts is None else
+                                            frozenset(b for b in whole.free() if 0 <= b < total and counts[b]))
+                            carried += snap.gpu_block_changes is not None
+                            faulty += bool(whole.repeated or whole.referenced_free or held)
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - a mutant may crash; what was looked at counts
+                pass
+    assert carried > 1000 and faulty
+
+
+def test_snapshot_check_reads_changed_blocks():
+    """With a pool delta, the snapshot check reads the counts of the blocks it names and the delta
+    itself, and still names a bad entry there."""
+    from conformance.guard import AdapterFault
+    from conformance.normalize import check_snapshot
+
+    first = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 1), gpu_free_ids=(0,)))
+    good = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), gpu_free_ids=(0, 3), base=first,
+                                               gpu_block_changes={3: 1}))
+    assert good.gpu_ref_counts == (0, 1, 2, 0)
+    with pytest.raises(AdapterFault, match="gpu_ref_counts"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1.0, 2, 0), gpu_free_ids=(0, 3), base=good,
+                                            gpu_block_changes={1: 0}))
+    with pytest.raises(AdapterFault, match="gpu_block_changes"):
+        check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), gpu_free_ids=(0, 3), base=good,
+                                            gpu_block_changes={1: -1}))

@@ -259,3 +259,55 @@ def test_each_v1_action_is_its_micro_ops(data):
             state = step(state, name, params)
         assert state.layer() == post.layer(), f"{action}: micro-ops give {state}, reference {post}"
         assert holds(post)
+
+
+# ---------------------------------------------------------------------- the async flow
+def _release_first(ops: list[tuple[str, dict[str, int]]]) -> list[tuple[str, dict[str, int]]]:
+    """A whole step's block effect: its releases (preemptions, finishes) before its growth, since a
+    block one request releases may be taken by another in the same step."""
+    return [o for o in ops if o[0] == "drop"] + [o for o in ops if o[0] != "drop"]
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_async_step_is_v1_micro_ops(data):
+    """The async flow's block layer (ACTION_OPS["async"]: schedule() appends like a V1 chunk, an
+    abort, preemption or finishing outcome releases the whole table) on the pipelined reference of
+    any size, depth 0..2: every schedule(), update() and abort, as micro-ops, gives the
+    reference's block layer, and every reached state has every block fact."""
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        pipeline_depth=data.draw(st.integers(0, 2)),
+    )
+    sched = AsyncV1Scheduler(config)
+    num = Numbering()
+    allowed = set(ACTION_OPS["async"]["chunk"]) | set(ACTION_OPS["async"]["process"])
+
+    def check(change) -> None:
+        pre = v1_snapshot(sched, num)
+        change()
+        post = v1_snapshot(sched, num)
+        ops = _release_first(v1_micro_ops(pre, post))
+        assert {name for name, _ in ops} <= allowed, ops
+        state = pre
+        for name, params in ops:
+            state = step(state, name, params)
+        assert state.layer() == post.layer(), f"micro-ops give {state}, reference {post}"
+        assert holds(post)
+
+    for k in range(data.draw(st.integers(1, 14))):
+        if k < 3 or data.draw(st.integers(0, 2)) == 0:
+            sched.add_request(Request(f"r{k}", prompt_len=data.draw(st.integers(1, 20)), max_tokens=data.draw(st.integers(1, 12))))
+        live = [t.request_id for t in v1_requests(sched) if not t.status.is_finished]
+        if live and data.draw(st.integers(0, 6)) == 0:
+            rid = data.draw(st.sampled_from(live))
+            check(lambda rid=rid: sched.abort_request(rid))
+        check(sched.schedule)
+        stopped = frozenset(s for s in sched.samples_of_last_step() if data.draw(st.integers(0, 9)) == 0)
+        check(lambda stopped=stopped: sched.update(StepOutcome(stopped)))

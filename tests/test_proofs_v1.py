@@ -28,7 +28,7 @@ def test_v1_matrix_is_proved():
     assert {c.invariant for c in m.cells} >= CHK | {"CAP-001", "CAP-003", "BLK-003", "RES-001", "LEN-001"}
     assert all(c.flow == "v1" for c in m.cells)
     assert all(c.scope == "unbounded" for c in m.cells if c.invariant == "QUE-001")
-    lifted = {"QUE-001", "QUE-002", "STR-002", "BUD-003", "WF", "CHK-001", "CHK-002", "CHK-003", "CHK-004", "CHK-005", "CHK-006", "ALLOC", "ADM-002", "BLK-001", "BLK-002", "BLK-003", "BLK-004",
+    lifted = {"QUE-001", "QUE-002", "STR-002", "BUD-003", "WF", "CHK-001", "CHK-002", "CHK-003", "CHK-004", "CHK-005", "CHK-006", "ALLOC", "ADM-002", "COW-001", "BLK-001", "BLK-002", "BLK-003", "BLK-004",
               "BLK-005", "BLK-006", "STR-001", "RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "LEN-001"}
     assert all(c.scope == ("unbounded" if c.invariant in lifted else "bounded") for c in m.cells), \
         sorted({(c.invariant, c.scope) for c in m.cells})

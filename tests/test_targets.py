@@ -42,16 +42,20 @@ def test_registry_lists_the_targets_with_pins():
     assert {n: t.version for n, t in TARGET_SPECS.items()} == {
         "nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
         "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "vllm-v1-async": "vllm==0.33.0",
-        "sglang": "sglang==0.5.23"}
+        "sglang": "sglang==0.5.23", "lmdeploy": "lmdeploy==0.18.0", "aphrodite": "aphrodite-engine==0.24.1",
+        "vidur-vllm": "vidur==0.0.26", "vidur-sarathi": "vidur==0.0.26", "vidur-orca": "vidur==0.0.26",
+        "vllm-v1-async-0.29": "vllm==0.29.0"}
     assert get_target("vllm-v1-async").root == get_target("vllm-v1").root  # one venv for both schedulers
+    assert get_target("vidur-orca").root == get_target("vidur-sarathi").root == get_target("vidur-vllm").root
 
 
 def test_install_all_leaves_the_nightly_targets_out():
     from conformance.targets import install_names
 
     assert "sglang" not in install_names(["all"]) and "vllm-v1" in install_names(["all"])
-    assert install_names(["nightly"]) == ["sglang"]
-    assert install_names(["sglang", "nightly"]) == ["sglang"]
+    assert install_names(["nightly"]) == ["sglang", "lmdeploy", "aphrodite"]
+    assert "vidur-vllm" in install_names(["all"])
+    assert install_names(["sglang", "nightly"]) == ["sglang", "lmdeploy", "aphrodite"]
 
 
 def test_sglang_scheduler_modules_import_without_a_gpu_stack():
@@ -138,3 +142,77 @@ def test_sglang_retract_decode_sends_a_request_back_and_stays_safe():
         result = replay("sglang", DOCS / "sglang" / "handmade" / "retract-decode.json", profile=profile)
         assert not result.failed and result.fault is None, result.problem_ids
     assert any(p.request_id == "C" for rec in result.records for p in rec.output.preempted)
+
+
+# ------------------------------------------------------------------------------ LMDeploy, Aphrodite, Vidur (issue 20)
+def test_lmdeploy_conforms_but_for_the_empty_finish(tmp_path):
+    # docs/results/lmdeploy.json: 300 traces, REQ-004 the only finding (engine.py:477-481: a prompt that
+    # fills max_session_len gets max_new_tokens 0 and finishes after its prefill without a token)
+    result = fuzz(lambda: need("lmdeploy").adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
+                  out_dir=tmp_path)
+    assert result.examples == 25 and set(result.findings) <= {"REQ-004"}, sorted(result.findings)
+    empty = replay("lmdeploy", DOCS / "lmdeploy" / "counterexamples" / "REQ-004.json")
+    assert empty.problem_ids == {"REQ-004"}
+
+
+def test_lmdeploy_preempts_keeps_the_blocks_then_reclaims_them_safely():
+    # schedule_running preempts B (RUNNING -> READY -> WAITING with its blocks), and A's growth
+    # reclaims them through RecomputeEvictionHelper; the fuzzed traces never outgrow the 16-token prealloc
+    for profile in ("safety", "liveness"):
+        result = replay("lmdeploy", DOCS / "lmdeploy" / "handmade" / "preempt-then-evict.json", profile=profile)
+        assert not result.failed and result.fault is None, result.problem_ids
+    assert any(p.request_id == "B" for rec in result.records for p in rec.output.preempted)
+
+
+def test_aphrodite_conforms_on_its_default_path(tmp_path):
+    # docs/results/aphrodite.json and aphrodite-liveness.json: 300 traces each, no failure
+    result = fuzz(lambda: need("aphrodite").adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
+                  out_dir=tmp_path)
+    assert result.examples == 25 and not result.findings, sorted(result.findings)
+
+
+def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
+    from conformance.targets import lockstep_v1
+
+    trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-threshold-caps-a-lone-request.json")
+    adapter = need("aphrodite").adapter()
+    outcome = lockstep_v1.run_one(adapter, trace, get_profile("safety").invariants())
+    assert lockstep_v1.classify(adapter, trace, outcome) == "threshold-caps-a-lone-request"
+
+
+def test_aphrodite_stops_its_running_scan_after_a_self_preemption():
+    # aphrodite/v1/core/sched/scheduler.py:682-684 breaks where vLLM 0.33.0 goes on (983-995)
+    from conformance.targets import lockstep_v1
+
+    trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-partial-self-preemption-ends-the-running-scan.json")
+    adapter = need("aphrodite").adapter()
+    outcome = lockstep_v1.run_one(adapter, trace, get_profile("safety").invariants())
+    assert lockstep_v1.classify(adapter, trace, outcome) == "self-preemption-ends-the-running-scan"
+
+
+VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-002", "LIV-003", "REQ-004", "BUD-001"}
+
+
+@pytest.mark.parametrize("name", ["vidur-vllm", "vidur-sarathi", "vidur-orca"])
+def test_vidur_schedulers_fail_only_as_documented(name, tmp_path):
+    # docs/CONFORMANCE.md: no length limits, never-fitting prompts wait for ever, the restart assertion
+    result = fuzz(lambda: need(name).adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
+                  out_dir=tmp_path)
+    assert result.examples == 25 and set(result.findings) <= VIDUR_KNOWN, sorted(result.findings)
+
+
+def test_vidur_restarted_request_trips_vidurs_own_assertion():
+    # vidur/entities/request.py: restart() leaves _num_stage_processed_tokens, on_batch_stage_end asserts
+    result = replay("vidur-vllm", DOCS / "lockstep-vidur" / "spec-restart-assertion.json")
+    assert result.fault is not None and "request.py:300" in result.fault.message
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (DOCS / "lockstep-vidur").glob("*.json")))
+def test_vidur_lockstep_classes_hold_on_their_saved_traces(name):
+    # docs/results/lockstep-vidur-vllm.json: each class's saved trace still shows that class
+    from conformance.targets import lockstep_vidur
+
+    trace = Trace.load(DOCS / "lockstep-vidur" / f"{name}.json")
+    adapter = need("vidur-vllm").adapter()
+    result = run_checked(adapter, trace, get_profile("vllm-v0").invariants(), timeout=60, lockstep=True)
+    assert lockstep_vidur.classify(result) == trace.meta["class"]

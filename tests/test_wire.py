@@ -122,3 +122,89 @@ def test_a_host_can_refuse_a_request_at_the_door(tmp_path):
         result = fuzz(lambda: raw("--bug", "door"), get_profile(profile), max_examples=40, seed_value=5,
                       out_dir=tmp_path / profile)
         assert result.examples == 40 and not result.findings, {p: f.message for p, f in result.findings.items()}
+
+
+def test_an_old_host_is_refused_with_one_line():
+    """A protocol-1 host is refused at hello, in one line that says what to do."""
+    adapter = raw("--protocol", "1")
+    with pytest.raises(WireError) as err:
+        adapter.reset(_trace().config)
+    message = str(err.value)
+    assert "\n" not in message and "speaks protocol 1" in message and "version 2" in message
+
+
+class _CallByCall:
+    """The same host without the driver hook: every call a round trip (protocol 1's way)."""
+
+    def __init__(self, adapter: WireAdapter) -> None:
+        self._adapter = adapter
+        self.capabilities = adapter.capabilities
+
+    def __getattr__(self, name):
+        if name == "begin_trace":
+            raise AttributeError(name)
+        return getattr(self._adapter, name)
+
+    def reset(self, config):
+        self._adapter.reset(config)
+        self.capabilities = self._adapter.capabilities
+
+
+@pytest.mark.parametrize("bug", [None, "overbudget", "door"])
+def test_steps_answer_as_the_calls_do(bug):
+    """Running many steps per message (`steps`) gives the driver what calling each method in turn
+    gives: the same outputs, finishes, snapshots and verdicts, on fuzzed traces."""
+    from conformance.generate import sample_traces
+
+    args = ("--bug", bug) if bug else ()
+    batched, single = raw(*args), _CallByCall(raw(*args))
+    invariants = get_profile("safety").invariants()
+    for trace in sample_traces(traces(max_requests=6), 25, 9):
+        fast = run_checked(batched, trace, invariants, timeout=30, stop_at_first=False)
+        slow = run_checked(single, trace, invariants, timeout=30, stop_at_first=False)
+        assert fast.fault is None and slow.fault is None
+        assert [(r.output, r.finished, r.after) for r in fast.records] == \
+            [(r.output, r.finished, r.after) for r in slow.records]
+        assert [str(v) for v in fast.violations] == [str(v) for v in slow.violations]
+    assert batched._batch is not None  # the driver did batch
+
+
+def test_snapshot_deltas_decode_to_the_whole_snapshots():
+    """kvsched_host's `steps` sends each snapshot after the first as a delta on the one before; the
+    runner rebuilds the very snapshot it would have decoded whole, sharing the unchanged parts."""
+    from conformance.generate import sample_traces
+    from conformance.generate_v1 import token_traces
+    from reference_impl.v1_scheduler import V1Scheduler
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "conformance" / "targets" / "hosts"))
+    import kvsched_host
+
+    class Engine:  # the V1 reference behind the host helper, snapshots as JSON
+        def __init__(self, config):
+            self.s = V1Scheduler(config)
+
+        def snapshot(self):
+            return snapshot_to_json(self.s.snapshot())
+
+    deltas = 0
+    for trace in sample_traces(token_traces("v1"), 15, 4):
+        engine = Engine(trace.config)
+        steps, previous = kvsched_host._Steps(engine), None
+        for step in range(12):
+            for request in trace.arrivals_at(step):
+                engine.s.add_request(request)
+            engine.s.schedule()
+            engine.s.update(StepOutcome(trace.stops_at(step)))
+            whole = engine.snapshot()
+            sent = steps._delta(engine.snapshot())
+            snap = snapshot_from_json(sent, previous)
+            assert snap == snapshot_from_json(whole)
+            if previous is not None:
+                deltas += sent.get("delta") is True
+                for name in ("waiting", "gpu_ref_counts", "gpu_free_ids"):
+                    if getattr(snap, name) == getattr(previous, name):
+                        assert getattr(snap, name) is getattr(previous, name)
+            previous = snap
+    assert deltas > 50
+    with pytest.raises(WireError, match="no snapshot before it"):
+        snapshot_from_json({"delta": True})

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds, parse_workers
-from conformance.expectations import load_expectations, parse_skip
+from conformance.expectations import load_expectations, parse_skip, target_expectations
 from conformance.fuzz import fuzz
 from conformance.isolated import AdapterInfo, ChildRunner, Limits
 from conformance.profiles import PROFILES, get_profile
@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds an adapter call may take before it counts as hung")
     p.add_argument("--skip", help="invariant IDs (or LOCKSTEP) not to check, comma-separated")
-    p.add_argument("--expect", type=Path, help="an expectations file: known failures, each with a reason (docs/ADAPTERS.md)")
+    expect = p.add_mutually_exclusive_group()
+    expect.add_argument("--expect", type=Path, help="an expectations file: known failures, each with a reason (docs/ADAPTERS.md); "
+                        "a real target's own (conformance/targets/expectations/) is read by default")
+    expect.add_argument("--no-expect", action="store_true",
+                        help="do not read the target's own expectations file: every failure counts")
     p.add_argument("--max-memory", type=int, default=8192, metavar="MB", help="the adapter process's memory limit (default 8192)")
     p.add_argument("--max-output", type=int, default=16, metavar="MB", help="what the adapter may print per trace (default 16)")
     p.add_argument("--workers", default=None, metavar="N|auto",
@@ -59,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
     check_count(args.max_output, "--max-output", maximum=1 << 14, unit="(MB)")
     check_count(args.seed, "--seed", minimum=0, maximum=2**64 - 1)
     args.workers = parse_workers(args.workers) if args.workers is not None else None
-    expectations = load_expectations(args.expect).with_skips(parse_skip(args.skip))
+    if args.expect is None and not args.no_expect:
+        expectations = target_expectations(args.adapter)
+    else:
+        expectations = load_expectations(args.expect)
+    expectations = expectations.with_skips(parse_skip(args.skip))
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
     check_output_dir(args.out, "--out")
@@ -111,6 +119,9 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)
     print(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}", flush=True)
+    if expectations.source:
+        print(f"expectations: {expectations.source} ({len(expectations.expected)} expected, {len(expectations.skip)} "
+              "skipped; --no-expect counts every failure)", flush=True)
     shared = None
     if database is not None:
         from conformance.adapter import canonical_spec

@@ -42,14 +42,28 @@ def _proof_status(proofs: dict[str, Any] | None) -> dict[str, str]:
         cells[cell["invariant"]].append(cell)
     bound = proofs.get("bound", {})
     bound_text = ", ".join(f"{k} {v}" for k, v in bound.items()) if isinstance(bound, dict) else str(bound)
+    flow_bounds = proofs.get("bounds", {})
+
+    def scope_of(items: list[dict[str, Any]]) -> str:
+        """'unbounded', or per flow which is unbounded and which bounded (at which bound)."""
+        flows = list(dict.fromkeys(c.get("flow", "v0") for c in items))
+        unbounded = [f for f in flows if all(c.get("scope") == "unbounded" for c in items if c.get("flow", "v0") == f)]
+        if len(unbounded) == len(flows):
+            return "unbounded"
+        bounded = [f for f in flows if f not in unbounded]
+        if any(f not in flow_bounds for f in bounded):
+            return f"bounded ({bound_text})"
+        at = "; ".join(f"{f} {','.join(f'{k}={v}' for k, v in flow_bounds[f].items())}" for f in bounded)
+        if not unbounded:
+            return f"bounded ({at})"
+        return f"unbounded in {', '.join(unbounded)}, bounded in {', '.join(bounded)} ({at})"
+
     status = {}
     for inv, items in cells.items():
         results = {c["result"] for c in items if c["result"] != "n/a"}
         seconds = sum(c.get("seconds", 0.0) for c in items)
-        scopes = {c.get("scope", "bounded") for c in items if c["result"] == "proved"}
         if results == {"proved"}:
-            scope = "unbounded" if scopes == {"unbounded"} else f"bounded ({bound_text})"
-            status[inv] = f"proved inductive for every action, {scope}; {seconds:.2f} s"
+            status[inv] = f"proved inductive for every action, {scope_of(items)}; {seconds:.2f} s"
         else:
             bad = sorted({f"{c['action']}: {c['result']}" for c in items if c["result"] not in ("proved", "n/a")})
             status[inv] = "not proved: " + "; ".join(bad)
@@ -91,11 +105,14 @@ def render_invariants(proofs: dict[str, Any] | None, conformance: dict[str, dict
         lines += [
             f"## {inv.id}\n\n",
             f"**{inv.statement}**\n\n",
-            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run'}\n",
+            f"- category: {inv.category}; checked {'after every step' if inv.step else 'at the end of a run' if inv.end else 'when a call fails mid-step'}\n",
             f"- why: {inv.rationale}\n",
             f"- observations needed: {needs}\n",
             *(["- applies to synchronous steps only (not applicable at `pipeline_depth` > 0: a pipelined "
-                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous else []),
+                "scheduler computes ahead of what it has delivered)\n"] if inv.synchronous and not inv.planned else []),
+            *(["- stated for synchronous steps; at `pipeline_depth` > 0 checked on the step as the scheduler planned "
+               "it (`spec.planned_view`: the in-flight counters added back; needs `in_flight`)\n"]
+              if inv.synchronous and inv.planned else []),
             f"- predicate: `{inv.predicate_location}`\n",
             f"- Z3: {proof_status.get(inv.id, 'no proof result committed')}\n",
             "- caught mutants: " + (", ".join(f"`{m}` ({MUTANTS[m].summary})" for m in mutants_by_id[inv.id])
@@ -172,6 +189,10 @@ _CAPABILITY_TEXT = {
     Capability.MID_STEP: "a snapshot right after schedule(), before the outcome",
     Capability.PREFIX_CACHE: "each GPU block's content key (spec.prefix), the cache index, each sequence's token ids",
     Capability.TOKEN_BUDGET_FLOW: "a claim, not an observation: the vLLM V1 / nano-vllm flow, so the ORD-* invariants apply",
+    Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
+                          "tokens, stale tokens), what PIP-003 reads",
+    Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
+                              "stream), so a freed block needs no fence (PIP-004 is moot)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -189,6 +210,9 @@ _CAPABILITY_FIELDS = {
     Capability.MID_STEP: "nothing new: `snapshot()` is also called between `schedule()` and `update()`",
     Capability.PREFIX_CACHE: "`gpu_block_keys`, `cache_index`, `SeqView.token_ids`",
     Capability.TOKEN_BUDGET_FLOW: "none",
+    Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
+    Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
+                              "`Snapshot.gpu_fenced`)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -341,6 +365,14 @@ An expected failure is still checked, shrunk and saved, and reported as `expecte
 not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
 update the file. `FAULT-<kind>` may be expected too (never skipped).
 
+Each real target keeps its own file, `conformance/targets/expectations/<target>.json` (the
+known deviations of its pinned version, each with the class, kind and engine source that
+docs/CONFORMANCE.md explains), and `kvsched conform --adapter <target>` reads it by default:
+a target's known deviations show up within a few steps of most traces, and counted as failures
+they would bury a new one. `--expect FILE` reads another file instead; `--no-expect` reads none,
+so every failure counts. The report lists `new_findings` (these fail the run) apart from
+`expected_findings`, in the terminal and in `--json`.
+
 ## Incremental checking (optional)
 
 On a large batch the checks cost more than the scheduler when every snapshot is rescanned whole.
@@ -348,7 +380,12 @@ An adapter can let the runner check only what changed by building each snapshot 
 the one it returned before: set `base` to that snapshot, reuse its `SeqView` objects (and its
 tuples and dicts) for everything unchanged, and name in `changed_seqs` every sequence whose view
 is new, gone or rebuilt and in `changed_requests` every request whose status is new or changed.
-A view not named must be the very object `base` holds. The reference does this
+A view not named must be the very object `base` holds. For a large pool, also name in
+`gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
+entries changed since `base`, each with how many times the free list names it now: the block
+checks then read those blocks, not the pool (the reference pools log them in their containers,
+`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
+`base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only

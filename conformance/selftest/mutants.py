@@ -8,7 +8,6 @@ trace. The bug museum builds on these.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,15 +60,15 @@ def _with_block_manager(manager: type[BlockManager]) -> type[Scheduler]:
 class _FreeOnEveryDecref(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
-        heapq.heappush(self._free, block)  # bug: back on the free list while others still hold it
+        self._release(block)  # bug: back on the free list while others still hold it
 
 
 class _FreeTwice(BlockPool):
     def decref(self, block: int) -> None:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            heapq.heappush(self._free, block)
-            heapq.heappush(self._free, block)  # bug: listed twice
+            self._release(block)
+            self._release(block)  # bug: listed twice
 
 
 class _GpuFreeOnEveryDecref(BlockManager):
@@ -422,6 +421,18 @@ class _LengthCappedNotReported(Scheduler):
         return [f for f in super().update(outcome) if f.status is not Status.FINISHED_LENGTH_CAPPED]
 
 
+@mutant("finish-leaves-a-sequence-running",
+        "finishing an n > 1 group finishes its first live sequence only; the others keep running and their blocks",
+        ("REQ-006",))
+class _FinishLeavesASequenceRunning(Scheduler):
+    def _finish(self, group: SequenceGroup, status: Status) -> None:
+        live = group.live_seqs()
+        for seq in live[:1]:
+            self.block_manager.free(seq)
+            seq.status = status
+        group.status = status  # bug: live[1:] stay RUNNING (or SWAPPED) and hold their blocks
+
+
 @mutant("abort-leaves-waiting", "aborting a waiting request reports it finished but leaves it queued",
         ("REQ-003",))
 class _AbortLeavesWaiting(Scheduler):
@@ -570,7 +581,7 @@ def violated(
     """Run ``trace`` on a scheduler made by ``factory`` and return the IDs of the invariants it
     violates (among ``invariants``, default the whole catalogue). A crash ends the run; what was
     found before it counts."""
-    from reference_impl.engine import iter_steps
+    from reference_impl.engine import StepFailed, iter_steps
     from spec.catalogue import Checker
 
     scheduler = factory(trace.config)
@@ -582,6 +593,9 @@ def violated(
     try:
         for record in steps:
             found.update(v.invariant_id for v in checker.check_step(record))
+    except StepFailed as failed:  # a failure an invariant names (PIP-005) counts as its violation
+        found.update(v.invariant_id for v in checker.check_failure(failed.failure))
+        return found
     except Exception:  # noqa: BLE001 - a broken scheduler may crash; its violations so far stand
         return found
     arrived = {a.request.request_id for a in trace.arrivals}

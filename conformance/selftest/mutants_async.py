@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from conformance.flows import get_flow
 from conformance.selftest.mutants import mutant
-from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
+from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput
 
@@ -77,6 +77,15 @@ class OneStepLater(AsyncV1Scheduler):
             self.depth = depth
 
 
+class FreesWithoutFence(DeferredFreeAsyncV1Scheduler):
+    """An engine that cannot promise in-order steps (a KV connector may write out of order) but
+    frees a preempted or finished request's blocks at once, while a step that writes them is still
+    in flight: what ``defer_block_free`` exists to prevent (vllm/v1/core/sched/scheduler.py:189-195)."""
+
+    def _free_blocks(self, tracked: TrackedRequest) -> None:
+        AsyncV1Scheduler._free_blocks(self, tracked)  # bug: no fence
+
+
 @dataclass(frozen=True)
 class AsyncMutant:
     name: str
@@ -97,13 +106,23 @@ MUTANTS = (
                 "vllm-project/vllm#38624"),
 )
 
-# The catalogue's teeth (tests/test_mutants.py): the mutants whose finding is a catalogue invariant
-# on what the runner observes. The other two fail with an assert in update(), which the runner
-# reports as a FAULT (PIP-005) and `conformance.selftest.async_checks` checks in process.
+# The catalogue's teeth (tests/test_mutants.py): each mutant with the catalogue invariants that
+# catch it on what the runner observes. The in-flight counters (PIP-003) show the first two bugs
+# steps before the engine's own assert fails in update(), which PIP-005 names when the outcome is a
+# preempted request's.
 _ASYNC = get_flow("async").mutant_fields()
+mutant("async-forgets-in-flight-on-preempt",
+       "preemption resets the counters without marking the victim's in-flight tokens stale (vllm-project/vllm#48245)",
+       ("PIP-003", "PIP-005"), **_ASYNC)(ForgetsInFlightOnPreempt)
+mutant("async-final-chunk-without-placeholder",
+       "the final chunk of a chunked prompt reserves no placeholder (vllm-project/vllm#35755)",
+       ("PIP-003",), **_ASYNC)(FinalChunkWithoutPlaceholder)
 mutant("async-applies-outcomes-of-finished", "an in-flight outcome of a request that finished meanwhile is applied",
        ("PIP-002",), **_ASYNC)(AppliesOutcomesOfFinished)
 mutant("async-one-step-later", "outcomes are processed one step later than the declared pipeline depth",
-       ("PIP-006",), **_ASYNC)(OneStepLater)
+       ("PIP-006", "PIP-007"), **_ASYNC)(OneStepLater)
 mutant("async-resamples-after-preemption", "a preempted request's in-flight token is kept and sampled again",
        ("PIP-001",), **_ASYNC)(ResamplesAfterPreemption)
+mutant("async-frees-without-fence",
+       "blocks a step in flight still writes are freed at preemption or finish, without the fence",
+       ("PIP-004",), **{**_ASYNC, "reference": DeferredFreeAsyncV1Scheduler})(FreesWithoutFence)

@@ -532,3 +532,32 @@ def _random_aborts_and_stops(
             if rng.random() < 0.15:
                 stops.append((rng.randint(0, max_steps - 1), f"{r.request_id}#{k}"))
     return aborts, stops
+
+
+# ============================================================================== flow async (pipelined V1)
+# `spec.proofs.encoding_async` and reference_impl/async_scheduler.py: the v1 bridge plus each
+# request's in-flight share (its counters, and its entries in the in-flight steps, oldest first).
+def async_config_constants(config: SchedulerConfig) -> dict[str, Any]:
+    return {**v1_config_constants(config), "pipeline_depth": config.pipeline_depth}
+
+
+def async_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
+    """An async reference's state as the async encoding's concrete state (None past the bound)."""
+    from spec.proofs.encoding_async import Q
+
+    state = v1_concrete_state(sched, bound)
+    if state is None:
+        return None
+    tracked = v1_requests(sched)
+    for j, seq in enumerate(state["seqs"]):
+        if j >= len(tracked):
+            seq["in_flight"] = {"placeholders": 0, "tokens": 0, "stale": 0, "entries": []}
+            continue
+        t = tracked[j]
+        c = sched.counters[t.request_id]
+        entries = [[k, -1 if p is None else p] for step in sched.in_flight for (r, k, p) in step.entries if r is t]
+        if len(entries) > Q:
+            return None
+        seq["in_flight"] = {"placeholders": c.num_placeholders, "tokens": c.num_in_flight, "stale": c.num_stale,
+                            "entries": entries}
+    return state

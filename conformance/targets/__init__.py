@@ -52,23 +52,32 @@ def engine_configs(
     cache_holds_model_len: bool = False,
     block_sizes: tuple[int, ...] = (1, 2, 4, 8),
     max_len_blocks: int = 12,
+    roomy_swap: bool = False,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
     ``budget_covers_model_len``: vLLM V0/V1 without chunked prefill and nano-vllm's Config all
     refuse ``max_num_batched_tokens < max_model_len``. ``cache_holds_model_len``: vLLM V1 refuses
     at start-up a KV cache that cannot hold one max_model_len sequence
-    (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory).
+    (vllm/v1/core/kv_cache_planning.py: check_enough_kv_cache_memory). ``roomy_swap``: half the
+    configs get a CPU pool at least as large as the GPU pool, so a swap victim usually fits and
+    swapped groups live on to be swapped in, aborted or ignored (vLLM V0 raises when a victim does
+    not fit: with pools of 0-24 blocks most swap-mode traces ended at their first swap).
     """
     block_size = draw(st.sampled_from(block_sizes))
     max_num_seqs = draw(st.integers(1, 6))
     max_model_len = draw(st.integers(block_size, block_size * max_len_blocks))
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
+    num_gpu_blocks = draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
+                                      max(24, -(-max_model_len // block_size))))
+    num_cpu_blocks = 0
+    if cpu_blocks:
+        roomy = roomy_swap and draw(st.booleans())
+        num_cpu_blocks = draw(st.integers(num_gpu_blocks, 2 * num_gpu_blocks + 8) if roomy else st.integers(0, 24))
     return SchedulerConfig(
         block_size=block_size,
-        num_gpu_blocks=draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
-                                         max(24, -(-max_model_len // block_size)))),
-        num_cpu_blocks=draw(st.integers(0, 24)) if cpu_blocks else 0,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=draw(st.integers(low, max(low, max_model_len * 2 + 8))),
         max_model_len=max_model_len,
@@ -78,10 +87,12 @@ def engine_configs(
     )
 
 
-def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True) -> st.SearchStrategy:
+def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True,
+                  abort_odds: int = 6) -> st.SearchStrategy:
     from conformance.generate import traces
 
-    return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts))
+    return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts,
+                                                         abort_odds=abort_odds))
 
 
 # ------------------------------------------------------------------------------ the targets
@@ -157,9 +168,12 @@ def _nano_strategy() -> st.SearchStrategy:
 def _v0_strategy() -> st.SearchStrategy:
     # vLLM V0: the block manager's watermark is fixed at 0.01 (the Scheduler passes none).
     # n > 1: vLLM 0.10.2's LLMEngine splits such a request into n single-sequence groups before the
-    # scheduler sees it (ParallelSampleSequenceGroup), so the engine's real path has n == 1 here;
-    # the host can still fork at scheduler level (see docs/CONFORMANCE.md, "n > 1").
-    return engine_traces(engine_configs(watermark=0.01), max_n=1)
+    # scheduler sees it (ParallelSampleSequenceGroup), but its Scheduler and block manager still
+    # fork, share blocks, copy on write and swap whole groups (auto mode swaps a multi-sequence
+    # group), and the host forks at the prompt step as V0's sampler did: up to 3 sequences, so
+    # those paths are driven (issue 21). Roomy swap spaces, so swapped groups live on; aborts of
+    # one request in three, so every state gets aborted in a small campaign.
+    return engine_traces(engine_configs(watermark=0.01, roomy_swap=True), max_n=3, abort_odds=3)
 
 
 def _v1_strategy() -> st.SearchStrategy:
@@ -167,7 +181,7 @@ def _v1_strategy() -> st.SearchStrategy:
     # engine splits n>1 into independent requests), watermark 0; default path (no chunked
     # prefill, no prefix caching).
     return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",),
-                                        cache_holds_model_len=True), max_n=1)
+                                        cache_holds_model_len=True), max_n=1, abort_odds=3)
 
 
 def _sglang_strategy() -> st.SearchStrategy:
@@ -181,12 +195,53 @@ def _sglang_strategy() -> st.SearchStrategy:
                          allow_aborts=False)
 
 
+def _lmdeploy_strategy() -> st.SearchStrategy:
+    # LMDeploy's PyTorch engine (hosts/lmdeploy_host.py): recompute eviction only (no swap in
+    # 0.18.0's Scheduler), no CPU pool, no watermark, FCFS by arrival, n = 1; the prefill budget
+    # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
+    # Block size 16: PytorchEngineConfig asserts kernel_block_size >= 16, a power of two, dividing
+    # block_size (lmdeploy/messages.py:623-629); 16 is the smallest block LMDeploy accepts.
+    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                        block_sizes=(16,), max_len_blocks=6), max_n=1)
+
+
+def _without_stops(trace):
+    import dataclasses
+
+    return dataclasses.replace(trace, stops=())
+
+
+def _chunked(config: SchedulerConfig) -> SchedulerConfig:
+    return SchedulerConfig(**{**config.to_dict(), "enable_chunked_prefill": True})
+
+
+def _vidur_strategy(chunked: bool = False) -> Callable[[], st.SearchStrategy]:
+    # Vidur's replica schedulers (hosts/vidur_host.py): no stop tokens (a request runs its
+    # max_tokens), no aborts, no priorities, n = 1, recompute only, no CPU pool; watermark 0.01 as
+    # Vidur's CacheConfig and vLLM V0 default it. Sarathi always chunks prefills at its chunk size
+    # (the token budget); the vLLM and Orca schedulers never do.
+    def strategy() -> st.SearchStrategy:
+        configs = engine_configs(watermark=0.01, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                 budget_covers_model_len=not chunked)
+        if chunked:
+            configs = configs.map(_chunked)
+        return engine_traces(configs, max_n=1, allow_aborts=False).map(_without_stops)
+
+    return strategy
+
+
 # Each target's domain, as its strategy above draws it (tests/test_config_domain.py checks that).
 _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                             budget_covers_model_len=True)
-_V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=1, budget_covers_model_len=True)
+_V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=3, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                               budget_covers_model_len=True, cache_holds_model_len=True)
+_LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
+                                budget_covers_model_len=True)
+_VIDUR_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
+                             budget_covers_model_len=True)
+_VIDUR_CHUNKED_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
+                                     chunked_prefill=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True)
 # vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
@@ -242,6 +297,37 @@ _SGLANG_DEPS = (
     "urllib3==2.8.0", "uvicorn==0.54.0", "yarl==1.25.1",
 )
 
+# LMDeploy 0.18.0's paging scheduler imports these (found by importing hosts/lmdeploy_host.py in a
+# venv holding only torch and lmdeploy until nothing was missing); torch brings filelock, fsspec,
+# jinja2, networkx, sympy and typing_extensions itself.
+_LMDEPLOY_DEPS = (
+    "annotated-types==0.8.0", "certifi==2026.10.19.post1", "h11==0.16.0", "httpcore2==2.16.2", "httpx2==2.16.2",
+    "huggingface_hub==2.4.0", "idna==3.20", "numpy==2.4.6", "packaging==26.4", "pillow==13.0.0", "psutil==7.2.2",
+    "pybase64==1.5.1", "pydantic==2.14.4", "pydantic_core==2.50.5", "PyYAML==6.0.4", "regex==2026.11.19",
+    "requests==2.34.2", "safetensors==0.8.0", "tokenizers==0.23.3", "tqdm==4.70.1", "transformers==5.24.0",
+    "truststore==0.10.5", "typing-inspection==0.4.5", "urllib3==2.8.0",
+)
+
+# vidur 0.0.26's replica schedulers and events import these (found by importing hosts/vidur_host.py
+# in a venv holding only vidur until nothing was missing): its metrics (pandas, plotly, wandb,
+# ddsketch) and execution-time predictors (scikit-learn) are imported at module level.
+_VIDUR_DEPS = (
+    "annotated-types==0.8.0", "anyio==4.16.0", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3",
+    "click==8.5.1", "cloudpickle==3.1.3", "ddsketch==3.0.1", "distro==1.9.0", "fasteners==0.20", "filelock==4.3.1",
+    "formulaic==1.2.2", "fsspec==2026.9.0", "googleapis-common-protos==1.76.0", "h11==0.16.0", "hf-xet==1.8.0",
+    "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2", "huggingface_hub==2.4.0",
+    "idna==3.20", "interface_meta==2.0.1", "joblib==1.6.0", "narwhals==2.29.0", "numpy==2.4.6",
+    "opentelemetry-api==1.45.2", "opentelemetry-exporter-http-transport==0.66b2",
+    "opentelemetry-exporter-otlp-common==0.66b2", "opentelemetry-exporter-otlp-proto-common==1.45.2",
+    "opentelemetry-exporter-otlp-proto-http==1.45.2", "opentelemetry-proto==1.45.2", "opentelemetry-sdk==1.45.2",
+    "opentelemetry-semantic-conventions==0.66b2", "packaging==26.4", "pandas==3.1.1", "patsy==1.0.3",
+    "platformdirs==4.14.9", "plotly==7.1.0", "plotly-express==0.4.1", "protobuf==7.36.2", "pydantic==2.14.4",
+    "pydantic_core==2.50.5", "python-dateutil==4.0.0", "PyYAML==6.0.4", "requests==2.34.2", "scikit-learn==1.9.1",
+    "scipy==1.17.1", "six==1.17.0", "sniffio==1.3.1", "statsmodels==0.15.0", "threadpoolctl==3.8.0", "tqdm==4.70.1",
+    "truststore==0.10.5", "typing-inspection==0.4.5", "typing_extensions==4.16.0", "tzdata==2026.6",
+    "urllib3==2.8.0", "wandb==0.31.0", "wrapt==2.5.2", "xxhash==4.1.0",
+)
+
 # A tiny llama config: vLLM V1's ModelConfig reads only config.json (no weights, no tokenizer).
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -290,6 +376,16 @@ _TARGET_LIST = [
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
     ),
     Target(
+        "vllm-v1-async-0.29", "vllm==0.29.0",
+        "vLLM 0.29.0's AsyncScheduler (the version vllm-project/vllm#57562 was reported on), driven as "
+        "vllm-v1-async drives 0.33.0; own venv",
+        "vllm_v1_async_host.py", ("--name", "vllm-v1-async-0.29"), env={"VLLM_TARGET_DEVICE": "cpu"},
+        pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
+        smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
+        strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1,
+    ),
+    Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
         "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
         smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
@@ -297,6 +393,38 @@ _TARGET_LIST = [
         files={"tiny-llama/config.json": TINY_LLAMA},
     ),
 ]
+_TARGET_LIST.append(Target(
+    "lmdeploy", "lmdeploy==0.18.0",
+    "LMDeploy PyTorch engine: paging.Scheduler, its prefill scheduler, recompute eviction, block manager",
+    "lmdeploy_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "lmdeploy==0.18.0"), ("--no-deps", *_LMDEPLOY_DEPS)),
+    smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import lmdeploy_host; lmdeploy_host.load()",
+    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN,
+    # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
+    # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
+    lookahead_tokens=16,
+    install_profile="nightly",  # 190 s from scratch here (load 12; torch is most of it)
+))
+_TARGET_LIST.append(Target(
+    "aphrodite", "aphrodite-engine==0.24.1",
+    "Aphrodite V1 Scheduler + KVCacheManager (aphrodite/v1/core/sched/scheduler.py; a vLLM fork)",
+    "aphrodite_host.py", env={"APHRODITE_TARGET_DEVICE": "cpu", "VLLM_TARGET_DEVICE": "cpu"},
+    pip_steps=((TORCH_PIN,), ("--no-deps", "aphrodite-engine==0.24.1"), ("--no-deps", *_V1_DEPS)),
+    smoke="from aphrodite.v1.core.sched.scheduler import Scheduler; from aphrodite.config import AphroditeConfig",
+    strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
+    profiles=("safety", "vllm-v1"), install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
+))
+for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked prefill)"), ("orca", "Orca")):
+    _TARGET_LIST.append(Target(
+        f"vidur-{_kind}", "vidur==0.0.26",
+        f"Vidur simulator's {_what} replica scheduler, driven through its own batch events "
+        f"(vidur/scheduler/replica_scheduler/{_kind}_replica_scheduler.py)",
+        "vidur_host.py", ("--scheduler", _kind), venv_of="" if _kind == "vllm" else "vidur-vllm",
+        pip_steps=(("--no-deps", "vidur==0.0.26"), ("--no-deps", *_VIDUR_DEPS)) if _kind == "vllm" else (),
+        smoke=("from vidur.scheduler.replica_scheduler.vllm_replica_scheduler import VLLMReplicaScheduler; "
+               "from vidur.events.batch_end_event import BatchEndEvent"),
+        strategy=_vidur_strategy(chunked=_kind == "sarathi"),
+        domain=_VIDUR_CHUNKED_DOMAIN if _kind == "sarathi" else _VIDUR_DOMAIN, timeout=30.0,
+    ))
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
 

@@ -1,7 +1,7 @@
 """A first probe for vllm-project/vllm#57562 on the async host: chunked prefill with many concurrent
 requests, no spec decode, no preemption pressure needed.
 
-    python -m conformance.targets.async_probe [--traces 500] [--seed 57562]
+    python -m conformance.targets.async_probe [--traces 500] [--seed 57562] [--target vllm-v1-async-0.29]
         [--out docs/results/async-probe-57562.json]
 
 #57562 (open, reported on 0.29.0) is a placeholder underflow (`assert
@@ -10,9 +10,10 @@ drives vLLM 0.33.0's AsyncScheduler (``vllm_v1_async_host.py``) through traces m
 shape: up to 8 requests at once, a token budget of one or two tokens per seat, long prompts,
 ``long_prefill_token_threshold`` on or off, prefix caching on or off, aborts and stops. After
 every step it reads the host's ``in_flight`` counters (PIP-003) and records any failure of the
-host (PIP-005). It is not the hunt of issue 16 (no 0.29.0 target, full attention only, the
-report's hybrid model is out of reach); it says what was tried and what was seen, and saves the
-first failing trace if there is one.
+host (PIP-005). ``--target vllm-v1-async-0.29`` runs it on vLLM 0.29.0, the version the report
+names. Full attention only: the report's hybrid model is out of reach. It says what was tried and
+what was seen, and saves the first failing trace if there is one (the hunt is
+`conformance.targets.async_hunt`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def probe_one(adapter, trace: Trace) -> tuple[int, str | None]:
                 unfinished -= {done.request_id} if done else set()
             adapter.schedule()
             unfinished -= {f.request_id for f in adapter.update(StepOutcome(trace.stops_at(step)))}
-            counters = adapter.host.call("snapshot", {}, 60)["in_flight"]
+            counters = adapter.host.call("snapshot", {}, 120)["in_flight"]["seqs"]
         except Exception as err:  # noqa: BLE001 - the host's failure is the finding (PIP-005)
             return step + 1, f"PIP-005 at step {step}: {type(err).__name__}: {err}"
         for seq, c in counters.items():
@@ -82,14 +83,20 @@ def probe_one(adapter, trace: Trace) -> tuple[int, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     from conformance.generate import sample_traces
-    from conformance.targets.async_smoke import async_adapter
+    from conformance.targets import get_target
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=500)
     ap.add_argument("--seed", type=int, default=57562)
     ap.add_argument("--out", type=Path, default=Path("docs/results/async-probe-57562.json"))
     ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/async"))
+    ap.add_argument("--target", default="vllm-v1-async", help="vllm-v1-async (0.33.0) or vllm-v1-async-0.29")
     args = ap.parse_args(argv)
+    target = get_target(args.target)
+
+    def async_adapter():
+        return target.adapter()
+
     adapter = async_adapter()
     started = time.monotonic()
     steps, found = 0, []
@@ -101,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             found.append({"trace": index, "problem": problem})
             if len(found) == 1:
                 Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps,
-                      {"adapter": "vllm-v1-async", "probe": "57562", "message": problem}).save(
-                    args.traces_dir / "probe-57562.json")
+                      {"adapter": args.target, "probe": "57562", "message": problem}).save(
+                    args.traces_dir / f"probe-57562-{args.target}.json")
             adapter.close()
             adapter = async_adapter()
     adapter.close()
     report: dict[str, Any] = {
-        "version": VERSION, "target": "vllm-v1-async (vllm_v1_async_host.py)", "package": "vllm==0.33.0",
+        "version": VERSION, "target": f"{args.target} (vllm_v1_async_host.py)", "package": target.version,
         "upstream": "vllm-project/vllm#57562", "seed": args.seed, "traces": len(traces), "steps": steps,
         "requests_per_trace_max": max(len(t.arrivals) for t in traces),
         "prefix_caching_on": sum(t.config.enable_prefix_caching for t in traces),

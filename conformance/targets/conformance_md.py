@@ -13,9 +13,12 @@ import argparse
 import json
 from pathlib import Path
 
-TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness")
+TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness", "lmdeploy",
+           "lmdeploy-liveness", "aphrodite", "aphrodite-liveness", "vidur-vllm", "vidur-vllm-liveness", "vidur-sarathi",
+           "vidur-sarathi-liveness", "vidur-orca", "vidur-orca-liveness")
 # vllm-v0's report is its safety run; its policy is checked by the lockstep campaign below.
-# sglang-liveness is the sglang target's liveness run (sglang.json is its safety run).
+# sglang-liveness is the sglang target's liveness run (sglang.json is its safety run); likewise
+# for lmdeploy, aphrodite and the vidur-* targets.
 
 CAUSES: dict[tuple[str, str], str] = {
     ("nano-vllm", "BUD-003"): "`nanovllmnpu/engine/scheduler.py: Scheduler.schedule` counts only this step's admissions against `max_num_seqs` (`num_seqs` starts at 0), so running can exceed it.",
@@ -38,6 +41,55 @@ CAUSES: dict[tuple[str, str], str] = {
 }
 for inv in ("LEN-001", "LEN-002", "LEN-003", "FAULT-raised"):
     CAUSES[("nano-vllm-fork", inv)] = CAUSES[("nano-vllm", inv)].replace("nanovllmnpu", "nanovllm")
+
+_LMDEPLOY_EMPTY = (
+    "deviation by design: `lmdeploy/pytorch/engine/engine.py: Engine._add_message` (469-481) clips `max_new_tokens` "
+    "to `max_session_len - prompt_len`, 0 for a prompt that fills `max_session_len = min(max_model_len, "
+    "(num_gpu_blocks - 1) * block_size)` (`_get_max_session_len`, 328-341); the prefill then appends no token and "
+    "finishes the sequence (`strategies/ar/sequence.py: ARSequenceStrategy.update_running`, the `max_new_tokens == 0` "
+    "branch). The spec expects a scheduled prefill to produce a token; LMDeploy answers with an empty completion.")
+CAUSES[("lmdeploy", "REQ-004")] = CAUSES[("lmdeploy-liveness", "REQ-004")] = _LMDEPLOY_EMPTY
+_VIDUR = "vidur/scheduler/replica_scheduler"
+for _kind in ("vllm", "sarathi", "orca"):
+    for _run in (f"vidur-{_kind}", f"vidur-{_kind}-liveness"):
+        CAUSES[(_run, "LEN-001")] = (
+            "deviation by design: a Vidur request runs exactly its `num_decode_tokens` (`vidur/entities/request.py: "
+            "Request.on_batch_end`); nothing stops it at max_model_len. Vidur's request generators never draw a request "
+            "longer than `max_tokens`, so its schedulers have no limit of their own.")
+        CAUSES[(_run, "LEN-002")] = (
+            f"deviation by design: `{_VIDUR}/{_kind}_replica_scheduler.py: _get_next_batch` admits any prompt; no "
+            "prompt limit (see LEN-001 on why).")
+        CAUSES[(_run, "LEN-003")] = "same cause as LEN-002: an over-long prompt is run, never finished as ignored."
+        CAUSES[(_run, "FAULT-raised")] = (
+            "defect: a restarted (recompute-preempted) request crashes the simulator. `vidur/entities/request.py: "
+            "Request.restart` (328-344) resets `_num_processed_tokens` but not `_num_stage_processed_tokens` nor "
+            "`_is_prefill_stage_complete`, so the re-prefill's stage tokens add to the first prefill's and "
+            "`Request.on_batch_stage_end` fails `assert self._num_stage_processed_tokens <= self.total_tokens` "
+            "(request.py:300). Every restart that re-prefills more than the tokens left trips it.")
+        CAUSES[(_run, "LIV-001")] = (
+            f"defect: a prompt that can never fit the pool (or a restarted request that has outgrown it) waits at the "
+            f"head of the queue for ever: `{_VIDUR}/{_kind}_replica_scheduler.py: _can_allocate_request` (or "
+            "`can_allocate` for Orca) only says 'not now', nothing ignores it, and it blocks every request behind it.")
+        CAUSES[(_run, "LIV-002")] = "same cause as LIV-001."
+        CAUSES[(_run, "LIV-003")] = "same cause as LIV-001."
+        CAUSES[(_run, "FAULT-hang")] = (
+            "open: the host did not answer one call within the timeout (60 to 180 s) in each 300-trace run of the "
+            "vLLM and Orca schedulers, at different calls and steps; every saved trace replays to its end in about 10 s "
+            "(`kvsched replay ... --timeout 20`), in a fresh host, and running the same traces in one host through "
+            "`conformance.driver.run_checked` does not hang either. Repeating the Orca safety run (seed 20261201): it "
+            "hung in 2 of 2 runs as committed, in 0 of 1 with `--max-output 1000` and in 0 of 2 with a faulthandler "
+            "watchdog thread in the host; the machine ran at load 12-13 on 2 cores. The cause is not found.")
+        CAUSES[(_run, "BUD-001")] = (
+            f"deviation by design: Orca batches at iteration level with no token budget: `{_VIDUR}/orca_replica_scheduler.py: "
+            "_get_next_batch` bounds a batch by `_max_batch_size` and by the blocks it reserves, never by tokens "
+            "(`OrcaSchedulerConfig` has no token limit), so one step may prefill more than max_num_batched_tokens.")
+        CAUSES[(_run, "REQ-004")] = (
+            "defect: `vidur/entities/request.py: Request.restart` (328-344) makes the tokens processed so far the new "
+            "prompt (`_num_prefill_tokens = _num_processed_tokens`) and the rest decode tokens, which is right only "
+            f"for a request past its prefill. Sarathi (`{_VIDUR}/sarathi_replica_scheduler.py: _get_next_batch`) picks "
+            "victims with `_preempted_requests.pop(-1)`, which can be a request in the middle of a chunked prefill: "
+            "its prompt shrinks to the chunks done (the sequence's length goes down) and the rest of its prompt is "
+            "then generated one token a step.")
 
 HANDMADE = {
     "nano-vllm-fork": [("QUE-001", "docs/traces/nano-vllm-fork/handmade/preempted-victim-stays-running.json"),
@@ -78,7 +130,11 @@ def build(results: Path) -> str:
     ]
     pins = {"nano-vllm": "nano-vllm-npu==0.0.2", "nano-vllm-fork": "nano-vllm-fork==20260210",
             "vllm-v0": "vllm==0.10.2", "vllm-v1": "vllm==0.33.0", "sglang": "sglang==0.5.23",
-            "sglang-liveness": "sglang==0.5.23"}
+            "sglang-liveness": "sglang==0.5.23", "lmdeploy": "lmdeploy==0.18.0", "lmdeploy-liveness": "lmdeploy==0.18.0",
+            "aphrodite": "aphrodite-engine==0.24.1", "aphrodite-liveness": "aphrodite-engine==0.24.1"}
+    for name in TARGETS:
+        if name.startswith("vidur-"):
+            pins[name] = "vidur==0.0.26"
     for t, rep in reports.items():
         s = rep["summary"]
         lines.append(f"| {t} | {pins[t]} | {rep['profile']} | {rep['examples']} | {rep['steps_checked']} | "
@@ -115,6 +171,9 @@ def build(results: Path) -> str:
         for cls, c in data["classes"].items():
             lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | [trace]({_rel(c['trace'])}) |")
     lines += _nano_lockstep(results / "lockstep-nano-vllm.json")
+    lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
+    lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
+    lines += _async_hunt(results)
     lines += ["", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
@@ -147,8 +206,90 @@ def build(results: Path) -> str:
               "`retract_decode` (RUNNING->WAITING): `PrefillAdder` reserves `new_token_ratio` (0.7, decaying over 600 "
               "steps) of every running request's remaining `max_new_tokens`, and short traces never outgrow that; the handmade "
               "[retract-decode](traces/sglang/handmade/retract-decode.json) trace (4 requests on 20 slots) does, and "
-              "passes both profiles.", ""]
+              "passes both profiles.",
+              "* **lmdeploy**: `hosts/lmdeploy_host.py` drives LMDeploy 0.18.0's PyTorch-engine `paging.Scheduler` "
+              "unmodified (its prefill scheduler, `RecomputeEvictionHelper`, the logical/physical block allocators, the "
+              "sequence state machine) and replays the glue of `engine/inputs_maker.py` (`do_prefill_default`, "
+              "`_schedule_prefill`, `create_model_inputs_delta`, `update_running_seqs`, `preempt_invalid_decode_seqs`) and "
+              "`engine/engine_loop.py` (`activate_seqs`), lines named in its docstring; `lmdeploy/__init__.py` is skipped "
+              "(stub parent package) and the model agent is stubbed (imported by `strategies/ar/sequence.py` for a type "
+              "hint only). The engine's prefetch (it schedules the next batch before the current output is applied) is "
+              "not replayed: the host runs at pipeline depth 0. Block size 16 (LMDeploy asserts a power of two >= 16, "
+              "`messages.py:623-629`). Every allocation reserves `prefill_interval` = 16 tokens past the last one "
+              "(`AREngineStrategy.get_prealloc_size`), declared as the target's lookahead (CAP-006). Observed: block "
+              "tables (physical ids), the free list, per-block ref counts, lengths and `num_history_ids` as computed "
+              "tokens. Design points the spec allows: a preempted sequence goes back to WAITING *with* its blocks and "
+              "keeps them until another sequence's admission or growth reclaims them (`_reclaim_candidate`); prompts "
+              "over `max_session_len` are refused at the door. Because of the 16-token prealloc and the traces' "
+              "max_tokens <= 12, the fuzzed traces never preempt; the handmade "
+              "[preempt-then-evict](traces/lmdeploy/handmade/preempt-then-evict.json) trace does, and passes both "
+              "profiles. With block sizes below 16 (which LMDeploy refuses) a prompt that fits max_session_len but not "
+              "with its 16-token prealloc waits for ever.",
+              "* **aphrodite**: `hosts/aphrodite_host.py` runs the vLLM V1 host unchanged on Aphrodite 0.24.1 "
+              "(`aphrodite/v1/core/sched/scheduler.py` is vLLM's V1 Scheduler under another package name): `vllm.*` "
+              "imports are answered with the `aphrodite.*` module of the same path, `VllmConfig` is `AphroditeConfig`, "
+              "and the scheduler gets its config under Aphrodite's keyword `aphrodite_config`. Same translations as "
+              "vllm-v1; lockstep against the V1 reference below.",
+              "* **vidur-vllm / vidur-sarathi / vidur-orca**: `hosts/vidur_host.py` drives Vidur 0.0.26's replica "
+              "schedulers through the simulator's own batch events, handled in `Simulator.run`'s order "
+              "(`ReplicaScheduleEvent` -> `BatchStageArrivalEvent` -> `ReplicaStageScheduleEvent` is the step's decision, "
+              "`BatchStageEndEvent` -> `BatchEndEvent` its outcome), with one replica (routing is not under test), a "
+              "metrics store that records nothing and a fixed stage time (Vidur's trained predictor only sets when events "
+              "fire). Vidur has no stop tokens, aborts or priorities, so the traces have none. Observed: statuses, "
+              "queues, the free block count and lengths; per-request block counts are sent as `vidur_num_blocks` "
+              "(informational: Vidur has no block ids, ref counts or free lists, so the block invariants are not "
+              "applicable). Orca reserves `max_model_len // block_size` blocks per request; Sarathi chunks every prefill "
+              "at its chunk size (the token budget, chunked prefill on).",
+              ""]
     return "\n".join(lines)
+
+
+def _aphrodite_lockstep(path: Path) -> list[str]:
+    """Aphrodite's V1 scheduler against the V1 reference (`conformance.targets.lockstep_v1 --target aphrodite`)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the reference's `vllm-v1` flow vs Aphrodite's V1 scheduler", "",
+             f"`python -m conformance.targets.lockstep_v1 --target aphrodite` (seed {data['seed']}, {data['package']}): "
+             "the V1 campaign's paths and comparison (decisions, then statuses, computed tokens, block tables, queues and "
+             "the free queue after each step), each divergence classified by rerunning the reference with an engine "
+             "behaviour modelled.", "",
+             "| path | traces | steps | agree | by class | target's violations |", "| --- | --- | --- | --- | --- | --- |"]
+    for path_name, m in data["paths"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items())
+        viol = "; ".join(f"{k} x{v}" for k, v in m.get("violations", {}).items())
+        lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} | {viol} |")
+    lines += ["", "| class | kind | explanation (source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{p}]({_rel(v['trace'])})" for p, v in c.get("paths", {}).items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    return lines
+
+
+def _vidur_lockstep(path: Path) -> list[str]:
+    """Vidur's vLLM replica scheduler against the V0 reference (`conformance.targets.lockstep_vidur`)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the V0 reference vs Vidur's vLLM replica scheduler", "",
+             f"`python -m conformance.targets.lockstep_vidur` (seed {data['seed']}, {data['package']}, profile vllm-v0). "
+             "A simulator that decides differently from the engine it models gives wrong capacity plans, so every "
+             "divergence is a finding. **spec**: every request fits max_model_len and the cache (what Vidur's own request "
+             "generators produce); **full**: everything the target takes. Each trace runs to its first divergence, "
+             "violation or fault. A trace stopped by Vidur's restart assertion is run again under `python -O` (asserts "
+             "off) to see what the scheduler decides after it.", "",
+             "| space | traces | steps | agree | by class | restart-assertion traces under python -O |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for space, m in data["spaces"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items())
+        beyond = "; ".join(f"{k} x{v}" for k, v in m.get("restart_assertion_traces_under_python_O", {}).items())
+        lines.append(f"| {space} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} | {beyond} |")
+    lines += ["", "| class | kind | explanation (Vidur source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{s}{' (python -O)' if v.get('python_O') else ''}]({_rel(v['trace'])})"
+                          for s, v in c["spaces"].items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    return lines
 
 
 def _nano_lockstep(path: Path) -> list[str]:
@@ -180,6 +321,91 @@ def _nano_lockstep(path: Path) -> list[str]:
         lines.append(f"\nFixed in the reference ({name}): {why}")
     for inv, why in data.get("unchecked", {}).items():
         lines.append(f"\nNot checked in this lockstep: {inv}: {why}.")
+    return lines
+
+
+# The hunt's reading of what it found (issue 16, item 5); the numbers come from the result files.
+ASYNC_HUNT_NOTES = [
+    "**What was found.** On both versions one class, the synchronous target's known "
+    "`chunk-clamped-below-max-model-len`: a prompt of exactly max_model_len tokens whose chunked prefill "
+    "continues as a running chunk is clamped at `max_model_len - num_computed_tokens - 1` and never gets its last "
+    "prompt token (LIV-001 where it is the only work, LIV-002); vLLM 0.33.0 "
+    "`vllm/v1/core/sched/scheduler.py:851-857` (running loop, 'Make sure the input position does not exceed the max model "
+    "len'), 0.29.0 the same clamp (`scheduler.py:596-603`). `AsyncScheduler` inherits it from `Scheduler`. Nothing "
+    "else: no safety violation (PIP-001..005 and the seven synchronous invariants checked as planned included), no "
+    "engine failure, no in-flight counter out of range (PIP-003), on either version.",
+    "**#57562** (placeholder underflow, `assert request.num_output_placeholders >= 0`, reported on 0.29.0 with "
+    "chunked prefill and concurrent requests, no spec decode, no preemption). Not reproduced on 0.29.0 nor on "
+    "0.33.0. Tried: the hunt above (chunked prefill in about half the traces, prefix caching, preemption, aborts "
+    "and stops), and the probe made for the report's shape (`python -m conformance.targets.async_probe --target "
+    "vllm-v1-async-0.29`: chunked prefill always on, 4 to 8 seats, a token budget of one or two tokens per seat, "
+    "up to 10 requests at once, long_prefill_token_threshold 0, 1 or 3, prefix caching on in about half; every "
+    "step reads the host's in-flight counters). Where 0.29.0 differs: the decrement and the assert live in "
+    "`AsyncScheduler._update_request_with_output` (0.29.0 `vllm/v1/core/sched/async_scheduler.py:51-70`, the "
+    "assert at `:63`; 0.33.0 moved them into `Scheduler`), and the placeholder is skipped for a request whose "
+    "step leaves it mid-prompt (`async_scheduler.py:28`, `is_prefill_chunk` set in `scheduler.py:1466-1468` as "
+    "`num_computed_tokens < num_tokens + num_output_placeholders`); the same rule as 0.33.0, and both agree with "
+    "the reference here. Out of the host's reach, and so not tried: the report's hybrid Gated DeltaNet + "
+    "attention model (the Mamba-aligned chunk split, `_mamba_block_aligned_split`), data-parallel prefill "
+    "throttling (`defer_prefills`, 0.29.0 `scheduler.py:545-548` and `:579-583`: an in-progress prefill chunk "
+    "is skipped on a throttled step), speculative decoding and streaming input (#35755).",
+]
+
+
+def _async_hunt(results: Path) -> list[str]:
+    """Issue 16's hunt (`conformance.targets.async_hunt`), the #57562 probes and the 0.29.0
+    lockstep, when their results are committed."""
+    hunts = {v: results / f"async-hunt-{v}.json" for v in ("0.33.0", "0.29.0")}
+    if not any(p.exists() for p in hunts.values()):
+        return []
+    lines = ["", "## Pipelined (async) scheduling: the hunt on vLLM 0.33.0 and 0.29.0", "",
+             "`python -m conformance.targets.async_hunt --target vllm-v1-async` (0.33.0) and `--target "
+             "vllm-v1-async-0.29` (0.29.0, the version vllm-project/vllm#57562 was reported on; own venv, the same "
+             "host). Each trace is the target's own (`lockstep_async.all_paths_strategy`: plain, chunked prefill and "
+             "KV-pressure preemption paths at pipeline depth 1, prefix caching on in about half, aborts and stops), "
+             "checked against `safety` and `liveness` together, run whole, its problems classified; the first trace "
+             "of each class is shrunk and committed. docs/ASYNC.md is the design.", "",
+             "| version | traces | steps | preemptions | aborts | stops | prefix caching on | chunked prefill on | "
+             "clean | by class |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    classes: dict[str, dict] = {}
+    for version, path in hunts.items():
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        r = data["run"]
+        by = "; ".join(f"{k} x{v}" for k, v in r["by_class"].items()) or "-"
+        lines.append(f"| {version} (seed {data['seed']}) | {r['traces']} | {r['steps']} | {r['preemptions']} | "
+                     f"{r['aborts']} | {r['stops']} | {r['prefix_caching_on']} | {r['chunked_prefill_on']} | "
+                     f"{r['clean_traces']} | {by} |")
+        for cls, c in data["classes"].items():
+            entry = classes.setdefault(cls, {"kind": c["kind"], "explanation": c["explanation"], "traces": []})
+            entry["traces"].append(f"[{version}]({_rel(c['trace'])}) ({c['steps']} steps: {c['message'][:160]})")
+    if classes:
+        lines += ["", "| class | kind | explanation (vLLM source) | shrunk traces |", "| --- | --- | --- | --- |"]
+        for cls, c in sorted(classes.items()):
+            lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {'; '.join(c['traces'])} |")
+    probes = [(v, results / name) for v, name in (("0.33.0", "async-probe-57562.json"),
+                                                   ("0.29.0", "async-probe-57562-0.29.0.json"))]
+    if any(p.exists() for _, p in probes):
+        lines += ["", "The #57562 probe (`conformance.targets.async_probe`):", "",
+                  "| version | traces | steps | most requests in a trace | prefix caching on | problems |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for version, path in probes:
+            if path.exists():
+                d = json.loads(path.read_text())
+                lines.append(f"| {version} (seed {d['seed']}) | {d['traces']} | {d['steps']} | "
+                              f"{d['requests_per_trace_max']} | {d['prefix_caching_on']} | {len(d['problems'])} |")
+    lock = results / "async-lockstep-0.29.0.json"
+    if lock.exists():
+        d = json.loads(lock.read_text())
+        lines += ["", "Strict lockstep of 0.29.0 against the pipelined reference (`python -m "
+                  "conformance.targets.lockstep_async --target vllm-v1-async-0.29`, seed "
+                  f"{d['seed']}; 0.33.0's is in docs/ASYNC.md section 5):", "",
+                  "| path | traces | steps | agree | by class |", "| --- | --- | --- | --- | --- |"]
+        for path_name, m in d["paths"].items():
+            by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items()) or "-"
+            lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} |")
+    lines += [""] + [f"{note}\n" for note in ASYNC_HUNT_NOTES]
     return lines
 
 

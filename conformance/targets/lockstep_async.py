@@ -234,15 +234,18 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.targets.async_smoke import async_adapter
+    from conformance.targets import get_target
 
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261201, out="docs/results/async-lockstep.json",
-                           traces_dir="docs/traces/async").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261201, out="docs/results/async-lockstep.json",
+                             traces_dir="docs/traces/async")
+    parser.add_argument("--target", default="vllm-v1-async", help="vllm-v1-async (0.33.0) or vllm-v1-async-0.29")
+    args = parser.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter = async_adapter()
+    target = get_target(args.target)
+    adapter = target.adapter()
     invariants = get_profile("safety").invariants()
-    report: dict[str, Any] = {"version": VERSION, "target": "vllm-v1-async (vllm_v1_async_host.py)",
-                              "package": "vllm==0.33.0", "reference": "reference_impl.async_scheduler:"
+    report: dict[str, Any] = {"version": VERSION, "target": f"{args.target} (vllm_v1_async_host.py)",
+                              "package": target.version, "reference": "reference_impl.async_scheduler:"
                               "AsyncV1Scheduler(depth=1)", "profile": "safety", "seed": args.seed,
                               "paths": {}, "classes": {}}
     if args.out.exists():  # keep the other paths' results
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = shrink_class(adapter, trace, cls, invariants)
             outcome = run_one(adapter, trace, invariants)
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
-        meta = {"adapter": "vllm-v1-async", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": args.target, "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}
         saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta)
         out = saved.save(args.traces_dir / f"{path}-{cls}.json")

@@ -2,7 +2,7 @@
 
     python -m conformance.targets.lockstep_v1 [--path default|chunked|prefix|chunked+prefix|all]
         [--traces 1000] [--seed 20261130] [--out docs/results/lockstep-vllm-v1.json]
-        [--traces-dir docs/traces/lockstep-v1] [--no-shrink]
+        [--traces-dir docs/traces/lockstep-v1] [--no-shrink] [--target vllm-v1|aphrodite]
 
 Runs seeded traces of one of V1's paths through the installed ``vllm-v1`` target with the
 ``vllm-v1`` profile's reference beside it:
@@ -21,7 +21,7 @@ running queue in order, the waiting queue, the free block count and the free que
 Block ids are comparable: the host reports V1's ids minus one (block 0 is V1's null block) and
 the reference's pool frees and evicts in V1's order. A trace runs to its first divergence, which
 is classified (`classify`: rerun against the reference with an engine behaviour modelled, see
-`MODELS`); the first trace of each class is shrunk for that class and saved under
+`PARTS`); the first trace of each class is shrunk for that class and saved under
 ``--traces-dir``. The results file keeps one entry per path (version 2). Needs
 ``kvsched targets install vllm-v1``.
 """
@@ -29,6 +29,7 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets import _v1_strategy
+from conformance.targets import _v1_strategy, get_target
 from conformance.targets.campaign_args import campaign_parser
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
@@ -49,6 +50,7 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
+V1_TARGETS = ("vllm-v1", "aphrodite")  # targets whose scheduler is vLLM's V1 Scheduler
 PATHS = ("default", "chunked", "prefix", "chunked+prefix", "chunked+partial")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
@@ -63,6 +65,23 @@ CLASSES: dict[str, tuple[str, str]] = {
         "never finishes (LIV-001 where it is the only work) unless a preemption sends it back to waiting and it is "
         "then admitted whole: the waiting path has no such clamp. The spec lets a prompt of exactly max_model_len "
         "tokens complete (LEN-001) and every step make progress (LIV-001).",
+    ),
+    "threshold-caps-a-lone-request": (
+        "aphrodite-deviation",
+        "Aphrodite 0.24.1 caps every chunk at long_prefill_token_threshold, also the chunk of a request that is "
+        "alone in the scheduler (aphrodite/v1/core/sched/scheduler.py: Scheduler.schedule, 566-567 for running and "
+        "923-925 for waiting requests). vLLM 0.33.0, which the reference follows, skips the cap when there is no "
+        "other request to starve (vllm/v1/core/sched/scheduler.py:754-770; vllm/config/scheduler.py, "
+        "long_prefill_token_threshold); Aphrodite forked before that change. The lone request takes more steps.",
+    ),
+    "self-preemption-ends-the-running-scan": (
+        "aphrodite-deviation",
+        "Under the priority policy, when the running request that needs blocks is itself the lowest-priority one, "
+        "it preempts itself; Aphrodite 0.24.1 then stops scheduling running requests for the step "
+        "(aphrodite/v1/core/sched/scheduler.py:682-684, `if new_blocks is None: break`), while vLLM 0.33.0 goes on "
+        "to the higher-priority requests after it, which may still fit now that it freed its blocks "
+        "(vllm/v1/core/sched/scheduler.py:983-995). Aphrodite forked before that fix: those requests wait a step "
+        "(and with nothing else to run, the step schedules nothing).",
     ),
     "partial-prefills-not-applied": (
         "spec-decision",
@@ -146,16 +165,37 @@ class NoPartialLimitV1(RecordingV1):
         super().__init__(SchedulerConfig(**{**config.to_dict(), "max_num_partial_prefills": 0}))
 
 
-class ClampedNoPartialLimitV1(ClampedV1, NoPartialLimitV1):
-    """Both of V1's behaviours above."""
+class AlwaysCappedV1(RecordingV1):
+    """The reference capping every chunk at ``long_prefill_token_threshold``, also a request's that
+    is alone (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:566-567 for running requests,
+    923-925 for waiting ones; vLLM 0.33.0 skips the cap for a lone request)."""
+
+    def _long_prefill_threshold(self) -> int:
+        return self.config.long_prefill_token_threshold
 
 
-# the engine behaviours a divergence is tried against, in order: (class, reference modelling it)
-MODELS: tuple[tuple[str, type[RecordingV1]], ...] = (
+class StopsAtSelfPreemptionV1(RecordingV1):
+    """The reference ending the running scan when, under the priority policy, a request preempts
+    itself (Aphrodite 0.24.1: aphrodite/v1/core/sched/scheduler.py:682-684 `break`; vLLM 0.33.0
+    goes on to the next running request, scheduler.py:983-995)."""
+
+    scan_past_self_preemption = False
+
+
+# the engine behaviours a divergence is tried against: each a reference variant overriding one
+# hook; `classify` tries every combination of the ones a trace can meet, smallest first
+PARTS: tuple[tuple[str, type[RecordingV1]], ...] = (
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
-    ("chunk-clamped-below-max-model-len+partial-prefills-not-applied", ClampedNoPartialLimitV1),
+    ("threshold-caps-a-lone-request", AlwaysCappedV1),
+    ("self-preemption-ends-the-running-scan", StopsAtSelfPreemptionV1),
 )
+
+
+def model_of(parts: tuple[str, ...]) -> type[RecordingV1]:
+    """One reference class with every named behaviour modelled."""
+    mixins = tuple(model for name, model in PARTS if name in parts)
+    return mixins[0] if len(mixins) == 1 else type("+".join(parts), mixins, {})
 
 
 def state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
@@ -244,12 +284,19 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     config = trace.config
     clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
     possible = {"chunk-clamped-below-max-model-len": clamp,
-                "partial-prefills-not-applied": bool(config.max_num_partial_prefills)}
-    for cls, model in MODELS:
-        if all(possible[part] for part in cls.split("+")):
-            again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model)
+                "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
+                "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold),
+                "self-preemption-ends-the-running-scan": config.policy == "priority"}
+    names = [name for name, _ in PARTS if possible[name]]
+    for size in range(1, len(names) + 1):
+        for parts in itertools.combinations(names, size):
+            again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model_of(parts))
+            if again.result.fault is not None:
+                # the engine did not fault on this trace in the run being classified: a fault in the
+                # rerun is the host's (a restart past the timeout on a loaded machine), so once more
+                again = run_one(adapter, trace, get_profile("safety").invariants(), reference=model_of(parts))
             if again.result.divergence is None and again.state is None and again.result.fault is None:
-                return cls
+                return "+".join(parts)
     return "unclassified"
 
 
@@ -279,12 +326,15 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
-                           traces_dir="docs/traces/lockstep-v1").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261130, out="docs/results/lockstep-vllm-v1.json",
+                             traces_dir="docs/traces/lockstep-v1")
+    # Aphrodite's V1 scheduler is vLLM's under another package name: the same reference, the same paths.
+    parser.add_argument("--target", choices=V1_TARGETS, default="vllm-v1")
+    args = parser.parse_args(argv)
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter, profile = load_adapter("vllm-v1"), get_profile("vllm-v1")
+    adapter, profile = load_adapter(args.target), get_profile("vllm-v1")
     invariants = profile.invariants()
-    report: dict[str, Any] = {"version": 2, "target": "vllm-v1", "package": "vllm==0.33.0",
+    report: dict[str, Any] = {"version": 2, "target": args.target, "package": get_target(args.target).version,
                               "reference": profile.reference, "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())
@@ -319,10 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 small = trace
         final = run_one(adapter, small, invariants)
+        if small is not trace and classify(adapter, small, final) != cls:
+            # the shrinker cut the trace to where its class cannot be told apart (a cut that ends
+            # before the later divergence that made it unclassified): keep the trace as drawn
+            small, final = trace, run_one(adapter, trace, invariants)
         parts = [CLASSES.get(part, ("open", "not yet explained")) for part in cls.split("+")]
         kind = "+".join(dict.fromkeys(k for k, _ in parts))
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
-        meta = {"adapter": "vllm-v1", "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
         saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
         name = f"{path.replace('+', '-')}-{cls}.json"

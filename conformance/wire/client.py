@@ -37,9 +37,10 @@ from conformance.wire.codec import (
 )
 from spec.config import SchedulerConfig
 from spec.observation import Capability, Snapshot
+from spec.trace import Trace
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _EOF = object()
 
 
@@ -64,9 +65,12 @@ class HostProcess:
         threading.Thread(target=self._read_stdout, daemon=True, name="kvsched-wire-out").start()
         threading.Thread(target=self._read_stderr, daemon=True, name="kvsched-wire-err").start()
         self.hello = self.call("hello", {}, start_timeout)
-        if not isinstance(self.hello, Mapping) or self.hello.get("protocol") != PROTOCOL_VERSION:
+        spoken = self.hello.get("protocol") if isinstance(self.hello, Mapping) else self.hello
+        if spoken != PROTOCOL_VERSION:
             self.kill()
-            raise WireError(f"host {self.command[-1]!r} speaks protocol {self.hello!r}, expected version {PROTOCOL_VERSION}")
+            raise WireError(f"host {self.command[-1]!r} speaks protocol {spoken!r}; this runner speaks version "
+                            f"{PROTOCOL_VERSION} only (docs/PROTOCOL.md: update the host, e.g. its copy of "
+                            f"kvsched_host.py)")
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -92,6 +96,14 @@ class HostProcess:
         return f"host exited (code {code}) during {method!r}" + (f"; stderr: {tail}" if tail else "")
 
     def call(self, method: str, params: Mapping[str, Any], timeout: float | None) -> Any:
+        """Send one request and return its result (raise `WireError` on an error answer)."""
+        mid = self.send(method, params)
+        msg = self.receive(mid, method, timeout)
+        self.busy = False
+        return result_of(msg, method)
+
+    def send(self, method: str, params: Mapping[str, Any]) -> int:
+        """Write one request; the host is busy until `receive` has its last answer line."""
         with self.lock:
             if not self.alive:
                 raise WireError(self._exit_message(method))
@@ -105,6 +117,12 @@ class HostProcess:
             except (BrokenPipeError, OSError):
                 self.busy = False
                 raise WireError(self._exit_message(method)) from None
+            return mid
+
+    def receive(self, mid: int, method: str, timeout: float | None) -> Mapping[str, Any]:
+        """The next line answering request ``mid`` (lines answering earlier, abandoned requests are
+        skipped), as a JSON object; `WireError` if the host exits, hangs or writes garbage."""
+        with self.lock:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -122,18 +140,11 @@ class HostProcess:
                     self.busy = False
                     raise WireError(f"host sent a line that is not JSON in answer to {method!r}: {line[:120]!r}") from None
                 if not isinstance(msg, dict) or msg.get("id") != mid:
-                    if isinstance(msg, dict) and msg.get("id") is not None and msg.get("id") < mid:
+                    if isinstance(msg, dict) and isinstance(msg.get("id"), int) and msg["id"] < mid:
                         continue  # a late answer to a call that was given up; skip it
                     self.busy = False
                     raise WireError(f"host answered {method!r} with an unexpected message: {line[:120]!r}")
-                self.busy = False
-                if "error" in msg:
-                    err = msg["error"] if isinstance(msg["error"], Mapping) else {"message": str(msg["error"])}
-                    where = f" (at {err['where']})" if err.get("where") else ""
-                    raise WireError(f"host error in {method}: {err.get('message', '?')}{where}")
-                if "result" not in msg:
-                    raise WireError(f"host answered {method!r} without result or error")
-                return msg["result"]
+                return msg
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -151,6 +162,17 @@ class HostProcess:
             except (WireError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def result_of(msg: Mapping[str, Any], method: str) -> Any:
+    """The ``result`` of an answer line, or `WireError` for an ``error`` answer."""
+    if "error" in msg:
+        err = msg["error"] if isinstance(msg["error"], Mapping) else {"message": str(msg["error"])}
+        where = f" (at {err['where']})" if err.get("where") else ""
+        raise WireError(f"host error in {err.get('method', method)}: {err.get('message', '?')}{where}")
+    if "result" not in msg:
+        raise WireError(f"host answered {method!r} without result or error")
+    return msg["result"]
 
 
 _POOL: dict[tuple[str, ...], HostProcess] = {}
@@ -212,6 +234,7 @@ class WireAdapter:
         self.capabilities: frozenset[Capability] = frozenset({Capability.OUTPUT})
         self.host: HostProcess | None = None
         self.hello: Mapping[str, Any] = {}
+        self._batch: _Batch | None = None  # set by `begin_trace`: calls answered from `steps` runs
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
 
@@ -238,28 +261,121 @@ class WireAdapter:
 
     # -- the Adapter protocol ------------------------------------------------------------------
     def reset(self, config: SchedulerConfig) -> None:
+        if self._batch is not None and self._batch.pending is not None and self.host is not None:
+            self.host.busy = False  # ours: its late step lines are skipped by id, the host is not hung
+        self._batch = None
         self.start()
         self._call("reset", {"config": config_to_json(config)})
 
+    def begin_trace(self, trace: Trace, observe: bool, mid_step: bool) -> None:
+        """Driver hook (conformance/driver.py, right after `reset`): the calls that follow are the
+        driver's for ``trace``, so they are run many steps per message (`steps`, protocol 2) and
+        answered from the host's results in order. Without this hook every call is a round trip."""
+        self._batch = _Batch(trace, observe, mid_step)
+
     def add_request(self, request: Request) -> Finished | None:
         """None, or the host's refusal at the door (``{"request", "status": "FINISHED_IGNORED"}``)."""
-        result = self._call("add_request", {"request": request_to_json(request)})
+        result = self._answer("add_request", {"request": request_to_json(request)})
         return None if result is None else finished_from_json(result, "add_request")
 
     def abort_request(self, request_id: str) -> Finished | None:
-        result = self._call("abort_request", {"request_id": request_id})
+        result = self._answer("abort_request", {"request_id": request_id})
         return None if result is None else finished_from_json(result, "abort_request")
 
     def schedule(self) -> SchedulerOutput:
-        return output_from_json(self._call("schedule"))
+        return output_from_json(self._answer("schedule"))
 
     def update(self, outcome: StepOutcome) -> list[Finished]:
-        return finished_list_from_json(self._call("update", {"stopped": sorted(outcome.stopped)}), "update")
+        return finished_list_from_json(self._answer("update", {"stopped": sorted(outcome.stopped)}), "update")
 
     def snapshot(self) -> Snapshot:
-        return snapshot_from_json(self._call("snapshot"))
+        if self._batch is None:
+            return snapshot_from_json(self._call("snapshot"))
+        snap = snapshot_from_json(self._answer("snapshot"), self._batch.last_snapshot)
+        self._batch.last_snapshot = snap
+        return snap
+
+    def _answer(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
+        """``method``'s result: from the current `steps` run when `begin_trace` set one (reading
+        the host's next step line, or asking for the next steps, when the answers are used up),
+        else a round trip of its own."""
+        batch = self._batch
+        if batch is None:
+            return self._call(method, params)
+        while not batch.answers:
+            if batch.error is not None:
+                self._batch = None
+                raise batch.error
+            if batch.pending is None:
+                self._send_steps(batch)
+            else:
+                self._read_step(batch)
+        ran, result = batch.answers.popleft()
+        if ran != method:
+            self._batch = None
+            raise WireError(f"steps: the host ran {ran!r} where the runner called {method!r} (docs/PROTOCOL.md, steps)")
+        return result
+
+    def _send_steps(self, batch: _Batch) -> None:
+        """Ask for the next ``batch.size`` steps of the trace in one message (doubled each time,
+        up to `_MAX_STEPS_PER_MESSAGE`); the host answers a line per step as it runs them."""
+        trace = batch.trace
+        first = batch.next_step
+        last = min(first + batch.size, trace.max_steps)
+        if batch.ended or first >= last:
+            raise WireError("steps: the runner called past the end of the trace the host ran")
+        steps = [{"step": k, "add": [request_to_json(r) for r in trace.arrivals_at(k)],
+                  "abort": list(trace.aborts_at(k)), "stopped": sorted(trace.stops_at(k))} for k in range(first, last)]
+        if self.host is None:
+            self.start()
+        assert self.host is not None
+        batch.pending = self.host.send("steps", {"steps": steps, "observe": batch.observe, "mid_step": batch.mid_step,
+                                                 "last_arrival_step": trace.last_arrival_step})
+        batch.next_step = last
+        batch.size = min(batch.size * 2, _MAX_STEPS_PER_MESSAGE)
+
+    def _read_step(self, batch: _Batch) -> None:
+        """The host's next line for the pending `steps` message: one step's calls (``{"id", "calls"}``,
+        with ``error`` if an engine call failed) or the closing ``{"id", "result": {"ended"}}``."""
+        assert self.host is not None and batch.pending is not None
+        msg = self.host.receive(batch.pending, "steps", self.timeout)
+        if "calls" in msg:
+            calls = msg["calls"]
+            if not isinstance(calls, list):
+                raise WireError(f"steps: expected calls: [[method, result], ...], got {str(calls)[:120]!r}")
+            for entry in calls:
+                if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                    raise WireError(f"steps: a call entry must be [method, result], got {str(entry)[:120]!r}")
+                batch.answers.append((entry[0], entry[1]))
+            if "error" in msg:
+                try:
+                    result_of(msg, "steps")
+                except WireError as err:
+                    batch.error = err
+            return
+        self.host.busy = False
+        result = result_of(msg, "steps")
+        batch.pending = None
+        batch.ended = bool(isinstance(result, Mapping) and result.get("ended"))
 
     def close(self) -> None:
         if self.host is not None:
             self.host.shutdown()
             self.host = None
+
+
+_MAX_STEPS_PER_MESSAGE = 64
+
+
+class _Batch:
+    """One trace's `steps` runs: the answers not yet handed to the driver, in call order."""
+
+    def __init__(self, trace: Trace, observe: bool, mid_step: bool) -> None:
+        self.trace, self.observe, self.mid_step = trace, observe, mid_step
+        self.answers: collections.deque[tuple[str, Any]] = collections.deque()
+        self.error: WireError | None = None
+        self.next_step = 0
+        self.size = 8  # steps in the next message
+        self.ended = False
+        self.last_snapshot: Snapshot | None = None  # the base of the next snapshot delta
+        self.pending: int | None = None  # the id of the `steps` message the host is still answering

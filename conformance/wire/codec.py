@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spec.config import SchedulerConfig
-from spec.observation import SeqView, Snapshot
+from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
@@ -76,6 +76,33 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
             out[name] = value
     if snap.gpu_block_keys is not None:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
+    if snap.gpu_fenced is not None:
+        out["gpu_fenced"] = list(snap.gpu_fenced)
+    if snap.in_flight is not None:
+        out["in_flight"] = {"version": IN_FLIGHT_VERSION,
+                            "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
+    return out
+
+
+def _in_flight(value: Any) -> dict[str, InFlightView] | None:
+    """``{"version": 1, "seqs": {seq: {placeholders, in_flight_tokens, stale}}}`` (docs/PROTOCOL.md).
+    Negative counts are well formed: they are what PIP-003 reports."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != IN_FLIGHT_VERSION:
+        raise WireError(f"snapshot.in_flight.version: expected {IN_FLIGHT_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    seqs = value.get("seqs")
+    if not isinstance(seqs, Mapping):
+        raise WireError("snapshot.in_flight.seqs: expected an object")
+    out = {}
+    for sid, counters in seqs.items():
+        where = f"in_flight.seqs.{sid}"
+        if not isinstance(counters, Mapping):
+            raise WireError(f"snapshot.{where}: expected an object")
+        if any(counters.get(name) is None for name in InFlightView._fields):
+            raise WireError(f"snapshot.{where}: expected {', '.join(InFlightView._fields)}")
+        out[str(sid)] = InFlightView(*(_opt_int(counters[name], f"{where}.{name}") for name in InFlightView._fields))
     return out
 
 
@@ -111,46 +138,84 @@ def _opt_int(value: Any, where: str) -> int | None:
     return value
 
 
-def snapshot_from_json(data: Any) -> Snapshot:
+def _statuses_from_json(raw: Any) -> dict[str, Status]:
+    if not isinstance(raw, Mapping):
+        raise WireError("snapshot.statuses: expected an object")
+    return {str(rid): _status(s, f"snapshot.statuses.{rid}") for rid, s in raw.items()}
+
+
+def _seqs_from_json(raw: Any) -> dict[str, SeqView]:
+    if not isinstance(raw, Mapping):
+        raise WireError("snapshot.seqs: expected an object")
+    seqs = {}
+    for sid, v in raw.items():
+        where = f"seqs.{sid}"
+        if not isinstance(v, Mapping):
+            raise WireError(f"snapshot.{where}: expected an object")
+        device = v.get("device")
+        if device not in (None, "gpu", "cpu"):
+            raise WireError(f"snapshot.{where}.device: expected gpu, cpu or null, got {device!r}")
+        seqs[str(sid)] = SeqView(
+            str(sid), str(v.get("request", str(sid).rsplit("#", 1)[0])),
+            _status(v.get("status"), f"snapshot.{where}.status"),
+            _opt_int(v.get("num_tokens"), f"{where}.num_tokens"),
+            _opt_int(v.get("num_computed"), f"{where}.num_computed"),
+            _ints(v.get("blocks"), f"{where}.blocks"), device,
+        )
+    return seqs
+
+
+# Each part besides statuses and seqs: its decoder.
+_PARTS = {
+    "waiting": _strs, "running": _strs, "swapped": _strs,
+    "gpu_ref_counts": _ints, "cpu_ref_counts": _ints, "gpu_free": _opt_int, "cpu_free": _opt_int,
+    "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
+    "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
+}
+
+
+def snapshot_from_json(data: Any, previous: Snapshot | None = None) -> Snapshot:
+    """A whole snapshot, or (protocol 2, ``{"delta": true, ...}``) one given as the parts that
+    differ from ``previous``, the snapshot decoded just before it in the same `steps` run: every
+    part the delta leaves out is ``previous``'s own object, and ``seqs`` / ``statuses`` are
+    ``previous``'s with the entries sent replaced and those in ``<part>_gone`` dropped. The
+    result is a whole snapshot (no `Snapshot.base`): the driver diffs it like any other
+    (`spec.observation.with_delta`), and finds the unchanged parts by identity."""
     if not isinstance(data, Mapping):
         raise WireError(f"snapshot: result must be an object, got {type(data).__name__}")
-    statuses = None
-    if data.get("statuses") is not None:
-        raw = data["statuses"]
-        if not isinstance(raw, Mapping):
-            raise WireError("snapshot.statuses: expected an object")
-        statuses = {str(rid): _status(s, f"snapshot.statuses.{rid}") for rid, s in raw.items()}
-    seqs = None
-    if data.get("seqs") is not None:
-        raw = data["seqs"]
-        if not isinstance(raw, Mapping):
-            raise WireError("snapshot.seqs: expected an object")
-        seqs = {}
-        for sid, v in raw.items():
-            where = f"seqs.{sid}"
-            if not isinstance(v, Mapping):
-                raise WireError(f"snapshot.{where}: expected an object")
-            device = v.get("device")
-            if device not in (None, "gpu", "cpu"):
-                raise WireError(f"snapshot.{where}.device: expected gpu, cpu or null, got {device!r}")
-            seqs[str(sid)] = SeqView(
-                str(sid), str(v.get("request", str(sid).rsplit("#", 1)[0])),
-                _status(v.get("status"), f"snapshot.{where}.status"),
-                _opt_int(v.get("num_tokens"), f"{where}.num_tokens"),
-                _opt_int(v.get("num_computed"), f"{where}.num_computed"),
-                _ints(v.get("blocks"), f"{where}.blocks"), device,
-            )
+    if data.get("delta") is True:
+        return _snapshot_from_delta(data, previous)
     return Snapshot(
-        statuses=statuses,
-        seqs=seqs,
-        waiting=_strs(data.get("waiting"), "waiting"),
-        running=_strs(data.get("running"), "running"),
-        swapped=_strs(data.get("swapped"), "swapped"),
-        gpu_ref_counts=_ints(data.get("gpu_ref_counts"), "gpu_ref_counts"),
-        cpu_ref_counts=_ints(data.get("cpu_ref_counts"), "cpu_ref_counts"),
-        gpu_free=_opt_int(data.get("gpu_free"), "gpu_free"),
-        cpu_free=_opt_int(data.get("cpu_free"), "cpu_free"),
-        gpu_free_ids=_ints(data.get("gpu_free_ids"), "gpu_free_ids"),
-        cpu_free_ids=_ints(data.get("cpu_free_ids"), "cpu_free_ids"),
-        gpu_block_keys=_keys(data.get("gpu_block_keys"), "gpu_block_keys"),
+        statuses=_statuses_from_json(data["statuses"]) if data.get("statuses") is not None else None,
+        seqs=_seqs_from_json(data["seqs"]) if data.get("seqs") is not None else None,
+        **{name: decode(data.get(name), name) for name, decode in _PARTS.items()},
     )
+
+
+def _snapshot_from_delta(data: Mapping[str, Any], previous: Snapshot | None) -> Snapshot:
+    if previous is None:
+        raise WireError("snapshot: a delta (\"delta\": true) with no snapshot before it in this steps run")
+    absent = data.get("absent") or []
+    if not isinstance(absent, list):
+        raise WireError("snapshot.absent: expected a list of part names")
+    parts: dict[str, Any] = {}
+    for name, decode in (("statuses", _statuses_from_json), ("seqs", _seqs_from_json)):
+        old, gone = getattr(previous, name), data.get(f"{name}_gone") or []
+        if name in absent:
+            parts[name] = None
+        elif name not in data and not gone:
+            parts[name] = old
+        else:
+            if not isinstance(gone, list):
+                raise WireError(f"snapshot.{name}_gone: expected a list of ids")
+            merged = dict(old or {})
+            merged.update(decode(data.get(name) or {}))
+            for key in gone:
+                merged.pop(key, None)
+            parts[name] = merged
+    for name, decode in _PARTS.items():
+        if name in absent:
+            parts[name] = None
+        else:
+            parts[name] = decode(data[name], name) if name in data else getattr(previous, name)
+    return Snapshot(**parts)

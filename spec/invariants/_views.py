@@ -8,7 +8,10 @@ previous snapshot through its delta (`Snapshot.base`, `changed_seqs`, `changed_r
 snapshot it passed (`CheckContext.previous`); `checked_with_prior`, `queue_moves` and
 `changed_*_between` let a check skip what is identical to what it passed; `entry_counts` gives
 the table entries per block as a tuple, compared with reference counts at C speed; `pool_facts`
-reads the reference counts and free list once per snapshot for every block check;
+reads the reference counts and free list once per snapshot for every block check, and carries
+them (like `free_in_tables`) through the blocks a pool names as changed
+(`Snapshot.gpu_block_changes`), so a large pool costs what changed; `fresh_tokens_in_snapshots`
+hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
 read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
@@ -20,7 +23,7 @@ compares them, on the references, every mutant, and diffed whole snapshots).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import compress, repeat
 from operator import is_not, ne
 from typing import TYPE_CHECKING, NamedTuple
@@ -191,6 +194,7 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
                     whole[block] += 1
         return tuple(whole)
     counts: list[int] | None = None
+    touched: set[int] = set()  # the blocks whose entries may have changed (`free_in_tables` reads them)
     old_seqs, seqs = snap.base.seqs, snap.seqs
     for sid in snap.changed_seqs:
         old, new = old_seqs.get(sid), seqs.get(sid)
@@ -206,6 +210,9 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
             if not 0 <= block < size:
                 return None
             counts[block] += 1
+        touched.update(old_blocks or ())
+        touched.update(new_blocks or ())
+    _memo(snap, "entry_changes", (device, size), lambda: touched)
     return prior if counts is None else tuple(counts)  # the same object when no table moved
 
 
@@ -333,6 +340,26 @@ def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
     for label, snap in snapshots(record):
         for sid, view in fresh_views(snap, prior):
             yield label, sid, view
+        prior = snap
+
+
+def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView, int]]:
+    """As `fresh_in_snapshots`, with the first token position the same check has not read in that
+    view yet: the length of the token ids it passed before when they are a prefix of these
+    (compared at C speed; identical entries compare by identity), else 0. A decode appends one
+    token to hundreds, so a check of every token reads only the new ones."""
+    prior = ctx.previous.after if ctx.previous is not None else None
+    for label, snap in snapshots(record):
+        seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
+        for sid, view in fresh_views(snap, prior):
+            old = seen.get(sid) if seen is not None else None
+            known = old.token_ids if old is not None else None
+            tokens = view.token_ids
+            first = 0
+            if known is not None and tokens is not None and len(known) <= len(tokens) \
+                    and (known is tokens or tokens[: len(known)] == known):
+                first = len(known)
+            yield label, sid, view, first
         prior = snap
 
 
@@ -505,41 +532,212 @@ def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
     return [seqs[sid] for sid in seq_ids_by_request(snap).get(request_id, ())]
 
 
-class PoolFacts(NamedTuple):
-    """What the block checks read of one device's reference counts and free list, computed in
-    one pass each at C speed and shared by BLK-001, BLK-005 and STR-001 (each read the whole
-    pool on its own before): the free ids as a set, whether the list repeats one, its lowest and
-    highest id, the number of unreferenced blocks and whether a count is negative."""
+class FreeEntries:
+    """How many times a snapshot's free list names each block: the base snapshot's answer plus the
+    blocks changed since (`Snapshot.gpu_block_changes`), so that carrying it forward costs what
+    changed, not the pool. Chains are cut at `_DELTA_DEPTH` layers by flattening (one dict copy)."""
 
-    free: set[int]
-    repeats: bool
-    low: int
-    high: int
-    unreferenced: int
-    negative: bool
+    __slots__ = ("parent", "counts", "depth")
+
+    def __init__(self, counts: dict[int, int], parent: FreeEntries | None = None) -> None:
+        if parent is not None and parent.depth >= _DELTA_DEPTH:
+            counts = {**parent.flat(), **counts}
+            parent = None
+        self.parent, self.counts = parent, counts
+        self.depth = 0 if parent is None else parent.depth + 1
+
+    def count(self, block: int) -> int:
+        layer: FreeEntries | None = self
+        while layer is not None:
+            found = layer.counts.get(block)
+            if found is not None:
+                return found
+            layer = layer.parent
+        return 0
+
+    def flat(self) -> dict[int, int]:
+        """Block -> entries (zeros included where a layer says so), as one dict."""
+        if self.parent is None:
+            return self.counts
+        return {**self.parent.flat(), **self.counts}
+
+    def blocks(self) -> set[int]:
+        """The free blocks (each once)."""
+        flat = self.flat()
+        return set(compress(flat, flat.values()))  # at C speed: the blocks named at least once
+
+
+class PoolFacts(NamedTuple):
+    """What the block checks read of one device's reference counts and free list, shared by
+    BLK-001, BLK-005 and STR-001 (each read the whole pool on its own before): built in one pass
+    each at C speed, or carried forward from the base snapshot's through the blocks that changed
+    (`Snapshot.gpu_block_changes`)."""
+
+    entries: FreeEntries  # how many times the free list names each block
+    free_count: int  # distinct free blocks
+    repeated: frozenset[int]  # blocks the free list names more than once
+    low: int  # every free id is >= low (exactly the lowest when built whole)
+    high: int  # every free id is <= high (exactly the highest when built whole)
+    unreferenced: int  # blocks whose reference count is 0
+    negative: frozenset[int]  # blocks whose reference count is below 0
+    referenced_free: frozenset[int]  # free blocks whose reference count is not 0 (in the pool)
+
+    def free(self) -> set[int]:
+        """The free ids as a set (for messages and the slow paths)."""
+        return self.entries.blocks()
+
+    def outside(self, size: int) -> bool:
+        """Whether some free id is outside ``range(size)``."""
+        if self.low >= 0 and self.high < size:
+            return False
+        return any(not 0 <= b < size for b in self.free())
 
 
 def pool_facts(snap: Snapshot, device: str) -> PoolFacts:
-    """`PoolFacts` of ``device`` in ``snap`` (an absent CPU pool reads as empty); the base
-    snapshot's when both its counts and its free list are the very objects of ``snap``."""
+    """`PoolFacts` of ``device`` in ``snap`` (an absent CPU pool reads as empty): the base
+    snapshot's when both its counts and its free list are the very objects of ``snap``, carried
+    through the changed blocks when the adapter names them, else built whole."""
     kept = _kept(snap, "pool", device)
     if kept is not _MISSING:
         return kept  # type: ignore[return-value]
     refs = (snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts) or ()
     free_ids = (snap.gpu_free_ids if device == "gpu" else snap.cpu_free_ids) or ()
     base = snap.base if observation.INCREMENTAL else None
-    if base is not None and refs is ((base.gpu_ref_counts if device == "gpu" else base.cpu_ref_counts) or ()) \
-            and free_ids is ((base.gpu_free_ids if device == "gpu" else base.cpu_free_ids) or ()):
+    facts = None
+    if base is not None:
+        base_refs = (base.gpu_ref_counts if device == "gpu" else base.cpu_ref_counts) or ()
+        base_free = (base.gpu_free_ids if device == "gpu" else base.cpu_free_ids) or ()
         prior = _kept(base, "pool", device)
+        if prior is _MISSING and base.base is not None and _kept(base.base, "pool", device) is not _MISSING:
+            prior = pool_facts(base, device)  # a snapshot no block check reads (before schedule())
         if prior is not _MISSING:
-            return _memo(snap, "pool", device, lambda: prior)
-    free = set(free_ids)
-    facts = PoolFacts(
-        free=free,
-        repeats=len(free) != len(free_ids),
-        low=min(free, default=0),
-        high=max(free, default=0),
-        unreferenced=refs.count(0),
-        negative=bool(refs) and min(refs) < 0,
-    )
+            if refs is base_refs and free_ids is base_free:
+                facts = prior
+            else:
+                changes = snap.gpu_block_changes if device == "gpu" else snap.cpu_block_changes
+                if changes is not None:
+                    facts = _carried_pool_facts(prior, changes, refs, base_refs, len(free_ids) - len(base_free))
+    if facts is None:
+        facts = _whole_pool_facts(refs, free_ids)
     return _memo(snap, "pool", device, lambda: facts)
+
+
+def _whole_pool_facts(refs: tuple[int, ...], free_ids: tuple[int, ...]) -> PoolFacts:
+    counts = dict.fromkeys(free_ids, 1)
+    repeated: frozenset[int] = frozenset()
+    if len(counts) != len(free_ids):
+        many = Counter(free_ids)
+        counts = dict(many)
+        repeated = frozenset(b for b, n in many.items() if n > 1)
+    size = len(refs)
+    low, high = min(counts, default=0), max(counts, default=0)
+    if 0 <= low and high < size:
+        referenced = frozenset(compress(counts, map(refs.__getitem__, counts)))  # at C speed
+    else:
+        referenced = frozenset(b for b in counts if 0 <= b < size and refs[b])
+    return PoolFacts(
+        entries=FreeEntries(counts),
+        free_count=len(counts),
+        repeated=repeated,
+        low=low,
+        high=high,
+        unreferenced=refs.count(0),
+        negative=frozenset(b for b, r in enumerate(refs) if r < 0) if refs and min(refs) < 0 else frozenset(),
+        referenced_free=referenced,
+    )
+
+
+def _carried_pool_facts(prior: PoolFacts, changes, refs, base_refs, grown: int) -> PoolFacts | None:  # type: ignore[no-untyped-def]
+    """``prior`` moved forward through ``changes`` (block -> free entries now); None (build whole)
+    when the delta does not fit the snapshot (another pool size, a block id outside the counts, a
+    free list whose length the entries do not explain)."""
+    size = len(refs)
+    if size != len(base_refs):
+        return None
+    entries, free_count, unreferenced = prior.entries, prior.free_count, prior.unreferenced
+    repeated = negative = referenced = None
+    low, high = prior.low, prior.high
+    for block, now in changes.items():
+        if not 0 <= block < size or now < 0:
+            return None
+        was = entries.count(block)
+        grown -= now - was
+        free_count += (now > 0) - (was > 0)
+        if now > 0:
+            low, high = min(low, block), max(high, block)
+        if (now > 1) != (block in prior.repeated):
+            repeated = set(prior.repeated) if repeated is None else repeated
+            (repeated.add if now > 1 else repeated.discard)(block)
+        ref, old_ref = refs[block], base_refs[block]
+        unreferenced += (ref == 0) - (old_ref == 0)
+        if (ref < 0) != (block in prior.negative):
+            negative = set(prior.negative) if negative is None else negative
+            (negative.add if ref < 0 else negative.discard)(block)
+        if (now > 0 and ref != 0) != (block in prior.referenced_free):
+            referenced = set(prior.referenced_free) if referenced is None else referenced
+            (referenced.add if now > 0 and ref != 0 else referenced.discard)(block)
+    if grown:
+        return None  # the free list's length is not what the changed entries say
+    return PoolFacts(
+        entries=FreeEntries(dict(changes), entries) if changes else entries,
+        free_count=free_count,
+        repeated=prior.repeated if repeated is None else frozenset(repeated),
+        low=low,
+        high=high,
+        unreferenced=unreferenced,
+        negative=prior.negative if negative is None else frozenset(negative),
+        referenced_free=prior.referenced_free if referenced is None else frozenset(referenced),
+    )
+
+
+def free_in_tables(snap: Snapshot, device: str, size: int) -> frozenset[int] | None:
+    """The free blocks of ``device`` that some block table names (`entry_counts` over the free
+    list), or None when a table names a block outside the ``size``-block pool. Carried forward
+    from the base snapshot's through the blocks whose free entries or table entries changed."""
+    kept = _kept(snap, "free_held", (device, size))
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    counts = entry_counts(snap, device, size)
+    facts = pool_facts(snap, device)
+
+    def build() -> frozenset[int] | None:
+        if counts is None:
+            return None
+        base = snap.base if observation.INCREMENTAL else None
+        prior = _kept(base, "free_held", (device, size)) if base is not None else _MISSING
+        if prior is _MISSING and base is not None and base.base is not None \
+                and _kept(base.base, "free_held", (device, size)) is not _MISSING:
+            prior = free_in_tables(base, device, size)  # a snapshot no block check reads
+        pool_changed = _pool_changed(snap, device)
+        table_changed = _kept(snap, "entry_changes", (device, size))
+        if prior is _MISSING or prior is None or pool_changed is None or table_changed is _MISSING \
+                or table_changed is None:
+            free = facts.free()
+            if not facts.outside(size):
+                return frozenset(compress(free, map(counts.__getitem__, free)))  # at C speed
+            return frozenset(b for b in free if 0 <= b < size and counts[b])
+        out: set[int] | None = None
+        entries = facts.entries
+        for block in (*pool_changed, *table_changed):
+            held = 0 <= block < size and entries.count(block) > 0 and counts[block] > 0
+            if held != (block in prior):  # type: ignore[operator]
+                out = set(prior) if out is None else out  # type: ignore[arg-type]
+                (out.add if held else out.discard)(block)
+        return prior if out is None else frozenset(out)  # type: ignore[return-value]
+
+    return _memo(snap, "free_held", (device, size), build)
+
+
+def _pool_changed(snap: Snapshot, device: str) -> Iterable[int] | None:
+    """The blocks whose count or free entries may differ from the base's: none when the pool's
+    tuples are the base's own objects, the adapter's delta otherwise (None: unknown)."""
+    base = snap.base
+    if base is None:
+        return None
+    if device == "gpu":
+        if snap.gpu_ref_counts is base.gpu_ref_counts and snap.gpu_free_ids is base.gpu_free_ids:
+            return ()
+        return snap.gpu_block_changes
+    if snap.cpu_ref_counts is base.cpu_ref_counts and snap.cpu_free_ids is base.cpu_free_ids:
+        return ()
+    return snap.cpu_block_changes

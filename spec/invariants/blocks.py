@@ -11,6 +11,7 @@ from spec.invariants._views import (
     checked_with_prior,
     entries,
     entry_counts,
+    free_in_tables,
     fresh_after,
     fresh_in_snapshots,
     fresh_tables_in_snapshots,
@@ -82,9 +83,12 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
             refs = ()  # no CPU pool: any CPU table points outside it
         assert refs is not None
         expected = entry_counts(snap, device, len(refs))
+        fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
+        if fenced and expected is not None:
+            expected = _with_holds(expected, fenced)
         if expected is not None and (refs is expected or refs == expected):
             continue  # compared whole at C speed; explained block by block below if not
-        counted = entries(snap, device)
+        counted = entries(snap, device) + Counter(fenced or ())
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):
                 yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
@@ -93,13 +97,23 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
                 yield f"{label}: a table points at {device} block {block}, outside the pool"
 
 
+def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, ...]:
+    held = list(counts)
+    for block in fenced:
+        if 0 <= block < len(held):
+            held[block] += 1
+    return tuple(held)
+
+
 @invariant(
     "BLK-003", "safety",
-    "GPU reference counts equal the number of block-table entries that point at each block.",
+    """GPU reference counts equal the number of block-table entries that point at each block (plus
+    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``).""",
     """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
     BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
     the holders leaks the block; below them frees it under a live sequence (the double free of
-    vLLM PR #3347).""",
+    vLLM PR #3347). An engine that defers a freed request's blocks until the steps still writing
+    them return (vLLM's defer_block_free, PIP-004) holds them without a table.""",
     (C.REF_COUNTS, C.BLOCK_TABLES),
 )
 def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -141,20 +155,19 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
                 continue  # the same free list and tables this check passed just before
             facts = pool_facts(snap, device)
-            free = facts.free
-            if facts.repeats:
+            if facts.repeated:
                 dupes = [b for b, n in Counter(free_ids).items() if n > 1]
                 yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            ids_valid = not free_ids or (facts.low >= 0 and facts.high < total)
+            ids_valid = not free_ids or not facts.outside(total)
             if not ids_valid:
                 bad = [b for b in free_ids if not 0 <= b < total]
                 yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
             if counts is not None and ids_valid:
-                if any(map(counts.__getitem__, free)):  # read at C speed
-                    both = sorted(b for b in free if counts[b])
-                    yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
+                held = free_in_tables(snap, device, total)
+                if held:
+                    yield f"{label}: {device} blocks {sorted(held)[:5]} are free yet still in a block table"
                 continue
-            used = entries(snap, device)
+            free, used = facts.free(), entries(snap, device)
             if not free.isdisjoint(used):
                 both = sorted(free.intersection(used))
                 yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"

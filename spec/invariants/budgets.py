@@ -92,16 +92,27 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """A position at or past max_model_len has no rotary embedding or cache slot the model was
     sized for; vLLM's stop checker (stop_checker.py: maybe_stop_sequence) finishes a sequence as
     FINISHED_LENGTH_CAPPED once get_len() >= max_model_len, so its KV never needs that slot. With
-    chunked prefill a prompt of exactly max_model_len tokens runs mid-prefill over several steps.""",
+    chunked prefill a prompt of exactly max_model_len tokens runs mid-prefill over several steps.
+    Pipelined (checked as planned, spec.planned_view): the token that reaches or passes the limit
+    may still be in flight (the sequence is finished when its outcome is in, as a synchronous
+    step appends and finishes it at once), so planned tokens may pass max_model_len by that one
+    sample, never by two: a sequence whose in-flight tokens reach the limit is not scheduled
+    again (vllm/v1/core/sched/scheduler.py:800-815).""",
     (C.SEQ_LENGTHS, C.STATUSES),
     synchronous=True,
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None
+    # Planned (depth > 0): the sample in flight may be the one past the limit that finishes the
+    # sequence (synchronously appended and finished in one step), but never a second one.
+    limit = ctx.config.max_model_len + (2 if ctx.config.pipeline_depth else 0)
     for sid, v in fresh_after(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= ctx.config.max_model_len:
+        if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= limit:
             request = ctx.requests.get(v.request_id)
-            if ctx.config.enable_chunked_prefill and request is not None and v.num_tokens == request.prompt_len:
+            # planned (depth > 0), the final chunk's sample may be in flight too
+            prompt_only = () if request is None else range(
+                request.prompt_len, request.prompt_len + (2 if ctx.config.pipeline_depth else 1))
+            if ctx.config.enable_chunked_prefill and v.num_tokens in prompt_only:
                 continue  # a prompt of exactly max_model_len tokens, still being prefilled in chunks
             yield f"{sid} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
 

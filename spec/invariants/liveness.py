@@ -72,12 +72,15 @@ def completion_bound_for(ctx: CheckContext) -> int:
     "An idle engine never leaves its waiting head waiting: with nothing running or swapped, the head is admitted or ignored.",
     """With nothing running, every block is free, so a head that does not fit now never will: it
     must be ignored, not left to block the queue forever (vLLM PR #2163 and the AllocStatus.NEVER
-    rule).""",
+    rule). An engine that holds blocks back for in-flight writes (``Snapshot.gpu_fenced``,
+    PIP-004), or a step in flight (``Snapshot.in_flight``: its outcome may free blocks or be a
+    preempted request's that must return first), is not idle until they are back.""",
     (C.QUEUES,),
 )
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()
-    if waiting and not rec.before.running and not rec.before.swapped:
+    in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
+    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight:
         head = waiting[0]
         if head not in admitted(rec) and head not in rec.output.ignored:
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"

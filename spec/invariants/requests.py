@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, changed_requests_between
+from spec.invariants._views import changed_between, changed_requests_between, fresh_views, seq_ids_by_request
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -79,6 +79,7 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     or corrupts the output the client already received.""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
+    planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
 )
 def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
@@ -133,3 +134,42 @@ def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for f in rec.finished:
         if f.status is Status.FINISHED_STOPPED and f.request_id not in ctx.stopped:
             yield f"{f.request_id} finished as {f.status.value} but no outcome stopped any of its sequences"
+
+
+@invariant(
+    "REQ-006", "safety",
+    """A request reported finished in an earlier step has only finished sequences, and none of
+    them holds a block.""",
+    """The request's finish is what its client sees; its sequences are what the KV cache sees.
+    Every other check reads one side: REQ-002 the request's status, QUE-002 the statuses of a
+    live request's sequences, RES-005 the blocks of a finished sequence. A scheduler that
+    reports a group finished while one of its sequences still runs (an abort or a stop applied
+    to one sequence of an n > 1 group and taken for the whole group) passes all of them, and
+    the sequence left behind holds its blocks for good: nothing will ever schedule or free it.
+    One step of grace, as RES-005 gives: a scheduler may free at its next schedule().""",
+    (C.STATUSES, C.BLOCK_TABLES),
+)
+def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    after = rec.after
+    assert after.seqs is not None
+    prior = ctx.previous
+    # Requests first seen finished at this step's start: all their sequences. Other finished
+    # requests passed at the last step: only their sequences whose views changed since.
+    if prior is None:
+        fresh = set(ctx.finished)
+    else:
+        fresh = {f.request_id for f in prior.finished} & ctx.finished.keys()
+    by_request = seq_ids_by_request(after)
+    sids = {sid for rid in fresh for sid in by_request.get(rid, ())}
+    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None)
+                if v.request_id in ctx.finished)
+    for sid in sorted(sids):
+        view = after.seqs.get(sid)
+        if view is None:
+            continue
+        rid = view.request_id
+        if not view.status.is_finished:
+            yield f"{sid} is {view.status.value} but its request {rid} was reported {ctx.finished[rid].value} before this step"
+        elif view.blocks:
+            yield (f"{sid} of {rid} (reported {ctx.finished[rid].value} before this step) still holds "
+                   f"{view.device} blocks {list(view.blocks)}")

@@ -46,10 +46,9 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     and free_ids is getattr(prior, f"{device}_free_ids"):
                 continue  # the same counts and free list this check passed just before
             facts = pool_facts(snap, device)
-            free = facts.free
-            if len(free) == facts.unreferenced and 0 <= facts.low and facts.high < len(refs) \
-                    and not any(map(refs.__getitem__, free)):
+            if facts.free_count == facts.unreferenced and not facts.outside(len(refs)) and not facts.referenced_free:
                 continue  # every free block is unreferenced and there are as many: the sets are equal
+            free = facts.free()
             unreferenced = {b for b, r in enumerate(refs) if r == 0}
             if free != unreferenced:
                 odd = sorted(free ^ unreferenced)

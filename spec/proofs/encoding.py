@@ -157,6 +157,10 @@ class Encoder:
     def pin_config(self, config: dict[str, Any]) -> list[Any]:
         return pin_config(self, config)
 
+    def read_state(self, model: Any, st: State) -> dict[str, Any]:
+        """A concrete state from a model (a flow with more state reads it too)."""
+        return read_state(model, self, st)
+
     # ------------------------------------------------------------------ building blocks
     def fresh(self, sort: Any, hint: str = "t") -> Any:
         self._n += 1

@@ -22,7 +22,7 @@ from typing import Any
 import z3
 
 from spec.proofs.bound import DEFAULT, Bound
-from spec.proofs.encoding import ACTIONS, MUTANTS, ActionEncoding, Encoder, read_state
+from spec.proofs.encoding import ACTIONS, MUTANTS, ActionEncoding, Encoder
 from spec.proofs.properties import (
     SCOPE,
     SCOPE_BY_FAMILY,
@@ -33,7 +33,7 @@ from spec.proofs.properties import (
     grp_ok,
 )
 
-FLOW_NAMES = ("v0", "v1")
+FLOW_NAMES = ("v0", "v1", "async")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,11 @@ def flow(name: str) -> Flow:
 
         return Flow("v1", C.ChunkedEncoder, C.V1_ACTIONS, C.V1_STATE_INVARIANTS, C.V1_TRANSITION_PROPERTIES,
                     C.V1_STEP_PARTS, C.grp_ok_v1, C.V1_BOUND, C.V1_MUTANTS, {**SCOPE, **C.V1_SCOPE})
+    if name == "async":
+        from spec.proofs import encoding_async as A
+
+        return Flow("async", A.AsyncEncoder, A.ASYNC_ACTIONS, A.ASYNC_STATE_INVARIANTS, A.ASYNC_TRANSITION_PROPERTIES,
+                    A.ASYNC_STEP_PARTS, A.grp_ok_async, A.ASYNC_BOUND, A.ASYNC_MUTANTS, {**SCOPE, **A.ASYNC_SCOPE})
     raise ValueError(f"unknown flow {name!r} (known: {', '.join(FLOW_NAMES)})")
 
 MATRIX_VERSION = 1
@@ -144,9 +149,9 @@ def _counterexample(model: Any, ae: ActionEncoding | None, enc: Encoder, pre_sta
     if ae is not None:
         out["action"] = ae.action
         out["params"] = {k: model.eval(v, model_completion=True).as_long() for k, v in ae.params.items()}
-    out["pre"] = read_state(model, enc, pre_state)
+    out["pre"] = enc.read_state(model, pre_state)
     if post_state is not None:
-        out["post"] = read_state(model, enc, post_state)
+        out["post"] = enc.read_state(model, post_state)
     return out
 
 
@@ -159,6 +164,13 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
         if iid in proved:
             continue
         family = iid.split("-")[0]
+        if family == "PIP" and flow_name != "async":
+            pipelined = flow("async")
+            if iid in pipelined.state_invariants or iid in pipelined.transition_properties:
+                found[iid] = "pipelined steps: proved in the async flow (kvsched prove --flow async)"
+            else:
+                found[iid] = pipelined.scope.get(iid, UNCLASSIFIED)
+            continue
         if family == "CHK" and flow_name == "v0":
             found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
             continue
@@ -226,10 +238,17 @@ def prove(
     upgraded: set[tuple[str, str]] = set()
     from spec.proofs import per_sequence as PS
 
+    # v0 and v1 have every argument below; the async flow has the block layer, QUE-001 and
+    # COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
+    sequences = flow_name in ("v0", "v1")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+    if unbounded and sequences and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
+    from spec.proofs import writes as WR
+
+    if unbounded and mutant in WR.MUTANTS and flow_name == "v0":
+        matrix.parametric = WR.broken_cells(mutant)
     if unbounded and mutant is None:
         from spec.proofs.unbounded import QUE_QUEUES, prove_unbounded
 
@@ -240,17 +259,21 @@ def prove(
             proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
             upgraded |= proof.cells(flow_name)
             matrix.parametric = proof.to_dict()
+        # COW-001 (both flows), ALLOC and ADM-002 (v0): spec/proofs/writes.py's lemmas over the
+        # block facts (with STR-001) and the counts
+        if strengthen and not alone and any(iid in ("COW-001", "ALLOC", "ADM-002") for iid in wanted):
+            upgraded |= WR.proved_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
-        if not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
+        if sequences and not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
         # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
-        if strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
+        if sequences and strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):
             from spec.proofs.counting import proved_cells as count_cells
 
             upgraded |= count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # WF = its per-sequence part (per_sequence.py) and its per-request part (counting.py);
         # v1's also says no block is shared (parametric.prove_unshared)
-        if strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
+        if sequences and strengthen and not alone and "WF" in wanted and (flow_name == "v0" or P.prove_unshared()):
             from spec.proofs.counting import WF_REQUESTS
             from spec.proofs.counting import proved_cells as count_cells
 
@@ -258,7 +281,7 @@ def prove(
             reqs = count_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
             upgraded |= {("WF", a) for a in ("init", *fl.actions) if (PS.WF_SEQS, a) in seqs and (WF_REQUESTS, a) in reqs}
         # QUE-002 = its per-request half (unbounded.py) and its per-sequence half (per_sequence.py)
-        if not alone and "QUE-002" in wanted:
+        if sequences and not alone and "QUE-002" in wanted:
             seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
             upgraded |= {("QUE-002", a) for (iid, a) in upgraded if iid == QUE_QUEUES and (PS.QUE_SEQS, a) in seqs}
     reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
@@ -304,7 +327,7 @@ def prove(
     return matrix
 
 
-VIA = "proved for every size (spec/proofs/parametric.py, spec/proofs/unbounded.py); bounded query not run"
+VIA = "proved for every size (spec/proofs/parametric.py, unbounded.py, writes.py, ...); bounded query not run"
 _WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
 
 

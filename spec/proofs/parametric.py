@@ -77,6 +77,9 @@ ACTION_OPS: dict[str, dict[str, tuple[str, ...]]] = {
         "ignore": ("drop",),
     },
 }
+# The pipelined V1 flow (spec/proofs/encoding_async.py): schedule() appends like a V1 chunk, a
+# processed outcome that finishes a request releases its table
+ACTION_OPS["async"] = {**ACTION_OPS["v1"], "process": ("drop",)}
 OPS = ("append", "share", "replace", "drop", "move")
 
 # The block rows of the matrix and the parametric facts each needs (for every micro-op).

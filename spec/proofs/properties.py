@@ -259,6 +259,7 @@ SCOPE: dict[str, str] = {
     "ADM-003": "step property on the mid-step snapshot (admission is all-or-nothing by construction of admit)",
     "RES-005": "implied on this flow by RES-004 (proved: a finished sequence holds no block)",
     "REQ-005": "property of the finish reports and outcomes of a run (not a state invariant)",
+    "REQ-006": "relates earlier finish reports to the sequences in a snapshot (not a state invariant)",
 }
 SCOPE_BY_FAMILY = {
     "POL": "policy (queue order is not modelled; proofs hold for every order)",

@@ -42,6 +42,11 @@ _EFFECTS_V1: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 
 
+# The async flow (spec/proofs/encoding_async.py): v1's, plus a processed outcome, which may finish
+# a waiting (stale outcome) or running request, or touch a finished one (dropped).
+_EFFECTS_ASYNC = {**_EFFECTS_V1, "process": ((WAIT, RUN, FIN), (WAIT, RUN, FIN))}
+
+
 def _que001(status: Any, w: Any, r: Any, s: Any) -> Any:
     j = z3.Int("j")
     n = z3.If(w[j], 1, 0) + z3.If(r[j], 1, 0) + z3.If(s[j], 1, 0)
@@ -59,8 +64,8 @@ QUE_QUEUES = "QUE-002/queues"
 
 
 def prove_unbounded(timeout_ms: int = 60_000, flow_name: str = "v0") -> set[tuple[str, str]]:
-    """The (invariant, action) cells proved for every size (plus ``init``), for the v0 or v1 flow."""
-    effects = _EFFECTS_V1 if flow_name == "v1" else _EFFECTS
+    """The (invariant, action) cells proved for every size (plus ``init``), for the v0, v1 or async flow."""
+    effects = {"v1": _EFFECTS_V1, "async": _EFFECTS_ASYNC}.get(flow_name, _EFFECTS)
     A = z3.ArraySort(z3.IntSort(), z3.IntSort())
     Bb = z3.ArraySort(z3.IntSort(), z3.BoolSort())
     status, w, r, s = z3.Const("st", A), z3.Const("w", Bb), z3.Const("r", Bb), z3.Const("s", Bb)

@@ -1,7 +1,7 @@
 """A wire-protocol host written from docs/PROTOCOL.md alone: standard library only, no kvsched,
 no kvsched_host helper. A deliberately simple scheduler: one request at a time, FCFS.
 
-    python raw_host.py [--bug overbudget|crash|hang|garbage]
+    python raw_host.py [--bug overbudget|crash|hang|garbage|door] [--protocol 1]
 """
 
 import json
@@ -9,6 +9,7 @@ import sys
 import time
 
 BUG = sys.argv[sys.argv.index("--bug") + 1] if "--bug" in sys.argv else None
+PROTOCOL = int(sys.argv[sys.argv.index("--protocol") + 1]) if "--protocol" in sys.argv else 2  # 1: an old host
 
 
 class Engine:
@@ -104,47 +105,99 @@ class Engine:
                 "running": [self.current["id"]] if self.current else [], "swapped": []}
 
 
+class Garbage(Exception):
+    """The --bug garbage host answers this call with a line that is not JSON."""
+
+
+def call(engine, method, params):
+    """One method of protocol 2 but `steps` (below): its result."""
+    if BUG == "crash" and method == "schedule" and engine.step == 2:
+        sys.stderr.write("raw host: simulated crash\n")
+        sys.exit(3)
+    if BUG == "hang" and method == "schedule" and engine.step == 2:
+        time.sleep(3600)
+    if BUG == "garbage" and method == "schedule" and engine.step == 2:
+        engine.step += 1
+        raise Garbage
+    if method == "hello":
+        return {"protocol": PROTOCOL, "name": "raw", "profiles": ["safety"], "capabilities": ["output", "statuses", "queues"]}
+    if method == "reset":
+        engine.unfinished = set()
+        return engine.reset(params["config"])
+    if method == "add_request":
+        return engine.add(params["request"])
+    if method == "abort_request":
+        return engine.abort(params["request_id"])
+    if method == "schedule":
+        return engine.schedule()
+    if method == "update":
+        return engine.update(set(params["stopped"]))
+    if method == "snapshot":
+        return json.loads(json.dumps(engine.snapshot()))  # a copy: the engine's dicts change later
+    raise KeyError(method)
+
+
+def steps(engine, params, send):
+    """The `steps` method as docs/PROTOCOL.md tells it: a line per step with its calls' results,
+    then the closing result. Snapshots are sent whole (a delta is optional)."""
+    observe, mid_step = params["observe"], params["mid_step"]
+    for step in params["steps"]:
+        calls, finished = [], []
+
+        def run(method, args, calls=calls):
+            result = call(engine, method, args)
+            calls.append([method, result])
+            return result
+
+        for request in step["add"]:
+            engine.unfinished.add(request["id"])
+            refused = run("add_request", {"request": request})
+            finished += [refused["request"]] if refused else []
+        for rid in step["abort"]:
+            done = run("abort_request", {"request_id": rid})
+            finished += [done["request"]] if done else []
+        if observe and (step["add"] or step["abort"] or step["step"] == 0):
+            run("snapshot", {})
+        run("schedule", {})
+        if observe and mid_step:
+            run("snapshot", {})
+        finished += [f["request"] for f in run("update", {"stopped": step["stopped"]})]
+        if observe:
+            run("snapshot", {})
+        send({"calls": calls})
+        engine.unfinished -= set(finished)
+        if step["step"] >= params["last_arrival_step"] and not engine.unfinished:
+            return {"ended": True}
+    return {"ended": False}
+
+
 def main():
     engine = Engine()
     out = sys.stdout
+
+    def send(msg):
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
     for line in sys.stdin:
         msg = json.loads(line)
         method, params = msg["method"], msg.get("params", {})
-        if BUG == "crash" and method == "schedule" and engine.step == 2:
-            sys.stderr.write("raw host: simulated crash\n")
-            sys.exit(3)
-        if BUG == "hang" and method == "schedule" and engine.step == 2:
-            time.sleep(3600)
-        if BUG == "garbage" and method == "schedule" and engine.step == 2:
+        if method == "shutdown":
+            send({"id": msg["id"], "result": None})
+            return
+        try:
+            if method == "steps":
+                result = steps(engine, params, lambda part, mid=msg["id"]: send({"id": mid, **part}))
+            else:
+                result = call(engine, method, params)
+        except Garbage:
             out.write("this is not json\n")
             out.flush()
-            engine.step += 1
             continue
-        if method == "hello":
-            result = {"protocol": 1, "name": "raw", "profiles": ["safety"],
-                      "capabilities": ["output", "statuses", "queues"]}
-        elif method == "reset":
-            result = engine.reset(params["config"])
-        elif method == "add_request":
-            result = engine.add(params["request"])
-        elif method == "abort_request":
-            result = engine.abort(params["request_id"])
-        elif method == "schedule":
-            result = engine.schedule()
-        elif method == "update":
-            result = engine.update(set(params["stopped"]))
-        elif method == "snapshot":
-            result = engine.snapshot()
-        elif method == "shutdown":
-            out.write(json.dumps({"id": msg["id"], "result": None}) + "\n")
-            out.flush()
-            return
-        else:
-            out.write(json.dumps({"id": msg["id"], "error": {"message": f"unknown method {method}"}}) + "\n")
-            out.flush()
+        except KeyError:
+            send({"id": msg["id"], "error": {"message": f"unknown method {method}"}})
             continue
-        out.write(json.dumps({"id": msg["id"], "result": result}) + "\n")
-        out.flush()
+        send({"id": msg["id"], "result": result})
 
 
 if __name__ == "__main__":

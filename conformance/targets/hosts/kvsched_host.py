@@ -1,4 +1,4 @@
-"""kvsched wire protocol v1, host side: a standalone helper for adapter hosts.
+"""kvsched wire protocol v2, host side: a standalone helper for adapter hosts.
 
 This file imports only the standard library and never kvsched, so it runs inside a target's
 own virtual environment (which has no kvsched installed). A host script puts this file's
@@ -13,7 +13,12 @@ The engine object has these methods, all on plain JSON values:
     abort_request(request_id: str) -> dict | None
     schedule() -> dict                           (SchedulerOutput shape)
     update(stopped: list[str]) -> list[dict]     ([{request, status}, ...])
-    snapshot() -> dict                           (Snapshot shape, every field optional)
+    snapshot() -> dict                           (Snapshot shape, every field optional; a fresh
+                                                  value each call: `steps` diffs it with the last)
+
+Protocol 2 adds `steps`, answered here for every engine from the methods above: many steps per
+message, called exactly as the runner's driver calls them one by one, each snapshot sent as a
+delta on the one before (`_Steps`).
 
 Anything the engine raises becomes ``{"id": n, "error": {"message": ..., "type": ...}}``; the host
 stays up and the runner decides what to do. The real stdout is kept for the protocol; file
@@ -28,11 +33,13 @@ import os
 import sys
 import traceback
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
-def _protocol_stream():
-    """Take the real stdout for the protocol and send everything else written to fd 1 to stderr."""
+def protocol_stream():
+    """Take the real stdout for the protocol and send everything else written to fd 1 to stderr.
+    A host whose engine logs to stdout while it is imported (vLLM 0.29.0 does) calls this before
+    that import and hands the stream to `serve`."""
     out_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -40,13 +47,14 @@ def _protocol_stream():
 
 
 def serve(engine, name: str, profiles=("safety",), capabilities=("output",), stdin=None, stdout=None) -> int:
-    out = stdout if stdout is not None else _protocol_stream()
+    out = stdout if stdout is not None else protocol_stream()
     inp = stdin if stdin is not None else sys.stdin
 
     def send(obj) -> None:
         out.write(json.dumps(obj, separators=(",", ":")) + "\n")
         out.flush()
 
+    steps = _Steps(engine)
     for line in inp:
         line = line.strip()
         if not line:
@@ -65,7 +73,10 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
                 if extra is not None:
                     result.update(extra())
             elif method == "reset":
+                steps = _Steps(engine)
                 result = engine.reset(params["config"])
+            elif method == "steps":
+                result = steps.run(params, lambda line, mid=mid: send({"id": mid, **line}))
             elif method == "add_request":
                 result = engine.add_request(params["request"])
             elif method == "abort_request":
@@ -82,13 +93,114 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
             else:
                 raise ValueError(f"unknown method {method!r}")
         except Exception as err:  # noqa: BLE001 - every engine error goes back to the runner
-            tb = traceback.extract_tb(err.__traceback__)
-            where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno} in {tb[-1].name}" if tb else ""
-            send({"id": mid, "error": {"message": f"{type(err).__name__}: {err}", "type": type(err).__name__,
-                                       "where": where}})
+            send({"id": mid, "error": _error(err)})
             continue
         send({"id": mid, "result": result})
     return 0
+
+
+def _error(err: BaseException) -> dict:
+    tb = traceback.extract_tb(err.__traceback__)
+    where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno} in {tb[-1].name}" if tb else ""
+    return {"message": f"{type(err).__name__}: {err}", "type": type(err).__name__, "where": where}
+
+
+class _Steps:
+    """The `steps` method (protocol 2): run steps of one trace as the runner's driver would call
+    them one by one (conformance/driver.py), answering a line per step with every call's result
+    in order (``{"id", "calls": [[method, result], ...]}``), then the closing ``{"id", "result":
+    {"ended": bool}}``. Per step:
+
+    1. ``add_request`` for each arrival, ``abort_request`` for each abort;
+    2. ``snapshot`` when ``observe`` and the step added or aborted something, or is step 0;
+    3. ``schedule``; ``snapshot`` when ``observe`` and ``mid_step``;
+    4. ``update`` with the step's stopped sequences; ``snapshot`` when ``observe``;
+    5. stop after a step at or past ``last_arrival_step`` once every request added since
+       ``reset`` has finished (``"ended": true``).
+
+    An engine error ends the run: that step's line holds the calls that succeeded and ``error``
+    (with ``method``). A snapshot after the first is sent as a delta on the last one sent (`_delta`)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.unfinished: set = set()
+        self.last: dict | None = None
+
+    def run(self, params: dict, send_line) -> dict:
+        observe, mid_step = bool(params.get("observe")), bool(params.get("mid_step"))
+        last_arrival = int(params.get("last_arrival_step", 0))
+        for step in params["steps"]:
+            calls: list = []
+            try:
+                finished = self._step(step, observe, mid_step, calls)
+            except _CallFailed as failed:
+                send_line({"calls": calls, "error": {**_error(failed.err), "method": failed.method}})
+                return {"ended": False}
+            send_line({"calls": calls})
+            self.unfinished.difference_update(finished)
+            if step["step"] >= last_arrival and not self.unfinished:
+                return {"ended": True}
+        return {"ended": False}
+
+    def _step(self, step: dict, observe: bool, mid_step: bool, calls: list) -> list:
+        """Run one step's calls into ``calls``; the requests it finished."""
+        engine, finished = self.engine, []
+        added, aborted = step.get("add") or [], step.get("abort") or []
+
+        def call(method, fn, *args):
+            try:
+                result = fn(*args)
+            except Exception as err:  # noqa: BLE001 - every engine error goes back to the runner
+                raise _CallFailed(method, err) from None
+            calls.append([method, result])
+            return result
+
+        for request in added:
+            result = call("add_request", engine.add_request, request)
+            self.unfinished.add(request["id"])
+            if result:
+                finished.append(result["request"])
+        for rid in aborted:
+            result = call("abort_request", engine.abort_request, rid)
+            if result:
+                finished.append(result["request"])
+        if observe and (added or aborted or step["step"] == 0):
+            call("snapshot", self._snapshot)
+        call("schedule", engine.schedule)
+        if observe and mid_step:
+            call("snapshot", self._snapshot)
+        done = call("update", engine.update, list(step.get("stopped") or []))
+        finished.extend(d["request"] for d in done or ())
+        if observe:
+            call("snapshot", self._snapshot)
+        return finished
+
+    def _snapshot(self) -> dict:
+        return self._delta(self.engine.snapshot())
+
+    def _delta(self, snap: dict) -> dict:
+        """``snap`` as a delta on the last snapshot sent: ``{"delta": true}`` plus every part that
+        differs (``seqs`` and ``statuses`` entry by entry, with ``<part>_gone`` for the entries that
+        left), and ``absent`` for the parts that are no longer there."""
+        last, self.last = self.last, snap
+        if last is None or not isinstance(snap, dict):
+            return snap
+        out: dict = {"delta": True}
+        for key, value in snap.items():
+            old = last.get(key)
+            if key in ("seqs", "statuses") and isinstance(value, dict) and isinstance(old, dict):
+                changed = {k: v for k, v in value.items() if old.get(k) != v}
+                gone = [k for k in old if k not in value]
+                if changed:
+                    out[key] = changed
+                if gone:
+                    out[f"{key}_gone"] = gone
+            elif key not in last or old != value:
+                out[key] = value
+        absent = [key for key in last if key not in snap]
+        if absent:
+            out["absent"] = absent
+        return out
 
 
 def token_ids(request_id: str, count: int, start: int = 0) -> list[int]:
@@ -100,3 +212,9 @@ def token_ids(request_id: str, count: int, start: int = 0) -> list[int]:
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+class _CallFailed(Exception):
+    def __init__(self, method: str, err: BaseException) -> None:
+        super().__init__(method)
+        self.method, self.err = method, err

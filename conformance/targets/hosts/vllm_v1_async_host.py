@@ -38,8 +38,12 @@ Translations beyond vllm_v1_host.py's:
   yet known to be written;
 * ``prefill`` in the wire output is True until the request is scheduled for a step that samples
   after its (re)admission (decided when the step is scheduled, not when its outcome returns);
+* it claims ``ordered_steps``: without a KV connector vLLM frees a request's blocks at once
+  (``defer_block_free`` is off, scheduler.py:189-195) and relies on steps running in order on
+  the device, the claim that makes PIP-004 moot;
 * the host's ``hello`` adds ``"pipeline_depth": 1``; its snapshot adds ``in_flight`` (per
-  unfinished sequence: placeholders, in-flight tokens, stale tokens), ignored by today's runner.
+  unfinished sequence: placeholders, in-flight tokens, stale tokens; capability ``in_flight``,
+  read by PIP-003).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
+
+PROTOCOL_OUT = kvsched_host.protocol_stream()  # before vLLM is imported: 0.29.0 logs to stdout then
 import vllm_v1_host  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
@@ -151,17 +157,20 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             if view is None or r.is_finished():
                 continue
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
-        snap["in_flight"] = self.in_flight()  # not read by the runner yet (docs/ASYNC.md PIP-003)
+        snap["in_flight"] = {"version": 1, "seqs": self.in_flight()}  # PIP-003 (docs/PROTOCOL.md)
         return snap
 
     def in_flight(self) -> dict:
-        """The counters PIP-003 reads (docs/ASYNC.md), per unfinished sequence: its output
-        placeholders, in-flight tokens and stale tokens. The snapshot carries them as
-        ``in_flight``, a key today's runner ignores (docs/PROTOCOL.md)."""
+        """The counters PIP-003 reads, per unfinished sequence: its output placeholders,
+        in-flight tokens and stale tokens (capability ``in_flight``, docs/PROTOCOL.md)."""
         return {f"{rid}#0": {"placeholders": r.num_output_placeholders, "in_flight_tokens": r.num_in_flight_tokens,
                              "stale": r.num_stale_output_tokens}
                 for rid, r in self.reqs.items() if not r.is_finished()}
 
 
 if __name__ == "__main__":
-    sys.exit(kvsched_host.serve(AsyncV1Engine(), "vllm-v1-async", ("safety",), vllm_v1_host.CAPABILITIES))
+    # --name NAME: the same host serves every pinned vLLM version (vllm-v1-async-0.29 runs it in
+    # vLLM 0.29.0's venv; the AsyncScheduler API it drives is the same there).
+    name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else "vllm-v1-async"
+    sys.exit(kvsched_host.serve(AsyncV1Engine(), name, ("safety",), [*vllm_v1_host.CAPABILITIES, "in_flight", "ordered_steps"],
+                                stdout=PROTOCOL_OUT))

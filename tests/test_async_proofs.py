@@ -1,0 +1,143 @@
+"""The Z3 proofs of the async flow (pipelined V1; spec/proofs/encoding_async.py): the matrix is
+proved at its bound for every depth 0..2, no action is proved vacuously (each can fire from an
+invariant state, the in-flight paths included), each mutated transition is caught by the cells it
+names, and the CLI runs the flow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import z3
+
+import conformance.selftest.mutants_async as mutants_async
+from conformance.cli import main
+from spec.catalogue import catalogue
+from spec.proofs.encoding import FIN, RUN, WAIT
+from spec.proofs.encoding_async import (
+    ASYNC_ACTIONS,
+    ASYNC_BOUND,
+    ASYNC_MUTANTS,
+    ASYNC_STATE_INVARIANTS,
+    ASYNC_TRANSITION_PROPERTIES,
+    AsyncEncoder,
+    grp_ok_async,
+)
+from spec.proofs.matrix import prove
+
+CATALOGUE = {inv.id for inv in catalogue()}
+
+
+def test_async_matrix_is_proved():
+    m = prove(flow_name="async", jobs=1, catalogue_ids=sorted(CATALOGUE))
+    assert m.all_proved, [(c.invariant, c.action, c.result) for c in m.failing()]
+    assert {c.action for c in m.cells} == {"init", *ASYNC_ACTIONS}
+    assert {c.invariant for c in m.cells} >= {"PIP-002", "PIP-003", "PIP-005", "PIP-007", "BLK-001", "BLK-003", "BLK-005",
+                                               "QUE-001", "RES-001", "STR-001", "COW-001", "ALLOC", "WF"}
+    assert all(c.flow == "async" for c in m.cells)
+    # the block layer (parametric, v1's micro-ops), QUE-001 and COW-001 for every size; the rest bounded
+    lifted = {"BLK-001", "BLK-002", "BLK-003", "BLK-004", "BLK-005", "BLK-006", "STR-001", "QUE-001", "COW-001"}
+    assert all(c.scope == ("unbounded" if c.invariant in lifted else "bounded") for c in m.cells), \
+        sorted({(c.invariant, c.scope) for c in m.cells})
+    covered = set(ASYNC_STATE_INVARIANTS) | set(ASYNC_TRANSITION_PROPERTIES) | set(m.out_of_scope)
+    assert CATALOGUE <= covered  # nothing silently omitted
+    for synchronous in ("CAP-001", "CAP-003", "LEN-001", "CHK-004"):
+        assert "outcome lands in the same step" in m.out_of_scope[synchronous]
+
+
+def _fires(action: str, *extra) -> bool:
+    """Whether ``action`` can fire from a state satisfying every async invariant, with ``extra``
+    (a function of the encoder and the action's encoding) on top."""
+    enc = AsyncEncoder(ASYNC_BOUND)
+    ae = enc.encode(action)
+    s = z3.Solver()
+    s.add(enc.config_ok(), grp_ok_async(enc), *[f(enc, ae.pre) for f in ASYNC_STATE_INVARIANTS.values()],
+          ae.guard, *ae.defs, *[e(enc, ae) for e in extra])
+    return s.check() == z3.sat
+
+
+def _on_acted(field: str, cond):
+    return lambda enc, ae: z3.Or([z3.And(ae.params["group"] == s, cond(getattr(ae.pre, field)[s], enc, ae, s))
+                                  for s in range(enc.S)])
+
+
+@pytest.mark.parametrize("action", ASYNC_ACTIONS)
+def test_no_async_action_is_vacuous(action):
+    assert _fires(action)
+
+
+def test_the_in_flight_paths_are_reachable_by_the_hypotheses():
+    depth1 = lambda enc, ae: enc.DP == 1  # noqa: E731
+    # a decode scheduled while the previous token is still a placeholder (vLLM's steady state)
+    assert _fires("chunk", depth1, _on_acted("ph", lambda v, *_: v == 1))
+    # preemption of a request with a step in flight; its stale outcome processed later
+    assert _fires("preempt_recompute", _on_acted("inf", lambda v, *_: v >= 1))
+    assert _fires("process", _on_acted("stl", lambda v, *_: v >= 1))
+    # a stale outcome that stops the (waiting) request
+    assert _fires("process", _on_acted("stl", lambda v, *_: v >= 1),
+                  lambda enc, ae: z3.Or([z3.And(ae.params["group"] == s, ae.post.sstat[s] == FIN) for s in range(enc.S)]))
+    # an outcome of an aborted request, dropped; an abort with two steps in flight (depth 2)
+    assert _fires("process", _on_acted("sstat", lambda v, *_: v == FIN))
+    assert _fires("abort", _on_acted("qn", lambda v, *_: v == 2), _on_acted("sstat", lambda v, *_: v == RUN))
+    # a processed outcome that leaves a token computed past the stop (depth >= 1)
+    assert _fires("process", depth1, lambda enc, ae: z3.Or([z3.And(
+        ae.params["group"] == s, ae.pre.sstat[s] == RUN, ae.post.sstat[s] == FIN,
+        ae.post.ncomp[s] == ae.post.ntok[s]) for s in range(enc.S)]))
+    assert not _fires("admit", _on_acted("stl", lambda v, *_: v >= 1))  # the spec decision: wait for stale steps
+    assert _fires("admit", _on_acted("sstat", lambda v, *_: v == WAIT))
+
+
+# mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
+CAUGHT = {
+    "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
+    "final-chunk-no-placeholder": ({("PIP-007", "chunk"), ("PIP-003", "chunk")},
+                                   mutants_async.FinalChunkWithoutPlaceholder),
+    "applies-outcomes-of-finished": ({("PIP-002", "process"), ("PIP-005", "process")},
+                                     mutants_async.AppliesOutcomesOfFinished),
+    "schedules-past-depth": ({("PIP-007", "chunk"), ("PIP-003", "chunk")}, mutants_async.OneStepLater),
+}
+
+
+def test_every_async_mutant_is_listed():
+    assert set(CAUGHT) == set(ASYNC_MUTANTS)
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT))
+def test_async_mutant_is_caught(mutant):
+    cells, _ = CAUGHT[mutant]
+    m = prove(flow_name="async", mutant=mutant, actions=sorted({a for _, a in cells}),
+              invariants=sorted({i for i, _ in cells}), jobs=1)
+    failed = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
+    assert cells <= failed, (mutant, failed)
+    for c in m.cells:
+        if (c.invariant, c.action) in cells:
+            cex = c.counterexample
+            assert cex["flow"] == "async" and "in_flight" in cex["pre"]["seqs"][0], cex
+
+
+def test_a_forgotten_in_flight_share_kills_the_engine_on_the_next_outcome():
+    """#48245's shape end to end: from a state satisfying every invariant, the mutated preemption
+    then the victim's returning outcome fails an engine check (PIP-005), which the unmutated
+    preemption never does."""
+    for mutant, want in (("preempt-forgets-in-flight", z3.sat), (None, z3.unsat)):
+        enc = AsyncEncoder(ASYNC_BOUND, mutant)
+        first = enc.encode("preempt_recompute")
+        facts = [first.guard, *first.defs]
+        g = first.params["group"]
+        second = enc.encode("process", pre=first.post)
+        renamed = [(second.params["group"], g), (second.params["stop"], z3.Int("stop2"))]
+        facts += [z3.substitute(f, *renamed) for f in (second.guard, *second.defs, z3.Not(z3.And(enc.engine_ok)))]
+        s = z3.Solver()
+        s.add(enc.config_ok(), grp_ok_async(enc), *[f(enc, first.pre) for f in ASYNC_STATE_INVARIANTS.values()], *facts)
+        assert s.check() == want, mutant
+
+
+def test_cli_prove_flow_async(capsys):
+    assert main(["prove", "--flow", "async", "--json", "--action", "process", "--invariant", "PIP-005", "--jobs", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["all_proved"] and out["flow"] == "async"
+    assert {(c["action"], c["flow"]) for c in out["cells"]} == {("process", "async")}
+    assert main(["prove", "--mutant", "applies-outcomes-of-finished", "--action", "process", "--invariant", "PIP-005",
+                 "--jobs", "1"]) == 1
+    assert "cex" in capsys.readouterr().out
+    assert main(["prove", "--flow", "v1", "--mutant", "schedules-past-depth"]) == 2
