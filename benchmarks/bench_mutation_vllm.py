@@ -60,7 +60,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rebaseline", nargs="+", default=None, metavar="TEST_FILE",
                     help="rerun the pytest baseline of these test files (relative to the sdist), merge it, and "
                          "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
-    ap.add_argument("--redo-timeouts", action="store_true", help="judge again the kvsched timeouts")
+    ap.add_argument("--redo", default="", metavar="VERDICTS",
+                    help="judge again the mutants kvsched gave one of these verdicts (comma-separated)")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
@@ -133,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         save_results(results, args.out)
         print(render(results["summary"]))
         return 0
-    if args.redo_timeouts:  # judged before hangs were confirmed on a fresh host (kvsched_judge)
+    redo = set(filter(None, args.redo.split(",")))
+    if redo:  # e.g. hangs judged before they were confirmed on a fresh host (kvsched_judge)
         for entry in results["mutants"].values():
-            for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") == "timeout"]:
+            for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
                 entry.pop(name)
     todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))]
     todo.sort(key=lambda m: (m["scope"] != "in", m["id"]))  # in scope first: a capped run still compares them

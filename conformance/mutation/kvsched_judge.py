@@ -8,7 +8,8 @@ first divergence step and field, the problems found). So a mutant is never kille
 the unmutated target also has on the same trace (a known deviation such as the chunk clamp),
 only by one it does not have, or has at another step or of another kind.
 
-Verdicts: ``killed`` (a new finding), ``timeout`` (the new finding is a hang), ``crash-at-import``
+Verdicts: ``killed`` (a new finding), ``timeout`` (the new finding is a hang, confirmed on a
+fresh host with ten times the cap), ``crash-at-import``
 (the host never said hello: the mutated module does not import), ``survived`` (every trace
 matched the baseline), ``survived-budget`` (the time cap ended the run first).
 """
