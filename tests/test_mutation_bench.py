@@ -108,3 +108,20 @@ def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
         server.stop()
     assert verdict["verdict"] == "killed", json.dumps(verdict)
     assert desc.sha256(site / mutant["file"]) == before  # the installed package is untouched
+
+
+def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
+    src = ["def f(self):",
+           "    if (",
+           "        self.num_spec_tokens > 0",
+           "    ):",
+           "        if x > budget:",
+           "            y = 1",
+           "    z = a or (",
+           "        b > 0",
+           "    )"]
+    headers = desc.enclosing_headers(src, 6)
+    assert headers[1].startswith("if ( self.num_spec_tokens > 0")
+    assert desc.scope_of(src[5], "f", headers[:-1]) == ("out", "spec-decode")
+    assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
+    assert desc.scope_of(src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == ("in", "")

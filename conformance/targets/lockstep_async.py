@@ -122,14 +122,14 @@ MODELS: tuple[tuple[str, type[RecordingAsync]], ...] = (
 )
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingAsync] = RecordingAsync) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingAsync] = RecordingAsync, timeout: float = 60) -> Outcome:
     holder: list[RecordingAsync] = []
 
     def factory(config: SchedulerConfig) -> RecordingAsync:
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory,
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
                          stop_at_first=False)
     state = compare_state(result, holder[0]) if holder else None  # type: ignore[arg-type]
     tokens = compare_tokens(result, holder[0]) if holder else None

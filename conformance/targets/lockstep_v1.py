@@ -287,14 +287,14 @@ class Outcome:
         return "; ".join(str(v) for v in self.result.violations[:2])
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1, timeout: float = 60) -> Outcome:
     holder: list[RecordingV1] = []
 
     def factory(config: SchedulerConfig) -> RecordingV1:
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory)
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
     state = compare_state(result, holder[0]) if holder else None
     return Outcome(result, state)
 
