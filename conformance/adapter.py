@@ -74,6 +74,7 @@ class SchedulerAdapter:
         self.name = name
         # What the scheduler reserves beyond its computed tokens (spec.reservation; CAP-006).
         self.reservation = reservation
+        self._fixed_reservation = reservation is not None  # else the scheduler's own, per config
         self.profiles = tuple(profiles)
         self.domain = domain  # None: the whole V0 space (see `adapter_domain`)
         self._make = make
@@ -83,6 +84,8 @@ class SchedulerAdapter:
 
     def reset(self, config: SchedulerConfig) -> None:
         self._scheduler = self._make(config)
+        if not self._fixed_reservation:  # a scheduler whose reservation depends on the config (its k)
+            self.reservation = getattr(self._scheduler, "reservation", None)
         if not self._fixed_capabilities and hasattr(self._scheduler, "capabilities"):
             self.capabilities = frozenset(self._scheduler.capabilities)
 
@@ -119,6 +122,7 @@ BUILTIN_DOMAINS: dict[str, ConfigDomain] = {
     "gpu-v1": replace(_V1_DOMAIN, prefix_caching=False),  # the V1 twin leaves prefix caching out
     # the async reference at vLLM's depth (conformance.targets.lockstep_async.all_paths_strategy)
     "reference-async": replace(_V1_DOMAIN, watermark=0.0, pipeline_depth=1),
+    "reference-specdec": replace(_V1_DOMAIN, speculative=True),  # conformance.generate_specdec
 }
 
 
@@ -167,6 +171,15 @@ def _reference_async() -> Adapter:
     return adapter
 
 
+def _reference_specdec() -> Adapter:
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+
+    adapter = SchedulerAdapter("reference-specdec", SpecDecScheduler, profiles=("specdec", "safety"),
+                               capabilities=SpecDecScheduler.capabilities, domain=BUILTIN_DOMAINS["reference-specdec"])
+    adapter.trace_strategy = lambda: _builtin_strategy("reference-specdec")  # type: ignore[attr-defined]
+    return adapter
+
+
 def _gpu_v1() -> Adapter:
     try:
         module = importlib.import_module("gpu_impl.adapter_v1")
@@ -180,7 +193,7 @@ def _gpu_v1() -> Adapter:
 
 BUILTIN: dict[str, Callable[[], Adapter]] = {
     "reference": _reference, "gpu": _gpu, "reference-v1": _reference_v1, "reference-nano": _reference_nano,
-    "gpu-v1": _gpu_v1, "reference-async": _reference_async,
+    "gpu-v1": _gpu_v1, "reference-async": _reference_async, "reference-specdec": _reference_specdec,
 }
 
 

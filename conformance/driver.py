@@ -173,15 +173,16 @@ def _run_checked(
             else:
                 mid = None
             stopped = trace.stops_at(step)
-            finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped)), "update"))
+            drafts = trace.drafts_at(step)
+            finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped, drafts)), "update"))
             after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
-                                refused=refused)
+                                refused=refused, drafts=drafts)
             result.records.append(record)
             result.violations.extend(checker.check_step(record))
             if reference is not None:
                 ref_output = reference.schedule()
-                ref_finished.extend(reference.update(StepOutcome(stopped)))
+                ref_finished.extend(reference.update(StepOutcome(stopped, drafts)))
                 result.divergence = compare(step, ref_output, tuple(ref_finished), output, tuple(finished), refused)
                 if result.divergence is not None:
                     reference = None  # diverged: the reference no longer says what should happen

@@ -356,7 +356,7 @@ def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: i
         meta["adapter_spec"] = result.adapter_spec
     if location:
         meta["location"] = location
-    return Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta)
+    return Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
 
 
 def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,

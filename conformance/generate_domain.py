@@ -50,6 +50,7 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])) if chunked else 0,
         enable_prefix_caching=domain.prefix_caching and draw(st.booleans() | st.just(True)),
         pipeline_depth=domain.pipeline_depth,
+        num_speculative_tokens=draw(st.integers(1, 4)) if domain.speculative else 0,
     )
 
 
@@ -64,5 +65,10 @@ def traces_in(domain: ConfigDomain) -> st.SearchStrategy[Trace]:
             lambda c: traces(config=c, max_n=domain.max_n, allow_aborts=domain.aborts))
     from conformance.generate_v1 import token_traces
 
+    if domain.speculative:  # the drafter's and the model's decisions too
+        from conformance.generate_specdec import with_drafts
+
+        return domain_configs(domain).flatmap(lambda c: token_traces(domain.flow, config=c, allow_aborts=domain.aborts)
+                                              .flatmap(lambda t: with_drafts(t, k=c.num_speculative_tokens)))
     return domain_configs(domain).flatmap(
         lambda c: token_traces(domain.flow, config=c, allow_aborts=domain.aborts))

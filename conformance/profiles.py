@@ -8,7 +8,8 @@ watermark ADM-002, freeing in the finishing step RES-004; the running set bounde
 max_num_seqs, BUD-003 / STR-002), and step-for-step agreement with the reference.
 ``vllm-v1`` and ``nano-vllm`` are today's engines' flows, each with its own reference
 (`reference_impl.v1_scheduler`, `reference_impl.nano_scheduler`) for lockstep; ``async`` is
-V1's with outcomes ``pipeline_depth`` steps late (`reference_impl.async_scheduler`).
+V1's with outcomes ``pipeline_depth`` steps late (`reference_impl.async_scheduler`); ``specdec``
+is V1's with draft tokens (`reference_impl.specdec_scheduler`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ PROFILES: dict[str, Profile] = {
         "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), and lockstep "
         "with reference_impl.async_scheduler",
         include=("PIP-006",), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
+    ),
+    "specdec": Profile(
+        "specdec", ("safety", "liveness", "policy"), True,
+        "vLLM V1's flow with speculative decoding: the vllm-v1 claims plus drafts capped at max_tokens (SPD-004), "
+        "and lockstep with reference_impl.specdec_scheduler",
+        exclude=_V0_ONLY, reference="reference_impl.specdec_scheduler:SpecDecScheduler",
     ),
 }
 

@@ -28,7 +28,7 @@ def size(trace: Trace, failure_step: int) -> tuple[int, ...]:
     return (
         failure_step,
         len(reqs),
-        len(trace.aborts) + len(trace.stops),
+        len(trace.aborts) + len(trace.stops) + len(trace.drafts),
         sum(r.prompt_len + r.max_tokens + r.n + r.priority for r in reqs) + sum(a.step for a in trace.arrivals),
         sum(v for v in trace.config.to_dict().values() if isinstance(v, int)),
     )
@@ -69,6 +69,7 @@ def _cut(trace: Trace, step: int) -> Trace:
         tuple(x for x in trace.stops if x[0] <= step),
         max_steps=step + 1,
         meta=trace.meta,
+        drafts=tuple(x for x in trace.drafts if x[0] <= step),
     )
 
 
@@ -88,6 +89,7 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
             aborts=tuple((max(step - first, 0), rid) for step, rid in trace.aborts),
             stops=tuple((max(step - first, 0), sid) for step, sid in trace.stops),
             max_steps=max(trace.max_steps - first, 1),
+            drafts=tuple((step - first, sid, d) for step, sid, d in trace.drafts if step >= first),
         )
     for i, a in enumerate(arrivals):  # drop one request with its aborts and stops
         rid = a.request.request_id
@@ -96,7 +98,10 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
             arrivals=tuple(arrivals[:i] + arrivals[i + 1:]),
             aborts=tuple(x for x in trace.aborts if x[1] != rid),
             stops=tuple(x for x in trace.stops if not x[1].startswith(rid + "#")),
+            drafts=tuple(x for x in trace.drafts if not x[1].startswith(rid + "#")),
         )
+    for i in range(len(trace.drafts)):  # drop one draft decision (the default takes its place)
+        yield _replace(trace, drafts=trace.drafts[:i] + trace.drafts[i + 1:])
     for i in range(len(trace.aborts)):
         yield _replace(trace, aborts=trace.aborts[:i] + trace.aborts[i + 1:])
     for i in range(len(trace.stops)):

@@ -34,6 +34,8 @@ class GpuV1Scheduler:
     def __init__(self, config: SchedulerConfig, device: str | torch.device | None = "cpu", capacity: int = 8) -> None:
         if config.enable_prefix_caching:
             raise InputError("config.enable_prefix_caching", "the gpu-v1 twin leaves prefix caching out; set it false")
+        if config.num_speculative_tokens:  # gpu_impl/batched_v1.py says why
+            raise InputError("config.num_speculative_tokens", "the gpu-v1 twin leaves speculative decoding out; set it 0")
         self.config = config
         self.batched = BatchedV1Scheduler([config], max_requests=capacity, device=device)
         self.names: list[str] = []

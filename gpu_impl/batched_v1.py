@@ -10,6 +10,17 @@ the same token counts and prefill flags, the same victims in the same order, the
 requests, the same physical block ids, and the same free-queue order (`gpu_impl.lockstep_v1`
 checks all of it).
 
+**Left out: speculative decoding** (``num_speculative_tokens`` > 0, refused with a ValueError).
+Drafts add per-request state the twin has no column for (the drafter's pending proposal, the
+drafts of the step in flight) and a data-dependent outcome (each request commits 1..d + 1
+tokens, then a stop may cut the run): a ragged append that the twin's one-token-per-sample
+update (a masked ``+1``) does not do, and the rollback touches computed tokens after the sample.
+Neither is hard in torch (a ``[E,R]`` proposal column, ``cumsum`` over committed counts), but the
+twin's purpose is V1's scheduling throughput, and with k = 0 the reference's drafts code is not
+reached, so the twin stays step-for-step equal to the reference on every trace it accepts
+(tests/test_gpu_impl_v1.py). The reference (`reference_impl.specdec_scheduler`) is the oracle
+for drafts.
+
 **Left out: prefix caching.** A config with ``enable_prefix_caching`` is refused (ValueError).
 With caching off no block is shared, a block's reference count is 0 or 1, token ids never
 matter to a decision, and V1's free queue (`reference_impl.prefix_cache`, order ``"v1"``)
@@ -133,6 +144,9 @@ class V1Configs:
 
     def __init__(self, configs: Sequence[SchedulerConfig], device: torch.device) -> None:
         for i, c in enumerate(configs):
+            if c.num_speculative_tokens:
+                raise ValueError(f"engine {i}: gpu_impl.batched_v1 leaves speculative decoding out "
+                                 "(num_speculative_tokens must be 0)")
             if c.enable_prefix_caching:
                 raise ValueError(
                     f"engine {i}: gpu_impl.batched_v1 leaves prefix caching out (enable_prefix_caching must be false)"

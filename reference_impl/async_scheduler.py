@@ -42,21 +42,40 @@ Where this differs from the engine (spec decisions, docs/ASYNC.md):
   to prefill chunks (the V1 reference's spec decision, lockstep_v1 ``chunk-clamped-...``);
 * the sampled token's value is the trace's (`spec.types.generated_token` at its position), so a
   pipelined run and a synchronous run sample the same tokens and may be compared.
+
+Speculative decoding (k > 0, spec/speculative.py) at depth > 0: the drafter's proposal is not
+back when the next step is scheduled, so a request whose scheduled step samples is given k
+placeholder drafts for its next decode (vLLM ``AsyncScheduler._update_after_schedule``,
+async_scheduler.py:24-56), and a step with d drafts adds 1 + d placeholders. When the step
+returns, drafts beyond what the drafter really proposed are invalid (never accepted); rejected
+ones roll back computed tokens and placeholders alike (scheduler.py:2346-2364). "Sure to reach
+the limit" counts one token per sampling step in flight, not its placeholders (the drafts may
+all be rejected; scheduler.py:800-815). At depth 0 the flow is `V1Scheduler`'s, drafts included.
+An empty outcome (#42722) is modelled at depth 0 only: at depth > 0 the next step, already in
+flight, fed a token that never came, and no engine defines what it then computed.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from reference_impl.v1_scheduler import CAPABILITIES, TrackedRequest, V1Scheduler, snapshot_of
+from reference_impl.v1_scheduler import (
+    CAPABILITIES,
+    TrackedRequest,
+    V1Scheduler,
+    commit_tokens,
+    finished_record,
+    snapshot_of,
+)
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.observation import Capability, InFlightView, Snapshot
-from spec.reasons import Reason
 from spec.reservation import Reservation
+from spec.speculative import NO_DECISION, DraftDecision
 from spec.status import Status
-from spec.types import Finished, Request, SchedulerOutput, StepOutcome, generated_token
+from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
 MAX_DEPTH = MAX_PIPELINE_DEPTH  # spec/config.py says why 2
 
@@ -69,6 +88,8 @@ class InFlightCounters:
     num_placeholders: int = 0  # tokens in-flight steps sample for it, not yet appended
     num_in_flight: int = 0  # tokens in-flight steps compute for it
     num_stale: int = 0  # of those, tokens of steps scheduled before its last preemption
+    num_sampling: int = 0  # in-flight steps (not stale) that sample for it: each commits >= 1 token
+    num_valid_drafts: int = 0  # speculative decoding: what the drafter proposed after its last returned step
 
 
 @dataclass
@@ -77,8 +98,9 @@ class InFlightStep:
     computes and the position it samples (None: a prefill chunk that samples nothing)."""
 
     step: int
-    entries: list[tuple[TrackedRequest, int, int | None]]
+    entries: list[tuple[TrackedRequest, int, int | None, int]]  # (request, tokens, position, drafts)
     stopped: frozenset[str] | None = None  # the outcome, once the model has run it
+    decisions: Mapping[str, DraftDecision] | None = None  # its speculative decisions (spec/speculative.py)
 
 
 @dataclass
@@ -131,7 +153,8 @@ class AsyncV1Scheduler(V1Scheduler):
     def reservation(self) -> Reservation | None:
         """The slots of its in-flight tokens: allocated when a step is scheduled, counted when the
         step returns, at most ``depth`` per sequence (CAP-006; tests/test_reservation.py)."""
-        return Reservation(lookahead_tokens=self.depth) if self.depth else None
+        k = self.config.num_speculative_tokens  # and its drafts': each in-flight step 1 + k, the next k
+        return Reservation(lookahead_tokens=self.depth * (1 + k) + k) if self.depth or k else None
 
     def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)
@@ -144,32 +167,41 @@ class AsyncV1Scheduler(V1Scheduler):
         entries = []
         for tracked, tokens in self._scheduled:
             counters = self.counters[tracked.request_id]
+            drafts = self._scheduled_drafts.get(tracked.request_id, 0)
             tracked.num_computed += tokens  # 3. counted as computed when scheduled
             counters.num_in_flight += tokens
             position = None
-            if tracked.num_computed >= tracked.num_tokens + counters.num_placeholders:
-                position = tracked.num_computed  # the step samples the token at this position
-                counters.num_placeholders += 1
+            if tracked.num_computed >= tracked.num_tokens + counters.num_placeholders + drafts:
+                position = tracked.num_computed - drafts  # the step samples from this position on
+                counters.num_placeholders += 1 + drafts
+                counters.num_sampling += 1
                 tracked.in_prefill = False
-            entries.append((tracked, tokens, position))
+                if self.depth:  # placeholders for the drafts proposed after this step
+                    tracked.num_proposed = self.config.num_speculative_tokens
+            entries.append((tracked, tokens, position, drafts))
         self._scheduled = []  # V1's update must not apply them again
+        self._scheduled_drafts = {}
         self.in_flight.append(InFlightStep(output.step, entries))
         return output
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         counters = self.counters[tracked.request_id]
-        if counters.num_placeholders and self._in_flight_reaches_limit(tracked, counters):
+        if counters.num_sampling and self._in_flight_reaches_limit(tracked, counters):
             return 0  # 2. nothing it computes now could be delivered
-        tokens = tracked.num_tokens + counters.num_placeholders - tracked.num_computed  # 1.
+        known = tracked.num_tokens + counters.num_placeholders  # 1. (in-flight drafts as if accepted)
+        tokens = known + self._draft_room(tracked, known) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
         return min(tokens, budget)
+
+    def _num_known(self, tracked: TrackedRequest) -> int:
+        return tracked.num_tokens + self.counters[tracked.request_id].num_placeholders
 
     def _in_flight_reaches_limit(self, tracked: TrackedRequest, counters: InFlightCounters) -> bool:
         """Whether the tokens already in flight take the request to ``max_tokens`` or
         ``max_model_len`` (vLLM: scheduler.py:800-815 for the first, the running loop's
         ``max_model_len - num_computed_tokens - 1`` clamp for the second)."""
-        ahead = counters.num_placeholders
+        ahead = counters.num_sampling
         return (tracked.num_generated + ahead >= tracked.request.max_tokens
                 or tracked.num_tokens + ahead >= self.config.max_model_len)
 
@@ -186,20 +218,25 @@ class AsyncV1Scheduler(V1Scheduler):
         counters = self.counters[victim.request_id]
         counters.num_stale = counters.num_in_flight  # its in-flight steps no longer count
         counters.num_placeholders = 0
+        counters.num_sampling = 0
+        counters.num_valid_drafts = 0
 
     # ---------------------------------------------------------------- 4. outcome
     def update(self, outcome: StepOutcome) -> list[Finished]:
         finished, self._ignored = self._ignored, []
         if self.in_flight and self.in_flight[-1].stopped is None:
             self.in_flight[-1].stopped = outcome.stopped  # the model ran the step just scheduled
+            self.in_flight[-1].decisions = outcome.drafts
         while len(self.in_flight) > self.depth:
             finished.extend(self._process(self.in_flight.popleft()))
         return finished
 
     def _process(self, step: InFlightStep) -> list[Finished]:
-        """Apply one returned step: append each sampled token, then stop, cap or go on."""
+        """Apply one returned step: commit each request's sampled tokens, then stop, cap or go on."""
         finished = []
-        for tracked, tokens, position in step.entries:
+        stopped = step.stopped or frozenset()
+        decisions = step.decisions or {}
+        for tracked, tokens, position, drafts in step.entries:
             if tracked.status.is_finished:
                 continue  # finished or aborted while the step was in flight: its output is dropped
             counters = self.counters[tracked.request_id]
@@ -210,35 +247,31 @@ class AsyncV1Scheduler(V1Scheduler):
                 assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
             if position is None:
                 continue  # a prefill chunk: nothing sampled
-            assert position == tracked.num_tokens, (
-                f"{tracked.request_id}: step {step.step} sampled position {position}, expected {tracked.num_tokens}")
-            tracked.tokens.append(generated_token(tracked.request_id, 0, position))
+            if not self.config.num_speculative_tokens:  # with drafts, earlier rejections shift it
+                assert position == tracked.num_tokens, (
+                    f"{tracked.request_id}: step {step.step} sampled position {position}, expected {tracked.num_tokens}")
+            decision = decisions.get(tracked.seq_id, NO_DECISION)
+            placeholders = tracked.num_proposed
+            status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=not stale,
+                                   num_valid=counters.num_valid_drafts if self.depth else None)
+            if not stale:  # a stale step's proposal went with the preemption
+                counters.num_valid_drafts = tracked.num_proposed
+            if self.depth:
+                tracked.num_proposed = placeholders  # the next step's drafts are already placeholders
             if not stale:
-                counters.num_placeholders -= 1
+                counters.num_placeholders -= 1 + drafts  # the committed tokens and the rejected drafts
+                counters.num_sampling -= 1
                 assert counters.num_placeholders >= 0, f"{tracked.request_id}: placeholders below zero"
             if not stale and tracked.status is Status.RUNNING:
                 # the blocks whose KV every processed step has now written, even if it stops here
                 # (scheduler.py:2402-2415: cached before the stop is handled)
                 self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
-            status = self._stop_status(tracked, step.stopped or frozenset())
             if status is None:
                 continue
             (self.running if tracked.status is Status.RUNNING else self.waiting).remove(tracked)
             self._finish(tracked, status)
-            kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
-            finished.append(Finished(tracked.request_id, status, Reason.of(
-                kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
-                max_model_len=self.config.max_model_len)))
+            finished.append(finished_record(tracked, status, self.config))
         return finished
-
-    def _stop_status(self, tracked: TrackedRequest, stopped: frozenset[str]) -> Status | None:
-        """`reference_impl.v1_scheduler.apply_outcome`'s stop rule, for one appended token."""
-        if tracked.seq_id in stopped:
-            return Status.FINISHED_STOPPED
-        if (tracked.num_generated >= tracked.request.max_tokens
-                or tracked.num_tokens >= self.config.max_model_len):
-            return Status.FINISHED_LENGTH_CAPPED
-        return None
 
     # ---------------------------------------------------------------- observation
     def samples_of_last_step(self) -> dict[str, int]:
@@ -246,7 +279,7 @@ class AsyncV1Scheduler(V1Scheduler):
         what a model would know, so that a test can decide stops by position."""
         if not self.in_flight or self.in_flight[-1].stopped is not None:
             return {}
-        return {t.seq_id: p for t, _, p in self.in_flight[-1].entries if p is not None}
+        return {t.seq_id: p for t, _, p, _ in self.in_flight[-1].entries if p is not None}
 
     def frontier(self, tracked: TrackedRequest) -> int:
         """Tokens whose KV a processed step wrote."""

@@ -59,14 +59,15 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
         output = scheduler.schedule()
         mid = scheduler.snapshot() if mid_step else None
         stopped = trace.stops_at(step)
+        drafts = trace.drafts_at(step)
         try:
-            finished.extend(scheduler.update(StepOutcome(stopped)))
+            finished.extend(scheduler.update(StepOutcome(stopped, drafts)))
         except Exception as err:  # noqa: BLE001 - said where it happened, for a failure predicate (PIP-005)
             raise StepFailed(StepFailure(step, "update", f"{type(err).__name__}: {err}", aborted, output)) from err
         after = scheduler.snapshot() if observe else _EMPTY
         for f in finished:
             unfinished.discard(f.request_id)
-        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after)
+        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after, drafts=drafts)
         if step >= trace.last_arrival_step and not unfinished:
             return
 

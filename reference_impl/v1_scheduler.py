@@ -28,6 +28,21 @@ priority, in policy order). Admitted requests join the running tail.
 whose tokens are then all computed samples one token (the trace's stop decisions apply to it;
 ``max_tokens`` and ``max_model_len`` cap it); a request still mid-prefill samples nothing.
 
+Speculative decoding (``num_speculative_tokens`` = k > 0; spec/speculative.py): after a step
+that sampled for a request, the drafter proposes up to k drafts for it (the trace says how
+many). The request's next decode is scheduled for its next token plus those drafts, as far as
+the budget allows and never past what could be delivered (the bonus token after the last draft
+must fit ``max_model_len`` and ``max_tokens``: `_draft_room`); drafts are part of its tokens, so
+they take budget and KV slots like any other. A prefill chunk never carries drafts, and an
+admitted request has none (its proposal was cleared by the preemption or never made). The
+outcome accepts j drafts: the step commits j + 1 tokens, one at a time, and a stop or length
+limit among them ends the stream there; the rejected drafts are rolled back from the computed
+tokens (an outcome with no token at all rolls the whole step back to the last known token,
+vllm-project/vllm#42722). Where this differs from vLLM 0.33.0: vLLM does not cap drafts at
+``max_tokens`` (``scheduler.py:838-857``; `check_stop` trims the excess) and pads a new decode
+from waiting to 1 + k tokens with placeholder drafts (``scheduler.py:1306-1330``); both are
+lockstep deviation classes (conformance/targets/lockstep_specdec.py).
+
 Where this reference decides differently from the engine (each a spec decision, listed in
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
 are finished as ignored (the engine rejects the first before scheduling and refuses configs that
@@ -39,7 +54,7 @@ runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
@@ -51,6 +66,8 @@ from spec.errors import InputError
 from spec.observation import ALL_CAPABILITIES, Capability, SeqView, Snapshot
 from spec.prefix import block_keys
 from spec.reasons import Reason
+from spec.reservation import Reservation
+from spec.speculative import NO_DECISION, DraftDecision, committed_tokens, stop_index
 from spec.status import PreemptionMode, Status
 from spec.types import (
     Finished,
@@ -78,6 +95,7 @@ class TrackedRequest:
     blocks: list[int] = field(default_factory=list)
     num_keyed: int = 0  # leading blocks registered in the prefix cache
     in_prefill: bool = True  # no token sampled since (re)admission
+    num_proposed: int = 0  # drafts the drafter proposed for its next decode (speculative decoding)
 
     @property
     def request_id(self) -> str:
@@ -127,6 +145,7 @@ class TrackedScheduler:
         self._step = 0
         self._arrivals = 0
         self._scheduled: list[tuple[TrackedRequest, int]] = []
+        self._scheduled_drafts: dict[str, int] = {}  # of this step's tokens, the drafts, by request
         self._ignored: list[Finished] = []
         self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
         self._finished_holding: set[str] = set()  # finished requests seen holding blocks
@@ -161,6 +180,7 @@ class TrackedScheduler:
         self._free_blocks(victim)
         victim.num_computed = 0
         victim.in_prefill = True
+        victim.num_proposed = 0  # its drafts were for the decode it no longer runs (vLLM clears them too)
         victim.status = Status.WAITING
         self._to_waiting(victim, front=True)
         self.num_preemptions_total += 1
@@ -178,7 +198,16 @@ class TrackedScheduler:
     def update(self, outcome: StepOutcome) -> list[Finished]:
         finished, self._ignored = self._ignored, []
         scheduled, self._scheduled = self._scheduled, []
-        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish)
+        drafts, self._scheduled_drafts = self._scheduled_drafts, {}
+        # With speculative decoding vLLM caches the blocks an outcome completes when it returns
+        # (accepted drafts fill blocks; scheduler.py:2402-2415), before a stop frees them.
+        cache = self._cache_computed_blocks if self.config.num_speculative_tokens else None
+        return finished + apply_outcome(scheduled, outcome.stopped, self.config, self.running, self._finish,
+                                        drafts, outcome.drafts, cache)
+
+    def _cache_computed_blocks(self, tracked: TrackedRequest) -> None:
+        """Key the full blocks of its computed tokens (a no-op in `TrackedScheduler`, which has no
+        prefix-cache keys of its own to add; `V1Scheduler` keys them)."""
 
     def _finish(self, tracked: TrackedRequest, status: Status) -> None:
         self._free_blocks(tracked)
@@ -248,7 +277,15 @@ class V1Scheduler(TrackedScheduler):
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self._last_output: SchedulerOutput | None = None
+
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """With speculative decoding, the k draft slots past its tokens: allocated for the drafts
+        and kept when they are rejected (vLLM frees no block on a rejection; CAP-006)."""
+        k = self.config.num_speculative_tokens
+        return Reservation(lookahead_tokens=k) if k else None
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -299,6 +336,7 @@ class V1Scheduler(TrackedScheduler):
                     index -= 1
                 if victim.request_id in scheduled:  # priority: it gives its tokens back
                     budget += scheduled.pop(victim.request_id)
+                    self._scheduled_drafts.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted.append(victim)
                 reasons.append(Reason.of(
@@ -315,6 +353,10 @@ class V1Scheduler(TrackedScheduler):
             scheduled[tracked.request_id] = tokens
             budget -= tokens
             index += 1
+            if tracked.num_proposed:  # its drafts are spent on this step, however many fitted
+                drafts = tracked.num_computed + tokens - self._num_known(tracked)
+                self._scheduled_drafts[tracked.request_id] = max(drafts, 0)
+                tracked.num_proposed = 0
             kind = "prefill_chunk" if tracked.in_prefill else "decode"
             reasons.append(self._reason(kind, tracked, tokens, cached=0))
 
@@ -328,7 +370,8 @@ class V1Scheduler(TrackedScheduler):
         output = SchedulerOutput(
             step=self._step,
             scheduled=tuple(
-                ScheduledSeq(self.requests[rid].seq_id, rid, n, self.requests[rid].in_prefill)
+                ScheduledSeq(self.requests[rid].seq_id, rid, n, self.requests[rid].in_prefill,
+                             self._scheduled_drafts.get(rid, 0))
                 for rid, n in scheduled.items()
             ),
             preempted=tuple(Preempted(v.request_id, PreemptionMode.RECOMPUTE) for v in preempted),
@@ -344,10 +387,27 @@ class V1Scheduler(TrackedScheduler):
         """The tokens a running request gets: the rest of its tokens, capped at the threshold and
         the budget left. (`conformance.targets.lockstep_v1.ClampedV1` overrides it with vLLM V1's
         extra cap at ``max_model_len - num_computed - 1``, to classify lockstep divergences.)"""
-        tokens = tracked.num_tokens - tracked.num_computed
+        tokens = tracked.num_tokens + self._draft_room(tracked, tracked.num_tokens) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
         return min(tokens, budget)
+
+    def _num_known(self, tracked: TrackedRequest) -> int:
+        """Its tokens, drafts not counted: what a scheduled chunk computes before its drafts begin
+        (the async flow counts its in-flight placeholders too)."""
+        return tracked.num_tokens
+
+    def _draft_room(self, tracked: TrackedRequest, num_tokens: int) -> int:
+        """Drafts a decoding request is scheduled with: its proposal, at most k, and no more than
+        leave room for the bonus token within ``max_model_len`` and ``max_tokens`` (a draft past
+        either could never be delivered). ``num_tokens``: its tokens once the steps in flight
+        return (the async flow counts their placeholders)."""
+        if not tracked.num_proposed:
+            return 0
+        generated = num_tokens - tracked.request.prompt_len
+        room = min(tracked.num_proposed, self.config.num_speculative_tokens,
+                   self.config.max_model_len - num_tokens - 1, tracked.request.max_tokens - generated - 1)
+        return max(room, 0)
 
     def _admit(
         self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
@@ -367,6 +427,11 @@ class V1Scheduler(TrackedScheduler):
             tokens = remaining
             if 0 < threshold < tokens:
                 tokens = threshold
+            padded = self._admission_tokens(tracked, tokens, computed, scheduled, budget)
+            if padded is None:
+                reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
+                break
+            tokens = padded
             if not config.enable_chunked_prefill and tokens > budget:
                 reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
                 break
@@ -392,6 +457,13 @@ class V1Scheduler(TrackedScheduler):
             scheduled[tracked.request_id] = tokens
             budget -= tokens
             reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))
+
+    def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int, scheduled: dict[str, int],
+                          budget: int) -> int | None:
+        """The tokens an admitted request is scheduled for, before the budget (None: admission
+        stops here): all it has left. A hook: `conformance.targets.lockstep_specdec` models
+        vLLM's padding of a one-token admission with placeholder drafts, to classify divergences."""
+        return tokens
 
     def _ignore_if_infeasible(self, tracked: TrackedRequest, reasons: list[Reason], ignored: list[str]) -> bool:
         config = self.config
@@ -457,6 +529,9 @@ class V1Scheduler(TrackedScheduler):
         self._cache_full_blocks(tracked, tracked.num_computed + tokens)
         return True
 
+    def _cache_computed_blocks(self, tracked: TrackedRequest) -> None:
+        self._cache_full_blocks(tracked, tracked.num_computed)
+
     def _cache_full_blocks(self, tracked: TrackedRequest, upto: int) -> None:
         if not self.config.enable_prefix_caching:
             return
@@ -480,6 +555,9 @@ class V1Scheduler(TrackedScheduler):
     def metrics(self) -> dict[str, int]:
         return {**super().metrics(), "cached_blocks": sum(1 for k in self.pool.keys if k is not None)}
 
+
+_NONE: Mapping[str, int] = {}
+_NO_DECISIONS: Mapping[str, DraftDecision] = {}
 
 # A queue's ids read at C speed (the waiting queue is the size of the backlog, every snapshot).
 _REQUEST_ID = attrgetter("request.request_id")
@@ -556,11 +634,16 @@ def apply_outcome(
     config: SchedulerConfig,
     running: list[TrackedRequest],
     finish: Callable[[TrackedRequest, Status], None],
+    drafts: Mapping[str, int] = _NONE,
+    decisions: Mapping[str, DraftDecision] = _NO_DECISIONS,
+    on_commit: Callable[[TrackedRequest], None] | None = None,
 ) -> list[Finished]:
     """Feed one step's outcome back (shared by the V1 and nano-vllm flows): advance each scheduled
-    request's computed tokens; one whose prompt is complete samples a token, then stops when the
+    request's computed tokens; one whose prompt is complete commits its sampled tokens (one, or
+    with ``drafts`` the accepted drafts and the bonus: `commit_tokens`), then stops when the
     environment says so, at ``max_tokens``, or at ``max_model_len`` tokens (leaving ``running``
-    through ``finish``)."""
+    through ``finish``). ``decisions``: the trace's speculative decisions by sequence;
+    ``on_commit``: called for each request that committed tokens, before it may finish."""
     finished = []
     for tracked, tokens in scheduled:
         if tracked.status is not Status.RUNNING:
@@ -568,18 +651,48 @@ def apply_outcome(
         tracked.num_computed += tokens
         if tracked.num_computed < tracked.num_tokens:
             continue  # mid-prefill: nothing sampled
+        decision = decisions.get(tracked.seq_id, NO_DECISION)
+        status = commit_tokens(tracked, drafts.get(tracked.request_id, 0), decision, stopped, config)
+        if on_commit is not None and not decision.empty:
+            on_commit(tracked)
+        if status is None:
+            continue
+        running.remove(tracked)
+        finish(tracked, status)
+        finished.append(finished_record(tracked, status, config))
+    return finished
+
+
+def commit_tokens(tracked: TrackedRequest, num_drafts: int, decision: DraftDecision, stopped: frozenset[str],
+                  config: SchedulerConfig, *, rollback: bool = True, num_valid: int | None = None) -> Status | None:
+    """One verifying step's outcome for a request whose tokens the step computed (``num_drafts`` of
+    them drafts; ``num_valid`` of those real proposals, the rest placeholders): roll the rejected
+    drafts back from its computed tokens (all of the step, back to its last known token, when the
+    model returned nothing), then append the committed tokens one at a time; a stop or a length
+    limit among them ends the stream there (vLLM ``_update_request_with_output``,
+    scheduler.py:2744-2770). Returns the finished status, or None. ``rollback=False``: the counters
+    belong to a later admission (the async flow's stale steps); the tokens are still delivered."""
+    committed = committed_tokens(decision, num_drafts, num_valid)
+    if rollback:
+        tracked.num_computed -= num_drafts - (committed - 1) if committed else num_drafts + 1
+    for index in range(committed):
         tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
         tracked.in_prefill = False
-        if tracked.seq_id in stopped:
+        if tracked.seq_id in stopped and index == stop_index(decision, committed):
             status = Status.FINISHED_STOPPED
         elif tracked.num_generated >= tracked.request.max_tokens or tracked.num_tokens >= config.max_model_len:
             status = Status.FINISHED_LENGTH_CAPPED
         else:
             continue
-        running.remove(tracked)
-        finish(tracked, status)
-        kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
-        reason = Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
-                           max_model_len=config.max_model_len)
-        finished.append(Finished(tracked.request_id, status, reason))
-    return finished
+        if rollback:  # computed tokens cover every token but the last, after the trim too
+            tracked.num_computed -= committed - 1 - index
+        return status
+    if committed:  # the drafter proposes for its next decode
+        tracked.num_proposed = decision.num_proposed(config.num_speculative_tokens)
+    return None
+
+
+def finished_record(tracked: TrackedRequest, status: Status, config: SchedulerConfig) -> Finished:
+    kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
+    return Finished(tracked.request_id, status, Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
+                                                          max_model_len=config.max_model_len))

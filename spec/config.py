@@ -27,6 +27,10 @@ MAX_SEQS = 2**16
 # for deeper queues (pipeline parallelism keeps pp_size + 1). The async reference implements both.
 MAX_PIPELINE_DEPTH = 2
 
+# Draft tokens per request and step (spec/speculative.py). vLLM accepts any k, but EAGLE/MTP drafters
+# use 1-7 and every draft costs a token of budget and a KV slot; 16 is above every published setting.
+MAX_SPECULATIVE_TOKENS = 16
+
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 POLICIES = ("fcfs", "priority")
 
@@ -58,6 +62,9 @@ class SchedulerConfig:
     # The async flow (docs/ASYNC.md): a step's outcome is processed this many steps after the step
     # was scheduled; 0 is the synchronous flow of every other scheduler.
     pipeline_depth: int = 0
+    # Speculative decoding (spec/speculative.py): draft tokens a running request may be scheduled
+    # with besides its next token; 0 is today's one-token decode.
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -88,6 +95,8 @@ class SchedulerConfig:
                 raise InputError(f"config.{name}", f"limits prefill chunks, so it needs enable_chunked_prefill "
                                  f"(got {getattr(self, name)} without it)")
         _positive_int("config.pipeline_depth", self.pipeline_depth, minimum=0, maximum=MAX_PIPELINE_DEPTH)
+        _positive_int("config.num_speculative_tokens", self.num_speculative_tokens, minimum=0,
+                      maximum=MAX_SPECULATIVE_TOKENS)
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -149,6 +158,7 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "long_prefill_token_threshold": 0,
     "enable_prefix_caching": False,
     "pipeline_depth": 0,
+    "num_speculative_tokens": 0,
 }
 
 

@@ -46,6 +46,7 @@ class ConfigDomain:
     budget_covers_model_len: bool = False  # without chunked prefill, budget >= max_model_len (vLLM, nano-vllm)
     cache_holds_model_len: bool = False  # the GPU cache holds one max_model_len sequence (vLLM V1)
     pipeline_depth: int = 0  # the engine's pipeline depth (config.pipeline_depth): fixed, not drawn
+    speculative: bool = False  # the engine schedules draft tokens (config.num_speculative_tokens > 0)
 
     def __post_init__(self) -> None:
         if self.flow not in FLOWS:
@@ -90,6 +91,8 @@ class ConfigDomain:
     def _config_why_not(self, c: SchedulerConfig) -> str | None:
         if c.pipeline_depth != self.pipeline_depth:
             return f"config.pipeline_depth: the domain's engine runs at depth {self.pipeline_depth}, got {c.pipeline_depth}"
+        if not self.speculative and c.num_speculative_tokens:
+            return f"config.num_speculative_tokens: the domain has no speculative decoding, got {c.num_speculative_tokens}"
         if not self.swap and c.preemption_mode != "recompute":
             return f"config.preemption_mode: the domain has no swap, got {c.preemption_mode!r}"
         if not self.cpu_pool and c.num_cpu_blocks:

@@ -16,6 +16,7 @@ from itertools import compress
 from operator import ne
 from typing import NamedTuple
 
+from spec.speculative import DraftDecision
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
@@ -184,6 +185,9 @@ class StepRecord:
     # Requests the scheduler refused at the door in this step: add_request returned their
     # Finished (FINISHED_IGNORED), which is in ``finished`` too. Not in any output's ``ignored``.
     refused: frozenset[str] = frozenset()
+    # The step's speculative decisions from the trace (`spec.speculative`), by sequence: what the
+    # SPD invariants read to know how many drafts the model accepted and where a stop fell.
+    drafts: Mapping[str, DraftDecision] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ Format (version 1)::
      "max_steps": 200,
      "meta": {}}
 
+Optional (left out when empty, so older traces read and write unchanged): ``"drafts":
+[{"step": 2, "seq": "A#0", "accepted": 1, "proposed": 3, "stop_at": 0, "empty": false}]``,
+speculative decoding's per-step decisions (`spec.speculative.DraftDecision`; only a config with
+``num_speculative_tokens`` > 0 reads them).
+
 A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
 ``"pipeline": {"version": 1, "depth": d}``, so that a reader of the file knows the outcomes lag:
 a stop at step N is the sample of step N (the outcome belongs to step N), and the engine processes
@@ -34,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec.config import MAX_SEQS, MAX_TOKENS, SchedulerConfig
+from spec.config import MAX_SEQS, MAX_SPECULATIVE_TOKENS, MAX_TOKENS, SchedulerConfig
 from spec.errors import InputError, shown
 from spec.json_input import read_json
+from spec.speculative import NO_DECISION, DraftDecision
 from spec.types import Request
 
 TRACE_VERSION = 1
@@ -65,6 +71,7 @@ class Trace:
     stops: tuple[tuple[int, str], ...] = ()  # (step, seq id), applied to that step's outcome
     max_steps: int = 1000
     meta: Mapping[str, Any] = field(default_factory=dict)
+    drafts: tuple[tuple[int, str, DraftDecision], ...] = ()  # (step, seq id, decision): spec/speculative.py
 
     def __post_init__(self) -> None:
         index: dict[int, list[Request]] = defaultdict(list)
@@ -79,6 +86,10 @@ class Trace:
         object.__setattr__(self, "_arrivals", dict(index))
         object.__setattr__(self, "_aborts", dict(abort_index))
         object.__setattr__(self, "_stops", {k: frozenset(v) for k, v in stop_index.items()})
+        draft_index: dict[int, dict[str, DraftDecision]] = defaultdict(dict)
+        for step, sid, decision in self.drafts:
+            draft_index[step][sid] = decision
+        object.__setattr__(self, "_drafts", dict(draft_index))
         # Every engine loop asks for it after every step; a scan of the arrivals each time made a
         # 300-request trace's loop quadratic.
         object.__setattr__(self, "_last_arrival_step", max((a.step for a in self.arrivals), default=0))
@@ -92,6 +103,10 @@ class Trace:
 
     def stops_at(self, step: int) -> frozenset[str]:
         return self._stops.get(step, frozenset())  # type: ignore[attr-defined]
+
+    def drafts_at(self, step: int) -> Mapping[str, DraftDecision]:
+        """The step's speculative decisions by sequence; a sequence not named gets `NO_DECISION`."""
+        return self._drafts.get(step, _NO_DRAFTS)  # type: ignore[attr-defined]
 
     @property
     def last_arrival_step(self) -> int:
@@ -111,6 +126,7 @@ class Trace:
             "stops": [{"step": s, "seq": q} for s, q in self.stops],
             "max_steps": self.max_steps,
             "meta": dict(self.meta),
+            **({"drafts": [{"step": s, "seq": q, **d.to_dict()} for s, q, d in self.drafts]} if self.drafts else {}),
         }
         if self.config.pipeline_depth:
             data["pipeline"] = {"version": PIPELINE_VERSION, "depth": self.config.pipeline_depth}
@@ -149,7 +165,7 @@ class Trace:
         version = data.get("version")
         if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
             raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
-        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline"}
+        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline", "drafts"}
         for key in data:
             if key not in known:
                 raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
@@ -210,7 +226,8 @@ class Trace:
         meta = data.get("meta", {})
         if not isinstance(meta, Mapping):
             raise InputError("meta", "must be an object")
-        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta))
+        drafts = tuple(_draft(raw, f"drafts[{i}]") for i, raw in enumerate(_list(data, "drafts")))
+        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta), drafts)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
@@ -222,6 +239,33 @@ class Trace:
             return cls.from_dict(data)
         except InputError as err:
             raise InputError(f"{path}: {err.where}", err.message) from None
+
+
+_NO_DRAFTS: Mapping[str, DraftDecision] = {}
+assert NO_DECISION == DraftDecision()  # what a sequence not named in ``drafts`` gets
+
+
+def _draft(raw: Any, where: str) -> tuple[int, str, DraftDecision]:
+    """``{"step", "seq"[, "accepted", "proposed", "stop_at", "empty"]}`` -> (step, seq, decision)."""
+    if not isinstance(raw, Mapping) or "step" not in raw or "seq" not in raw:
+        raise InputError(where, "must be an object with 'step' and 'seq'")
+    allowed = {"step", "seq", "accepted", "proposed", "stop_at", "empty"}
+    for key in raw:
+        if key not in allowed:
+            raise InputError(f"{where}.{str(key)[:40]}", f"unknown field (known: {', '.join(sorted(allowed))})")
+    step = _int(raw["step"], f"{where}.step", 0, MAX_STEPS)
+    seq = _str(raw["seq"], f"{where}.seq")
+    accepted = _int(raw.get("accepted", 0), f"{where}.accepted", 0, MAX_SPECULATIVE_TOKENS)
+    proposed = raw.get("proposed")
+    if proposed is not None:
+        proposed = _int(proposed, f"{where}.proposed", 0, MAX_SPECULATIVE_TOKENS)
+    stop_at = raw.get("stop_at")
+    if stop_at is not None:
+        stop_at = _int(stop_at, f"{where}.stop_at", 0, MAX_SPECULATIVE_TOKENS)
+    empty = raw.get("empty", False)
+    if not isinstance(empty, bool):
+        raise InputError(f"{where}.empty", f"must be true or false, got {shown(empty)}")
+    return step, seq, DraftDecision(proposed, accepted, stop_at, empty)
 
 
 def _pipeline(value: Any, config: SchedulerConfig) -> None:

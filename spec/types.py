@@ -15,6 +15,7 @@ from typing import Any
 
 from spec.errors import InputError
 from spec.reasons import Reason
+from spec.speculative import DraftDecision
 from spec.status import PreemptionMode, Status
 
 
@@ -108,6 +109,9 @@ class ScheduledSeq:
     request_id: str
     num_tokens: int
     is_prefill: bool
+    # Of ``num_tokens``, the draft tokens it verifies (speculative decoding, spec/speculative.py):
+    # the last ``num_drafts`` positions, past the sequence's known tokens.
+    num_drafts: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ class SchedulerOutput:
         return {
             "step": self.step,
             "scheduled": [
-                {"seq": s.seq_id, "request": s.request_id, "tokens": s.num_tokens, "prefill": s.is_prefill}
+                {"seq": s.seq_id, "request": s.request_id, "tokens": s.num_tokens, "prefill": s.is_prefill,
+                 **({"drafts": s.num_drafts} if s.num_drafts else {})}
                 for s in self.scheduled
             ],
             "preempted": [{"request": p.request_id, "mode": p.mode.value} for p in self.preempted],
@@ -164,7 +169,7 @@ class SchedulerOutput:
         return cls(
             step=int(data["step"]),
             scheduled=tuple(
-                ScheduledSeq(s["seq"], s["request"], int(s["tokens"]), bool(s["prefill"]))
+                ScheduledSeq(s["seq"], s["request"], int(s["tokens"]), bool(s["prefill"]), int(s.get("drafts", 0)))
                 for s in data.get("scheduled", ())
             ),
             preempted=tuple(
@@ -189,6 +194,9 @@ class StepOutcome:
     """
 
     stopped: frozenset[str] = field(default_factory=frozenset)
+    # Speculative decoding: the trace's decision per sequence (`spec.speculative.DraftDecision`);
+    # a sequence not named gets the default (k proposed, none accepted).
+    drafts: Mapping[str, DraftDecision] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

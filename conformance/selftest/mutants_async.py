@@ -33,7 +33,7 @@ class FinalChunkWithoutPlaceholder(AsyncV1Scheduler):
         mid_prompt = {t.request_id for t in self.running  # a chunk computed, prompt tokens left
                       if 0 < t.num_computed < t.num_tokens and not self.counters[t.request_id].num_placeholders}
         output = super().schedule()
-        for tracked, _tokens, position in self.in_flight[-1].entries:
+        for tracked, _tokens, position, _drafts in self.in_flight[-1].entries:
             if position is not None and tracked.request_id in mid_prompt:
                 self.counters[tracked.request_id].num_placeholders -= 1  # bug: the reservation it skipped
         return output
@@ -44,7 +44,7 @@ class AppliesOutcomesOfFinished(AsyncV1Scheduler):
     it: vllm/v1/core/sched/scheduler.py:2327-2334)."""
 
     def _process(self, step: InFlightStep) -> list[Finished]:
-        for tracked, _tokens, position in step.entries:
+        for tracked, _tokens, position, _drafts in step.entries:
             if tracked.status.is_finished and position is not None and position == tracked.num_tokens:
                 tracked.tokens.append(0)  # bug: applied although the request finished
         return super()._process(step)
@@ -55,7 +55,7 @@ class ResamplesAfterPreemption(AsyncV1Scheduler):
     the position is sampled again after the resume, so the client gets one token twice."""
 
     def _process(self, step: InFlightStep) -> list[Finished]:
-        stale = {t.request_id for t, _tokens, position in step.entries
+        stale = {t.request_id for t, _tokens, position, _drafts in step.entries
                  if position is not None and not t.status.is_finished and self.counters[t.request_id].num_stale}
         finished = super()._process(step)
         for rid in stale:

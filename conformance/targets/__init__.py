@@ -155,12 +155,8 @@ class Target:
             raise InputError("--adapter", f"target {self.name!r} is not installed: run `kvsched targets install {self.name}`")
         env = {**self.env, "KVSCHED_TARGET_DIR": str(self.root)}
         adapter = WireAdapter(self.name, self.command(), profiles=self.profiles, env=env, timeout=self.timeout,
-                              trace_strategy=self.strategy)
+                              trace_strategy=self.strategy, lookahead_tokens=self.lookahead_tokens)
         adapter.domain = self.domain
-        if self.lookahead_tokens:
-            from spec.reservation import Reservation
-
-            adapter.reservation = Reservation(lookahead_tokens=self.lookahead_tokens)
         try:
             # Start (or reuse) the host now, outside the runner's per-call timeout: importing
             # vLLM takes 20-40 s; later adapters of the same target share this process.
@@ -268,12 +264,12 @@ _VIDUR_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priorit
 _VIDUR_CHUNKED_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
                                      chunked_prefill=True)
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
-                          cache_holds_model_len=True)
+                          cache_holds_model_len=True, speculative=True)  # k > 0: an n-gram SpeculativeConfig
 # vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
 # depth 1 (`conformance.targets.lockstep_async.path_strategy`).
 _V1_ASYNC_DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, watermark=0.0, max_n=1,
                                 budget_covers_model_len=True, cache_holds_model_len=True, chunked_prefill=True,
-                                prefix_caching=True, pipeline_depth=1)
+                                prefix_caching=True, pipeline_depth=1, speculative=True)
 
 
 # The lifecycle edges each engine takes (the coverage gate holds a campaign to all of them).

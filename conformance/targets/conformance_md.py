@@ -174,6 +174,7 @@ def build(results: Path) -> str:
     lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
+    lines += _specdec(results / "specdec-lockstep.json", results / "specdec-hunt.json")
     lines += ["", "## Search strength: what a campaign reaches (issue 21)", "",
               "Each target declares the lifecycle edges its engine takes and the invariants it can never exercise "
               "(`Target.reach`, `conformance/targets/coverage_gate.py`); tests/test_targets.py runs 100 traces per "
@@ -437,6 +438,42 @@ def _async_hunt(results: Path) -> list[str]:
             by = "; ".join(f"{k} x{v}" for k, v in m["by_class"].items()) or "-"
             lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} |")
     lines += [""] + [f"{note}\n" for note in ASYNC_HUNT_NOTES]
+    return lines
+
+
+def _specdec(lockstep: Path, hunt: Path) -> list[str]:
+    """Speculative decoding on vLLM 0.33.0 (docs/SPECDEC.md): the lockstep campaign
+    (`conformance.targets.lockstep_specdec`) and the safety + liveness hunt with the #42722 probe
+    (`conformance.targets.specdec_hunt`)."""
+    if not lockstep.exists():
+        return []
+    data = json.loads(lockstep.read_text())
+    lines = ["", "## Speculative decoding: the V1 references with drafts vs vLLM 0.33.0 (sync and async)", "",
+             "`python -m conformance.targets.lockstep_specdec` (docs/SPECDEC.md): an n-gram drafter configured, the "
+             "host plays the drafter and the rejection sampler from the trace; k in 1..4; KV pressure, chunked prefill "
+             "and prefix caching drawn; every divergence classified by a counterfactual rerun.", "",
+             "| path | target | traces | steps | steps with drafts | drafts | stops inside a verified step | agree | "
+             "divergent (class) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path, p in data["paths"].items():
+        classes = "; ".join(f"{c} x{n}" for c, n in p["by_class"].items())
+        lines.append(f"| {path} | {data['targets'].get(path, '')} | {p['traces']} | {p['steps']} | "
+                     f"{p['steps_with_drafts']} | {p['drafts_scheduled']} | {p['stops_inside_a_verified_step']} | "
+                     f"{p['agreeing_traces']} | {classes} |")
+    lines += ["", "| class | kind | explanation (vLLM source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{path}]({_rel(v['trace'])})" for path, v in c["paths"].items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    if hunt.exists():
+        h = json.loads(hunt.read_text())
+        lines += ["", f"Hunt under `{h['profile']}` (`python -m conformance.targets.specdec_hunt`), no lockstep:", "",
+                  "| path | traces | steps | drained | traces violating |", "| --- | --- | --- | --- | --- |"]
+        for path, p in h["paths"].items():
+            found = "; ".join(f"{k} x{n}" for k, n in p["traces_violating"].items()) or "none"
+            lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['drained']} | {found} |")
+        for path, p in h.get("probe_42722", {}).items():
+            found = "; ".join(f"{k}: {v}" for k, v in p["violations"].items()) or "none"
+            lines.append(f"\nvllm-project/vllm#42722 probe, {path}: drained {p['drained']} in {p['steps']} steps; "
+                         f"{found}")
     return lines
 
 

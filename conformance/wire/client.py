@@ -38,6 +38,7 @@ from conformance.wire.codec import (
 )
 from spec.config import SchedulerConfig
 from spec.observation import Capability, Snapshot
+from spec.reservation import Reservation
 from spec.trace import Trace
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
@@ -249,8 +250,14 @@ class WireAdapter:
         timeout: float | None = 60.0,
         start_timeout: float = 300.0,
         trace_strategy: Callable[[], Any] | None = None,
+        lookahead_tokens: int = 0,
     ) -> None:
         self.name = name
+        # Slots the engine holds past a sequence's last token (CAP-006): its in-flight steps' at
+        # pipeline depth d; with k drafts each in-flight step holds 1 + k and the next k more
+        # (`reset` declares d * (1 + k) + k for the config's k).
+        self.lookahead_tokens = lookahead_tokens
+        self.reservation = Reservation(lookahead_tokens=lookahead_tokens) if lookahead_tokens else None
         self.command = list(command)
         self.env = dict(env or {})
         self.timeout = timeout
@@ -294,6 +301,8 @@ class WireAdapter:
             self.host.busy = False  # ours: its late step lines are skipped by id, the host is not hung
         self._batch = None
         self.start()
+        lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
+        self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
         self._call("reset", {"config": config_to_json(config)})
 
     def begin_trace(self, trace: Trace, observe: bool, mid_step: bool) -> None:
@@ -315,7 +324,10 @@ class WireAdapter:
         return output_from_json(self._answer("schedule"))
 
     def update(self, outcome: StepOutcome) -> list[Finished]:
-        return finished_list_from_json(self._answer("update", {"stopped": sorted(outcome.stopped)}), "update")
+        params: dict = {"stopped": sorted(outcome.stopped)}
+        if outcome.drafts:  # speculative decoding's decisions (spec/speculative.py); old hosts never see the key
+            params["drafts"] = {sid: d.to_dict() for sid, d in sorted(outcome.drafts.items())}
+        return finished_list_from_json(self._answer("update", params), "update")
 
     def snapshot(self) -> Snapshot:
         if self._batch is None:
@@ -354,7 +366,10 @@ class WireAdapter:
         if batch.ended or first >= last:
             raise WireError("steps: the runner called past the end of the trace the host ran")
         steps = [{"step": k, "add": [request_to_json(r) for r in trace.arrivals_at(k)],
-                  "abort": list(trace.aborts_at(k)), "stopped": sorted(trace.stops_at(k))} for k in range(first, last)]
+                  "abort": list(trace.aborts_at(k)), "stopped": sorted(trace.stops_at(k)),
+                  **({"drafts": {sid: d.to_dict() for sid, d in sorted(trace.drafts_at(k).items())}}
+                     if trace.drafts_at(k) else {})}  # speculative decoding (spec/speculative.py)
+                 for k in range(first, last)]
         if self.host is None:
             self.start()
         assert self.host is not None

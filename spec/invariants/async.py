@@ -284,7 +284,8 @@ def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     """A request that finishes stopped or length-capped has computed at most ``pipeline_depth``
     positions past its last token: when it finishes, the tokens computed or in flight for it reach
     at most ``num_tokens - 1 + pipeline_depth`` (a synchronous step: ``num_tokens - 1``, the last
-    sampled token has no KV).""",
+    sampled token has no KV; with speculative decoding each in-flight step may also carry its k
+    drafts: ``pipeline_depth * (1 + num_speculative_tokens)``).""",
     """An in-flight step cannot be recalled, so the steps scheduled before a stop is known compute
     past it: at most pipeline_depth of them, one position each (vLLM drops their outputs,
     vllm/v1/core/sched/scheduler.py:2327-2334). More is KV written and compute spent past the end
@@ -300,6 +301,8 @@ def computes_at_most_depth_past_the_end(ctx: CheckContext, rec: StepRecord) -> I
         return
     aborted = set(rec.aborted)
     depth = ctx.config.pipeline_depth
+    # with speculative decoding each in-flight step computes its next token and up to k drafts
+    ahead = depth * (1 + ctx.config.num_speculative_tokens)
     for done in rec.finished:
         if done.status not in _DELIVERED or done.request_id in aborted:
             continue
@@ -308,6 +311,6 @@ def computes_at_most_depth_past_the_end(ctx: CheckContext, rec: StepRecord) -> I
             if planned is None or counters is None or planned.num_computed is None or v.num_tokens is None:
                 continue
             computed = planned.num_computed + counters.in_flight_tokens - counters.stale
-            if computed > v.num_tokens - 1 + depth:
+            if computed > v.num_tokens - 1 + ahead:
                 yield (f"{v.seq_id} finished ({done.status.name}) with {v.num_tokens} tokens but {computed} computed or "
                        f"in flight: {computed - v.num_tokens + 1} past its last, pipeline_depth {depth}")

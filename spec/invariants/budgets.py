@@ -61,7 +61,8 @@ def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "BUD-004", "safety",
     """Each scheduled sequence computes exactly its uncomputed tokens: a prefill (nothing
-    computed yet) all of them, a decode exactly one.""",
+    computed yet) all of them, a decode exactly one (plus its draft tokens, with speculative
+    decoding).""",
     """Without chunked prefill vLLM V0 schedules a whole prompt or one token per sequence
     (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached. Not
     checked with chunked prefill; with prefix caching a prefill may start after a cache hit.""",
@@ -77,7 +78,7 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if v is None or v.num_tokens is None or v.num_computed is None:
             continue
         uncomputed = v.num_tokens - v.num_computed
-        if item.num_tokens != uncomputed or item.num_tokens < 1:
+        if item.num_tokens - item.num_drafts != uncomputed or item.num_tokens < 1:  # drafts lie past the tokens
             yield f"{item.seq_id} scheduled {item.num_tokens} token(s) with {uncomputed} uncomputed"
         if ctx.config.enable_prefix_caching:
             continue  # a prefill after a cache hit starts with computed tokens

@@ -34,7 +34,7 @@ def at_least_one_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "CHK-002", "safety",
     """A sequence's computed tokens never exceed its tokens, and after schedule() its computed
-    tokens plus the tokens scheduled now do not either.""",
+    tokens plus the tokens scheduled now, draft tokens aside, do not either.""",
     """vLLM V1 schedules ``num_tokens - num_computed_tokens`` at most (its comment: computed
     tokens catch up with the tokens); computing past the end reads token ids that do not exist
     and writes KV slots no block was sized for.""",
@@ -49,7 +49,7 @@ def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             v = rec.mid.seqs.get(item.seq_id)
             if v is None or v.num_computed is None or v.num_tokens is None:
                 continue
-            if v.num_computed + item.num_tokens > v.num_tokens:
+            if v.num_computed + item.num_tokens - item.num_drafts > v.num_tokens:  # drafts lie past them
                 yield (f"{item.seq_id} is scheduled for {item.num_tokens} tokens with {v.num_computed} of "
                        f"{v.num_tokens} computed")
 
@@ -88,7 +88,9 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "CHK-004", "safety",
     """A step advances each scheduled sequence's computed tokens by exactly the tokens it was
-    given, and leaves every other live sequence's computed tokens as they were.""",
+    given (with d draft tokens among them: by at least the tokens less the d drafts, which the
+    outcome may reject, and one less on an outcome with no token), and leaves every other live
+    sequence's computed tokens as they were.""",
     """vLLM V1's _update_after_schedule adds num_scheduled_tokens to num_computed_tokens, no more
     and no less: counting a partial chunk as the whole prompt leaves KV holes that later steps
     read, counting less recomputes (and re-writes) KV.""",
@@ -98,6 +100,10 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None and rec.after.seqs is not None
     given = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
+    drafts = {s.seq_id: s.num_drafts for s in rec.output.scheduled if s.num_drafts}
+    voided = {sid for sid, d in rec.drafts.items() if d.empty}
+    k = ctx.config.num_speculative_tokens
+    lagged = bool(k and ctx.config.pipeline_depth)
     changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
     for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
         m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
@@ -111,6 +117,11 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
             want = m.num_computed
         else:
             continue
+        if sid in drafts or sid in voided or lagged:  # SPD-005 says how many roll back
+            # (pipelined, the outcome processed now is an earlier step's: up to k + 1 of its tokens)
+            slack = k + 1 if lagged else drafts.get(sid, 0) + (sid in voided)
+            if want - slack <= a.num_computed <= want:
+                continue
         if a.num_computed != want and not (a.status.is_finished and sid not in given):
             yield f"{sid} went from {m.num_computed} to {a.num_computed} computed tokens, given {given.get(sid, 0)}"
 

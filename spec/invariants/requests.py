@@ -72,8 +72,9 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "REQ-004", "safety",
     """Every generated token is kept: a step adds exactly one token to each scheduled sequence
-    (with chunked prefill: one once all of its tokens are computed, none after a partial chunk)
-    and none to the others, and preemption never drops tokens.""",
+    (with chunked prefill: one once all of its tokens are computed, none after a partial chunk;
+    with d draft tokens: from one to d + 1, the accepted drafts and the bonus, or none on an
+    outcome with no token) and none to the others, and preemption never drops tokens.""",
     """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
     or corrupts the output the client already received.""",
@@ -84,6 +85,8 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
     scheduled = {s.seq_id for s in rec.output.scheduled}
+    drafted = {s.seq_id: s.num_drafts for s in rec.output.scheduled if s.num_drafts}
+    voided = {sid for sid, d in rec.drafts.items() if d.empty and sid in scheduled}
     forked_from = {request_of(s.seq_id) for s in rec.output.scheduled if s.is_prefill}
     changed = changed_between(rec.after, rec.before)
     # A view that is the same object before and after did not grow: only a scheduled one can be wrong.
@@ -96,6 +99,12 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if old.status.is_finished:
             continue
         grow = 1 if sid in scheduled else 0
+        if sid in drafted or sid in voided:  # SPD-005/SPD-006 say how many
+            low = 0 if sid in voided else 1
+            if not low <= (new.num_tokens or 0) - (old.num_tokens or 0) <= 1 + drafted.get(sid, 0):
+                yield (f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens "
+                       f"(scheduled with {drafted.get(sid, 0)} drafts)")
+            continue
         if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
             if not _partial_chunk_ok(rec, sid, old, new):
                 yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"

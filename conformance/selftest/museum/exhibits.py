@@ -20,11 +20,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.generate import configs, traces
+from conformance.generate_specdec import specdec_traces, specdec_traces_with_empty
 from conformance.selftest import mutants as lib
 from conformance.selftest import mutants_async as async_mutants
+from conformance.selftest import mutants_specdec as specdec_mutants
 from conformance.selftest.museum import mutants as new
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.scheduler import Scheduler
+from reference_impl.specdec_scheduler import SpecDecScheduler
 from spec.config import SchedulerConfig
 from spec.reservation import Reservation
 from spec.trace import Trace
@@ -560,6 +563,69 @@ EXHIBITS += (
         note="vLLM 0.33.0 cannot repeat at depth 1 (the stale token lands before readmission, docs/ASYNC.md); "
         "the mutant re-creates the repeat the PR describes.",
         strategy=_async_traces("preemption"), **_ASYNC,
+    ),
+)
+
+# ------------------------------------------------------------------ the specdec flow (docs/SPECDEC.md)
+# The reservation is the scheduler's own (k draft slots, per config: `SchedulerAdapter`).
+_SPECDEC = {"profile": "specdec", "reference": SpecDecScheduler, "reused": True}
+EXHIBITS += (
+    Exhibit(
+        id="specdec-empty-output-skips-rollback",
+        title="An outcome with no token for a request with drafts: computed tokens run past the tokens",
+        source_id="specdec-empty-output-skips-rollback",
+        bug_class="The draft rollback runs only when the outcome has tokens, so an empty outcome leaves the drafts "
+        "(and the step's token) counted as computed; the request can never be scheduled again.",
+        expected=("SPD-005", "CHK-002"),
+        factory=specdec_mutants.EmptyOutcomeKeepsDrafts,
+        mutant="specdec-empty-outcome-keeps-drafts",
+        code=(specdec_mutants.EmptyOutcomeKeepsDrafts.update,),
+        minimal_change="update() adds back the drafts and the step's token of a request whose outcome was empty.",
+        note="vLLM 0.33.0 still has the condition (scheduler.py:2349-2351); through the host it reproduces "
+        "(docs/SPECDEC.md). Traces with empty outcomes: conformance.generate_specdec.specdec_traces_with_empty.",
+        strategy=specdec_traces_with_empty, **_SPECDEC,
+    ),
+    Exhibit(
+        id="specdec-draft-budget-not-reserved",
+        title="Draft tokens not charged to the token budget: the batch exceeds max_num_batched_tokens",
+        source_id="specdec-draft-budget-not-reserved",
+        bug_class="The budget caps a decode's next token only; its drafts come on top, so a step schedules more "
+        "tokens than the budget.",
+        expected=("SPD-001", "BUD-001"),
+        factory=specdec_mutants.DraftsOutsideBudget,
+        mutant="specdec-drafts-outside-budget",
+        code=(specdec_mutants.DraftsOutsideBudget._running_chunk,),
+        minimal_change="_running_chunk caps the next token by the budget and adds the drafts on top.",
+        note="TensorRT-LLM's overlap scheduler and one-model MTP are not modelled; the accounting gap is.",
+        strategy=specdec_traces, **_SPECDEC,
+    ),
+    Exhibit(
+        id="specdec-prefill-chunk-drafts",
+        title="Drafts proposed after a prefill chunk ride the prompt's next chunk",
+        source_id="specdec-prefill-chunk-drafts",
+        bug_class="The drafter's proposal after a non-final prefill chunk is kept, so the chunk that completes the "
+        "prompt also carries drafts.",
+        expected=("SPD-002",),
+        factory=specdec_mutants.DraftsOnPrefillChunk,
+        mutant="specdec-drafts-on-prefill-chunk",
+        code=(specdec_mutants.DraftsOnPrefillChunk.update,),
+        minimal_change="update() keeps the drafter's proposal after a prefill chunk.",
+        note="Upstream the harm was a hybrid (Mamba) model's state; the model has full attention only.",
+        strategy=specdec_traces, **_SPECDEC,
+    ),
+    Exhibit(
+        id="specdec-padding-counted-as-drafts",
+        title="Padding scheduled as drafts where the drafter proposed none",
+        source_id="specdec-padding-counted-as-drafts",
+        bug_class="A request whose drafting was skipped is scheduled with k drafts anyway: padding that is always "
+        "rejected and counted as drafts.",
+        expected=("SPD-008",),
+        factory=specdec_mutants.SchedulesUnproposedDrafts,
+        mutant="specdec-schedules-unproposed-drafts",
+        code=(specdec_mutants.SchedulesUnproposedDrafts.update,),
+        minimal_change="update() gives a request k drafts where the drafter proposed none.",
+        note="A policy invariant: vLLM's own placeholder and CUDA-graph padding drafts break it by design.",
+        strategy=specdec_traces, **_SPECDEC,
     ),
 )
 

@@ -13,6 +13,8 @@ The engine object has these methods, all on plain JSON values:
     abort_request(request_id: str) -> dict | None
     schedule() -> dict                           (SchedulerOutput shape)
     update(stopped: list[str]) -> list[dict]     ([{request, status}, ...])
+    update(stopped, drafts: dict) -> list[dict]  (an engine with ``speculative = True``: the trace's
+                                                 draft decisions by seq, docs/PROTOCOL.md)
     snapshot() -> dict                           (Snapshot shape, every field optional; a fresh
                                                   value each call: `steps` diffs it with the last)
 
@@ -84,7 +86,10 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
             elif method == "schedule":
                 result = engine.schedule()
             elif method == "update":
-                result = engine.update(list(params.get("stopped", [])))
+                if getattr(engine, "speculative", False):
+                    result = engine.update(list(params.get("stopped", [])), dict(params.get("drafts") or {}))
+                else:
+                    result = engine.update(list(params.get("stopped", [])))
             elif method == "snapshot":
                 result = engine.snapshot()
             elif method == "shutdown":
@@ -114,7 +119,8 @@ class _Steps:
     1. ``add_request`` for each arrival, ``abort_request`` for each abort;
     2. ``snapshot`` when ``observe`` and the step added or aborted something, or is step 0;
     3. ``schedule``; ``snapshot`` when ``observe`` and ``mid_step``;
-    4. ``update`` with the step's stopped sequences; ``snapshot`` when ``observe``;
+    4. ``update`` with the step's stopped sequences (and its ``drafts``, for an engine that takes
+       them); ``snapshot`` when ``observe``;
     5. stop after a step at or past ``last_arrival_step`` once every request added since
        ``reset`` has finished (``"ended": true``).
 
@@ -169,7 +175,10 @@ class _Steps:
         call("schedule", engine.schedule)
         if observe and mid_step:
             call("snapshot", self._snapshot)
-        done = call("update", engine.update, list(step.get("stopped") or []))
+        if getattr(engine, "speculative", False):  # the step's draft decisions too (docs/PROTOCOL.md)
+            done = call("update", engine.update, list(step.get("stopped") or []), dict(step.get("drafts") or {}))
+        else:
+            done = call("update", engine.update, list(step.get("stopped") or []))
         finished.extend(d["request"] for d in done or ())
         if observe:
             call("snapshot", self._snapshot)

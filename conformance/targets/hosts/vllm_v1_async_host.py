@@ -44,6 +44,14 @@ Translations beyond vllm_v1_host.py's:
 * the host's ``hello`` adds ``"pipeline_depth": 1``; its snapshot adds ``in_flight`` (per
   unfinished sequence: placeholders, in-flight tokens, stale tokens; capability ``in_flight``,
   read by PIP-003).
+
+Speculative decoding (k > 0; vllm_v1_host.py says how the host plays drafter and sampler): the
+scheduled drafts are ``AsyncScheduler``'s ``-1`` placeholders (the real drafts stay on the device,
+async_scheduler.py:24-56), so the drafts a step really verifies are what the drafter proposed
+after the request's previous sampling step (the trace's ``proposed`` there, dropped on
+preemption). Positions are counted when the model runs: the tokens a request has plus those of its
+outcomes decided but not yet processed (a step's first token depends on how many drafts the step
+before accepted, unknown when it was scheduled).
 """
 
 from __future__ import annotations
@@ -71,11 +79,15 @@ class InFlight:
         self.output = output
         self.samples = samples
         self.model_output: ModelRunnerOutput | None = None
+        self.committed: dict[str, int] = {}  # speculative decoding: tokens its outcome commits, by request
 
 
 class AsyncV1Engine(vllm_v1_host.V1Engine):
     scheduler_cls = AsyncScheduler
     async_scheduling = True
+    # VllmConfig refuses async scheduling with "ngram" on the V1 model runner (config/vllm.py:1653-1662);
+    # the device-side n-gram drafter is allowed and, like it, needs no model and no extra slots.
+    spec_method = "ngram_gpu"
 
     def hello_extra(self) -> dict:
         return {**super().hello_extra(), "pipeline_depth": BATCH_QUEUE_SIZE - 1}
@@ -86,6 +98,8 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         self.due = False  # an outcome is to be processed in this wire step's update
         self.new_batch: InFlight | None = None
         self.ignored: list[str] = []
+        self.undelivered: dict[str, int] = collections.Counter()  # decided, not yet processed tokens
+        self.proposed: dict[str, int] = {}  # the drafter's last proposal per request
 
     def schedule(self) -> dict:
         sched = self.sched
@@ -101,11 +115,14 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             return result
         out = sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
+        for rid in out.preempted_req_ids or ():
+            self.proposed.pop(rid, None)  # its drafts went with the preemption
         samples = {}
         for rid in out.num_scheduled_tokens:
             r = self.reqs[rid]
+            spec = out.scheduled_spec_decode_tokens.get(rid)
             result["scheduled"].append({"seq": f"{rid}#0", "request": rid, "tokens": out.num_scheduled_tokens[rid],
-                                        "prefill": rid not in self.decoding})
+                                        "prefill": rid not in self.decoding, **({"drafts": len(spec)} if spec else {})})
             if not r.is_prefill_chunk:  # the step samples: its token lands at position num_computed_tokens
                 samples[rid] = r.num_computed_tokens
                 self.decoding.add(rid)
@@ -118,16 +135,21 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         self.ignored = ignored
         return result
 
-    def update(self, stopped: list) -> list:
+    def update(self, stopped: list, drafts: dict | None = None) -> list:
         finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid in self.ignored]
         self.ignored = []
         if self.new_batch is not None:  # the model runs the batch scheduled in this wire step
-            self.new_batch.model_output = self._run_model(self.new_batch, set(stopped))
+            if self.k:
+                self.new_batch.model_output = self._run_model_speculative(self.new_batch, set(stopped), drafts or {})
+            else:
+                self.new_batch.model_output = self._run_model(self.new_batch, set(stopped))
             self.new_batch = None
         if not self.due:
             return finished
         self.due = False
         batch = self.batch_queue.pop()
+        for rid, count in batch.committed.items():
+            self.undelivered[rid] -= count
         self.sched.update_from_output(batch.output, batch.model_output)
         for rid in batch.output.num_scheduled_tokens:
             r = self.reqs[rid]
@@ -149,13 +171,35 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=sampled)
 
+    def _run_model_speculative(self, batch: InFlight, stop: set, drafts: dict) -> ModelRunnerOutput:
+        """`_run_model` with drafts: each sampling request commits the accepted drafts that were
+        really proposed and the bonus, from the position its decided outcomes leave it at."""
+        req_ids = list(batch.output.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            if rid not in batch.samples:
+                sampled.append([])
+                continue
+            decision = drafts.get(f"{rid}#0", {})
+            num_drafts = len(batch.output.scheduled_spec_decode_tokens.get(rid, ()))
+            position = self.reqs[rid].num_tokens + self.undelivered[rid]
+            tokens = self.sample(rid, position, num_drafts, self.proposed.get(rid, 0), f"{rid}#0" in stop, decision)
+            sampled.append(tokens)
+            batch.committed[rid] = len(tokens)
+            self.undelivered[rid] += len(tokens)
+            self.proposed[rid] = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
     def snapshot(self) -> dict:
         self.pending = None  # the base class would subtract this step's tokens; the frontier does it
         snap = super().snapshot()
         for rid, r in self.reqs.items():
             view = snap["seqs"].get(f"{rid}#0")
-            if view is None or r.is_finished():
+            if view is None:
                 continue
+            # a finished request too: a step of it may still have been in flight when it finished
+            # (its 1 + k tokens would count past its tokens)
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
         snap["in_flight"] = {"version": 1, "seqs": self.in_flight()}  # PIP-003 (docs/PROTOCOL.md)
         return snap

@@ -29,6 +29,20 @@ Translations (documented in docs/CONFORMANCE.md):
   importable in the target venv). A stop is the token ``STOP_TOKEN``, outside that vocabulary;
 * a scheduled request is reported as a prefill until it samples a token after its (re)admission
   (the reference's flag), which holds also when a prefix hit leaves only its last token.
+
+Speculative decoding (config ``num_speculative_tokens`` = k > 0; spec/speculative.py): V1 gets an
+n-gram ``SpeculativeConfig`` (no draft model, no extra drafting slots: ``max_num_new_slots_for_
+drafting`` 0), and the host plays the drafter and the rejection sampler from the trace's draft
+decisions (``update(stopped, drafts)``):
+* the wire output's ``drafts`` is ``len(scheduled_spec_decode_tokens[req])``, placeholders included
+  (V1 pads a new decode from waiting with ``-1`` drafts, scheduler.py:1306-1330);
+* the model accepts ``min(accepted, drafts scheduled, drafts really proposed)`` of them (a ``-1``
+  placeholder is never a proposal) and samples j + 1 tokens, ``spec.types.generated_token`` by
+  position, the stop token at the decision's ``stop_at`` when the trace stops it; an ``empty``
+  decision returns no token (vllm-project/vllm#42722's output);
+* after ``update_from_output`` the drafter proposes ``proposed`` (default k) drafts for every
+  request that sampled and goes on, through ``update_draft_token_ids`` as ``EngineCore.post_step``
+  does (vllm/v1/engine/core.py:703-706).
 """
 
 from __future__ import annotations
@@ -45,13 +59,13 @@ import kvsched_host  # noqa: E402
 logging.disable(logging.WARNING)
 
 import torch  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -85,6 +99,8 @@ class V1Engine:
     # AsyncScheduler when it is set).
     scheduler_cls: type = Scheduler
     async_scheduling: bool = False
+    speculative = True  # update() takes the trace's draft decisions (kvsched_host.serve)
+    spec_method = "ngram"  # a drafter without a model (vllm/config/speculative.py SpeculativeMethod)
 
     def __init__(self) -> None:
         self._model_configs: dict[int, ModelConfig] = {}
@@ -110,7 +126,11 @@ class V1Engine:
                              long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
                              async_scheduling=self.async_scheduling, policy=config["policy"], watermark=float(config["watermark"]))
         cc = CacheConfig(block_size=bs, enable_prefix_caching=caching)
-        vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc)
+        self.k = int(config.get("num_speculative_tokens", 0))
+        spec = SpeculativeConfig(method=self.spec_method, num_speculative_tokens=self.k, prompt_lookup_max=self.k,
+                                 prompt_lookup_min=1) if self.k else None
+        vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc,
+                        speculative_config=spec)
         cc.num_gpu_blocks = G + 1
         kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
             ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
@@ -161,7 +181,9 @@ class V1Engine:
     def schedule(self) -> dict:
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
-        scheduled = [{"seq": f"{rid}#0", "request": rid, "tokens": n, "prefill": rid not in self.decoding}
+        spec = out.scheduled_spec_decode_tokens
+        scheduled = [{"seq": f"{rid}#0", "request": rid, "tokens": n, "prefill": rid not in self.decoding,
+                      **({"drafts": len(spec[rid])} if spec.get(rid) else {})}
                      for rid, n in out.num_scheduled_tokens.items()]
         ignored, self.rejected = self.rejected, []
         self.pending = (out, ignored)
@@ -171,32 +193,58 @@ class V1Engine:
         self.step_no += 1
         return result
 
-    def update(self, stopped: list) -> list:
+    def update(self, stopped: list, drafts: dict | None = None) -> list:
         if self.pending is None:
             return []
         out, ignored = self.pending
         self.pending = None
         finished = [{"request": rid, "status": "FINISHED_IGNORED"} for rid in ignored]
         stop = set(stopped)
+        drafts = drafts or {}
         req_ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in req_ids:
             r = self.reqs[rid]
-            if r.num_computed_tokens >= r.num_tokens:  # prompt complete: one token sampled
-                tok = STOP_TOKEN if f"{rid}#0" in stop else generated_token(rid, r.num_tokens)
-                sampled.append([tok])
+            if r.num_computed_tokens >= r.num_tokens:  # prompt complete: tokens sampled
+                spec = out.scheduled_spec_decode_tokens.get(rid, ())
+                valid = next((i for i, t in enumerate(spec) if t < 0), len(spec))  # -1: a placeholder, never proposed
+                sampled.append(self.sample(rid, r.num_tokens, len(spec), valid, f"{rid}#0" in stop,
+                                           drafts.get(f"{rid}#0", {})))
                 self.decoding.add(rid)
             else:
                 sampled.append([])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
         self.sched.update_from_output(out, mro)
+        if self.k:  # the drafter proposes for every request that sampled (EngineCore.post_step)
+            proposing = [(rid, toks) for rid, toks in zip(req_ids, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
+            proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
+            self.sched.update_draft_token_ids(DraftTokenIds([rid for rid, _ in proposing], proposals))
         for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
                 self.final[rid] = STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
+
+    def sample(self, rid: str, position: int, num_drafts: int, valid: int, stopped: bool, decision: dict) -> list:
+        """The rejection sampler: the accepted drafts and the bonus, by position from ``position``;
+        the stop token where the trace puts it; nothing for an ``empty`` decision."""
+        if decision.get("empty"):
+            return []
+        accepted = min(int(decision.get("accepted", 0)), num_drafts, valid)
+        tokens = [generated_token(rid, position + i) for i in range(accepted + 1)]
+        if stopped:
+            at = decision.get("stop_at")
+            tokens[accepted if at is None else min(int(at), accepted)] = STOP_TOKEN
+        return tokens
+
+    def propose(self, rid: str, decision: dict) -> list:
+        """The drafter's proposal after this step: ``proposed`` (default k) draft ids. Their values
+        do not matter to the scheduler; the rejection sampler above decides acceptance."""
+        count = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        position = self.reqs[rid].num_tokens
+        return [generated_token(rid, position + i) for i in range(count)]
 
     def snapshot(self) -> dict:
         sched = self.sched

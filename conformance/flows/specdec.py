@@ -1,0 +1,27 @@
+"""vLLM V1's flow with speculative decoding: draft tokens scheduled with a decode, verified and
+rolled back (spec/speculative.py, docs/SPECDEC.md). Synchronous here; with outcomes in flight the
+async flow's reference runs it (``pipeline_depth`` > 0 and k > 0 in one config).
+
+Its own record rather than a knob on the v1 record: its traces carry the drafter's and the model's
+decisions, its profile claims SPD-004, and its mutants break the draft path, none of which the
+V1 flow's traces would reach."""
+
+from conformance.flows.record import Flow
+
+FLOW = Flow(
+    id="specdec",
+    title="vLLM V1 with speculative decoding (drafts scheduled, verified, rolled back)",
+    reference="reference_impl.specdec_scheduler:SpecDecScheduler",
+    traces="conformance.generate_specdec:specdec_traces",
+    configs="conformance.generate_specdec:specdec_configs",
+    profile="specdec",
+    invariant_families=("spec.invariants.specdec",),
+    mutants="conformance.selftest.mutants_specdec",
+    adapters=("reference-specdec",),
+    # vLLM 0.33.0 with k > 0 through the same hosts (the config turns it on): docs/SPECDEC.md
+    targets=("vllm-v1", "vllm-v1-async"),
+    lockstep="conformance.targets.lockstep_specdec:main",
+    deviations="conformance.targets.lockstep_specdec:CLASSES",
+    tests=("tests/test_specdec_reference.py", "tests/test_specdec_target.py"),
+    extra={"hunt": "conformance.targets.specdec_hunt:main"},
+)

@@ -1,0 +1,74 @@
+"""Hypothesis strategies for the speculative-decoding flow (`conformance.flows.specdec`).
+
+A speculative trace is a V1 trace (`conformance.generate_v1`) with ``num_speculative_tokens``
+k in 1..4 (EAGLE/MTP drafters run 1-7) and the environment's draft decisions
+(`spec.speculative.DraftDecision`): per step and sequence, how many drafts the drafter proposes
+next and how many of the verified ones the model accepts, and where a stop falls inside the
+accepted run. Decisions are drawn sparsely over the steps a request may run (a sequence not named
+gets the default: k proposed, none accepted), biased to accepting, so that accepted runs cross
+block boundaries, meet ``max_tokens`` and ``max_model_len``, and stops fall inside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import strategies as st
+
+from conformance.generate_v1 import token_configs, token_traces
+from spec.config import SchedulerConfig
+from spec.speculative import DraftDecision
+from spec.trace import Trace
+from spec.types import seq_id
+
+MAX_K = 4
+
+
+@st.composite
+def decisions(draw: st.DrawFn, k: int, allow_empty: bool = False) -> DraftDecision:
+    accepted = draw(st.integers(0, k) | st.just(k))
+    proposed = draw(st.none() | st.integers(0, k))
+    stop_at = draw(st.none() | st.integers(0, k))
+    empty = allow_empty and draw(st.integers(0, 5)) == 0
+    return DraftDecision(proposed, accepted, stop_at, empty)
+
+
+@st.composite
+def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty: bool = False) -> Trace:
+    """``trace`` with k drawn (unless given) and draft decisions for its requests' steps."""
+    k = draw(st.integers(1, MAX_K)) if k is None else k
+    config = dataclasses.replace(trace.config, num_speculative_tokens=k)
+    seqs = [seq_id(a.request.request_id, 0) for a in trace.arrivals]
+    horizon = max((a.step for a in trace.arrivals), default=0) + 40
+    raw = draw(st.lists(st.tuples(st.integers(0, horizon), st.sampled_from(seqs), decisions(k, allow_empty)),
+                        max_size=80))
+    chosen = {(step, sid): d for step, sid, d in raw}
+    for step, sid in trace.stops:  # half the stops fall inside an accepted run
+        if draw(st.booleans()):
+            chosen[(step, sid)] = DraftDecision(draw(st.none() | st.integers(0, k)), draw(st.integers(1, k)),
+                                                draw(st.integers(0, k - 1)), False)
+    drafts = tuple((step, sid, d) for (step, sid), d in sorted(chosen.items()))
+    return Trace(config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, dict(trace.meta), drafts)
+
+
+def specdec_configs() -> st.SearchStrategy:
+    """The flow's configs: V1's, with k in 1..MAX_K."""
+    return st.builds(lambda c, k: dataclasses.replace(c, num_speculative_tokens=k), token_configs("v1"),
+                     st.integers(1, MAX_K))
+
+
+def specdec_traces(allow_empty: bool = False) -> st.SearchStrategy:
+    """The flow's traces: V1 traces with k and draft decisions (no empty outcomes unless asked)."""
+    return token_traces("v1").flatmap(lambda t: with_drafts(t, allow_empty=allow_empty))
+
+
+def specdec_traces_for(config: SchedulerConfig, max_requests: int = 6, allow_empty: bool = False) -> st.SearchStrategy:
+    """Traces on one config (its k kept when set)."""
+    k = config.num_speculative_tokens or None
+    return token_traces("v1", config=config, max_requests=max_requests).flatmap(
+        lambda t: with_drafts(t, k=k, allow_empty=allow_empty))
+
+
+def specdec_traces_with_empty() -> st.SearchStrategy:
+    """With vllm-project/vllm#42722's empty outcomes too (the mutant that drops their rollback)."""
+    return specdec_traces(allow_empty=True)

@@ -1,0 +1,333 @@
+"""Lockstep with speculative decoding: the V1 references with k > 0 against vLLM 0.33.0's
+``Scheduler`` (path ``sync``) and ``AsyncScheduler`` (path ``async``, depth 1), both with an
+n-gram ``SpeculativeConfig`` and the host playing the drafter and the rejection sampler.
+
+    python -m conformance.targets.lockstep_specdec [--path sync|async|all] [--traces 1000]
+        [--seed 20261202] [--out docs/results/specdec-lockstep.json]
+        [--traces-dir docs/traces/specdec]
+
+Traces are the async campaign's three shapes (``plain``, ``chunked``, ``preemption``: prefix
+caching drawn on or off, KV pressure on the last), drawn in turn, with k in 1..4 and the draft
+decisions of `conformance.generate_specdec` (no empty outcomes: #42722's output is probed apart,
+`conformance.targets.specdec_probe`). Every step compares the decisions (tokens and drafts per
+request, prefill flag, preemptions, finishes), the state after the step (statuses, computed
+tokens, block tables, queues, free blocks in order) and every sequence's token count. A
+divergence is classified by counterfactual: the trace is rerun against the reference with one or
+more known vLLM behaviours modelled (`MODELS`); the first trace of each class is shrunk and saved.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import time
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.driver import run_checked
+from conformance.generate import sample_traces
+from conformance.generate_specdec import MAX_K, with_drafts
+from conformance.generate_v1 import token_traces
+from conformance.profiles import get_profile
+from conformance.targets.campaign_args import campaign_parser
+from conformance.targets.lockstep_async import PATHS as SHAPES
+from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
+from conformance.targets.lockstep_v1 import Outcome, compare_state
+from conformance.targets.recording import RecordsSnapshots
+from reference_impl.async_scheduler import AsyncV1Scheduler
+from reference_impl.specdec_scheduler import SpecDecScheduler
+from reference_impl.v1_scheduler import TrackedRequest
+from spec.config import SchedulerConfig
+from spec.speculative import NO_DECISION, DraftDecision
+from spec.trace import Trace
+from spec.types import StepOutcome
+
+PATHS = ("sync", "async")
+VERSION = 1
+# Seconds one call may take before the runner calls it hung: generous, because on a loaded machine
+# a vLLM host's reset can take minutes, and a host declared hung is replaced by a fresh one.
+CALL_TIMEOUT = 600
+
+# class -> (kind, explanation with the vLLM 0.33.0 source location; paths relative to site-packages/vllm/)
+CLASSES: dict[str, tuple[str, str]] = {
+    "chunk-clamped-below-max-model-len": (
+        "vllm-deviation",
+        "As for the targets without drafts (lockstep_v1): every running chunk is clamped at `max_model_len - "
+        "num_computed_tokens - 1` (v1/core/sched/scheduler.py:851-857), so a prompt of exactly max_model_len "
+        "tokens continued as a running chunk stops one token short. The reference keeps its spec decision.",
+    ),
+    "drafts-past-max-tokens": (
+        "vllm-deviation",
+        "vLLM does not cap a running request's drafts at max_tokens (scheduler.py:838-857 caps the chunk at the "
+        "budget, the threshold and max_model_len only); accepted tokens past max_tokens are trimmed by check_stop "
+        "(scheduler.py:2744-2770). The reference caps them (SPD-004, a policy): same stream, fewer wasted slots.",
+    ),
+    "padded-admission-cut-by-threshold": (
+        "vllm-defect",
+        "EngineCore dies on `assert num_new_tokens == 1 + self.num_spec_tokens` (v1/core/sched/scheduler.py:1579): "
+        "the waiting loop pads a one-token admission to 1 + k tokens (scheduler.py:1306-1330) and then caps it at "
+        "long_prefill_token_threshold (scheduler.py:1332-1333) when the threshold is below 1 + k, which the config "
+        "accepts; the Mamba branch drops the padding when alignment clips it (scheduler.py:1355-1370), this cap does "
+        "not. Sync and async alike.",
+    ),
+    "pads-new-decode-drafts": (
+        "vllm-deviation",
+        "A request admitted from waiting with one token left (a prefix hit on all but its last token, or a one-token "
+        "prompt while running requests were scheduled) is padded to 1 + k tokens with -1 placeholder drafts for "
+        "full CUDA graphs (scheduler.py:1306-1330, 1578-1582); they were never proposed and are always rejected. "
+        "The reference schedules the one token (SPD-002 holds either way).",
+    ),
+}
+
+
+class Clamp:
+    """vLLM's clamp of every running chunk at ``max_model_len - num_computed - 1``."""
+
+    def _running_chunk(self, tracked, budget: int, threshold: int) -> int:  # type: ignore[no-untyped-def]
+        tokens = super()._running_chunk(tracked, budget, threshold)  # type: ignore[misc]
+        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)  # type: ignore[attr-defined]
+
+
+class UncappedDrafts:
+    """vLLM's drafts, not capped at ``max_tokens``."""
+
+    def _draft_room(self, tracked: TrackedRequest, num_tokens: int) -> int:
+        if not tracked.num_proposed:
+            return 0
+        config = self.config  # type: ignore[attr-defined]
+        return max(min(tracked.num_proposed, config.num_speculative_tokens, config.max_model_len - num_tokens - 1), 0)
+
+
+class PadsNewDecode:
+    """vLLM's padding of a one-token admission to 1 + k tokens with placeholder drafts that are
+    never accepted (scheduler.py:1306-1330): admission stops if the padded request exceeds the
+    budget left."""
+
+    def _admission_tokens(self, tracked, tokens, computed, scheduled, budget):  # type: ignore[no-untyped-def]
+        k, config = self.config.num_speculative_tokens, self.config  # type: ignore[attr-defined]
+        # the running loop's requests only (vLLM's scheduled_running_reqs and prefill_scheduled)
+        running = [prefill for rid, prefill in self._running_at_start if rid in scheduled]
+        if tokens != 1 or not k or any(running) or not (running or computed):
+            return tokens
+        if computed + 1 + k + 1 > config.max_model_len:
+            return tokens
+        if 1 + k > budget:
+            return None
+        self._padded = {*getattr(self, "_padded", ()), tracked.request_id}
+        return 1 + k
+
+    def schedule(self):  # type: ignore[no-untyped-def]
+        self._padded = set()
+        self._running_at_start = [(r.request_id, r.in_prefill) for r in self.running]  # type: ignore[attr-defined]
+        output = super().schedule()  # type: ignore[misc]
+        if self._padded:
+            k = self.config.num_speculative_tokens  # type: ignore[attr-defined]
+            for rid in self._padded:
+                self._scheduled_drafts[rid] = k  # type: ignore[attr-defined]
+            output = dataclasses.replace(output, scheduled=tuple(
+                dataclasses.replace(s, num_drafts=k) if s.request_id in self._padded else s for s in output.scheduled))
+            if hasattr(self, "in_flight"):  # the async reference recorded the step already
+                step = self.in_flight[-1]  # type: ignore[attr-defined]
+                step.entries = [(t, n, p, k if t.request_id in self._padded else d) for t, n, p, d in step.entries]
+                for rid in self._padded:
+                    self.counters[rid].num_placeholders += k  # type: ignore[attr-defined]
+            self._placeholder_drafts = set(self._padded)
+        else:
+            self._placeholder_drafts = set()
+        return output
+
+    def update(self, outcome: StepOutcome):  # type: ignore[no-untyped-def]
+        padded = getattr(self, "_placeholder_drafts", set())
+        if padded and not hasattr(self, "in_flight"):  # placeholders are never accepted
+            seqs = {self.requests[rid].seq_id for rid in padded}  # type: ignore[attr-defined]
+            decisions = dict(outcome.drafts)
+            for sid in seqs:
+                d = decisions.get(sid, NO_DECISION)
+                decisions[sid] = DraftDecision(d.proposed, 0, d.stop_at, d.empty)
+            outcome = StepOutcome(outcome.stopped, decisions)
+        return super().update(outcome)  # type: ignore[misc]
+
+
+class RecordingSpec(RecordsSnapshots, SpecDecScheduler):
+    """The synchronous reference with k > 0, keeping its snapshot after every step."""
+
+
+class RecordingAsyncSpec(RecordsSnapshots, AsyncV1Scheduler):
+    """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+BEHAVIOURS = (("chunk-clamped-below-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
+              ("pads-new-decode-drafts", PadsNewDecode))
+
+
+def models(base: type) -> list[tuple[str, type]]:
+    """Every non-empty combination of the known behaviours on ``base``, singles first: a class
+    name is the behaviours joined by ``+``."""
+    found = []
+    for size in range(1, len(BEHAVIOURS) + 1):
+        for combo in itertools.combinations(BEHAVIOURS, size):
+            name = "+".join(n for n, _ in combo)
+            found.append((name, type(f"Model_{len(found)}", (*(m for _, m in combo), base), {})))
+    return found
+
+
+@st.composite
+def path_traces(draw: st.DrawFn, path: str) -> Trace:
+    shape = draw(st.sampled_from(SHAPES))
+    config = draw(one_behind_configs(shape))
+    config = dataclasses.replace(config, pipeline_depth=1 if path == "async" else 0,
+                                 num_speculative_tokens=draw(st.integers(1, MAX_K)))
+    trace = draw(token_traces("v1", config=config, max_requests=8 if shape == "preemption" else 6))
+    return draw(with_drafts(trace, k=config.num_speculative_tokens))
+
+
+def adapter_for(path: str):  # type: ignore[no-untyped-def]
+    from conformance.targets import get_target
+
+    adapter = get_target("vllm-v1" if path == "sync" else "vllm-v1-async").adapter()
+    adapter.timeout = adapter.reset_timeout = CALL_TIMEOUT  # the host's own wait for an answer, too
+    return adapter
+
+
+def base_of(path: str) -> type:
+    return RecordingSpec if path == "sync" else RecordingAsyncSpec
+
+
+def run_one(adapter, trace: Trace, invariants, reference: type) -> Outcome:  # type: ignore[no-untyped-def]
+    holder: list[Any] = []
+
+    def factory(config: SchedulerConfig):  # type: ignore[no-untyped-def]
+        holder.append(reference(config))
+        return holder[-1]
+
+    result = run_checked(adapter, trace, invariants, timeout=CALL_TIMEOUT, lockstep=True, reference_factory=factory,
+                         stop_at_first=False)
+    state = compare_state(result, holder[0]) if holder else None
+    tokens = compare_tokens(result, holder[0]) if holder else None
+    if tokens is not None and (state is None or tokens[0] < state[0]):
+        state = tokens
+    return Outcome(result, state)
+
+
+def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants) -> str | None:  # type: ignore[no-untyped-def]
+    fault = outcome.result.fault
+    if fault is not None and "scheduler.py:1579" in str(fault):
+        return "padded-admission-cut-by-threshold"
+    if outcome.result.divergence is None and outcome.state is None:
+        return None if fault is None else "fault"
+    for cls, model in models(base_of(path)):
+        again = run_one(adapter, trace, invariants, model)
+        if again.result.divergence is None and again.state is None and again.result.fault is None:
+            return cls
+    return "unclassified"
+
+
+def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants) -> Trace:  # type: ignore[no-untyped-def]
+    from conformance.shrink import shrink
+
+    def failing(candidate: Trace) -> int | None:
+        if candidate.config.num_speculative_tokens != trace.config.num_speculative_tokens:
+            return None
+        try:
+            got = run_one(adapter, candidate, invariants, base_of(path))
+        except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
+            return None
+        if classify(adapter, path, candidate, got, invariants) != cls:
+            return None
+        steps = [s for s in (got.result.divergence and got.result.divergence.step, got.state and got.state[0],
+                             got.result.fault_step if got.result.fault else None) if s is not None]
+        return min(steps) if steps else None
+
+    try:
+        return shrink(trace, failing, budget=200, seconds=90)[0]
+    except ValueError:
+        return trace
+
+
+def run_path(path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    adapter = adapter_for(path)
+    traces = sample_traces(path_traces(path), count, seed_value)
+    by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
+    violations: collections.Counter[str] = collections.Counter()
+    steps = agreeing = drafted_steps = drafts = stops_in_runs = 0
+    started = time.monotonic()
+    for done, trace in enumerate(traces, 1):
+        outcome = run_one(adapter, trace, invariants, base_of(path))
+        result = outcome.result
+        steps += len(result.records)
+        for rec in result.records:
+            scheduled = [s for s in rec.output.scheduled if s.num_drafts]
+            drafted_steps += bool(scheduled)
+            drafts += sum(s.num_drafts for s in scheduled)
+            stops_in_runs += sum(1 for s in scheduled if s.seq_id in rec.stopped
+                                 and rec.drafts.get(s.seq_id, NO_DECISION).stop_at is not None)
+        for problem in result.problem_ids - {"LOCKSTEP"}:
+            violations[problem] += 1
+        cls = classify(adapter, path, trace, outcome, invariants)
+        if cls is None:
+            agreeing += 1
+        else:
+            by_field[lockstep_field(outcome)] += 1
+            by_class[cls] += 1
+            first.setdefault((path, cls), (trace, outcome))
+        if done % 25 == 0:
+            print(f"  {path}: {done}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
+    adapter.close()
+    return {"traces": len(traces), "steps": steps, "steps_with_drafts": drafted_steps, "drafts_scheduled": drafts,
+            "stops_inside_a_verified_step": stops_in_runs, "agreeing_traces": agreeing,
+            "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
+            "violations": dict(sorted(violations.items())), "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/specdec-lockstep.json",
+                           traces_dir="docs/traces/specdec").parse_args(argv)
+    paths = PATHS if args.path == "all" else (args.path,)
+    invariants = get_profile("safety").invariants()
+    report: dict[str, Any] = {"version": VERSION, "targets": {"sync": "vllm-v1", "async": "vllm-v1-async"},
+                              "package": "vllm==0.33.0", "speculative_config": "ngram, k = num_speculative_tokens",
+                              "references": {"sync": "reference_impl.specdec_scheduler:SpecDecScheduler",
+                                             "async": "reference_impl.async_scheduler:AsyncV1Scheduler(depth=1)"},
+                              "profile": "safety", "seed": args.seed, "paths": {}, "classes": {}}
+    if args.out.exists():
+        old = json.loads(args.out.read_text())
+        if old.get("version") == VERSION:
+            report["paths"].update(old.get("paths", {}))
+            report["classes"].update(old.get("classes", {}))
+    first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
+    for path in paths:
+        report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants)
+        print(json.dumps({"path": path, **entry}), flush=True)
+    for (path, cls), (trace, outcome) in sorted(first.items()):
+        adapter = adapter_for(path)
+        if not args.no_shrink:
+            trace = shrink_class(adapter, path, trace, cls, invariants)
+            outcome = run_one(adapter, trace, invariants, base_of(path))
+        adapter.close()
+        kinds = {CLASSES.get(part, ("open", ""))[0] for part in cls.split("+")}
+        kind = kinds.pop() if len(kinds) == 1 else "open"
+        why = " / ".join(CLASSES.get(part, ("open", "not yet explained"))[1] for part in cls.split("+"))
+        meta = {"adapter": adapter_for.__name__, "path": path, "class": cls, "kind": kind,
+                "message": outcome.describe(), "steps": len(outcome.result.records)}
+        saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
+        out = saved.save(args.traces_dir / f"{path}-{cls}.json")
+        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
+        entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
+        print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    total = sum(p["traces"] for p in report["paths"].values())
+    agree = sum(p["agreeing_traces"] for p in report["paths"].values())
+    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""The speculative-decoding flow (``config.num_speculative_tokens`` = k > 0; spec/speculative.py):
+what draft tokens may cost and what their rejection must undo.
+
+A step may schedule a decoding sequence for its next token plus d drafts (``ScheduledSeq.
+num_drafts``); the outcome accepts j of them and commits j + 1 tokens (`StepRecord.drafts` holds
+the trace's decision). Every predicate here is vacuous for a step without drafts, so the family
+is stated for every scheduler; it is named for the flow that makes it non-trivial. The delivered
+stream is held to the non-speculative run's by PIP-001 (each token is the model's sample at its
+position) together with SPD-006 (a stop ends the stream where it fell).
+
+Positions before the step come from the snapshot taken before ``schedule()``; at
+``pipeline_depth`` > 0 that is the processed frontier, which is at most the engine's own count,
+so a bound checked on it is implied by the true one and a violation found is real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from spec.catalogue import CheckContext, invariant
+from spec.observation import Capability as C
+from spec.observation import SeqView, StepRecord
+from spec.speculative import NO_DECISION
+from spec.status import Status
+
+
+def _drafted(rec: StepRecord) -> Iterator[tuple[object, SeqView]]:
+    """(scheduled item, its view before the step) for each sequence scheduled with drafts."""
+    seqs = rec.before.seqs or {}
+    for item in rec.output.scheduled:
+        if item.num_drafts and item.seq_id in seqs:
+            yield item, seqs[item.seq_id]
+
+
+@invariant(
+    "SPD-001", "safety",
+    """Draft tokens are paid for like any other: the step's scheduled tokens, drafts included,
+    stay within max_num_batched_tokens, and after schedule() a sequence scheduled with drafts
+    holds the blocks for its computed tokens plus every token scheduled now, drafts included.""",
+    """The model computes a draft's KV in the verifying step, so it needs a slot and a token of
+    the step's budget. A scheduler that reserves the next token but not the drafts overruns the
+    batch the model runner was sized for: TensorRT-LLM's one-model MTP path skipped the draft
+    reservation and the batch exceeded max_num_tokens under chunked prefill, killing requests
+    (NVIDIA/TensorRT-LLM#16101); writing past the table corrupts another request's block.""",
+    (C.MID_STEP, C.BLOCK_TABLES, C.COMPUTED_TOKENS),
+)
+def drafts_paid_for(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    if not any(item.num_drafts for item in rec.output.scheduled):
+        return
+    total = rec.output.num_batched_tokens
+    if total > ctx.config.max_num_batched_tokens:
+        drafts = sum(item.num_drafts for item in rec.output.scheduled)
+        yield (f"the step schedules {total} tokens ({drafts} of them drafts), "
+               f"max_num_batched_tokens {ctx.config.max_num_batched_tokens}")
+    assert rec.mid is not None and rec.mid.seqs is not None
+    bs = ctx.config.block_size
+    for item in rec.output.scheduled:
+        v = rec.mid.seqs.get(item.seq_id)
+        if not item.num_drafts or v is None or v.num_computed is None or v.blocks is None:
+            continue
+        need = -(-(v.num_computed + item.num_tokens) // bs)
+        if len(v.blocks) < need:
+            yield (f"after schedule: {item.seq_id} scheduled for {item.num_tokens} tokens ({item.num_drafts} drafts) "
+                   f"after {v.num_computed} computed holds {len(v.blocks)} blocks, needs {need}")
+
+
+@invariant(
+    "SPD-002", "safety",
+    """Drafts only extend a decode: a sequence scheduled with drafts gets at most
+    num_speculative_tokens of them and exactly one other token, its last known token (the
+    drafts are the positions right after it), so no prefill chunk carries drafts.""",
+    """A draft is verified against the logits of the token before it; drafts placed after a
+    chunk that stops short of the prompt's end sit at positions whose input is still unknown,
+    and their rejection rolls back prompt tokens instead (vllm-project/vllm#30618: a prefill
+    chunk included draft tokens, corrupting a hybrid model's state). More than k drafts is more
+    than the verifying kernels and the reservation were sized for.""",
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+)
+def drafts_extend_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    k = ctx.config.num_speculative_tokens
+    for item, v in _drafted(rec):
+        if item.num_drafts > k or item.num_tokens - item.num_drafts != 1:
+            yield f"{item.seq_id} scheduled for {item.num_tokens} tokens with {item.num_drafts} drafts, k {k}"
+            continue
+        if ctx.config.pipeline_depth or v.num_computed is None or v.num_tokens is None or v.status is not Status.RUNNING:
+            continue  # the position half needs the engine's own count (synchronous steps)
+        end = v.num_computed + item.num_tokens - item.num_drafts
+        if end != v.num_tokens:
+            yield (f"{item.seq_id}: {item.num_drafts} drafts after a chunk ending at position {end}, "
+                   f"its tokens end at {v.num_tokens}")
+
+
+@invariant(
+    "SPD-003", "safety",
+    """No draft is scheduled past the model length: a sequence scheduled with drafts has, after
+    its computed tokens and every token scheduled now, room left for the token sampled after
+    the last draft (computed + scheduled + 1 <= max_model_len).""",
+    """If every draft is accepted the step samples one more token after the last; a position at
+    or past max_model_len has no rotary embedding or KV slot the model was sized for. vLLM caps
+    the running chunk at max_model_len - num_computed_tokens - 1 "when using spec decoding"
+    (vllm/v1/core/sched/scheduler.py:851-857); vllm-project/vllm#53812 is the engine-killing
+    assert ("Sampled token IDs exceed the max model length") where a padded path forgot it.""",
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+)
+def drafts_within_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    limit = ctx.config.max_model_len
+    for item, v in _drafted(rec):
+        if v.num_computed is not None and v.num_computed + item.num_tokens + 1 > limit:
+            yield (f"{item.seq_id} scheduled for {item.num_tokens} tokens ({item.num_drafts} drafts) after "
+                   f"{v.num_computed} computed: the token after the last draft is at {v.num_computed + item.num_tokens}, "
+                   f"max_model_len {limit}")
+
+
+@invariant(
+    "SPD-004", "policy",
+    """No draft is scheduled whose acceptance could never be delivered: a sequence scheduled with
+    d drafts has generated at most max_tokens - d - 1 tokens, so the bonus token after an
+    all-accepted run is still within max_tokens.""",
+    """A draft past max_tokens is computed and then trimmed by the stop check: budget and KV spent
+    on tokens no client receives. A policy: vLLM 0.33.0 does not cap drafts at max_tokens in the
+    running loop (vllm/v1/core/sched/scheduler.py:838-857; check_stop trims the excess), and the
+    output is still right.""",
+    (C.SEQ_LENGTHS,),
+)
+def drafts_within_max_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for item, v in _drafted(rec):
+        request = ctx.requests.get(item.request_id)
+        if request is None or v.num_tokens is None:
+            continue
+        generated = v.num_tokens - request.prompt_len
+        if generated + item.num_drafts + 1 > request.max_tokens:
+            yield (f"{item.seq_id} scheduled with {item.num_drafts} drafts after {generated} generated tokens, "
+                   f"max_tokens {request.max_tokens}")
+
+
+@invariant(
+    "SPD-005", "safety",
+    """After a step's outcome, a running sequence the step scheduled with drafts (or whose
+    outcome committed no token) has every token but its last computed and no more: rejected
+    drafts are rolled back, and so is a step whose outcome committed nothing.""",
+    """A rejected draft's KV is garbage: counting it as computed makes the next step read it as
+    context, and counting positions past the tokens leaves the request with nothing to schedule.
+    vLLM skipped the rollback when the model runner returned no token for a request with drafts
+    (vllm-project/vllm#42722, closed unmerged): computed tokens stayed above the tokens, the
+    request became unschedulable and the engine looped. The last token's KV is never there
+    after an outcome: it was sampled, not computed.""",
+    (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
+)
+def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.after.seqs is not None
+    drafted = {item.seq_id: item.num_drafts for item in rec.output.scheduled if item.num_drafts}
+    scheduled = {item.seq_id for item in rec.output.scheduled}
+    voided = {sid for sid, d in rec.drafts.items() if d.empty and sid in scheduled}
+    for sid in sorted(drafted.keys() | voided):
+        v = rec.after.seqs.get(sid)
+        if v is None or v.status is not Status.RUNNING or v.num_computed is None or v.num_tokens is None:
+            continue
+        if v.num_computed > v.num_tokens - 1:
+            what = "an outcome with no token" if sid in voided else f"{drafted[sid]} drafts"
+            yield f"{sid} has {v.num_computed} computed of {v.num_tokens} tokens after {what}"
+
+
+@invariant(
+    "SPD-006", "safety",
+    """A stop inside an accepted run ends the stream there: a sequence stopped in a step whose
+    stop fell on its i-th committed token has, once the step is done, at most i + 1 tokens more
+    than before the step, and the request finishes stopped.""",
+    """The model verifies the whole run before the stop check sees it; the tokens after a stop
+    were computed but the client must never receive them (vLLM trims them in
+    _update_request_with_output, vllm/v1/core/sched/scheduler.py:2744-2770, and rolls computed
+    tokens back to the stop). Delivering them is output after the end of the answer.""",
+    (C.SEQ_LENGTHS,),
+    synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
+)
+def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.before.seqs is not None and rec.after.seqs is not None
+    drafted = {item.seq_id for item in rec.output.scheduled if item.num_drafts}
+    stopped = {f.request_id for f in rec.finished if f.status is Status.FINISHED_STOPPED}
+    for sid in sorted(drafted & rec.stopped):
+        decision = rec.drafts.get(sid, NO_DECISION)
+        old, new = rec.before.seqs.get(sid), rec.after.seqs.get(sid)
+        if decision.stop_at is None or old is None or new is None or old.num_tokens is None or new.num_tokens is None:
+            continue
+        if new.num_tokens > old.num_tokens + decision.stop_at + 1:
+            yield (f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens, its stop was committed token "
+                   f"{decision.stop_at} of the step")
+        elif new.request_id not in stopped and new.status is Status.RUNNING and new.num_tokens > old.num_tokens:
+            yield f"{sid} committed its stop (token {decision.stop_at} of the step) and is still running"
+
+
+@invariant(
+    "SPD-007", "safety",
+    """A block is keyed for prefix caching only once its KV is computed from committed tokens:
+    between steps, every keyed block in a running sequence's table lies within its computed
+    tokens, so a block whose slots hold a rejected draft's KV is never found under the
+    accepted content's key.""",
+    """When a draft is rejected the model samples another token at its position, so the block
+    holds KV for a token the sequence does not have until that position is computed again.
+    Keying it by the accepted tokens hands that garbage KV to the next request with the same
+    prefix. vLLM keys blocks only up to the tokens without drafts at allocation
+    (vllm/v1/core/kv_cache_manager.py:616-625) and up to the processed frontier after an outcome
+    (scheduler.py:2402-2415); vllm-project/vllm#18668 made the first count the drafts actually
+    scheduled. Synchronous steps only: with outcomes in flight a block is keyed while the step
+    that writes it runs (PFX-001 is synchronous for the same reason).""",
+    (C.BLOCK_TABLES, C.COMPUTED_TOKENS),
+    synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
+)
+def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    if not ctx.config.num_speculative_tokens:
+        return  # every keyed block's KV is computed: PFX-001 says so without drafts
+    snap = rec.after
+    keys = snap.gpu_block_keys
+    if keys is None or snap.seqs is None:
+        return
+    bs = ctx.config.block_size
+    for sid in sorted({item.seq_id for item in rec.output.scheduled}):
+        v = snap.seqs.get(sid)
+        if v is None or v.status is not Status.RUNNING or v.num_computed is None or not v.blocks:
+            continue
+        for index, block in enumerate(v.blocks):
+            if (index + 1) * bs > v.num_computed and 0 <= block < len(keys) and keys[block] is not None:
+                yield (f"after the step: {sid} block {block} (index {index}) is keyed but holds positions up to "
+                       f"{(index + 1) * bs - 1}, {v.num_computed} computed")
+                break
+
+
+@invariant(
+    "SPD-008", "policy",
+    """A sequence is scheduled with no more drafts than the drafter proposed after the last step
+    that sampled for it (none after a preemption, before its first sample, or when drafting was
+    skipped).""",
+    """A draft nobody proposed is padding: it is always rejected, takes a slot and a token of
+    budget, and counted as a draft it drives the acceptance rate to zero (vllm-project/vllm#54054:
+    when the input no longer fit the drafter, the runner zero-filled the drafts, the scheduler
+    scheduled the padding for verification and reported 0 % acceptance). A policy: a pipelined
+    engine schedules placeholders before the proposal exists (vLLM's AsyncScheduler), and vLLM
+    0.33.0 pads a one-token admission to full width for CUDA graphs (scheduler.py:1306-1330).""",
+    (C.SEQ_LENGTHS,),
+    synchronous=True,
+    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
+)
+def drafts_were_proposed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    proposals = ctx.flow_state.setdefault("SPD-008", {})
+    k = ctx.config.num_speculative_tokens
+    for p in rec.output.preempted:
+        for sid in [s for s in proposals if s.rsplit("#", 1)[0] == p.request_id]:
+            proposals[sid] = 0
+    for item in rec.output.scheduled:
+        if item.num_drafts > proposals.get(item.seq_id, 0):
+            yield (f"{item.seq_id} scheduled with {item.num_drafts} drafts, "
+                   f"the drafter proposed {proposals.get(item.seq_id, 0)}")
+        proposals[item.seq_id] = 0  # spent, however many fitted
+    if not k or rec.before.seqs is None or rec.after.seqs is None:
+        return
+    for item in rec.output.scheduled:
+        old, new = rec.before.seqs.get(item.seq_id), rec.after.seqs.get(item.seq_id)
+        if old is None or new is None or new.status is not Status.RUNNING:
+            continue
+        if (new.num_tokens or 0) > (old.num_tokens or 0):  # it sampled: the drafter proposes for its next decode
+            proposals[item.seq_id] = rec.drafts.get(item.seq_id, NO_DECISION).num_proposed(k)

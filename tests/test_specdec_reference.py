@@ -1,0 +1,112 @@
+"""The speculative-decoding flow's reference (`reference_impl.specdec_scheduler`, and the async
+reference with k > 0): it holds its own profile, spends no draft it was not proposed, delivers the
+non-speculative run's stream, and at k = 0 is the V1 reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import HealthCheck, given, settings
+
+from conformance.generate_specdec import specdec_traces
+from conformance.generate_v1 import v1_traces
+from conformance.profiles import get_profile
+from conformance.selftest.mutants import violated
+from reference_impl.async_scheduler import AsyncV1Scheduler
+from reference_impl.engine import run_trace
+from reference_impl.specdec_scheduler import SpecDecScheduler
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.speculative import DraftDecision
+from spec.trace import Arrival, Trace
+from spec.types import Request, generated_token, seq_id
+
+SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
+
+
+@SETTINGS
+@given(specdec_traces())
+def test_reference_holds_its_profile(trace: Trace) -> None:
+    assert violated(SpecDecScheduler, trace, invariants=get_profile("specdec").invariants()) == set()
+
+
+@SETTINGS
+@given(specdec_traces())
+def test_async_reference_holds_the_async_profile_with_drafts(trace: Trace) -> None:
+    config = dataclasses.replace(trace.config, pipeline_depth=1, watermark=0.0, max_num_partial_prefills=0)
+    trace = dataclasses.replace(trace, config=config)
+    assert violated(AsyncV1Scheduler, trace, invariants=get_profile("async").invariants()) == set()
+
+
+@SETTINGS
+@given(v1_traces())
+def test_k_zero_is_the_v1_reference(trace: Trace) -> None:
+    ours, theirs = run_trace(trace, SpecDecScheduler), run_trace(trace, V1Scheduler)
+    assert [r.output for r in ours.records] == [r.output for r in theirs.records]
+
+
+def _stream_by_position(trace: Trace, make) -> dict[str, tuple[int, ...]]:
+    run = run_trace(trace, make)
+    return {sid: v.token_ids for sid, v in run.records[-1].after.seqs.items()}
+
+
+def test_accepted_run_is_the_plain_stream_and_a_stop_truncates_it() -> None:
+    """k = 3, every draft accepted, a stop on the second committed token of the step that first
+    verifies drafts: the stream is the samples by position, cut right after the stop, and the
+    step before the stop scheduled 1 + 3 tokens."""
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=32, max_model_len=32, watermark=0.0,
+                             preemption_mode="recompute", num_speculative_tokens=3)
+    request = Request("A", 5, 20, prompt_tokens=(1, 2, 3, 4, 5))
+    sid = seq_id("A", 0)
+    decisions = tuple((step, sid, DraftDecision(accepted=3, stop_at=1 if step == 2 else None)) for step in range(4))
+    trace = Trace(config, (Arrival(0, request),), stops=((2, sid),), max_steps=20, drafts=decisions)
+    for make in (SpecDecScheduler, lambda c: AsyncV1Scheduler(c, depth=0)):
+        run = run_trace(trace, make)
+        assert [s.num_drafts for r in run.records for s in r.output.scheduled] == [0, 3, 3]
+        tokens = run.records[-1].after.seqs[sid].token_ids
+        # prefill samples 1 token, step 1 commits 4, step 2 stops on its second: 5 + 1 + 4 + 2
+        assert len(tokens) == 12
+        assert tokens[5:] == tuple(generated_token("A", 0, p) for p in range(5, 12))
+        assert run.finished[-1].status.name == "FINISHED_STOPPED"
+
+
+def test_rejections_roll_back_and_the_stream_is_unchanged() -> None:
+    """Whatever the acceptance, the tokens are the samples by position, and a request with every
+    draft rejected ends with the same stream as one with every draft accepted."""
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=32, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=40, watermark=0.0,
+                             preemption_mode="recompute", enable_prefix_caching=True, num_speculative_tokens=2)
+    request = Request("A", 3, 9, prompt_tokens=(1, 2, 3))
+    sid = seq_id("A", 0)
+    streams = []
+    for accepted in (0, 1, 2):
+        drafts = tuple((step, sid, DraftDecision(accepted=accepted)) for step in range(12))
+        trace = Trace(config, (Arrival(0, request),), max_steps=30, drafts=drafts)
+        for make in (SpecDecScheduler, lambda c: AsyncV1Scheduler(dataclasses.replace(c, pipeline_depth=1))):
+            streams.append(_stream_by_position(trace, make)[sid])
+    assert len(set(streams)) == 1 and len(streams[0]) == 3 + 9
+
+
+
+def test_drafts_round_trip_and_bad_fields_name_themselves() -> None:
+    import pytest
+
+    from spec.errors import InputError
+
+    config = SchedulerConfig(num_speculative_tokens=2)
+    trace = Trace(config, (Arrival(0, Request("A", 3, 4)),), max_steps=9,
+                  drafts=((1, "A#0", DraftDecision(proposed=1, accepted=2, stop_at=0)), (2, "A#0", DraftDecision(empty=True))))
+    again = Trace.from_dict(trace.to_dict())
+    assert again.drafts == trace.drafts and again.config.num_speculative_tokens == 2
+    assert "drafts" not in Trace(config, (), max_steps=3).to_dict()  # old readers see the old format
+    bad = trace.to_dict()
+    bad["drafts"][0]["accepted"] = -1
+    with pytest.raises(InputError, match=r"drafts\[0\]\.accepted"):
+        Trace.from_dict(bad)
+    bad["drafts"][0] = {"step": 1, "seq": "A#0", "acepted": 1}
+    with pytest.raises(InputError, match=r"drafts\[0\]\.acepted"):
+        Trace.from_dict(bad)
+    with pytest.raises(InputError, match="config.num_speculative_tokens"):
+        SchedulerConfig(num_speculative_tokens=17)
