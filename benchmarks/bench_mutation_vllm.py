@@ -5,7 +5,7 @@ kvsched and by vLLM's own tests on the same mutants.
         [--traces 100] [--async-traces 40] [--limit N] [--only m001,m002] [--judges kvsched,pytest]
 
 1. Descriptors: Cosmic Ray's operators over the four files of the installed package
-   (`conformance.mutation.descriptors`), a seeded site-first sample of ``--sample`` mutants, kept
+   (`conformance.selftest.mutation.descriptors`), a seeded site-first sample of ``--sample`` mutants, kept
    in ``docs/results/mutation-vllm/descriptors.json`` (regenerated only for another sample/seed).
 2. Each mutant's file is written to a scratch overlay (never the installed package).
 3. A fork server imports vLLM once; each judge of each mutant is a forked child with the overlay.
@@ -33,12 +33,12 @@ from threading import Lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.mutation import descriptors as desc  # noqa: E402
-from conformance.mutation import workspace  # noqa: E402
-from conformance.mutation.forks import ForkServer  # noqa: E402
-from conformance.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
-from conformance.mutation.pytest_judge import PytestJudge  # noqa: E402
-from conformance.mutation.summary import render, summarize  # noqa: E402
+from conformance.selftest.mutation import descriptors as desc  # noqa: E402
+from conformance.selftest.mutation import workspace  # noqa: E402
+from conformance.selftest.mutation.forks import ForkServer  # noqa: E402
+from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
+from conformance.selftest.mutation.pytest_judge import PytestJudge  # noqa: E402
+from conformance.selftest.mutation.summary import render, summarize  # noqa: E402
 from conformance.targets import get_target  # noqa: E402
 
 RESULTS_VERSION = 1
@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 def rebaseline(args: argparse.Namespace, doc: dict, results: dict, pj: PytestJudge, tool: Path, site: Path) -> None:
     """Add test files to the pytest baseline (`--rebaseline`) and give vLLM's tests their chance
     on the mutants they had let survive."""
-    from conformance.mutation.pytest_judge import merge_baselines
-    from conformance.mutation.summary import KILLS
+    from conformance.selftest.mutation.pytest_judge import merge_baselines
+    from conformance.selftest.mutation.summary import KILLS
 
     files = list(args.rebaseline)
     new = pj.baseline(files=files, tag="rebaseline")

@@ -1,4 +1,4 @@
-"""The mutation benchmark on vLLM 0.33.0 (conformance/mutation, benchmarks/bench_mutation_vllm.py):
+"""The mutation benchmark on vLLM 0.33.0 (conformance/selftest/mutation, benchmarks/bench_mutation_vllm.py):
 descriptors are deterministic, scope rules read as documented, and one mutant is applied through
 an overlay and killed by kvsched end to end (needs the vllm-v1 target and Cosmic Ray's venv)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.mutation import descriptors as desc
-from conformance.mutation import workspace
-from conformance.mutation.summary import summarize
+from conformance.selftest.mutation import descriptors as desc
+from conformance.selftest.mutation import workspace
+from conformance.selftest.mutation.summary import summarize
 from conformance.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ def test_descriptor_generation_is_deterministic_on_the_installed_package():
 
 @needs_target
 def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
-    from conformance.mutation.forks import ForkServer
-    from conformance.mutation.kvsched_judge import KvschedJudge, suite
+    from conformance.selftest.mutation.forks import ForkServer
+    from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite
 
     target = get_target("vllm-v1")
     site = desc.site_packages(target.root / "venv")

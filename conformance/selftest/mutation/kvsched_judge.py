@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from conformance.generate import sample_traces
-from conformance.mutation.forks import ForkServer
 from conformance.profiles import get_profile
+from conformance.selftest.mutation.forks import ForkServer
 from conformance.targets import HOSTS_DIR, get_target
 from conformance.wire import WireAdapter
 from spec.trace import Trace
