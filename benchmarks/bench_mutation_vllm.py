@@ -5,7 +5,7 @@ kvsched and by vLLM's own tests on the same mutants.
         [--traces 100] [--async-traces 40] [--limit N] [--only m001,m002] [--judges kvsched,pytest]
 
 1. Descriptors: Cosmic Ray's operators over the four files of the installed package
-   (`conformance.mutation.descriptors`), a seeded site-first sample of ``--sample`` mutants, kept
+   (`conformance.selftest.mutation.descriptors`), a seeded site-first sample of ``--sample`` mutants, kept
    in ``docs/results/mutation-vllm/descriptors.json`` (regenerated only for another sample/seed).
 2. Each mutant's file is written to a scratch overlay (never the installed package).
 3. A fork server imports vLLM once; each judge of each mutant is a forked child with the overlay.
@@ -33,12 +33,12 @@ from threading import Lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.mutation import descriptors as desc  # noqa: E402
-from conformance.mutation import workspace  # noqa: E402
-from conformance.mutation.forks import ForkServer  # noqa: E402
-from conformance.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
-from conformance.mutation.pytest_judge import PytestJudge  # noqa: E402
-from conformance.mutation.summary import render, summarize  # noqa: E402
+from conformance.selftest.mutation import descriptors as desc  # noqa: E402
+from conformance.selftest.mutation import workspace  # noqa: E402
+from conformance.selftest.mutation.forks import ForkServer  # noqa: E402
+from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
+from conformance.selftest.mutation.pytest_judge import PytestJudge  # noqa: E402
+from conformance.selftest.mutation.summary import render, summarize  # noqa: E402
 from conformance.targets import get_target  # noqa: E402
 
 RESULTS_VERSION = 1
@@ -60,16 +60,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rebaseline", nargs="+", default=None, metavar="TEST_FILE",
                     help="rerun the pytest baseline of these test files (relative to the sdist), merge it, and "
                          "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
+    ap.add_argument("--redo", default="", metavar="VERDICTS",
+                    help="judge again the mutants kvsched gave one of these verdicts (comma-separated)")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
     return ap.parse_args(argv)
 
 
+def lines_file() -> Path:
+    """The pytest baseline's per-test line coverage (megabytes): kept in the workspace, not in
+    the committed results file."""
+    return workspace.root() / "pytest-baseline-lines.json"
+
+
 def load_results(path: Path, key: dict) -> dict:
     if path.exists():
         doc = json.loads(path.read_text())
         if doc.get("version") == RESULTS_VERSION and doc.get("key") == key:
+            pytest_baseline = doc["baselines"].get("pytest")
+            if pytest_baseline is not None and "lines" not in pytest_baseline:
+                if not lines_file().exists():  # the coverage is gone: run that baseline again
+                    doc["baselines"].pop("pytest")
+                else:
+                    pytest_baseline["lines"] = json.loads(lines_file().read_text())
             return doc
         print(f"{path}: made with other settings; starting afresh", flush=True)
     return {"version": RESULTS_VERSION, "key": key, "baselines": {}, "mutants": {}}
@@ -77,8 +91,13 @@ def load_results(path: Path, key: dict) -> dict:
 
 def save_results(doc: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    slim = json.loads(json.dumps(doc))
+    lines = slim["baselines"].get("pytest", {}).pop("lines", None)
+    if lines is not None:
+        lines_file().parent.mkdir(parents=True, exist_ok=True)
+        lines_file().write_text(json.dumps(lines))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(slim, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
@@ -115,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         save_results(results, args.out)
         print(render(results["summary"]))
         return 0
+    redo = set(filter(None, args.redo.split(",")))
+    if redo:  # e.g. hangs judged before they were confirmed on a fresh host (kvsched_judge)
+        for entry in results["mutants"].values():
+            for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
+                entry.pop(name)
     todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))]
     todo.sort(key=lambda m: (m["scope"] != "in", m["id"]))  # in scope first: a capped run still compares them
     if args.limit:
@@ -187,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 def rebaseline(args: argparse.Namespace, doc: dict, results: dict, pj: PytestJudge, tool: Path, site: Path) -> None:
     """Add test files to the pytest baseline (`--rebaseline`) and give vLLM's tests their chance
     on the mutants they had let survive."""
-    from conformance.mutation.pytest_judge import merge_baselines
-    from conformance.mutation.summary import KILLS
+    from conformance.selftest.mutation.pytest_judge import merge_baselines
+    from conformance.selftest.mutation.summary import KILLS
 
     files = list(args.rebaseline)
     new = pj.baseline(files=files, tag="rebaseline")

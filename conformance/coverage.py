@@ -36,7 +36,8 @@ _BY_ID: dict[str, Exercised] = {
     "RES-003": _preempted(PreemptionMode.RECOMPUTE),
     "CAP-003": _preempted(PreemptionMode.RECOMPUTE),
     "LEN-001": lambda r: any(f.status.value == "FINISHED_LENGTH_CAPPED" for f in r.finished),
-    "LEN-002": lambda r: bool(r.output.ignored),
+    # An over-long prompt offered: ignored by the scheduler, or refused at the door (vLLM V1's host).
+    "LEN-002": lambda r: bool(r.output.ignored or r.refused),
     "LEN-003": lambda r: bool(r.output.ignored or r.refused),
     "REQ-005": lambda r: any(f.status.value == "FINISHED_STOPPED" for f in r.finished),
     "SWP-001": lambda r: bool(r.output.swap_out),

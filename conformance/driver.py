@@ -183,7 +183,7 @@ def _run_checked(
             if reference is not None:
                 ref_output = reference.schedule()
                 ref_finished.extend(reference.update(StepOutcome(stopped, drafts)))
-                result.divergence = compare(step, ref_output, tuple(ref_finished), output, tuple(finished))
+                result.divergence = compare(step, ref_output, tuple(ref_finished), output, tuple(finished), refused)
                 if result.divergence is not None:
                     reference = None  # diverged: the reference no longer says what should happen
             if stop_at_first and result.failed:

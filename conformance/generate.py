@@ -8,6 +8,8 @@ aborts in every state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import strategies as st
 
 from spec.config import SchedulerConfig
@@ -55,11 +57,19 @@ def traces(
     max_n: int = 3,
     allow_aborts: bool = True,
     abort_odds: int = 6,
+    group_limit: Callable[[SchedulerConfig], int] | None = None,
+    abort_burst: bool = False,
 ) -> Trace:
     """``abort_odds``: each request is aborted with probability 1 / abort_odds, at a step drawn
     from its arrival to 12 steps later (so in whatever state it is then: waiting, running,
     swapped, or already finished). A real target's strategy lowers it to reach aborts of running
-    and swapped requests within a small campaign (`conformance.targets`)."""
+    and swapped requests within a small campaign (`conformance.targets`). ``group_limit(config)``:
+    the most parallel sequences a request may have under ``config``, where an engine takes fewer
+    than ``max_n`` (vLLM V0 preempts a multi-sequence group by swap only). ``abort_burst``: half
+    the traces also abort, at one step drawn after the first arrival, every request that has
+    arrived by then (a client disconnect storm): whatever is waiting, running or swapped at that
+    step is aborted together, which reaches aborts of short-lived states (a swapped group) far
+    more often than aborts drawn per request."""
     if config is None:
         config = draw(configs())
     count = draw(st.integers(1, max_requests))
@@ -71,7 +81,7 @@ def traces(
             request_id=f"r{i}",
             prompt_len=draw(prompt_lengths(config)),
             max_tokens=draw(st.integers(1, 12)),
-            n=draw(st.integers(1, max_n)),
+            n=draw(st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)),
             priority=draw(st.integers(0, 2)),
         )
         arrivals.append(Arrival(step, request))
@@ -81,6 +91,11 @@ def traces(
         for a in arrivals:
             if draw(st.integers(0, abort_odds - 1)) == 0:
                 aborts.append((a.step + draw(st.integers(0, 12)), a.request.request_id))
+        if abort_burst and draw(st.booleans()):
+            at = draw(st.integers(arrivals[0].step + 1, step + 12))
+            aborted = {rid for _, rid in aborts}
+            aborts += [(at, a.request.request_id) for a in arrivals
+                       if a.step <= at and a.request.request_id not in aborted]
     stops = []
     for a in arrivals:
         for index in range(a.request.n):

@@ -3,7 +3,9 @@
 Compared per step: the scheduled sequences with token counts and prefill flags (as a set: batch
 order is free), the preempted requests with modes, the ignored and swapped-in requests, the
 finished requests with statuses, and the sizes of the swap and copy maps (physical block ids
-may differ: agreement is up to a renaming of blocks).
+may differ: agreement is up to a renaming of blocks). A request the target refused at the door
+(add_request answered FINISHED_IGNORED) counts as ignored in that step: the refusal is the same
+decision as the reference's ignore in the step the request arrives, taken one call earlier.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def decisions(output: SchedulerOutput, finished: tuple[Finished, ...]) -> dict[str, Any]:
+def decisions(output: SchedulerOutput, finished: tuple[Finished, ...],
+              refused: frozenset[str] = frozenset()) -> dict[str, Any]:
     return {
         "scheduled": frozenset((s.seq_id, s.num_tokens, s.is_prefill) for s in output.scheduled),
         "preempted": frozenset((p.request_id, p.mode.value) for p in output.preempted),
-        "ignored": frozenset(output.ignored),
+        "ignored": frozenset(output.ignored) | refused,
         "swapped_in": frozenset(output.swapped_in),
         "swap_out_blocks": len(output.swap_out),
         "swap_in_blocks": len(output.swap_in),
@@ -63,8 +66,9 @@ def compare(
     reference_finished: tuple[Finished, ...],
     target: SchedulerOutput,
     target_finished: tuple[Finished, ...],
+    target_refused: frozenset[str] = frozenset(),
 ) -> Divergence | None:
-    want, got = decisions(reference, reference_finished), decisions(target, target_finished)
+    want, got = decisions(reference, reference_finished), decisions(target, target_finished, target_refused)
     for field, value in want.items():
         if got[field] != value:
             return Divergence(step, field, value, got[field], tuple(r.text() for r in reference.reasons))

@@ -48,12 +48,13 @@ class _Run:
         from conformance.arguments import parse_workers
 
         self.workers = parse_workers(config.getoption("kvsched_workers"), "--kvsched-workers")
-        from conformance.expectations import load_expectations, parse_skip
+        from conformance.expectations import load_expectations, parse_skip, target_expectations
 
         expect = config.getoption("kvsched_expect")
         try:
-            self.expectations = load_expectations(Path(expect) if expect else None).with_skips(
-                parse_skip(config.getoption("kvsched_skip")))
+            # A real target's own expectations file unless --kvsched-expect names one (as `kvsched conform`).
+            known = load_expectations(Path(expect)) if expect else target_expectations(self.spec)
+            self.expectations = known.with_skips(parse_skip(config.getoption("kvsched_skip")))
         except InputError as err:  # name the plugin's own flags
             where = {"--skip": "--kvsched-skip", "--expect": "--kvsched-expect"}.get(err.where, err.where)
             raise InputError(where, err.message) from None

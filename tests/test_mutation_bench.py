@@ -1,4 +1,4 @@
-"""The mutation benchmark on vLLM 0.33.0 (conformance/mutation, benchmarks/bench_mutation_vllm.py):
+"""The mutation benchmark on vLLM 0.33.0 (conformance/selftest/mutation, benchmarks/bench_mutation_vllm.py):
 descriptors are deterministic, scope rules read as documented, and one mutant is applied through
 an overlay and killed by kvsched end to end (needs the vllm-v1 target and Cosmic Ray's venv)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.mutation import descriptors as desc
-from conformance.mutation import workspace
-from conformance.mutation.summary import summarize
+from conformance.selftest.mutation import descriptors as desc
+from conformance.selftest.mutation import workspace
+from conformance.selftest.mutation.summary import summarize
 from conformance.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ def test_descriptor_generation_is_deterministic_on_the_installed_package():
 
 @needs_target
 def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
-    from conformance.mutation.forks import ForkServer
-    from conformance.mutation.kvsched_judge import KvschedJudge, suite
+    from conformance.selftest.mutation.forks import ForkServer
+    from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite
 
     target = get_target("vllm-v1")
     site = desc.site_packages(target.root / "venv")
@@ -108,3 +108,20 @@ def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
         server.stop()
     assert verdict["verdict"] == "killed", json.dumps(verdict)
     assert desc.sha256(site / mutant["file"]) == before  # the installed package is untouched
+
+
+def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
+    src = ["def f(self):",
+           "    if (",
+           "        self.num_spec_tokens > 0",
+           "    ):",
+           "        if x > budget:",
+           "            y = 1",
+           "    z = a or (",
+           "        b > 0",
+           "    )"]
+    headers = desc.enclosing_headers(src, 6)
+    assert headers[1].startswith("if ( self.num_spec_tokens > 0")
+    assert desc.scope_of(src[5], "f", headers[:-1]) == ("out", "spec-decode")
+    assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
+    assert desc.scope_of(src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == ("in", "")

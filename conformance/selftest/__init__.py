@@ -10,5 +10,7 @@ documents say what the code does:
 * `museum`: public scheduler bugs re-created as mutants, each with its upstream issue or PR;
 * `docs_gen`: the generated documents (docs/INVARIANTS.md and friends) and their currency check;
 * `proof_bridge`: Z3 counterexamples turned into replayable traces on the reference;
+* `mutation`: the mutation benchmark on a real engine (seeded bugs in the installed vLLM, judged by
+  kvsched and by the engine's own tests; benchmarks/bench_mutation_vllm.py);
 * `async_checks`, `async_safety_gaps`: the pipelined flow's drafts and its audit of `safety`.
 """

@@ -469,10 +469,13 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         rows.append(f"| {path} | {_V1_PATHS.get(path, '')} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
                     f"{m['traces'] - m['agreeing_traces']} | {by} |\n")
     if data["classes"]:
+        from conformance.targets.lockstep_v1 import CLASSES  # kinds and explanations as the code has them now
+
         rows.append("\n| class | kind | explanation (vLLM source) | traces |\n| --- | --- | --- | --- |\n")
         for cls, c in data["classes"].items():
+            kind, explanation = CLASSES.get(cls, (c["kind"], c["explanation"]))
             links = ", ".join(f"[{path}]({_rel_docs(p['trace'])})" for path, p in c["paths"].items())
-            rows.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |\n")
+            rows.append(f"| {cls} | {kind} | {explanation} | {links} |\n")
     notes = (
         "\nTranslations on the new paths: the host passes enable_chunked_prefill, long_prefill_token_threshold and "
         "enable_prefix_caching to V1's SchedulerConfig / CacheConfig (max_num_partial_prefills has no V1 counterpart; "
@@ -482,7 +485,14 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "token after its (re)admission.\n\n"
         "One misreading was found and fixed on the default path: V1 refuses a prompt longer than max_model_len "
         "before its scheduler (vllm/v1/engine/input_processor.py), so it is ignored in the step it arrives, never "
-        "waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting.\n"
+        "waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting\n\n"
+        "Host fidelity (issue 21): V1's input processor also refuses a generate prompt of exactly max_model_len "
+        "tokens (no room for its output token; `InputProcessor._validate_prompt_len`), which the host had passed to "
+        "the scheduler. Every chunk-clamped-below-max-model-len divergence above began with such a prompt, so the "
+        "class cannot happen to a generate request in real vLLM; it is real for pooling requests, which sample no "
+        "token (vLLM #47971, #24704, #55427; fixed by #48039). The host now refuses that prompt at the door, and "
+        "`lockstep_v1` classifies the divergence as generate-prompt-at-max-model-len-refused; the counts in the table "
+        "are from the campaign run before the change.\n"
     )
     return intro + "".join(rows) + notes
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from conformance.targets.coverage_gate import ALL_EDGES, NO_SWAP, ONE_SEQUENCE, Reach
 from spec.config import SchedulerConfig
 from spec.domain import ConfigDomain
 from spec.errors import InputError
@@ -53,6 +54,7 @@ def engine_configs(
     block_sizes: tuple[int, ...] = (1, 2, 4, 8),
     max_len_blocks: int = 12,
     roomy_swap: bool = False,
+    tight_cache: bool = False,
 ) -> SchedulerConfig:
     """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
 
@@ -63,13 +65,18 @@ def engine_configs(
     configs get a CPU pool at least as large as the GPU pool, so a swap victim usually fits and
     swapped groups live on to be swapped in, aborted or ignored (vLLM V0 raises when a victim does
     not fit: with pools of 0-24 blocks most swap-mode traces ended at their first swap).
+    ``tight_cache``: half the configs get a GPU pool of at most 3 blocks more than one
+    max_model_len sequence needs, so a few requests outgrow it and preemption (and with swap, swap-in)
+    happens in a small campaign.
     """
     block_size = draw(st.sampled_from(block_sizes))
     max_num_seqs = draw(st.integers(1, 6))
     max_model_len = draw(st.integers(block_size, block_size * max_len_blocks))
     low = max(max_num_seqs, max_model_len if budget_covers_model_len else max_model_len // 2)
-    num_gpu_blocks = draw(st.integers(max(2, -(-max_model_len // block_size)) if cache_holds_model_len else 2,
-                                      max(24, -(-max_model_len // block_size))))
+    need = max(2, -(-max_model_len // block_size))
+    least = need if cache_holds_model_len else 2
+    most = least + 3 if tight_cache and draw(st.booleans()) else max(24, need)
+    num_gpu_blocks = draw(st.integers(least, most))
     num_cpu_blocks = 0
     if cpu_blocks:
         roomy = roomy_swap and draw(st.booleans())
@@ -88,11 +95,14 @@ def engine_configs(
 
 
 def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_aborts: bool = True,
-                  abort_odds: int = 6) -> st.SearchStrategy:
+                  abort_odds: int = 6, max_requests: int = 6,
+                  group_limit: Callable[[SchedulerConfig], int] | None = None,
+                  abort_burst: bool = False) -> st.SearchStrategy:
     from conformance.generate import traces
 
     return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts,
-                                                         abort_odds=abort_odds))
+                                                         abort_odds=abort_odds, max_requests=max_requests,
+                                                         group_limit=group_limit, abort_burst=abort_burst))
 
 
 # ------------------------------------------------------------------------------ the targets
@@ -116,6 +126,9 @@ class Target:
     # "default": `kvsched targets install all` (and CI) installs it; "nightly": too slow to install
     # from scratch within CI's budget, installed by name or by `kvsched targets install nightly`.
     install_profile: str = "default"
+    # What the engine can do, so what a small campaign must reach (conformance/targets/coverage_gate.py);
+    # None: not gated yet.
+    reach: Reach | None = None
 
     @property
     def root(self) -> Path:
@@ -167,9 +180,20 @@ def _v0_strategy() -> st.SearchStrategy:
     # scheduler sees it (ParallelSampleSequenceGroup), but its Scheduler and block manager still
     # fork, share blocks, copy on write and swap whole groups (auto mode swaps a multi-sequence
     # group), and the host forks at the prompt step as V0's sampler did: up to 3 sequences, so
-    # those paths are driven (issue 21). Roomy swap spaces, so swapped groups live on; aborts of
-    # one request in three, so every state gets aborted in a small campaign.
-    return engine_traces(engine_configs(watermark=0.01, roomy_swap=True), max_n=3, abort_odds=3)
+    # those paths are driven (issue 21), within what V0 takes (`_v0_group_limit`). Roomy swap spaces
+    # so swapped groups live on, tight GPU caches and up to 8 requests so they are preempted and
+    # swapped, aborts of one request in three plus a burst abort in half the traces so every state
+    # gets aborted, and block size 1 (no partial block, so no copy-on-write) drawn less often.
+    return engine_traces(engine_configs(watermark=0.01, roomy_swap=True, tight_cache=True, block_sizes=(1, 2, 4, 4, 8)),
+                         max_n=3, abort_odds=3, max_requests=8, group_limit=_v0_group_limit, abort_burst=True)
+
+
+def _v0_group_limit(config: SchedulerConfig) -> int:
+    """vLLM 0.10.2 preempts a multi-sequence group by swap only (vllm/core/scheduler.py:
+    Scheduler._preempt_by_recompute asserts one running sequence; auto mode swaps such groups), so
+    n > 1 only outside 'recompute' mode; and at most max_num_seqs: V0 counts an unforked group as
+    one seat, so a larger group, once swapped out, could never be swapped back in."""
+    return 1 if config.preemption_mode == "recompute" else config.max_num_seqs
 
 
 def _v1_strategy() -> st.SearchStrategy:
@@ -177,7 +201,8 @@ def _v1_strategy() -> st.SearchStrategy:
     # engine splits n>1 into independent requests), watermark 0; default path (no chunked
     # prefill, no prefix caching).
     return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",),
-                                        cache_holds_model_len=True), max_n=1, abort_odds=3)
+                                        cache_holds_model_len=True, tight_cache=True), max_n=1, abort_odds=3,
+                         abort_burst=True)
 
 
 def _sglang_strategy() -> st.SearchStrategy:
@@ -245,6 +270,21 @@ _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, bu
 _V1_ASYNC_DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, watermark=0.0, max_n=1,
                                 budget_covers_model_len=True, cache_holds_model_len=True, chunked_prefill=True,
                                 prefix_caching=True, pipeline_depth=1, speculative=True)
+
+
+# The lifecycle edges each engine takes (the coverage gate holds a campaign to all of them).
+_V0_REACH = Reach(tuple(e for e in ALL_EDGES if e != "RUNNING->FINISHED_IGNORED (preempt_then_ignore)"))
+# V1 and nano-vllm: recompute only, n = 1. V1 refuses an over-long prompt at the door (an ignore
+# that is no lifecycle edge: the request never waits); nano-vllm has no ignore path and no abort API.
+_V1_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_ABORTED (abort)", "RUNNING->RUNNING (decode)",
+                   "RUNNING->WAITING (preempt_recompute)", "RUNNING->FINISHED_STOPPED (finish_stop)",
+                   "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)", "RUNNING->FINISHED_ABORTED (abort)"),
+                  {**NO_SWAP, **ONE_SEQUENCE})
+_NANO_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)",
+                     "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"),
+                    {**NO_SWAP, **ONE_SEQUENCE,
+                     **{i: "no ignore path: an over-long or never-fitting prompt is admitted or waits (the LEN-002/003 "
+                           "findings)" for i in ("LEN-002", "LEN-003")}})
 
 
 def _v1_async_strategy() -> st.SearchStrategy:
@@ -338,21 +378,21 @@ _TARGET_LIST = [
         "nano_vllm_host.py", ("--pkg", "nanovllmnpu", "--name", "nano-vllm"),
         pip_steps=(("--no-deps", "nano-vllm-npu==0.0.2", *_NANO_DEPS),),
         smoke="import importlib.util; assert importlib.util.find_spec('nanovllmnpu')",
-        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0,
+        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0, reach=_NANO_REACH,
     ),
     Target(
         "nano-vllm-fork", "nano-vllm-fork==20260210", "nano-vllm fork with CFG pairing (package nanovllm)",
         "nano_vllm_host.py", ("--pkg", "nanovllm", "--name", "nano-vllm-fork"),
         pip_steps=(("--no-deps", "nano-vllm-fork==20260210", *_NANO_DEPS),),
         smoke="import importlib.util; assert importlib.util.find_spec('nanovllm')",
-        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0,
+        strategy=_nano_strategy, domain=_NANO_DOMAIN, timeout=30.0, reach=_NANO_REACH,
     ),
     Target(
         "vllm-v0", "vllm==0.10.2", "vLLM V0 Scheduler + SelfAttnBlockSpaceManager (vllm/core/scheduler.py)",
         "vllm_v0_host.py", env={"VLLM_USE_V1": "0", "VLLM_TARGET_DEVICE": "cpu"},
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.10.2"), ("--no-deps", *_V0_DEPS)),
         smoke="from vllm.core.scheduler import Scheduler; from vllm.config import SchedulerConfig, CacheConfig",
-        profiles=("vllm-v0", "safety"), strategy=_v0_strategy, domain=_V0_DOMAIN,
+        profiles=("vllm-v0", "safety"), strategy=_v0_strategy, domain=_V0_DOMAIN, reach=_V0_REACH,
     ),
     Target(
         "vllm-v1", "vllm==0.33.0", "vLLM V1 Scheduler + KVCacheManager (vllm/v1/core/sched/scheduler.py)",
@@ -360,7 +400,7 @@ _TARGET_LIST = [
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.33.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.scheduler import Scheduler; from vllm.config import ModelConfig, VllmConfig",
         strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
-        profiles=("safety", "vllm-v1"),
+        profiles=("safety", "vllm-v1"), reach=_V1_REACH,
     ),
     Target(
         "vllm-v1-async", "vllm==0.33.0",

@@ -175,7 +175,21 @@ def build(results: Path) -> str:
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
     lines += _specdec(results / "specdec-lockstep.json", results / "specdec-hunt.json")
-    lines += ["", "## What each adapter translates", "",
+    lines += ["", "## Search strength: what a campaign reaches (issue 21)", "",
+              "Each target declares the lifecycle edges its engine takes and the invariants it can never exercise "
+              "(`Target.reach`, `conformance/targets/coverage_gate.py`); tests/test_targets.py runs 100 traces per "
+              "target, as `kvsched conform` does, and fails on an applicable invariant with zero exercised steps, an "
+              "untaken edge, or a finding the target's expectations file (`conformance/targets/expectations/`) does not "
+              "list. On vllm-v0, `kvsched conform --adapter vllm-v0 --profile vllm-v0 --max-examples 100 --seed "
+              "20261130`, before and after the target's traces drew n up to 3, roomy swap spaces, tight GPU caches, up "
+              "to 8 requests and burst aborts: never exercised before, BLK-002, BLK-004, RES-002, COW-001, COW-002, "
+              "SWP-001, SWP-002, SWP-003 and POL-002; after, none (SWP-002 on 11 steps, COW-001/002 on 5, SWP-001 on "
+              "30); swap-in, aborts of running and swapped groups and the ignore of a swapped group went from 0 to 9, "
+              "19, 5 and 14 edges taken. The group paths found that V0's `swap_out` maps each sequence of a group on "
+              "its own, so a block shared after a fork is copied to a CPU block per sequence "
+              "(group-swap-flattens-sharing, SWP-001/003), and that an unforked group takes one seat "
+              "(group-seats, BUD-003/STR-002); both are in the expectations file with their source.",
+              "", "## What each adapter translates", "",
               "* **nano-vllm / nano-vllm-fork**: the host plays `LLMEngine.step` (schedule, one token per sequence, "
               "`postprocess`); stops are EOS tokens. No abort API, no `n`, no priority, no watermark, no swap: traces "
               "keep to those (`trace_strategy`). `num_computed` is derived (len - 1 for running sequences; the prefix-cache "
@@ -183,13 +197,19 @@ def build(results: Path) -> str:
               "`generated_token`s (so nano's prefix cache sees what the reference sees); without them each request gets "
               "ids of its own. nano's block hashes are reported as `gpu_block_keys`.",
               "* **vllm-v0**: the host plays `LLMEngine._process_model_outputs` with vLLM's own `StopChecker`; swap maps "
-              "are vLLM's (device-relative), block tables are made pool-relative. The traces use n = 1: 0.10.2's engine "
-              "splits n > 1 into independent groups before the scheduler; the host can still fork at scheduler level, "
-              "where 0.10.2 counts one seat for an unforked group (`SequenceGroup.get_max_num_running_seqs`).",
+              "are vLLM's (device-relative), block tables are made pool-relative. 0.10.2's engine splits n > 1 into "
+              "independent groups before the scheduler, but its Scheduler and block manager still fork, share blocks, "
+              "copy on write and swap whole groups: the host forks at the prompt step as V0's sampler did, and the traces "
+              "draw n up to 3 (issue 21) outside 'recompute' mode (`_preempt_by_recompute` asserts one sequence) and at "
+              "most max_num_seqs; 0.10.2 counts one seat for an unforked group (`SequenceGroup.get_max_num_running_seqs`). "
+              "Entry path: `LLMEngine._validate_model_input` raises for a prompt over max_model_len; the host leaves it "
+              "to the scheduler's prompt limit, which ignores it unscheduled at the head of waiting (same verdict, later "
+              "step: an open translation gap, tests/test_host_fidelity.py).",
               "* **vllm-v1**: block 0 is V1's null block, so the pool has num_gpu_blocks + 1 blocks and ids are reported "
               "minus one; V1 advances `num_computed_tokens` inside `schedule()`, so the mid-step snapshot reports the tokens "
-              "computed before the step; a prompt over max_model_len is rejected by V1's input processor and reported as "
-              "ignored. Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
+              "computed before the step; a prompt over max_model_len, and a generate prompt of exactly max_model_len "
+              "tokens, is rejected by V1's input processor (`InputProcessor._validate_prompt_len`) and refused at the door "
+              "(`add_request` answers FINISHED_IGNORED; tests/test_host_fidelity.py). Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
               "* **sglang**: `hosts/sglang_host.py` drives SGLang's `PrefillAdder`, `SchedulePolicy` (fcfs), "
               "`ScheduleBatch` (`prepare_for_extend`, `check_decode_mem`, `retract_decode`, `prepare_for_decode`), "
               "`RadixCache` and the page-size-1 token allocator unmodified, and replays `Scheduler.get_next_batch_to_run`, "

@@ -38,7 +38,7 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets.campaign_args import campaign_parser
-from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
+from conformance.targets.lockstep_v1 import Outcome, RefusesMaxLenPrompt, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from spec.config import SchedulerConfig
@@ -112,19 +112,24 @@ class ClampedAsync(RecordingAsync):
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
 
+class RefusesMaxLenAsync(RefusesMaxLenPrompt, RecordingAsync):
+    """With V1's door refusal of a generate prompt of max_model_len tokens. Used only to classify."""
+
+
 MODELS: tuple[tuple[str, type[RecordingAsync]], ...] = (
+    ("generate-prompt-at-max-model-len-refused", RefusesMaxLenAsync),
     ("chunk-clamped-below-max-model-len", ClampedAsync),
 )
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingAsync] = RecordingAsync) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingAsync] = RecordingAsync, timeout: float = 60) -> Outcome:
     holder: list[RecordingAsync] = []
 
     def factory(config: SchedulerConfig) -> RecordingAsync:
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory,
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
                          stop_at_first=False)
     state = compare_state(result, holder[0]) if holder else None  # type: ignore[arg-type]
     tokens = compare_tokens(result, holder[0]) if holder else None

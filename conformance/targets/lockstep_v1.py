@@ -48,6 +48,7 @@ from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.observation import Snapshot
+from spec.status import Status
 from spec.trace import Trace
 
 V1_TARGETS = ("vllm-v1", "aphrodite")  # targets whose scheduler is vLLM's V1 Scheduler
@@ -56,15 +57,24 @@ PATHS = ("default", "chunked", "prefix", "chunked+prefix", "chunked+partial")
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
     "chunk-clamped-below-max-model-len": (
-        "vllm-deviation",
+        "vllm-defect (pooling requests only)",
         "V1 clamps every running request's chunk at `max_model_len - num_computed_tokens - 1` "
         "(vllm/v1/core/sched/scheduler.py: Scheduler.schedule, running loop, 'Make sure the input position "
-        "does not exceed the max model len'; `num_sampled_tokens_per_step` is 1). A prompt of exactly "
-        "max_model_len tokens whose prefill continues as a running chunk stops one token short: its last prompt "
-        "token is never scheduled (`num_new_tokens == 0` -> skipped), so it holds its blocks and its seat and "
-        "never finishes (LIV-001 where it is the only work) unless a preemption sends it back to waiting and it is "
-        "then admitted whole: the waiting path has no such clamp. The spec lets a prompt of exactly max_model_len "
-        "tokens complete (LEN-001) and every step make progress (LIV-001).",
+        "does not exceed the max model len'; `num_sampled_tokens_per_step` is 1 for every non-diffusion runner). "
+        "A prompt of exactly max_model_len tokens whose prefill continues as a running chunk stops one token short "
+        "and never finishes. A generate request never meets it: V1's input processor refuses a generate prompt of "
+        "exactly max_model_len tokens (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len), and "
+        "since issue 21 the host refuses it at the door as well, so on these generate-only traces the class is "
+        "replaced by generate-prompt-at-max-model-len-refused. It is real for pooling requests, which produce no "
+        "token and may fill max_model_len: the embedding hangs of vllm-project/vllm #47971, #24704 and #55427, "
+        "fixed by #48039 (no sampled-token slot for pooling runners).",
+    ),
+    "generate-prompt-at-max-model-len-refused": (
+        "vllm-deviation",
+        "V1's input processor refuses a generate prompt of exactly max_model_len tokens, since its output "
+        "token would not fit (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len, the "
+        "`prompt_len == max_prompt_len and runner_type == \"generate\"` branch); the host refuses it at the "
+        "door. The spec lets such a prompt run and finish length-capped after one token (vLLM V0 does).",
     ),
     "threshold-caps-a-lone-request": (
         "aphrodite-deviation",
@@ -158,6 +168,24 @@ class ClampedV1(RecordingV1):
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
 
+class RefusesMaxLenPrompt:
+    """Mixin for a V1-flow reference: refuse a prompt of exactly max_model_len tokens on arrival, as
+    vLLM V1's input processor refuses a generate prompt that leaves no room for its output token
+    (the reference's over-long path). Used only to classify divergences (here and in lockstep_async)."""
+
+    def add_request(self, request) -> None:
+        if request.prompt_len != self.config.max_model_len:
+            return super().add_request(request)
+        tracked = self._track(request)  # as V1Scheduler.add_request treats an over-long prompt
+        tracked.status = Status.FINISHED_IGNORED
+        self._rejected.append(tracked)
+        return None
+
+
+class RefusesMaxLenPromptV1(RefusesMaxLenPrompt, RecordingV1):
+    """The V1 reference with V1's refusal of a generate prompt of max_model_len tokens."""
+
+
 class NoPartialLimitV1(RecordingV1):
     """The reference without ``max_num_partial_prefills``, as vLLM V1 (which has no such limit)."""
 
@@ -185,6 +213,7 @@ class StopsAtSelfPreemptionV1(RecordingV1):
 # the engine behaviours a divergence is tried against: each a reference variant overriding one
 # hook; `classify` tries every combination of the ones a trace can meet, smallest first
 PARTS: tuple[tuple[str, type[RecordingV1]], ...] = (
+    ("generate-prompt-at-max-model-len-refused", RefusesMaxLenPromptV1),
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
     ("threshold-caps-a-lone-request", AlwaysCappedV1),
@@ -258,14 +287,14 @@ class Outcome:
         return "; ".join(str(v) for v in self.result.violations[:2])
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1, timeout: float = 60) -> Outcome:
     holder: list[RecordingV1] = []
 
     def factory(config: SchedulerConfig) -> RecordingV1:
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=60, lockstep=True, reference_factory=factory)
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
     state = compare_state(result, holder[0]) if holder else None
     return Outcome(result, state)
 
@@ -283,7 +312,8 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
         return "violation-only"
     config = trace.config
     clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
-    possible = {"chunk-clamped-below-max-model-len": clamp,
+    at_max = any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
+    possible = {"chunk-clamped-below-max-model-len": clamp, "generate-prompt-at-max-model-len-refused": at_max,
                 "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
                 "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold),
                 "self-preemption-ends-the-running-scan": config.policy == "priority"}

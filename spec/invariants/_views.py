@@ -535,14 +535,25 @@ def views_of(snap: Snapshot, request_id: str) -> list[SeqView]:
 class FreeEntries:
     """How many times a snapshot's free list names each block: the base snapshot's answer plus the
     blocks changed since (`Snapshot.gpu_block_changes`), so that carrying it forward costs what
-    changed, not the pool. Chains are cut at `_DELTA_DEPTH` layers by flattening (one dict copy)."""
+    changed, not the pool. A chain longer than `_ENTRY_LAYERS` is cut by folding the parent's
+    layers into the root's dict *in place* (a copy of a pool-sized dict every few snapshots was the
+    largest cost left at 4096 requests). The parent still answers for its own snapshot (a block
+    in none of its layers keeps its root entry), but the layers below it no longer do for theirs:
+    only the current snapshots and their bases are asked (the checker reads the current step's;
+    `forget` drops the facts of older ones), never a grandparent."""
 
     __slots__ = ("parent", "counts", "depth")
 
     def __init__(self, counts: dict[int, int], parent: FreeEntries | None = None) -> None:
-        if parent is not None and parent.depth >= _DELTA_DEPTH:
-            counts = {**parent.flat(), **counts}
-            parent = None
+        if parent is not None and parent.depth >= _ENTRY_LAYERS:
+            layers, root = [], parent
+            while root.parent is not None:
+                layers.append(root.counts)
+                root = root.parent
+            folded = root.counts
+            for layer in reversed(layers):  # oldest first, so newer entries win
+                folded.update(layer)
+            parent = FreeEntries(folded)  # the parent's answers, as one dict
         self.parent, self.counts = parent, counts
         self.depth = 0 if parent is None else parent.depth + 1
 
@@ -591,6 +602,9 @@ class PoolFacts(NamedTuple):
         if self.low >= 0 and self.high < size:
             return False
         return any(not 0 <= b < size for b in self.free())
+
+
+_ENTRY_LAYERS = 12  # free-list entry layers kept before folding (`FreeEntries`): more than a checker reads back
 
 
 def pool_facts(snap: Snapshot, device: str) -> PoolFacts:
@@ -741,3 +755,28 @@ def _pool_changed(snap: Snapshot, device: str) -> Iterable[int] | None:
     if snap.cpu_ref_counts is base.cpu_ref_counts and snap.cpu_free_ids is base.cpu_free_ids:
         return ()
     return snap.cpu_block_changes
+
+
+def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, refs: tuple[int, ...],
+                        expected: tuple[int, ...]) -> bool:
+    """Whether ``refs`` equals ``expected`` (a snapshot's reference counts and its entry counts),
+    known by reading only the blocks that changed since ``prior``: ``prior`` is ``snap``'s base,
+    where the same check found them equal, and a block neither the pool's delta nor a moved table
+    names has both values it had there. False when that is not known (compare them whole), and
+    wherever a pipelined engine's holds (`Snapshot.gpu_fenced`) add to the expected counts."""
+    if prior is None or snap.base is not prior or not observation.INCREMENTAL:
+        return False
+    if device == "gpu" and (snap.gpu_fenced or prior.gpu_fenced):
+        return False
+    old_refs = (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) or ()
+    size = len(refs)
+    if len(old_refs) != size or len(expected) != size:
+        return False
+    pool = _pool_changed(snap, device)
+    tables = _kept(snap, "entry_changes", (device, size))
+    if pool is None or tables is _MISSING or tables is None:
+        return False
+    for block in (*pool, *tables):  # type: ignore[misc]
+        if not 0 <= block < size or refs[block] != expected[block]:
+            return False
+    return True

@@ -11,12 +11,12 @@ from spec.invariants._views import (
     checked_with_prior,
     entries,
     entry_counts,
+    equal_where_changed,
     free_in_tables,
     fresh_after,
     fresh_in_snapshots,
     fresh_tables_in_snapshots,
     pool_facts,
-    snapshots,
     tables,
 )
 from spec.observation import Capability as C
@@ -77,7 +77,7 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
-    for label, snap in snapshots(rec):
+    for label, snap, prior in checked_with_prior(ctx, rec):
         refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
         if refs is None and device == "cpu":
             refs = ()  # no CPU pool: any CPU table points outside it
@@ -86,8 +86,9 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
         fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
         if fenced and expected is not None:
             expected = _with_holds(expected, fenced)
-        if expected is not None and (refs is expected or refs == expected):
-            continue  # compared whole at C speed; explained block by block below if not
+        if expected is not None and (refs is expected or equal_where_changed(snap, prior, device, refs, expected)
+                                     or refs == expected):
+            continue  # compared where changed, or whole at C speed; explained block by block below if not
         counted = entries(snap, device) + Counter(fenced or ())
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):

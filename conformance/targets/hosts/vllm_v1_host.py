@@ -15,8 +15,11 @@ Translations (documented in docs/CONFORMANCE.md):
 * V1 advances ``num_computed_tokens`` inside ``schedule()``; between ``schedule()`` and the
   outcome the snapshot reports the tokens computed *before* the step (the KV is written when
   the model runs);
-* a prompt longer than ``max_model_len`` is rejected by V1's input processor before it reaches
-  the scheduler (vllm/v1/engine/input_processor.py); the host reports it as ignored;
+* a prompt longer than ``max_model_len``, or of exactly ``max_model_len`` tokens (a generate
+  request must leave room for one output token), is rejected by V1's input processor before it
+  reaches the scheduler (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len,
+  the ``prompt_len == max_prompt_len and runner_type == "generate"`` branch); the host refuses it
+  at the door (``add_request`` answers FINISHED_IGNORED) as the engine's entry path does;
 * chunked prefill (with ``long_prefill_token_threshold``) and prefix caching are passed to V1's
   SchedulerConfig / CacheConfig; ``max_num_partial_prefills`` is accepted and has no effect
   (V1's scheduler has no such limit). With prefix caching, each Request gets V1's own block
@@ -146,17 +149,18 @@ class V1Engine:
         self.step_no = 0
         self.pending = None
 
-    def add_request(self, request: dict) -> None:
+    def add_request(self, request: dict) -> dict | None:
         rid = request["id"]
         if rid in self.reqs or rid in self.final:
             raise ValueError(f"duplicate request id {rid!r}")
         if request.get("n", 1) != 1:
             raise ValueError("V1's scheduler has no parallel sampling: the engine splits n > 1 into separate requests")
-        if request["prompt_len"] > self.cfg["max_model_len"]:
-            # vllm/v1/engine/input_processor.py rejects it before the scheduler: report as ignored
+        if request["prompt_len"] >= self.cfg["max_model_len"]:
+            # vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len raises before the
+            # scheduler for a prompt over max_model_len, and for a generate prompt of exactly
+            # max_model_len (no room for one output token): refused at the door.
             self.final[rid] = "FINISHED_IGNORED"
-            self.rejected.append(rid)
-            return
+            return {"request": rid, "status": "FINISHED_IGNORED"}
         sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
         tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.mutation.descriptors import FILES
-from conformance.mutation.forks import ForkServer
+from conformance.selftest.mutation.descriptors import FILES
+from conformance.selftest.mutation.forks import ForkServer
 
 # Files left out before running: they need what this CPU-only machine does not have.
 SKIP_FILES = {

@@ -68,11 +68,16 @@ OUT_OF_SCOPE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stats/events/logging", ("stats", "metric", "logger", "log_", "kv_event", "events", "perf", "record_",
                               "iteration_details", "cudagraph", "num_cached_tokens", "get_usage")),
     ("hybrid/mamba/sliding-window", ("mamba", "sliding", "swa", "hybrid", "hisparse", "sparse", "group_id",
-                                     "prefix_replay", "replay_")),
+                                     "prefix_replay", "replay_",
+                                     # sub-block hits: only with aligned Mamba states
+                                     # (vllm/v1/core/kv_cache_utils.py: partial_hash_hits_enabled)
+                                     "partial_block", "partial_hash")),
     ("pooling/logprobs/streaming", ("pooling", "pooler", "logprobs", "streaming", "stream_", "resumable",
                                     "routed_expert", "repetition", "session")),
     ("parallelism", ("dp_", "data_parallel", "pipeline", "pp_", "dcp", "pcp", "ec_", "kv_sharing",
-                     "num_reqs_to_pad")),
+                     "num_reqs_to_pad",
+                     # DP prefill balancing and the V2+PP+async decode throttle (scheduler.py:389-395)
+                     "prefill_capacity_bound", "current_step", "throttle")),
 )
 
 
@@ -87,23 +92,38 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+_BLOCK_STARTS = ("if ", "if(", "elif ", "elif(", "else:", "while ", "for ", "try:", "except", "finally:", "def ",
+                 "async def ", "class ", "with ", "match ", "case ")
+
+
 def enclosing_headers(lines: list[str], lineno: int) -> list[str]:
     """The headers of the blocks around line ``lineno`` (1-based), innermost first, up to its
-    ``def``: a mutation under ``if self.enable_kv_cache_events:`` belongs to KV events."""
+    ``def``: a mutation under ``if self.enable_kv_cache_events:`` belongs to KV events. A header
+    that spans lines (``if (`` ... ``):``) is read whole; the continuation lines of a statement
+    (``return (``, a closing ``):``) are not headers."""
     line = lines[lineno - 1]
     indent = len(line) - len(line.lstrip())
     out = []
-    for text in reversed(lines[:lineno - 1]):
+    for index in range(lineno - 2, -1, -1):
+        text = lines[index]
         stripped = text.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
         own = len(text) - len(text.lstrip())
-        if own < indent:
-            if not stripped.startswith("with "):  # profiling scopes (record_function_or_nullcontext)
-                out.append(stripped)
+        if not stripped or stripped.startswith("#") or own >= indent or stripped.startswith((")", "]", "}")):
+            continue
+        if not stripped.startswith(_BLOCK_STARTS):  # the statement a continuation line belongs to
+            out.append(stripped)
             indent = own
-            if stripped.startswith(("def ", "async def ", "class ")):
+            continue
+        header = [stripped]
+        for more in lines[index + 1:index + 12]:
+            if header[-1].split("#")[0].rstrip().endswith(":"):
                 break
+            header.append(more.strip())
+        if not stripped.startswith("with "):  # profiling scopes (record_function_or_nullcontext)
+            out.append(" ".join(header))
+        indent = own
+        if stripped.startswith(("def ", "async def ", "class ")):
+            break
     return out
 
 

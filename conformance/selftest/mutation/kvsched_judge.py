@@ -8,7 +8,8 @@ first divergence step and field, the problems found). So a mutant is never kille
 the unmutated target also has on the same trace (a known deviation such as the chunk clamp),
 only by one it does not have, or has at another step or of another kind.
 
-Verdicts: ``killed`` (a new finding), ``timeout`` (the new finding is a hang), ``crash-at-import``
+Verdicts: ``killed`` (a new finding), ``timeout`` (the new finding is a hang, confirmed on a
+fresh host with ten times the cap), ``crash-at-import``
 (the host never said hello: the mutated module does not import), ``survived`` (every trace
 matched the baseline), ``survived-budget`` (the time cap ended the run first).
 """
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from conformance.generate import sample_traces
-from conformance.mutation.forks import ForkServer
 from conformance.profiles import get_profile
+from conformance.selftest.mutation.forks import ForkServer
 from conformance.targets import HOSTS_DIR, get_target
 from conformance.wire import WireAdapter
 from spec.trace import Trace
@@ -43,14 +44,14 @@ class Flavour:
             from conformance.targets.lockstep_v1 import path_strategy
         return path_strategy(path)
 
-    def run_one(self, adapter, trace: Trace):
+    def run_one(self, adapter, trace: Trace, timeout: float = 60.0):
         if self.target == "vllm-v1-async":
             from conformance.targets.lockstep_async import run_one
 
-            return run_one(adapter, trace, get_profile("safety").invariants())
+            return run_one(adapter, trace, get_profile("safety").invariants(), timeout=timeout)
         from conformance.targets.lockstep_v1 import run_one
 
-        return run_one(adapter, trace, get_profile("vllm-v1").invariants())
+        return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout)
 
 
 def flavour(target: str) -> Flavour:
@@ -124,11 +125,20 @@ class KvschedJudge:
                 return {"verdict": "crash-at-import", "message": str(err)[-400:], "traces_run": 0,
                         "seconds": round(time.monotonic() - started, 1)}
             for index, trace in enumerate(self.traces):
-                outcome = self.flavour.run_one(adapter, trace)
+                outcome = self.flavour.run_one(adapter, trace, self.call_timeout)
                 got = signature(outcome)
+                hung = _hung(outcome)
+                if hung:
+                    # Confirm on a fresh host with ten times the time: on a machine shared with
+                    # other work a starved reset (vLLM builds a ModelConfig per max_model_len)
+                    # can outlast the cap without any hang in the mutant.
+                    close(adapter)
+                    adapter = self.adapter(overlay)
+                    adapter.timeout = self.call_timeout * 10
+                    outcome = self.flavour.run_one(adapter, trace, self.call_timeout * 10)
+                    adapter.timeout = self.call_timeout
+                    got, hung = signature(outcome), _hung(outcome)
                 if got != baseline[index]:
-                    fault = outcome.result.fault
-                    hung = fault is not None and (fault.kind == "hang" or "hung" in str(fault))
                     return {"verdict": "timeout" if hung else "killed", "trace": index, "found": got,
                             "baseline": baseline[index], "message": describe(outcome), "traces_run": index + 1,
                             "seconds": round(time.monotonic() - started, 1)}
@@ -139,6 +149,11 @@ class KvschedJudge:
                     "seconds": round(time.monotonic() - started, 1)}
         finally:
             close(adapter)
+
+
+def _hung(outcome) -> bool:
+    fault = outcome.result.fault
+    return fault is not None and (fault.kind == "hang" or "hung" in str(fault))
 
 
 def close(adapter: WireAdapter) -> None:

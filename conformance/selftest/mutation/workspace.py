@@ -103,6 +103,6 @@ def ensure_tests(log=print) -> Path:
 
 
 def ensure_hf() -> Path:
-    from conformance.mutation.hf_configs import write_cache
+    from conformance.selftest.mutation.hf_configs import write_cache
 
     return write_cache(root() / "hf")
