@@ -319,7 +319,7 @@ class DeferredFreeAsyncV1Scheduler(AsyncV1Scheduler):
         self.fenced: list[tuple[int, list[int]]] = []  # (the last in-flight step writing them, blocks) in free order
 
     def _free_blocks(self, tracked: TrackedRequest) -> None:
-        fence = max((step.step for step in self.in_flight if any(t is tracked for t, _, _ in step.entries)),
+        fence = max((step.step for step in self.in_flight if any(t is tracked for t, *_ in step.entries)),
                     default=None)
         if fence is None or not tracked.blocks:
             super()._free_blocks(tracked)

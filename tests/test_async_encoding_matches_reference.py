@@ -163,7 +163,7 @@ class Run:
             if sched.counters[p.request_id].num_stale:
                 self.seen["preempt-in-flight"] = self.seen.get("preempt-in-flight", 0) + 1
             chain.take("preempt_recompute", self.slot(p.request_id))
-        for t, tokens, _ in sched.in_flight[-1].entries:
+        for t, tokens, *_ in sched.in_flight[-1].entries:
             action = "admit" if status[t.request_id] is Status.WAITING else "chunk"
             chain.take(action, self.slot(t.request_id), tokens=tokens)
         for rid in out.ignored:
@@ -179,7 +179,7 @@ class Run:
         chain = Chain()
         for k, step in enumerate(steps[:max(0, len(steps) - sched.depth)]):
             stopped_here = stopped if k == len(steps) - 1 else (step.stopped or frozenset())
-            for t, _, _ in step.entries:
+            for t, *_ in step.entries:
                 if sched.counters[t.request_id].num_stale and not t.status.is_finished:
                     self.seen["process-stale"] = self.seen.get("process-stale", 0) + 1
                 chain.take("process", self.slot(t.request_id), stop=int(t.seq_id in stopped_here))

@@ -244,3 +244,56 @@ def test_killing_a_host_kills_the_processes_it_started() -> None:
             return False
 
     assert proc.poll() is not None and not [pid for pid in helpers if running(pid)]
+
+
+def test_steps_carry_each_steps_drafts_to_a_speculative_engine():
+    """Protocol 2 with speculative decoding: the client puts each step's draft decisions in the
+    `steps` batch (only the steps that have some) and the host's `_Steps` hands them to a
+    speculative engine's update, as a lone `update` call would (docs/PROTOCOL.md)."""
+    from conformance.wire.client import _Batch
+    from spec.speculative import DraftDecision
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "conformance" / "targets" / "hosts"))
+    import kvsched_host
+
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, max_num_seqs=1,
+                             max_num_batched_tokens=16, max_model_len=16, num_speculative_tokens=2)
+    decision = DraftDecision(accepted=1, stop_at=0)
+    trace = Trace(config, (Arrival(0, Request("a", 5, 8)),), stops=((2, "a#0"),), max_steps=4,
+                  drafts=((1, "a#0", DraftDecision(accepted=2)), (2, "a#0", decision)))
+
+    class Host:  # records the message instead of sending it
+        def send(self, method, params):
+            self.sent = (method, params)
+            return 1
+
+    adapter = WireAdapter("spy", [sys.executable, "-c", "pass"])
+    adapter.host = Host()
+    batch = _Batch(trace, observe=False, mid_step=False)
+    adapter._send_steps(batch)
+    method, params = adapter.host.sent
+    assert method == "steps" and [s["step"] for s in params["steps"]] == [0, 1, 2, 3]
+    assert ["drafts" in s for s in params["steps"]] == [False, True, True, False]
+    assert params["steps"][2]["drafts"] == {"a#0": decision.to_dict()}
+
+    class Engine:  # a speculative engine that only records what update() is given
+        speculative = True
+
+        def __init__(self):
+            self.updates = []
+
+        def add_request(self, request):
+            return None
+
+        def schedule(self):
+            return {}
+
+        def update(self, stopped, drafts):
+            self.updates.append((stopped, drafts))
+            return []
+
+    engine, lines = Engine(), []
+    kvsched_host._Steps(engine).run({**params, "last_arrival_step": 9}, lines.append)
+    assert engine.updates == [([], {}), ([], {"a#0": DraftDecision(accepted=2).to_dict()}),
+                              (["a#0"], {"a#0": decision.to_dict()}), ([], {})]
+    assert len(lines) == 4

@@ -555,7 +555,7 @@ def async_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
             continue
         t = tracked[j]
         c = sched.counters[t.request_id]
-        entries = [[k, -1 if p is None else p] for step in sched.in_flight for (r, k, p) in step.entries if r is t]
+        entries = [[k, -1 if p is None else p] for step in sched.in_flight for (r, k, p, _drafts) in step.entries if r is t]
         if len(entries) > Q:
             return None
         seq["in_flight"] = {"placeholders": c.num_placeholders, "tokens": c.num_in_flight, "stale": c.num_stale,

@@ -15,6 +15,7 @@ so a bound checked on it is implied by the true one and a violation found is rea
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
@@ -165,30 +166,42 @@ def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[st
 @invariant(
     "SPD-006", "safety",
     """A stop inside an accepted run ends the stream there: a sequence stopped in a step whose
-    stop fell on its i-th committed token has, once the step is done, at most i + 1 tokens more
-    than before the step, and the request finishes stopped.""",
+    stop fell on its i-th committed token has, once that step's outcome is processed, at most
+    i + 1 tokens more than before it was, and the request finishes stopped. The outcome of a step
+    is processed ``pipeline_depth`` steps after the step was scheduled (in the same step at depth 0).""",
     """The model verifies the whole run before the stop check sees it; the tokens after a stop
     were computed but the client must never receive them (vLLM trims them in
     _update_request_with_output, vllm/v1/core/sched/scheduler.py:2744-2770, and rolls computed
-    tokens back to the stop). Delivering them is output after the end of the answer.""",
+    tokens back to the stop). Delivering them is output after the end of the answer. Stated at
+    the step that processes the outcome, not the one that scheduled it: at depth > 0 the planned
+    view counts every in-flight draft as accepted and knows no stop yet, so checking it there
+    flags every pipelined stop; the processed snapshots before and after the outcome's step hold
+    exactly that outcome's tokens (steps return in order, one per step), so the bound is the
+    synchronous one.""",
     (C.SEQ_LENGTHS,),
-    synchronous=True,
-    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.before.seqs is not None and rec.after.seqs is not None
+    pending: collections.deque[dict[str, int]] = ctx.flow_state.setdefault("SPD-006", {}).setdefault(
+        "pending", collections.deque())
     drafted = {item.seq_id for item in rec.output.scheduled if item.num_drafts}
+    pending.append({sid: decision.stop_at for sid in sorted(drafted & rec.stopped)
+                    for decision in (rec.drafts.get(sid, NO_DECISION),) if decision.stop_at is not None})
+    if len(pending) <= ctx.config.pipeline_depth:
+        return  # no outcome is processed yet
+    returned = pending.popleft()  # the step whose outcome this step processed
+    if not returned:
+        return
+    assert rec.before.seqs is not None and rec.after.seqs is not None
     stopped = {f.request_id for f in rec.finished if f.status is Status.FINISHED_STOPPED}
-    for sid in sorted(drafted & rec.stopped):
-        decision = rec.drafts.get(sid, NO_DECISION)
+    for sid, stop_at in sorted(returned.items()):
         old, new = rec.before.seqs.get(sid), rec.after.seqs.get(sid)
-        if decision.stop_at is None or old is None or new is None or old.num_tokens is None or new.num_tokens is None:
+        if old is None or new is None or old.num_tokens is None or new.num_tokens is None:
             continue
-        if new.num_tokens > old.num_tokens + decision.stop_at + 1:
+        if new.num_tokens > old.num_tokens + stop_at + 1:
             yield (f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens, its stop was committed token "
-                   f"{decision.stop_at} of the step")
+                   f"{stop_at} of the step")
         elif new.request_id not in stopped and new.status is Status.RUNNING and new.num_tokens > old.num_tokens:
-            yield f"{sid} committed its stop (token {decision.stop_at} of the step) and is still running"
+            yield f"{sid} committed its stop (token {stop_at} of the step) and is still running"
 
 
 @invariant(
