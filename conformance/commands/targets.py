@@ -26,9 +26,10 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"version": 1, "targets": rows}, indent=2))
         return 0
+    width = max(len(r["name"]) for r in rows)
     for r in rows:
         state = "installed" if r["installed"] else ("unverified" if r.get("note") else "not installed")
-        print(f"{r['name']:<16} {state:<14} {r['package']:<26} {r['venv']}")
+        print(f"{r['name']:<{width}} {state:<14} {r['package']:<26} {r['venv']}")
     return 0
 
 
