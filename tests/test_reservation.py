@@ -87,7 +87,8 @@ def test_exact_block_counts_are_vllm_v0_policy():
 
 def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
     """At depth 1 the pipelined reference allocates the in-flight token's slot before the token
-    is counted: one token of lookahead. Declared, the capacity range holds; undeclared, CAP-006
+    is counted: one token of lookahead. Declared, the capacity range holds; declared as none (an
+    adapter given no reservation takes the scheduler's own, so "none" is said explicitly), CAP-006
     says exactly that (docs/ASYNC.md lists the other synchronous-step assumptions)."""
     from conformance.adapter import SchedulerAdapter
     from conformance.targets.lockstep_async import path_strategy
@@ -95,13 +96,13 @@ def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
 
     capacity = [inv for inv in SAFETY if inv.id in ("CAP-004", "CAP-005", "CAP-006")]
     found = {}
-    for declared in (Reservation(lookahead_tokens=1), None):
+    for declared in (Reservation(lookahead_tokens=1), Reservation()):
         adapter = SchedulerAdapter("async-d1", lambda c: AsyncV1Scheduler(c, depth=1), reservation=declared)
         found[declared] = set()
         for trace in sample_traces(path_strategy("plain"), 40, 20261201):
             found[declared] |= run_checked(adapter, trace, capacity, timeout=None, stop_at_first=False).problem_ids
     assert found[Reservation(lookahead_tokens=1)] == set()
-    assert found[None] == {"CAP-006"}
+    assert found[Reservation()] == {"CAP-006"}
 
 
 def test_the_declaration_is_reported_and_a_bad_one_refused_at_load(tmp_path, capsys):
