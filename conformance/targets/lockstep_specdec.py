@@ -32,7 +32,7 @@ from conformance.generate import sample_traces
 from conformance.generate_specdec import MAX_K, with_drafts
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser
+from conformance.targets.campaign_args import campaign_parser, write_report
 from conformance.targets.lockstep_async import PATHS as SHAPES
 from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
 from conformance.targets.lockstep_v1 import Outcome, compare_state
@@ -321,11 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
         entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    total = sum(p["traces"] for p in report["paths"].values())
-    agree = sum(p["agreeing_traces"] for p in report["paths"].values())
-    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    write_report(report, args.out)
     return 0
 
 

@@ -43,7 +43,7 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy, get_target
-from conformance.targets.campaign_args import campaign_parser
+from conformance.targets.campaign_args import campaign_parser, write_report
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
@@ -415,11 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["kind"], entry["explanation"] = kind, why
         entry["paths"][path] = {"trace": str(out), "message": final.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    total = sum(p["traces"] for p in report["paths"].values())
-    agree = sum(p["agreeing_traces"] for p in report["paths"].values())
-    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    write_report(report, args.out)
     return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
 
 

@@ -35,7 +35,7 @@ from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.profiles import get_profile
 from conformance.targets import engine_configs, engine_traces, get_target
-from conformance.targets.campaign_args import campaign_parser
+from conformance.targets.campaign_args import campaign_parser, write_report
 from spec.trace import Trace
 
 SPACES = ("spec", "full")
@@ -214,11 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "spaces": {}})
         entry["spaces"][space] = {"trace": str(out), "message": message, "python_O": result is None}
         print(f"{space} {cls} ({kind}): {out}\n  {message.splitlines()[0] if message else ''}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    total = sum(s["traces"] for s in report["spaces"].values())
-    agree = sum(s["agreeing_traces"] for s in report["spaces"].values())
-    print(f"wrote {args.out}: {agree}/{total} traces agree")
+    write_report(report, args.out, "spaces")
     return 0
 
 
