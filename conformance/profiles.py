@@ -73,6 +73,13 @@ PROFILES: dict[str, Profile] = {
         "preemption of the running tail; lockstep with reference_impl.nano_scheduler",
         exclude=(*_V0_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
     ),
+    "sglang": Profile(
+        "sglang", ("safety", "liveness"), True,
+        "SGLang's flow (page size 1, radix cache): prefill steps first, admission sized by the new-token ratio, the "
+        "fcfs or lpm waiting order, retraction of the fewest generated tokens first; lockstep with "
+        "reference_impl.sglang_scheduler",
+        reference="reference_impl.sglang_scheduler:SglangScheduler",
+    ),
     "async": Profile(
         "async", ("safety", "liveness"), True,
         "vLLM V1's flow with outcomes pipeline_depth steps late (AsyncScheduler): safety without the invariants "

@@ -1,6 +1,6 @@
 """kvsched adapter host for SGLang 0.5.23's scheduler (run with the ``sglang`` target venv's Python).
 
-What runs unmodified: ``SchedulePolicy.calc_priority`` (fcfs), ``PrefillAdder`` (admission against
+What runs unmodified: ``SchedulePolicy.calc_priority`` (fcfs or lpm), ``PrefillAdder`` (admission against
 the new-token ratio and the radix cache's evictable size), ``Req.init_next_round_input`` (radix
 match), ``ScheduleBatch.init_new`` / ``prepare_for_extend`` / ``filter_batch`` / ``merge_batch`` /
 ``check_decode_mem`` / ``retract_decode`` / ``prepare_for_decode``, ``Req.update_finish_state``,
@@ -86,7 +86,7 @@ class SglangEngine:
     def reset(self, config: dict) -> None:
         for key, ok in (("block_size", config["block_size"] == 1), ("num_cpu_blocks", not config.get("num_cpu_blocks")),
                         ("preemption_mode", config["preemption_mode"] == "recompute"),
-                        ("policy", config["policy"] == "fcfs"), ("enable_chunked_prefill", not config.get("enable_chunked_prefill"))):
+                        ("policy", config["policy"] in ("fcfs", "lpm")), ("enable_chunked_prefill", not config.get("enable_chunked_prefill"))):
             if not ok:
                 raise ValueError(f"config.{key}: SGLang host supports page size 1, recompute, fcfs, no CPU pool, "
                                  f"no chunked prefill; got {config[key]!r}")
@@ -104,7 +104,7 @@ class SglangEngine:
                                     kvcache=SimpleNamespace(), need_sort=False)
         self.cache = self.RadixCache(self.CacheInitParams(disable=False, req_to_token_pool=self.req_pool,
                                                           token_to_kv_pool_allocator=self.alloc, page_size=1))
-        self.policy = self.sp.SchedulePolicy("fcfs", self.cache, False, False, False)
+        self.policy = self.sp.SchedulePolicy(config["policy"], self.cache, False, False, False)
         self.ratio = self.Tracker.from_config()
         self.waiting: list = []
         self.running = self.sb.ScheduleBatch(reqs=[], batch_is_full=False)
