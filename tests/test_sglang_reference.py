@@ -112,5 +112,5 @@ def test_configs_outside_the_flow_are_one_line(field, value):
 
 def test_the_flows_traces_hold_the_sglang_profile():
     invariants = get_profile("sglang").invariants()
-    for trace in sample_traces(sglang_traces(), 40, 7):
+    for trace in sample_traces(sglang_traces(full=False), 60, 7):
         assert violated(SglangScheduler, trace, invariants=invariants) == set()

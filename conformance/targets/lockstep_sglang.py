@@ -56,17 +56,34 @@ SRC = "sglang/srt/"
 
 # class -> (kind, explanation with SGLang's source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
+    "first-prefill-above-input-budget": (
+        "sglang-deviation",
+        f"{SRC}managers/schedule_policy.py:1627-1633 (PrefillAdder._select_prefill_admission, 'Without chunking, "
+        "allow the first request even above the input cap'): without chunked prefill the first request of a "
+        "prefill batch is admitted whatever its length against max_prefill_tokens (the host passes "
+        "max_num_batched_tokens), so a prompt longer than the token budget is prefilled in one step. The spec "
+        "bounds every step by the budget (BUD-001) and ignores a prompt over min(max_model_len, budget) (LEN-002). "
+        "Engine and reference agree step for step; the trace space of the flow's own tests keeps the budget at "
+        "max_model_len or more (`sglang_configs`), the campaign draws it below too.",
+    ),
     "unclassified": ("open", "not yet explained"),
 }
 # Misreadings of SGLang that lockstep found and the reference fixed.
-FIXES: dict[str, str] = {}
+FIXES: dict[str, str] = {
+    "retracted-request-reservation": "PrefillAdder checks a request against its remaining max_new_tokens "
+    "(add_one_req: max_new_tokens - len(output_ids)) but, once admitted, reserves the whole max_new_tokens "
+    f"({SRC}managers/schedule_policy.py:1638, _select_prefill_admission; _commit_prefill_admission). The reference "
+    "had reserved the remaining tokens, so after a retraction it admitted one request more than SGLang in the same "
+    "prefill batch (first seen on the lpm path).",
+}
 
 
 # ------------------------------------------------------------------------------ traces
 @st.composite
-def sglang_configs(draw: st.DrawFn, policy: str | None = None) -> SchedulerConfig:
+def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True) -> SchedulerConfig:
     """What the ``sglang`` host takes: page size 1, recompute, no CPU pool, no watermark, no
-    chunked prefill. The pool is drawn small against max_model_len (a few requests' worth), so
+    chunked prefill. ``full=False``: a budget of at least max_model_len (SGLang admits a first
+    prompt over the budget, `first-prefill-above-input-budget`). The pool is drawn small against max_model_len (a few requests' worth), so
     decode runs out of slots; at least 12 slots, so that SGLang's input limit
     (``min(max_model_len + 1, slots - 1) - 5``) leaves room for a prompt."""
     max_model_len = draw(st.integers(10, 32))
@@ -74,15 +91,16 @@ def sglang_configs(draw: st.DrawFn, policy: str | None = None) -> SchedulerConfi
     seqs = draw(st.integers(3, 8) | st.integers(1, 8))
     return SchedulerConfig(
         block_size=1, num_gpu_blocks=slots, num_cpu_blocks=0, max_num_seqs=seqs,
-        max_num_batched_tokens=draw(st.integers(max(4, seqs), 2 * max_model_len)), max_model_len=max_model_len,
+        max_num_batched_tokens=draw(st.integers(max(4, seqs) if full else max_model_len, 2 * max_model_len)),
+        max_model_len=max_model_len,
         watermark=0.0, preemption_mode="recompute", policy=policy or draw(st.sampled_from(("fcfs", "lpm"))),
         enable_prefix_caching=True)
 
 
 @st.composite
-def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int = 10) -> Trace:
+def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int = 10, full: bool = True) -> Trace:
     """The sglang flow's traces (`conformance.flows.sglang`): see the module docstring."""
-    config = draw(sglang_configs(policy))
+    config = draw(sglang_configs(policy, full))
     _, input_limit = door_limits(config)
     vocab = draw(st.sampled_from([2, 3, 50]))
     stems = draw(st.lists(st.lists(st.integers(3, 3 + vocab - 1), min_size=1, max_size=input_limit + 1),
@@ -120,13 +138,13 @@ def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int 
 
 
 def sglang_configs_any() -> st.SearchStrategy:
-    """The flow's configs, both policies (`conformance.flows.sglang`)."""
-    return sglang_configs()
+    """The flow's configs, both policies, budget >= max_model_len (`conformance.flows.sglang`)."""
+    return sglang_configs(full=False)
 
 
 def sglang_traces_any() -> st.SearchStrategy:
-    """The flow's traces, both policies (`conformance.flows.sglang`)."""
-    return sglang_traces()
+    """The flow's traces, both policies, budget >= max_model_len (`conformance.flows.sglang`)."""
+    return sglang_traces(full=False)
 
 
 # ------------------------------------------------------------------------------ running and classifying
@@ -147,10 +165,16 @@ def run_one(adapter, trace: Trace, invariants, reference: type[Recorded] = Recor
 
 
 def classify(outcome: Outcome) -> str | None:
-    """The divergence's class (a key of `CLASSES`), ``unclassified`` when none fits, or None."""
+    """The divergence's class (a key of `CLASSES`), ``unclassified`` when none fits, or None. A run
+    whose decisions and states agree but that breaks BUD-001 / LEN-002 on both sides with a budget
+    below max_model_len is SGLang's first-request exemption from the input budget."""
     if outcome.divergence_step is None:
         return None
     if outcome.result.divergence is None and outcome.state is None:
+        config = outcome.result.trace.config
+        if outcome.result.problem_ids <= {"BUD-001", "LEN-002"} and \
+                config.max_num_batched_tokens < config.max_model_len:
+            return "first-prefill-above-input-budget"
         return "violation-only"
     return "unclassified"
 
