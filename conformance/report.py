@@ -73,8 +73,8 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
         if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
             out.append({
                 "id": problem,
-                "category": _FAULT_CATEGORY.get(problem, "adapter"),
-                "statement": _FAULT_STATEMENT.get(problem, "the adapter answered"),
+                "category": _FAULT_CATEGORY.get(problem.split("@")[0], "adapter"),  # FAULT-raised@file:line too
+                "statement": _FAULT_STATEMENT.get(problem.split("@")[0], "the adapter answered"),
                 "status": _status(result, problem, finding),
                 "location": finding.location,
                 "exercised_steps": result.steps_checked,
