@@ -49,6 +49,9 @@ class Profile:
 # admission order (POL-006) and pick victims by that order (POL-003; ORD-003 says what they do);
 # V1 mixes prefill chunks with decodes (POL-005).
 _V0_ONLY = ("POL-003", "POL-005", "POL-006")
+# SGLang's policy (spec/invariants/sglang.py): a scheduler that claims SGLang's flow
+# (Capability.SGLANG_FLOW) is held to it; for any other it is not applicable.
+_SGLANG_ONLY = ("SGL-001",)
 
 
 
@@ -75,9 +78,10 @@ PROFILES: dict[str, Profile] = {
     ),
     "sglang": Profile(
         "sglang", ("safety", "liveness"), True,
-        "SGLang's flow (page size 1, radix cache): prefill steps first, admission sized by the new-token ratio, the "
-        "fcfs or lpm waiting order, retraction of the fewest generated tokens first; lockstep with "
-        "reference_impl.sglang_scheduler",
+        "SGLang's flow (page size 1, radix cache): prefill steps first and never mixed with decodes (POL-005), "
+        "admission sized by the new-token ratio, the fcfs or lpm waiting order, retraction of the fewest generated "
+        "tokens first (SGL-001); lockstep with reference_impl.sglang_scheduler",
+        include=("POL-005", *_SGLANG_ONLY),
         reference="reference_impl.sglang_scheduler:SglangScheduler",
     ),
     "async": Profile(

@@ -97,7 +97,7 @@ EOS = 2  # the host's end-of-sequence id: the trace's stop decision
 
 CAPABILITIES = frozenset({Capability.OUTPUT, Capability.STATUSES, Capability.QUEUES, Capability.BLOCK_TABLES,
                           Capability.FREE_COUNTS, Capability.FREE_LISTS, Capability.SEQ_LENGTHS,
-                          Capability.COMPUTED_TOKENS})
+                          Capability.COMPUTED_TOKENS, Capability.SGLANG_FLOW})
 
 
 def sampled_token(request_id: str, position: int) -> int:
@@ -149,6 +149,7 @@ class SglangScheduler:
     """SGLang's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
     capabilities = CAPABILITIES
+    retraction_sign = 1  # _get_decode_retraction_order's key direction (a mutant turns it around)
 
     def __init__(self, config: SchedulerConfig) -> None:
         for name, ok, why in (
@@ -177,6 +178,7 @@ class SglangScheduler:
         self._batch: list[SglangRequest] = []  # this step's batch
         self._batch_is_prefill = False
         self._last_extend: list[SglangRequest] | None = None
+        self._pending: dict[int, int] = {}  # id(request) -> tokens this step computes, until its outcome
         self._step = 0
         self.num_preemptions_total = 0
         self._last_snapshot: Snapshot | None = None
@@ -225,6 +227,9 @@ class SglangScheduler:
             batch = self._decode_batch(preempted, reasons)
         self._batch = batch
         self._last_extend = batch if self._batch_is_prefill else None
+        # SGLang commits a step's KV length when it allocates (prepare_for_extend / _for_decode);
+        # until the outcome, a snapshot shows the tokens computed before the step
+        self._pending = {id(r): (r.extend_end - r.prefix_len if self._batch_is_prefill else 1) for r in batch}
         output = SchedulerOutput(
             step=self._step,
             scheduled=tuple(ScheduledSeq(seq_id(r.request_id, 0), r.request_id,
@@ -371,8 +376,9 @@ class SglangScheduler:
         """Step 3 (``update_running_batch``): retract on KV exhaustion, then one slot each."""
         initial = len(self.running)
         if not self._decode_fits(self.running):
+            sign = self.retraction_sign
             order = sorted(range(len(self.running)), reverse=True,
-                           key=lambda i: (len(self.running[i].output), -len(self.running[i].origin)))
+                           key=lambda i: (sign * len(self.running[i].output), -sign * len(self.running[i].origin)))
             first = True
             while first or not self._decode_fits([self.running[i] for i in order]):
                 if len(order) == 1:
@@ -444,6 +450,7 @@ class SglangScheduler:
     def update(self, outcome: StepOutcome) -> list[Finished]:
         finished, self._ignored = self._ignored, []
         batch, self._batch = self._batch, []
+        self._pending = {}
         for tracked in batch:
             if tracked.finished or tracked.retracted:
                 continue
@@ -474,9 +481,10 @@ class SglangScheduler:
         for rid, r in self.requests.items():
             sid = seq_id(rid, 0)
             running = r.status is Status.RUNNING
-            blocks = tuple(r.row[:r.committed]) if running else ()
-            view = SeqView(sid, rid, r.status, len(r.origin) + len(r.output), r.committed if running else 0,
-                           blocks, "gpu" if blocks else None)
+            blocks = tuple(r.row) if running else ()
+            computed = r.committed - self._pending.get(id(r), 0) if running else 0
+            view = SeqView(sid, rid, r.status, len(r.origin) + len(r.output), computed, blocks,
+                           "gpu" if blocks else None)
             old = base.seqs.get(sid) if base is not None and base.seqs is not None else None
             if old is not None and old == view:
                 view = old
@@ -498,7 +506,8 @@ class SglangScheduler:
         return snap
 
     def metrics(self) -> dict[str, int]:
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
+        statuses = [r.status for r in self.requests.values()]
+        return {"num_running": statuses.count(Status.RUNNING), "num_waiting": statuses.count(Status.WAITING),
                 "num_preemptions_total": self.num_preemptions_total, "gpu_free_blocks": len(self.free)}
 
 

@@ -193,6 +193,8 @@ _CAPABILITY_TEXT = {
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
+    Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
+                            "invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -213,6 +215,7 @@ _CAPABILITY_FIELDS = {
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
+    Capability.SGLANG_FLOW: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
