@@ -19,9 +19,9 @@ def adapter():
     return need("sglang").adapter()
 
 
-@pytest.mark.parametrize("policy", L.PATHS)
-def test_lockstep_agrees(adapter, policy):
+@pytest.mark.parametrize("path", L.PATHS)
+def test_lockstep_agrees(adapter, path):
     invariants = get_profile(L.PROFILE).invariants()
-    for trace in sample_traces(L.sglang_traces(policy), 15, 20261201):
+    for trace in sample_traces(L.path_strategy(path), 15, 20261201):
         outcome = L.run_one(adapter, trace, invariants)
         assert L.classify(outcome) in (None, "first-prefill-above-input-budget"), outcome.describe()

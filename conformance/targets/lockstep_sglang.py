@@ -1,6 +1,6 @@
 """Strict lockstep: the reference's ``sglang`` flow against SGLang 0.5.23's real scheduler code.
 
-    python -m conformance.targets.lockstep_sglang [--path fcfs|lpm|all] [--traces 500]
+    python -m conformance.targets.lockstep_sglang [--path fcfs|lpm|retract|all] [--traces 400]
         [--seed 20261201] [--out docs/results/lockstep-sglang.json]
         [--traces-dir docs/traces/lockstep-sglang] [--no-shrink]
 
@@ -9,10 +9,11 @@ Runs seeded traces through the installed ``sglang`` target (hosts/sglang_host.py
 unmodified) with the ``sglang`` profile's reference (`reference_impl.sglang_scheduler`) beside it,
 one path per policy (``--traces`` each):
 
-``fcfs``  SGLang's default policy;
-``lpm``   longest prefix match first.
+``fcfs``     SGLang's default policy;
+``lpm``      longest prefix match first;
+``retract``  either policy, every trace a burst sized so that decode runs out of slots.
 
-Both draw `sglang_traces`: page size 1, the radix cache on, prompts cut from a few shared stems
+All draw `sglang_traces`: page size 1, the radix cache on, prompts cut from a few shared stems
 over a small vocabulary (prefix hits, node splits and evictions happen), small KV pools and long
 outputs (so that decode runs out of slots and ``retract_decode`` retracts), arrivals spread over
 steps, some stop decisions, some prompts at or over SGLang's input limit (refused at the door).
@@ -51,7 +52,7 @@ from spec.types import Request, seq_id
 
 TARGET = "sglang"
 PROFILE = "sglang"
-PATHS = ("fcfs", "lpm")
+PATHS = ("fcfs", "lpm", "retract")
 SRC = "sglang/srt/"
 
 # class -> (kind, explanation with SGLang's source location); filled from what the runs found.
@@ -80,15 +81,19 @@ FIXES: dict[str, str] = {
 
 # ------------------------------------------------------------------------------ traces
 @st.composite
-def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True) -> SchedulerConfig:
+def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True, burst: bool = False
+                   ) -> SchedulerConfig:
     """What the ``sglang`` host takes: page size 1, recompute, no CPU pool, no watermark, no
     chunked prefill. ``full=False``: a budget of at least max_model_len (SGLang admits a first
     prompt over the budget, `first-prefill-above-input-budget`). The pool is drawn small against max_model_len (a few requests' worth), so
     decode runs out of slots; at least 12 slots, so that SGLang's input limit
     (``min(max_model_len + 1, slots - 1) - 5``) leaves room for a prompt."""
     max_model_len = draw(st.integers(10, 32))
-    slots = draw(st.integers(12, max_model_len + 2) | st.integers(max_model_len + 2, 3 * max_model_len))
-    seqs = draw(st.integers(3, 8) | st.integers(1, 8))
+    if burst:  # room for three requests of a burst below max_model_len each (`sglang_traces`)
+        slots, seqs = draw(st.integers(14, max(14, max_model_len + 2))), draw(st.integers(3, 8))
+    else:
+        slots = draw(st.integers(12, max_model_len + 2) | st.integers(max_model_len + 2, 3 * max_model_len))
+        seqs = draw(st.integers(3, 8) | st.integers(1, 8))
     return SchedulerConfig(
         block_size=1, num_gpu_blocks=slots, num_cpu_blocks=0, max_num_seqs=seqs,
         max_num_batched_tokens=draw(st.integers(max(4, seqs) if full else max_model_len, 2 * max_model_len)),
@@ -98,24 +103,26 @@ def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True
 
 
 @st.composite
-def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int = 10, full: bool = True) -> Trace:
+def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int = 10, full: bool = True,
+                  burst: bool | None = None) -> Trace:
     """The sglang flow's traces (`conformance.flows.sglang`): see the module docstring."""
-    config = draw(sglang_configs(policy, full))
+    burst = draw(st.booleans()) if burst is None else burst
+    config = draw(sglang_configs(policy, full, burst))
     _, input_limit = door_limits(config)
     vocab = draw(st.sampled_from([2, 3, 50]))
     stems = draw(st.lists(st.lists(st.integers(3, 3 + vocab - 1), min_size=1, max_size=input_limit + 1),
                           min_size=1, max_size=3))
-    count = draw(st.integers(4, max_requests) | st.integers(1, max_requests))
+    count = draw(st.integers(3, max_requests)) if burst else draw(st.integers(4, max_requests)
+                                                                   | st.integers(1, max_requests))
     # a burst: short prompts arriving together, each a third to a half of the pool; two are admitted
     # in full, the next ones a step later against 0.7 of what the running ones may still
     # generate (the new-token ratio), and together they outgrow the pool: decode retracts
-    burst = draw(st.booleans())
     slots = config.num_gpu_blocks
     burst_prompt = draw(st.integers(1, 2))
     # two such requests are admitted in full; a third a step later fits when
     # slots - 3 * prompt + 0.4 > 2.4 * max_tokens, and three outgrow the pool when
     # 3 * (prompt + max_tokens - 1) > slots (the handmade retract-decode trace: 20 slots, 1 + 7)
-    burst_tokens = max(1, int((slots - 3 * burst_prompt + 0.4) / 2.4) - draw(st.integers(0, 1)))
+    burst_tokens = max(1, int((slots - 3 * burst_prompt + 0.4) / 2.4))
     arrivals, stops, step = [], [], 0
     for i in range(count):
         step += 0 if burst else draw(st.sampled_from([0, 0, 0, 1, 2, 5]))
@@ -129,12 +136,19 @@ def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int 
         tokens = (list(draw(st.sampled_from(stems))[:length]) + tail)[:length]
         while len(tokens) < length:
             tokens.append(3 + len(tokens) % vocab)
+        if burst:  # prompts of their own: a shared prefix would save the slot that makes them outgrow the pool
+            tokens = [100 + 3 * i + k for k in range(length)]
         request = Request(f"r{i}", prompt_len=length, max_tokens=max_tokens, prompt_tokens=tuple(tokens))
         arrivals.append(Arrival(step, request))
-        if draw(st.integers(0, 7)) == 0:
+        if not burst and draw(st.integers(0, 7)) == 0:
             stops.append((step + draw(st.integers(1, 20)), seq_id(request.request_id, 0)))
     trace = Trace(config, tuple(arrivals), (), tuple(sorted(stops)))
     return Trace(config, trace.arrivals, (), trace.stops, max_steps=step + 40 + _bound(trace))
+
+
+def path_strategy(path: str) -> st.SearchStrategy:
+    """One campaign path's traces (`PATHS`)."""
+    return sglang_traces(burst=True) if path == "retract" else sglang_traces(path)
 
 
 def sglang_configs_any() -> st.SearchStrategy:
@@ -180,7 +194,7 @@ def classify(outcome: Outcome) -> str | None:
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants, log=print) -> dict[str, Any]:
-    traces = sample_traces(sglang_traces(path), count, seed_value)
+    traces = sample_traces(path_strategy(path), count, seed_value + PATHS.index(path))
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
