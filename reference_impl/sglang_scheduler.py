@@ -30,7 +30,14 @@ a radix cache of finished and running prefixes (`reference_impl.radix_cache`). O
    and marks the batch full (when something was admitted or runs); after the first admission a
    prefill of at least the input budget left (``max_num_batched_tokens``) stops it too. The
    step's prefill batch allocates its slots in batch order (``alloc_for_extend``), evicting
-   least-recently-used unlocked leaves of the radix cache for the shortfall.
+   least-recently-used unlocked leaves of the radix cache for the shortfall. With chunked prefill
+   (``chunked_prefill_size``, here the token budget as ``max_prefill_tokens`` is) a prompt longer
+   than the chunk budget left is admitted for that much (``_select_prefill_admission``, reserving
+   none of its output) and becomes the chunked request: admission stops, the request stays out of
+   the running batch, its chunk goes into the radix cache at the next step (``stash_chunked_request``,
+   scheduler.py:3911-3919) and its next chunk comes first in every prefill pass
+   (``add_chunked_req``, schedule_policy.py:1195-1275, as much as the chunk budget and the slots
+   left allow) until the prompt is done; only then does it sample and join the running batch.
 3. Otherwise a decode of the whole running batch (``update_running_batch``, scheduler.py:
    4459-4545), one slot per request. When the free and evictable slots cannot give each one
    (``check_decode_mem``, schedule_batch.py:3432-3449), requests are retracted
@@ -64,8 +71,8 @@ SGLang's limits are stricter than the spec's.
 
 Where this differs from the engine: SGLang reads ``time.monotonic()`` for LRU times, here a
 logical clock (`reference_impl.radix_cache`); an abort (the host has none) finishes the request
-at once, freeing its row without caching it; chunked prefill and the other policies (lof,
-dfs-weight, random, priority) are not modelled; sampled tokens are the ``sglang`` host's
+at once, freeing its row without caching it; the other policies (lof, dfs-weight, random,
+priority), mixed chunks and page sizes above 1 are not modelled; sampled tokens are the ``sglang`` host's
 (`sampled_token`), since SGLang's radix cache keys on them.
 """
 
@@ -131,6 +138,7 @@ class SglangRequest:
     extend_end: int = 0
     matched: int = 0  # num_matched_prefix_tokens (lpm's sort key)
     retracted: bool = False
+    middle_chunks: int = 0  # inflight_middle_chunks: scheduled chunks whose outcome samples nothing
 
     @property
     def request_id(self) -> str:
@@ -157,7 +165,6 @@ class SglangScheduler:
             ("num_cpu_blocks", config.num_cpu_blocks == 0, "SGLang has no CPU swap pool"),
             ("preemption_mode", config.preemption_mode == "recompute", "SGLang retracts (recompute)"),
             ("policy", config.policy in ("fcfs", "lpm"), "the fcfs and lpm policies are modelled"),
-            ("enable_chunked_prefill", not config.enable_chunked_prefill, "chunked prefill is not modelled"),
         ):
             if not ok:
                 raise InputError(f"config.{name}", f"{why}; got {getattr(config, name)!r}")
@@ -165,6 +172,9 @@ class SglangScheduler:
         if self.max_req_len <= 0:
             raise InputError("config.num_gpu_blocks", "SGLang asserts 'Memory pool size is too small' below 2 slots")
         self.config = config
+        # chunked_prefill_size (and max_prefill_tokens): the spec's token budget
+        self.chunk_size: int | None = config.max_num_batched_tokens if config.enable_chunked_prefill else None
+        self.chunked: SglangRequest | None = None  # the request mid chunked prefill (``Scheduler.chunked_req``)
         self.free: list[int] = list(range(config.num_gpu_blocks))
         self.cache = RadixCache(self.free.extend)
         self.requests: dict[str, SglangRequest] = {}
@@ -203,6 +213,8 @@ class SglangScheduler:
         tracked = self.requests.get(request_id)
         if tracked is None or tracked.finished:
             return None
+        if tracked is self.chunked:
+            self.chunked = None
         if request_id in self._refused:
             self._refused.remove(request_id)
         elif tracked in self.waiting:
@@ -253,10 +265,16 @@ class SglangScheduler:
         return refused
 
     def _merge_last_extend(self) -> None:
-        """Step 1: the last prefill batch joins the running batch; finished requests leave it."""
+        """Step 1: the chunked request's chunk goes into the radix cache (``stash_chunked_request``)
+        and it stays out of the running batch; the last prefill batch joins the running batch;
+        finished requests leave it."""
+        chunked = self.chunked
+        if chunked is not None and chunked.extend_end > chunked.prefix_len:
+            self._checkpoint(chunked, chunked.extend_end)
+            chunked.prefix_len = chunked.extend_end
         last = self._last_extend
         if last is not None:
-            kept = [r for r in last if not r.finished]
+            kept = [r for r in last if not r.finished and r is not chunked]
             if len(kept) < len(last):
                 self.batch_is_full = False
             if kept:
@@ -275,15 +293,18 @@ class SglangScheduler:
         """Step 2 (``_get_new_batch_prefill_raw`` with ``PrefillAdder``)."""
         if not self.running:
             self.batch_is_full = False
-        if self.batch_is_full or not self.waiting:
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return []
-        # ``get_num_allocatable_reqs``: seats left, and request rows left (each running one holds one)
+        # ``get_num_allocatable_reqs``: seats left, and request rows left (each running request holds
+        # one; so does the chunked one, which is counted among the admitted when it holds its row)
         allocatable = self.config.max_num_seqs - len(self.running)
-        if allocatable <= 0:
+        if allocatable <= 0 and self.chunked is None:
             self.batch_is_full = True
             return []
         self._order_waiting()
         adder = _Adder(self, self.ratio)
+        if self.chunked is not None:  # its next chunk first (scheduler.py:4176-4184)
+            self.chunked = adder.add_chunked(self.chunked, reasons)
         for tracked in self.waiting:
             if adder.state() == "other":
                 break
@@ -302,6 +323,10 @@ class SglangScheduler:
             return []
         chosen = set(map(id, adder.admitted))
         self.waiting = [r for r in self.waiting if id(r) not in chosen]
+        if adder.new_chunked is not None:
+            self.chunked = adder.new_chunked
+        if self.chunked is not None:
+            self.chunked.middle_chunks += 1
         self._allocate_extend(adder.admitted)
         return adder.admitted
 
@@ -346,7 +371,8 @@ class SglangScheduler:
 
     def _allocate_extend(self, batch: list[SglangRequest]) -> None:
         """``alloc_for_extend``: each row is its cached prefix and fresh slots, in batch order."""
-        prefixes = [self.cache.path_slots(r.last_node)[:r.prefix_len] if r.last_node else [] for r in batch]
+        prefixes = [r.row[:r.prefix_len] if r.row else  # a chunked request keeps its row between chunks
+                    self.cache.path_slots(r.last_node)[:r.prefix_len] if r.last_node else [] for r in batch]
         total = sum(r.extend_end - r.prefix_len for r in batch)
         fresh = self._alloc(total)
         at = 0
@@ -454,6 +480,9 @@ class SglangScheduler:
         for tracked in batch:
             if tracked.finished or tracked.retracted:
                 continue
+            if tracked.middle_chunks > 0:  # a chunk short of the prompt's end: nothing sampled
+                tracked.middle_chunks -= 1
+                continue
             sid = seq_id(tracked.request_id, 0)
             stop = sid in outcome.stopped
             tracked.output.append(EOS if stop else sampled_token(tracked.request_id, len(tracked.fill)))
@@ -523,6 +552,8 @@ class _Adder:
                                        for r in scheduler.running)
         self.current_offset = 0
         self.rem_input = scheduler.config.max_num_batched_tokens
+        self.rem_chunk = scheduler.chunk_size
+        self.new_chunked: SglangRequest | None = None
 
     def _available(self) -> int:
         return len(self.s.free) + self.s.cache.evictable_size
@@ -531,7 +562,7 @@ class _Adder:
         """``budget_state``: "no_token", "other" or "continue"."""
         if not (self._available() - self.total_offset > 0 and self._available() - self.current_offset > 0):
             return "no_token"
-        if self.rem_input <= 0:
+        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
             return "other"
         return "continue"
 
@@ -548,21 +579,48 @@ class _Adder:
                 reasons.append(Reason.of("wait_reserved_tokens", tracked.request_id, tokens=total,
                                          left=int(left), ratio=f"{self.ratio:.4f}"))
                 return "no_token"
-            if self.admitted and extend >= self.rem_input:
+            if self.rem_chunk is None and self.admitted and extend >= self.rem_input:
                 reasons.append(Reason.of("wait_input_budget", tracked.request_id, tokens=extend, left=self.rem_input))
                 return "other"
-            tracked.extend_end = len(tracked.fill)
-            tracked.lock = cache.lock(tracked.last_node) if tracked.last_node is not None else None
-            self.admitted.append(tracked)
             # the reservation is the whole max_new_tokens, also for a retracted request that has generated
             # some of them (``_select_prefill_admission``, schedule_policy.py:1638), though the check above
-            # counted only what is left
-            self.total_offset += extend + 1 + min(tracked.max_new, CLIP_MAX_NEW_TOKENS)
-            self.current_offset += extend + 1
-            self.rem_input -= extend
-            reasons.append(Reason.of("prefill_chunk", tracked.request_id, tokens=extend, remaining=len(tracked.fill),
-                                     cached=tracked.prefix_len))
+            # counted only what is left; a first chunk reserves none (1646-1670)
+            reserve = min(tracked.max_new, CLIP_MAX_NEW_TOKENS)
+            if self.rem_chunk is not None and extend > self.rem_chunk:
+                if self.rem_chunk <= 0:
+                    return "other"
+                extend, reserve = self.rem_chunk, 0
+                self.new_chunked = tracked
+            tracked.extend_end = tracked.prefix_len + extend
+            tracked.lock = cache.lock(tracked.last_node) if tracked.last_node is not None else None
+            self.admitted.append(tracked)
+            self._charge(extend, reserve)
+            reasons.append(Reason.of("prefill_chunk", tracked.request_id, tokens=extend,
+                                     remaining=len(tracked.fill) - tracked.prefix_len, cached=tracked.prefix_len))
         finally:
             if pin is not None:
                 cache.unlock(pin)
         return self.state()
+
+    def _charge(self, extend: int, reserve: int) -> None:
+        """``_update_prefill_budget`` at page size 1."""
+        self.total_offset += extend + 1 + reserve
+        self.current_offset += extend + 1
+        self.rem_input -= extend
+        if self.rem_chunk is not None:
+            self.rem_chunk -= extend
+
+    def add_chunked(self, tracked: SglangRequest, reasons: list[Reason]) -> SglangRequest | None:
+        """``add_chunked_req`` (schedule_policy.py:1195-1275): the chunked request's next chunk, as
+        much as the chunk budget and the slots left allow (the whole budget when none are left, so
+        that it progresses); returns it while its prompt is not done."""
+        left = min(self.rem_chunk or 0, int(self._available() - self.total_offset))
+        room = left if left > 0 else (self.rem_chunk or 0)
+        rest = len(tracked.fill) - tracked.prefix_len
+        extend = min(rest, room)
+        tracked.extend_end = tracked.prefix_len + extend
+        self.admitted.append(tracked)
+        self._charge(extend, 0 if rest > room else min(tracked.max_new, CLIP_MAX_NEW_TOKENS))
+        reasons.append(Reason.of("prefill_chunk", tracked.request_id, tokens=extend, remaining=rest,
+                                 cached=tracked.prefix_len))
+        return tracked if rest > room else None

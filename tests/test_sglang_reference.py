@@ -93,14 +93,26 @@ def test_lpm_puts_the_longest_cached_prefix_first():
     assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("c", 1)]  # 5 of its 6 tokens cached
 
 
+def test_a_long_prompt_comes_in_chunks_and_samples_once():
+    config = _config(enable_chunked_prefill=True, max_num_batched_tokens=4, max_num_seqs=2)
+    scheduler = SglangScheduler(config)
+    scheduler.add_request(Request("a", prompt_len=10, max_tokens=2, prompt_tokens=tuple(range(3, 13))))
+    chunks = []
+    for _ in range(4):
+        out = scheduler.schedule()
+        chunks.append([(s.num_tokens, s.is_prefill) for s in out.scheduled])
+        scheduler.update(_outcome())
+    assert chunks == [[(4, True)], [(4, True)], [(2, True)], [(1, False)]]
+    assert len(scheduler.requests["a"].output) == 2
+
+
 def _outcome():
     from spec.types import StepOutcome
 
     return StepOutcome()
 
 
-@pytest.mark.parametrize("field,value", [("block_size", 2), ("policy", "priority"), ("preemption_mode", "swap"),
-                                         ("enable_chunked_prefill", True)])
+@pytest.mark.parametrize("field,value", [("block_size", 2), ("policy", "priority"), ("preemption_mode", "swap")])
 def test_configs_outside_the_flow_are_one_line(field, value):
     kw = {field: value}
     if field == "preemption_mode":

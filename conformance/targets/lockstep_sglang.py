@@ -11,7 +11,9 @@ one path per policy (``--traces`` each):
 
 ``fcfs``     SGLang's default policy;
 ``lpm``      longest prefix match first;
-``retract``  either policy, every trace a burst sized so that decode runs out of slots.
+``retract``  either policy, every trace a burst sized so that decode runs out of slots;
+``chunked``  either policy, chunked prefill on (``chunked_prefill_size`` and ``max_prefill_tokens``
+             both the token budget, drawn below the longer prompts).
 
 All draw `sglang_traces`: page size 1, the radix cache on, prompts cut from a few shared stems
 over a small vocabulary (prefix hits, node splits and evictions happen), small KV pools and long
@@ -52,7 +54,7 @@ from spec.types import Request, seq_id
 
 TARGET = "sglang"
 PROFILE = "sglang"
-PATHS = ("fcfs", "lpm", "retract")
+PATHS = ("fcfs", "lpm", "retract", "chunked")
 SRC = "sglang/srt/"
 
 # class -> (kind, explanation with SGLang's source location); filled from what the runs found.
@@ -81,8 +83,8 @@ FIXES: dict[str, str] = {
 
 # ------------------------------------------------------------------------------ traces
 @st.composite
-def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True, burst: bool = False
-                   ) -> SchedulerConfig:
+def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True, burst: bool = False,
+                   chunked: bool | None = False) -> SchedulerConfig:
     """What the ``sglang`` host takes: page size 1, recompute, no CPU pool, no watermark, no
     chunked prefill. ``full=False``: a budget of at least max_model_len (SGLang admits a first
     prompt over the budget, `first-prefill-above-input-budget`). The pool is drawn small against max_model_len (a few requests' worth), so
@@ -94,20 +96,24 @@ def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True
     else:
         slots = draw(st.integers(12, max_model_len + 2) | st.integers(max_model_len + 2, 3 * max_model_len))
         seqs = draw(st.integers(3, 8) | st.integers(1, 8))
+    chunked = draw(st.booleans()) if chunked is None else chunked
+    if chunked:  # a budget below the longer prompts, so that they are cut into chunks
+        budget = draw(st.integers(max(4, seqs), max(4, seqs, max_model_len // 2)))
+    else:
+        budget = draw(st.integers(max(4, seqs) if full else max_model_len, 2 * max_model_len))
     return SchedulerConfig(
-        block_size=1, num_gpu_blocks=slots, num_cpu_blocks=0, max_num_seqs=seqs,
-        max_num_batched_tokens=draw(st.integers(max(4, seqs) if full else max_model_len, 2 * max_model_len)),
-        max_model_len=max_model_len,
+        block_size=1, num_gpu_blocks=slots, num_cpu_blocks=0, max_num_seqs=seqs, max_num_batched_tokens=budget,
+        max_model_len=max_model_len, enable_chunked_prefill=chunked,
         watermark=0.0, preemption_mode="recompute", policy=policy or draw(st.sampled_from(("fcfs", "lpm"))),
         enable_prefix_caching=True)
 
 
 @st.composite
 def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int = 10, full: bool = True,
-                  burst: bool | None = None) -> Trace:
+                  burst: bool | None = None, chunked: bool | None = False) -> Trace:
     """The sglang flow's traces (`conformance.flows.sglang`): see the module docstring."""
     burst = draw(st.booleans()) if burst is None else burst
-    config = draw(sglang_configs(policy, full, burst))
+    config = draw(sglang_configs(policy, full, burst, chunked))
     _, input_limit = door_limits(config)
     vocab = draw(st.sampled_from([2, 3, 50]))
     stems = draw(st.lists(st.lists(st.integers(3, 3 + vocab - 1), min_size=1, max_size=input_limit + 1),
@@ -129,6 +135,9 @@ def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int 
         if burst:
             length = min(burst_prompt, max(1, input_limit - 1))
             max_tokens = burst_tokens
+        elif config.enable_chunked_prefill:  # long prompts, cut into chunks
+            length = draw(st.integers(max(1, input_limit // 2), max(1, input_limit - 1)) | st.integers(1, input_limit + 2))
+            max_tokens = draw(st.integers(1, 6) | st.integers(config.max_model_len // 2, config.max_model_len))
         else:
             length = draw(st.integers(1, max(1, input_limit // 2)) | st.integers(1, input_limit + 2))
             max_tokens = draw(st.integers(1, 6) | st.integers(config.max_model_len // 2, config.max_model_len))
@@ -148,17 +157,22 @@ def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int 
 
 def path_strategy(path: str) -> st.SearchStrategy:
     """One campaign path's traces (`PATHS`)."""
-    return sglang_traces(burst=True) if path == "retract" else sglang_traces(path)
+    if path == "retract":
+        return sglang_traces(burst=True)
+    if path == "chunked":
+        return sglang_traces(chunked=True, burst=False)
+    return sglang_traces(path)
 
 
 def sglang_configs_any() -> st.SearchStrategy:
-    """The flow's configs, both policies, budget >= max_model_len (`conformance.flows.sglang`)."""
-    return sglang_configs(full=False)
+    """The flow's configs, both policies, chunked prefill on or off (`conformance.flows.sglang`)."""
+    return sglang_configs(full=False, chunked=None)
 
 
 def sglang_traces_any() -> st.SearchStrategy:
-    """The flow's traces, both policies, budget >= max_model_len (`conformance.flows.sglang`)."""
-    return sglang_traces(full=False)
+    """The flow's traces, both policies, chunked prefill on or off, without chunking a budget of at
+    least max_model_len (`conformance.flows.sglang`)."""
+    return sglang_traces(full=False, chunked=None)
 
 
 # ------------------------------------------------------------------------------ running and classifying
@@ -226,8 +240,13 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
 def _reached(result) -> set[str]:
     """Which of SGLang's paths the trace took (on the engine's side), for the coverage line."""
     found: set[str] = set()
+    last_prefills: set[str] = set()
     for record in result.records:
         out = record.output
+        prefills = {s.request_id for s in out.scheduled if s.is_prefill}
+        if prefills & last_prefills:
+            found.add("chunked_prefill")  # prefilled in two steps running: its prompt came in chunks
+        last_prefills = prefills
         if out.preempted:
             found.add("retract_decode")
         if out.ignored:
