@@ -65,7 +65,8 @@ CLASSES: dict[str, tuple[str, str]] = {
         "allow the first request even above the input cap'): without chunked prefill the first request of a "
         "prefill batch is admitted whatever its length against max_prefill_tokens (the host passes "
         "max_num_batched_tokens), so a prompt longer than the token budget is prefilled in one step. The spec "
-        "bounds every step by the budget (BUD-001) and ignores a prompt over min(max_model_len, budget) (LEN-002). "
+        "bounds every step by the budget (BUD-001) and ignores a prompt over min(max_model_len, budget) (LEN-002, "
+        "LEN-003). "
         "Engine and reference agree step for step; the trace space of the flow's own tests keeps the budget at "
         "max_model_len or more (`sglang_configs`), the campaign draws it below too.",
     ),
@@ -194,13 +195,13 @@ def run_one(adapter, trace: Trace, invariants, reference: type[Recorded] = Recor
 
 def classify(outcome: Outcome) -> str | None:
     """The divergence's class (a key of `CLASSES`), ``unclassified`` when none fits, or None. A run
-    whose decisions and states agree but that breaks BUD-001 / LEN-002 on both sides with a budget
-    below max_model_len is SGLang's first-request exemption from the input budget."""
+    whose decisions and states agree but that breaks BUD-001 / LEN-002 / LEN-003 on both sides with a
+    budget below max_model_len is SGLang's first-request exemption from the input budget."""
     if outcome.divergence_step is None:
         return None
     if outcome.result.divergence is None and outcome.state is None:
         config = outcome.result.trace.config
-        if outcome.result.problem_ids <= {"BUD-001", "LEN-002"} and \
+        if outcome.result.problem_ids <= {"BUD-001", "LEN-002", "LEN-003"} and \
                 config.max_num_batched_tokens < config.max_model_len:
             return "first-prefill-above-input-budget"
         return "violation-only"
