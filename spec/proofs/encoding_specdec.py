@@ -8,8 +8,10 @@ GPU only), plus, per request, what the reference keeps for drafts and keys
 (`reference_impl.v1_scheduler.TrackedRequest`):
 
 - ``npr``: drafts the drafter proposed for its next decode (``num_proposed``);
-- ``nkey``: blocks of its table keyed for prefix caching (``num_keyed``), the ghost SPD-007
-  reads (the cache's *hits* are not modelled, as in the v1 flow: admission computes from 0).
+- ``nkey``: blocks of its table keyed for prefix caching (``num_keyed``), which SPD-007 reads
+  (the cache's *hits* are not modelled, as in the v1 flow: admission computes from 0);
+- ``void``: a proof-only ghost, absent from the reference: its last outcome committed no token
+  (SPD-007's catalogue predicate fails right after one: `SPD007_FINDING`).
 
 The config adds ``num_speculative_tokens`` (symbolic, 0..`MAX_SPECULATIVE_TOKENS`: one proof
 covers k = 0, today's V1, and every k) and ``enable_prefix_caching``.
@@ -88,6 +90,7 @@ class SpecState(State):
 
     npr: list[Any] = field(default_factory=list)
     nkey: list[Any] = field(default_factory=list)
+    void: list[Any] = field(default_factory=list)  # proof-only ghost: the last outcome committed nothing
 
     def copy(self) -> SpecState:
         out = {}
@@ -138,12 +141,13 @@ class SpecDecEncoder(ChunkedEncoder):
         base = super().state(prefix)
         ints = lambda name: [z3.Int(f"{prefix}_{name}_{s}") for s in range(self.S)]  # noqa: E731
         return SpecState(**{f.name: getattr(base, f.name) for f in dataclasses.fields(State)},
-                         npr=ints("npr"), nkey=ints("nkey"))
+                         npr=ints("npr"), nkey=ints("nkey"), void=[z3.Bool(f"{prefix}_void_{s}") for s in range(self.S)])
 
     def initial(self) -> SpecState:
         st = super().initial()
         assert isinstance(st, SpecState)
         st.npr, st.nkey = [z3.IntVal(0)] * self.S, [z3.IntVal(0)] * self.S
+        st.void = [z3.BoolVal(False)] * self.S
         return st
 
     def encode(self, action: str, pre: State | None = None) -> ActionEncoding:
@@ -152,6 +156,7 @@ class SpecDecEncoder(ChunkedEncoder):
         assert isinstance(post, SpecState)
         for s in range(self.S):  # freeing a table forgets its keys (`V1Scheduler._free_blocks`)
             post.nkey[s] = self.let(z3.If(post.tlen[s] == 0, 0, post.nkey[s]), "nk")
+            post.void[s] = self.let(z3.And(post.tlen[s] > 0, post.void[s]), "vd")
         return ae
 
     def read_state(self, model: Any, st: State) -> dict[str, Any]:
@@ -225,6 +230,7 @@ class SpecDecEncoder(ChunkedEncoder):
             upto = st.ntok[s] if self.mutant == "keys-rejected-kv" else st.ncomp[s]
             on_commit = z3.And(samples, committed >= 1, self.PC, self.K > 0)
             self.set_s(st.nkey, s, z3.If(on_commit, _max(keyed, upto / bs), keyed), c)
+            self.set_s(st.void, s, z3.And(samples, committed == 0), c)
             self.set_s(st.sstat, s, FIN, ends)
             self.free_seq(st, s, ends)
             self.set_g(st.gstat, g, FIN, ends)
@@ -285,10 +291,32 @@ def spd002(enc: Encoder, st: State) -> Any:
 
 
 def spd007(enc: Encoder, st: State) -> Any:
-    """SPD-007: with k > 0, every keyed block of a running request lies within its computed tokens."""
+    """SPD-007 as catalogued: with k > 0, every keyed block of a running request lies within its
+    computed tokens. Not a row of the matrix: it fails right after an outcome with no token
+    (`SPD007_FINDING`); `spd007_committed` is the row."""
     assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
     return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s])
                                           for s in range(enc.S)]))
+
+
+def spd007_committed(enc: Encoder, st: State) -> Any:
+    """SPD-007 for every running request whose last outcome committed a token (row
+    ``SPD-007/committed``); one whose last outcome committed nothing has its keyed blocks within
+    its computed tokens plus the one it must recompute (the strengthening that makes it inductive:
+    the rolled-back position's KV was written from a committed token, not a draft)."""
+    assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
+    return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s]
+                                                      + z3.If(st.void[s], 1, 0)) for s in range(enc.S)]))
+
+
+SPD007_FINDING = (
+    "fails after an outcome with no token (vllm#42722's empty outcome) when prefix caching is on and the "
+    "step's last known token ends a block: the block was keyed when allocated (vLLM allocate_slots keys up "
+    "to the known tokens), and the rollback to the last token but one leaves its last slot past the computed "
+    "tokens. That slot's KV was computed from a committed token, not a draft, so the rationale holds; the "
+    "predicate is stricter than it by one slot. Proved as SPD-007/committed (every request whose last outcome "
+    "committed a token; one slot of slack right after an empty one); docs/PROOFS.md"
+)
 
 
 # ---------------------------------------------------------------------- transition properties
@@ -409,7 +437,8 @@ def chk004_specdec(ae: ActionEncoding) -> Any:
 
 SPECDEC_STATE_INVARIANTS = {
     **{k: v for k, v in V1_STATE_INVARIANTS.items() if k not in ("CAP-001", "WF")},
-    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007": spd007, "WF": wf_specdec,
+    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007/committed": spd007_committed,
+    "WF": wf_specdec,
 }
 SPECDEC_TRANSITION_PROPERTIES = {
     **{k: v for k, v in V1_TRANSITION_PROPERTIES.items() if k != "CHK-004"},
@@ -418,6 +447,10 @@ SPECDEC_TRANSITION_PROPERTIES = {
 }
 SPECDEC_STEP_PARTS = {"CHK-002": chk002_step_specdec, "SPD-002": spd002_step}
 SPECDEC_SCOPE = {
+    "SPD-007": SPD007_FINDING,
+    "CAP-004": "implied on this flow by CAP-001 (proved: at least ceil(computed / block_size) blocks)",
+    "CAP-006": "implied on this flow by CAP-001 (proved: at most the blocks of its tokens plus k, the lookahead "
+               "reservation the reference declares)",
     "BUD-001": "step property over one scheduler output: the budget is per action here (each chunk, drafts "
                "included, <= the budget: SPD-001's cell)",
     "CAP-002": "mid-step table coverage: SPD-001's cell says the table covers every token scheduled now, drafts "
@@ -436,6 +469,7 @@ def read_specdec_state(model: Any, enc: Encoder, st: State) -> dict[str, Any]:
     for s, seq in enumerate(out["seqs"]):
         seq["proposed"] = model.eval(st.npr[s], model_completion=True).as_long()
         seq["keyed"] = model.eval(st.nkey[s], model_completion=True).as_long()
+        seq["void"] = z3.is_true(model.eval(st.void[s], model_completion=True))
     return out
 
 
@@ -446,5 +480,5 @@ def pin_specdec_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list
     assert isinstance(st, SpecState)
     out = pin_state(enc, st, concrete)
     for s, seq in enumerate(concrete["seqs"]):
-        out += [st.npr[s] == seq["proposed"], st.nkey[s] == seq["keyed"]]
+        out += [st.npr[s] == seq["proposed"], st.nkey[s] == seq["keyed"], st.void[s] == z3.BoolVal(seq["void"])]
     return out
