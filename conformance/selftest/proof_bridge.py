@@ -351,11 +351,14 @@ def v1_requests(sched: Any) -> list[Any]:
     return sorted(sched.requests.values(), key=lambda t: t.arrival)
 
 
-def v1_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
-    """A V1 reference's state as the v1 encoding's concrete state (None when it exceeds the bound)."""
+def v1_concrete_state(sched: Any, bound: Bound, *, keys_ok: bool = False) -> dict[str, Any] | None:
+    """A V1 reference's state as the v1 encoding's concrete state (None when it exceeds the bound).
+    ``keys_ok``: prefix caching may be on (the specdec encoding models its keys; the caller makes
+    sure no cache hit happened, which no encoding models)."""
     pool = sched.pool
     tracked = v1_requests(sched)
-    if pool.num_blocks != bound.gpu_blocks or len(tracked) > bound.seqs or sched.config.enable_prefix_caching:
+    if pool.num_blocks != bound.gpu_blocks or len(tracked) > bound.seqs \
+            or (sched.config.enable_prefix_caching and not keys_ok):
         return None
     free = set(pool.free_ids())
     seqs, groups = [], []
@@ -560,4 +563,28 @@ def async_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
             return None
         seq["in_flight"] = {"placeholders": c.num_placeholders, "tokens": c.num_in_flight, "stale": c.num_stale,
                             "entries": entries}
+    return state
+
+
+# ============================================================================== flow specdec (V1 + drafts)
+# `spec.proofs.encoding_specdec` and reference_impl/specdec_scheduler.py: the v1 bridge plus each
+# request's proposal and keyed blocks, and the encoding's proof-only ``void`` ghost (which the
+# caller tracks: the reference keeps no such field).
+def specdec_config_constants(config: SchedulerConfig) -> dict[str, Any]:
+    return {**v1_config_constants(config), "num_speculative_tokens": config.num_speculative_tokens,
+            "enable_prefix_caching": config.enable_prefix_caching}
+
+
+def specdec_concrete_state(sched: Any, bound: Bound, void: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """A speculative V1 reference's state as the specdec encoding's concrete state (None past the
+    bound). ``void``: the requests whose last outcome committed no token."""
+    state = v1_concrete_state(sched, bound, keys_ok=True)
+    if state is None:
+        return None
+    tracked = v1_requests(sched)
+    for j, seq in enumerate(state["seqs"]):
+        t = tracked[j] if j < len(tracked) else None
+        seq["proposed"] = t.num_proposed if t is not None else 0
+        seq["keyed"] = t.num_keyed if t is not None else 0
+        seq["void"] = t is not None and t.request_id in void and bool(t.blocks)
     return state
