@@ -161,3 +161,26 @@ def test_cli_prove_flow_specdec(capsys):
                  "--jobs", "1"]) == 1
     assert "cex" in capsys.readouterr().out
     assert main(["prove", "--flow", "v1", "--mutant", "drafts-outside-budget"]) == 2
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT))
+def test_specdec_counterexample_replays_on_the_conformance_mutant(mutant, tmp_path):
+    """Each mutant's counterexample becomes a trace (`specdec_counterexample_trace`) that breaks the
+    catalogue invariant on the conformance mutant with the same bug, and not on the reference."""
+    from conformance.selftest.proof_bridge import find_violation, specdec_counterexample_trace
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+    from spec.trace import Trace
+
+    cells, scheduler_class = CAUGHT[mutant]
+    row, action = sorted(cells)[-1]
+    invariant = row.split("/")[0]  # SPD-007/committed is SPD-007 where the last outcome committed
+    m = prove(flow_name="specdec", mutant=mutant, actions=[action], invariants=[row], jobs=1)
+    cex = next(c.counterexample for c in m.cells if c.result == "counterexample")
+    found = specdec_counterexample_trace(cex, invariant, scheduler_class, tries=600)
+    assert found is not None, f"{mutant}: no trace reproduces {invariant}"
+    trace, violations = found
+    assert all(v.step is not None for v in violations), violations  # a real violation, not a crash
+    replayed = Trace.load(trace.save(tmp_path / f"{mutant}.json"))
+    assert replayed.meta["counterexample"]["flow"] == "specdec"
+    assert find_violation(replayed, scheduler_class, invariant), "the saved trace does not replay the violation"
+    assert not find_violation(replayed, SpecDecScheduler, invariant), "the unmutated reference violates it too"

@@ -101,24 +101,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
-    from conformance.selftest.proof_bridge import counterexample_trace, v1_counterexample_trace
+    from conformance.selftest.proof_bridge import (
+        counterexample_trace,
+        specdec_counterexample_trace,
+        v1_counterexample_trace,
+    )
     from reference_impl.scheduler import Scheduler
+    from reference_impl.specdec_scheduler import SpecDecScheduler
     from reference_impl.v1_scheduler import V1Scheduler
 
     ids = {i.id for i in catalogue()}
     written = []
     for cell in matrix.failing():
-        if cell.counterexample is None or cell.invariant not in ids or cell.action == "init" or cell.flow in ("async", "specdec"):
-            continue  # an async or specdec counterexample has no trace bridge yet (docs/PROOFS.md)
+        iid = cell.invariant.split("/")[0]  # a partial row (SPD-007/committed) replays as its catalogue invariant
+        if cell.counterexample is None or iid not in ids or cell.action == "init" or cell.flow == "async":
+            continue  # an async counterexample has no trace bridge yet (docs/PROOFS.md)
         if cell.flow == "v1":
-            found = v1_counterexample_trace(cell.counterexample, cell.invariant, V1Scheduler, tries=500)
+            found = v1_counterexample_trace(cell.counterexample, iid, V1Scheduler, tries=500)
+        elif cell.flow == "specdec":
+            found = specdec_counterexample_trace(cell.counterexample, iid, SpecDecScheduler, tries=500)
         else:
-            found = counterexample_trace(cell.counterexample, cell.invariant, Scheduler, tries=500)
+            found = counterexample_trace(cell.counterexample, iid, Scheduler, tries=500)
         if found is None:
             continue
         trace, violations = found
-        prefix = "v1-" if cell.flow == "v1" else ""
-        path = directory / f"{prefix}{cell.invariant}-{cell.action}.json"
+        prefix = f"{cell.flow}-" if cell.flow in ("v1", "specdec") else ""
+        path = directory / f"{prefix}{iid}-{cell.action}.json"
         trace.save(path)
         written.append(str(path))
     return written
