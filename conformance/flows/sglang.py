@@ -13,6 +13,7 @@ FLOW = Flow(
     profile="sglang",
     invariant_families=("spec.invariants.sglang",),
     mutants="conformance.selftest.mutants_sglang",
+    adapters=("reference-sglang",),
     targets=("sglang",),
     lockstep="conformance.targets.lockstep_sglang:main",
     deviations="conformance.targets.lockstep_sglang:CLASSES",

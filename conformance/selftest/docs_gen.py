@@ -165,6 +165,7 @@ _DOMAIN_TEXT = {
     "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
     "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
     "priority": "the priority policy; false: FCFS only",
+    "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
     "max_n": "parallel sequences per request",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
