@@ -10,9 +10,9 @@ a radix cache of finished and running prefixes (`reference_impl.radix_cache`). O
 1. The last prefill batch, less its finished requests, joins the running batch at its tail;
    finished requests leave the running batch (scheduler.py:3894-4035). Either shrink clears
    the running batch's ``batch_is_full``.
-2. A new prefill batch, unless the batch is full or nothing waits (``_get_new_batch_prefill_raw``,
-   scheduler.py:4079-4457). Seats: ``max_num_seqs`` less the running requests. The waiting queue
-   is ordered by the policy (``SchedulePolicy.calc_priority``, schedule_policy.py:213-283):
+2. A new prefill batch, unless (with no chunked request) the batch is full or nothing waits
+   (``_get_new_batch_prefill_raw``, scheduler.py:4079-4457). Seats: ``max_num_seqs`` less the
+   running requests. The waiting queue is ordered by the policy (``SchedulePolicy.calc_priority``, schedule_policy.py:213-283):
    ``fcfs`` keeps arrival order (retracted requests re-enter at the tail); ``lpm`` sorts it, for
    good and stably, by the longest cached prefix first, after deprioritising a request whose
    prefix the waiting requests ahead of it share by 32 tokens or more (in-batch prefix caching,
@@ -24,9 +24,11 @@ a radix cache of finished and running prefixes (`reference_impl.radix_cache`). O
    (``_compute_max_prefix_len``); it is admitted when its prefill, its remaining
    ``max_new_tokens`` and one page are fewer than the KV slots left: free plus evictable (with
    its own prefix locked) less what the running and admitted requests reserve, each its
-   remaining ``max_new_tokens`` times the new-token ratio for the running ones, in full for the
-   admitted (``PrefillBudget.check_prefill``, mem_cache/prefill_budget.py:114-130;
-   ``_get_running_request_total_token_offset``). A request that does not fit stops admission
+   remaining ``max_new_tokens`` times the new-token ratio for the running ones, the whole
+   ``max_new_tokens`` for the ones admitted in this pass, a retracted one's included
+   (``PrefillBudget.check_prefill``, mem_cache/prefill_budget.py:114-130;
+   ``_get_running_request_total_token_offset``; ``_select_prefill_admission``,
+   schedule_policy.py:1638). A request that does not fit stops admission
    and marks the batch full (when something was admitted or runs); after the first admission a
    prefill of at least the input budget left (``max_num_batched_tokens``) stops it too. The
    step's prefill batch allocates its slots in batch order (``alloc_for_extend``), evicting

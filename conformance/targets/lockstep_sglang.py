@@ -86,11 +86,13 @@ FIXES: dict[str, str] = {
 @st.composite
 def sglang_configs(draw: st.DrawFn, policy: str | None = None, full: bool = True, burst: bool = False,
                    chunked: bool | None = False) -> SchedulerConfig:
-    """What the ``sglang`` host takes: page size 1, recompute, no CPU pool, no watermark, no
-    chunked prefill. ``full=False``: a budget of at least max_model_len (SGLang admits a first
-    prompt over the budget, `first-prefill-above-input-budget`). The pool is drawn small against max_model_len (a few requests' worth), so
-    decode runs out of slots; at least 12 slots, so that SGLang's input limit
-    (``min(max_model_len + 1, slots - 1) - 5``) leaves room for a prompt."""
+    """What the ``sglang`` host takes: page size 1, recompute, no CPU pool, no watermark;
+    ``chunked`` (None: drawn) turns chunked prefill on with a budget below the longer prompts.
+    ``full=False``: without chunking, a budget of at least max_model_len (SGLang admits a first
+    prompt over the budget, `first-prefill-above-input-budget`). The pool is drawn small against
+    max_model_len (a few requests' worth), so decode runs out of slots; at least 12 slots, so
+    that SGLang's input limit (``min(max_model_len + 1, slots - 1) - 5``) leaves room for a
+    prompt; ``burst``: room for three of a burst's requests (`sglang_traces`)."""
     max_model_len = draw(st.integers(10, 32))
     if burst:  # room for three requests of a burst below max_model_len each (`sglang_traces`)
         slots, seqs = draw(st.integers(14, max(14, max_model_len + 2))), draw(st.integers(3, 8))
@@ -137,7 +139,8 @@ def sglang_traces(draw: st.DrawFn, policy: str | None = None, max_requests: int 
             length = min(burst_prompt, max(1, input_limit - 1))
             max_tokens = burst_tokens
         elif config.enable_chunked_prefill:  # long prompts, cut into chunks
-            length = draw(st.integers(max(1, input_limit // 2), max(1, input_limit - 1)) | st.integers(1, input_limit + 2))
+            length = draw(st.integers(max(1, input_limit // 2), max(1, input_limit - 1))
+                          | st.integers(1, input_limit + 2))
             max_tokens = draw(st.integers(1, 6) | st.integers(config.max_model_len // 2, config.max_model_len))
         else:
             length = draw(st.integers(1, max(1, input_limit // 2)) | st.integers(1, input_limit + 2))

@@ -92,8 +92,8 @@ class SglangEngine:
                         ("preemption_mode", config["preemption_mode"] == "recompute"),
                         ("policy", config["policy"] in ("fcfs", "lpm"))):
             if not ok:
-                raise ValueError(f"config.{key}: SGLang host supports page size 1, recompute, fcfs or lpm, no CPU pool; "
-                                 f"got {config[key]!r}")
+                raise ValueError(f"config.{key}: SGLang host supports page size 1, recompute, fcfs or lpm, "
+                                 f"no CPU pool; got {config[key]!r}")
         self.config = config
         self.max_running = config["max_num_seqs"]
         # chunked_prefill_size and max_prefill_tokens: both the spec's token budget
