@@ -64,7 +64,7 @@ class Recorder:
     the adapter's decoded answers (for `ReplayAdapter`), in order."""
 
     def __init__(self, adapter) -> None:
-        self.adapter, self.lines, self.sent, self.answers = adapter, [], [], []
+        self.adapter, self.lines, self.sent, self.answers, self.copies = adapter, [], [], [], {}
         host = adapter.host
         receive, send = host.receive, host.send
 
@@ -91,7 +91,7 @@ class Recorder:
                     self.answers[-1].append(err)  # replayed as the same failure
                     raise
                 if _name != "reset":
-                    self.answers[-1].append(copy.copy(value) if _name == "snapshot" else value)
+                    self.answers[-1].append(_copy(value, self.copies) if _name == "snapshot" else value)
                 return value
 
             setattr(self, name, wrapped)
@@ -120,6 +120,17 @@ class LineHost:
         return result_of(self.receive(0, method, timeout), method)
 
 
+def _copy(snap, copies: dict):
+    """A fresh copy of a snapshot (a checked one carries its mark), whose ``base`` is the copy of
+    its base: the chain the checks follow stays within the copies."""
+    fresh = copy.copy(snap)
+    fresh.__dict__.pop("_kvsched_checked", None)
+    if snap.base is not None:
+        object.__setattr__(fresh, "base", copies.get(id(snap.base), snap.base))
+    copies[id(snap)] = fresh
+    return fresh
+
+
 class ReplayAdapter:
     """The answers a run decoded, handed back in order: the driver and checker alone."""
 
@@ -127,7 +138,8 @@ class ReplayAdapter:
         self.name, self.profiles, self.capabilities = wire.name, wire.profiles, wire.capabilities
         self.reservation = wire.reservation
         # fresh copies of the snapshots: a checked one carries its mark (normalize.check_snapshot)
-        self._traces = iter([[copy.copy(a) if hasattr(a, "seqs") else a for a in trace] for trace in answers])
+        copies: dict[int, object] = {}
+        self._traces = iter([[_copy(a, copies) if hasattr(a, "seqs") else a for a in trace] for trace in answers])
         self._next = iter(())
 
     def reset(self, config):

@@ -175,6 +175,7 @@ def test_snapshot_deltas_decode_to_the_whole_snapshots():
     from conformance.generate import sample_traces
     from conformance.generate_v1 import token_traces
     from reference_impl.v1_scheduler import V1Scheduler
+    from spec.observation import with_delta
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "conformance" / "targets" / "hosts"))
     import kvsched_host
@@ -201,6 +202,13 @@ def test_snapshot_deltas_decode_to_the_whole_snapshots():
             assert snap == snapshot_from_json(whole)
             if previous is not None:
                 deltas += sent.get("delta") is True
+                # decoded straight into the checks' delta form, naming every entry that changed
+                diffed = with_delta(snapshot_from_json(whole), previous)
+                assert snap.base is previous
+                assert snap.changed_seqs >= diffed.changed_seqs and snap.changed_requests >= diffed.changed_requests
+                for sid, view in snap.seqs.items():
+                    if sid not in snap.changed_seqs:
+                        assert view is previous.seqs[sid]
                 for name in ("waiting", "gpu_ref_counts", "gpu_free_ids"):
                     if getattr(snap, name) == getattr(previous, name):
                         assert getattr(snap, name) is getattr(previous, name)
