@@ -2,6 +2,7 @@
 host side of the wire, in process, CPU time (``time.process_time``), no pipes.
 
     python _host_inprocess.py TRACES.json HOSTS_DIR MODULE:CLASS[:ARG] ROUNDS
+    (ROUNDS 0: a round for each line read from stdin, its JSON line printed)
 
 Drives the host's engine class over the traces in four ways, round by round, interleaved:
 
@@ -12,7 +13,7 @@ Drives the host's engine class over the traces in four ways, round by round, int
 * ``snapshots``: ``engine`` plus the snapshot dicts the observed protocol asks for (before a step
   that added or aborted, mid-step, after), so their cost is ``snapshots - engine``;
 * ``serve``/``serve_observed``: `kvsched_host.serve` itself reading the very messages the runner
-  sends (``reset``, then ``steps`` of 8, 16, 32 then 64 steps until the host says ``ended``), and
+  sends (``reset``, then ``steps`` of 64 steps until the host says ``ended``), and
   writing its answer lines into a sink, unchecked and observed (mid-step snapshots on). The
   host's protocol cost is ``serve - engine`` (and ``serve_observed - snapshots``).
 
@@ -113,15 +114,15 @@ def messages(traces, observe: bool) -> list[list[str]]:
         arrivals, aborts, stops, last = _by_step(trace)
         mid += 1
         lines = [json.dumps({"id": mid, "method": "reset", "params": {"config": trace["config"]}})]
-        first, size = 0, 8
+        first, size = 0, 64
         while first < trace["max_steps"]:
             end = min(first + size, trace["max_steps"])
             steps = [{"step": k, "add": arrivals.get(k, []), "abort": aborts.get(k, []), "stopped": sorted(stops.get(k, []))}
                      for k in range(first, end)]
             mid += 1
             lines.append(json.dumps({"id": mid, "method": "steps", "params": {
-                "steps": steps, "observe": observe, "mid_step": observe, "last_arrival_step": last}}))
-            first, size = end, min(size * 2, 64)
+                "steps": steps, "observe": observe, "mid_step": observe, "last_arrival_step": last, "flush_ms": 1.0}}))
+            first = end
         out.append(lines)
     return out
 
@@ -169,26 +170,28 @@ def main() -> None:
     module = importlib.import_module(module_name)
     engine = getattr(module, cls_name)(*arg)
     plain, observed = messages(traces, False), messages(traces, True)
-    runs: dict[str, list[float]] = {k: [] for k in ("engine", "reset", "own", "snapshots", "serve", "serve_observed")}
     loop(engine, traces[:5], True)  # warm up
-    steps = 0
-    sizes = {}
-    for _ in range(rounds):
-        total, resets, steps = loop(engine, traces, False)
-        runs["engine"].append(total)
-        runs["reset"].append(resets)
+
+    def one_round() -> dict:
+        seconds, sizes = {}, {}
+        seconds["engine"], seconds["reset"], steps = loop(engine, traces, False)
         own = dict.fromkeys(OWN[cls_name], 0.0)
         loop(engine, traces, False, own)
-        runs["own"].append(sum(own.values()))
-        runs["snapshots"].append(loop(engine, traces, True)[0])
-        spent, sink = serve(module, engine, plain)
-        runs["serve"].append(spent)
+        seconds["own"] = sum(own.values())
+        seconds["snapshots"] = loop(engine, traces, True)[0]
+        seconds["serve"], sink = serve(module, engine, plain)
         sizes["serve"] = sink.bytes
-        spent, sink = serve(module, engine, observed)
-        runs["serve_observed"].append(spent)
+        seconds["serve_observed"], sink = serve(module, engine, observed)
         sizes["serve_observed"] = sink.bytes
-    print(json.dumps({"steps": steps, "seconds": {k: statistics.median(v) for k, v in runs.items()},
-                      "bytes": sizes}))
+        return {"steps": steps, "seconds": seconds, "bytes": sizes}
+
+    if rounds == 0:  # one round per line read from stdin (bench_wire.py interleaves them with its own)
+        for _ in sys.stdin:
+            print(json.dumps(one_round()), flush=True)
+        return
+    runs = [one_round() for _ in range(rounds)]
+    print(json.dumps({"steps": runs[0]["steps"], "bytes": runs[0]["bytes"],
+                      "seconds": {k: statistics.median(r["seconds"][k] for r in runs) for k in runs[0]["seconds"]}}))
 
 
 if __name__ == "__main__":

@@ -170,9 +170,17 @@ def main() -> None:
         json.dump([t.to_dict() for t in corpus], f)
     env = {**os.environ, "KVSCHED_TARGET_DIR": str(TARGETS_DIR / args.target), "VLLM_TARGET_DEVICE": "cpu"}
     start_load = os.getloadavg()[0]
-    host = json.loads(subprocess.run(
+    inproc = subprocess.Popen(
         [str(python), str(ROOT / "benchmarks/_host_inprocess.py"), f.name, str(ROOT / "conformance/targets/hosts"),
-         ENGINES[args.target], str(args.rounds)], capture_output=True, text=True, env=env, check=True).stdout.splitlines()[-1])
+         ENGINES[args.target], "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=env)
+    host_rounds = []
+
+    def host_round() -> None:  # one in-process round of the host, between the runner's own
+        assert inproc.stdin is not None and inproc.stdout is not None
+        inproc.stdin.write("\n")
+        inproc.stdin.flush()
+        host_rounds.append(json.loads(inproc.stdout.readline()))
 
     wire = load_adapter(args.target)
     safety = get_profile("safety").invariants()
@@ -191,6 +199,7 @@ def main() -> None:
     runs: dict[tuple[str, str], list[float]] = {}
     steps = {}
     for _ in range(args.rounds):
+        host_round()
         for name, invariants in checks.items():
             pid = wire.host.proc.pid
             h0, c0, w0 = host_cpu(pid), time.process_time(), time.perf_counter()
@@ -209,8 +218,12 @@ def main() -> None:
             c0 = time.process_time()
             each(replay, invariants)
             runs.setdefault((name, "driver"), []).append((time.process_time() - c0) / steps[name])
+    inproc.stdin.close()
+    inproc.wait()
+    host = {"steps": host_rounds[0]["steps"], "bytes": host_rounds[0]["bytes"]}
     med = {key: statistics.median(v) * 1e6 for key, v in runs.items()}
-    hsec = {k: v / host["steps"] * 1e6 for k, v in host["seconds"].items()}
+    hsec = {k: statistics.median(r["seconds"][k] for r in host_rounds) / host["steps"] * 1e6
+            for k in host_rounds[0]["seconds"]}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}; "
           f"load {start_load:.1f} -> {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"target {args.target}: {len(corpus)} traces (seed {args.seed}), {steps['unchecked']} steps over the wire "

@@ -401,8 +401,8 @@ class WireAdapter:
         return result
 
     def _send_steps(self, batch: _Batch) -> None:
-        """Ask for the next ``batch.size`` steps of the trace in one message (doubled each time,
-        up to `_MAX_STEPS_PER_MESSAGE`); the host answers a line per step as it runs them."""
+        """Ask for the next ``batch.size`` steps of the trace in one message; the host answers a
+        line per step as it runs them."""
         trace = batch.trace
         first = batch.next_step
         last = min(first + batch.size, trace.max_steps)
@@ -420,7 +420,6 @@ class WireAdapter:
                                                  "last_arrival_step": trace.last_arrival_step,
                                                  "flush_ms": _FLUSH_MS})
         batch.next_step = last
-        batch.size = min(batch.size * 2, _MAX_STEPS_PER_MESSAGE)
 
     def _read_step(self, batch: _Batch) -> None:
         """The host's next line for the pending `steps` message: one step's calls (``{"id", "calls"}``,
@@ -466,7 +465,9 @@ class _Batch:
         self.answers: collections.deque[tuple[str, Any]] = collections.deque()
         self.error: WireError | None = None
         self.next_step = 0
-        self.size = 8  # steps in the next message
+        # Steps in the next message: most traces end within the first (the host stops at their
+        # end), so a trace costs one round trip; a runner that stops early wastes at most this.
+        self.size = _MAX_STEPS_PER_MESSAGE
         self.ended = False
         self.last_snapshot: Snapshot | None = None  # the base of the next snapshot delta
         self.pending: int | None = None  # the id of the `steps` message the host is still answering

@@ -116,10 +116,9 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
 
 class _Outbox:
     """The answer lines on their way out. A single call's answer goes at once. In a `steps` run
-    (its ``flush_ms``), the first step line goes at once (the runner asked because it has nothing
-    left to check) and the later ones are held back up to ``flush_ms`` and written together: each
-    write wakes the runner, and one wake-up per step cost more CPU than the JSON (BENCHMARKS.md
-    "A faster wire"). A held line is never lost to a hang or an exception: a watcher thread writes
+    (its ``flush_ms``), step lines are held back up to ``flush_ms`` and written together (with the
+    closing line when the run ends sooner): each write wakes the runner, and a wake-up per step
+    cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire"). A held line is never lost to a hang or an exception: a watcher thread writes
     lines that are due while the engine is stuck in a step (a hang is then pinned to its step),
     and `serve` writes them before it exits. Only a host killed by a signal (a segfault, the OOM
     killer) can lose the lines of its last ``flush_ms``; the runner then reports the fault at the
@@ -130,7 +129,6 @@ class _Outbox:
         self._held: list = []
         self._due: float | None = None  # when the held lines must be out
         self._hold = 0.0
-        self._first = False
         self._cond = threading.Condition()
         self._watcher: threading.Thread | None = None
 
@@ -140,8 +138,8 @@ class _Outbox:
             self._flush()
 
     def hold(self, seconds: float) -> None:
-        """A `steps` run starts: its first line goes at once, later ones may wait ``seconds``."""
-        self._hold, self._first = seconds, True
+        """A `steps` run starts: its lines may wait ``seconds``."""
+        self._hold = seconds
         if seconds and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, daemon=True, name="kvsched-host-outbox")
             self._watcher.start()
@@ -150,8 +148,7 @@ class _Outbox:
         with self._cond:
             self._held.append(obj)
             now = time.monotonic()
-            if self._first or not self._hold or (self._due is not None and now >= self._due):
-                self._first = False
+            if not self._hold or (self._due is not None and now >= self._due):
                 self._flush()
             elif self._due is None:
                 self._due = now + self._hold
