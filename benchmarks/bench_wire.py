@@ -214,6 +214,10 @@ def main() -> None:
             each(wire, invariants)
             runs.setdefault((name, "lines"), []).append((time.process_time() - c0) / steps[name])
             wire.host = real
+            c0 = time.process_time()
+            for line in rec.lines:
+                json.loads(line)
+            runs.setdefault((name, "json"), []).append((time.process_time() - c0) / steps[name])
             replay = ReplayAdapter(wire, rec.answers)
             c0 = time.process_time()
             each(replay, invariants)
@@ -239,8 +243,12 @@ def main() -> None:
                  "runner pipe": med[(name, "runner")] - med[(name, "lines")]}
         cpu = sum(parts.values())
         wall = med[(name, "wall")] - engine - med[(name, "driver")]
+        json_share = med[(name, "json")] + (hsec["serve_observed"] - hsec["serve_observed_unencoded"]
+                                             if name == "safety" else 0.0)
         print(f"  {name:9s} " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-              + f"; driver {med[(name, 'driver')]:.1f}")
+              + f"; driver {med[(name, 'driver')]:.1f}; JSON decode (runner) {med[(name, 'json')]:.1f}"
+              + (f", JSON encode (host) {hsec['serve_observed'] - hsec['serve_observed_unencoded']:.1f}"
+                 if name == "safety" else "") + f" = {json_share:.1f}")
         print(f"  {name:9s} wire CPU {cpu:.1f} us/step = {cpu / own:.2f}x the target's own step, {cpu / engine:.2f}x the "
               f"host engine; wall over the wire {med[(name, 'wall')]:.1f}, minus engine and driver {wall:.1f} "
               f"= {wall / own:.2f}x own")
