@@ -225,36 +225,50 @@ def main() -> None:
     inproc.stdin.close()
     inproc.wait()
     host = {"steps": host_rounds[0]["steps"], "bytes": host_rounds[0]["bytes"]}
-    med = {key: statistics.median(v) * 1e6 for key, v in runs.items()}
-    hsec = {k: statistics.median(r["seconds"][k] for r in host_rounds) / host["steps"] * 1e6
-            for k in host_rounds[0]["seconds"]}
+    # Each round's figures and ratios first, then their medians: the load moves every CPU figure
+    # between rounds (other processes' cache and SMT pressure, a VM's steal), less so a ratio
+    # within one round.
+    per_round = [_round_parts(host_rounds[r], {k: v[r] * 1e6 for k, v in runs.items()}, host["steps"])
+                 for r in range(args.rounds)]
+    fig = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}; "
           f"load {start_load:.1f} -> {os.getloadavg()[0]:.1f}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"target {args.target}: {len(corpus)} traces (seed {args.seed}), {steps['unchecked']} steps over the wire "
-          f"({host['steps']} in process); rounds {args.rounds}, median, CPU us/step unless wall")
-    own, engine = hsec["own"], hsec["engine"]
-    print(f"  target's own step {own:.1f}; host engine (own + translation + reset {hsec['reset']:.1f}) {engine:.1f}; "
-          f"snapshot dicts {hsec['snapshots'] - engine:.1f}")
+          f"({host['steps']} in process); rounds {args.rounds} interleaved, median of each round's figure, CPU "
+          f"us/step unless wall")
+    print(f"  target's own step {fig['own']:.1f}; host engine (own + translation + reset {fig['reset']:.1f}) "
+          f"{fig['engine']:.1f}; snapshot dicts {fig['snapshot dicts']:.1f}")
     for name in checks:
-        in_proc = hsec["serve" if name == "unchecked" else "serve_observed"]
-        base = engine if name == "unchecked" else hsec["snapshots"]
-        parts = {"host protocol": in_proc - base, "host pipe": med[(name, "host")] - in_proc,
-                 "runner decode": med[(name, "lines")] - med[(name, "driver")],
-                 "runner pipe": med[(name, "runner")] - med[(name, "lines")]}
-        cpu = sum(parts.values())
-        wall = med[(name, "wall")] - engine - med[(name, "driver")]
-        json_share = med[(name, "json")] + (hsec["serve_observed"] - hsec["serve_observed_unencoded"]
-                                             if name == "safety" else 0.0)
-        print(f"  {name:9s} " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-              + f"; driver {med[(name, 'driver')]:.1f}; JSON decode (runner) {med[(name, 'json')]:.1f}"
-              + (f", JSON encode (host) {hsec['serve_observed'] - hsec['serve_observed_unencoded']:.1f}"
-                 if name == "safety" else "") + f" = {json_share:.1f}")
-        print(f"  {name:9s} wire CPU {cpu:.1f} us/step = {cpu / own:.2f}x the target's own step, {cpu / engine:.2f}x the "
-              f"host engine; wall over the wire {med[(name, 'wall')]:.1f}, minus engine and driver {wall:.1f} "
-              f"= {wall / own:.2f}x own")
-    print(json.dumps({"target": args.target, "host": hsec, "runner": {f"{a}/{b}": v for (a, b), v in med.items()},
-                      "bytes": host["bytes"]}))
+        print(f"  {name:9s} " + ", ".join(f"{k} {fig[(name, k)]:.1f}" for k in PARTS)
+              + f"; driver {fig[(name, 'driver')]:.1f}; JSON in that: {fig[(name, 'json')]:.1f}")
+        print(f"  {name:9s} wire CPU {fig[(name, 'cpu')]:.1f} us/step = {fig[(name, 'cpu/own')]:.2f}x the target's own "
+              f"step, {fig[(name, 'cpu/engine')]:.2f}x the host engine; wall over the wire {fig[(name, 'wall')]:.1f}, "
+              f"minus engine and driver {fig[(name, 'wall cost')]:.1f} = {fig[(name, 'wall cost/own')]:.2f}x own")
+    print(json.dumps({"target": args.target, "figures": {str(k): v for k, v in fig.items()}, "bytes": host["bytes"]}))
 
+
+PARTS = ("host protocol", "host pipe", "runner decode", "runner pipe")
+
+
+def _round_parts(host_round: dict, runner: dict, steps: int) -> dict:
+    """One round's figures (µs per step) and ratios: the host's in-process run and the runner's."""
+    h = {k: v / steps * 1e6 for k, v in host_round["seconds"].items()}
+    out = {"own": h["own"], "engine": h["engine"], "reset": h["reset"], "snapshot dicts": h["snapshots"] - h["engine"]}
+    for name in ("unchecked", "safety"):
+        in_proc = h["serve" if name == "unchecked" else "serve_observed"]
+        base = h["engine"] if name == "unchecked" else h["snapshots"]
+        parts = {"host protocol": in_proc - base, "host pipe": runner[(name, "host")] - in_proc,
+                 "runner decode": runner[(name, "lines")] - runner[(name, "driver")],
+                 "runner pipe": runner[(name, "runner")] - runner[(name, "lines")]}
+        out.update({(name, k): v for k, v in parts.items()})
+        cpu = sum(parts.values())
+        wall = runner[(name, "wall")] - h["engine"] - runner[(name, "driver")]
+        encode = h["serve_observed"] - h["serve_observed_unencoded"] if name == "safety" else 0.0
+        out.update({(name, "cpu"): cpu, (name, "cpu/own"): cpu / h["own"], (name, "cpu/engine"): cpu / h["engine"],
+                    (name, "wall"): runner[(name, "wall")], (name, "wall cost"): wall,
+                    (name, "wall cost/own"): wall / h["own"], (name, "driver"): runner[(name, "driver")],
+                    (name, "json"): runner[(name, "json")] + encode})
+    return out
 
 if __name__ == "__main__":
     main()
