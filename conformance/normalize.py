@@ -13,7 +13,7 @@ from operator import attrgetter, is_not
 from typing import Any
 
 from conformance.guard import AdapterFault
-from spec.observation import Capability, InFlightView, SeqView, Snapshot, with_delta
+from spec.observation import Capability, InFlightView, SeqView, Snapshot, base_token_prefix, with_delta
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
@@ -236,16 +236,18 @@ def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
     items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
     checked = base.seqs if changed is not None and isinstance(base.seqs, Mapping) else {}
     for sid, view in items:
-        problem = _view(view, checked.get(sid))
+        old = checked.get(sid)
+        problem = _view(view, old, base_token_prefix(snap, sid) if old is not None and snap.base is base else 0)
         if problem or not isinstance(sid, str) or sid != view.seq_id:
             return f"{sid!r}: {problem or 'the key is not the view seq_id'}"
     return None
 
 
-def _view(v: Any, checked: SeqView | None = None) -> str | None:
+def _view(v: Any, checked: SeqView | None = None, known: int = 0) -> str | None:
     """What is wrong with view ``v``, or None. ``checked``: the same sequence's view in the base
-    snapshot, which passed this check; a token list that extends it is checked only past it
-    (a decode adds one token to hundreds)."""
+    snapshot, which passed this check; ``known``: how many leading token ids are that view's
+    (`spec.observation.base_token_prefix`), so only the tokens past them are read (a decode adds
+    one token to hundreds)."""
     if not isinstance(v, SeqView):
         return f"{v!r} is not a SeqView"
     if not isinstance(v.seq_id, str) or not isinstance(v.request_id, str) or not isinstance(v.status, Status):
@@ -259,10 +261,8 @@ def _view(v: Any, checked: SeqView | None = None) -> str | None:
     if v.device not in (None, "gpu", "cpu"):
         return f"device is {v.device!r}, expected 'gpu', 'cpu' or None"
     tokens = v.token_ids
-    if tokens is not None and isinstance(tokens, tuple) and checked is not None:
-        known = checked.token_ids
-        if known is not None and len(known) <= len(tokens) and tokens[: len(known)] == known:
-            tokens = tokens[len(known):]  # the prefix passed in the base snapshot
+    if known and isinstance(tokens, tuple):
+        tokens = tokens[known:]  # the prefix passed in the base snapshot
     if tokens is not None and _ints(tokens):
         return f"token_ids {_ints(tokens)}"
     return None

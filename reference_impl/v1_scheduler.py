@@ -96,14 +96,16 @@ class TrackedRequest:
     num_keyed: int = 0  # leading blocks registered in the prefix cache
     in_prefill: bool = True  # no token sampled since (re)admission
     num_proposed: int = 0  # drafts the drafter proposed for its next decode (speculative decoding)
+    # Formatted once, not per read: the step and the snapshot read it several times per request
+    # (a property formatting the string was about a fifth of an unchecked step).
+    seq_id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.seq_id = seq_id(self.request.request_id, 0)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def seq_id(self) -> str:
-        return seq_id(self.request.request_id, 0)
 
     @property
     def num_tokens(self) -> int:

@@ -203,6 +203,40 @@ class StepFailure:
     output: SchedulerOutput | None = None  # this step's schedule() answer, when it came
 
 
+TOKEN_PREFIX_MEMO = "_base_token_prefix"  # `base_token_prefix`'s memo, kept in the snapshot's instance dict, outside its fields
+
+
+def base_token_prefix(snap: Snapshot, seq: str) -> int:
+    """How many leading token ids of sequence ``seq``'s view in ``snap`` are known to be those
+    of its view in ``snap.base``: the base view's count when its token ids are a prefix of these
+    (compared at C speed; identical entries compare by identity), else 0. A decode appends one
+    token to hundreds, so whoever reads every token (the driver's type check, PIP-001) reads only
+    the new ones; this one comparison per changed view and snapshot is shared by all of them
+    (it was made once by each). Kept on the snapshot; 0 for anything malformed (read whole)."""
+    known = snap.__dict__.get(TOKEN_PREFIX_MEMO)
+    if known is None:
+        known = snap.__dict__[TOKEN_PREFIX_MEMO] = {}
+    found = known.get(seq)
+    if found is None:
+        found = known[seq] = _token_prefix(snap, seq)
+    return found
+
+
+def _token_prefix(snap: Snapshot, seq: str) -> int:
+    base = snap.base
+    if base is None or not isinstance(base.seqs, Mapping) or not isinstance(snap.seqs, Mapping):
+        return 0
+    old, new = base.seqs.get(seq), snap.seqs.get(seq)
+    if not isinstance(old, SeqView) or not isinstance(new, SeqView):
+        return 0
+    known, tokens = old.token_ids, new.token_ids
+    if type(known) is not tuple or type(tokens) is not tuple or len(known) > len(tokens):
+        return 0
+    if known is tokens or tokens[: len(known)] == known:
+        return len(known)
+    return 0
+
+
 def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
     """``snap`` as a delta on ``previous`` (the snapshot taken just before it), for an adapter
     that hands whole snapshots: `Snapshot.base`, `changed_seqs` and `changed_requests` found by

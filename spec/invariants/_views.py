@@ -68,6 +68,7 @@ def forget(snap: Snapshot | None) -> None:
     be a base or a prior, so a long run does not keep one entry count per step)."""
     if snap is not None:
         snap.__dict__.pop(_CACHE, None)
+        snap.__dict__.pop(observation.TOKEN_PREFIX_MEMO, None)
 
 
 _DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
@@ -351,14 +352,18 @@ def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator
     prior = ctx.previous.after if ctx.previous is not None else None
     for label, snap in snapshots(record):
         seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
+        from_base = seen is not None and snap.base is prior  # the usual chain: one shared comparison
         for sid, view in fresh_views(snap, prior):
-            old = seen.get(sid) if seen is not None else None
-            known = old.token_ids if old is not None else None
-            tokens = view.token_ids
             first = 0
-            if known is not None and tokens is not None and len(known) <= len(tokens) \
-                    and (known is tokens or tokens[: len(known)] == known):
-                first = len(known)
+            if from_base:
+                first = observation.base_token_prefix(snap, sid)
+            elif seen is not None:
+                old = seen.get(sid)
+                known = old.token_ids if old is not None else None
+                tokens = view.token_ids
+                if known is not None and tokens is not None and len(known) <= len(tokens) \
+                        and (known is tokens or tokens[: len(known)] == known):
+                    first = len(known)
             yield label, sid, view, first
         prior = snap
 
