@@ -22,25 +22,28 @@ from typing import Any, SupportsIndex
 
 
 class TokenLog(list):
-    """A list of token ids with a low-water mark: every position below it holds what it held
-    at the last `observed` call."""
+    """A list of token ids with a low-water mark, ``low``: every position below it holds what it
+    held when the observer last set ``low`` to the length (`observed`; a snapshot builder reads
+    and sets the slot directly, a method call per request per snapshot being most of its cost).
+    Copy it with ``tokens[:]``, not ``tuple(tokens)``: CPython copies only an exact list at C
+    speed, a subclass through its iterator (four times slower)."""
 
-    __slots__ = ("_low",)
+    __slots__ = ("low",)
 
     def __init__(self, tokens: Any = ()) -> None:
         super().__init__(tokens)
-        self._low = 0  # nothing observed yet
+        self.low = 0  # nothing observed yet
 
     def observed(self) -> int:
         """How many leading tokens are unchanged since the last call (0 at the first); the
         caller reads them now, so the mark moves to the end."""
-        kept = min(self._low, len(self))
-        self._low = len(self)
+        kept = min(self.low, len(self))
+        self.low = len(self)
         return kept
 
     def _lower(self, position: int) -> None:
-        if position < self._low:
-            self._low = max(position, 0)
+        if position < self.low:
+            self.low = max(position, 0)
 
     def _at(self, index: SupportsIndex | slice) -> int:
         """The first position a write at ``index`` may change."""
@@ -71,17 +74,17 @@ class TokenLog(list):
         super().remove(value)
 
     def clear(self) -> None:
-        self._low = 0
+        self.low = 0
         super().clear()
 
     def sort(self, *args: Any, **kwargs: Any) -> None:
-        self._low = 0
+        self.low = 0
         super().sort(*args, **kwargs)
 
     def reverse(self) -> None:
-        self._low = 0
+        self.low = 0
         super().reverse()
 
     def __imul__(self, times: SupportsIndex):  # type: ignore[no-untyped-def]
-        self._low = 0
+        self.low = 0
         return super().__imul__(times)

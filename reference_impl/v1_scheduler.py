@@ -592,21 +592,25 @@ def snapshot_of(
         blocks = tuple(r.blocks)
         if old is not None and old.blocks == blocks:
             blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
-        tokens = r.tokens
-        # Leading tokens unchanged since this list was last read (reference_impl.token_log);
-        # None: not a logged list, compare.
-        kept = tokens.observed() if type(tokens) is TokenLog else None
+        tokens, num_tokens = r.tokens, len(r.tokens)
+        kept = None  # leading tokens unchanged since this list was last read (None: not logged, compare)
+        if type(tokens) is TokenLog:  # `TokenLog.observed`, inline
+            kept, tokens.low = min(tokens.low, num_tokens), num_tokens
         old_tokens = old.token_ids if old is not None else None
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed
-                or old.num_tokens != len(tokens) or old.blocks is not blocks
+                or old.num_tokens != num_tokens or old.blocks is not blocks
                 or (kept is not None and old_tokens is not None and kept < len(old_tokens))):
-            if kept is not None and old_tokens is not None:
-                kept = min(kept, len(old_tokens))
-                kept_tokens[r.seq_id] = kept
-                token_ids = old_tokens if kept == len(tokens) else tuple(tokens)  # unchanged: the same tuple
+            if kept is not None and old_tokens is not None and kept >= len(old_tokens):
+                kept_tokens[r.seq_id] = len(old_tokens)
+                # The old tuple and the new tokens: the same tuple when none was added.
+                grown = num_tokens - len(old_tokens)
+                token_ids = old_tokens if not grown else old_tokens + (tokens[-1],) if grown == 1 \
+                    else old_tokens + tuple(tokens[len(old_tokens):])
             else:
-                token_ids = tuple(tokens)
-            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, len(tokens), r.num_computed, blocks,
+                if kept is not None and old_tokens is not None:
+                    kept_tokens[r.seq_id] = kept
+                token_ids = tuple(tokens[:])  # an exact list's copy is C speed (a TokenLog's is not)
+            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, num_tokens, r.num_computed, blocks,
                                       "gpu" if blocks else None, token_ids)
     if base is None:
         seqs = fresh

@@ -256,6 +256,10 @@ class Checker:
         self._planned_checks = [inv for inv in self.active if inv.step is not None and planned and inv.synchronous]
         self._end_checks = [inv for inv in self.active if inv.end is not None]
         self._failure_checks = [inv for inv in self.active if inv.failure is not None]
+        # The in-flight history (`CheckContext.scheduled_in`, `left_at`) is what a failure
+        # predicate reads about outcomes still in flight: none are without pipelining, and a
+        # pass over every scheduled request per step is then a cost for nothing.
+        self._keeps_history = bool(self._failure_checks) and config.pipeline_depth > 0
 
     def check_step(self, record: StepRecord) -> list[Violation]:
         ctx = self.context
@@ -279,7 +283,8 @@ class Checker:
                       for inv in self._planned_checks for message in inv.step(whole, planned)]  # type: ignore[misc]
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
-        _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
+        if self._keeps_history:
+            _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
         ctx.steps += 1
         if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
             for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):

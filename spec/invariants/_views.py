@@ -374,11 +374,44 @@ def changed_between(snap: Snapshot, older: Snapshot, reads: frozenset[str] | Non
     """`Snapshot.changed_since`, or None (check all) when incremental checking is off. With
     ``reads`` (the caller's `Invariant.reads`) within `PLACEMENT`, only the sequences new, gone,
     or differing from their view in ``older`` there."""
-    changed = snap.changed_since(older) if _incremental(snap) else None
-    if changed is None or not _filtered(reads) or not changed or older.seqs is None:
-        return changed
-    sids = list(changed)
-    return frozenset(compress(sids, _differ(sids, snap.seqs, older.seqs)))
+    if _filtered(reads) and _incremental(snap):
+        return _placement_changed_since(snap, older)
+    return snap.changed_since(older) if _incremental(snap) else None
+
+
+def _placement_changed_since(snap: Snapshot, older: Snapshot | None) -> frozenset[str] | None:
+    """The sequences whose `PLACEMENT` may differ between ``older`` and ``snap``: the union of
+    `placement_changes` along the ``base`` chain (a view whose placement is equal at every hop is
+    equal at both ends), None when the chain does not reach ``older``."""
+    if older is None:
+        return None
+    out: set[str] = set()
+    hop: Snapshot | None = snap
+    for _ in range(_DELTA_DEPTH * 2):
+        if hop is older:
+            return frozenset(out)
+        moved = placement_changes(hop) if hop is not None else None
+        if moved is None:
+            return None
+        out |= moved
+        hop = hop.base  # type: ignore[union-attr]
+    return None
+
+
+def placement_changes(snap: Snapshot) -> frozenset[str] | None:
+    """The sequences in ``snap.changed_seqs`` whose `PLACEMENT` differs from their view in
+    ``snap.base`` (or that are new or gone there); None without a delta. Once per snapshot,
+    shared by every reader that filters on placement (a decode's views differ in counts only)."""
+    kept = _kept(snap, "placed", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    base, changed = snap.base, snap.changed_seqs
+    if base is None or changed is None or base.seqs is None or snap.seqs is None:
+        value = None
+    else:
+        sids = list(changed)
+        value = frozenset(compress(sids, _differ(sids, snap.seqs, base.seqs)))
+    return _memo(snap, "placed", None, lambda: value)
 
 
 # A sentinel view for "not in that snapshot": its fields are fresh objects, unequal to any view's.
@@ -414,10 +447,12 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None, reads: frozenset[str] | 
         kept = _kept(snap, "fresh_placed", id(prior))
         if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
             return kept[1]  # type: ignore[index]
-        views = fresh_views(snap, prior)
-        chosen = list(compress(views, _differ([sid for sid, _ in views], snap.seqs, prior.seqs)))
-        snap.__dict__[_CACHE][("fresh_placed", id(prior))] = (prior, chosen)  # fresh_views made the dict
-        return chosen
+        moved = _placement_changed_since(snap, prior)
+        if moved is not None:
+            seqs = snap.seqs
+            chosen = [(sid, seqs[sid]) for sid in sorted(moved) if sid in seqs]
+            _memo(snap, "fresh_placed", id(prior), lambda: (prior, chosen))
+            return chosen
     kept = _kept(snap, "fresh", id(prior))
     if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
         return kept[1]  # type: ignore[index]
