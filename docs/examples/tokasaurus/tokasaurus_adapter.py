@@ -1,0 +1,33 @@
+"""kvsched adapter for tokasaurus 0.0.4: a wire host run in tokasaurus' own venv.
+
+`kvsched conform --adapter docs/examples/tokasaurus/tokasaurus_adapter.py:make`. The venv is
+~/.cache/kvsched/stranger/tokasaurus (README.md here says how to build it); KVSCHED_TOKASAURUS_PYTHON
+names another interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conformance.wire.client import WireAdapter
+from spec.domain import ConfigDomain
+
+HERE = Path(__file__).resolve().parent
+VENV_PYTHON = Path.home() / ".cache" / "kvsched" / "stranger" / "tokasaurus" / "bin" / "python"
+
+# No swap, no CPU pool, FCFS only, its own prefix cache always on, chunked prefill always on
+# (a prompt past the step's token budget is split), recompute-only preemption ("bumping").
+DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, priority=False,
+                      chunked_prefill=True, prefix_caching=True, max_n=1)
+
+
+def python() -> str:
+    return os.environ.get("KVSCHED_TOKASAURUS_PYTHON", str(VENV_PYTHON))
+
+
+def make() -> WireAdapter:
+    adapter = WireAdapter("tokasaurus", [python(), str(HERE / "tokasaurus_host.py")],
+                          profiles=("safety",), timeout=30.0)
+    adapter.domain = DOMAIN
+    return adapter
