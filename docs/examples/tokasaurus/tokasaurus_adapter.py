@@ -19,7 +19,7 @@ VENV_PYTHON = Path.home() / ".cache" / "kvsched" / "stranger" / "tokasaurus" / "
 # No swap, no CPU pool, FCFS only, its own prefix cache always on, chunked prefill always on
 # (a prompt past the step's token budget is split), recompute-only preemption ("bumping").
 DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, priority=False,
-                      chunked_prefill=True, prefix_caching=True, max_n=1)
+                      chunked_prefill=True, unchunked=False, prefill_caps=False, prefix_caching=True, max_n=1)
 
 
 def python() -> str:
@@ -30,4 +30,5 @@ def make() -> WireAdapter:
     adapter = WireAdapter("tokasaurus", [python(), str(HERE / "tokasaurus_host.py")],
                           profiles=("safety",), timeout=30.0)
     adapter.domain = DOMAIN
+    adapter.reset_timeout = 120.0  # the host imports torch and transformers: 20 s on a loaded machine
     return adapter

