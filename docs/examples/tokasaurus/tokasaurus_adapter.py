@@ -26,9 +26,17 @@ def python() -> str:
     return os.environ.get("KVSCHED_TOKASAURUS_PYTHON", str(VENV_PYTHON))
 
 
-def make() -> WireAdapter:
+def make(precise_onboard: bool = True) -> WireAdapter:
+    """tokasaurus with its defaults (precise onboarding on)."""
     adapter = WireAdapter("tokasaurus", [python(), str(HERE / "tokasaurus_host.py")],
-                          profiles=("safety",), timeout=30.0)
+                          profiles=("safety",), timeout=30.0,
+                          env={"TOKASAURUS_PRECISE_ONBOARD": "1" if precise_onboard else "0"})
     adapter.domain = DOMAIN
     adapter.reset_timeout = 120.0  # the host imports torch and transformers: 20 s on a loaded machine
     return adapter
+
+
+def make_coarse() -> WireAdapter:
+    """tokasaurus with `enable_precise_onboard=False`: admission by its coarse pass only, which
+    steps around the precise pass's crash on max_tokens=1 requests so traces run longer."""
+    return make(precise_onboard=False)

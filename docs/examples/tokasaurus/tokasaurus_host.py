@@ -19,6 +19,7 @@ free is tokasaurus' own code. What is stubbed, and why:
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import sys
 import types
@@ -94,6 +95,9 @@ class TokasaurusEngine:
         cfg.use_spec_allocation = False
         cfg.use_hydragen = False
         cfg.allocator_sanity_checks = True
+        # TOKASAURUS_PRECISE_ONBOARD=0: tokasaurus' own switch for its second admission pass,
+        # which crashes on max_tokens=1 requests (README.md here); off, traces run past it.
+        cfg.enable_precise_onboard = os.environ.get("TOKASAURUS_PRECISE_ONBOARD", "1") != "0"
         self.config = cfg
         self.state = _State(
             config=cfg, scheduling_queue=SchedulingQueue(),
