@@ -322,6 +322,14 @@ from any folder (`meta.adapter_spec`, an absolute path for a local file) and the
 found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
 on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
 
+An engine that does not import in kvsched's Python (its own pinned torch, a GPU kernel library,
+another language) runs in its own environment as a **host** that speaks the wire protocol
+(docs/PROTOCOL.md, "Writing a host"); the factory given to `--adapter` then returns a
+`conformance.wire.client.WireAdapter` that starts it, and declares the domain as an attribute
+(`adapter.domain = ConfigDomain(...)`: `WireAdapter` takes no `domain` argument).
+`docs/examples/tokasaurus/` is such an adapter, written from these pages by someone who had not
+read kvsched's sources (its STRANGER.md logs where they fell short).
+
 ## Declaring the config domain
 
 A real engine accepts only part of the config space. Say which part with
