@@ -72,3 +72,22 @@ def specdec_traces_for(config: SchedulerConfig, max_requests: int = 6, allow_emp
 def specdec_traces_with_empty() -> st.SearchStrategy:
     """With vllm-project/vllm#42722's empty outcomes too (the mutant that drops their rollback)."""
     return specdec_traces(allow_empty=True)
+
+
+def pipelined(trace: Trace, depth: int) -> Trace:
+    """``trace`` with outcomes ``depth`` steps late (the async reference's config: no watermark, no
+    partial-prefill limit, as the async flow's traces)."""
+    config = dataclasses.replace(trace.config, pipeline_depth=depth, watermark=0.0, max_num_partial_prefills=0)
+    return dataclasses.replace(trace, config=config)
+
+
+def pipelined_specdec_traces(depth: int | None = None, allow_empty: bool = False) -> st.SearchStrategy:
+    """Speculative traces with outcomes in flight: ``pipeline_depth`` ``depth`` (drawn from 1..2
+    when None): what the async reference runs with drafts."""
+    depths = st.integers(1, 2) if depth is None else st.just(depth)
+    return st.tuples(specdec_traces(allow_empty=allow_empty), depths).map(lambda pair: pipelined(*pair))
+
+
+def depth_one_specdec_traces() -> st.SearchStrategy:
+    """Depth 1 (vLLM's AsyncScheduler): the mutants of the async reference with drafts search these."""
+    return pipelined_specdec_traces(1)

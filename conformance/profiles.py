@@ -76,9 +76,10 @@ PROFILES: dict[str, Profile] = {
     "async": Profile(
         "async", ("safety", "liveness"), True,
         "vLLM V1's flow with outcomes pipeline_depth steps late (AsyncScheduler): safety without the invariants "
-        "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), and lockstep "
-        "with reference_impl.async_scheduler",
-        include=("PIP-006",), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
+        "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), no unproposed "
+        "draft accepted (SPD-008, whose scheduling half needs a synchronous step), and lockstep with "
+        "reference_impl.async_scheduler",
+        include=("PIP-006", "SPD-008"), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
     ),
     "specdec": Profile(
         "specdec", ("safety", "liveness", "policy"), True,

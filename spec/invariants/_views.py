@@ -22,8 +22,8 @@ compares them, on the references, every mutant, and diffed whole snapshots).
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, repeat
 from operator import is_not, ne
 from typing import TYPE_CHECKING, NamedTuple
@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
+from spec.speculative import NO_DECISION, DraftDecision
 from spec.status import Status
+from spec.types import ScheduledSeq
 
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
@@ -780,3 +782,50 @@ def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, ref
         if not 0 <= block < size or refs[block] != expected[block]:
             return False
     return True
+
+
+# ------------------------------------------------------------------ the outcome a step processes
+class ReturnedStep(NamedTuple):
+    """What the checker remembers of a scheduled step until its outcome is processed, ``pipeline_depth``
+    steps later (in the same step at depth 0): the sequences it scheduled, the trace's speculative
+    decisions and stops for it, and the requests that left the running set since it was scheduled
+    (preempted, aborted or finished: its outcome for them is stale or dropped)."""
+
+    step: int
+    scheduled: Mapping[str, ScheduledSeq]  # by sequence id
+    decisions: Mapping[str, DraftDecision]
+    stopped: frozenset[str]
+    left: frozenset[str] = frozenset()  # request ids
+
+    def decision(self, seq_id: str) -> DraftDecision:
+        return self.decisions.get(seq_id, NO_DECISION)
+
+    def live(self) -> Iterator[ScheduledSeq]:
+        """Its scheduled sequences whose request was running throughout (the outcome applies to them)."""
+        return (item for item in self.scheduled.values() if item.request_id not in self.left)
+
+
+_RETURNED = "_returned"  # flow_state key shared by every predicate that reads `returned_step`
+
+
+def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
+    """The step whose outcome ``record``'s update processed: ``record`` itself at depth 0, the step
+    ``pipeline_depth`` earlier otherwise (steps return in order, one per step: vLLM's batch queue);
+    None while the pipeline fills. Every predicate that reads it must call it in every step (the
+    first call of a step queues that step), before any early return; later calls in the same step
+    return the same answer."""
+    state = ctx.flow_state.setdefault(_RETURNED, {})
+    if state.get("step") == record.step:
+        return state["returned"]
+    pending: deque[ReturnedStep] = state.setdefault("pending", deque())
+    pending.append(ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+                                record.drafts, record.stopped))
+    returned = pending.popleft() if len(pending) > ctx.config.pipeline_depth else None
+    if returned is not None and returned.step != record.step:
+        since = returned.step
+        left = {rid for rid in {item.request_id for item in returned.scheduled.values()}
+                if ctx.left_at.get(rid, (-1, ""))[0] > since}
+        left |= {p.request_id for p in record.output.preempted} | set(record.aborted)
+        returned = returned._replace(left=frozenset(left & {i.request_id for i in returned.scheduled.values()}))
+    state["step"], state["returned"] = record.step, returned
+    return returned
