@@ -84,6 +84,7 @@ PROFILES: dict[str, Profile] = {
     "specdec": Profile(
         "specdec", ("safety", "liveness", "policy"), True,
         "vLLM V1's flow with speculative decoding: the vllm-v1 claims plus drafts capped at max_tokens (SPD-004), "
+        "drafts only on a decode, never on a prefill chunk (SPD-002), "
         "and lockstep with reference_impl.specdec_scheduler",
         exclude=_V0_ONLY, reference="reference_impl.specdec_scheduler:SpecDecScheduler",
     ),

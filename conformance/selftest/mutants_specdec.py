@@ -53,6 +53,32 @@ class DraftsOnPrefillChunk(SpecDecScheduler):
         return tracked.num_tokens if tracked.num_computed < tracked.num_tokens - 1 else super()._num_known(tracked)
 
 
+@mutant("specdec-drafts-after-cut-chunk", "drafts proposed after a prefill chunk ride the next chunk even when the "
+        "budget or the threshold cuts it short of the prompt's end (vllm-project/vllm#30618)", ("SPD-009",), **_SPECDEC)
+class DraftsAfterCutChunk(DraftsOnPrefillChunk):
+    """vllm-project/vllm#30618 where it corrupts: the drafts kept after a prefill chunk are appended
+    to the next chunk after the budget or the long-prefill threshold has cut it, so they sit after
+    a prompt position whose successor is still unknown."""
+
+    def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
+        left = tracked.num_tokens - tracked.num_computed
+        if not tracked.in_prefill or not tracked.num_proposed or left <= 1:
+            self._cut.pop(tracked.request_id, None)
+            return super()._running_chunk(tracked, budget, threshold)
+        drafts = min(tracked.num_proposed, self.config.num_speculative_tokens, max(budget - 1, 0))
+        chunk = min(left, threshold if threshold > 0 else left, budget - drafts)
+        self._cut[tracked.request_id] = tracked.num_computed + chunk  # bug: the drafts follow the cut chunk
+        return chunk + drafts
+
+    def _num_known(self, tracked: TrackedRequest) -> int:
+        cut = self._cut.pop(tracked.request_id, None)
+        return cut if cut is not None else super()._num_known(tracked)
+
+    @property
+    def _cut(self) -> dict[str, int]:
+        return self.__dict__.setdefault("_cut_chunks", {})
+
+
 @mutant("specdec-drafts-past-max-model-len", "drafts are not capped at max_model_len", ("SPD-003",), **_SPECDEC)
 class DraftsPastMaxModelLen(SpecDecScheduler):
     """The running chunk's cap at ``max_model_len - num_computed - 1`` forgotten for drafts (vLLM

@@ -65,29 +65,61 @@ def drafts_paid_for(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "SPD-002", "safety",
-    """Drafts only extend a decode: a sequence scheduled with drafts gets at most
-    num_speculative_tokens of them and exactly one other token, its last known token (the
-    drafts are the positions right after it), so no prefill chunk carries drafts.""",
-    """A draft is verified against the logits of the token before it; drafts placed after a
-    chunk that stops short of the prompt's end sit at positions whose input is still unknown,
-    and their rejection rolls back prompt tokens instead (vllm-project/vllm#30618: a prefill
-    chunk included draft tokens, corrupting a hybrid model's state). More than k drafts is more
-    than the verifying kernels and the reservation were sized for.""",
+    "SPD-002", "policy",
+    """Drafts only extend a decode: a sequence scheduled with drafts has exactly one other token
+    scheduled, its last known token, so no prefill chunk carries drafts, not even the chunk that
+    completes the prompt.""",
+    """vLLM's design: the drafter proposes after a step that sampled, and ``update_draft_token_ids``
+    drops a proposal for a request still in prefill (vllm/v1/core/sched/scheduler.py:2870-2875;
+    vllm-project/vllm#30618 was a prefill chunk that carried drafts, corrupting a hybrid model's
+    state). A policy, not safety: a correct engine with a prompt-lookup (n-gram) drafter can
+    propose drafts from the prompt itself and verify them on the final prefill chunk, right
+    after the last prompt token, saving a step; it violates this and nothing else. What every
+    correct scheduler guarantees, drafts at most k and right after the last known token, is
+    SPD-009.""",
+    (C.SEQ_LENGTHS,),
+)
+def drafts_only_on_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for item, _v in _drafted(rec):
+        if item.num_tokens - item.num_drafts != 1:
+            yield (f"{item.seq_id} scheduled for {item.num_tokens} tokens with {item.num_drafts} drafts: "
+                   f"{item.num_tokens - item.num_drafts} known tokens besides them, a decode has one")
+
+
+@invariant(
+    "SPD-009", "safety",
+    """Drafts sit right after the known tokens: a sequence scheduled with drafts gets at most
+    num_speculative_tokens of them and at least one other token, and the chunk before the drafts
+    ends at its last known token (computed + scheduled - drafts = its tokens; at depth > 0 the
+    scheduler's own count, ``num_computed + in_flight_tokens - stale``, and its tokens plus the
+    in-flight placeholders, from the IN_FLIGHT snapshot part).""",
+    """A draft is verified against the logits of the token before it, so the first draft's input
+    is the last known token's sample; drafts placed after a chunk that stops short of the
+    prompt's end sit at positions whose input is still unknown, and their rejection rolls back
+    prompt tokens instead (vllm-project/vllm#30618's harm, when the chunk was not the last). More
+    than k drafts is more than the verifying kernels and the reservation were sized for. A final
+    prefill chunk with drafts right after it (SPD-002, a policy) keeps this.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
-def drafts_extend_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+def drafts_after_the_known_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     k = ctx.config.num_speculative_tokens
+    in_flight = rec.before.in_flight
     for item, v in _drafted(rec):
-        if item.num_drafts > k or item.num_tokens - item.num_drafts != 1:
+        if item.num_drafts > k or item.num_tokens <= item.num_drafts:
             yield f"{item.seq_id} scheduled for {item.num_tokens} tokens with {item.num_drafts} drafts, k {k}"
             continue
-        if ctx.config.pipeline_depth or v.num_computed is None or v.num_tokens is None or v.status is not Status.RUNNING:
-            continue  # the position half needs the engine's own count (synchronous steps)
-        end = v.num_computed + item.num_tokens - item.num_drafts
-        if end != v.num_tokens:
+        if v.num_computed is None or v.num_tokens is None or v.status is not Status.RUNNING:
+            continue
+        computed, known = v.num_computed, v.num_tokens
+        if ctx.config.pipeline_depth:
+            c = in_flight.get(item.seq_id) if in_flight is not None else None
+            if c is None:
+                continue  # the scheduler's own count needs its in-flight counters
+            computed, known = computed + c.in_flight_tokens - c.stale, known + c.placeholders
+        end = computed + item.num_tokens - item.num_drafts
+        if end != known:
             yield (f"{item.seq_id}: {item.num_drafts} drafts after a chunk ending at position {end}, "
-                   f"its tokens end at {v.num_tokens}")
+                   f"its known tokens end at {known}")
 
 
 @invariant(
