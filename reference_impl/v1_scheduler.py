@@ -675,6 +675,8 @@ def commit_tokens(tracked: TrackedRequest, num_drafts: int, decision: DraftDecis
     committed = committed_tokens(decision, num_drafts, num_valid)
     if rollback:
         tracked.num_computed -= num_drafts - (committed - 1) if committed else num_drafts + 1
+    if not committed:  # it recomputes its last token to sample it: a decode, unless nothing is left computed
+        tracked.in_prefill = tracked.num_computed == 0
     for index in range(committed):
         tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
         tracked.in_prefill = False

@@ -5,9 +5,13 @@ catches it (tests/test_mutants.py searches for the trace)."""
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.generate_specdec import depth_one_specdec_traces, specdec_traces_with_empty
+from conformance.generate_specdec import (
+    depth_one_specdec_traces,
+    depth_one_specdec_traces_with_empty,
+    specdec_traces_with_empty,
+)
 from conformance.selftest.mutants import mutant
-from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightStep
+from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightCounters, InFlightStep
 from reference_impl.specdec_scheduler import SpecDecScheduler
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.speculative import NO_DECISION, DraftDecision, committed_tokens
@@ -246,3 +250,19 @@ class AsyncAcceptsPlaceholders(AsyncV1Scheduler):
         for tracked, *_ in step.entries:
             self.counters[tracked.request_id].num_valid_drafts = self.config.num_speculative_tokens  # bug
         return super()._process(step)
+
+
+@mutant("specdec-async-empty-outcome-keeps-drafts", "with outcomes in flight, an outcome with no token skips the "
+        "draft rollback (vllm-project/vllm#42722 at depth 1)", ("SPD-005",),
+        **{**_PIPELINED, "trace_strategy": depth_one_specdec_traces_with_empty})
+class AsyncEmptyOutcomeKeepsDrafts(AsyncV1Scheduler):
+    """vllm-project/vllm#42722 as vLLM 0.33.0's AsyncScheduler has it: ``update_from_output`` rolls
+    back only ``if scheduled_spec_token_ids and generated_token_ids`` (scheduler.py:2349-2351), so
+    an empty outcome for a request with drafts leaves its drafts and its sampled position counted
+    as computed, and the step already in flight for it carries on as if the token had come."""
+
+    def _after_empty_outcome(self, tracked: TrackedRequest, counters: InFlightCounters, drafts: int) -> None:
+        if drafts:
+            tracked.num_computed += drafts + 1  # bug: no token came back, so nothing was rolled back
+        else:
+            super()._after_empty_outcome(tracked, counters, drafts)
