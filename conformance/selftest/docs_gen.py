@@ -363,7 +363,11 @@ test262 and the wasm spec tests keep theirs). `--skip ID[,ID]` does not check th
 
 An expected failure is still checked, shrunk and saved, and reported as `expected` (the run does
 not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
-update the file. `FAULT-<kind>` may be expected too (never skipped).
+update the file. `FAULT-<kind>` may be expected too (never skipped), and should say where:
+`{{"id": "FAULT-raised", "reason": "...", "where": ["scheduler.py:57 in schedule"]}}` expects only a
+fault whose location or message contains one of those strings. Any other fault of that kind is
+a new finding, `FAULT-raised@<its location>`: every exception is `FAULT-raised`, so an entry
+without `where` would hide a new crash behind the known one (every target's file gives one).
 
 Each real target keeps its own file, `conformance/targets/expectations/<target>.json` (the
 known deviations of its pinned version, each with the class, kind and engine source that
@@ -384,8 +388,11 @@ A view not named must be the very object `base` holds. For a large pool, also na
 `gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
 entries changed since `base`, each with how many times the free list names it now: the block
 checks then read those blocks, not the pool (the reference pools log them in their containers,
-`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
-`base`'s. The reference does this
+`reference_impl/pool_log.py`). For long sequences, name in `kept_tokens`, for a changed view,
+how many of its leading token ids are those of its view in `base`: the checks that read every
+token (the runner's type check, PIP-001) then read only the ones past it instead of comparing
+the two token tuples (the token-budget references log writes in `reference_impl/token_log.py`).
+A delta is trusted as given; a block it leaves out is read as `base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only
