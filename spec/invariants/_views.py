@@ -953,19 +953,23 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
     ``pipeline_depth`` earlier otherwise (steps return in order, one per step: vLLM's batch queue);
     None while the pipeline fills. Every predicate that reads it must call it in every step (the
     first call of a step queues that step), before any early return; later calls in the same step
-    return the same answer."""
+    return the same answer. A request counts as having left since a step if a later step (or this
+    one's schedule) preempted or aborted it, or an earlier outcome finished it."""
     state = ctx.flow_state.setdefault(_RETURNED, {})
     if state.get("step") == record.step:
         return state["returned"]
-    pending: deque[ReturnedStep] = state.setdefault("pending", deque())
-    pending.append(ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
-                                record.drafts, record.stopped))
-    returned = pending.popleft() if len(pending) > ctx.config.pipeline_depth else None
-    if returned is not None and returned.step != record.step:
-        since = returned.step
-        left = {rid for rid in {item.request_id for item in returned.scheduled.values()}
-                if ctx.left_at.get(rid, (-1, ""))[0] > since}
-        left |= {p.request_id for p in record.output.preempted} | set(record.aborted)
-        returned = returned._replace(left=frozenset(left & {i.request_id for i in returned.scheduled.values()}))
+    pending: deque[tuple[ReturnedStep, set[str]]] = state.setdefault("pending", deque())
+    pending.append((ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+                                 record.drafts, record.stopped), set()))
+    moved = {p.request_id for p in record.output.preempted} | set(record.aborted)
+    for _, left in pending:
+        left |= moved  # before this step's outcome is processed
+    returned = None
+    if len(pending) > ctx.config.pipeline_depth:
+        step, left = pending.popleft()
+        returned = step._replace(left=frozenset(left & {i.request_id for i in step.scheduled.values()}))
+    finished = {f.request_id for f in record.finished}
+    for _, left in pending:
+        left |= finished  # the steps still in flight return to a finished request
     state["step"], state["returned"] = record.step, returned
     return returned
