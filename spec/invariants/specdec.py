@@ -11,6 +11,11 @@ position) together with SPD-006 (a stop ends the stream where it fell).
 Positions before the step come from the snapshot taken before ``schedule()``; at
 ``pipeline_depth`` > 0 that is the processed frontier, which is at most the engine's own count,
 so a bound checked on it is implied by the true one and a violation found is real.
+
+What an outcome did (SPD-005..008) is read at the step that processed it, ``pipeline_depth``
+steps after its step was scheduled: `spec.invariants._views.returned_step` hands each predicate
+that step's scheduled sequences, decisions and stops, so every SPD invariant applies at every
+depth.
 """
 
 from __future__ import annotations
