@@ -165,6 +165,7 @@ _DOMAIN_TEXT = {
     "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
     "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
     "priority": "the priority policy; false: FCFS only",
+    "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
     "max_n": "parallel sequences per request",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
@@ -193,6 +194,8 @@ _CAPABILITY_TEXT = {
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
+    Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
+                            "invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -213,6 +216,7 @@ _CAPABILITY_FIELDS = {
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
+    Capability.SGLANG_FLOW: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
