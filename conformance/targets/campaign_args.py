@@ -4,7 +4,10 @@ many traces per path, the seed, where the result JSON and the shrunk traces go."
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,10 +24,34 @@ def campaign_parser(description: str, paths: Sequence[str], *, seed: int, out: s
     return parser
 
 
+def keep_other_paths(report: dict, old: dict, rerun: Sequence[str], part: str = "paths") -> None:
+    """Carry into ``report`` the results of an earlier run (``old``, same version) for the paths
+    not rerun now, and their classes' saved traces; a class found only on rerun paths is dropped,
+    so a class a fix made impossible does not outlive the fix in the file."""
+    report[part].update({p: entry for p, entry in old.get(part, {}).items() if p not in rerun})
+    for cls, entry in old.get("classes", {}).items():
+        kept = {p: e for p, e in entry.get("paths", {}).items() if p not in rerun}
+        if kept:
+            report["classes"][cls] = {**entry, "paths": kept}
+
+
+def provenance() -> dict:
+    """When, at which commit and under what load a result file was written: campaign times on a
+    shared two-core machine mean little without the load beside them."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"finished": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+
+
 def write_report(report: dict, out: Path, part: str = "paths") -> tuple[int, int]:
     """Write a campaign's result file (versioned JSON) and say how many of its traces agree, over
     ``report[part]`` (paths, or Vidur's spaces); returns (agreeing, total)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["run"] = provenance()
     out.write_text(json.dumps(report, indent=2) + "\n")
     total = sum(p["traces"] for p in report[part].values())
     agree = sum(p["agreeing_traces"] for p in report[part].values())

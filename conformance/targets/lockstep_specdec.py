@@ -32,7 +32,8 @@ from conformance.generate import sample_traces
 from conformance.generate_specdec import MAX_K, with_drafts
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, write_report
+from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_async import PATHS as SHAPES
 from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
 from conformance.targets.lockstep_v1 import Outcome, compare_state
@@ -151,12 +152,14 @@ class PadsNewDecode:
         return super().update(outcome)  # type: ignore[misc]
 
 
-class RecordingSpec(RecordsSnapshots, SpecDecScheduler):
-    """The synchronous reference with k > 0, keeping its snapshot after every step."""
+class RecordingSpec(GenerateDoor, RecordsSnapshots, SpecDecScheduler):
+    """The synchronous reference with k > 0 behind V1's front door (`conformance.targets.door`),
+    keeping its snapshot after every step."""
 
 
-class RecordingAsyncSpec(RecordsSnapshots, AsyncV1Scheduler):
-    """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1)."""
+class RecordingAsyncSpec(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
+    """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1), behind V1's
+    front door."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
@@ -299,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         old = json.loads(args.out.read_text())
         if old.get("version") == VERSION:
-            report["paths"].update(old.get("paths", {}))
-            report["classes"].update(old.get("classes", {}))
+            keep_other_paths(report, old, paths)
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
         report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants)
