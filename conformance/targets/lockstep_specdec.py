@@ -4,7 +4,15 @@ n-gram ``SpeculativeConfig`` and the host playing the drafter and the rejection 
 
     python -m conformance.targets.lockstep_specdec [--path sync|async|all] [--traces 1000]
         [--seed 20261202] [--out docs/results/specdec-lockstep.json]
-        [--traces-dir docs/traces/specdec]
+        [--traces-dir docs/traces/specdec] [--reference vllm-compatible|policy]
+
+The reference stands behind V1's front door (`conformance.targets.door`) and, by default, runs in
+its vLLM-compatible mode: `V1Scheduler`'s knobs ``drafts_past_max_tokens`` (vLLM does not cap
+drafts at max_tokens, scheduler.py:838-857) and ``pads_new_decode_drafts`` (a one-token admission
+padded to 1 + k with placeholder drafts, scheduler.py:1308-1330) are on, so the campaign compares
+vLLM strictly past those two documented deviations of the spec's policy (SPD-004) and every
+remaining divergence is a finding. ``--reference policy`` runs the spec's policies instead and
+classifies the two as deviations (the earlier runs' tables).
 
 Traces are the async campaign's three shapes (``plain``, ``chunked``, ``preemption``: prefix
 caching drawn on or off, KV pressure on the last), drawn in turn, with k in 1..4 and the draft
@@ -13,7 +21,7 @@ decisions of `conformance.generate_specdec` (no empty outcomes: #42722's output 
 request, prefill flag, preemptions, finishes), the state after the step (statuses, computed
 tokens, block tables, queues, free blocks in order) and every sequence's token count. A
 divergence is classified by counterfactual: the trace is rerun against the reference with one or
-more known vLLM behaviours modelled (`MODELS`); the first trace of each class is shrunk and saved.
+more known vLLM behaviours modelled (`BEHAVIOURS`); the first trace of each class is shrunk and saved.
 """
 
 from __future__ import annotations
@@ -40,14 +48,12 @@ from conformance.targets.lockstep_v1 import Outcome, compare_state
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.specdec_scheduler import SpecDecScheduler
-from reference_impl.v1_scheduler import TrackedRequest
 from spec.config import SchedulerConfig
-from spec.speculative import NO_DECISION, DraftDecision
+from spec.speculative import NO_DECISION
 from spec.trace import Trace
-from spec.types import StepOutcome
 
 PATHS = ("sync", "async")
-VERSION = 1
+VERSION = 2  # 2: the reference is behind V1's door and vLLM-compatible by default (reference_mode)
 # Seconds one call may take before the runner calls it hung: generous, because on a loaded machine
 # a vLLM host's reset can take minutes, and a host declared hung is replaced by a fresh one.
 CALL_TIMEOUT = 600
@@ -93,88 +99,65 @@ class Clamp:
 
 
 class UncappedDrafts:
-    """vLLM's drafts, not capped at ``max_tokens``."""
+    """vLLM's drafts, not capped at ``max_tokens`` (`V1Scheduler.drafts_past_max_tokens`)."""
 
-    def _draft_room(self, tracked: TrackedRequest, num_tokens: int) -> int:
-        if not tracked.num_proposed:
-            return 0
-        config = self.config  # type: ignore[attr-defined]
-        return max(min(tracked.num_proposed, config.num_speculative_tokens, config.max_model_len - num_tokens - 1), 0)
+    drafts_past_max_tokens = True
 
 
 class PadsNewDecode:
     """vLLM's padding of a one-token admission to 1 + k tokens with placeholder drafts that are
-    never accepted (scheduler.py:1306-1330): admission stops if the padded request exceeds the
-    budget left."""
+    never accepted (`V1Scheduler.pads_new_decode_drafts`, scheduler.py:1308-1330)."""
 
-    def _admission_tokens(self, tracked, tokens, computed, scheduled, budget):  # type: ignore[no-untyped-def]
-        k, config = self.config.num_speculative_tokens, self.config  # type: ignore[attr-defined]
-        # the running loop's requests only (vLLM's scheduled_running_reqs and prefill_scheduled)
-        running = [prefill for rid, prefill in self._running_at_start if rid in scheduled]
-        if tokens != 1 or not k or any(running) or not (running or computed):
-            return tokens
-        if computed + 1 + k + 1 > config.max_model_len:
-            return tokens
-        if 1 + k > budget:
-            return None
-        self._padded = {*getattr(self, "_padded", ()), tracked.request_id}
-        return 1 + k
-
-    def schedule(self):  # type: ignore[no-untyped-def]
-        self._padded = set()
-        self._running_at_start = [(r.request_id, r.in_prefill) for r in self.running]  # type: ignore[attr-defined]
-        output = super().schedule()  # type: ignore[misc]
-        if self._padded:
-            k = self.config.num_speculative_tokens  # type: ignore[attr-defined]
-            for rid in self._padded:
-                self._scheduled_drafts[rid] = k  # type: ignore[attr-defined]
-            output = dataclasses.replace(output, scheduled=tuple(
-                dataclasses.replace(s, num_drafts=k) if s.request_id in self._padded else s for s in output.scheduled))
-            if hasattr(self, "in_flight"):  # the async reference recorded the step already
-                step = self.in_flight[-1]  # type: ignore[attr-defined]
-                step.entries = [(t, n, p, k if t.request_id in self._padded else d) for t, n, p, d in step.entries]
-                for rid in self._padded:
-                    self.counters[rid].num_placeholders += k  # type: ignore[attr-defined]
-            self._placeholder_drafts = set(self._padded)
-        else:
-            self._placeholder_drafts = set()
-        return output
-
-    def update(self, outcome: StepOutcome):  # type: ignore[no-untyped-def]
-        padded = getattr(self, "_placeholder_drafts", set())
-        if padded and not hasattr(self, "in_flight"):  # placeholders are never accepted
-            seqs = {self.requests[rid].seq_id for rid in padded}  # type: ignore[attr-defined]
-            decisions = dict(outcome.drafts)
-            for sid in seqs:
-                d = decisions.get(sid, NO_DECISION)
-                decisions[sid] = DraftDecision(d.proposed, 0, d.stop_at, d.empty)
-            outcome = StepOutcome(outcome.stopped, decisions)
-        return super().update(outcome)  # type: ignore[misc]
+    pads_new_decode_drafts = True
 
 
 class RecordingSpec(GenerateDoor, RecordsSnapshots, SpecDecScheduler):
     """The synchronous reference with k > 0 behind V1's front door (`conformance.targets.door`),
-    keeping its snapshot after every step."""
+    in its vLLM-compatible mode (both knobs of `V1Scheduler` on: drafts past max_tokens, padded new
+    decodes), keeping its snapshot after every step."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
 
 
 class RecordingAsyncSpec(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
     """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1), behind V1's
-    front door."""
+    front door, in its vLLM-compatible mode."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
 
 
+class PolicySpec(RecordingSpec):
+    """The synchronous reference with the spec's policies (SPD-004's draft cap, no padding)."""
+
+    drafts_past_max_tokens = False
+    pads_new_decode_drafts = False
+
+
+class PolicyAsyncSpec(RecordingAsyncSpec):
+    """The async reference with the spec's policies."""
+
+    drafts_past_max_tokens = False
+    pads_new_decode_drafts = False
+
+
+# the knob of `V1Scheduler` each behaviour turns on (the clamp has none: the reference keeps its spec decision)
+KNOBS = {"drafts-past-max-tokens": "drafts_past_max_tokens", "pads-new-decode-drafts": "pads_new_decode_drafts"}
 BEHAVIOURS = (("chunk-clamped-below-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
               ("pads-new-decode-drafts", PadsNewDecode))
 
 
 def models(base: type) -> list[tuple[str, type]]:
-    """Every non-empty combination of the known behaviours on ``base``, singles first: a class
-    name is the behaviours joined by ``+``."""
+    """Every non-empty combination of the known behaviours that ``base`` does not already have on
+    (by its knobs), singles first: a class name is the behaviours joined by ``+``."""
+    missing = [(name, model) for name, model in BEHAVIOURS if not getattr(base, KNOBS.get(name, ""), False)]
     found = []
-    for size in range(1, len(BEHAVIOURS) + 1):
-        for combo in itertools.combinations(BEHAVIOURS, size):
+    for size in range(1, len(missing) + 1):
+        for combo in itertools.combinations(missing, size):
             name = "+".join(n for n, _ in combo)
             found.append((name, type(f"Model_{len(found)}", (*(m for _, m in combo), base), {})))
     return found
@@ -198,7 +181,11 @@ def adapter_for(path: str):  # type: ignore[no-untyped-def]
     return adapter
 
 
-def base_of(path: str) -> type:
+def base_of(path: str, policy: bool = False) -> type:
+    """The campaign's reference for a path: vLLM-compatible (the default), or with the spec's
+    policies (``--reference policy``: the deviations are then classified, not compared past)."""
+    if policy:
+        return PolicySpec if path == "sync" else PolicyAsyncSpec
     return RecordingSpec if path == "sync" else RecordingAsyncSpec
 
 
@@ -218,30 +205,32 @@ def run_one(adapter, trace: Trace, invariants, reference: type) -> Outcome:  # t
     return Outcome(result, state)
 
 
-def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants) -> str | None:  # type: ignore[no-untyped-def]
+def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants,  # type: ignore[no-untyped-def]
+             policy: bool = False) -> str | None:
     fault = outcome.result.fault
     if fault is not None and "scheduler.py:1579" in str(fault):
         return "padded-admission-cut-by-threshold"
     if outcome.result.divergence is None and outcome.state is None:
         return None if fault is None else "fault"
-    for cls, model in models(base_of(path)):
+    for cls, model in models(base_of(path, policy)):
         again = run_one(adapter, trace, invariants, model)
         if again.result.divergence is None and again.state is None and again.result.fault is None:
             return cls
     return "unclassified"
 
 
-def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants) -> Trace:  # type: ignore[no-untyped-def]
+def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants,  # type: ignore[no-untyped-def]
+                 policy: bool = False) -> Trace:
     from conformance.shrink import shrink
 
     def failing(candidate: Trace) -> int | None:
         if candidate.config.num_speculative_tokens != trace.config.num_speculative_tokens:
             return None
         try:
-            got = run_one(adapter, candidate, invariants, base_of(path))
+            got = run_one(adapter, candidate, invariants, base_of(path, policy))
         except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
             return None
-        if classify(adapter, path, candidate, got, invariants) != cls:
+        if classify(adapter, path, candidate, got, invariants, policy) != cls:
             return None
         steps = [s for s in (got.result.divergence and got.result.divergence.step, got.state and got.state[0],
                              got.result.fault_step if got.result.fault else None) if s is not None]
@@ -253,7 +242,8 @@ def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants) -> Trac
         return trace
 
 
-def run_path(path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def run_path(path: str, count: int, seed_value: int, first: dict, invariants,  # type: ignore[no-untyped-def]
+             policy: bool = False) -> dict[str, Any]:
     adapter = adapter_for(path)
     traces = sample_traces(path_traces(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
@@ -262,7 +252,7 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
     steps = agreeing = drafted_steps = drafts = stops_in_runs = 0
     started = time.monotonic()
     for done, trace in enumerate(traces, 1):
-        outcome = run_one(adapter, trace, invariants, base_of(path))
+        outcome = run_one(adapter, trace, invariants, base_of(path, policy))
         result = outcome.result
         steps += len(result.records)
         for rec in result.records:
@@ -273,7 +263,7 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
                                  and rec.drafts.get(s.seq_id, NO_DECISION).stop_at is not None)
         for problem in result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
-        cls = classify(adapter, path, trace, outcome, invariants)
+        cls = classify(adapter, path, trace, outcome, invariants, policy)
         if cls is None:
             agreeing += 1
         else:
@@ -290,33 +280,41 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/specdec-lockstep.json",
-                           traces_dir="docs/traces/specdec").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/specdec-lockstep.json",
+                             traces_dir="docs/traces/specdec")
+    parser.add_argument("--reference", choices=("vllm-compatible", "policy"), default="vllm-compatible",
+                        help="vllm-compatible: compare past vLLM's documented draft behaviours (the default); "
+                             "policy: the spec's policies, those behaviours classified")
+    args = parser.parse_args(argv)
+    policy = args.reference == "policy"
     paths = PATHS if args.path == "all" else (args.path,)
     invariants = get_profile("safety").invariants()
     report: dict[str, Any] = {"version": VERSION, "targets": {"sync": "vllm-v1", "async": "vllm-v1-async"},
                               "package": "vllm==0.33.0", "speculative_config": "ngram, k = num_speculative_tokens",
                               "references": {"sync": "reference_impl.specdec_scheduler:SpecDecScheduler",
                                              "async": "reference_impl.async_scheduler:AsyncV1Scheduler(depth=1)"},
+                              "reference_mode": args.reference, "reference_knobs": {
+                                  knob: getattr(base_of("sync", policy), knob) for knob in KNOBS.values()},
+                              "door": "conformance.targets.door:GenerateDoor",
                               "profile": "safety", "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
-        if old.get("version") == VERSION:
+        if old.get("version") == VERSION and old.get("reference_mode") == args.reference:
             keep_other_paths(report, old, paths)
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
-        report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants)
+        report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants, policy)
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, cls), (trace, outcome) in sorted(first.items()):
         adapter = adapter_for(path)
         if not args.no_shrink:
-            trace = shrink_class(adapter, path, trace, cls, invariants)
-            outcome = run_one(adapter, trace, invariants, base_of(path))
+            trace = shrink_class(adapter, path, trace, cls, invariants, policy)
+            outcome = run_one(adapter, trace, invariants, base_of(path, policy))
         adapter.close()
         kinds = {CLASSES.get(part, ("open", ""))[0] for part in cls.split("+")}
         kind = kinds.pop() if len(kinds) == 1 else "open"
         why = " / ".join(CLASSES.get(part, ("open", "not yet explained"))[1] for part in cls.split("+"))
-        meta = {"adapter": adapter_for.__name__, "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": report["targets"][path], "reference": args.reference, "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}
         saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
         out = saved.save(args.traces_dir / f"{path}-{cls}.json")
