@@ -43,15 +43,16 @@ def provenance() -> dict:
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    return {"finished": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
-def write_report(report: dict, out: Path, part: str = "paths") -> tuple[int, int]:
+def write_report(report: dict, out: Path, part: str = "paths", started: dict | None = None) -> tuple[int, int]:
     """Write a campaign's result file (versioned JSON) and say how many of its traces agree, over
-    ``report[part]`` (paths, or Vidur's spaces); returns (agreeing, total)."""
+    ``report[part]`` (paths, or Vidur's spaces); returns (agreeing, total). ``started``: the
+    campaign's `provenance` when it began (the commit it ran), kept beside the one at the end."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    report["run"] = provenance()
+    report["run"] = {"started": started, "written": provenance()} if started else provenance()
     out.write_text(json.dumps(report, indent=2) + "\n")
     total = sum(p["traces"] for p in report[part].values())
     agree = sum(p["agreeing_traces"] for p in report[part].values())

@@ -38,7 +38,7 @@ from conformance.driver import run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
@@ -208,7 +208,9 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = preempting = in_flight_victims = aborts_in_flight = computed_past_stop = 0
     started = time.monotonic()
-    for trace in traces:
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 0:
+            print(f"  {path}: {done}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                              traces_dir="docs/traces/async")
     parser.add_argument("--target", default="vllm-v1-async", help="vllm-v1-async (0.33.0) or vllm-v1-async-0.29")
     args = parser.parse_args(argv)
+    started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
     target = get_target(args.target)
     adapter = target.adapter()
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
     adapter.close()
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0
 
 

@@ -40,7 +40,7 @@ from conformance.generate import sample_traces
 from conformance.generate_specdec import MAX_K, with_drafts
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_async import PATHS as SHAPES
 from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="vllm-compatible: compare past vLLM's documented draft behaviours (the default); "
                              "policy: the spec's policies, those behaviours classified")
     args = parser.parse_args(argv)
+    started = provenance()
     policy = args.reference == "policy"
     paths = PATHS if args.path == "all" else (args.path,)
     invariants = get_profile("safety").invariants()
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
         entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0
 
 

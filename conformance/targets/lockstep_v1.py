@@ -45,7 +45,7 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy, get_target
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.targets.door import GenerateDoor
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import V1Scheduler
@@ -314,7 +314,9 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = 0
     started = time.monotonic()
-    for trace in traces:
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 0:
+            print(f"  {path}: {done}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
@@ -338,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     # Aphrodite's V1 scheduler is vLLM's under another package name: the same reference, the same paths.
     parser.add_argument("--target", choices=V1_TARGETS, default="vllm-v1")
     args = parser.parse_args(argv)
+    started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
     adapter, profile = load_adapter(args.target), get_profile("vllm-v1")
     invariants = profile.invariants()
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["kind"], entry["explanation"] = kind, why
         entry["paths"][path] = {"trace": str(out), "message": final.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
 
 
