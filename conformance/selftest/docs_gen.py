@@ -463,6 +463,8 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
     if "paths" not in data:  # version 1: the default path only
         data = {**data, "paths": {"default": {k: data[k] for k in ("traces", "steps", "agreeing_traces")}},
                 "classes": {}}
+    from conformance.targets.campaign_args import run_line
+
     rows = [run_line(data), "\n| path | configs | traces | steps | agree | diverge | by class |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n"]
     for path, m in data["paths"].items():
@@ -496,19 +498,6 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "V1, async and speculative campaigns), so those traces are compared to their end.\n"
     )
     return intro + "".join(rows) + notes
-
-
-def run_line(data: dict[str, Any]) -> str:
-    """When, at which commit and under what load a campaign's result file was written
-    (`conformance.targets.campaign_args.provenance`); empty for files from before it was kept."""
-    run = data.get("run")
-    if not run:
-        return ""
-    started, written = (run.get("started"), run.get("written")) if "written" in run else (None, run)
-    commit = (started or written)["commit"]
-    load = ", ".join(f"{x:g}" for x in written["load_average_1_5_15"])
-    since = f"{started['at']} to " if started else ""
-    return f"\nRun {since}{written['at']} at commit {commit} (load average at the end {load}; two cores).\n"
 
 
 def _rel_docs(path: str) -> str:

@@ -58,3 +58,16 @@ def write_report(report: dict, out: Path, part: str = "paths", started: dict | N
     agree = sum(p["agreeing_traces"] for p in report[part].values())
     print(f"wrote {out}: {agree}/{total} traces agree")
     return agree, total
+
+
+def run_line(data: dict) -> str:
+    """When, at which commit and under what load a campaign's result file was written
+    (`provenance`); empty for files from before it was kept."""
+    run = data.get("run")
+    if not run:
+        return ""
+    started, written = (run.get("started"), run.get("written")) if "written" in run else (None, run)
+    commit = (started or written)["commit"]
+    load = ", ".join(f"{x:g}" for x in written["load_average_1_5_15"])
+    since = f"{started['at']} to " if started else ""
+    return f"\nRun {since}{written['at']} at commit {commit} (load average at the end {load}; two cores).\n"

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from conformance.targets.campaign_args import run_line
+
 TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness", "lmdeploy",
            "lmdeploy-liveness", "aphrodite", "aphrodite-liveness", "vidur-vllm", "vidur-vllm-liveness", "vidur-sarathi",
            "vidur-sarathi-liveness", "vidur-orca", "vidur-orca-liveness")
@@ -451,7 +453,9 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
     lines = ["", "## Speculative decoding: the V1 references with drafts vs vLLM 0.33.0 (sync and async)", "",
              "`python -m conformance.targets.lockstep_specdec` (docs/SPECDEC.md): an n-gram drafter configured, the "
              "host plays the drafter and the rejection sampler from the trace; k in 1..4; KV pressure, chunked prefill "
-             "and prefix caching drawn; every divergence classified by a counterfactual rerun.", "",
+             "and prefix caching drawn; every divergence classified by a counterfactual rerun. The reference "
+             f"({data.get('reference_mode', 'policy')} mode; `V1Scheduler` knobs {data.get('reference_knobs', {})}) "
+             "stands behind V1's front door (`conformance/targets/door.py`).", run_line(data).strip(), "",
              "| path | target | traces | steps | steps with drafts | drafts | stops inside a verified step | agree | "
              "divergent (class) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path, p in data["paths"].items():
