@@ -293,6 +293,17 @@ class V1Scheduler(TrackedScheduler):
     # request at all if 1 + k exceed the budget left (scheduler.py:1308-1330, 1578-1582). The
     # placeholders were never proposed and are never accepted. Off: an admission never has drafts.
     pads_new_decode_drafts: bool = False
+    # clamps_chunk_at_max_model_len: vLLM caps every running chunk at `max_model_len -
+    # num_computed_tokens - num_sampled_tokens_per_step` (scheduler.py:850-857, "Make sure the input
+    # position does not exceed the max model len. This is necessary when using spec decoding"),
+    # where the computed tokens count the in-flight steps' drafts as if accepted: with async
+    # scheduling and drafts, a request whose in-flight drafts, all accepted, would reach
+    # max_model_len is not scheduled, and if they are rejected it waits a step. (For max_tokens vLLM
+    # waits only until the in-flight steps' sure tokens reach it, scheduler.py:800-815, as the
+    # async reference does for both.) Without drafts and behind V1's door the cap never binds; on a
+    # prompt of exactly max_model_len it is the clamp stall of pooling requests (vLLM #48039). Off:
+    # the spec schedules what a rejection would still need.
+    clamps_chunk_at_max_model_len: bool = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
@@ -417,12 +428,19 @@ class V1Scheduler(TrackedScheduler):
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         """The tokens a running request gets: the rest of its tokens, capped at the threshold and
-        the budget left. (`conformance.targets.lockstep_v1.ClampedV1` overrides it with vLLM V1's
-        extra cap at ``max_model_len - num_computed - 1``, to classify lockstep divergences.)"""
+        the budget left, and with `clamps_chunk_at_max_model_len` vLLM's cap at ``max_model_len -
+        num_computed - 1``."""
         tokens = tracked.num_tokens + self._draft_room(tracked, tracked.num_tokens) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
-        return min(tokens, budget)
+        return self._max_model_len_clamp(tracked, min(tokens, budget))
+
+    def _max_model_len_clamp(self, tracked: TrackedRequest, tokens: int) -> int:
+        """With `clamps_chunk_at_max_model_len`, vLLM's cap of a running chunk at ``max_model_len -
+        num_computed - 1`` (0: the request is skipped this step); otherwise ``tokens``."""
+        if not self.clamps_chunk_at_max_model_len:
+            return tokens
+        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
     def _num_known(self, tracked: TrackedRequest) -> int:
         """Its tokens, drafts not counted: what a scheduled chunk computes before its drafts begin

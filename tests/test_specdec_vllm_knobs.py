@@ -1,5 +1,5 @@
 """The speculative reference's vLLM-compatible knobs (`V1Scheduler.drafts_past_max_tokens`,
-`V1Scheduler.pads_new_decode_drafts`): off by default (the spec's policies, SPD-004), on in the
+`V1Scheduler.pads_new_decode_drafts`, `V1Scheduler.clamps_chunk_at_max_model_len`): off by default (the spec's policies, SPD-004), on in the
 lockstep campaign's reference (conformance/targets/lockstep_specdec.py) so it compares vLLM
 0.33.0 past them. Each knob changes what is scheduled, never what is delivered."""
 
@@ -70,5 +70,22 @@ def test_no_padding_while_a_running_request_is_mid_prefill_or_alone():
     assert [(s.num_tokens, s.num_drafts) for s in output.scheduled] == [(1, 0)]
 
 
+@pytest.mark.parametrize("accepted", [0, 1])
+def test_in_flight_drafts_reaching_max_model_len_hold_the_request_back(accepted):
+    """Async, k = 2, max_model_len 5, a 2-token prompt: step 1 runs 1 token + 1 draft, so with step
+    1 in flight its drafts, all accepted, would take it to max_model_len. vLLM (the knob) skips it in
+    step 2; the spec schedules the token a rejection would still need. Same stream either way."""
+    config = dataclasses.replace(CONFIG, max_model_len=5, block_size=2, num_speculative_tokens=2, pipeline_depth=1)
+    arrivals = {0: [Request("a", 2, 8)]}
+    policy_out, policy_end = _run(AsyncV1Scheduler(config), arrivals, accepted=accepted)
+    vllm_out, vllm_end = _run(_knobs(AsyncV1Scheduler, clamps_chunk_at_max_model_len=True)(config), arrivals,
+                              accepted=accepted)
+    plan = lambda outs: [[(s.num_tokens, s.num_drafts) for s in o.scheduled] for o in outs[:3]]  # noqa: E731
+    assert plan(policy_out) == [[(2, 0)], [(2, 1)], [(1, 0)]]
+    assert plan(vllm_out) == [[(2, 0)], [(2, 1)], []]
+    assert policy_end == vllm_end == {"a": (5, Status.FINISHED_LENGTH_CAPPED)}
+
+
 def test_the_knobs_are_off_by_default():
     assert not SpecDecScheduler.drafts_past_max_tokens and not SpecDecScheduler.pads_new_decode_drafts
+    assert not SpecDecScheduler.clamps_chunk_at_max_model_len

@@ -8,10 +8,11 @@ n-gram ``SpeculativeConfig`` and the host playing the drafter and the rejection 
 
 The reference stands behind V1's front door (`conformance.targets.door`) and, by default, runs in
 its vLLM-compatible mode: `V1Scheduler`'s knobs ``drafts_past_max_tokens`` (vLLM does not cap
-drafts at max_tokens, scheduler.py:838-857) and ``pads_new_decode_drafts`` (a one-token admission
-padded to 1 + k with placeholder drafts, scheduler.py:1308-1330) are on, so the campaign compares
-vLLM strictly past those two documented deviations of the spec's policy (SPD-004) and every
-remaining divergence is a finding. ``--reference policy`` runs the spec's policies instead and
+drafts at max_tokens, scheduler.py:838-857), ``pads_new_decode_drafts`` (a one-token admission
+padded to 1 + k with placeholder drafts, scheduler.py:1308-1330) and
+``clamps_chunk_at_max_model_len`` (the running-chunk cap at max_model_len counts in-flight drafts
+as accepted, scheduler.py:850-857) are on, so the campaign compares vLLM strictly past those
+documented deviations of the spec's policies and every remaining divergence is a finding. ``--reference policy`` runs the spec's policies instead and
 classifies the two as deviations (the earlier runs' tables).
 
 Traces are the async campaign's three shapes (``plain``, ``chunked``, ``preemption``: prefix
@@ -60,11 +61,17 @@ CALL_TIMEOUT = 600
 
 # class -> (kind, explanation with the vLLM 0.33.0 source location; paths relative to site-packages/vllm/)
 CLASSES: dict[str, tuple[str, str]] = {
-    "chunk-clamped-below-max-model-len": (
+    "in-flight-drafts-clamped-at-max-model-len": (
         "vllm-deviation",
-        "As for the targets without drafts (lockstep_v1): every running chunk is clamped at `max_model_len - "
-        "num_computed_tokens - 1` (v1/core/sched/scheduler.py:851-857), so a prompt of exactly max_model_len "
-        "tokens continued as a running chunk stops one token short. The reference keeps its spec decision.",
+        "Async with drafts: vLLM caps every running chunk at `max_model_len - num_computed_tokens - "
+        "num_sampled_tokens_per_step` (v1/core/sched/scheduler.py:850-857, 'This is necessary when using spec "
+        "decoding'), and num_computed_tokens counts the in-flight step's drafts as if accepted, so a request whose "
+        "in-flight drafts, all accepted, would reach max_model_len gets 0 tokens and is skipped; if they are "
+        "rejected it waits a step. For max_tokens vLLM waits only until the in-flight sure tokens reach it "
+        "(scheduler.py:800-815, 'so that we can be sure no further steps are needed even if they are all "
+        "rejected'), and the async reference applies that rule to both limits (AsyncV1Scheduler."
+        "_in_flight_reaches_limit): it schedules the token a rejection would still need. Latency, not safety: "
+        "the delivered streams agree. Knob: V1Scheduler.clamps_chunk_at_max_model_len.",
     ),
     "drafts-past-max-tokens": (
         "vllm-deviation",
@@ -91,11 +98,10 @@ CLASSES: dict[str, tuple[str, str]] = {
 
 
 class Clamp:
-    """vLLM's clamp of every running chunk at ``max_model_len - num_computed - 1``."""
+    """vLLM's clamp of every running chunk at ``max_model_len - num_computed - 1``, in-flight drafts
+    counted as computed (`V1Scheduler.clamps_chunk_at_max_model_len`, scheduler.py:850-857)."""
 
-    def _running_chunk(self, tracked, budget: int, threshold: int) -> int:  # type: ignore[no-untyped-def]
-        tokens = super()._running_chunk(tracked, budget, threshold)  # type: ignore[misc]
-        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)  # type: ignore[attr-defined]
+    clamps_chunk_at_max_model_len = True
 
 
 class UncappedDrafts:
@@ -118,6 +124,7 @@ class RecordingSpec(GenerateDoor, RecordsSnapshots, SpecDecScheduler):
 
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
 
 
 class RecordingAsyncSpec(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
@@ -126,6 +133,7 @@ class RecordingAsyncSpec(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
 
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
@@ -136,6 +144,7 @@ class PolicySpec(RecordingSpec):
 
     drafts_past_max_tokens = False
     pads_new_decode_drafts = False
+    clamps_chunk_at_max_model_len = False
 
 
 class PolicyAsyncSpec(RecordingAsyncSpec):
@@ -143,11 +152,13 @@ class PolicyAsyncSpec(RecordingAsyncSpec):
 
     drafts_past_max_tokens = False
     pads_new_decode_drafts = False
+    clamps_chunk_at_max_model_len = False
 
 
-# the knob of `V1Scheduler` each behaviour turns on (the clamp has none: the reference keeps its spec decision)
-KNOBS = {"drafts-past-max-tokens": "drafts_past_max_tokens", "pads-new-decode-drafts": "pads_new_decode_drafts"}
-BEHAVIOURS = (("chunk-clamped-below-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
+# the knob of `V1Scheduler` each behaviour turns on
+KNOBS = {"in-flight-drafts-clamped-at-max-model-len": "clamps_chunk_at_max_model_len",
+         "drafts-past-max-tokens": "drafts_past_max_tokens", "pads-new-decode-drafts": "pads_new_decode_drafts"}
+BEHAVIOURS = (("in-flight-drafts-clamped-at-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
               ("pads-new-decode-drafts", PadsNewDecode))
 
 
