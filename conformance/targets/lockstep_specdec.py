@@ -225,6 +225,12 @@ def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants,  # 
         return None if fault is None else "fault"
     for cls, model in models(base_of(path, policy)):
         again = run_one(adapter, trace, invariants, model)
+        if again.result.fault is not None and fault is None:
+            # The engine did not fault on this trace in the run being classified: a fault in the
+            # rerun is the host's (a restart or a timeout on a loaded machine), not the model's
+            # verdict. Said aloud and tried once more, so a verdict never depends on the load.
+            print(f"  rerun under {cls} faulted ({str(again.result.fault)[:120]}); once more", flush=True)
+            again = run_one(adapter, trace, invariants, model)
         if again.result.divergence is None and again.state is None and again.result.fault is None:
             return cls
     return "unclassified"
