@@ -28,7 +28,9 @@ def keep_other_paths(report: dict, old: dict, rerun: Sequence[str], part: str = 
     """Carry into ``report`` the results of an earlier run (``old``, same version) for the paths
     not rerun now, and their classes' saved traces; a class found only on rerun paths is dropped,
     so a class a fix made impossible does not outlive the fix in the file."""
-    report[part].update({p: entry for p, entry in old.get(part, {}).items() if p not in rerun})
+    run = old.get("run")  # the kept paths' provenance: the run that wrote the old file
+    report[part].update({p: {**entry, "run": entry.get("run", run)} if run else entry
+                         for p, entry in old.get(part, {}).items() if p not in rerun})
     for cls, entry in old.get("classes", {}).items():
         kept = {p: e for p, e in entry.get("paths", {}).items() if p not in rerun}
         if kept:
@@ -70,4 +72,4 @@ def run_line(data: dict) -> str:
     commit = (started or written)["commit"]
     load = ", ".join(f"{x:g}" for x in written["load_average_1_5_15"])
     since = f"{started['at']} to " if started else ""
-    return f"\nRun {since}{written['at']} at commit {commit} (load average at the end {load}; two cores).\n"
+    return f"\nRun {since}{written.get('at', '?')} at commit {commit} (load average at the end {load}; two cores).\n"
