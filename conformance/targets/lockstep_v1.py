@@ -315,8 +315,8 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
     steps = agreeing = 0
     started = time.monotonic()
     for done, trace in enumerate(traces, 1):
-        if done % 100 == 0:
-            print(f"  {path}: {done}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
+        if done % 100 == 1 and done > 1:  # the traces before this one
+            print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
