@@ -393,8 +393,11 @@ A view not named must be the very object `base` holds. For a large pool, also na
 `gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
 entries changed since `base`, each with how many times the free list names it now: the block
 checks then read those blocks, not the pool (the reference pools log them in their containers,
-`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
-`base`'s. The reference does this
+`reference_impl/pool_log.py`). For long sequences, name in `kept_tokens`, for a changed view,
+how many of its leading token ids are those of its view in `base`: the checks that read every
+token (the runner's type check, PIP-001) then read only the ones past it instead of comparing
+the two token tuples (the token-budget references log writes in `reference_impl/token_log.py`).
+A delta is trusted as given; a block it leaves out is read as `base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only
