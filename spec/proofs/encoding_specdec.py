@@ -196,41 +196,21 @@ class SpecDecEncoder(ChunkedEncoder):
 
     # ------------------------------------------------------------------ update()
     def _update_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any, k: Any) -> None:
-        """The speculative outcome for request g (`commit_tokens`), after the keys its allocation
-        made (`V1Scheduler._allocate` keys up to the step's non-draft tokens)."""
+        """The speculative outcome for request g (`commit_tokens`, read by `outcome`), after the
+        keys its allocation made (`V1Scheduler._allocate` keys up to the step's non-draft tokens)."""
         assert isinstance(pre, SpecState) and isinstance(st, SpecState)
-        names = ("stop", "stop_at", "accepted", "empty", "proposed")
-        stop, stop_at, accepted, empty, proposed = (z3.Int(f"act_{n}") for n in names)
-        ae.params.update(zip(names, (stop, stop_at, accepted, empty, proposed), strict=True))
-        d = ae.params["drafts"]
-        ae.guard = z3.And(ae.guard, stop >= 0, stop <= 1, stop_at >= 0, empty >= 0, empty <= 1,
-                          accepted >= 0, accepted <= d, proposed >= 0, proposed <= self.K)
-        bs = self.bs
+        params = outcome_params(ae.params, self.K)
+        ae.guard = z3.And(ae.guard, params.pop("ok"))
         for s in range(self.S):
             c = g == s
-            n, after = pre.ntok[s], pre.ncomp[s] + k
-            keyed = z3.If(self.PC, _max(pre.nkey[s], _min(after, n) / bs), pre.nkey[s])
-            samples = z3.And(c, after >= n)
-            committed = self.let(z3.If(empty == 1, 0, accepted + 1), "cm")
-            if self.mutant == "empty-outcome-skips-rollback":
-                rolled = z3.If(committed >= 1, after - d + committed - 1, after)
-            else:
-                rolled = z3.If(committed >= 1, after - d + committed - 1, after - d - 1)
-            # the first committed token that ends the stream: the stop, or max_tokens / max_model_len
-            capped = _max(0, _min(self.gsel(pre.mtok, g) + self.gsel(pre.plen, g) - n - 1, self.ML - n - 1))
-            end = self.let(z3.If(stop == 1, _min(_min(stop_at, committed - 1), capped), capped), "end")
-            ends = self.let(z3.And(samples, committed >= 1, end <= committed - 1), "ends")
-            computed = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
-            self.set_s(st.ncomp, s, computed, c)
-            self.set_s(st.ntok, s, n + z3.If(ends, end + 1, committed), samples)
-            goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
-            if self.mutant == "drafts-on-prefill-chunk":
-                goes_on = z3.Or(goes_on, z3.And(c, z3.Not(samples)))
-            self.set_s(st.npr, s, z3.If(goes_on, proposed, 0), c)  # scheduled: the proposal is spent
-            upto = st.ntok[s] if self.mutant == "keys-rejected-kv" else st.ncomp[s]
-            on_commit = z3.And(samples, committed >= 1, self.PC, self.K > 0)
-            self.set_s(st.nkey, s, z3.If(on_commit, _max(keyed, upto / bs), keyed), c)
-            self.set_s(st.void, s, z3.And(samples, committed == 0), c)
+            o = outcome(self, pre.ntok[s], pre.ncomp[s], pre.nkey[s], k, ae.params["drafts"], pre.plen[s],
+                        pre.mtok[s], ae.params, self.let)
+            self.set_s(st.ncomp, s, o["computed"], c)
+            self.set_s(st.ntok, s, o["ntok"], c)
+            self.set_s(st.npr, s, o["proposal"], c)
+            self.set_s(st.nkey, s, o["keyed"], c)
+            self.set_s(st.void, s, o["void"], c)
+            ends = z3.And(c, o["ends"])
             self.set_s(st.sstat, s, FIN, ends)
             self.free_seq(st, s, ends)
             self.set_g(st.gstat, g, FIN, ends)
@@ -254,6 +234,51 @@ class SpecDecEncoder(ChunkedEncoder):
 
     def _sd_ignore(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         self._v1_ignore(ae, pre, st, g)
+
+
+# ---------------------------------------------------------------------- the outcome, shared
+OUTCOME_PARAMS = ("stop", "stop_at", "accepted", "empty", "proposed")
+
+
+def outcome_params(params: dict[str, Any], K: Any) -> dict[str, Any]:
+    """The environment's outcome parameters, added to ``params`` (which holds ``drafts``), and
+    their ranges (``ok``)."""
+    stop, stop_at, accepted, empty, proposed = (z3.Int(f"act_{n}") for n in OUTCOME_PARAMS)
+    params.update(zip(OUTCOME_PARAMS, (stop, stop_at, accepted, empty, proposed), strict=True))
+    ok = z3.And(stop >= 0, stop <= 1, stop_at >= 0, empty >= 0, empty <= 1, accepted >= 0,
+                accepted <= params["drafts"], proposed >= 0, proposed <= K)
+    return {"ok": ok}
+
+
+def outcome(enc: Any, n: Any, computed: Any, keyed: Any, k: Any, d: Any, plen: Any, mtok: Any,
+            p: dict[str, Any], let: Any = lambda e, hint="t": e) -> dict[str, Any]:
+    """One request's speculative outcome (`reference_impl.v1_scheduler.commit_tokens`) after a
+    chunk of ``k`` tokens (``d`` drafts) from ``computed`` of its ``n`` tokens: its computed and
+    token counts, proposal, keyed blocks and ``void`` ghost after it, and whether it ends. Shared
+    by the bounded encoding (``enc`` a `SpecDecEncoder`) and the generic request of
+    `GenericSpecDec` (``enc`` one), which read the same config fields (bs, K, PC, ML, mutant)."""
+    bs = enc.bs
+    after = computed + k
+    samples = after >= n
+    pre_keyed = z3.If(enc.PC, _max(keyed, _min(after, n) / bs), keyed)
+    committed = let(z3.If(p["empty"] == 1, 0, p["accepted"] + 1), "cm")
+    skip_rollback = enc.mutant == "empty-outcome-skips-rollback"
+    rolled = z3.If(committed >= 1, after - d + committed - 1, after if skip_rollback else after - d - 1)
+    # the first committed token that ends the stream: the stop, or max_tokens / max_model_len
+    capped = _max(0, _min(mtok + plen - n - 1, enc.ML - n - 1))
+    end = let(z3.If(p["stop"] == 1, _min(_min(p["stop_at"], committed - 1), capped), capped), "end")
+    ends = let(z3.And(samples, committed >= 1, end <= committed - 1), "ends")
+    computed_after = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
+    ntok = z3.If(samples, n + z3.If(ends, end + 1, committed), n)
+    goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
+    if enc.mutant == "drafts-on-prefill-chunk":
+        goes_on = z3.Or(goes_on, z3.Not(samples))
+    upto = ntok if enc.mutant == "keys-rejected-kv" else computed_after
+    on_commit = z3.And(samples, committed >= 1, enc.PC, enc.K > 0)
+    return {"computed": computed_after, "ntok": ntok, "ends": ends,
+            "proposal": z3.If(goes_on, p["proposed"], 0),  # scheduled: the proposal is spent
+            "keyed": z3.If(on_commit, _max(pre_keyed, upto / bs), pre_keyed),
+            "void": z3.And(samples, committed == 0)}
 
 
 # ---------------------------------------------------------------------- invariants of the specdec flow
