@@ -63,6 +63,7 @@ from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
 from reference_impl.prefix_cache import CachingBlockPool
+from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
 from spec import observation
 from spec.config import SchedulerConfig
@@ -96,7 +97,7 @@ class TrackedRequest:
     tokens: list[int]
     status: Status = Status.WAITING
     num_computed: int = 0  # tokens whose KV is in the cache (prefix hits included)
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=TableLog)  # a list that flags writes (reference_impl.table_log)
     num_keyed: int = 0  # leading blocks registered in the prefix cache
     in_prefill: bool = True  # no token sampled since (re)admission
     num_proposed: int = 0  # drafts the drafter proposed for its next decode (speculative decoding)
@@ -178,7 +179,7 @@ class TrackedScheduler:
     # ---------------------------------------------------------------- blocks and preemption
     def _free_blocks(self, tracked: TrackedRequest) -> None:
         self.pool.release(reversed(tracked.blocks))  # tail first: evicted first
-        tracked.blocks = []
+        tracked.blocks = TableLog()
         tracked.num_keyed = 0
 
     def _preempt(self, victim: TrackedRequest) -> None:
@@ -651,9 +652,16 @@ def snapshot_of(
     changed_status: dict[str, Status] = {}
     for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
-        blocks = tuple(r.blocks)
-        if old is not None and old.blocks == blocks:
-            blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
+        table = r.blocks
+        if type(table) is TableLog and not table.written and old is not None and old.blocks is not None \
+                and len(old.blocks) == len(table):
+            blocks = old.blocks  # neither written nor grown since read into old's view (reference_impl.table_log)
+        else:
+            blocks = tuple(table[:])  # an exact list's copy is C speed (a TableLog's is not)
+            if type(table) is TableLog:
+                table.written = False
+            if old is not None and old.blocks == blocks:
+                blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
         tokens, num_tokens = r.tokens, len(r.tokens)
         kept = None  # leading tokens unchanged since this list was last read (None: not logged, compare)
         if type(tokens) is TokenLog:  # `TokenLog.observed`, inline
