@@ -1,14 +1,25 @@
-"""A safety + liveness hunt on vLLM 0.33.0 with speculative decoding, sync and async, and the probe
-for vllm-project/vllm#42722 (an outcome with no token for a request with drafts).
+"""A safety + liveness hunt on vLLM 0.33.0 with speculative decoding, sync and async, behind V1's
+front door, and the probe for vllm-project/vllm#42722 (an outcome with no token for a request
+with drafts).
 
-    python -m conformance.targets.specdec_hunt [--traces 300] [--seed 20261203]
-        [--out docs/results/specdec-hunt.json] [--traces-dir docs/traces/specdec]
+    python -m conformance.targets.specdec_hunt [--traces 1000] [--minutes 14] [--seed 20261203]
+        [--profiles safety liveness] [--out docs/results/specdec-hunt.json]
+        [--traces-dir docs/traces/specdec/hunt]
 
-The hunt runs `conformance.targets.lockstep_specdec.path_traces` (KV pressure, chunked prefill,
-prefix caching, aborts, stops inside accepted runs; k in 1..4) through each target under the
-``liveness`` profile (every safety invariant plus progress and completion), without lockstep.
-Violations are counted per invariant; the first trace of each is shrunk and saved. The probe runs
-one request with drafts whose second verifying step returns no token, on both paths.
+The hunt runs `conformance.targets.lockstep_specdec.path_traces` (the plain, chunked and
+preemption shapes: KV pressure, chunked prefill, prefix caching drawn on or off, aborts, stops
+inside accepted runs; k in 1..4) through each target under the ``safety`` and ``liveness``
+profiles together (one run serves both), without lockstep, every trace run whole.
+
+The door: the V1 hosts refuse a generate prompt of exactly max_model_len at ``add_request``, as
+vLLM's input processor does (`conformance.targets.door`). The refusal is an answer, not a stall:
+the driver records it as the request's finish (``StepRecord.refused``; LEN-003 accepts it), so
+the liveness invariants count the request done. The hunt counts such refusals apart
+(``door_refusals``) to show they were drawn and not reported.
+
+A finding is classified (`classify`) by the vLLM source line it comes from; anything else is
+``unclassified``, shrunk for its problems and saved. ``--minutes`` stops a path in time: the
+report then holds the exact number of traces that ran. Not run in CI.
 """
 
 from __future__ import annotations
@@ -21,19 +32,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.driver import run_checked
+from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.profiles import get_profile
+from conformance.targets.campaign_args import provenance
+from conformance.targets.lockstep_specdec import CLASSES as LOCKSTEP_CLASSES
 from conformance.targets.lockstep_specdec import PATHS, adapter_for, path_traces
 from spec.config import SchedulerConfig
 from spec.speculative import DraftDecision
 from spec.trace import Arrival, Trace
 from spec.types import Request
 
-VERSION = 1
+VERSION = 2  # 2: safety + liveness, behind the door, classified findings, provenance, time budget
 # Seconds one call may take before the runner calls it hung: generous, because on a loaded machine
 # a vLLM host's reset can take minutes, and a host declared hung is replaced by a fresh one.
 CALL_TIMEOUT = 600
+PADDED = "padded-admission-cut-by-threshold"
+CLASSES: dict[str, tuple[str, str]] = {PADDED: LOCKSTEP_CLASSES[PADDED]}
 
 
 def probe_42722(depth: int) -> Trace:
@@ -46,24 +61,84 @@ def probe_42722(depth: int) -> Trace:
                  drafts=((0, "A#0", DraftDecision(proposed=2)), (1, "A#0", DraftDecision(proposed=2, empty=True))))
 
 
-def hunt_path(path: str, count: int, seed: int, first: dict) -> dict[str, Any]:
+def padded_shape(trace: Trace) -> bool:
+    """The shape the padded-admission assert needs: a long-prefill threshold below 1 + k."""
+    threshold = trace.config.long_prefill_token_threshold
+    return 0 < threshold < 1 + trace.config.num_speculative_tokens
+
+
+def classify(trace: Trace, result: TraceResult) -> str | None:
+    """None for a clean trace; the class of a known finding, by the source line vLLM names in its
+    traceback (and the config's shape); else ``unclassified``."""
+    if not result.problem_ids:
+        return None
+    if result.fault is not None and "scheduler.py:1579" in str(result.fault) and padded_shape(trace):
+        return PADDED  # EngineCore died: what the checks say after that is about a dead engine
+    return "unclassified"
+
+
+def _invariants(profiles: list[str]) -> list:
+    chosen: dict[str, Any] = {}
+    for name in profiles:
+        for inv in get_profile(name).invariants():
+            chosen.setdefault(inv.id, inv)
+    return list(chosen.values())
+
+
+def _describe(result: TraceResult) -> str:
+    if result.fault is not None:
+        return f"step {result.fault_step}: {str(result.fault)[-400:]}"
+    return "; ".join(str(v) for v in result.violations[:3])
+
+
+def hunt_path(path: str, count: int, seed: int, minutes: float, invariants: list,
+              first: dict[tuple[str, str], tuple[Trace, TraceResult]]) -> dict[str, Any]:
+    traces = sample_traces(path_traces(path), count, seed)
     adapter = adapter_for(path)
-    invariants = get_profile("liveness").invariants()
-    found: collections.Counter[str] = collections.Counter()
-    steps = drained = 0
+    by_class: collections.Counter[str] = collections.Counter()
+    problems: collections.Counter[str] = collections.Counter()
+    stats = {"traces": 0, "steps": 0, "drained": 0, "clean_traces": 0, "faults": 0, "preemptions": 0,
+             "door_refusals": 0, "traces_with_door_refusal": 0, "aborts": 0, "stops": 0, "prefix_caching_on": 0,
+             "chunked_prefill_on": 0, "k": collections.Counter()}
+    started_at = provenance()
     started = time.monotonic()
-    for done, trace in enumerate(sample_traces(path_traces(path), count, seed), 1):
+    for trace in traces:
+        if time.monotonic() - started > minutes * 60:
+            print(f"  {path}: time budget of {minutes} min spent after {stats['traces']} traces", flush=True)
+            break
         result = run_checked(adapter, trace, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
-        steps += len(result.records)
-        drained += result.drained
-        for problem in sorted(result.problem_ids):
-            found[problem] += 1
-            first.setdefault((path, problem), trace)
-        if done % 50 == 0:
-            print(f"  {path}: {done}/{count}, {dict(found)}", flush=True)
+        stats["traces"] += 1
+        stats["steps"] += len(result.records)
+        stats["drained"] += result.drained
+        stats["preemptions"] += sum(len(r.output.preempted) for r in result.records)
+        refused = sum(len(r.refused) for r in result.records)
+        stats["door_refusals"] += refused
+        stats["traces_with_door_refusal"] += bool(refused)
+        stats["aborts"] += len(trace.aborts)
+        stats["stops"] += len(trace.stops)
+        stats["prefix_caching_on"] += trace.config.enable_prefix_caching
+        stats["chunked_prefill_on"] += trace.config.enable_chunked_prefill
+        stats["k"][str(trace.config.num_speculative_tokens)] += 1
+        if result.fault is not None:  # the host's state is unknown: a fresh one for the next trace
+            stats["faults"] += 1
+            adapter.close()
+            adapter = adapter_for(path)
+        cls = classify(trace, result)
+        if cls is None:
+            stats["clean_traces"] += 1
+        else:
+            by_class[cls] += 1
+            problems.update(result.problem_ids)
+            first.setdefault((path, cls), (trace, result))
+            if cls == "unclassified":
+                print(f"  {path}: trace {stats['traces']} unclassified: {_describe(result)[:300]}", flush=True)
+        if stats["traces"] % 25 == 0:
+            print(f"  {path}: {stats['traces']}/{count} traces, {stats['steps']} steps, {int(time.monotonic() - started)} s,"
+                  f" {dict(by_class)}", flush=True)
     adapter.close()
-    return {"traces": count, "steps": steps, "drained": drained, "traces_violating": dict(sorted(found.items())),
-            "seconds": round(time.monotonic() - started, 1)}
+    stats["k"] = dict(sorted(stats["k"].items()))
+    return {**stats, "by_class": dict(sorted(by_class.items())), "traces_violating": dict(sorted(problems.items())),
+            "seconds": round(time.monotonic() - started, 1), "run": {"started": started_at, "written": provenance()}}
 
 
 def run_probe(path: str) -> dict[str, Any]:
@@ -71,53 +146,72 @@ def run_probe(path: str) -> dict[str, Any]:
     trace = probe_42722(1 if path == "async" else 0)
     result = run_checked(adapter, trace, get_profile("liveness").invariants(), timeout=CALL_TIMEOUT, stop_at_first=False)
     adapter.close()
-    first = {}
+    first: dict[str, str] = {}
     for v in result.violations:
         first.setdefault(v.invariant_id, str(v))
     return {"drained": result.drained, "steps": len(result.records), "fault": str(result.fault) if result.fault else None,
             "violations": first}
 
 
+def shrink_first(path: str, cls: str, trace: Trace, result: TraceResult, invariants: list,
+                 seconds: float) -> Trace:
+    """Shrink an unclassified finding, keeping its class and at least one of its problems."""
+    from conformance.shrink import shrink
+
+    adapter = adapter_for(path)
+    wanted = result.problem_ids
+
+    def failing(candidate: Trace) -> int | None:
+        try:
+            got = run_checked(adapter, candidate, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
+        except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
+            return None
+        return got.failure_step if classify(candidate, got) == cls and got.problem_ids & wanted else None
+
+    try:
+        return shrink(trace, failing, budget=150, seconds=seconds)[0]
+    except ValueError:
+        return trace
+    finally:
+        adapter.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", type=int, default=300)
+    ap.add_argument("--traces", type=int, default=1000, help="traces drawn per path (the time budget may stop sooner)")
+    ap.add_argument("--minutes", type=float, default=1e9, help="time budget per path, in minutes")
     ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--profiles", nargs="+", default=["safety", "liveness"])
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--out", type=Path, default=Path("docs/results/specdec-hunt.json"))
-    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/specdec"))
+    ap.add_argument("--traces-dir", type=Path, default=Path("docs/traces/specdec/hunt"))
+    ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--shrink-seconds", type=float, default=90.0)
     args = ap.parse_args(argv)
-    report: dict[str, Any] = {"version": VERSION, "package": "vllm==0.33.0", "profile": "liveness", "seed": args.seed,
-                              "paths": {}, "probe_42722": {}, "first": {}}
-    first: dict[tuple[str, str], Trace] = {}
-    for path in PATHS:
-        report["probe_42722"][path] = run_probe(path)
-        print(json.dumps({"probe_42722": path, **report["probe_42722"][path]})[:600], flush=True)
-        report["paths"][path] = hunt_path(path, args.traces, args.seed, first)
+    invariants = _invariants(args.profiles)
+    report: dict[str, Any] = {"version": VERSION, "package": "vllm==0.33.0", "profiles": args.profiles,
+                              "profile": "+".join(args.profiles), "seed": args.seed, "door": "conformance/targets/door.py",
+                              "invariants": sorted(inv.id for inv in invariants), "paths": {}, "probe_42722": {},
+                              "classes": {}, "first": {}}
+    first: dict[tuple[str, str], tuple[Trace, TraceResult]] = {}
+    for path in args.paths:
+        if not args.no_probe:
+            report["probe_42722"][path] = run_probe(path)
+            print(json.dumps({"probe_42722": path, **report["probe_42722"][path]})[:600], flush=True)
+        report["paths"][path] = hunt_path(path, args.traces, args.seed, args.minutes, invariants, first)
         print(json.dumps({"path": path, **report["paths"][path]}), flush=True)
-    for (path, problem), trace in sorted(first.items()):
-        if problem == "LOCKSTEP":
-            continue
-        if not args.no_shrink:
-            from conformance.shrink import shrink
-
-            adapter = adapter_for(path)
-            invariants = get_profile("liveness").invariants()
-
-            def failing(candidate: Trace, problem: str = problem, adapter=adapter, invariants=invariants) -> int | None:
-                try:
-                    got = run_checked(adapter, candidate, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
-                except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
-                    return None
-                return got.failure_step if problem in got.problem_ids else None
-
-            try:
-                trace = shrink(trace, failing, budget=150, seconds=60)[0]
-            except ValueError:
-                pass
-            adapter.close()
-        meta = {"adapter": "vllm-v1" if path == "sync" else "vllm-v1-async", "path": path, "problem": problem}
-        out = dataclasses.replace(trace, meta=meta).save(args.traces_dir / f"hunt-{path}-{problem}.json")
-        report["first"][f"{path}:{problem}"] = str(out)
+    for (path, cls), (trace, result) in sorted(first.items()):
+        if cls == "unclassified" and not args.no_shrink:
+            trace = shrink_first(path, cls, trace, result, invariants, args.shrink_seconds)
+        kind, why = CLASSES.get(cls, ("unclassified", "not yet explained: read the saved trace"))
+        meta = {"adapter": "vllm-v1" if path == "sync" else "vllm-v1-async", "path": path, "class": cls,
+                "kind": kind, "problems": sorted(result.problem_ids), "message": _describe(result)[:600],
+                "shrunk": cls == "unclassified" and not args.no_shrink}
+        out = dataclasses.replace(trace, meta=meta).save(args.traces_dir / f"{path}-{cls}.json")
+        report["first"][f"{path}:{cls}"] = str(out)
+        report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})["paths"][path] = str(out)
+    report["run"] = provenance()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
