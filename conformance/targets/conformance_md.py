@@ -505,11 +505,19 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
         lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
     if hunt.exists():
         h = json.loads(hunt.read_text())
-        lines += ["", f"Hunt under `{h['profile']}` (`python -m conformance.targets.specdec_hunt`), no lockstep:", "",
-                  "| path | traces | steps | drained | traces violating |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", f"Hunt under `{h['profile']}` (`python -m conformance.targets.specdec_hunt`), no lockstep, behind "
+                  "V1's front door (a refusal at `add_request` is the request's answer, counted apart, not a stall):", "",
+                  "| path | traces | steps | drained | clean | refused at the door | by class | problems | run |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for path, p in h["paths"].items():
+            classes = "; ".join(f"{k} x{n}" for k, n in p.get("by_class", {}).items()) or "none"
             found = "; ".join(f"{k} x{n}" for k, n in p["traces_violating"].items()) or "none"
-            lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['drained']} | {found} |")
+            run = run_line({"run": p["run"]}).strip().removeprefix("Run ") if p.get("run") else ""
+            lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['drained']} | {p.get('clean_traces', '')} | "
+                         f"{p.get('door_refusals', '')} | {classes} | {found} | {run} |")
+        for cls, c in h.get("classes", {}).items():
+            links = ", ".join(f"[{path}]({_rel(v)})" for path, v in c["paths"].items())
+            lines.append(f"\n`{cls}` ({c['kind']}): {links}")
         for path, p in h.get("probe_42722", {}).items():
             found = "; ".join(f"{k}: {v}" for k, v in p["violations"].items()) or "none"
             lines.append(f"\nvllm-project/vllm#42722 probe, {path}: drained {p['drained']} in {p['steps']} steps; "

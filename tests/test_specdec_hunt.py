@@ -1,0 +1,34 @@
+"""The specdec hunt's classification (conformance.targets.specdec_hunt), without vLLM: a finding
+is known only by the source line vLLM names *and* the config shape that line needs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conformance.driver import TraceResult
+from conformance.guard import AdapterFault
+from conformance.targets.specdec_hunt import PADDED, classify, padded_shape, probe_42722
+
+ASSERT = "AssertionError (at vllm/v1/core/sched/scheduler.py:1579)"
+
+
+def _trace(threshold: int, k: int = 2):  # type: ignore[no-untyped-def]
+    trace = probe_42722(0)
+    config = dataclasses.replace(trace.config, long_prefill_token_threshold=threshold, num_speculative_tokens=k,
+                                 enable_chunked_prefill=True)
+    return dataclasses.replace(trace, config=config)
+
+
+def test_clean_trace_has_no_class() -> None:
+    trace = _trace(0)
+    assert classify(trace, TraceResult(trace)) is None
+
+
+def test_the_padded_admission_assert_needs_its_line_and_its_shape() -> None:
+    cut = _trace(2, k=2)  # threshold 2 < 1 + k = 3
+    assert padded_shape(cut) and not padded_shape(_trace(3, k=2)) and not padded_shape(_trace(0))
+    fault = AdapterFault("raised", "schedule", "assert num_new_tokens == 1 + self.num_spec_tokens", ASSERT)
+    assert classify(cut, TraceResult(cut, fault=fault, fault_step=1)) == PADDED
+    assert classify(_trace(3), TraceResult(_trace(3), fault=fault, fault_step=1)) == "unclassified"
+    other = AdapterFault("raised", "schedule", "boom", "vllm/v1/core/sched/scheduler.py:999")
+    assert classify(cut, TraceResult(cut, fault=other, fault_step=1)) == "unclassified"
