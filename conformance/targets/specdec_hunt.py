@@ -28,6 +28,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,7 @@ from conformance.generate import sample_traces
 from conformance.profiles import get_profile
 from conformance.targets.campaign_args import provenance
 from conformance.targets.lockstep_specdec import CLASSES as LOCKSTEP_CLASSES
-from conformance.targets.lockstep_specdec import PATHS, adapter_for, path_traces
+from conformance.targets.lockstep_specdec import PATHS, adapter_for, base_of, path_traces
 from spec.config import SchedulerConfig
 from spec.speculative import DraftDecision
 from spec.trace import Arrival, Trace
@@ -50,7 +51,23 @@ VERSION = 2  # 2: safety + liveness, behind the door, classified findings, prove
 CALL_TIMEOUT = 600
 CHUNK = 250  # traces drawn at a time (`drawn`)
 PADDED = "padded-admission-cut-by-threshold"
-CLASSES: dict[str, tuple[str, str]] = {PADDED: LOCKSTEP_CLASSES[PADDED]}
+STALL = "padded-admission-over-budget-stalls"
+LIVENESS = frozenset({"LIV-001", "LIV-002", "LIV-003"})
+CLASSES: dict[str, tuple[str, str]] = {
+    PADDED: LOCKSTEP_CLASSES[PADDED],
+    STALL: (
+        "vllm-defect",
+        "A waiting request with one token left to compute (a prefix-cache hit on all but its last prompt token, or "
+        "a request resumed after preemption) is padded to 1 + k tokens for full CUDA graphs, and when 1 + k exceeds "
+        "the step's token budget vLLM 'prefers to not schedule than schedule un-padded' and breaks out of the "
+        "waiting loop (v1/core/sched/scheduler.py:1310-1328; the padding applies with nothing running because "
+        "`num_computed_tokens > 0`, line 1316). With max_num_batched_tokens < 1 + k the budget never grows: the "
+        "head of waiting is never admitted and, with nothing running, the engine idles with work queued (LIV-001, "
+        "LIV-003) until the request is aborted. The config is accepted: `VllmConfig._set_max_num_scheduled_tokens` "
+        "(config/vllm.py:2370-2376) requires max_num_batched_tokens > num_lookahead_tokens only, which is 0 for the "
+        "n-gram drafter. The vLLM-compatible reference (`pads_new_decode_drafts`) stalls on the same traces.",
+    ),
+}
 
 
 def probe_42722(depth: int) -> Trace:
@@ -69,13 +86,39 @@ def padded_shape(trace: Trace) -> bool:
     return 0 < threshold < 1 + trace.config.num_speculative_tokens
 
 
-def classify(trace: Trace, result: TraceResult) -> str | None:
+def over_budget_shape(trace: Trace) -> bool:
+    """The shape the padded-admission stall needs: a token budget below 1 + k."""
+    return trace.config.max_num_batched_tokens < 1 + trace.config.num_speculative_tokens
+
+
+def padding_explains(trace: Trace, path: str, problems: set[str]) -> bool:
+    """The counterfactual for a stall: the path's vLLM-compatible reference shows the same
+    problems on the trace, and the same reference without the padding (`pads_new_decode_drafts`
+    off) shows none of them."""
+    from conformance.adapter import SchedulerAdapter
+
+    compat = base_of(path)
+    unpadded = type(f"Unpadded{compat.__name__}", (compat,), {"pads_new_decode_drafts": False})
+    invariants = _invariants(["safety", "liveness"])
+
+    def found(cls: type) -> set[str]:
+        adapter = SchedulerAdapter(cls.__name__, cls, capabilities=cls.capabilities)  # type: ignore[attr-defined]
+        return run_checked(adapter, trace, invariants, stop_at_first=False).problem_ids
+
+    return problems <= found(compat) and not problems & found(unpadded)
+
+
+def classify(trace: Trace, result: TraceResult, path: str = "sync") -> str | None:
     """None for a clean trace; the class of a known finding, by the source line vLLM names in its
-    traceback (and the config's shape); else ``unclassified``."""
+    traceback (and the config's shape), or for a stall by its shape and a counterfactual rerun of
+    the reference (`padding_explains`); else ``unclassified``."""
     if not result.problem_ids:
         return None
     if result.fault is not None and "scheduler.py:1579" in str(result.fault) and padded_shape(trace):
         return PADDED  # EngineCore died: what the checks say after that is about a dead engine
+    if result.fault is None and result.problem_ids <= LIVENESS and over_budget_shape(trace) \
+            and padding_explains(trace, path, result.problem_ids):
+        return STALL
     return "unclassified"
 
 
@@ -132,7 +175,7 @@ def hunt_path(path: str, count: int, seed: int, minutes: float, invariants: list
             stats["faults"] += 1
             adapter.close()
             adapter = adapter_for(path)
-        cls = classify(trace, result)
+        cls = classify(trace, result, path)
         if cls is None:
             stats["clean_traces"] += 1
         else:
@@ -175,7 +218,7 @@ def shrink_first(path: str, cls: str, trace: Trace, result: TraceResult, invaria
             got = run_checked(adapter, candidate, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
         except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
             return None
-        return got.failure_step if classify(candidate, got) == cls and got.problem_ids & wanted else None
+        return got.failure_step if classify(candidate, got, path) == cls and got.problem_ids & wanted else None
 
     try:
         return shrink(trace, failing, budget=150, seconds=seconds)[0]
@@ -183,6 +226,59 @@ def shrink_first(path: str, cls: str, trace: Trace, result: TraceResult, invaria
         return trace
     finally:
         adapter.close()
+
+
+def save_first(report: dict[str, Any], traces_dir: Path, path: str, cls: str, trace: Trace, result: TraceResult,
+               shrunk: bool) -> None:
+    kind, why = CLASSES.get(cls, ("unclassified", "not yet explained: read the saved trace"))
+    meta = {"adapter": "vllm-v1" if path == "sync" else "vllm-v1-async", "path": path, "class": cls,
+            "kind": kind, "problems": sorted(result.problem_ids), "message": _describe(result)[:600], "shrunk": shrunk}
+    out = dataclasses.replace(trace, meta=meta).save(traces_dir / f"{path}-{cls}.json")
+    report["first"][f"{path}:{cls}"] = str(out)
+    report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})["paths"][path] = str(out)
+
+
+def reclassify(report: dict[str, Any], saved: Path, traces_dir: Path, shrink_seconds: float) -> None:
+    """After a run: rerun each trace the run reported ``unclassified``, saved as
+    ``SAVED/PATH-N.json`` (trace N of the path), and classify it with the classes known now. For a
+    class added while the run was going. The traces must be redrawn at the run's own commit: a seed
+    names other traces at another (Hypothesis mixes the loaded modules' literals into generation,
+    docs/SPECDEC.md section 5). The report says which traces were classified so (``reclassified``)."""
+    wanted: dict[str, dict[int, Trace]] = collections.defaultdict(dict)
+    for file in sorted(saved.glob("*.json")):
+        match = re.fullmatch(r"(sync|async)-(\d+)\.json", file.name)
+        if match:
+            wanted[match.group(1)][int(match.group(2))] = Trace.load(file)
+    invariants = _invariants(report["profiles"])
+    for path, traces in wanted.items():
+        numbers = sorted(traces)
+        adapter = adapter_for(path)
+        moved: collections.Counter[str] = collections.Counter()
+        done = []
+        for n in numbers:
+            result = run_checked(adapter, traces[n], invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
+            cls = classify(traces[n], result, path) or "clean-on-rerun"
+            moved[cls] += 1
+            done.append({"trace": n, "class": cls, "problems": sorted(result.problem_ids)})
+            print(f"  {path}: trace {n} -> {cls} {sorted(result.problem_ids)}", flush=True)
+            if cls == STALL and f"{path}:{cls}" not in report["first"]:
+                small = shrink_first(path, cls, traces[n], result, invariants, shrink_seconds)
+                final = run_checked(adapter, small, invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
+                save_first(report, traces_dir, path, cls, small, final, shrunk=True)
+        adapter.close()
+        by_class = report["paths"][path]["by_class"]
+        by_class["unclassified"] = by_class.get("unclassified", 0) - len(numbers)
+        for cls, n in moved.items():
+            by_class[cls] = by_class.get(cls, 0) + n
+        report["paths"][path]["by_class"] = {k: v for k, v in sorted(by_class.items()) if v}
+        report.setdefault("reclassified", {})[path] = done
+        if not report["paths"][path]["by_class"].get("unclassified"):
+            old = report["first"].pop(f"{path}:unclassified", None)
+            if old:
+                Path(old).unlink(missing_ok=True)
+                report["classes"].get("unclassified", {}).get("paths", {}).pop(path, None)
+    if not report["classes"].get("unclassified", {}).get("paths", True):
+        report["classes"].pop("unclassified")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--shrink-seconds", type=float, default=90.0)
+    ap.add_argument("--reclassify", type=Path, metavar="DIR",
+                    help="do not hunt: rerun and reclassify the run's unclassified traces saved as DIR/PATH-N.json, in --out")
     args = ap.parse_args(argv)
+    if args.reclassify:
+        report = json.loads(args.out.read_text())
+        reclassify(report, args.reclassify, args.traces_dir, args.shrink_seconds)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     invariants = _invariants(args.profiles)
     report: dict[str, Any] = {"version": VERSION, "package": "vllm==0.33.0", "profiles": args.profiles,
                               "profile": "+".join(args.profiles), "seed": args.seed, "chunk": CHUNK, "door": "conformance/targets/door.py",
@@ -211,15 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         report["paths"][path] = hunt_path(path, args.traces, args.seed, args.minutes, invariants, first)
         print(json.dumps({"path": path, **report["paths"][path]}), flush=True)
     for (path, cls), (trace, result) in sorted(first.items()):
-        if cls == "unclassified" and not args.no_shrink:
+        shrunk = cls != PADDED and not args.no_shrink  # the padded assert is shrunk in the lockstep campaign
+        if shrunk:
             trace = shrink_first(path, cls, trace, result, invariants, args.shrink_seconds)
-        kind, why = CLASSES.get(cls, ("unclassified", "not yet explained: read the saved trace"))
-        meta = {"adapter": "vllm-v1" if path == "sync" else "vllm-v1-async", "path": path, "class": cls,
-                "kind": kind, "problems": sorted(result.problem_ids), "message": _describe(result)[:600],
-                "shrunk": cls == "unclassified" and not args.no_shrink}
-        out = dataclasses.replace(trace, meta=meta).save(args.traces_dir / f"{path}-{cls}.json")
-        report["first"][f"{path}:{cls}"] = str(out)
-        report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})["paths"][path] = str(out)
+        save_first(report, args.traces_dir, path, cls, trace, result, shrunk)
     report["run"] = provenance()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
