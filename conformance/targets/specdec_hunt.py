@@ -4,7 +4,8 @@ with drafts).
 
     python -m conformance.targets.specdec_hunt [--traces 1000] [--minutes 14] [--seed 20261203]
         [--profiles safety liveness] [--out docs/results/specdec-hunt.json]
-        [--traces-dir docs/traces/specdec/hunt]
+        [--traces-dir docs/traces/specdec/hunt] [--keep DIR]
+    python -m conformance.targets.specdec_hunt --reclassify DIR   # after adding a class
 
 The hunt runs `conformance.targets.lockstep_specdec.path_traces` (the plain, chunked and
 preemption shapes: KV pressure, chunked prefill, prefix caching drawn on or off, aborts, stops
@@ -145,7 +146,7 @@ def drawn(path: str, count: int, seed: int, chunk: int = CHUNK) -> Iterator[Trac
 
 
 def hunt_path(path: str, count: int, seed: int, minutes: float, invariants: list,
-              first: dict[tuple[str, str], tuple[Trace, TraceResult]]) -> dict[str, Any]:
+              first: dict[tuple[str, str], tuple[Trace, TraceResult]], keep: Path | None = None) -> dict[str, Any]:
     adapter = adapter_for(path)
     by_class: collections.Counter[str] = collections.Counter()
     problems: collections.Counter[str] = collections.Counter()
@@ -184,6 +185,8 @@ def hunt_path(path: str, count: int, seed: int, minutes: float, invariants: list
             first.setdefault((path, cls), (trace, result))
             if cls == "unclassified":
                 print(f"  {path}: trace {stats['traces']} unclassified: {_describe(result)[:300]}", flush=True)
+                if keep is not None:  # for --reclassify: a seed redraws these traces only at this commit
+                    trace.save(keep / f"{path}-{stats['traces']}.json")
         if stats["traces"] % 25 == 0:
             print(f"  {path}: {stats['traces']}/{count} traces, {stats['steps']} steps, {int(time.monotonic() - started)} s,"
                   f" {dict(by_class)}", flush=True)
@@ -293,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--shrink-seconds", type=float, default=90.0)
+    ap.add_argument("--keep", type=Path, metavar="DIR", help="save every unclassified trace as DIR/PATH-N.json")
     ap.add_argument("--reclassify", type=Path, metavar="DIR",
                     help="do not hunt: rerun and reclassify the run's unclassified traces saved as DIR/PATH-N.json, in --out")
     args = ap.parse_args(argv)
@@ -312,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_probe:
             report["probe_42722"][path] = run_probe(path)
             print(json.dumps({"probe_42722": path, **report["probe_42722"][path]})[:600], flush=True)
-        report["paths"][path] = hunt_path(path, args.traces, args.seed, args.minutes, invariants, first)
+        report["paths"][path] = hunt_path(path, args.traces, args.seed, args.minutes, invariants, first, args.keep)
         print(json.dumps({"path": path, **report["paths"][path]}), flush=True)
     for (path, cls), (trace, result) in sorted(first.items()):
         shrunk = cls != PADDED and not args.no_shrink  # the padded assert is shrunk in the lockstep campaign
