@@ -262,7 +262,8 @@ def reclassify(report: dict[str, Any], saved: Path, traces_dir: Path, shrink_sec
             result = run_checked(adapter, traces[n], invariants, timeout=CALL_TIMEOUT, stop_at_first=False)
             cls = classify(traces[n], result, path) or "clean-on-rerun"
             moved[cls] += 1
-            done.append({"trace": n, "class": cls, "problems": sorted(result.problem_ids)})
+            done.append({"trace": n, "class": cls, "problems": sorted(result.problem_ids),
+                         "message": _describe(result)[:300]})
             print(f"  {path}: trace {n} -> {cls} {sorted(result.problem_ids)}", flush=True)
             if cls == STALL and f"{path}:{cls}" not in report["first"]:
                 small = shrink_first(path, cls, traces[n], result, invariants, shrink_seconds)
