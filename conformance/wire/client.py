@@ -456,7 +456,7 @@ _MAX_STEPS_PER_MESSAGE = 64
 # How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps).
 # 0: every line at once. Holding (1 ms, up to 8 lines) saves the runner a wake-up per step, but
 # on this loaded 2-core machine it measured no steady gain (BENCHMARKS.md "A faster wire": better
-# on vLLM in one interleaved run, level in the next, worse on nano-vllm in all three), and a host
+# on vLLM in two interleaved runs, not in the third, worse on nano-vllm in all three), and a host
 # killed by a signal could take its held lines with it; so it is off until a quiet machine says
 # otherwise.
 _FLUSH_MS = 0.0
