@@ -64,6 +64,19 @@ def test_hung_host_is_a_hang_and_is_replaced():
     assert fresh.host is not adapter.host and not adapter.host.alive
 
 
+def test_an_engine_error_keeps_its_host():
+    # an error answer inside a steps message is a fault of the trace, not of the host: the next
+    # trace runs in the same process (a Vidur or vLLM host takes 5-40 s to start again)
+    adapter = raw("--bug", "raise")
+    pids = []
+    for _ in range(2):
+        result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=10)
+        assert result.fault is not None and result.fault.kind == "raised" and "simulated" in result.fault.message
+        assert result.fault_step == 2
+        pids.append(adapter.host.proc.pid)
+    assert pids[0] == pids[1] and adapter.host.alive
+
+
 def test_own_read_timeout_kills_a_silent_host():
     adapter = raw("--bug", "hang", timeout=1.0)
     adapter.reset(_trace().config)

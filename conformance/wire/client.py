@@ -346,6 +346,11 @@ class WireAdapter:
         while not batch.answers:
             if batch.error is not None:
                 self._batch = None
+                if batch.pending is not None and self.host is not None:
+                    # the host is well and closes this steps message at once: its closing line is
+                    # skipped by id. Left busy, the next reset killed and restarted a host after
+                    # every engine error (a vLLM or Vidur host takes 5-40 s to start).
+                    self.host.busy = False
                 raise batch.error
             if batch.pending is None:
                 self._send_steps(batch)
