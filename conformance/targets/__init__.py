@@ -222,8 +222,56 @@ def _lmdeploy_strategy() -> st.SearchStrategy:
     # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
     # Block size 16: PytorchEngineConfig asserts kernel_block_size >= 16, a power of two, dividing
     # block_size (lmdeploy/messages.py:623-629); 16 is the smallest block LMDeploy accepts.
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
-                                        block_sizes=(16,), max_len_blocks=6), max_n=1)
+    # Half the traces share prompt prefixes (`conformance.generate_v1.token_traces`: a few stems of
+    # a small vocabulary) with prefix caching on in most of them, so the scheduler's BlockTrie
+    # (paging/block_trie) matches, shares and evicts cached blocks; the other half are the plain
+    # traces with distinct prompts, abort bursts and more requests.
+    from conformance.generate_v1 import token_traces
+
+    configs = engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                             block_sizes=(16,), max_len_blocks=6, tight_cache=True, cache_holds_model_len=True)
+    cached = configs.flatmap(lambda c: st.sampled_from([True, True, False]).map(lambda on: _prefix_cached(c, on)))
+    shared = cached.flatmap(lambda c: st.tuples(token_traces(config=c, max_requests=6), st.integers(0, 2)))
+    plain = st.tuples(engine_traces(configs, max_n=1), st.sampled_from([0, 24, 48]))
+    return st.one_of(plain.map(lambda drawn: _longer_outputs(*drawn)), shared.map(lambda drawn: _system_prompt(*drawn)))
+
+
+def _longer_outputs(trace, extra: int):
+    """``trace`` as a burst of chat turns: every request arriving at the first arrival's step,
+    its prompt cut to one block, with ``extra`` more tokens allowed to each (and the steps to
+    finish them). LMDeploy allocates 16 tokens past
+    a sequence's end at every allocation (prefill_interval), so a request of at most 12 new tokens
+    never needs a block after its prefill, and it admits a second request while one runs only
+    after 16 decode rounds or when fewer than half its seats are taken
+    (``InputsMakerAsync.do_prefill_default``): without bursts of longer outputs no trace
+    preempted anything (0 of 200)."""
+    import dataclasses
+
+    if not extra:
+        return trace
+    first, short = trace.arrivals[0].step, trace.config.block_size
+    arrivals = tuple(dataclasses.replace(a, step=first, request=dataclasses.replace(
+        a.request, prompt_len=min(a.request.prompt_len, short), max_tokens=a.request.max_tokens + extra))
+        for a in trace.arrivals)
+    count = len(arrivals)
+    return dataclasses.replace(trace, arrivals=arrivals, max_steps=trace.max_steps + (count + 2) * extra * count)
+
+
+def _prefix_cached(config: SchedulerConfig, on: bool) -> SchedulerConfig:
+    return SchedulerConfig(**{**config.to_dict(), "enable_prefix_caching": on})
+
+
+def _system_prompt(trace, blocks: int):
+    """``trace`` with the first ``blocks`` blocks of every prompt made one shared "system
+    prompt" (prompt lengths unchanged). LMDeploy caches whole 16-token blocks only, and the
+    token flow's stems rarely share one: 8 of 63 prefix-cached traces had a cache hit without it."""
+    import dataclasses
+
+    head = [3 + k % 5 for k in range(blocks * trace.config.block_size)]
+    arrivals = tuple(dataclasses.replace(a, request=dataclasses.replace(
+        a.request, prompt_tokens=tuple(head[:a.request.prompt_len]) + a.request.prompt_tokens[len(head):]))
+        for a in trace.arrivals)
+    return dataclasses.replace(trace, arrivals=arrivals)
 
 
 def _without_stops(trace):
@@ -258,7 +306,7 @@ _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=3, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                               budget_covers_model_len=True, cache_holds_model_len=True)
 _LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
-                                budget_covers_model_len=True)
+                                budget_covers_model_len=True, prefix_caching=True)
 _VIDUR_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
                              budget_covers_model_len=True)
 _VIDUR_CHUNKED_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
@@ -434,7 +482,7 @@ _TARGET_LIST.append(Target(
     "LMDeploy PyTorch engine: paging.Scheduler, its prefill scheduler, recompute eviction, block manager",
     "lmdeploy_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "lmdeploy==0.18.0"), ("--no-deps", *_LMDEPLOY_DEPS)),
     smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import lmdeploy_host; lmdeploy_host.load()",
-    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN,
+    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN, reach=_V1_REACH,  # V1's edges: recompute, n = 1, aborts
     # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
     # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
     lookahead_tokens=16,
