@@ -335,6 +335,21 @@ _NANO_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "R
                            "findings)" for i in ("LEN-002", "LEN-003")}})
 
 
+# Vidur's replica schedulers: recompute only, n = 1, no aborts, no stop tokens (a request runs its
+# max_tokens), no ignore path (LEN-002/003); Orca reserves each request's whole length at admission
+# (_max_blocks_per_sequence) and so never preempts.
+_VIDUR_UNEXERCISED = {**NO_SWAP, **ONE_SEQUENCE,
+                      **{i: "no ignore path: an over-long prompt is run (the LEN-002/003 findings)" for i in ("LEN-002", "LEN-003")},
+                      "REQ-005": "no stop tokens: a Vidur request runs exactly its max_tokens, so nothing finishes stopped"}
+_VIDUR_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)",
+                      "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"), _VIDUR_UNEXERCISED)
+_VIDUR_ORCA_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)",
+                           "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"),
+                          {**_VIDUR_UNEXERCISED,
+                           "REQ-004": "never preempts: Orca reserves a request's whole length (max_model_len) at admission, "
+                                      "so the preempted-sequence steps REQ-004 counts never come"})
+
+
 def _v1_async_strategy() -> st.SearchStrategy:
     from conformance.targets.lockstep_async import all_paths_strategy
 
@@ -458,6 +473,7 @@ _TARGET_LIST = [
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
+        reach=_V1_REACH,
     ),
     Target(
         "vllm-v1-async-0.29", "vllm==0.29.0",
@@ -467,7 +483,7 @@ _TARGET_LIST = [
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
-        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1,
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1, reach=_V1_REACH,
     ),
     Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
@@ -495,7 +511,8 @@ _TARGET_LIST.append(Target(
     pip_steps=((TORCH_PIN,), ("--no-deps", "aphrodite-engine==0.24.1"), ("--no-deps", *_V1_DEPS)),
     smoke="from aphrodite.v1.core.sched.scheduler import Scheduler; from aphrodite.config import AphroditeConfig",
     strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
-    profiles=("safety", "vllm-v1"), install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
+    profiles=("safety", "vllm-v1"), reach=_V1_REACH,
+    install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
 ))
 for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked prefill)"), ("orca", "Orca")):
     _TARGET_LIST.append(Target(
@@ -508,6 +525,7 @@ for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked 
                "from vidur.events.batch_end_event import BatchEndEvent"),
         strategy=_vidur_strategy(chunked=_kind == "sarathi"),
         domain=_VIDUR_CHUNKED_DOMAIN if _kind == "sarathi" else _VIDUR_DOMAIN, timeout=30.0,
+        reach=_VIDUR_ORCA_REACH if _kind == "orca" else _VIDUR_REACH,
     ))
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}
