@@ -49,6 +49,16 @@ _LMDEPLOY_EMPTY = (
     "finishes the sequence (`strategies/ar/sequence.py: ARSequenceStrategy.update_running`, the `max_new_tokens == 0` "
     "branch). The spec expects a scheduled prefill to produce a token; LMDeploy answers with an empty completion.")
 CAUSES[("lmdeploy", "REQ-004")] = CAUSES[("lmdeploy-liveness", "REQ-004")] = _LMDEPLOY_EMPTY
+for _run in ("lmdeploy", "lmdeploy-liveness"):
+    CAUSES[(_run, "RES-003")] = (
+        "deviation by design (lazy recompute eviction): `lmdeploy/pytorch/paging/scheduler.py: Scheduler.preempt_seqs` "
+        "(520-526) moves a victim of `schedule_running` to `WaitingState` (`seq_states/states.py:152-153`) without "
+        "releasing anything; its blocks and KV go only when another sequence needs the room "
+        "(`eviction_helper/recompute_eviction_helper.py: _reclaim_candidate`, 104-118, `release_paging_resources`), "
+        "and a victim whose blocks were not reclaimed resumes without recomputing. The spec (vLLM's recompute) frees "
+        "the victim's blocks at preemption, so a waiting sequence holds none.")
+    CAUSES[(_run, "CAP-003")] = "same cause as RES-003: the waiting victim keeps its computed tokens."
+    CAUSES[(_run, "CHK-003")] = "same cause as RES-003: a recompute preemption does not reset the computed count."
 _VIDUR = "vidur/scheduler/replica_scheduler"
 for _kind in ("vllm", "sarathi", "orca"):
     for _run in (f"vidur-{_kind}", f"vidur-{_kind}-liveness"):
@@ -252,13 +262,18 @@ def build(results: Path) -> str:
               "`messages.py:623-629`). Every allocation reserves `prefill_interval` = 16 tokens past the last one "
               "(`AREngineStrategy.get_prealloc_size`), declared as the target's lookahead (CAP-006). Observed: block "
               "tables (physical ids), the free list, per-block ref counts, lengths and `num_history_ids` as computed "
-              "tokens. Design points the spec allows: a preempted sequence goes back to WAITING *with* its blocks and "
-              "keeps them until another sequence's admission or growth reclaims them (`_reclaim_candidate`); prompts "
-              "over `max_session_len` are refused at the door. Because of the 16-token prealloc and the traces' "
-              "max_tokens <= 12, the fuzzed traces never preempt; the handmade "
-              "[preempt-then-evict](traces/lmdeploy/handmade/preempt-then-evict.json) trace does, and passes both "
-              "profiles. With block sizes below 16 (which LMDeploy refuses) a prompt that fits max_session_len but not "
-              "with its 16-token prealloc waits for ever.",
+              "tokens. Prefix caching (`enable_prefix_caching`, the scheduler's `BlockTrie`) runs as the engine runs "
+              "it; each trie node owns one reference on its block, which the host leaves out of the ref counts (the "
+              "spec counts table entries), and a block only the trie holds is reported free (`BlockTrie.evict` hands it "
+              "back on demand, as vLLM V1 evicts a cached free block); "
+              "[prefix-cache-hit](traces/lmdeploy/handmade/prefix-cache-hit.json) shows two later requests prefilling "
+              "8 of their 40 tokens. Prompts over `max_session_len` are refused at the door. A preempted sequence goes "
+              "back to WAITING *with* its blocks and KV and keeps them until another sequence's admission or growth "
+              "reclaims them (`_reclaim_candidate`; the RES-003 / CAP-003 / CHK-003 findings). The 16-token prealloc "
+              "means a request of at most 12 new tokens never grows past its prefill's blocks, so the strategy adds "
+              "bursts of one-block prompts with 24-60 new tokens (22 of 200 traces preempt) and shared system prompts "
+              "under prefix caching (31 of 56 prefix-cached traces hit the cache). With block sizes below 16 (which "
+              "LMDeploy refuses) a prompt that fits max_session_len but not with its 16-token prealloc waits for ever.",
               "* **aphrodite**: `hosts/aphrodite_host.py` runs the vLLM V1 host unchanged on Aphrodite 0.24.1 "
               "(`aphrodite/v1/core/sched/scheduler.py` is vLLM's V1 Scheduler under another package name): `vllm.*` "
               "imports are answered with the `aphrodite.*` module of the same path, `VllmConfig` is `AphroditeConfig`, "
