@@ -211,9 +211,33 @@ def _sglang_strategy() -> st.SearchStrategy:
     # radix cache matches on them), chunked prefill off. max_model_len up to 32 tokens: with one
     # token per block the default 12 leaves SGLang's input limit (max_req_len - 5, tp_worker.py:572)
     # at 8 or less, and most prompts would be refused at the door.
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
-                                        block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
-                         allow_aborts=False)
+    # A third of the traces are bursts that make retract_decode run (`_retraction_bursts`): the
+    # plain traces never did (0 retractions in 60 traces).
+    plain = engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                         block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
+                          allow_aborts=False)
+    return st.one_of(plain, plain, _retraction_bursts())
+
+
+@st.composite
+def _retraction_bursts(draw: st.DrawFn):
+    """k one-token prompts arriving together, each of m new tokens, on a pool of P slots, with m
+    about P / 2.8. SGLang's PrefillAdder reserves a new request's whole max_new_tokens but only
+    new_token_ratio (0.7, decaying) of a running one's remaining tokens, so the request admitted
+    once the first batch has decoded a while overcommits the pool and the decodes retract
+    (ScheduleBatch.retract_decode). The window is narrow: a sweep of P = 12..32 and m = P/4..P/2
+    (k = 4, max_model_len P - 1) retracted at (P, m) = (20, 7), (22, 8), (26, 9), (28, 10),
+    (30, 11), (32, 11), (32, 12) only, 7 of 74; k = 3 and 5 retract at (20, 7) and (30, 11) too."""
+    from spec.trace import Arrival, Trace
+    from spec.types import Request
+
+    pool, m = draw(st.sampled_from([(20, 7), (22, 8), (26, 9), (28, 10), (30, 11), (32, 11), (32, 12)]))
+    k = draw(st.integers(3, 5))
+    config = SchedulerConfig(block_size=1, num_gpu_blocks=pool, num_cpu_blocks=0, max_num_seqs=6,
+                             max_num_batched_tokens=2 * (pool - 1), max_model_len=pool - 1, watermark=0.0,
+                             preemption_mode="recompute", policy="fcfs")
+    arrivals = tuple(Arrival(0, Request(f"r{i}", 1, m)) for i in range(k))
+    return Trace(config, arrivals, max_steps=30 + (k + 2) * (k * m + k + 2))
 
 
 def _lmdeploy_strategy() -> st.SearchStrategy:
@@ -351,6 +375,14 @@ _VIDUR_ORCA_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode
                           {**_VIDUR_UNEXERCISED,
                            "REQ-004": "never preempts: Orca reserves a request's whole length (max_model_len) at admission, "
                                       "so the preempted-sequence steps REQ-004 counts never come"})
+
+
+# SGLang: recompute only (retract_decode), n = 1, no abort API in the host; a prompt over SGLang's
+# input limit is refused in the next schedule's `ignored` (hosts/sglang_host.py: it waits until
+# then), the WAITING -> FINISHED_IGNORED edge.
+_SGLANG_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (ignore)", "RUNNING->RUNNING (decode)",
+                       "RUNNING->WAITING (preempt_recompute)", "RUNNING->FINISHED_STOPPED (finish_stop)",
+                       "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"), {**NO_SWAP, **ONE_SEQUENCE})
 
 
 def _v1_async_strategy() -> st.SearchStrategy:
@@ -492,7 +524,7 @@ _TARGET_LIST = [
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
         "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
         smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
-        strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly",
+        strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly", reach=_SGLANG_REACH,
         files={"tiny-llama/config.json": TINY_LLAMA},
     ),
 ]
