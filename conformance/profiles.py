@@ -49,6 +49,9 @@ class Profile:
 # admission order (POL-006) and pick victims by that order (POL-003; ORD-003 says what they do);
 # V1 mixes prefill chunks with decodes (POL-005).
 _V0_ONLY = ("POL-003", "POL-005", "POL-006")
+# SGLang's policy (spec/invariants/sglang.py): a scheduler that claims SGLang's flow
+# (Capability.SGLANG_FLOW) is held to it; for any other it is not applicable.
+_SGLANG_ONLY = ("SGL-001",)
 
 
 
@@ -72,6 +75,14 @@ PROFILES: dict[str, Profile] = {
         "nano-vllm's flow: prefill steps first and never mixed with decodes, prefix caching, recompute-only "
         "preemption of the running tail; lockstep with reference_impl.nano_scheduler",
         exclude=(*_V0_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
+    ),
+    "sglang": Profile(
+        "sglang", ("safety", "liveness"), True,
+        "SGLang's flow (page size 1, radix cache): prefill steps first and never mixed with decodes (POL-005), "
+        "admission sized by the new-token ratio, the fcfs or lpm waiting order, retraction of the fewest generated "
+        "tokens first (SGL-001); lockstep with reference_impl.sglang_scheduler",
+        include=("POL-005", *_SGLANG_ONLY),
+        reference="reference_impl.sglang_scheduler:SglangScheduler",
     ),
     "async": Profile(
         "async", ("safety", "liveness"), True,

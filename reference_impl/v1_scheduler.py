@@ -60,6 +60,7 @@ from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
 from reference_impl.prefix_cache import CachingBlockPool
+from reference_impl.token_log import TokenLog
 from spec import observation
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -96,14 +97,16 @@ class TrackedRequest:
     num_keyed: int = 0  # leading blocks registered in the prefix cache
     in_prefill: bool = True  # no token sampled since (re)admission
     num_proposed: int = 0  # drafts the drafter proposed for its next decode (speculative decoding)
+    # Formatted once, not per read: the step and the snapshot read it several times per request
+    # (a property formatting the string was about a fifth of an unchecked step).
+    seq_id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.seq_id = seq_id(self.request.request_id, 0)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def seq_id(self) -> str:
-        return seq_id(self.request.request_id, 0)
 
     @property
     def num_tokens(self) -> int:
@@ -156,7 +159,7 @@ class TrackedScheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         check_single_sequence(request)
-        tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
+        tracked = TrackedRequest(request, self._arrivals, TokenLog(request.prompt_token_ids()))
         self._arrivals += 1
         self.requests[request.request_id] = tracked
         return tracked
@@ -582,16 +585,33 @@ def snapshot_of(
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
     fresh: dict[str, SeqView] = {}
+    kept_tokens: dict[str, int] = {}  # of the fresh views: leading token ids that are the old view's
     changed_status: dict[str, Status] = {}
     for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
         blocks = tuple(r.blocks)
         if old is not None and old.blocks == blocks:
             blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
+        tokens, num_tokens = r.tokens, len(r.tokens)
+        kept = None  # leading tokens unchanged since this list was last read (None: not logged, compare)
+        if type(tokens) is TokenLog:  # `TokenLog.observed`, inline
+            kept, tokens.low = min(tokens.low, num_tokens), num_tokens
+        old_tokens = old.token_ids if old is not None else None
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed
-                or old.num_tokens != r.num_tokens or old.blocks is not blocks):
-            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, blocks,
-                                      "gpu" if blocks else None, tuple(r.tokens))
+                or old.num_tokens != num_tokens or old.blocks is not blocks
+                or (kept is not None and old_tokens is not None and kept < len(old_tokens))):
+            if kept is not None and old_tokens is not None and kept >= len(old_tokens):
+                kept_tokens[r.seq_id] = len(old_tokens)
+                # The old tuple and the new tokens: the same tuple when none was added.
+                grown = num_tokens - len(old_tokens)
+                token_ids = old_tokens if not grown else old_tokens + (tokens[-1],) if grown == 1 \
+                    else old_tokens + tuple(tokens[len(old_tokens):])
+            else:
+                if kept is not None and old_tokens is not None:
+                    kept_tokens[r.seq_id] = kept
+                token_ids = tuple(tokens[:])  # an exact list's copy is C speed (a TokenLog's is not)
+            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, num_tokens, r.num_computed, blocks,
+                                      "gpu" if blocks else None, token_ids)
     if base is None:
         seqs = fresh
         statuses = {rid: r.status for rid, r in requests.items()}
@@ -625,6 +645,7 @@ def snapshot_of(
         changed_requests=frozenset(changed_status) if base is not None else None,
         gpu_block_changes=changes if base is not None else None,
         cpu_block_changes={} if base is not None else None,  # no CPU pool: nothing ever changes there
+        kept_tokens=kept_tokens if base is not None else None,
     )
 
 

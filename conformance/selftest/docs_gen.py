@@ -165,6 +165,7 @@ _DOMAIN_TEXT = {
     "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
     "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
     "priority": "the priority policy; false: FCFS only",
+    "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
     "max_n": "parallel sequences per request",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
@@ -193,6 +194,8 @@ _CAPABILITY_TEXT = {
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
+    Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
+                            "invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -213,6 +216,7 @@ _CAPABILITY_FIELDS = {
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
+    Capability.SGLANG_FLOW: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -388,8 +392,11 @@ A view not named must be the very object `base` holds. For a large pool, also na
 `gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
 entries changed since `base`, each with how many times the free list names it now: the block
 checks then read those blocks, not the pool (the reference pools log them in their containers,
-`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
-`base`'s. The reference does this
+`reference_impl/pool_log.py`). For long sequences, name in `kept_tokens`, for a changed view,
+how many of its leading token ids are those of its view in `base`: the checks that read every
+token (the runner's type check, PIP-001) then read only the ones past it instead of comparing
+the two token tuples (the token-budget references log writes in `reference_impl/token_log.py`).
+A delta is trusted as given; a block it leaves out is read as `base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only

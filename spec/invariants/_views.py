@@ -23,9 +23,9 @@ compares them, on the references, every mutant, and diffed whole snapshots).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, repeat
-from operator import is_not, ne
+from operator import is_not, itemgetter, ne
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
@@ -68,6 +68,7 @@ def forget(snap: Snapshot | None) -> None:
     be a base or a prior, so a long run does not keep one entry count per step)."""
     if snap is not None:
         snap.__dict__.pop(_CACHE, None)
+        snap.__dict__.pop(observation.TOKEN_PREFIX_MEMO, None)
 
 
 _DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
@@ -216,6 +217,40 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
     return prior if counts is None else tuple(counts)  # the same object when no table moved
 
 
+def shared_blocks(snap: Snapshot, device: str, size: int) -> frozenset[int] | None:
+    """The blocks of ``device`` that two or more table entries name (None: a table names a block
+    outside the ``size``-block pool). Carried forward through the blocks whose entries changed
+    (`entry_counts` notes them), so a check of shared blocks costs nothing where nothing is
+    shared, the common case without prefix caching or forks."""
+    kept = _kept(snap, "shared", (device, size))
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    counts = entry_counts(snap, device, size)
+
+    def build() -> frozenset[int] | None:
+        if counts is None:
+            return None
+        base = snap.base if _incremental(snap) else None
+        prior = _kept(base, "shared", (device, size)) if base is not None else _MISSING
+        if prior is _MISSING and base is not None and base.base is not None \
+                and _kept(base.base, "shared", (device, size)) is not _MISSING:
+            prior = shared_blocks(base, device, size)  # a snapshot no check of shared blocks reads
+        touched = _kept(snap, "entry_changes", (device, size))
+        if prior is _MISSING or prior is None or touched is _MISSING or touched is None:
+            return frozenset(compress(range(size), map((1).__lt__, counts)))  # at C speed
+        if counts is _kept(base, "entry_counts", (device, size)):
+            return prior  # no table moved
+        out: set[int] | None = None
+        for block in touched:  # type: ignore[union-attr]
+            now = counts[block] > 1
+            if now != (block in prior):  # type: ignore[operator]
+                out = set(prior) if out is None else out  # type: ignore[arg-type]
+                (out.add if now else out.discard)(block)
+        return prior if out is None else frozenset(out)  # type: ignore[return-value]
+
+    return _memo(snap, "shared", (device, size), build)
+
+
 def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int:
     """How many sequences are RUNNING."""
     kept = _kept(snap, "running", "")
@@ -292,6 +327,34 @@ def changed_requests_between(snap: Snapshot, older: Snapshot | None) -> frozense
     return snap.changed_since(older, "changed_requests") if _incremental(snap) else None
 
 
+class QueueSet(NamedTuple):
+    """One queue's members as a set, and whether the queue names one of them twice."""
+
+    members: frozenset[str]
+    repeats: bool
+
+
+def queue_set(snap: Snapshot, name: str) -> QueueSet:
+    """`QueueSet` of queue ``name`` (absent: empty). The base snapshot's own object when the queue
+    is the very tuple it was there (a step that admits nobody leaves the waiting queue, the size
+    of the backlog, untouched), so queue checks and `queue_moves` read the backlog only when it
+    changed."""
+    kept = _kept(snap, "queue", name)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    queue = snap.queue(name) or ()
+    base = snap.base if observation.INCREMENTAL else None
+    if base is not None and base.queue(name) is queue:
+        prior = _kept(base, "queue", name)
+        if prior is _MISSING and base.base is not None:
+            prior = queue_set(base, name)  # carried along the chain while the tuple stands still
+        if prior is not _MISSING:
+            return _memo(snap, "queue", name, lambda: prior)
+    members = frozenset(queue)
+    value = QueueSet(members, len(members) != len(queue))
+    return _memo(snap, "queue", name, lambda: value)
+
+
 def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
     """Requests that entered or left some queue between ``older`` and ``snap`` (None: unknown)."""
     if older is None or not _incremental(snap):
@@ -303,19 +366,93 @@ def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
             continue
         if new is None or old is None:
             return None
-        moved |= set(new).symmetric_difference(old)
+        moved |= queue_set(snap, name).members.symmetric_difference(queue_set(older, name).members)
     return moved
 
 
-def changed_between(snap: Snapshot, older: Snapshot) -> frozenset[str] | None:
-    """`Snapshot.changed_since`, or None (check all) when incremental checking is off."""
+def changed_between(snap: Snapshot, older: Snapshot, reads: frozenset[str] | None = None) -> frozenset[str] | None:
+    """`Snapshot.changed_since`, or None (check all) when incremental checking is off. With
+    ``reads`` (the caller's `Invariant.reads`) within `PLACEMENT`, only the sequences new, gone,
+    or differing from their view in ``older`` there."""
+    if _filtered(reads) and _incremental(snap):
+        return _placement_changed_since(snap, older)
     return snap.changed_since(older) if _incremental(snap) else None
 
 
-def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqView]]:
+def _placement_changed_since(snap: Snapshot, older: Snapshot | None) -> frozenset[str] | None:
+    """The sequences whose `PLACEMENT` may differ between ``older`` and ``snap``: the union of
+    `placement_changes` along the ``base`` chain (a view whose placement is equal at every hop is
+    equal at both ends), None when the chain does not reach ``older``."""
+    if older is None:
+        return None
+    out: set[str] = set()
+    hop: Snapshot | None = snap
+    for _ in range(_DELTA_DEPTH * 2):
+        if hop is older:
+            return frozenset(out)
+        moved = placement_changes(hop) if hop is not None else None
+        if moved is None:
+            return None
+        out |= moved
+        hop = hop.base  # type: ignore[union-attr]
+    return None
+
+
+def placement_changes(snap: Snapshot) -> frozenset[str] | None:
+    """The sequences in ``snap.changed_seqs`` whose `PLACEMENT` differs from their view in
+    ``snap.base`` (or that are new or gone there); None without a delta. Once per snapshot,
+    shared by every reader that filters on placement (a decode's views differ in counts only)."""
+    kept = _kept(snap, "placed", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    base, changed = snap.base, snap.changed_seqs
+    if base is None or changed is None or base.seqs is None or snap.seqs is None:
+        value = None
+    else:
+        sids = list(changed)
+        value = frozenset(compress(sids, _differ(sids, snap.seqs, base.seqs)))
+    return _memo(snap, "placed", None, lambda: value)
+
+
+# A sentinel view for "not in that snapshot": its fields are fresh objects, unequal to any view's.
+_ABSENT = SeqView(*(object() for _ in SeqView._fields))
+# Where a view is and what it is, without its counts: what a decode leaves alone for
+# block_size - 1 steps in block_size. Declared reads within it are filtered on all of it, so one
+# comparison per snapshot serves every such check (a filter per declaration cost more than the
+# checks it spared); reads beyond it (counts, tokens, which a decode changes every step) are not
+# filtered at all.
+PLACEMENT = frozenset({"seq_id", "request_id", "status", "blocks", "device"})
+_PLACEMENT_OF = itemgetter(*(SeqView._fields.index(f) for f in sorted(PLACEMENT, key=SeqView._fields.index)))
+
+
+def _filtered(reads: frozenset[str] | None) -> bool:
+    return reads is not None and reads <= PLACEMENT
+
+
+def _differ(sids: list[str], new: Mapping[str, SeqView], old: Mapping[str, SeqView]) -> Iterator[bool]:
+    """Per id in ``sids``, whether its views in ``new`` and ``old`` differ in `PLACEMENT` (or one
+    is absent), compared at C speed: an unchanged table is the same tuple, so the comparison of a
+    decode's view is a few identity checks."""
+    get = _PLACEMENT_OF
+    return map(ne, map(get, map(new.get, sids, repeat(_ABSENT))), map(get, map(old.get, sids, repeat(_ABSENT))))
+
+
+def fresh_views(snap: Snapshot, prior: Snapshot | None, reads: frozenset[str] | None = None) -> list[tuple[str, SeqView]]:
     """The views a check of one view at a time must look at in ``snap``: those changed since
     ``prior`` (a snapshot the same check already passed), or all when that is unknown. In id
-    order, so messages come out the same either way."""
+    order, so messages come out the same either way. With ``reads`` (the check's
+    `Invariant.reads`) within `PLACEMENT`, only those that differ from their view in ``prior``
+    there: the check passed on that view, and its verdict depends on nothing else of it."""
+    if _filtered(reads) and prior is not None and _incremental(snap) and prior.seqs is not None:
+        kept = _kept(snap, "fresh_placed", id(prior))
+        if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
+            return kept[1]  # type: ignore[index]
+        moved = _placement_changed_since(snap, prior)
+        if moved is not None:
+            seqs = snap.seqs
+            chosen = [(sid, seqs[sid]) for sid in sorted(moved) if sid in seqs]
+            _memo(snap, "fresh_placed", id(prior), lambda: (prior, chosen))
+            return chosen
     kept = _kept(snap, "fresh", id(prior))
     if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
         return kept[1]  # type: ignore[index]
@@ -333,14 +470,26 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqVi
     return views if kept_prior is prior else build()[1]
 
 
-def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
+def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> list[tuple[str, str, SeqView]]:
     """(label, seq id, view) over `snapshots` of the record, skipping views the same check has
-    already seen unchanged: mid against the previous step's final snapshot, final against mid."""
+    already seen unchanged: mid against the previous step's final snapshot, final against mid.
+    A list built once per step (and per `PLACEMENT` filtering) and shared by every check that
+    asks: a dozen checks walk it, and a generator resumed per view per check cost more than
+    several of their bodies."""
     prior = ctx.previous.after if ctx.previous is not None else None
+    placed = _filtered(ctx.reads)
+    key = (id(prior), placed, id(record.mid))
+    kept = _kept(record.after, "in_snapshots", key)
+    if kept is not _MISSING and kept[0] is prior and kept[1] is record.mid:  # type: ignore[index]
+        return kept[2]  # type: ignore[index]
+    out: list[tuple[str, str, SeqView]] = []
+    first = prior
     for label, snap in snapshots(record):
-        for sid, view in fresh_views(snap, prior):
-            yield label, sid, view
-        prior = snap
+        out += [(label, sid, view) for sid, view in fresh_views(snap, first, ctx.reads)]
+        first = snap
+    if _incremental(record.after):
+        record.after.__dict__.setdefault(_CACHE, {})[("in_snapshots", key)] = (prior, record.mid, out)
+    return out
 
 
 def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView, int]]:
@@ -351,28 +500,19 @@ def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator
     prior = ctx.previous.after if ctx.previous is not None else None
     for label, snap in snapshots(record):
         seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
-        for sid, view in fresh_views(snap, prior):
-            old = seen.get(sid) if seen is not None else None
-            known = old.token_ids if old is not None else None
-            tokens = view.token_ids
+        from_base = seen is not None and snap.base is prior  # the usual chain: one shared comparison
+        for sid, view in fresh_views(snap, prior, ctx.reads):
             first = 0
-            if known is not None and tokens is not None and len(known) <= len(tokens) \
-                    and (known is tokens or tokens[: len(known)] == known):
-                first = len(known)
+            if from_base:
+                first = observation.base_token_prefix(snap, sid)
+            elif seen is not None:
+                old = seen.get(sid)
+                known = old.token_ids if old is not None else None
+                tokens = view.token_ids
+                if known is not None and tokens is not None and len(known) <= len(tokens) \
+                        and (known is tokens or tokens[: len(known)] == known):
+                    first = len(known)
             yield label, sid, view, first
-        prior = snap
-
-
-def fresh_tables_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
-    """As `fresh_in_snapshots`, without the views whose block table is the very object the same
-    check saw before (a decode changes a view's token counts every step, its table rarely)."""
-    prior = ctx.previous.after if ctx.previous is not None else None
-    for label, snap in snapshots(record):
-        seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
-        for sid, view in fresh_views(snap, prior):
-            old = seen.get(sid) if seen is not None else None
-            if old is None or old.blocks is not view.blocks:
-                yield label, sid, view
         prior = snap
 
 
@@ -388,14 +528,14 @@ def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
 
 def fresh_after(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
     """The final snapshot's views changed since the previous step's final snapshot."""
-    return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None)
+    return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None, ctx.reads)
 
 
 def fresh_mid(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
     """The mid-step snapshot's views changed since the previous step's mid-step snapshot."""
     assert record.mid is not None
     prior = ctx.previous.mid if ctx.previous is not None else None
-    return fresh_views(record.mid, prior)
+    return fresh_views(record.mid, prior, ctx.reads)
 
 
 def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:

@@ -1,7 +1,7 @@
 """A wire-protocol host written from docs/PROTOCOL.md alone: standard library only, no kvsched,
 no kvsched_host helper. A deliberately simple scheduler: one request at a time, FCFS.
 
-    python raw_host.py [--bug overbudget|crash|hang|garbage|door|raise] [--protocol 1]
+    python raw_host.py [--bug overbudget|crash|hang|garbage|door] [--protocol 1]
 """
 
 import json
@@ -109,10 +109,6 @@ class Garbage(Exception):
     """The --bug garbage host answers this call with a line that is not JSON."""
 
 
-class EngineError(Exception):
-    """The --bug raise host's engine fails this call; the host answers an error and stays up."""
-
-
 def call(engine, method, params):
     """One method of protocol 2 but `steps` (below): its result."""
     if BUG == "crash" and method == "schedule" and engine.step == 2:
@@ -123,8 +119,6 @@ def call(engine, method, params):
     if BUG == "garbage" and method == "schedule" and engine.step == 2:
         engine.step += 1
         raise Garbage
-    if BUG == "raise" and method == "schedule" and engine.step == 2:
-        raise EngineError("simulated engine error")
     if method == "hello":
         return {"protocol": PROTOCOL, "name": "raw", "profiles": ["safety"], "capabilities": ["output", "statuses", "queues"]}
     if method == "reset":
@@ -151,12 +145,7 @@ def steps(engine, params, send):
         calls, finished = [], []
 
         def run(method, args, calls=calls):
-            try:
-                result = call(engine, method, args)
-            except EngineError as err:
-                send({"calls": calls, "error": {"message": f"EngineError: {err}", "type": "EngineError",
-                                                "method": method}})
-                raise
+            result = call(engine, method, args)
             calls.append([method, result])
             return result
 
@@ -198,10 +187,7 @@ def main():
             return
         try:
             if method == "steps":
-                try:
-                    result = steps(engine, params, lambda part, mid=msg["id"]: send({"id": mid, **part}))
-                except EngineError:
-                    result = {"ended": False}  # its error line is sent: the closing line follows
+                result = steps(engine, params, lambda part, mid=msg["id"]: send({"id": mid, **part}))
             else:
                 result = call(engine, method, params)
         except Garbage:
@@ -210,9 +196,6 @@ def main():
             continue
         except KeyError:
             send({"id": msg["id"], "error": {"message": f"unknown method {method}"}})
-            continue
-        except EngineError as err:
-            send({"id": msg["id"], "error": {"message": f"EngineError: {err}", "type": "EngineError"}})
             continue
         send({"id": msg["id"], "result": result})
 
