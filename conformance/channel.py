@@ -84,7 +84,8 @@ class Stamp:
     A seqlock in two stores: the child counts a write as begun, then stores the fields and the
     same count as ended in one ``pack_into`` (which stores in field order); the parent reads in
     the reverse order (ended, the fields, begun), so a reading whose two counts differ overlapped
-    a write, and is taken again."""
+    a write, and is taken again. No fences: this relies on stores and loads staying in program
+    order, as x86 keeps them (an ARM host could still, rarely, read a torn stamp)."""
 
     def __init__(self, path: str, create: bool = False) -> None:
         if create:
