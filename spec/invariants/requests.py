@@ -125,6 +125,8 @@ def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
     if rec.mid is None or rec.mid.seqs is None or sid not in rec.mid.seqs:
         return grew in (0, 1)
     mid = rec.mid.seqs[sid]
+    if mid.num_computed is None:  # no computed_tokens: a prefix-cache hit shortens a complete prefill
+        return grew in (0, 1)
     given = sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
     completes = (mid.num_computed or 0) + given >= (mid.num_tokens or 0)
     return grew == (1 if completes else 0)
@@ -157,6 +159,7 @@ def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     the sequence left behind holds its blocks for good: nothing will ever schedule or free it.
     One step of grace, as RES-005 gives: a scheduler may free at its next schedule().""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("request_id", "status", "blocks", "device"),
 )
 def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     after = rec.after
@@ -170,7 +173,7 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str
         fresh = {f.request_id for f in prior.finished} & ctx.finished.keys()
     by_request = seq_ids_by_request(after)
     sids = {sid for rid in fresh for sid in by_request.get(rid, ())}
-    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None)
+    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None, ctx.reads)
                 if v.request_id in ctx.finished)
     for sid in sorted(sids):
         view = after.seqs.get(sid)
