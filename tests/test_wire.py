@@ -345,7 +345,7 @@ def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch)
     reported at its own step, not at the first step whose line was held."""
     import conformance.wire.client as client
 
-    monkeypatch.setattr(client, "_FLUSH_MS", 1.0)  # off by default (client.py says why)
+    monkeypatch.setattr(client, "_FLUSH_MS", 1.0)  # the runner's default; held lines are what this tests
     adapter = WireAdapter("helper", _helper_host(fault), timeout=60)
     result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=1.5)
     assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3

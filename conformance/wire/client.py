@@ -453,13 +453,12 @@ class WireAdapter:
 
 
 _MAX_STEPS_PER_MESSAGE = 64
-# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps).
-# 0: every line at once. Holding (1 ms, up to 8 lines) saves the runner a wake-up per step, but
-# on this loaded 2-core machine it measured no steady gain (BENCHMARKS.md "A faster wire": better
-# on vLLM in two interleaved runs, not in the third, worse on nano-vllm in all three), and a host
-# killed by a signal could take its held lines with it; so it is off until a quiet machine says
-# otherwise.
-_FLUSH_MS = 0.0
+# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps;
+# kvsched_host also writes at most 8 together). Each write wakes the runner: on vLLM, holding
+# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won two
+# of three interleaved before/after runs; on nano-vllm, whose steps are fast, it is level to
+# 10 µs a step worse (BENCHMARKS.md "A faster wire"). 0: every line at once.
+_FLUSH_MS = 1.0
 
 
 class _Batch:
