@@ -455,9 +455,9 @@ class WireAdapter:
 _MAX_STEPS_PER_MESSAGE = 64
 # How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps;
 # kvsched_host also writes at most 8 together). Each write wakes the runner: on vLLM, holding
-# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won three
-# of three interleaved before/after runs and the fourth; on nano-vllm, whose steps are fast, it is
-# level by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
+# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won
+# three of the four interleaved before/after runs; on nano-vllm, whose steps are fast, it is level
+# by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
 _FLUSH_MS = 1.0
 
 
