@@ -203,7 +203,7 @@ class AsyncV1Scheduler(V1Scheduler):
         tokens = known + self._draft_room(tracked, known) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
-        return min(tokens, budget)
+        return self._max_model_len_clamp(tracked, min(tokens, budget))  # a no-op unless the knob is on
 
     def _num_known(self, tracked: TrackedRequest) -> int:
         return tracked.num_tokens + self.counters[tracked.request_id].num_placeholders

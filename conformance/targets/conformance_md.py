@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from conformance.targets.campaign_args import run_line
+
 TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness", "lmdeploy",
            "lmdeploy-liveness", "aphrodite", "aphrodite-liveness", "vidur-vllm", "vidur-vllm-liveness", "vidur-sarathi",
            "vidur-sarathi-liveness", "vidur-orca", "vidur-orca-liveness")
@@ -485,14 +487,18 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
     lines = ["", "## Speculative decoding: the V1 references with drafts vs vLLM 0.33.0 (sync and async)", "",
              "`python -m conformance.targets.lockstep_specdec` (docs/SPECDEC.md): an n-gram drafter configured, the "
              "host plays the drafter and the rejection sampler from the trace; k in 1..4; KV pressure, chunked prefill "
-             "and prefix caching drawn; every divergence classified by a counterfactual rerun.", "",
+             "and prefix caching drawn; every divergence classified by a counterfactual rerun. The reference "
+             f"({data.get('reference_mode', 'policy')} mode; `V1Scheduler` knobs on: "
+             f"{', '.join(k for k, on in data.get('reference_knobs', {}).items() if on) or 'none'}) "
+             "stands behind V1's front door (`conformance/targets/door.py`).", "",
              "| path | target | traces | steps | steps with drafts | drafts | stops inside a verified step | agree | "
-             "divergent (class) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "divergent (class) | run |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path, p in data["paths"].items():
         classes = "; ".join(f"{c} x{n}" for c, n in p["by_class"].items())
+        run = run_line({"run": p["run"]}).strip().removeprefix("Run ") if p.get("run") else ""
         lines.append(f"| {path} | {data['targets'].get(path, '')} | {p['traces']} | {p['steps']} | "
                      f"{p['steps_with_drafts']} | {p['drafts_scheduled']} | {p['stops_inside_a_verified_step']} | "
-                     f"{p['agreeing_traces']} | {classes} |")
+                     f"{p['agreeing_traces']} | {classes} | {run} |")
     lines += ["", "| class | kind | explanation (vLLM source) | traces |", "| --- | --- | --- | --- |"]
     for cls, c in data["classes"].items():
         links = ", ".join(f"[{path}]({_rel(v['trace'])})" for path, v in c["paths"].items())
