@@ -64,7 +64,8 @@ from spec.proofs.chunked import (
     grp_ok_v1,
     wf_v1,
 )
-from spec.proofs.encoding import FIN, RUN, ActionEncoding, Encoder, Pool, State
+from spec.proofs.encoding import FIN, GPU, RUN, ActionEncoding, Encoder, Pool, State
+from spec.proofs.per_sequence import GenericV1, Seq
 
 FLOW = "specdec"
 SPECDEC_BOUND = Bound(gpu_blocks=4, cpu_blocks=1, seqs=3, groups=3, table_len=3, block_size=2)  # the v1 flow's
@@ -196,41 +197,20 @@ class SpecDecEncoder(ChunkedEncoder):
 
     # ------------------------------------------------------------------ update()
     def _update_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any, k: Any) -> None:
-        """The speculative outcome for request g (`commit_tokens`), after the keys its allocation
-        made (`V1Scheduler._allocate` keys up to the step's non-draft tokens)."""
+        """The speculative outcome for request g (`commit_tokens`, read by `outcome`), after the
+        keys its allocation made (`V1Scheduler._allocate` keys up to the step's non-draft tokens)."""
         assert isinstance(pre, SpecState) and isinstance(st, SpecState)
-        names = ("stop", "stop_at", "accepted", "empty", "proposed")
-        stop, stop_at, accepted, empty, proposed = (z3.Int(f"act_{n}") for n in names)
-        ae.params.update(zip(names, (stop, stop_at, accepted, empty, proposed), strict=True))
-        d = ae.params["drafts"]
-        ae.guard = z3.And(ae.guard, stop >= 0, stop <= 1, stop_at >= 0, empty >= 0, empty <= 1,
-                          accepted >= 0, accepted <= d, proposed >= 0, proposed <= self.K)
-        bs = self.bs
+        ae.guard = z3.And(ae.guard, outcome_params(ae.params, self.K, ae.params["drafts"]))
         for s in range(self.S):
             c = g == s
-            n, after = pre.ntok[s], pre.ncomp[s] + k
-            keyed = z3.If(self.PC, _max(pre.nkey[s], _min(after, n) / bs), pre.nkey[s])
-            samples = z3.And(c, after >= n)
-            committed = self.let(z3.If(empty == 1, 0, accepted + 1), "cm")
-            if self.mutant == "empty-outcome-skips-rollback":
-                rolled = z3.If(committed >= 1, after - d + committed - 1, after)
-            else:
-                rolled = z3.If(committed >= 1, after - d + committed - 1, after - d - 1)
-            # the first committed token that ends the stream: the stop, or max_tokens / max_model_len
-            capped = _max(0, _min(self.gsel(pre.mtok, g) + self.gsel(pre.plen, g) - n - 1, self.ML - n - 1))
-            end = self.let(z3.If(stop == 1, _min(_min(stop_at, committed - 1), capped), capped), "end")
-            ends = self.let(z3.And(samples, committed >= 1, end <= committed - 1), "ends")
-            computed = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
-            self.set_s(st.ncomp, s, computed, c)
-            self.set_s(st.ntok, s, n + z3.If(ends, end + 1, committed), samples)
-            goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
-            if self.mutant == "drafts-on-prefill-chunk":
-                goes_on = z3.Or(goes_on, z3.And(c, z3.Not(samples)))
-            self.set_s(st.npr, s, z3.If(goes_on, proposed, 0), c)  # scheduled: the proposal is spent
-            upto = st.ntok[s] if self.mutant == "keys-rejected-kv" else st.ncomp[s]
-            on_commit = z3.And(samples, committed >= 1, self.PC, self.K > 0)
-            self.set_s(st.nkey, s, z3.If(on_commit, _max(keyed, upto / bs), keyed), c)
-            self.set_s(st.void, s, z3.And(samples, committed == 0), c)
+            o = outcome(self, pre.ntok[s], pre.ncomp[s], pre.nkey[s], k, ae.params["drafts"], pre.plen[s],
+                        pre.mtok[s], ae.params, self.let)
+            self.set_s(st.ncomp, s, o["computed"], c)
+            self.set_s(st.ntok, s, o["ntok"], c)
+            self.set_s(st.npr, s, o["proposal"], c)
+            self.set_s(st.nkey, s, o["keyed"], c)
+            self.set_s(st.void, s, o["void"], c)
+            ends = z3.And(c, o["ends"])
             self.set_s(st.sstat, s, FIN, ends)
             self.free_seq(st, s, ends)
             self.set_g(st.gstat, g, FIN, ends)
@@ -254,6 +234,49 @@ class SpecDecEncoder(ChunkedEncoder):
 
     def _sd_ignore(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         self._v1_ignore(ae, pre, st, g)
+
+
+# ---------------------------------------------------------------------- the outcome, shared
+OUTCOME_PARAMS = ("stop", "stop_at", "accepted", "empty", "proposed")
+
+
+def outcome_params(params: dict[str, Any], K: Any, drafts: Any) -> Any:
+    """The environment's outcome parameters, added to ``params``; returns their ranges."""
+    stop, stop_at, accepted, empty, proposed = (z3.Int(f"act_{n}") for n in OUTCOME_PARAMS)
+    params.update(zip(OUTCOME_PARAMS, (stop, stop_at, accepted, empty, proposed), strict=True))
+    return z3.And(stop >= 0, stop <= 1, stop_at >= 0, empty >= 0, empty <= 1, accepted >= 0, accepted <= drafts,
+                  proposed >= 0, proposed <= K)
+
+
+def outcome(enc: Any, n: Any, computed: Any, keyed: Any, k: Any, d: Any, plen: Any, mtok: Any,
+            p: dict[str, Any], let: Any = lambda e, hint="t": e) -> dict[str, Any]:
+    """One request's speculative outcome (`reference_impl.v1_scheduler.commit_tokens`) after a
+    chunk of ``k`` tokens (``d`` drafts) from ``computed`` of its ``n`` tokens: its computed and
+    token counts, proposal, keyed blocks and ``void`` ghost after it, and whether it ends. Shared
+    by the bounded encoding (``enc`` a `SpecDecEncoder`) and the generic request of
+    `GenericSpecDec` (``enc`` one), which read the same config fields (bs, K, PC, ML, mutant)."""
+    bs = enc.bs
+    after = computed + k
+    samples = after >= n
+    pre_keyed = z3.If(enc.PC, _max(keyed, _min(after, n) / bs), keyed)
+    committed = let(z3.If(p["empty"] == 1, 0, p["accepted"] + 1), "cm")
+    skip_rollback = enc.mutant == "empty-outcome-skips-rollback"
+    rolled = z3.If(committed >= 1, after - d + committed - 1, after if skip_rollback else after - d - 1)
+    # the first committed token that ends the stream: the stop, or max_tokens / max_model_len
+    capped = _max(0, _min(mtok + plen - n - 1, enc.ML - n - 1))
+    end = let(z3.If(p["stop"] == 1, _min(_min(p["stop_at"], committed - 1), capped), capped), "end")
+    ends = let(z3.And(samples, committed >= 1, end <= committed - 1), "ends")
+    computed_after = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
+    ntok = z3.If(samples, n + z3.If(ends, end + 1, committed), n)
+    goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
+    if enc.mutant == "drafts-on-prefill-chunk":
+        goes_on = z3.Or(goes_on, z3.Not(samples))
+    upto = ntok if enc.mutant == "keys-rejected-kv" else computed_after
+    on_commit = z3.And(samples, committed >= 1, enc.PC, enc.K > 0)
+    return {"computed": computed_after, "ntok": ntok, "ends": ends,
+            "proposal": z3.If(goes_on, p["proposed"], 0),  # scheduled: the proposal is spent
+            "keyed": z3.If(on_commit, _max(pre_keyed, upto / bs), pre_keyed),
+            "void": z3.And(samples, committed == 0)}
 
 
 # ---------------------------------------------------------------------- invariants of the specdec flow
@@ -482,3 +505,137 @@ def pin_specdec_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list
     for s, seq in enumerate(concrete["seqs"]):
         out += [st.npr[s] == seq["proposed"], st.nkey[s] == seq["keyed"], st.void[s] == z3.BoolVal(seq["void"])]
     return out
+
+
+# ---------------------------------------------------------------------- for every size: one generic request
+# spec/proofs/per_sequence.py's argument for the v1 flow (`GenericV1`: each per-request row and
+# step property after an action is a fact about the one request it touches), with the request's
+# proposal, keys and ``void`` ghost, and the speculative chunk (`outcome`, shared with the bounded
+# encoding above). `tests/test_per_sequence_matches_reference.py` checks it on the reference.
+ROWS_SPECDEC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006",
+                    "SPD-002", "SPD-007/committed")
+STEPS_SPECDEC_SEQ = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002",
+                     "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008")
+ACTIONS_SPECDEC_SEQ = SPECDEC_ACTIONS
+
+
+@dataclass
+class SpecSeq(Seq):
+    """`per_sequence.Seq` plus the request's proposal, keyed blocks and ``void`` ghost."""
+
+    pr: Any = 0
+    ky: Any = 0
+    vd: Any = False
+
+
+class GenericSpecDec(GenericV1):
+    """The specdec flow's generic request: `GenericV1` with drafts (k, prefix caching and the
+    token budget symbolic, like the rest of the config)."""
+
+    def __init__(self, mutant: str | None = None) -> None:
+        super().__init__(None)
+        self.mutant = mutant
+        self.K, self.T = z3.Ints("g_num_speculative_tokens g_token_budget")
+        self.PC = z3.Bool("g_enable_prefix_caching")
+        self.p: dict[str, Any] = {}
+
+    def seq(self, p: str) -> SpecSeq:
+        return SpecSeq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc"), z3.Int(f"{p}_pr"), z3.Int(f"{p}_ky"),
+                       z3.Bool(f"{p}_vd"))
+
+    def unborn(self) -> SpecSeq:
+        q = super().unborn()
+        return SpecSeq(q.st, q.dv, q.tl, q.nt, q.nc, z3.IntVal(0), z3.IntVal(0), z3.BoolVal(False))
+
+    def base(self) -> Any:
+        return z3.And(super().base(), self.K >= 0, self.K <= MAX_SPECULATIVE_TOKENS, self.T >= 1)
+
+    # ---------------------------------------------------------------- facts
+    def rows(self, q: Seq) -> dict[str, Any]:
+        assert isinstance(q, SpecSeq)
+        out = super().rows(q)
+        out["CAP-001"] = z3.Implies(q.st == RUN, z3.And(q.tl >= self.ceil(q.nc), q.tl <= self.ceil(q.nt + self.K)))
+        out["SPD-002"] = z3.Implies(z3.And(q.pr > 0, q.st != FIN), z3.And(q.st == RUN, q.nc == q.nt - 1))
+        out["SPD-007/committed"] = z3.Implies(self.K > 0, z3.Implies(q.st == RUN, q.ky * self.bs <= q.nc + z3.If(q.vd, 1, 0)))
+        return out
+
+    def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
+        assert isinstance(q, SpecSeq)
+        return z3.And(super().wf(q, gs, forked), q.pr >= 0, q.pr <= self.K, q.ky >= 0, q.ky <= q.tl,
+                      z3.Implies(z3.Not(self.PC), q.ky == 0))
+
+    # ---------------------------------------------------------------- the request's rules
+    def drafts(self, q: Seq) -> Any:
+        return _max(q.nc + self.k - q.nt, 0)
+
+    def room(self, q: SpecSeq) -> Any:
+        """`SpecDecEncoder.draft_room` for the generic request."""
+        generated = q.nt - self.plen
+        return _max(_min(_min(q.pr, self.K), _min(self.ML - q.nt - 1, self.mtok - generated - 1)), 0)
+
+    def _freed(self, q: Seq, cond: Any, st: Any) -> SpecSeq:
+        f = super()._freed(q, cond, st)
+        pr = q.pr if isinstance(q, SpecSeq) else 0
+        ky = q.ky if isinstance(q, SpecSeq) else 0
+        vd = q.vd if isinstance(q, SpecSeq) else False
+        return SpecSeq(f.st, f.dv, f.tl, f.nt, f.nc, pr, ky, vd)
+
+    def _chunk(self, q: Seq, allocate: bool = True) -> tuple[Any, Seq]:
+        assert isinstance(q, SpecSeq)
+        k, d = self.k, self.drafts(q)
+        budgeted = k - d if self.mutant == "drafts-outside-budget" else k
+        ok = z3.And(k >= 1, k <= q.nt + self.room(q) - q.nc, budgeted <= self.T,
+                    z3.Implies(self.threshold_applies(q), k <= self.TH), outcome_params(self.p, self.K, d))
+        target = self.ceil(q.nc + k)
+        tl = z3.If(target > q.tl, target, q.tl)
+        o = outcome(self, q.nt, q.nc, q.ky, k, d, self.plen, self.mtok, self.p)
+        run = SpecSeq(z3.IntVal(RUN), z3.If(tl >= 1, GPU, q.dv), tl, o["ntok"], o["computed"], o["proposal"],
+                      o["keyed"], o["void"])
+        return ok, self._freed(run, o["ends"], FIN)
+
+    def effect(self, action: str, q: Seq, parent: Seq) -> tuple[Any, Seq]:
+        assert isinstance(q, SpecSeq)
+        ok, post = super().effect("chunk" if action == "verify" else action, q, parent)
+        if action in ("chunk", "verify"):
+            ok = z3.And(ok, self.drafts(q) >= 1 if action == "verify" else self.drafts(q) == 0)
+        pr = post.pr if isinstance(post, SpecSeq) else q.pr
+        if action == "preempt_recompute":
+            pr = z3.IntVal(0)
+        ky = post.ky if isinstance(post, SpecSeq) else q.ky
+        vd = post.vd if isinstance(post, SpecSeq) else q.vd
+        # freeing a table forgets its keys and the ghost (`SpecDecEncoder.encode`)
+        return ok, SpecSeq(post.st, post.dv, post.tl, post.nt, post.nc, pr, z3.If(post.tl == 0, 0, ky),
+                           z3.And(post.tl > 0, vd))
+
+    def request_after(self, action: str, post: Seq) -> tuple[Any, Any, Any]:
+        return super().request_after("chunk" if action == "verify" else action, post)
+
+    def in_bound(self, action: str, q: Seq, parent: Seq) -> Any:
+        return super().in_bound("chunk" if action == "verify" else action, q, parent)
+
+    def transition_goals(self, action: str, q: Seq, post: Seq) -> dict[str, Any]:
+        assert isinstance(q, SpecSeq)
+        goals = super().transition_goals("chunk" if action == "verify" else action, q, post)
+        goals.update({name: z3.BoolVal(True) for name in ("SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006",
+                                                          "SPD-008", "SPD-002/step")})
+        if action not in ("admit", "chunk", "verify"):
+            return goals
+        k, d, p = self.k, self.drafts(q), self.p
+        samples = q.nc + k >= q.nt
+        committed = z3.If(p["empty"] == 1, 0, p["accepted"] + 1)
+        least = q.nc + k - d - z3.If(z3.And(p["empty"] == 1, samples), 1, 0)
+        goals.update({
+            "CHK-002/step": q.nc + k - d <= q.nt,
+            "CHK-004": z3.And(post.nc >= least, post.nc <= q.nc + k),
+            "SPD-001": z3.And(k <= self.T, z3.If(self.ceil(q.nc + k) > q.tl, self.ceil(q.nc + k), q.tl)
+                              >= self.ceil(q.nc + k)),
+            "SPD-002/step": z3.Implies(d >= 1, z3.And(d <= self.K, k - d == 1, q.nc + k - d == q.nt)),
+            "SPD-003": z3.Implies(d >= 1, q.nc + k + 1 <= self.ML),
+            "SPD-004": z3.Implies(d >= 1, q.nt - self.plen + d + 1 <= self.mtok),
+            "SPD-005": z3.Implies(z3.And(post.st == RUN, z3.Or(d >= 1, z3.And(p["empty"] == 1, samples))),
+                                  post.nc == post.nt - 1),
+            "SPD-006": z3.Implies(z3.And(p["stop"] == 1, samples, committed >= 1),
+                                  z3.And(post.nt <= q.nt + _min(p["stop_at"], committed - 1) + 1, post.st == FIN)),
+            "SPD-008": d <= q.pr,
+        })
+        return goals

@@ -254,13 +254,12 @@ def prove(
     upgraded: set[tuple[str, str]] = set()
     from spec.proofs import per_sequence as PS
 
-    # v0 and v1 have every argument below; the async and specdec flows have the block layer,
-    # QUE-001 and COW-001 (their blocks change as v1's do), the rest of their cells are proved at
-    # their bound
-    sequences = flow_name in ("v0", "v1")
+    # v0, v1 and specdec have every argument below; the async flow has the block layer, QUE-001
+    # and COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
+    sequences = flow_name in ("v0", "v1", "specdec")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and sequences and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+    if unbounded and sequences and mutant in PS.mutants_of(flow_name):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
     from spec.proofs import writes as WR
 
