@@ -43,6 +43,11 @@ the computed tokens once the outcome committed (vLLM scheduler.py:2402-2415).
 
 Over-approximations, as in the v1 flow (any queue order, the budget per action, any free block),
 so what is proved holds for more than the reference does.
+
+For every size (every pool, request count, table length and k): `GenericSpecDec` at the end is
+spec/proofs/per_sequence.py's one-generic-request argument for this flow, sharing `outcome` with
+the bounded encoding; the block layer and the counts are v1's arguments (a verifying step appends
+like a chunk). docs/PROOFS.md, "Speculative decoding", says which argument covers which cell.
 """
 
 from __future__ import annotations
