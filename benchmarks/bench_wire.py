@@ -192,10 +192,15 @@ def main() -> None:
 
     recorded = {}
     for name, invariants in checks.items():
+        host_before = wire.host
         recorder = Recorder(wire)
         each(recorder, invariants)
         recorded[name] = recorder
-        del wire.host.receive, wire.host.send  # the class's own again
+        for method in ("receive", "send"):  # the class's own again
+            host_before.__dict__.pop(method, None)
+        if wire.host is not host_before:
+            sys.exit(f"bench_wire: the {args.target} host was restarted while recording ({name}); its stderr: "
+                     + " | ".join(list(host_before.stderr_tail)[-3:]))
     runs: dict[tuple[str, str], list[float]] = {}
     steps = {}
     for _ in range(args.rounds):

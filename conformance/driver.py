@@ -25,6 +25,7 @@ from conformance.normalize import check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
 from spec.observation import Capability, Snapshot, StepFailure, StepRecord
+from spec.reservation import Reservation
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
 
@@ -42,6 +43,9 @@ class TraceResult:
     drained: bool = False
     active: list[Invariant] = field(default_factory=list)
     not_applicable: list[Invariant] = field(default_factory=list)
+    # What the adapter declared it reserves for this trace's config (read after reset: a scheduler's
+    # reservation may depend on the config, its k and depth), the one the checker held it to.
+    reservation: Reservation | None = None
 
     @property
     def failed(self) -> bool:
@@ -124,7 +128,8 @@ def _run_checked(
             # trace: the shrinker must not trade one for the other.
             raise AdapterFault("config-rejected", "reset", fault.message) from fault
         caps = frozenset(adapter.capabilities)
-        checker = Checker(trace.config, caps, invariants, reservation=getattr(adapter, "reservation", None))
+        result.reservation = getattr(adapter, "reservation", None)
+        checker = Checker(trace.config, caps, invariants, reservation=result.reservation)
         result.active, result.not_applicable = checker.active, checker.not_applicable
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})

@@ -211,6 +211,7 @@ def _load() -> None:
         policy,
         prefix_cache,
         requests,
+        sglang,
         specdec,
         strengthening,
         swap,

@@ -50,12 +50,16 @@ class Capability(StrEnum):
     # device (one stream), so a block freed while an in-flight step writes it can only be written
     # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
     ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
+    # A claim, not an observation: the scheduler follows SGLang's flow (page size 1, radix cache,
+    # retract_decode), so the SGL-* policy invariants (spec/invariants/sglang.py) are about it.
+    SGLANG_FLOW = "sglang_flow"  # a claim: SGLang's flow (SGL-* apply)
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
-    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS}
+    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
+    Capability.SGLANG_FLOW}
 
 
 class SeqView(NamedTuple):

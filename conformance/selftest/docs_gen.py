@@ -170,12 +170,15 @@ _DOMAIN_TEXT = {
     "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
     "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
     "priority": "the priority policy; false: FCFS only",
+    "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
-    "max_n": "parallel sequences per request",
+    "max_n": "parallel sequences per request (the `v1` and `nano` flows: 1, which their traces have; set it)",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
     "token_budget": "false: no per-step token budget (configs get `max_num_seqs * max_model_len`, which never binds)",
-    "chunked_prefill": "chunked prefill configs",
-    "prefix_caching": "prefix caching configs",
+    "chunked_prefill": "chunked prefill configs (as well as configs without it, unless `unchunked` is false)",
+    "unchunked": "with `chunked_prefill`, configs without chunked prefill too; false: an engine that always splits a prompt past the step's budget (tokasaurus) gets chunked-prefill configs only",
+    "prefill_caps": "with chunked prefill, vLLM V1's `long_prefill_token_threshold` and `max_num_partial_prefills`; false: neither (an engine without those knobs)",
+    "prefix_caching": "prefix caching configs (and configs without it)",
     "budget_covers_model_len": "without chunked prefill the token budget is at least `max_model_len` (vLLM, nano-vllm)",
     "cache_holds_model_len": "the GPU cache holds one `max_model_len` sequence (vLLM V1 checks it at start-up)",
 }
@@ -198,6 +201,8 @@ _CAPABILITY_TEXT = {
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
+    Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
+                            "invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -218,6 +223,7 @@ _CAPABILITY_FIELDS = {
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
+    Capability.SGLANG_FLOW: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -320,6 +326,14 @@ never into the report. Every counterexample trace records the adapter as a spec 
 from any folder (`meta.adapter_spec`, an absolute path for a local file) and the profile it was
 found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
 on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
+
+An engine that does not import in kvsched's Python (its own pinned torch, a GPU kernel library,
+another language) runs in its own environment as a **host** that speaks the wire protocol
+(docs/PROTOCOL.md, "Writing a host"); the factory given to `--adapter` then returns a
+`conformance.wire.client.WireAdapter` that starts it, and declares the domain as an attribute
+(`adapter.domain = ConfigDomain(...)`: `WireAdapter` takes no `domain` argument).
+`docs/examples/tokasaurus/` is such an adapter, written from these pages by someone who had not
+read kvsched's sources (its STRANGER.md logs where they fell short).
 
 ## Declaring the config domain
 
@@ -475,7 +489,10 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
     if "paths" not in data:  # version 1: the default path only
         data = {**data, "paths": {"default": {k: data[k] for k in ("traces", "steps", "agreeing_traces")}},
                 "classes": {}}
-    rows = ["\n| path | configs | traces | steps | agree | diverge | by class |\n| --- | --- | --- | --- | --- | --- | --- |\n"]
+    from conformance.targets.campaign_args import run_line
+
+    rows = [run_line(data), "\n| path | configs | traces | steps | agree | diverge | by class |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n"]
     for path, m in data["paths"].items():
         by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items()) or "-"
         rows.append(f"| {path} | {_V1_PATHS.get(path, '')} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
@@ -500,11 +517,11 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting\n\n"
         "Host fidelity (issue 21): V1's input processor also refuses a generate prompt of exactly max_model_len "
         "tokens (no room for its output token; `InputProcessor._validate_prompt_len`), which the host had passed to "
-        "the scheduler. Every chunk-clamped-below-max-model-len divergence above began with such a prompt, so the "
-        "class cannot happen to a generate request in real vLLM; it is real for pooling requests, which sample no "
-        "token (vLLM #47971, #24704, #55427; fixed by #48039). The host now refuses that prompt at the door, and "
-        "`lockstep_v1` classifies the divergence as generate-prompt-at-max-model-len-refused; the counts in the table "
-        "are from the campaign run before the change.\n"
+        "the scheduler. Every chunk-clamped-below-max-model-len divergence of the earlier runs began with such a "
+        "prompt, so the class cannot happen to a generate request in real vLLM; it is real for pooling requests, "
+        "which sample no token (vLLM #47971, #24704, #55427; fixed by #48039). The host refuses that prompt at the "
+        "door, and the campaign's reference refuses it the same way (`conformance/targets/door.py`, shared by the "
+        "V1, async and speculative campaigns), so those traces are compared to their end.\n"
     )
     return intro + "".join(rows) + notes
 

@@ -13,7 +13,9 @@ them (like `free_in_tables`) through the blocks a pool names as changed
 (`Snapshot.gpu_block_changes`), so a large pool costs what changed; `fresh_tokens_in_snapshots`
 hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
-read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
+read only keyed or changed blocks; `views_of` finds a request's views without a scan;
+`returned_step` carries each scheduled step until its outcome is processed (``pipeline_depth``
+steps later), so a predicate about an outcome reads the step it belongs to. An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
 (`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
 of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py
@@ -22,7 +24,7 @@ compares them, on the references, every mutant, and diffed whole snapshots).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, repeat
 from operator import is_not, itemgetter, ne
@@ -31,7 +33,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
+from spec.speculative import NO_DECISION, DraftDecision
 from spec.status import Status
+from spec.types import ScheduledSeq
 
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
@@ -920,3 +924,54 @@ def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, ref
         if not 0 <= block < size or refs[block] != expected[block]:
             return False
     return True
+
+
+# ------------------------------------------------------------------ the outcome a step processes
+class ReturnedStep(NamedTuple):
+    """What the checker remembers of a scheduled step until its outcome is processed, ``pipeline_depth``
+    steps later (in the same step at depth 0): the sequences it scheduled, the trace's speculative
+    decisions and stops for it, and the requests that left the running set since it was scheduled
+    (preempted, aborted or finished: its outcome for them is stale or dropped)."""
+
+    step: int
+    scheduled: Mapping[str, ScheduledSeq]  # by sequence id
+    decisions: Mapping[str, DraftDecision]
+    stopped: frozenset[str]
+    left: frozenset[str] = frozenset()  # request ids
+
+    def decision(self, seq_id: str) -> DraftDecision:
+        return self.decisions.get(seq_id, NO_DECISION)
+
+    def live(self) -> Iterator[ScheduledSeq]:
+        """Its scheduled sequences whose request was running throughout (the outcome applies to them)."""
+        return (item for item in self.scheduled.values() if item.request_id not in self.left)
+
+
+_RETURNED = "_returned"  # flow_state key shared by every predicate that reads `returned_step`
+
+
+def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
+    """The step whose outcome ``record``'s update processed: ``record`` itself at depth 0, the step
+    ``pipeline_depth`` earlier otherwise (steps return in order, one per step: vLLM's batch queue);
+    None while the pipeline fills. Every predicate that reads it must call it in every step (the
+    first call of a step queues that step), before any early return; later calls in the same step
+    return the same answer. A request counts as having left since a step if a later step (or this
+    one's schedule) preempted or aborted it, or an earlier outcome finished it."""
+    state = ctx.flow_state.setdefault(_RETURNED, {})
+    if state.get("step") == record.step:
+        return state["returned"]
+    pending: deque[tuple[ReturnedStep, set[str]]] = state.setdefault("pending", deque())
+    pending.append((ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+                                 record.drafts, record.stopped), set()))
+    moved = {p.request_id for p in record.output.preempted} | set(record.aborted)
+    for _, left in pending:
+        left |= moved  # before this step's outcome is processed
+    returned = None
+    if len(pending) > ctx.config.pipeline_depth:
+        step, left = pending.popleft()
+        returned = step._replace(left=frozenset(left & {i.request_id for i in step.scheduled.values()}))
+    finished = {f.request_id for f in record.finished}
+    for _, left in pending:
+        left |= finished  # the steps still in flight return to a finished request
+    state["step"], state["returned"] = record.step, returned
+    return returned

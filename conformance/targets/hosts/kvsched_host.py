@@ -114,10 +114,16 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
     return 0
 
 
+# At most this many step lines are held (a host whose steps are fast still streams its lines, so
+# the runner checks them while the host runs on: holding a whole fast trace cost nano-vllm more
+# wall time than the writes it saved).
+_HOLD_LINES = 8
+
+
 class _Outbox:
     """The answer lines on their way out. A single call's answer goes at once. In a `steps` run
-    (its ``flush_ms``), step lines are held back up to ``flush_ms`` and written together (with the
-    closing line when the run ends sooner): each write wakes the runner, and a wake-up per step
+    (its ``flush_ms``), step lines are held back up to ``flush_ms`` (and `_HOLD_LINES` lines) and
+    written together (with the closing line when the run ends sooner): each write wakes the runner, and a wake-up per step
     cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire"). A held line is never lost to a hang or an exception: a watcher thread writes
     lines that are due while the engine is stuck in a step (a hang is then pinned to its step),
     and `serve` writes them before it exits. Only a host killed by a signal (a segfault, the OOM
@@ -148,7 +154,7 @@ class _Outbox:
         with self._cond:
             self._held.append(obj)
             now = time.monotonic()
-            if not self._hold or (self._due is not None and now >= self._due):
+            if not self._hold or len(self._held) >= _HOLD_LINES or (self._due is not None and now >= self._due):
                 self._flush()
             elif self._due is None:
                 self._due = now + self._hold
