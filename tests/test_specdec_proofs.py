@@ -36,6 +36,7 @@ def test_specdec_matrix_is_proved():
     assert {c.action for c in m.cells} == {"init", *SPECDEC_ACTIONS}
     rows = {c.invariant for c in m.cells}
     assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007/committed", "SPD-008",
+                    "SPD-009",
                     "CAP-001", "CAP-003", "CHK-002", "CHK-004", "BLK-001", "BLK-003", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "specdec" for c in m.cells)
     # every cell for every size: the block layer (parametric, v1's micro-ops), QUE-001, COW-001, the

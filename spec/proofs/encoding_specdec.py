@@ -372,14 +372,23 @@ def spd001(ae: ActionEncoding) -> Any:
 
 
 def spd002_step(ae: ActionEncoding) -> Any:
-    """SPD-002 (step part): a request scheduled with drafts gets at most k of them and exactly one
-    other token, its last known one (the drafts are the positions right after it)."""
+    """SPD-002 (step part; policy, the reference's): a request scheduled with drafts has exactly
+    one other token scheduled, its last known one."""
+    if not _schedules(ae):
+        return z3.BoolVal(True)
+    k, d = ae.params["tokens"], ae.params["drafts"]
+    return z3.Implies(d >= 1, k - d == 1)
+
+
+def spd009(ae: ActionEncoding) -> Any:
+    """SPD-009: a request scheduled with drafts gets at most k of them and at least one other
+    token, and the chunk before the drafts ends at its last known token."""
     if not _schedules(ae):
         return z3.BoolVal(True)
     enc = ae.enc
     assert isinstance(enc, SpecDecEncoder)
     k, d = ae.params["tokens"], ae.params["drafts"]
-    return z3.Implies(d >= 1, z3.And(d <= enc.K, k - d == 1, P0._all([
+    return z3.Implies(d >= 1, z3.And(d <= enc.K, k > d, P0._all([
         z3.Implies(a, ae.pre.ncomp[s] + k - d == ae.pre.ntok[s]) for s, a in enumerate(_acted(ae))])))
 
 
@@ -472,6 +481,7 @@ SPECDEC_TRANSITION_PROPERTIES = {
     **{k: v for k, v in V1_TRANSITION_PROPERTIES.items() if k != "CHK-004"},
     "CHK-004": chk004_specdec,
     "SPD-001": spd001, "SPD-003": spd003, "SPD-004": spd004, "SPD-005": spd005, "SPD-006": spd006, "SPD-008": spd008,
+    "SPD-009": spd009,
 }
 SPECDEC_STEP_PARTS = {"CHK-002": chk002_step_specdec, "SPD-002": spd002_step}
 SPECDEC_SCOPE = {
@@ -520,7 +530,7 @@ def pin_specdec_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list
 ROWS_SPECDEC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006",
                     "SPD-002", "SPD-007/committed")
 STEPS_SPECDEC_SEQ = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002",
-                     "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008")
+                     "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008", "SPD-009")
 ACTIONS_SPECDEC_SEQ = SPECDEC_ACTIONS
 
 
@@ -622,7 +632,7 @@ class GenericSpecDec(GenericV1):
         assert isinstance(q, SpecSeq)
         goals = super().transition_goals("chunk" if action == "verify" else action, q, post)
         goals.update({name: z3.BoolVal(True) for name in ("SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006",
-                                                          "SPD-008", "SPD-002/step")})
+                                                          "SPD-008", "SPD-009", "SPD-002/step")})
         if action not in ("admit", "chunk", "verify"):
             return goals
         k, d, p = self.k, self.drafts(q), self.p
@@ -634,7 +644,8 @@ class GenericSpecDec(GenericV1):
             "CHK-004": z3.And(post.nc >= least, post.nc <= q.nc + k),
             "SPD-001": z3.And(k <= self.T, z3.If(self.ceil(q.nc + k) > q.tl, self.ceil(q.nc + k), q.tl)
                               >= self.ceil(q.nc + k)),
-            "SPD-002/step": z3.Implies(d >= 1, z3.And(d <= self.K, k - d == 1, q.nc + k - d == q.nt)),
+            "SPD-002/step": z3.Implies(d >= 1, k - d == 1),
+            "SPD-009": z3.Implies(d >= 1, z3.And(d <= self.K, k > d, q.nc + k - d == q.nt)),
             "SPD-003": z3.Implies(d >= 1, q.nc + k + 1 <= self.ML),
             "SPD-004": z3.Implies(d >= 1, q.nt - self.plen + d + 1 <= self.mtok),
             "SPD-005": z3.Implies(z3.And(post.st == RUN, z3.Or(d >= 1, z3.And(p["empty"] == 1, samples))),
