@@ -85,6 +85,9 @@ SPECDEC_MUTANTS = {
                              "(TensorRT-LLM#16101; mutant specdec-drafts-outside-budget)",
     "drafts-on-prefill-chunk": "the drafter's proposal after a prefill chunk that samples nothing is kept, so the "
                                "prompt's next chunk carries drafts (vllm#30618; mutant specdec-drafts-on-prefill-chunk)",
+    "drafts-after-cut-chunk": "the proposal kept after a prefill chunk rides the next chunk even when the budget or "
+                              "the threshold cuts it short of the prompt's end (vllm#30618 where it corrupts; mutant "
+                              "specdec-drafts-after-cut-chunk)",
     "keys-rejected-kv": "after an outcome, blocks are keyed up to every committed token, the bonus token's slot "
                         "(rejected-draft KV) included (vllm#18668's family; mutant specdec-caches-rejected-kv)",
 }
@@ -185,12 +188,13 @@ class SpecDecEncoder(ChunkedEncoder):
         k = z3.Int("act_tokens")
         ae.params["tokens"] = k
         ntok, ncomp = self._at(pre.ntok, g), self._at(pre.ncomp, g)
-        drafts = self.let(_max(ncomp + k - ntok, 0), "dr")
-        ae.params["drafts"] = drafts
-        budgeted = k - drafts if self.mutant == "drafts-outside-budget" else k
-        ok = z3.And(k >= 1, k <= ntok + self.draft_room(pre, g) - ncomp, budgeted <= self.T,
-                    z3.Implies(self.threshold_applies(pre), k <= self.TH))
-        return k, ok
+        assert isinstance(pre, SpecState)
+        cut = z3.Int("act_cut_drafts")
+        if self.mutant == "drafts-after-cut-chunk":
+            ae.params["cut_drafts"] = cut
+        drafts, ok = chunk_drafts(self, ncomp, ntok, self._at(pre.npr, g), self.draft_room(pre, g), k, cut)
+        ae.params["drafts"] = self.let(drafts, "dr")
+        return k, z3.And(ok, z3.Implies(self.threshold_applies(pre), k <= self.TH))
 
     def _sd_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         self._v1_chunk(ae, pre, st, g)
@@ -241,7 +245,22 @@ class SpecDecEncoder(ChunkedEncoder):
         self._v1_ignore(ae, pre, st, g)
 
 
-# ---------------------------------------------------------------------- the outcome, shared
+# ---------------------------------------------------------------------- the chunk and the outcome, shared
+def chunk_drafts(enc: Any, ncomp: Any, ntok: Any, npr: Any, room: Any, k: Any, cut: Any) -> tuple[Any, Any]:
+    """(drafts, bounds) of a chunk of ``k`` tokens (`V1Scheduler._running_chunk`): at most the
+    uncomputed tokens plus the draft room and the budget (drafts included); the drafts are how far
+    it reaches past the last known token. Mutant ``drafts-after-cut-chunk``: a chunk of ``k -
+    cut`` tokens short of the prompt's end carries ``cut`` drafts of the proposal after it."""
+    drafts = _max(ncomp + k - ntok, 0)
+    budgeted = k - drafts if enc.mutant == "drafts-outside-budget" else k
+    ok = z3.And(k >= 1, k <= ntok + room - ncomp, budgeted <= enc.T)
+    if enc.mutant == "drafts-after-cut-chunk":
+        cut_short = z3.And(cut >= 1, cut <= npr, cut <= enc.K, k - cut >= 1, ncomp + k - cut < ntok, k <= enc.T)
+        return z3.If(cut >= 1, cut, drafts), z3.Or(z3.And(cut == 0, ok), cut_short)
+    return drafts, ok
+
+
+
 OUTCOME_PARAMS = ("stop", "stop_at", "accepted", "empty", "proposed")
 
 
@@ -274,7 +293,7 @@ def outcome(enc: Any, n: Any, computed: Any, keyed: Any, k: Any, d: Any, plen: A
     computed_after = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
     ntok = z3.If(samples, n + z3.If(ends, end + 1, committed), n)
     goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
-    if enc.mutant == "drafts-on-prefill-chunk":
+    if enc.mutant in ("drafts-on-prefill-chunk", "drafts-after-cut-chunk"):
         goes_on = z3.Or(goes_on, z3.Not(samples))
     upto = ntok if enc.mutant == "keys-rejected-kv" else computed_after
     on_commit = z3.And(samples, committed >= 1, enc.PC, enc.K > 0)
@@ -552,6 +571,7 @@ class GenericSpecDec(GenericV1):
         self.mutant = mutant
         self.K, self.T = z3.Ints("g_num_speculative_tokens g_token_budget")
         self.PC = z3.Bool("g_enable_prefix_caching")
+        self.cut = z3.Int("g_cut_drafts")  # mutant drafts-after-cut-chunk only
         self.p: dict[str, Any] = {}
 
     def seq(self, p: str) -> SpecSeq:
@@ -581,7 +601,8 @@ class GenericSpecDec(GenericV1):
 
     # ---------------------------------------------------------------- the request's rules
     def drafts(self, q: Seq) -> Any:
-        return _max(q.nc + self.k - q.nt, 0)
+        assert isinstance(q, SpecSeq)
+        return chunk_drafts(self, q.nc, q.nt, q.pr, self.room(q), self.k, self.cut)[0]
 
     def room(self, q: SpecSeq) -> Any:
         """`SpecDecEncoder.draft_room` for the generic request."""
@@ -597,10 +618,9 @@ class GenericSpecDec(GenericV1):
 
     def _chunk(self, q: Seq, allocate: bool = True) -> tuple[Any, Seq]:
         assert isinstance(q, SpecSeq)
-        k, d = self.k, self.drafts(q)
-        budgeted = k - d if self.mutant == "drafts-outside-budget" else k
-        ok = z3.And(k >= 1, k <= q.nt + self.room(q) - q.nc, budgeted <= self.T,
-                    z3.Implies(self.threshold_applies(q), k <= self.TH), outcome_params(self.p, self.K, d))
+        k = self.k
+        d, bounds = chunk_drafts(self, q.nc, q.nt, q.pr, self.room(q), k, self.cut)
+        ok = z3.And(bounds, z3.Implies(self.threshold_applies(q), k <= self.TH), outcome_params(self.p, self.K, d))
         target = self.ceil(q.nc + k)
         tl = z3.If(target > q.tl, target, q.tl)
         o = outcome(self, q.nt, q.nc, q.ky, k, d, self.plen, self.mtok, self.p)
