@@ -1,7 +1,8 @@
 """The Z3 proofs of the speculative-decoding flow (spec/proofs/encoding_specdec.py): the matrix is
 proved at its bound and for every size, for every k, no action is proved vacuously (each can fire from an invariant
 state, the speculative paths included), each mutated transition is caught by the cells it names,
-SPD-007's catalogue predicate fails only where `SPD007_FINDING` says (and the reference shows it),
+SPD-007 without its empty-outcome allowance fails only where `SPD007_STRENGTHENING` says (and the reference
+holds SPD-007 and PFX-001 with the allowance there),
 and the CLI runs the flow."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from spec.proofs.encoding_specdec import (
     SPECDEC_TRANSITION_PROPERTIES,
     SpecDecEncoder,
     grp_ok_specdec,
-    spd007,
+    spd007_strict,
 )
 from spec.proofs.matrix import prove
 
@@ -35,7 +36,7 @@ def test_specdec_matrix_is_proved():
     assert m.all_proved, [(c.invariant, c.action, c.result) for c in m.failing()]
     assert {c.action for c in m.cells} == {"init", *SPECDEC_ACTIONS}
     rows = {c.invariant for c in m.cells}
-    assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007/committed", "SPD-008",
+    assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007", "SPD-008",
                     "CAP-001", "CAP-003", "CHK-002", "CHK-004", "BLK-001", "BLK-003", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "specdec" for c in m.cells)
     # every cell for every size: the block layer (parametric, v1's micro-ops), QUE-001, COW-001, the
@@ -43,7 +44,7 @@ def test_specdec_matrix_is_proved():
     assert all(c.scope == "unbounded" for c in m.cells), sorted({(c.invariant, c.scope) for c in m.cells})
     covered = set(SPECDEC_STATE_INVARIANTS) | set(SPECDEC_TRANSITION_PROPERTIES) | set(m.out_of_scope)
     assert CATALOGUE <= covered  # nothing silently omitted
-    assert "empty" in m.out_of_scope["SPD-007"] and "SPD-007/committed" in m.out_of_scope["SPD-007"]
+    assert "SPD-007" not in m.out_of_scope  # proved as catalogued (the allowance is in the predicate)
 
 
 def _fires(action: str, *extra) -> bool:
@@ -96,7 +97,7 @@ CAUGHT = {
                                      mutants_specdec.EmptyOutcomeKeepsDrafts),
     "drafts-outside-budget": ({("SPD-001", "verify")}, mutants_specdec.DraftsOutsideBudget),
     "drafts-on-prefill-chunk": ({("SPD-002", "chunk"), ("SPD-002", "admit")}, mutants_specdec.DraftsOnPrefillChunk),
-    "keys-rejected-kv": ({("SPD-007/committed", "verify"), ("SPD-007/committed", "chunk")},
+    "keys-rejected-kv": ({("SPD-007", "verify"), ("SPD-007", "chunk")},
                          mutants_specdec.CachesRejectedKv),
 }
 
@@ -117,15 +118,16 @@ def test_specdec_mutant_is_caught(mutant):
             assert c.counterexample["flow"] == "specdec" and "proposed" in c.counterexample["pre"]["seqs"][0]
 
 
-def test_spd007_as_catalogued_fails_only_after_an_empty_outcome_with_prefix_caching():
-    """SPD007_FINDING: from a state satisfying every invariant, the catalogue predicate breaks only
-    on an outcome with no token, with prefix caching on; never otherwise."""
+def test_spd007_without_its_allowance_fails_only_after_an_empty_outcome_with_prefix_caching():
+    """SPD007_STRENGTHENING: from a state satisfying every invariant, SPD-007 without its
+    empty-outcome allowance breaks only on an outcome with no token, with prefix caching on."""
     for empty, want in ((1, z3.sat), (0, z3.unsat)):
         enc = SpecDecEncoder(SPECDEC_BOUND)
         ae = enc.encode("verify")
         s = z3.Solver()
         s.add(enc.config_ok(), grp_ok_specdec(enc), *[f(enc, ae.pre) for f in SPECDEC_STATE_INVARIANTS.values()],
-              spd007(enc, ae.pre), ae.guard, *ae.defs, ae.params["empty"] == empty, z3.Not(spd007(enc, ae.post)))
+              spd007_strict(enc, ae.pre), ae.guard, *ae.defs, ae.params["empty"] == empty,
+              z3.Not(spd007_strict(enc, ae.post)))
         assert s.check() == want, empty
         if want == z3.sat:
             assert z3.is_true(s.model().eval(enc.PC))
@@ -174,7 +176,7 @@ def test_specdec_counterexample_replays_on_the_conformance_mutant(mutant, tmp_pa
 
     cells, scheduler_class = CAUGHT[mutant]
     row = sorted(cells)[-1][0]
-    invariant = row.split("/")[0]  # SPD-007/committed is SPD-007 where the last outcome committed
+    invariant = row.split("/")[0]  # a partial row (ID/part) replays as its catalogue invariant
     m = prove(flow_name="specdec", mutant=mutant, actions=sorted({a for r, a in cells if r == row}),
               invariants=[row], jobs=1)
     found = None
