@@ -16,7 +16,8 @@ hands a check of every token only the tokens it has not read;
 read only keyed or changed blocks; `views_of` finds a request's views without a scan;
 `queue_set` and `shared_blocks` are carried while a queue, or every table, stands still;
 `returned_step` carries each scheduled step until its outcome is processed (``pipeline_depth``
-steps later), so a predicate about an outcome reads the step it belongs to. A check that
+steps later), so a predicate about an outcome reads the step it belongs to, and `void_outcomes`
+the sequences whose last outcome committed nothing (PFX-001's and SPD-007's one-slot allowance). A check that
 declares the view fields it reads (`Invariant.reads`, set on `CheckContext.reads` while it runs)
 within `PLACEMENT` is handed only the views whose placement changed (`placement_changes`, once
 per snapshot). An
