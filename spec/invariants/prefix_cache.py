@@ -21,6 +21,7 @@ from spec.invariants._views import (
     snapshots,
     tables,
     views_of,
+    void_outcomes,
 )
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
@@ -28,23 +29,31 @@ from spec.observation import Snapshot, StepRecord
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
 
-def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int) -> int:
+def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int, void: frozenset[str]) -> int:
     """Tokens whose KV is computed, or being computed in this step when looking after schedule()
-    (``scheduled``: tokens scheduled per sequence in this step)."""
+    (``scheduled``: tokens scheduled per sequence in this step), or written by a step whose
+    outcome committed nothing (``void``: its last known token, one past the computed tokens)."""
+    written = num_computed + (1 if sid in void else 0)
     if label == "after schedule":
-        return num_computed + scheduled.get(sid, 0)
-    return num_computed
+        return max(written, num_computed + scheduled.get(sid, 0))
+    return written
 
 
 @invariant(
     "PFX-001", "safety",
     """A cached block's key matches the tokens it holds: a block with a key sits in a table only
-    at a full block whose KV is computed (or computed in this step), and its key is the chained
-    key of that sequence's tokens up to the block's end.""",
+    at a full block whose KV is computed (or computed in this step; or, for a sequence whose last
+    outcome committed no token, written up to its last known token, one past its computed tokens),
+    and its key is the chained key of that sequence's tokens up to the block's end.""",
     """vLLM V1 keys block j by hash(key of block j-1, tokens of block j) and caches a block only
     once its tokens are computed; a key that does not match the content (a stale key on a reused
     block, a key on a partly written block) makes a later lookup return KV of other tokens, which
-    the model then attends to silently.""",
+    the model then attends to silently. An outcome with no token (speculative decoding's empty
+    outcome, vllm-project/vllm#42722) rolls the computed tokens back to the last known token but
+    one, yet the step's forward pass wrote the last known token's KV (vLLM's runner empties the
+    sampled tokens after the forward pass: gpu_model_runner.py:2062-2065, 3462-3505), so the
+    block keyed over it when the step was scheduled (kv_cache_manager.py:616-625) holds the KV
+    its key names; the recompute writes the same KV again.""",
     (*_NEEDS, C.COMPUTED_TOKENS),
     synchronous=True,
 )
@@ -53,6 +62,7 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     scheduled: dict[str, int] = {}
     for item in rec.output.scheduled:
         scheduled[item.seq_id] = scheduled.get(item.seq_id, 0) + item.num_tokens
+    void = void_outcomes(ctx, rec)  # every step, before any early return
     for label, snap, prior in checked_with_prior(ctx, rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
@@ -62,7 +72,8 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         for sid, v in _key_holders_to_check(snap, prior, scheduled):
             if v.device != "gpu" or not v.blocks or v.token_ids is None or keyed.isdisjoint(v.blocks):
                 continue
-            limit = _allowance(scheduled, label, sid, v.num_computed or 0)
+            limit = _allowance(scheduled, label, sid, v.num_computed or 0,
+                               void.before if label == "after schedule" else void.after)
             expected = chained_keys(snap, sid, bs)[: min(limit, len(v.token_ids)) // bs]
             for j, block in enumerate(v.blocks):
                 key = keys[block] if 0 <= block < len(keys) else None

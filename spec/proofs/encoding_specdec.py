@@ -11,7 +11,8 @@ GPU only), plus, per request, what the reference keeps for drafts and keys
 - ``nkey``: blocks of its table keyed for prefix caching (``num_keyed``), which SPD-007 reads
   (the cache's *hits* are not modelled, as in the v1 flow: admission computes from 0);
 - ``void``: a proof-only ghost, absent from the reference: its last outcome committed no token
-  (SPD-007's catalogue predicate fails right after one: `SPD007_FINDING`).
+  (SPD-007 allows one more keyed position then: `SPD007_STRENGTHENING`; the checker's
+  counterpart is `spec.invariants._views.void_outcomes`).
 
 The config adds ``num_speculative_tokens`` (symbolic, 0..`MAX_SPECULATIVE_TOKENS`: one proof
 covers k = 0, today's V1, and every k) and ``enable_prefix_caching``.
@@ -337,32 +338,32 @@ def spd002(enc: Encoder, st: State) -> Any:
                                z3.And(st.sstat[s] == RUN, st.ncomp[s] == st.ntok[s] - 1)) for s in range(enc.S)])
 
 
-def spd007(enc: Encoder, st: State) -> Any:
-    """SPD-007 as catalogued: with k > 0, every keyed block of a running request lies within its
-    computed tokens. Not a row of the matrix: it fails right after an outcome with no token
-    (`SPD007_FINDING`); `spd007_committed` is the row."""
+def spd007_strict(enc: Encoder, st: State) -> Any:
+    """SPD-007 without its allowance for an empty outcome: with k > 0, every keyed block of a
+    running request lies within its computed tokens. Not a row: it fails right after an outcome
+    with no token when prefix caching is on (`SPD007_STRENGTHENING`); `spd007` is the row."""
     assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
     return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s])
                                           for s in range(enc.S)]))
 
 
-def spd007_committed(enc: Encoder, st: State) -> Any:
-    """SPD-007 for every running request whose last outcome committed a token (row
-    ``SPD-007/committed``); one whose last outcome committed nothing has its keyed blocks within
-    its computed tokens plus the one it must recompute (the strengthening that makes it inductive:
-    the rolled-back position's KV was written from a committed token, not a draft)."""
+def spd007(enc: Encoder, st: State) -> Any:
+    """SPD-007 as catalogued: with k > 0, every keyed block of a running request lies within its
+    computed tokens, plus the one it must recompute when its last outcome committed nothing
+    (``void``; the catalogue's `void_outcomes`): that position's KV was written from a committed
+    token by the step's forward pass, not a draft."""
     assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
     return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s]
                                                       + z3.If(st.void[s], 1, 0)) for s in range(enc.S)]))
 
 
-SPD007_FINDING = (
-    "fails after an outcome with no token (vllm#42722's empty outcome) when prefix caching is on and the "
-    "step's last known token ends a block: the block was keyed when allocated (vLLM allocate_slots keys up "
-    "to the known tokens), and the rollback to the last token but one leaves its last slot past the computed "
-    "tokens. That slot's KV was computed from a committed token, not a draft, so the rationale holds; the "
-    "predicate is stricter than it by one slot. Proved as SPD-007/committed (every request whose last outcome "
-    "committed a token; one slot of slack right after an empty one); docs/PROOFS.md"
+SPD007_STRENGTHENING = (
+    "the strict form (keys within the computed tokens) is not inductive: it fails after an outcome with no "
+    "token (vllm#42722's empty outcome) when prefix caching is on and the step's last known token ends a "
+    "block: the block was keyed when allocated (vLLM allocate_slots keys up to the known tokens), and the "
+    "rollback to the last token but one leaves its last slot past the computed tokens. That slot's KV was "
+    "written from a committed token by the step's forward pass (vLLM's runner empties the sampled tokens "
+    "after it), so SPD-007 as catalogued allows it; docs/PROOFS.md"
 )
 
 
@@ -493,7 +494,7 @@ def chk004_specdec(ae: ActionEncoding) -> Any:
 
 SPECDEC_STATE_INVARIANTS = {
     **{k: v for k, v in V1_STATE_INVARIANTS.items() if k not in ("CAP-001", "WF")},
-    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007/committed": spd007_committed,
+    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007": spd007,
     "WF": wf_specdec,
 }
 SPECDEC_TRANSITION_PROPERTIES = {
@@ -504,7 +505,6 @@ SPECDEC_TRANSITION_PROPERTIES = {
 }
 SPECDEC_STEP_PARTS = {"CHK-002": chk002_step_specdec, "SPD-002": spd002_step}
 SPECDEC_SCOPE = {
-    "SPD-007": SPD007_FINDING,
     "CAP-004": "implied on this flow by CAP-001 (proved: at least ceil(computed / block_size) blocks)",
     "CAP-006": "implied on this flow by CAP-001 (proved: at most the blocks of its tokens plus k, the lookahead "
                "reservation the reference declares)",
@@ -547,7 +547,7 @@ def pin_specdec_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list
 # proposal, keys and ``void`` ghost, and the speculative chunk (`outcome`, shared with the bounded
 # encoding above). `tests/test_per_sequence_matches_reference.py` checks it on the reference.
 ROWS_SPECDEC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006",
-                    "SPD-002", "SPD-007/committed")
+                    "SPD-002", "SPD-007")
 STEPS_SPECDEC_SEQ = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002",
                      "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008", "SPD-009")
 ACTIONS_SPECDEC_SEQ = SPECDEC_ACTIONS
@@ -591,7 +591,7 @@ class GenericSpecDec(GenericV1):
         out = super().rows(q)
         out["CAP-001"] = z3.Implies(q.st == RUN, z3.And(q.tl >= self.ceil(q.nc), q.tl <= self.ceil(q.nt + self.K)))
         out["SPD-002"] = z3.Implies(z3.And(q.pr > 0, q.st != FIN), z3.And(q.st == RUN, q.nc == q.nt - 1))
-        out["SPD-007/committed"] = z3.Implies(self.K > 0, z3.Implies(q.st == RUN, q.ky * self.bs <= q.nc + z3.If(q.vd, 1, 0)))
+        out["SPD-007"] = z3.Implies(self.K > 0, z3.Implies(q.st == RUN, q.ky * self.bs <= q.nc + z3.If(q.vd, 1, 0)))
         return out
 
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
