@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = desc.generate(tool, target.root / "venv", args.sample, args.seed)
         desc.save(doc, args.descriptors)
     desc.check_installed(doc, site)
+    rescoped = desc.rescope(doc, site)  # today's scope rules and equivalence verdicts, same sample
+    if rescoped:
+        print(f"scope or equivalence changed for {len(rescoped)} mutants: {' '.join(rescoped)}", flush=True)
+        desc.save(doc, args.descriptors)
     mutants = doc["mutants"]
     if args.only:
         wanted = set(args.only.split(","))
