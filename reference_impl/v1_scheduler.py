@@ -169,6 +169,17 @@ class TrackedScheduler:
         self._finish(tracked, Status.FINISHED_ABORTED)
         return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
 
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Finished]:
+        """One abort call naming many ids (vLLM's ``EngineCore.abort_requests`` ->
+        ``Scheduler.finish_requests``): unknown and finished ids are skipped, the others aborted in
+        the order given (spec/protocol.py)."""
+        return [done for rid in request_ids if (done := self.abort_request(rid)) is not None]
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache if no block is in use (vLLM's ``Scheduler.reset_prefix_cache()``
+        without ``reset_running_requests``); False, changing nothing, otherwise."""
+        return self.pool.reset_cache()
+
     # ---------------------------------------------------------------- blocks and preemption
     def _free_blocks(self, tracked: TrackedRequest) -> None:
         self.pool.release(reversed(tracked.blocks))  # tail first: evicted first

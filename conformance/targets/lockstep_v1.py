@@ -29,6 +29,7 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import time
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
         meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
-        saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
+        saved = dataclasses.replace(small, meta=meta)
         name = f"{path.replace('+', '-')}-{cls}.json"
         out = saved.save(args.traces_dir / name)
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})

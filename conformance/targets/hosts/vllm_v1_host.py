@@ -178,6 +178,20 @@ class V1Engine:
         self.final[request_id] = "FINISHED_ABORTED"
         return {"request": request_id, "status": "FINISHED_ABORTED"}
 
+    def abort_requests(self, request_ids: list) -> list:
+        """One batched abort, as EngineCore.abort_requests passes a client's list to
+        Scheduler.finish_requests (vllm/v1/engine/core.py:564-569), which skips unknown and finished
+        ids; the requests it aborted, as it returns them."""
+        done = self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+        for r in done:
+            self.final[r.request_id] = "FINISHED_ABORTED"
+        return [{"request": r.request_id, "status": "FINISHED_ABORTED"} for r in done]
+
+    def reset_prefix_cache(self) -> bool:
+        """EngineCore.reset_prefix_cache -> Scheduler.reset_prefix_cache() with its defaults (no
+        reset_running_requests, no connector): refuses while blocks are in use."""
+        return bool(self.sched.reset_prefix_cache())
+
     def schedule(self) -> dict:
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
