@@ -62,6 +62,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
     ap.add_argument("--redo", default="", metavar="VERDICTS",
                     help="judge again the mutants kvsched gave one of these verdicts (comma-separated)")
+    ap.add_argument("--rejudge-kvsched", action="store_true",
+                    help="drop kvsched's baselines and verdicts (its traces or checks changed) and judge again; "
+                         "vLLM's tests' verdicts are kept")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
@@ -138,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         save_results(results, args.out)
         print(render(results["summary"]))
         return 0
+    if args.rejudge_kvsched:
+        for name in [k for k in results["baselines"] if k.startswith("kvsched:")]:
+            results["baselines"].pop(name)
+        for entry in results["mutants"].values():
+            for name in [k for k in entry if k.startswith("kvsched:")]:
+                entry.pop(name)
+        results["kvsched_rejudged"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     redo = set(filter(None, args.redo.split(",")))
     if redo:  # e.g. hangs judged before they were confirmed on a fresh host (kvsched_judge)
         for entry in results["mutants"].values():

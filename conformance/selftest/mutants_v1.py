@@ -227,3 +227,10 @@ class _ResetRefusesIdle(V1Scheduler):
 class _ResetKeepsKeys(V1Scheduler):
     def reset_prefix_cache(self) -> bool:
         return not any(self.pool.ref_counts[:])  # bug: the answer without the reset
+
+
+@mutant("v1-admission-ignores-watermark", "an admission made while requests run does not keep the watermark "
+        "free (vLLM V1 keeps it: kv_cache_manager.py:518-525)", ("ADM-004",), **V1)
+class _AdmissionIgnoresWatermark(V1Scheduler):
+    def _admission_watermark(self) -> int:
+        return 0  # bug: the watermark is never kept

@@ -42,6 +42,8 @@ class Flavour:
             from conformance.targets.lockstep_async import path_strategy
         else:
             from conformance.targets.lockstep_v1 import path_strategy
+
+            return path_strategy(path, optional_calls=True)  # batched aborts, resets (issue 21)
         return path_strategy(path)
 
     def run_one(self, adapter, trace: Trace, timeout: float = 60.0):
