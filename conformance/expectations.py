@@ -15,6 +15,12 @@ bug has not shown it is gone). ``skip``: not checked at all, reported as ``skipp
 an invariant ID, ``LOCKSTEP``, or ``FAULT-<kind>`` (expected only). ``--skip ID[,ID]`` adds skips
 on the command line.
 
+A ``FAULT-<kind>`` entry may say ``"where": ["scheduler.py:1579", ...]``: then only a fault whose
+location or message contains one of those strings is the expected one; any other fault of that
+kind is a new finding, reported as ``FAULT-<kind>@<its location>`` (`Expectations.relabel`). Why:
+every exception an engine raises is ``FAULT-raised``, so an entry without ``where`` would hide a
+new crash behind a known one; every target file gives one.
+
 A real target keeps its known deviations in ``conformance/targets/expectations/<target>.json``
 (`target_expectations`): ``kvsched conform --adapter <target>`` reads it unless ``--expect`` names
 another file or ``--no-expect`` asks for every failure to count. Why by default: a target's
@@ -24,7 +30,7 @@ bury a new one, and a user who wants them all back says so in one flag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +45,25 @@ class Expectations:
     expected: dict[str, str] = field(default_factory=dict)  # problem id -> reason
     skip: dict[str, str] = field(default_factory=dict)  # invariant id or LOCKSTEP -> reason
     source: str | None = None  # the file they were read from, for the report
+    where: dict[str, tuple[str, ...]] = field(default_factory=dict)  # FAULT-<kind> -> where it is expected
 
     def with_skips(self, ids: list[str], reason: str = "--skip") -> Expectations:
-        return Expectations(self.expected, {**self.skip, **{i: reason for i in ids}}, self.source)
+        return Expectations(self.expected, {**self.skip, **{i: reason for i in ids}}, self.source, self.where)
+
+    def relabel(self, problems: dict[str, Any]) -> dict[str, Any]:
+        """``problems`` (id -> `conformance.summary.Problem`) with every fault the expectations
+        place elsewhere renamed ``FAULT-<kind>@<location>``: a new crash, not the known one."""
+        if not self.where or not any(p in self.where for p in problems):
+            return problems
+        out: dict[str, Any] = {}
+        for problem, found in problems.items():
+            places = self.where.get(problem)
+            text = f"{found.location or ''} {found.message}"
+            if places and not any(place in text for place in places):
+                problem = f"{problem}@{found.location or 'unknown'}"
+                found = replace(found, id=problem)
+            out[problem] = found
+        return out
 
 
 def _known_ids() -> set[str]:
@@ -71,7 +93,7 @@ def load_expectations(path: Path | None) -> Expectations:
     where = "--expect"
     data = read_json(path, where=f"{where} {path}", max_bytes=1 << 20)
     loaded = expectations_from_dict(data, where)
-    return Expectations(loaded.expected, loaded.skip, str(path))
+    return replace(loaded, source=str(path))
 
 
 TARGET_EXPECTATIONS_DIR = Path(__file__).parent / "targets" / "expectations"
@@ -90,7 +112,7 @@ def target_expectations(adapter: str) -> Expectations:
         return Expectations()
     data = read_json(path, where=str(path), max_bytes=1 << 20)
     loaded = expectations_from_dict(data, str(path))
-    return Expectations(loaded.expected, loaded.skip, str(path))
+    return replace(loaded, source=str(path))
 
 
 def expectations_from_dict(data: Any, where: str = "expectations") -> Expectations:
@@ -103,6 +125,7 @@ def expectations_from_dict(data: Any, where: str = "expectations") -> Expectatio
         raise InputError(f"{where}.{sorted(unknown)[0]}",
                          "unknown field (known: version, expected, skip, adapter, profile, comment, pinned)")
     parts: dict[str, dict[str, str]] = {}
+    places: dict[str, tuple[str, ...]] = {}
     for name in ("expected", "skip"):
         entries = data.get(name, [])
         if not isinstance(entries, list):
@@ -114,5 +137,17 @@ def expectations_from_dict(data: Any, where: str = "expectations") -> Expectatio
                 raise InputError(at, "must be an object with an 'id' string")
             if not isinstance(entry.get("reason"), str) or not entry["reason"].strip():
                 raise InputError(f"{at}.reason", "must say why (a non-empty string)")
-            parts[name][check_id(entry["id"], f"{at}.id", faults=name == "expected")] = entry["reason"]
-    return Expectations(parts["expected"], parts["skip"])
+            problem = check_id(entry["id"], f"{at}.id", faults=name == "expected")
+            # two entries for one fault kind (two known crashes): both reasons, both places
+            parts[name][problem] = " / ".join(filter(None, (parts[name].get(problem), entry["reason"])))
+            if "where" in entry:
+                places[problem] = (*places.get(problem, ()), *_places(entry["where"], f"{at}.where", problem))
+    return Expectations(parts["expected"], parts["skip"], where=places)
+
+
+def _places(value: Any, where: str, problem: str) -> tuple[str, ...]:
+    if not problem.startswith("FAULT-"):
+        raise InputError(where, "only a FAULT-<kind> entry says where it is expected")
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise InputError(where, "must be a non-empty list of strings found in the fault's location or message")
+    return tuple(value)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -169,8 +170,15 @@ def fuzz(
     runners = [runner, *(_more_runners(runner, workers - 1) if drawn_by_runner else [])]
     fatal: Counter[str] = Counter()
 
+    def relabeled(summary: TraceSummary) -> TraceSummary:
+        # A fault the expectations place elsewhere is a new finding under its own id.
+        summary.problems = expectations.relabel(summary.problems)
+        return summary
+
     def run_on(on: Any, trace: Trace, **kw: Any) -> TraceSummary:
-        return on.run(trace, invariants, lockstep=lockstep, reference=reference, **kw)
+        if "stop_on" in kw:  # the runner knows the fault's kind, not where the expectations place it
+            kw["stop_on"] = kw["stop_on"].split("@")[0]
+        return relabeled(on.run(trace, invariants, lockstep=lockstep, reference=reference, **kw))
 
     def record(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
         for problem in sorted(summary.problems):
@@ -183,7 +191,8 @@ def fuzz(
                     shared.found(problem, saved)
 
     def searched(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
-        for problem in summary.problem_ids & FATAL:
+        summary = relabeled(summary)
+        for problem in {p.split("@")[0] for p in summary.problem_ids} & FATAL:
             fatal[problem] += 1
             if fatal[problem] >= FATAL_REPEATS:
                 result.stopped_early = (f"{problem} ended {FATAL_REPEATS} traces: the adapter's process keeps dying, "
@@ -237,7 +246,7 @@ def fuzz(
         if problem not in result.findings:  # interrupted: the unshrunk trace, already on disk
             found = summary.problems[problem]
             result.findings[problem] = Finding(problem, found.message, trace, found.step + 1,
-                                               out_dir / "counterexamples" / f"{problem}.json", None, found.location,
+                                               out_dir / "counterexamples" / _file_name(problem), None, found.location,
                                                shrunk=False)
     result.seconds = time.monotonic() - started
     for extra in runners[1:]:
@@ -322,6 +331,11 @@ def _search(strategy, seed_value, max_examples, stop, run, searched, best) -> No
             raise RuntimeError(f"the fuzz run stopped unexpectedly: {type(err).__name__}: {err}") from err
 
 
+def _file_name(problem: str) -> str:
+    """``problem``'s file name: a relabeled fault's location (``FAULT-raised@path/x.py:12``) made safe."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", problem) + ".json"
+
+
 def _saved_in(out_dir: Path) -> Iterator[Trace]:
     for folder in ("counterexamples", "found"):
         for path in sorted((out_dir / folder).glob("*.json")):
@@ -365,8 +379,8 @@ def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: Trac
     found = summary.problems[problem]
     saved = _meta(trace, result, problem, found.message, found.step + 1, False, found.location)
     if first:
-        saved.save(out_dir / "found" / f"{problem}.json")  # the first failing trace, kept as found
-    saved.save(out_dir / "counterexamples" / f"{problem}.json")  # replaced by the shrunk one later
+        saved.save(out_dir / "found" / _file_name(problem))  # the first failing trace, kept as found
+    saved.save(out_dir / "counterexamples" / _file_name(problem))  # replaced by the shrunk one later
     return saved
 
 
@@ -376,12 +390,12 @@ def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, resu
         return run(candidate, stop_on=problem).step_of(problem)
 
     # A fatal fault costs a process start (a hang a whole timeout) per try: a small budget.
-    tries, seconds = (10, 15.0) if problem in FATAL else (400, 30.0)
+    tries, seconds = (10, 15.0) if problem.split("@")[0] in FATAL else (400, 30.0)
     try:
         small, step = shrink(trace, failing, budget=tries, seconds=seconds, domain=domain)
     except ValueError:  # flaky: no longer fails alone; keep what was seen
         small, step = trace, summary.problems[problem].step
-    path = out_dir / "counterexamples" / f"{problem}.json"
+    path = out_dir / "counterexamples" / _file_name(problem)
     final = run(small, html=path.with_suffix(".html"))
     found = final.problems.get(problem) or summary.problems[problem]
     saved = _meta(small, result, problem, found.message, step + 1, True, found.location)

@@ -62,6 +62,8 @@ def adapter_location(frames: Iterable[tuple[str, int]]) -> str | None:
 
 
 def exception_location(err: BaseException) -> str | None:
+    if isinstance(getattr(err, "location", None), str):  # raised in another process, which said where
+        return err.location  # type: ignore[attr-defined]
     return adapter_location((f.filename, f.lineno or 0) for f in reversed(traceback.extract_tb(err.__traceback__)))
 
 

@@ -73,8 +73,8 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
         if problem == "LOCKSTEP" or problem.startswith("FAULT-"):
             out.append({
                 "id": problem,
-                "category": _FAULT_CATEGORY.get(problem, "adapter"),
-                "statement": _FAULT_STATEMENT.get(problem, "the adapter answered"),
+                "category": _FAULT_CATEGORY.get(problem.split("@")[0], "adapter"),  # FAULT-raised@file:line too
+                "statement": _FAULT_STATEMENT.get(problem.split("@")[0], "the adapter answered"),
                 "status": _status(result, problem, finding),
                 "location": finding.location,
                 "exercised_steps": result.steps_checked,
@@ -204,12 +204,46 @@ def print_terminal(result: FuzzResult) -> None:
         console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
         if finding.location:
             console.print(f"  at {finding.location}", highlight=False, markup=False, soft_wrap=True)
+        hint = _domain_hint(problem, finding)
+        if hint:
+            console.print(f"  hint: {hint}", highlight=False, markup=False, soft_wrap=True)
         shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
         # One line however long, so the command can be copied and run as printed.
         console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False,
                       soft_wrap=True)
     unexpected = len(result.unexpected)
     console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")
+
+
+def _features(trace: Any) -> list[str]:
+    """The optional scheduler features ``trace`` uses, named by their `ConfigDomain` field."""
+    config, used = trace.config, []
+    if any(a.request.n > 1 for a in trace.arrivals):
+        used.append("max_n (a request with n > 1)")
+    if config.preemption_mode != "recompute" and config.num_cpu_blocks:
+        used.append("swap (preemption by swap)")
+    if config.policy == "priority":
+        used.append("priority")
+    if trace.aborts:
+        used.append("aborts")
+    if config.enable_chunked_prefill:
+        used.append("chunked_prefill")
+    if config.enable_prefix_caching:
+        used.append("prefix_caching")
+    return used
+
+
+def _domain_hint(problem: str, finding: Any) -> str | None:
+    """For a crash or a malformed answer on a trace that uses optional features: the first thing a
+    stranger's adapter meets (a scheduler without n > 1 or swap given such a trace) is named, with
+    where to declare what the scheduler takes."""
+    if problem.split("@")[0] not in ("FAULT-raised", "FAULT-malformed") or finding.trace is None:
+        return None
+    used = _features(finding.trace)
+    if not used:
+        return None
+    return (f"the trace uses {', '.join(used)}; if your scheduler does not support that, declare a config domain "
+            "(docs/ADAPTERS.md, 'Declaring the config domain') and the runner will not draw it")
 
 
 def _reserves(reservation: dict[str, Any]) -> str:

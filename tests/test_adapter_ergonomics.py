@@ -259,3 +259,18 @@ def test_a_file_inside_a_package_loads_with_its_package_imports(tmp_path):
                            "--max-examples", "3", "--quiet", "--out", "out", "--json", str(report)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_crash_on_a_feature_the_adapter_may_lack_points_to_the_config_domain():
+    from conformance.fuzz import Finding
+    from conformance.report import _domain_hint
+    from spec.trace import Trace
+
+    trace = Trace.from_dict({"version": 1, "config": {"preemption_mode": "recompute"}, "requests": [
+        {"id": "a", "prompt_len": 4, "max_tokens": 2, "n": 2, "arrival_step": 0}], "max_steps": 4})
+    hint = _domain_hint("FAULT-raised", Finding("FAULT-raised", "m", trace, 1))
+    assert hint and "max_n" in hint and "Declaring the config domain" in hint
+    assert _domain_hint("BLK-001", Finding("BLK-001", "m", trace, 1)) is None
+    plain = Trace.from_dict({"version": 1, "config": {"preemption_mode": "recompute"}, "requests": [
+        {"id": "a", "prompt_len": 4, "max_tokens": 2, "arrival_step": 0}], "max_steps": 4})
+    assert _domain_hint("FAULT-raised", Finding("FAULT-raised", "m", plain, 1)) is None

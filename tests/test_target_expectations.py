@@ -58,3 +58,56 @@ def test_expect_and_no_expect_are_one_choice(tmp_path):
                            "--expect", str(tmp_path / "e.json")], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 2 and "not allowed with" in proc.stderr
+
+
+def test_every_expected_fault_says_where_it_is_expected():
+    """Every exception an engine raises is FAULT-raised: an entry without ``where`` would hide a
+    new crash behind the known one."""
+    for path in FILES:
+        for entry in json.loads(path.read_text()).get("expected", []):
+            if entry["id"].startswith("FAULT-"):
+                assert entry.get("where"), f"{path.name}: {entry['id']} needs 'where'"
+
+
+def test_a_fault_raised_elsewhere_is_a_new_finding():
+    from conformance.summary import Problem
+
+    expectations = expectations_from_dict({"version": 1, "expected": [
+        {"id": "FAULT-raised", "reason": "known assert", "where": ["scheduler.py:57 in schedule"]}]})
+    known = Problem("FAULT-raised", 0, "host error: AssertionError", "scheduler.py:57 in schedule")
+    new = Problem("FAULT-raised", 3, "host error: KeyError: 7", "block_pool.py:212 in free")
+    assert expectations.relabel({"FAULT-raised": known}) == {"FAULT-raised": known}
+    relabeled = expectations.relabel({"FAULT-raised": new, "BLK-001": known})
+    assert set(relabeled) == {"FAULT-raised@block_pool.py:212 in free", "BLK-001"}
+    assert relabeled["FAULT-raised@block_pool.py:212 in free"].id == "FAULT-raised@block_pool.py:212 in free"
+
+
+@pytest.mark.parametrize(("where", "new"), [(["scheduler exploded"], False), (["somewhere else"], True)])
+def test_a_run_reports_a_misplaced_fault_as_new(tmp_path, monkeypatch, where, new):
+    from conformance.cli import main
+
+    tests = Path(__file__).resolve().parent
+    monkeypatch.syspath_prepend(str(tests))
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"version": 1, "expected": [
+        {"id": "FAULT-raised", "reason": "the fault adapter raises at step 2", "where": where}]}))
+    report = tmp_path / "report.json"
+    code = main(["conform", "--adapter", "fault_adapters:raises", "--max-examples", "3", "--seed", "3", "--quiet",
+                 "--out", str(tmp_path / "out"), "--json", str(report), "--expect", str(expect)])
+    data = json.loads(report.read_text())
+    if new:
+        assert code == 1 and len(data["new_findings"]) == 1 and data["new_findings"][0].startswith("FAULT-raised@")
+        assert "fault_adapters.py:" in data["new_findings"][0]
+        saved = list((tmp_path / "out" / "counterexamples").glob("FAULT-raised_*.json"))
+        assert len(saved) == 1, saved
+    else:
+        assert code == 0 and data["expected_findings"] == ["FAULT-raised"] and data["new_findings"] == []
+
+
+def test_where_is_only_for_faults_and_must_be_strings():
+    from spec.errors import InputError
+
+    for entry, field in ([{"id": "BLK-001", "reason": "r", "where": ["x"]}, "where"],
+                         [{"id": "FAULT-raised", "reason": "r", "where": "x"}, "where"]):
+        with pytest.raises(InputError, match=field):
+            expectations_from_dict({"version": 1, "expected": [entry]})

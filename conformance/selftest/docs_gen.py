@@ -363,7 +363,11 @@ test262 and the wasm spec tests keep theirs). `--skip ID[,ID]` does not check th
 
 An expected failure is still checked, shrunk and saved, and reported as `expected` (the run does
 not fail for it); one that the run did not see is reported as `unexpected_pass`, a hint to
-update the file. `FAULT-<kind>` may be expected too (never skipped).
+update the file. `FAULT-<kind>` may be expected too (never skipped), and should say where:
+`{{"id": "FAULT-raised", "reason": "...", "where": ["scheduler.py:57 in schedule"]}}` expects only a
+fault whose location or message contains one of those strings. Any other fault of that kind is
+a new finding, `FAULT-raised@<its location>`: every exception is `FAULT-raised`, so an entry
+without `where` would hide a new crash behind the known one (every target's file gives one).
 
 Each real target keeps its own file, `conformance/targets/expectations/<target>.json` (the
 known deviations of its pinned version, each with the class, kind and engine source that

@@ -199,7 +199,8 @@ def result_of(msg: Mapping[str, Any], method: str) -> Any:
     if "error" in msg:
         err = msg["error"] if isinstance(msg["error"], Mapping) else {"message": str(msg["error"])}
         where = f" (at {err['where']})" if err.get("where") else ""
-        raise WireError(f"host error in {err.get('method', method)}: {err.get('message', '?')}{where}")
+        raise WireError(f"host error in {err.get('method', method)}: {err.get('message', '?')}{where}",
+                        str(err["where"]) if err.get("where") else None)
     if "result" not in msg:
         raise WireError(f"host answered {method!r} without result or error")
     return msg["result"]

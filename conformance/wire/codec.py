@@ -16,7 +16,13 @@ from spec.types import Finished, Request, SchedulerOutput
 
 
 class WireError(Exception):
-    """A host broke the protocol (bad JSON, wrong shape, unknown status), died, or hung."""
+    """A host broke the protocol (bad JSON, wrong shape, unknown status), died, or hung; or the
+    engine raised inside the host, ``location`` then being where (the host's ``file:line in fn``),
+    so that a fault is placed in the engine's code, not in the wire client."""
+
+    def __init__(self, message: str, location: str | None = None) -> None:
+        super().__init__(message)
+        self.location = location
 
 
 def config_to_json(config: SchedulerConfig) -> dict[str, Any]:
