@@ -147,3 +147,20 @@ def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
     assert desc.scope_of(src[5], "f", headers[:-1]) == ("out", "spec-decode")
     assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
     assert desc.scope_of(src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == ("in", "")
+
+
+def test_the_specdec_judge_drives_the_async_target_and_runs_only_on_survivors():
+    import importlib.util
+
+    from conformance.selftest.mutation.kvsched_judge import TARGET_OF, flavour
+
+    assert TARGET_OF["vllm-v1-async+specdec"] == "vllm-v1-async"
+    assert flavour("vllm-v1-async+specdec").paths == ("async",)
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench_mutation_vllm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    survived = {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"}}
+    assert bench._needs_specdec(survived, {"kvsched"}, 40)
+    assert not bench._needs_specdec(survived, {"kvsched"}, 0)  # off by default
+    assert not bench._needs_specdec({"kvsched:vllm-v1": {"verdict": "killed"}}, {"kvsched"}, 40)
+    assert not bench._needs_specdec({**survived, bench.SPECDEC: {"verdict": "survived"}}, {"kvsched"}, 40)

@@ -225,6 +225,16 @@ EQUIVALENT: dict[tuple[str, int, str], tuple[str, str]] = {
         "without deferred frees (a consumer KV connector) allocation fails in the running loop only "
         "after the request preempted itself; under FCFS it was the running tail, so `continue` ends the "
         "loop as `break` does, and under priority the conjunction holds anyway"),
+    ("vllm/v1/core/sched/scheduler.py", 2321, "core/ReplaceTrueWithFalse"): (
+        "output_is_stale = True",
+        "stale output (a step in flight when its request was preempted) reaches a request that is still "
+        "PREEMPTED: without drop mode (KV delivery, resumable sessions) Scheduler.schedule does not re-admit "
+        "it while such output is in flight (scheduler.py:1084-1089), and _preempt_request zeroed its computed "
+        "tokens and placeholders, so every use of the flag is moot: the spec-decode rollback and the "
+        "placeholder release are guarded by `> 0` (2360-2364, 2766), the cache_blocks call by "
+        "status_before_stop == RUNNING (2407-2410), the drop by drop_stale_output (2338), and the computed-token "
+        "trim at a stop (2761) touches only a request that finishes there. The one vLLM test that kills it uses a KV-producer connector "
+        "(test_kv_pressure_preempt_mid_handoff[kv_producer-False])"),
 }
 
 
