@@ -116,10 +116,10 @@ PATH_SPECS = {"chunked": PathSpec(True, False), "prefix": PathSpec(False, True),
 
 
 @st.composite
-def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
+def path_configs(draw: st.DrawFn, path: str, watermark: bool = False) -> SchedulerConfig:
     """Configs of one of V1's paths, within what vLLM 0.33.0 accepts: a watermark of 0 (V1's
-    default) or up to 0.2 (SchedulerConfig.watermark, < 1; the reference applies V1's rule,
-    `EngineWatermarkV1`), recompute only,
+    default) or, with ``watermark``, up to 0.2 (SchedulerConfig.watermark, < 1; for a reference
+    with V1's rule, `EngineWatermarkV1`; lockstep_async's reference has the spec's), recompute only,
     max_num_partial_prefills 0 (V1 has no such limit; 1 or 2 on the ``chunked+partial`` path, to
     show it), long_prefill_token_threshold at most
     max_model_len (SchedulerConfig.verify_max_model_len), a budget of at least max_num_seqs and,
@@ -143,7 +143,7 @@ def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
     return SchedulerConfig(
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=0, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, max_model_len=max_model_len,
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.2])), preemption_mode="recompute",
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.2])) if watermark else 0.0, preemption_mode="recompute",
         policy=draw(st.sampled_from(["fcfs", "priority"])), enable_chunked_prefill=spec.chunked,
         max_num_partial_prefills=draw(st.sampled_from([1, 2])) if spec.partial else 0,
         long_prefill_token_threshold=threshold, enable_prefix_caching=spec.prefix,
@@ -155,7 +155,7 @@ def path_strategy(path: str, optional_calls: bool = False) -> st.SearchStrategy:
     ``reset_prefix_cache`` calls (a host that announces them: vllm-v1; Aphrodite's does not)."""
     if path == "default":
         return _v1_strategy()
-    return path_configs(path).flatmap(
+    return path_configs(path, watermark=True).flatmap(
         lambda config: token_traces("v1", config=config, batch_aborts=optional_calls, resets=optional_calls))
 
 
