@@ -26,9 +26,11 @@ def main() -> None:
     own = {"schedule": 0.0, "update_from_output": 0.0}
     steps = 0
     request_steps = 0
-    host_total = 0.0
+    host_total = reset_total = 0.0
     for trace in traces:
+        start = clock()
         engine.reset(trace["config"])
+        reset_total += clock() - start
         sched = engine.sched
         for name in own:
             original = getattr(sched, name)
@@ -68,7 +70,7 @@ def main() -> None:
                 break
         host_total += clock() - start
     print(json.dumps({"steps": steps, "vllm_seconds": sum(own.values()), "own": own, "host_seconds": host_total,
-                      "request_steps": request_steps}))
+                      "reset_seconds": reset_total, "request_steps": request_steps}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Time the Z3 invariant x action matrix (``kvsched prove``): the whole default matrix (every
-flow: v0, v1 and async, bounded and unbounded cells), ``kvsched prove --bound large`` (v0 at the
-``large`` preset, v1 and async at their own bounds), and the parametric block proof alone.
+flow: v0, v1, async and specdec, bounded and unbounded cells), ``kvsched prove --bound large`` (v0
+at the ``large`` preset, the other flows at their own bounds), and the parametric block proof alone.
 
 CPU seconds are this process's plus its reaped worker processes' (user + system), the measure
 issue 19 sets limits on (whole matrix <= 60 s CPU, ``--bound large`` <= 5 min). Baseline: the
@@ -20,6 +20,7 @@ import time
 from spec.proofs.bound import DEFAULT, LARGE, Bound
 from spec.proofs.chunked import V1_BOUND
 from spec.proofs.encoding_async import ASYNC_BOUND
+from spec.proofs.encoding_specdec import SPECDEC_BOUND
 from spec.proofs.matrix import prove
 
 
@@ -57,15 +58,17 @@ def main() -> None:
     base = measure(DEFAULT, 1)
     print(f"baseline  v0 default ({DEFAULT}), 1 job: {base[0]:6.1f}s wall {base[1]:6.1f}s CPU  "
           f"{base[2]} cells ({base[3]} unbounded)  all proved={base[4]}")
-    whole = [measure(DEFAULT, args.jobs), measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async")]
-    for name, w in zip(("v0", "v1", "async"), whole, strict=True):
-        print(f"  {name:5}: {w[0]:6.1f}s wall {w[1]:6.1f}s CPU  {w[2]} cells ({w[3]} unbounded)  all proved={w[4]}")
-    _total(f"whole matrix (v0 + v1 + async default), {args.jobs} jobs", whole)
+    whole = [measure(DEFAULT, args.jobs), measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async"),
+             measure(SPECDEC_BOUND, args.jobs, "specdec")]
+    for name, w in zip(("v0", "v1", "async", "specdec"), whole, strict=True):
+        print(f"  {name:7}: {w[0]:6.1f}s wall {w[1]:6.1f}s CPU  {w[2]} cells ({w[3]} unbounded)  all proved={w[4]}")
+    _total(f"whole matrix (v0 + v1 + async + specdec default), {args.jobs} jobs", whole)
     r = measure(large, args.jobs)
     print(f"  v0 {large}: {r[0]:6.1f}s wall {r[1]:6.1f}s CPU  {r[2]} cells "
           f"({r[3]} unbounded, not re-solved)  all proved={r[4]}  x{r[0] / base[0]:.2f} of baseline")
-    _total(f"kvsched prove --bound large (v0 large, v1 and async at their bounds), {args.jobs} jobs",
-           [r, measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async")])
+    _total(f"kvsched prove --bound large (v0 large, the other flows at their bounds), {args.jobs} jobs",
+           [r, measure(V1_BOUND, args.jobs, "v1"), measure(ASYNC_BOUND, args.jobs, "async"),
+            measure(SPECDEC_BOUND, args.jobs, "specdec")])
 
 
 def _total(what: str, runs: list[tuple[float, float, int, int, bool]]) -> None:

@@ -135,6 +135,9 @@ BUILTIN_DOMAINS: dict[str, ConfigDomain] = {
     # the async reference at vLLM's depth (conformance.targets.lockstep_async.all_paths_strategy)
     "reference-async": replace(_V1_DOMAIN, watermark=0.0, pipeline_depth=1),
     "reference-specdec": replace(_V1_DOMAIN, speculative=True),  # conformance.generate_specdec
+    # the SGLang flow's own traces (conformance.targets.lockstep_sglang.sglang_traces_any): page size 1
+    "reference-sglang": ConfigDomain(flow="v1", swap=False, cpu_pool=False, watermark=0.0, priority=False, lpm=True,
+                                     max_n=1, chunked_prefill=True, prefix_caching=True, budget_covers_model_len=True),
 }
 
 
@@ -192,6 +195,15 @@ def _reference_specdec() -> Adapter:
     return adapter
 
 
+def _reference_sglang() -> Adapter:
+    from reference_impl.sglang_scheduler import SglangScheduler
+
+    adapter = SchedulerAdapter("reference-sglang", SglangScheduler, profiles=("sglang", "safety"),
+                               capabilities=SglangScheduler.capabilities, domain=BUILTIN_DOMAINS["reference-sglang"])
+    adapter.trace_strategy = lambda: _builtin_strategy("reference-sglang")  # type: ignore[attr-defined]
+    return adapter
+
+
 def _gpu_v1() -> Adapter:
     try:
         module = importlib.import_module("gpu_impl.adapter_v1")
@@ -206,6 +218,7 @@ def _gpu_v1() -> Adapter:
 BUILTIN: dict[str, Callable[[], Adapter]] = {
     "reference": _reference, "gpu": _gpu, "reference-v1": _reference_v1, "reference-nano": _reference_nano,
     "gpu-v1": _gpu_v1, "reference-async": _reference_async, "reference-specdec": _reference_specdec,
+    "reference-sglang": _reference_sglang,
 }
 
 

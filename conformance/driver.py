@@ -27,6 +27,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.observation import Capability, Snapshot, StepFailure, StepRecord
 from spec.protocol import supports
+from spec.reservation import Reservation
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
 
@@ -44,6 +45,9 @@ class TraceResult:
     drained: bool = False
     active: list[Invariant] = field(default_factory=list)
     not_applicable: list[Invariant] = field(default_factory=list)
+    # What the adapter declared it reserves for this trace's config (read after reset: a scheduler's
+    # reservation may depend on the config, its k and depth), the one the checker held it to.
+    reservation: Reservation | None = None
 
     @property
     def failed(self) -> bool:
@@ -131,7 +135,8 @@ def _run_checked(
                 raise InputError(f"admin[{index}].op", f"the trace calls {op} but "
                                  f"{getattr(adapter, 'name', 'the adapter')} has no such call")
         batched = bool(trace.abort_batches) and supports(adapter, "abort_requests")
-        checker = Checker(trace.config, caps, invariants, reservation=getattr(adapter, "reservation", None))
+        result.reservation = getattr(adapter, "reservation", None)
+        checker = Checker(trace.config, caps, invariants, reservation=result.reservation)
         result.active, result.not_applicable = checker.active, checker.not_applicable
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})

@@ -202,6 +202,7 @@ def fuzz(
         result.active = summary.active or result.active
         result.not_applicable = summary.not_applicable or result.not_applicable
         result.coverage.add_counts(summary.exercised, summary.edges)
+        result.reservation = widest_reservation(result.reservation, summary.reservation)
         record(trace, summary, order)
         if on_example:
             on_example(result)
@@ -254,6 +255,16 @@ def fuzz(
     if runner is not make_adapter:
         runner.close()
     return result
+
+
+def widest_reservation(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The wider of two declared reservations (as dicts): a scheduler whose reservation depends on
+    the config (a speculative one's k, a pipelined one's depth) declares one per trace, and the
+    report names the widest any trace was checked with."""
+    if a is None or b is None:
+        return a if b is None else b
+    return {"lookahead_tokens": max(int(a.get("lookahead_tokens", 0)), int(b.get("lookahead_tokens", 0))),
+            "whole_request": bool(a.get("whole_request")) or bool(b.get("whole_request"))}
 
 
 def _declared_reservation(runner: Any, info: Any) -> dict[str, Any] | None:

@@ -38,6 +38,10 @@ def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty
     """``trace`` with k drawn (unless given) and draft decisions for its requests' steps."""
     k = draw(st.integers(1, MAX_K)) if k is None else k
     config = dataclasses.replace(trace.config, num_speculative_tokens=k)
+    # An empty outcome rolls the step back to the last known token, whose block was keyed when the
+    # step was scheduled: PFX-001/SPD-007 would flag the key though the recompute writes the same KV
+    # (docs/SPECDEC.md section 8), so empty outcomes are drawn with prefix caching off.
+    allow_empty = allow_empty and not config.enable_prefix_caching
     seqs = [seq_id(a.request.request_id, 0) for a in trace.arrivals]
     horizon = max((a.step for a in trace.arrivals), default=0) + 40
     raw = draw(st.lists(st.tuples(st.integers(0, horizon), st.sampled_from(seqs), decisions(k, allow_empty)),
@@ -72,3 +76,28 @@ def specdec_traces_for(config: SchedulerConfig, max_requests: int = 6, allow_emp
 def specdec_traces_with_empty() -> st.SearchStrategy:
     """With vllm-project/vllm#42722's empty outcomes too (the mutant that drops their rollback)."""
     return specdec_traces(allow_empty=True)
+
+
+def pipelined(trace: Trace, depth: int) -> Trace:
+    """``trace`` with outcomes ``depth`` steps late (the async reference's config: no watermark, no
+    partial-prefill limit, as the async flow's traces)."""
+    config = dataclasses.replace(trace.config, pipeline_depth=depth, watermark=0.0, max_num_partial_prefills=0)
+    return dataclasses.replace(trace, config=config)
+
+
+def pipelined_specdec_traces(depth: int | None = None, allow_empty: bool = False) -> st.SearchStrategy:
+    """Speculative traces with outcomes in flight: ``pipeline_depth`` ``depth`` (drawn from 1..2
+    when None): what the async reference runs with drafts."""
+    depths = st.integers(1, 2) if depth is None else st.just(depth)
+    return st.tuples(specdec_traces(allow_empty=allow_empty), depths).map(lambda pair: pipelined(*pair))
+
+
+def depth_one_specdec_traces() -> st.SearchStrategy:
+    """Depth 1 (vLLM's AsyncScheduler): the mutants of the async reference with drafts search these."""
+    return pipelined_specdec_traces(1)
+
+
+def depth_one_specdec_traces_with_empty() -> st.SearchStrategy:
+    """Depth 1 with vllm-project/vllm#42722's empty outcomes (the next step, already in flight, was
+    fed a token that never came: the async reference voids it)."""
+    return pipelined_specdec_traces(1, allow_empty=True)

@@ -49,6 +49,9 @@ class Profile:
 # admission order (POL-006) and pick victims by that order (POL-003; ORD-003 says what they do);
 # V1 mixes prefill chunks with decodes (POL-005).
 _V0_ONLY = ("POL-003", "POL-005", "POL-006")
+# SGLang's policy (spec/invariants/sglang.py): a scheduler that claims SGLang's flow
+# (Capability.SGLANG_FLOW) is held to it; for any other it is not applicable.
+_SGLANG_ONLY = ("SGL-001",)
 
 
 
@@ -74,18 +77,32 @@ PROFILES: dict[str, Profile] = {
         "preemption of the running tail; lockstep with reference_impl.nano_scheduler",
         exclude=(*_V0_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
     ),
+    "sglang": Profile(
+        "sglang", ("safety", "liveness"), True,
+        "SGLang's flow (page size 1, radix cache): prefill steps first and never mixed with decodes (POL-005), "
+        "admission sized by the new-token ratio, the fcfs or lpm waiting order, retraction of the fewest generated "
+        "tokens first (SGL-001); lockstep with reference_impl.sglang_scheduler",
+        include=("POL-005", *_SGLANG_ONLY),
+        reference="reference_impl.sglang_scheduler:SglangScheduler",
+    ),
     "async": Profile(
         "async", ("safety", "liveness"), True,
         "vLLM V1's flow with outcomes pipeline_depth steps late (AsyncScheduler): safety without the invariants "
-        "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), and lockstep "
-        "with reference_impl.async_scheduler",
-        include=("PIP-006",), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
+        "that assume a synchronous step, the PIP family, finish latency within the depth (PIP-006), no unproposed "
+        "draft accepted (SPD-008, whose scheduling half needs a synchronous step), and lockstep with "
+        "reference_impl.async_scheduler",
+        include=("PIP-006", "SPD-008"), reference="reference_impl.async_scheduler:AsyncV1Scheduler",
     ),
     "specdec": Profile(
         "specdec", ("safety", "liveness", "policy"), True,
         "vLLM V1's flow with speculative decoding: the vllm-v1 claims plus drafts capped at max_tokens (SPD-004), "
+        "drafts only on a decode, never on a prefill chunk (SPD-002), "
         "and lockstep with reference_impl.specdec_scheduler",
-        exclude=_V0_ONLY, reference="reference_impl.specdec_scheduler:SpecDecScheduler",
+        # CAP-002 (tables exactly the computed plus scheduled tokens): a rejected draft's slots are
+        # kept (vLLM frees no block on a rejection), so a step after a rejection or an empty outcome
+        # that schedules fewer drafts holds more; CAP-005 and the declared k-slot reservation (CAP-006)
+        # bound the table instead.
+        exclude=(*_V0_ONLY, "CAP-002"), reference="reference_impl.specdec_scheduler:SpecDecScheduler",
     ),
 }
 

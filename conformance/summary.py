@@ -9,6 +9,7 @@ runner's own process (`summarize`), and sent as JSON (`to_dict` / `from_dict`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,9 @@ class TraceSummary:
     exercised: Counter[str] = field(default_factory=Counter)  # invariant id -> steps with something to check
     edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # lifecycle edges taken
     html: str | None = None  # the HTML view written for this run, if one was asked for
+    # The reservation the adapter declared for this trace's config (`spec.reservation`, as a dict):
+    # how a worker-isolated run tells the runner what a per-config reservation was (CAP-006).
+    reservation: dict[str, Any] | None = None
 
     @property
     def problem_ids(self) -> set[str]:
@@ -79,6 +83,7 @@ class TraceSummary:
             "exercised": dict(self.exercised),
             "edges": [[*edge, n] for edge, n in self.edges.items()],
             "html": self.html,
+            **({"reservation": self.reservation} if self.reservation is not None else {}),
         }
 
     @classmethod
@@ -87,6 +92,7 @@ class TraceSummary:
         return cls(
             int(data["steps"]), {p.id: p for p in problems}, list(data["active"]), list(data["not_applicable"]),
             Counter(data["exercised"]), Counter({(a, b, c): n for a, b, c, n in data["edges"]}), data.get("html"),
+            data.get("reservation"),
         )
 
 
@@ -115,4 +121,5 @@ def summarize(result: TraceResult, exercised_by: dict[str, Any] | None = None) -
     return TraceSummary(
         len(result.records), problems, [i.id for i in result.active], [i.id for i in result.not_applicable],
         exercised, Counter(lifecycle_coverage(result.records)),
+        reservation=None if result.reservation is None else dataclasses.asdict(result.reservation),
     )

@@ -51,8 +51,17 @@ returns, drafts beyond what the drafter really proposed are invalid (never accep
 ones roll back computed tokens and placeholders alike (scheduler.py:2346-2364). "Sure to reach
 the limit" counts one token per sampling step in flight, not its placeholders (the drafts may
 all be rejected; scheduler.py:800-815). At depth 0 the flow is `V1Scheduler`'s, drafts included.
-An empty outcome (#42722) is modelled at depth 0 only: at depth > 0 the next step, already in
-flight, fed a token that never came, and no engine defines what it then computed.
+An empty outcome (the model returns no token for a request: vllm-project/vllm#42722's output)
+rolls the whole step back, its drafts and its sampled position, so the request recomputes its last
+known token. At depth > 0 the request's later steps are already in flight, fed a token that never
+came (vLLM's runner feeds the previous step's sample on the device); what they compute for it is
+void: their tokens leave the computed count and the placeholders at once, and their outcomes for it
+are dropped when they return, counted meanwhile as stale (vLLM's drop-mode stale output,
+scheduler.py:2336-2338, is the same discard for a same-step resume). The drafter proposed nothing
+(nothing was sampled), so the request's next decode has no drafts. vLLM 0.33.0 does none of this:
+``update_from_output`` skips the rollback when the output is empty (scheduler.py:2349-2351) and
+leaves the placeholders of the step in place; `conformance.selftest.mutants_specdec` has both
+shapes.
 """
 
 from __future__ import annotations
@@ -101,6 +110,8 @@ class InFlightStep:
     entries: list[tuple[TrackedRequest, int, int | None, int]]  # (request, tokens, position, drafts)
     stopped: frozenset[str] | None = None  # the outcome, once the model has run it
     decisions: Mapping[str, DraftDecision] | None = None  # its speculative decisions (spec/speculative.py)
+    # requests whose outcome in this step is void: an earlier step's outcome for them was empty
+    dropped: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -192,7 +203,7 @@ class AsyncV1Scheduler(V1Scheduler):
         tokens = known + self._draft_room(tracked, known) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
-        return min(tokens, budget)
+        return self._max_model_len_clamp(tracked, min(tokens, budget))  # a no-op unless the knob is on
 
     def _num_known(self, tracked: TrackedRequest) -> int:
         return tracked.num_tokens + self.counters[tracked.request_id].num_placeholders
@@ -241,6 +252,10 @@ class AsyncV1Scheduler(V1Scheduler):
                 continue  # finished or aborted while the step was in flight: its output is dropped
             counters = self.counters[tracked.request_id]
             counters.num_in_flight -= tokens
+            if tracked.request_id in step.dropped:  # fed a token that never came: nothing to apply
+                counters.num_stale -= tokens
+                assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
+                continue
             stale = counters.num_stale > 0
             if stale:
                 counters.num_stale -= tokens
@@ -262,16 +277,37 @@ class AsyncV1Scheduler(V1Scheduler):
                 counters.num_placeholders -= 1 + drafts  # the committed tokens and the rejected drafts
                 counters.num_sampling -= 1
                 assert counters.num_placeholders >= 0, f"{tracked.request_id}: placeholders below zero"
+                if decision.empty and tracked.status is Status.RUNNING:
+                    self._after_empty_outcome(tracked, counters, drafts)
             if not stale and tracked.status is Status.RUNNING:
                 # the blocks whose KV every processed step has now written, even if it stops here
                 # (scheduler.py:2402-2415: cached before the stop is handled)
-                self._cache_full_blocks(tracked, tracked.num_computed - counters.num_in_flight)
+                self._cache_full_blocks(tracked, self.frontier(tracked))
             if status is None:
                 continue
             (self.running if tracked.status is Status.RUNNING else self.waiting).remove(tracked)
             self._finish(tracked, status)
             finished.append(finished_record(tracked, status, self.config))
         return finished
+
+    def _after_empty_outcome(self, tracked: TrackedRequest, counters: InFlightCounters, drafts: int) -> None:
+        """After an empty outcome (the step itself is already rolled back, ``drafts`` and its
+        sample): the request's steps still in flight computed from a token that never came. Take
+        their tokens out of the computed count and their placeholders back, and mark their
+        outcomes for it dropped (stale until they return)."""
+        for later in self.in_flight:
+            for entry_tracked, tokens, position, drafts in later.entries:
+                if entry_tracked is not tracked or tracked.request_id in later.dropped:
+                    continue
+                later.dropped.add(tracked.request_id)
+                tracked.num_computed -= tokens
+                counters.num_stale += tokens
+                if position is not None:
+                    counters.num_placeholders -= 1 + drafts
+                    counters.num_sampling -= 1
+        tracked.num_proposed = 0  # nothing was sampled, so nothing was drafted
+        counters.num_valid_drafts = 0
+        tracked.in_prefill = tracked.num_computed == 0  # as `commit_tokens` labels the recompute
 
     # ---------------------------------------------------------------- observation
     def samples_of_last_step(self) -> dict[str, int]:
@@ -282,8 +318,10 @@ class AsyncV1Scheduler(V1Scheduler):
         return {t.seq_id: p for t, _, p, _ in self.in_flight[-1].entries if p is not None}
 
     def frontier(self, tracked: TrackedRequest) -> int:
-        """Tokens whose KV a processed step wrote."""
-        return max(tracked.num_computed - self.counters[tracked.request_id].num_in_flight, 0)
+        """Tokens whose KV a processed step wrote (stale in-flight tokens are not in the computed
+        count: a preempted request's is 0, a voided step's were taken out)."""
+        counters = self.counters[tracked.request_id]
+        return max(tracked.num_computed - (counters.num_in_flight - counters.num_stale), 0)
 
     def snapshot(self) -> Snapshot:
         views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}

@@ -40,8 +40,11 @@ limit among them ends the stream there; the rejected drafts are rolled back from
 tokens (an outcome with no token at all rolls the whole step back to the last known token,
 vllm-project/vllm#42722). Where this differs from vLLM 0.33.0: vLLM does not cap drafts at
 ``max_tokens`` (``scheduler.py:838-857``; `check_stop` trims the excess) and pads a new decode
-from waiting to 1 + k tokens with placeholder drafts (``scheduler.py:1306-1330``); both are
-lockstep deviation classes (conformance/targets/lockstep_specdec.py).
+from waiting to 1 + k tokens with placeholder drafts (``scheduler.py:1306-1330``). Both are
+policies of the spec (SPD-004: no draft past what could be delivered; no draft nobody proposed),
+and both are class-level knobs here, off by default (`drafts_past_max_tokens`,
+`pads_new_decode_drafts`): the speculative lockstep campaign turns them on, so that it compares
+vLLM strictly past them (conformance/targets/lockstep_specdec.py).
 
 Where this reference decides differently from the engine (each a spec decision, listed in
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
@@ -61,6 +64,8 @@ from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
 from reference_impl.prefix_cache import CachingBlockPool
+from reference_impl.table_log import TableLog
+from reference_impl.token_log import TokenLog
 from spec import observation
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -93,18 +98,20 @@ class TrackedRequest:
     tokens: list[int]
     status: Status = Status.WAITING
     num_computed: int = 0  # tokens whose KV is in the cache (prefix hits included)
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=TableLog)  # a list that flags writes (reference_impl.table_log)
     num_keyed: int = 0  # leading blocks registered in the prefix cache
     in_prefill: bool = True  # no token sampled since (re)admission
     num_proposed: int = 0  # drafts the drafter proposed for its next decode (speculative decoding)
+    # Formatted once, not per read: the step and the snapshot read it several times per request
+    # (a property formatting the string was about a fifth of an unchecked step).
+    seq_id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.seq_id = seq_id(self.request.request_id, 0)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def seq_id(self) -> str:
-        return seq_id(self.request.request_id, 0)
 
     @property
     def num_tokens(self) -> int:
@@ -157,7 +164,7 @@ class TrackedScheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         check_single_sequence(request)
-        tracked = TrackedRequest(request, self._arrivals, list(request.prompt_token_ids()))
+        tracked = TrackedRequest(request, self._arrivals, TokenLog(request.prompt_token_ids()))
         self._arrivals += 1
         self.requests[request.request_id] = tracked
         return tracked
@@ -184,7 +191,7 @@ class TrackedScheduler:
     # ---------------------------------------------------------------- blocks and preemption
     def _free_blocks(self, tracked: TrackedRequest) -> None:
         self.pool.release(reversed(tracked.blocks))  # tail first: evicted first
-        tracked.blocks = []
+        tracked.blocks = TableLog()
         tracked.num_keyed = 0
 
     def _preempt(self, victim: TrackedRequest) -> None:
@@ -286,9 +293,38 @@ class V1Scheduler(TrackedScheduler):
     # can model an engine whose scan stops there.
     scan_past_self_preemption: bool = True
 
+    # vLLM 0.33.0's speculative-decoding behaviours where the spec's policy differs. Off by default
+    # (the policy); on in the lockstep campaign's reference (conformance/targets/lockstep_specdec.py),
+    # so that it compares vLLM past them and every remaining divergence is a finding.
+    #
+    # drafts_past_max_tokens: vLLM schedules a decode's drafts capped at the budget, the long-prefill
+    # threshold and max_model_len only, not at max_tokens (vllm/v1/core/sched/scheduler.py:838-857,
+    # `num_tokens_with_spec`); accepted tokens past max_tokens are trimmed when the outcome returns
+    # (scheduler.py:2744-2770, `check_stop`). Off: SPD-004, no draft past what could be delivered.
+    drafts_past_max_tokens: bool = False
+    # pads_new_decode_drafts: vLLM pads a request admitted from waiting with one token left (a
+    # prefix hit on all but its last token, or a preempted request resuming) to 1 + k tokens with
+    # -1 placeholder drafts, for full CUDA graphs, when no running request was mid-prefill and some
+    # ran or it had computed tokens, if 1 + k + 1 positions fit max_model_len; it does not admit the
+    # request at all if 1 + k exceed the budget left (scheduler.py:1308-1330, 1578-1582). The
+    # placeholders were never proposed and are never accepted. Off: an admission never has drafts.
+    pads_new_decode_drafts: bool = False
+    # clamps_chunk_at_max_model_len: vLLM caps every running chunk at `max_model_len -
+    # num_computed_tokens - num_sampled_tokens_per_step` (scheduler.py:850-857, "Make sure the input
+    # position does not exceed the max model len. This is necessary when using spec decoding"),
+    # where the computed tokens count the in-flight steps' drafts as if accepted: with async
+    # scheduling and drafts, a request whose in-flight drafts, all accepted, would reach
+    # max_model_len is not scheduled, and if they are rejected it waits a step. (For max_tokens vLLM
+    # waits only until the in-flight steps' sure tokens reach it, scheduler.py:800-815, as the
+    # async reference does for both.) Without drafts and behind V1's door the cap never binds; on a
+    # prompt of exactly max_model_len it is the clamp stall of pooling requests (vLLM #48039). Off:
+    # the spec schedules what a rejection would still need.
+    clamps_chunk_at_max_model_len: bool = False
+
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self._last_output: SchedulerOutput | None = None
+        self._placeholder_drafts: set[str] = set()  # this step's padded admissions (pads_new_decode_drafts)
 
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
 
@@ -317,7 +353,18 @@ class V1Scheduler(TrackedScheduler):
         return self.config.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
 
     # ---------------------------------------------------------------- schedule
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        if self._placeholder_drafts:  # placeholder drafts are never accepted (pads_new_decode_drafts)
+            decisions = dict(outcome.drafts)
+            for rid in self._placeholder_drafts:
+                sid = self.requests[rid].seq_id
+                d = decisions.get(sid, NO_DECISION)
+                decisions[sid] = DraftDecision(d.proposed, 0, d.stop_at, d.empty)
+            outcome = StepOutcome(outcome.stopped, decisions)
+        return super().update(outcome)
+
     def schedule(self) -> SchedulerOutput:
+        self._placeholder_drafts = set()
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -397,12 +444,19 @@ class V1Scheduler(TrackedScheduler):
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         """The tokens a running request gets: the rest of its tokens, capped at the threshold and
-        the budget left. (`conformance.targets.lockstep_v1.ClampedV1` overrides it with vLLM V1's
-        extra cap at ``max_model_len - num_computed - 1``, to classify lockstep divergences.)"""
+        the budget left, and with `clamps_chunk_at_max_model_len` vLLM's cap at ``max_model_len -
+        num_computed - 1``."""
         tokens = tracked.num_tokens + self._draft_room(tracked, tracked.num_tokens) - tracked.num_computed
         if 0 < threshold < tokens:
             tokens = threshold
-        return min(tokens, budget)
+        return self._max_model_len_clamp(tracked, min(tokens, budget))
+
+    def _max_model_len_clamp(self, tracked: TrackedRequest, tokens: int) -> int:
+        """With `clamps_chunk_at_max_model_len`, vLLM's cap of a running chunk at ``max_model_len -
+        num_computed - 1`` (0: the request is skipped this step); otherwise ``tokens``."""
+        if not self.clamps_chunk_at_max_model_len:
+            return tokens
+        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
     def _num_known(self, tracked: TrackedRequest) -> int:
         """Its tokens, drafts not counted: what a scheduled chunk computes before its drafts begin
@@ -416,15 +470,17 @@ class V1Scheduler(TrackedScheduler):
         return (the async flow counts their placeholders)."""
         if not tracked.num_proposed:
             return 0
-        generated = num_tokens - tracked.request.prompt_len
-        room = min(tracked.num_proposed, self.config.num_speculative_tokens,
-                   self.config.max_model_len - num_tokens - 1, tracked.request.max_tokens - generated - 1)
+        room = min(tracked.num_proposed, self.config.num_speculative_tokens, self.config.max_model_len - num_tokens - 1)
+        if not self.drafts_past_max_tokens:
+            generated = num_tokens - tracked.request.prompt_len
+            room = min(room, tracked.request.max_tokens - generated - 1)
         return max(room, 0)
 
     def _admit(
         self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
     ) -> None:
         config = self.config
+        running_loop = tuple(self.requests[rid] for rid in scheduled)  # what the running loop scheduled
         while budget > 0 and self.waiting:
             tracked = self.waiting[0]
             if self._ignore_if_infeasible(tracked, reasons, ignored):
@@ -439,7 +495,7 @@ class V1Scheduler(TrackedScheduler):
             tokens = remaining
             if 0 < threshold < tokens:
                 tokens = threshold
-            padded = self._admission_tokens(tracked, tokens, computed, scheduled, budget)
+            padded = self._admission_tokens(tracked, tokens, computed, running_loop, budget)
             if padded is None:
                 reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
                 break
@@ -468,14 +524,24 @@ class V1Scheduler(TrackedScheduler):
             self.running.append(tracked)
             scheduled[tracked.request_id] = tokens
             budget -= tokens
+            if tokens > remaining:  # padded with placeholder drafts (pads_new_decode_drafts)
+                self._scheduled_drafts[tracked.request_id] = tokens - remaining
+                self._placeholder_drafts.add(tracked.request_id)
             reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))
 
-    def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int, scheduled: dict[str, int],
-                          budget: int) -> int | None:
+    def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int,
+                          running_loop: tuple[TrackedRequest, ...], budget: int) -> int | None:
         """The tokens an admitted request is scheduled for, before the budget (None: admission
-        stops here): all it has left. A hook: `conformance.targets.lockstep_specdec` models
-        vLLM's padding of a one-token admission with placeholder drafts, to classify divergences."""
-        return tokens
+        stops here): all it has left (``tokens``, after the threshold), or with
+        `pads_new_decode_drafts` vLLM's 1 + k for a one-token admission (scheduler.py:1308-1330:
+        no running request of this step mid-prefill, ``prefill_scheduled``; some scheduled by the
+        running loop, ``scheduled_running_reqs``, or tokens computed; room for the sampled token)."""
+        k = self.config.num_speculative_tokens
+        if (not self.pads_new_decode_drafts or not k or tracked.num_tokens - computed != 1
+                or any(r.in_prefill for r in running_loop) or not (running_loop or computed)
+                or computed + 1 + k + 1 > self.config.max_model_len):
+            return tokens
+        return None if 1 + k > budget else 1 + k  # "Prefer to not schedule than schedule un-padded"
 
     def _ignore_if_infeasible(self, tracked: TrackedRequest, reasons: list[Reason], ignored: list[str]) -> bool:
         config = self.config
@@ -604,16 +670,40 @@ def snapshot_of(
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
     fresh: dict[str, SeqView] = {}
+    kept_tokens: dict[str, int] = {}  # of the fresh views: leading token ids that are the old view's
     changed_status: dict[str, Status] = {}
     for r in requests.values() if visit is None or base is None else visit:
         old = old_seqs.get(r.seq_id)
-        blocks = tuple(r.blocks)
-        if old is not None and old.blocks == blocks:
-            blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
+        table = r.blocks
+        if type(table) is TableLog and not table.written and old is not None and old.blocks is not None \
+                and len(old.blocks) == len(table):
+            blocks = old.blocks  # neither written nor grown since read into old's view (reference_impl.table_log)
+        else:
+            blocks = tuple(table[:])  # an exact list's copy is C speed (a TableLog's is not)
+            if type(table) is TableLog:
+                table.written = False
+            if old is not None and old.blocks == blocks:
+                blocks = old.blocks  # keep the object: an unchanged table is the same table (checks skip it)
+        tokens, num_tokens = r.tokens, len(r.tokens)
+        kept = None  # leading tokens unchanged since this list was last read (None: not logged, compare)
+        if type(tokens) is TokenLog:  # `TokenLog.observed`, inline
+            kept, tokens.low = min(tokens.low, num_tokens), num_tokens
+        old_tokens = old.token_ids if old is not None else None
         if (old is None or old.status is not r.status or old.num_computed != r.num_computed
-                or old.num_tokens != r.num_tokens or old.blocks is not blocks):
-            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, r.num_tokens, r.num_computed, blocks,
-                                      "gpu" if blocks else None, tuple(r.tokens))
+                or old.num_tokens != num_tokens or old.blocks is not blocks
+                or (kept is not None and old_tokens is not None and kept < len(old_tokens))):
+            if kept is not None and old_tokens is not None and kept >= len(old_tokens):
+                kept_tokens[r.seq_id] = len(old_tokens)
+                # The old tuple and the new tokens: the same tuple when none was added.
+                grown = num_tokens - len(old_tokens)
+                token_ids = old_tokens if not grown else old_tokens + (tokens[-1],) if grown == 1 \
+                    else old_tokens + tuple(tokens[len(old_tokens):])
+            else:
+                if kept is not None and old_tokens is not None:
+                    kept_tokens[r.seq_id] = kept
+                token_ids = tuple(tokens[:])  # an exact list's copy is C speed (a TokenLog's is not)
+            fresh[r.seq_id] = SeqView(r.seq_id, r.request_id, r.status, num_tokens, r.num_computed, blocks,
+                                      "gpu" if blocks else None, token_ids)
     if base is None:
         seqs = fresh
         statuses = {rid: r.status for rid, r in requests.items()}
@@ -647,6 +737,7 @@ def snapshot_of(
         changed_requests=frozenset(changed_status) if base is not None else None,
         gpu_block_changes=changes if base is not None else None,
         cpu_block_changes={} if base is not None else None,  # no CPU pool: nothing ever changes there
+        kept_tokens=kept_tokens if base is not None else None,
     )
 
 
@@ -697,6 +788,8 @@ def commit_tokens(tracked: TrackedRequest, num_drafts: int, decision: DraftDecis
     committed = committed_tokens(decision, num_drafts, num_valid)
     if rollback:
         tracked.num_computed -= num_drafts - (committed - 1) if committed else num_drafts + 1
+    if not committed:  # it recomputes its last token to sample it: a decode, unless nothing is left computed
+        tracked.in_prefill = tracked.num_computed == 0
     for index in range(committed):
         tracked.tokens.append(generated_token(tracked.request_id, 0, tracked.num_tokens))
         tracked.in_prefill = False

@@ -20,7 +20,7 @@ from typing import Any
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
 from spec.invariants._views import forget
-from spec.observation import Capability, StepFailure, StepRecord
+from spec.observation import Capability, SeqView, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
 from spec.status import Status
 from spec.types import Request, request_of
@@ -48,6 +48,10 @@ class CheckContext:
     # Requests one of whose sequences an outcome stopped while it was scheduled, this step
     # included: only those may finish as FINISHED_STOPPED (REQ-005).
     stopped: set[str] = field(default_factory=set)
+    # The `Invariant.reads` of the predicate being run (set by `Checker` before each call): the
+    # incremental readers (spec.invariants._views.fresh_*) hand it only views where one of those
+    # fields changed since it last passed. None: every field.
+    reads: frozenset[str] | None = None
     # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
     flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The steps that scheduled each request, the last MAX_PIPELINE_DEPTH + 1 of them (the steps
@@ -92,6 +96,13 @@ class Invariant:
     # Claims that make the invariant moot (PIP-004 under ORDERED_STEPS): not applicable where the
     # scheduler makes one of them.
     unless: frozenset[Capability] = frozenset()
+    # The `SeqView` fields the predicate reads (None: any). A declaration, not a hint: the
+    # incremental readers hand it only the views where one of these changed since the snapshot
+    # it last passed (a decode changes every running view's token counts each step but its block
+    # table once per block_size tokens, so a check of tables and statuses skips it), which is
+    # sound only if its verdict on a view depends on no other field.
+    # tests/test_reads_declared.py holds each declaration against the predicate's source.
+    reads: frozenset[str] | None = None
 
     def applicable(self, capabilities: frozenset[Capability], config: SchedulerConfig | None = None) -> bool:
         if self.synchronous and config is not None and config.pipeline_depth > 0 \
@@ -128,10 +139,13 @@ _REGISTRY: dict[str, Invariant] = {}
 def invariant(
     id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
     synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (), planned: bool = True,
+    reads: Iterable[str] | None = None,
 ) -> Callable[[Callable], Callable]:
-    """Register the decorated predicate as invariant ``id`` (``synchronous``: see `Invariant`;
-    ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
+    """Register the decorated predicate as invariant ``id`` (``synchronous``, ``reads``: see
+    `Invariant`; ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
     assert category in CATEGORIES, category
+    read_set = None if reads is None else frozenset(reads)
+    assert read_set is None or (read_set and read_set <= frozenset(SeqView._fields)), f"{id}: reads {read_set}"
 
     def register(fn: Callable) -> Callable:
         assert id not in _REGISTRY, f"duplicate invariant id {id}"
@@ -140,6 +154,7 @@ def invariant(
             id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
             step=None if at_end or at_failure else fn, end=fn if at_end else None,
             failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless), planned=planned,
+            reads=read_set,
         )
         return fn
 
@@ -196,6 +211,7 @@ def _load() -> None:
         policy,
         prefix_cache,
         requests,
+        sglang,
         specdec,
         strengthening,
         swap,
@@ -241,6 +257,10 @@ class Checker:
         self._planned_checks = [inv for inv in self.active if inv.step is not None and planned and inv.synchronous]
         self._end_checks = [inv for inv in self.active if inv.end is not None]
         self._failure_checks = [inv for inv in self.active if inv.failure is not None]
+        # The in-flight history (`CheckContext.scheduled_in`, `left_at`) is what a failure
+        # predicate reads about outcomes still in flight: none are without pipelining, and a
+        # pass over every scheduled request per step is then a cost for nothing.
+        self._keeps_history = bool(self._failure_checks) and config.pipeline_depth > 0
 
     def check_step(self, record: StepRecord) -> list[Violation]:
         ctx = self.context
@@ -251,11 +271,11 @@ class Checker:
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}
             ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)
-        found = [
-            Violation(inv.id, record.step, message)
-            for inv in self._step_checks
-            for message in inv.step(ctx, record)  # type: ignore[misc]
-        ]
+        found = []
+        for inv in self._step_checks:
+            ctx.reads = inv.reads  # what the readers may filter on while this predicate runs
+            found += [Violation(inv.id, record.step, message) for message in inv.step(ctx, record)]  # type: ignore[misc]
+        ctx.reads = None
         if self._planned_checks:
             from spec.planned_view import planned_record
 
@@ -264,7 +284,8 @@ class Checker:
                       for inv in self._planned_checks for message in inv.step(whole, planned)]  # type: ignore[misc]
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
-        _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
+        if self._keeps_history:
+            _note_in_flight_history(ctx, record.step, record.aborted, record.output, record.finished)
         ctx.steps += 1
         if ctx.previous is not None:  # its snapshots are neither a base nor a prior from now on
             for snap in (ctx.previous.before, ctx.previous.mid, ctx.previous.after):

@@ -32,7 +32,9 @@ MAX_PIPELINE_DEPTH = 2
 MAX_SPECULATIVE_TOKENS = 16
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
-POLICIES = ("fcfs", "priority")
+# "lpm" (longest prefix match first) is SGLang's cache-aware order; only the sglang flow's
+# reference implements it (reference_impl.sglang_scheduler), the others refuse or read it as FCFS.
+POLICIES = ("fcfs", "priority", "lpm")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class ConfigDomain:
     cpu_pool: bool = True  # num_cpu_blocks > 0
     watermark: float | None = None  # None: any watermark; a number: only that one
     priority: bool = True  # the priority policy (else FCFS only)
+    lpm: bool = False  # SGLang's lpm policy (longest cached prefix first)
     aborts: bool = True  # abort_request is called
     max_n: int = 3  # parallel sequences per request
     seq_limit: bool = True  # False: the engine has no sequence limit (max_num_seqs >= UNBOUNDED_SEQS)
@@ -99,8 +100,9 @@ class ConfigDomain:
             return f"config.num_cpu_blocks: the domain has no CPU pool, got {c.num_cpu_blocks}"
         if self.watermark is not None and c.watermark != self.watermark:
             return f"config.watermark: the domain fixes it at {self.watermark}, got {c.watermark}"
-        if not self.priority and c.policy != "fcfs":
-            return f"config.policy: the domain is FCFS only, got {c.policy!r}"
+        if c.policy == "priority" and not self.priority or c.policy == "lpm" and not self.lpm:
+            allowed = ["FCFS"] + ["priority"] * self.priority + ["lpm"] * self.lpm
+            return f"config.policy: the domain is {' or '.join(allowed)} only, got {c.policy!r}"
         if not self.seq_limit and c.max_num_seqs < UNBOUNDED_SEQS:
             return f"config.max_num_seqs: the domain has no sequence limit (>= {UNBOUNDED_SEQS}), got {c.max_num_seqs}"
         if not self.token_budget and c.max_num_batched_tokens < c.max_num_seqs * c.max_model_len:

@@ -50,12 +50,16 @@ class Capability(StrEnum):
     # device (one stream), so a block freed while an in-flight step writes it can only be written
     # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
     ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
+    # A claim, not an observation: the scheduler follows SGLang's flow (page size 1, radix cache,
+    # retract_decode), so the SGL-* policy invariants (spec/invariants/sglang.py) are about it.
+    SGLANG_FLOW = "sglang_flow"  # a claim: SGLang's flow (SGL-* apply)
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
-    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS}
+    Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
+    Capability.SGLANG_FLOW}
 
 
 class SeqView(NamedTuple):
@@ -136,6 +140,12 @@ class Snapshot:
     # without looking); the built-in pools log it in their containers (reference_impl.pool_log).
     gpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    # Likewise for token ids (None, or a sequence left out: compare them): for a sequence in
+    # ``changed_seqs``, how many leading token ids of its view are those of its view in ``base``.
+    # Trusted as given, like the deltas above; the token-budget references keep their tokens in
+    # a list that logs every write below its end (reference_impl.token_log). Whoever reads every
+    # token (the driver's type check, PIP-001) then reads only the ones past it.
+    kept_tokens: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
 
     def queue(self, name: str) -> tuple[str, ...] | None:
         return getattr(self, name)
@@ -206,6 +216,52 @@ class StepFailure:
     message: str
     aborted: tuple[str, ...] = ()  # this step's aborts, before it scheduled
     output: SchedulerOutput | None = None  # this step's schedule() answer, when it came
+
+
+TOKEN_PREFIX_MEMO = "_base_token_prefix"  # `base_token_prefix`'s memo, kept in the snapshot's instance dict, outside its fields
+
+
+def base_token_prefix(snap: Snapshot, seq: str) -> int:
+    """How many leading token ids of sequence ``seq``'s view in ``snap`` are known to be those
+    of its view in ``snap.base``: the base view's count when its token ids are a prefix of these
+    (compared at C speed; identical entries compare by identity), else 0. A decode appends one
+    token to hundreds, so whoever reads every token (the driver's type check, PIP-001) reads only
+    the new ones; this one comparison per changed view and snapshot is shared by all of them
+    (it was made once by each); none at all where the adapter's delta gives the count
+    (`Snapshot.kept_tokens`). Kept on the snapshot; 0 for anything malformed (read whole)."""
+    given = snap.kept_tokens
+    if given is not None and snap.base is not None:
+        found = given.get(seq)
+        if type(found) is int and found >= 0:
+            view = snap.seqs.get(seq) if isinstance(snap.seqs, dict) else None
+            tokens = view.token_ids if isinstance(view, SeqView) else None
+            if type(tokens) is tuple and found <= len(tokens):
+                return found  # the adapter's delta says it (`Snapshot.kept_tokens`)
+    known = snap.__dict__.get(TOKEN_PREFIX_MEMO)
+    if known is None:
+        known = snap.__dict__[TOKEN_PREFIX_MEMO] = {}
+    found = known.get(seq)
+    if found is None:
+        found = known[seq] = _token_prefix(snap, seq)
+    return found
+
+
+def _token_prefix(snap: Snapshot, seq: str) -> int:
+    base = snap.base
+    if base is None:
+        return 0
+    try:  # any mapping (not the Mapping ABC's isinstance, which costs more than the rest)
+        old, new = base.seqs.get(seq), snap.seqs.get(seq)
+    except (AttributeError, TypeError):
+        return 0
+    if not isinstance(old, SeqView) or not isinstance(new, SeqView):
+        return 0
+    known, tokens = old.token_ids, new.token_ids
+    if type(known) is not tuple or type(tokens) is not tuple or len(known) > len(tokens):
+        return 0
+    if known is tokens or tokens[: len(known)] == known:
+        return len(known)
+    return 0
 
 
 def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:

@@ -47,6 +47,15 @@ TEMPLATES: dict[str, str] = {
     "wait_partial_prefills": "{request} waits: {partial} request(s) are mid-prefill, limit {limit}",
     "wait_running_first": "{request} waits: running requests are served first and a preemption happened this step",
     "wait_seats": "{request} waits: {running} running, max_num_seqs {limit}",
+    # SGLang's flow (reference_impl.sglang_scheduler)
+    "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
+    "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "
+    "{ratio}",
+    "wait_input_budget": "{request} waits: its {tokens} prefill tokens reach the {left} left of the step's input budget",
+    "retracted": "{request} retracted: the decode batch needs {need} KV slot(s), {free} free after eviction; "
+    "SGLang retracts the fewest generated tokens first, then the longest prompt",
+    "ignored_input_limit": "{request} refused: prompt of {tokens} tokens reaches SGLang's input limit {limit} "
+    "(max_req_len - 5)",
 }
 
 

@@ -19,7 +19,8 @@ step and sequence, as a `DraftDecision` (the trace field ``drafts``, `spec.trace
   delivered, though the model computed them.
 * ``empty``: the model returns no token at all for the sequence in this step (the outcome of
   vllm-project/vllm#42722; the PR's discussion names chunked-prefill catch-up as a case). Its
-  drafts and the step's sample are void: the scheduler must roll the step back.
+  drafts and the step's sample are void: the scheduler must roll the step back, and with
+  outcomes in flight also the request's later steps, fed a token that never came.
 
 Why the bonus token is not a draft: every verifying step samples one token whatever the drafts
 were, so a step with j accepted drafts delivers j + 1 tokens, and a step with no drafts is today's

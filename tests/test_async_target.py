@@ -52,8 +52,8 @@ def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) ->
     for trace in sample_traces(path_strategy(path), 8, 16):
         outcome = run_one(adapter, trace, invariants)
         assert outcome.result.fault is None, outcome.result.fault
-        assert classify(adapter, trace, outcome, invariants) in (None, "generate-prompt-at-max-model-len-refused"), \
-            outcome.describe()
+        # the reference refuses a prompt of max_model_len at the door as the host does (targets/door.py)
+        assert classify(adapter, trace, outcome, invariants) is None, outcome.describe()
 
 
 def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:

@@ -60,7 +60,7 @@ def test_mutants_register_with_their_flow() -> None:
 
 def test_unknown_flow_is_one_line() -> None:
     with pytest.raises(InputError, match="flow"):
-        get_flow("sglang")
+        get_flow("no-such-flow")
 
 
 @pytest.mark.parametrize("flow_id", [f.id for f in FLOWS.values() if f.adapters])

@@ -311,3 +311,56 @@ def test_each_async_step_is_v1_micro_ops(data):
         check(sched.schedule)
         stopped = frozenset(s for s in sched.samples_of_last_step() if data.draw(st.integers(0, 9)) == 0)
         check(lambda stopped=stopped: sched.update(StepOutcome(stopped)))
+
+
+# ---------------------------------------------------------------------- the specdec flow
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_specdec_step_is_v1_micro_ops(data):
+    """The speculative flow's block layer (ACTION_OPS["specdec"]: a verifying step appends its
+    drafts' slots like a chunk, a rejection frees nothing, an abort, preemption or finish releases
+    the whole table) on the speculative reference of any size, k 1..4, with random acceptances,
+    empty outcomes and stops: every step and abort, as micro-ops, gives the reference's block
+    layer, and every reached state has every block fact."""
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+    from spec.speculative import DraftDecision
+
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        num_speculative_tokens=data.draw(st.integers(1, 4)),
+    )
+    sched = SpecDecScheduler(config)
+    num = Numbering()
+    allowed = set(ACTION_OPS["specdec"]["verify"]) | set(ACTION_OPS["specdec"]["chunk"])
+
+    def check(change) -> None:
+        pre = v1_snapshot(sched, num)
+        change()
+        post = v1_snapshot(sched, num)
+        ops = _release_first(v1_micro_ops(pre, post))
+        assert {name for name, _ in ops} <= allowed, ops
+        state = pre
+        for name, params in ops:
+            state = step(state, name, params)
+        assert state.layer() == post.layer(), f"micro-ops give {state}, reference {post}"
+        assert holds(post)
+
+    def run_step() -> None:
+        out = sched.schedule()
+        decisions = {s.seq_id: DraftDecision(accepted=data.draw(st.integers(0, 4)),
+                                             empty=data.draw(st.integers(0, 5)) == 5) for s in out.scheduled}
+        stopped = frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 9)
+        sched.update(StepOutcome(stopped, decisions))
+
+    for k in range(data.draw(st.integers(1, 14))):
+        if k < 3 or data.draw(st.integers(0, 2)) == 0:
+            sched.add_request(Request(f"r{k}", prompt_len=data.draw(st.integers(1, 20)), max_tokens=data.draw(st.integers(1, 12))))
+        live = [t.request_id for t in v1_requests(sched) if not t.status.is_finished]
+        if live and data.draw(st.integers(0, 6)) == 6:
+            rid = data.draw(st.sampled_from(live))
+            check(lambda rid=rid: sched.abort_request(rid))
+        check(run_step)

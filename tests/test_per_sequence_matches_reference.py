@@ -263,3 +263,103 @@ def test_v1_per_sequence_mutants_are_caught_by_an_unbounded_cell(mutant):
     broken = {tuple(c) for c in m.parametric["cells"]}
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken and broken <= refuted, (broken, refuted)
+
+
+# ---------------------------------------------------------------------- the specdec flow
+def specdec_seq_state(t: Any, void: set[str]) -> tuple:
+    return (*v1_seq_state(t), t.num_proposed, t.num_keyed, t.request_id in void and bool(t.blocks))
+
+
+def specdec_predicted(sched: Any, t: Any, action: str, q: tuple, k: int = 0, decision: Any = None,
+                      stopped: bool = False) -> tuple:
+    """The generic request's post-state (`GenericSpecDec.effect`) for ``t``'s pre-state ``q``."""
+    from spec.proofs.encoding_specdec import GenericSpecDec
+
+    G = GenericSpecDec()
+    sq = G.seq("q")
+    _, post = G.effect(action, sq, sq)
+    cfg = sched.config
+    d = decision
+    pins = [(a, z3.IntVal(v)) for a, v in zip((sq.st, sq.dv, sq.tl, sq.nt, sq.nc, sq.pr, sq.ky), q[:7], strict=True)]
+    pins += [(sq.vd, z3.BoolVal(q[7])), (G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
+             (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
+             (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.K, z3.IntVal(cfg.num_speculative_tokens)),
+             (G.PC, z3.BoolVal(cfg.enable_prefix_caching))]
+    if action in ("admit", "chunk", "verify"):
+        drafts = max(q[4] + k - q[3], 0)
+        pins += [(G.p["stop"], z3.IntVal(int(stopped))), (G.p["empty"], z3.IntVal(int(d.empty))),
+                 (G.p["stop_at"], z3.IntVal(16 if d.stop_at is None else d.stop_at)),
+                 (G.p["accepted"], z3.IntVal(min(d.accepted, drafts))),
+                 (G.p["proposed"], z3.IntVal(d.num_proposed(cfg.num_speculative_tokens)))]
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins))
+        return v.as_long() if z3.is_int_value(v) else z3.is_true(v)
+
+    return tuple(ev(x) for x in (post.st, post.dv, post.tl, post.nt, post.nc, post.pr, post.ky, post.vd))
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_specdec_request_follows_the_generic_rule(data):
+    """The specdec flow's per-request rules (`GenericSpecDec`, what lifts its rows past the bound)
+    on the speculative reference of any size, k 0..4, prefix caching on or off (distinct prompts,
+    no cache hits), random acceptances, empty outcomes and stops: each step's preempted, scheduled
+    and aborted requests end where the generic rule says, from their own state before the step
+    (the guards are the bounded tie test's; the rest of a step is the other requests' business)."""
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+    from spec.speculative import DraftDecision
+
+    chunked = data.draw(st.booleans())
+    config = SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        enable_prefix_caching=data.draw(st.booleans()), num_speculative_tokens=data.draw(st.integers(0, 4)),
+    )
+    sched = SpecDecScheduler(config)
+    void: set[str] = set()
+    for j in range(data.draw(st.integers(1, 14))):
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:
+            prompt = data.draw(st.integers(1, 20))
+            sched.add_request(Request(f"r{j}", prompt_len=prompt, max_tokens=data.draw(st.integers(1, 12)),
+                                      prompt_tokens=tuple((7 * j + 1 + i) % 50 for i in range(prompt))))
+        live = [t for t in v1_requests(sched) if not t.status.is_finished]
+        if live and data.draw(st.integers(0, 6)) == 6:
+            t = data.draw(st.sampled_from(live))
+            want = specdec_predicted(sched, t, "abort", specdec_seq_state(t, void))
+            sched.abort_request(t.request_id)
+            assert specdec_seq_state(t, void) == want
+        pre = {t.request_id: specdec_seq_state(t, void) for t in v1_requests(sched)}
+        out = sched.schedule()
+        if any(pre[s.request_id][0] == status_code(Status.WAITING) and sched.requests[s.request_id].num_computed
+               for s in out.scheduled):
+            return  # a prefix-cache hit (a request back on its own cached blocks): outside the rule
+        decisions = {s.seq_id: DraftDecision(proposed=data.draw(st.sampled_from([None, 0, 1, 3])),
+                                             accepted=data.draw(st.integers(0, 4)),
+                                             stop_at=data.draw(st.sampled_from([None, 0, 1])),
+                                             empty=data.draw(st.integers(0, 5)) == 5) for s in out.scheduled}
+        stopped = frozenset(s.seq_id for s in out.scheduled if data.draw(st.integers(0, 9)) == 9)
+        sched.update(StepOutcome(stopped, decisions))
+        for p in out.preempted:
+            t = sched.requests[p.request_id]
+            assert specdec_seq_state(t, void) == specdec_predicted(sched, t, "preempt_recompute", pre[p.request_id])
+        for s in out.scheduled:
+            t, q, d = sched.requests[s.request_id], pre[s.request_id], decisions[s.seq_id]
+            action = "admit" if q[0] == status_code(Status.WAITING) else "verify" if s.num_drafts else "chunk"
+            want = specdec_predicted(sched, t, action, q, s.num_tokens, d, s.seq_id in stopped)
+            if q[4] + s.num_tokens >= q[3] and d.empty:
+                void.add(t.request_id)
+            else:
+                void.discard(t.request_id)
+            got = specdec_seq_state(t, void)
+            assert got == want, f"{action} k={s.num_tokens} {d}: reference {got}, rule {want} (pre {q})"
+
+
+def test_specdec_rows_are_proved_for_a_generic_request():
+    from spec.proofs.encoding_specdec import ACTIONS_SPECDEC_SEQ
+
+    results = prove_sequences(flow_name="specdec")
+    assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
+    assert all(hypotheses_satisfiable(a, "specdec") for a in ACTIONS_SPECDEC_SEQ)

@@ -122,3 +122,47 @@ def test_the_declaration_is_reported_and_a_bad_one_refused_at_load(tmp_path, cap
     assert main(["conform", "--adapter", f"{bad}:make", "--out", str(tmp_path / "never")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "adapter.reservation" in err and not (tmp_path / "never").exists()
+
+
+def _drafting_trace(k: int):
+    """One request whose drafts are all rejected (block size 1): its table holds k draft slots past
+    its tokens after every verifying step, which only a k-token reservation allows."""
+    from spec.speculative import DraftDecision
+    from spec.trace import Arrival, Trace
+
+    config = SchedulerConfig(block_size=1, num_gpu_blocks=32, num_cpu_blocks=0, max_num_seqs=1,
+                             max_num_batched_tokens=16, max_model_len=32, watermark=0.0,
+                             preemption_mode="recompute", num_speculative_tokens=k)
+    drafts = tuple((step, "A#0", DraftDecision(accepted=0)) for step in range(12))
+    return Trace(config, (Arrival(0, Request("A", 2, 8)),), max_steps=20, drafts=drafts)
+
+
+def test_a_per_config_reservation_reaches_a_worker_isolated_run(tmp_path):
+    """The speculative reference reserves k draft slots, k from the config: a worker-isolated run
+    (`kvsched conform`, --workers) checks each trace against the reservation for its config and
+    tells the runner which one that was; the report names the widest."""
+    from conformance.adapter import SchedulerAdapter
+    from conformance.cli import main
+    from conformance.isolated import ChildRunner
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+
+    safety = [inv.id for inv in get_profile("specdec").invariants()]
+    runner = ChildRunner("reference-specdec")
+    try:
+        runner.start()
+        summaries = {k: runner.run(_drafting_trace(k), safety) for k in (1, 3)}
+    finally:
+        runner.close()
+    for k, summary in summaries.items():
+        assert summary.reservation == {"lookahead_tokens": k, "whole_request": False}
+        assert "CAP-006" not in summary.problems, summary.problems
+    # the trace needs the reservation: declared as none, the same scheduler breaks CAP-006
+    undeclared = SchedulerAdapter("undeclared", SpecDecScheduler, reservation=NONE)
+    assert "CAP-006" in run_checked(undeclared, _drafting_trace(3), get_profile("specdec").invariants()).problem_ids
+
+    report = tmp_path / "report.json"
+    code = main(["conform", "--adapter", "reference-specdec", "--max-examples", "5", "--seed", "3", "--quiet",
+                 "--workers", "2", "--out", str(tmp_path / "out"), "--json", str(report)])
+    data = json.loads(report.read_text())
+    assert code == 0 and data["conforming"]
+    assert data["reservation"] is not None and data["reservation"]["lookahead_tokens"] >= 1

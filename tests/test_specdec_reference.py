@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from conformance.generate_specdec import specdec_traces
+from conformance.generate_specdec import pipelined, specdec_traces
 from conformance.generate_v1 import v1_traces
 from conformance.profiles import get_profile
 from conformance.selftest.mutants import violated
@@ -32,10 +33,13 @@ def test_reference_holds_its_profile(trace: Trace) -> None:
 
 
 @SETTINGS
-@given(specdec_traces())
-def test_async_reference_holds_the_async_profile_with_drafts(trace: Trace) -> None:
-    config = dataclasses.replace(trace.config, pipeline_depth=1, watermark=0.0, max_num_partial_prefills=0)
-    trace = dataclasses.replace(trace, config=config)
+@given(specdec_traces(), st.integers(0, 2))
+def test_async_reference_holds_the_async_profile_with_drafts_at_every_depth(trace: Trace, depth: int) -> None:
+    """SPD-005/006/007/008 read the step whose outcome a record processes, so they hold the async
+    reference with drafts at depth 0, 1 and 2 (the async profile claims them all)."""
+    claimed = {inv.id for inv in get_profile("async").invariants()}
+    assert {"SPD-005", "SPD-006", "SPD-007", "SPD-008"} <= claimed
+    trace = pipelined(trace, depth)
     assert violated(AsyncV1Scheduler, trace, invariants=get_profile("async").invariants()) == set()
 
 
@@ -110,3 +114,37 @@ def test_drafts_round_trip_and_bad_fields_name_themselves() -> None:
         Trace.from_dict(bad)
     with pytest.raises(InputError, match="config.num_speculative_tokens"):
         SchedulerConfig(num_speculative_tokens=17)
+
+
+@SETTINGS
+@given(specdec_traces(allow_empty=True), st.integers(0, 2))
+def test_async_reference_with_empty_outcomes_at_every_depth(trace: Trace, depth: int) -> None:
+    """vllm-project/vllm#42722's empty outcomes, drawn at depth 0..2: the async reference rolls the
+    step back and voids the request's later steps already in flight (fed a token that never came),
+    and holds the async profile."""
+    assert violated(AsyncV1Scheduler, pipelined(trace, depth), invariants=get_profile("async").invariants()) == set()
+
+
+def test_empty_outcome_at_depth_one_voids_the_step_in_flight() -> None:
+    """k = 2, depth 1: step 1 verifies drafts and its outcome is empty; step 2, already in flight,
+    was fed a token that never came. Its outcome is dropped, the request recomputes its last token
+    (one token, no drafts: nothing was proposed), and the stream is the samples by position."""
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=32, max_model_len=32, watermark=0.0,
+                             preemption_mode="recompute", num_speculative_tokens=2, pipeline_depth=1,
+                             max_num_partial_prefills=0)
+    request = Request("A", 4, 12, prompt_tokens=(1, 2, 3, 4))
+    sid = seq_id("A", 0)
+    trace = Trace(config, (Arrival(0, request),), max_steps=40,
+                  drafts=((1, sid, DraftDecision(accepted=2, empty=True)),))
+    run = run_trace(trace, AsyncV1Scheduler)
+    shapes = [[(s.num_tokens, s.num_drafts) for s in r.output.scheduled] for r in run.records]
+    # 0: prefill; 1: next token + 2 placeholder drafts; 2: in flight when 1's empty outcome lands;
+    # 3: the last token again, alone (step 2's outcome is dropped in step 3's update)
+    assert shapes[:4] == [[(4, 0)], [(3, 2)], [(3, 2)], [(1, 0)]]
+    after = run.records[2].after
+    assert after.seqs[sid].num_computed == 4 and after.seqs[sid].num_tokens == 5
+    assert after.in_flight[sid].stale == 3 and after.in_flight[sid].placeholders == 0
+    tokens = run.records[-1].after.seqs[sid].token_ids
+    assert tokens[4:] == tuple(generated_token("A", 0, p) for p in range(4, 16))
+    assert violated(AsyncV1Scheduler, trace, invariants=get_profile("async").invariants()) == set()

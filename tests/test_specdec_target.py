@@ -63,3 +63,30 @@ def test_vllm_dies_when_the_threshold_cuts_a_padded_admission() -> None:
         assert classify(adapter, "sync", trace, outcome, invariants) == "padded-admission-cut-by-threshold"
     finally:
         adapter.close()
+
+
+def test_in_flight_drafts_at_max_model_len_agree_in_the_vllm_compatible_mode() -> None:
+    """docs/SPECDEC.md section 5: async with drafts, vLLM skips a request whose in-flight drafts,
+    all accepted, would reach max_model_len (scheduler.py:850-857). The campaign's reference
+    (vLLM-compatible mode) agrees to the end; the spec's policy schedules the token a rejection
+    would need, and the counterfactual names the class."""
+    from pathlib import Path
+
+    from conformance.profiles import get_profile
+    from conformance.targets.lockstep_specdec import adapter_for, base_of, classify, run_one
+    from spec.trace import Trace
+
+    trace = Trace.load(Path(__file__).resolve().parents[1]
+                       / "docs/traces/specdec/async-in-flight-drafts-clamped-at-max-model-len.json")
+    trace = dataclasses.replace(trace, meta={})
+    adapter = adapter_for("async")
+    try:
+        invariants = get_profile("safety").invariants()
+        vllm_mode = run_one(adapter, trace, invariants, base_of("async"))
+        assert vllm_mode.divergence_step is None, vllm_mode.describe()
+        policy = run_one(adapter, trace, invariants, base_of("async", policy=True))
+        assert policy.divergence_step is not None
+        assert classify(adapter, "async", trace, policy, invariants, policy=True) == \
+            "in-flight-drafts-clamped-at-max-model-len"
+    finally:
+        adapter.close()

@@ -175,6 +175,7 @@ def test_snapshot_deltas_decode_to_the_whole_snapshots():
     from conformance.generate import sample_traces
     from conformance.generate_v1 import token_traces
     from reference_impl.v1_scheduler import V1Scheduler
+    from spec.observation import with_delta
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "conformance" / "targets" / "hosts"))
     import kvsched_host
@@ -201,6 +202,13 @@ def test_snapshot_deltas_decode_to_the_whole_snapshots():
             assert snap == snapshot_from_json(whole)
             if previous is not None:
                 deltas += sent.get("delta") is True
+                # decoded straight into the checks' delta form, naming every entry that changed
+                diffed = with_delta(snapshot_from_json(whole), previous)
+                assert snap.base is previous
+                assert snap.changed_seqs >= diffed.changed_seqs and snap.changed_requests >= diffed.changed_requests
+                for sid, view in snap.seqs.items():
+                    if sid not in snap.changed_seqs:
+                        assert view is previous.seqs[sid]
                 for name in ("waiting", "gpu_ref_counts", "gpu_free_ids"):
                     if getattr(snap, name) == getattr(previous, name):
                         assert getattr(snap, name) is getattr(previous, name)
@@ -297,3 +305,44 @@ def test_steps_carry_each_steps_drafts_to_a_speculative_engine():
     assert engine.updates == [([], {}), ([], {"a#0": DraftDecision(accepted=2).to_dict()}),
                               (["a#0"], {"a#0": decision.to_dict()}), ([], {})]
     assert len(lines) == 4
+
+
+def _helper_host(schedule_at_step_3: str) -> list[str]:
+    """A host on kvsched_host.serve (the raw host's engine) whose ``schedule`` runs
+    ``schedule_at_step_3`` (Python source) at step 3."""
+    hosts = Path(__file__).parents[1] / "conformance" / "targets" / "hosts"
+    script = (f"import sys, time; sys.path.insert(0, {str(hosts)!r}); sys.path.insert(0, {str(RAW.parent)!r})\n"
+              "import kvsched_host, raw_host\n"
+              "class Engine(raw_host.Engine):\n"
+              "    add_request, abort_request = raw_host.Engine.add, raw_host.Engine.abort\n"
+              "    def snapshot(self):  # a copy: the engine's dicts change later\n"
+              "        return raw_host.json.loads(raw_host.json.dumps(super().snapshot()))\n"
+              "    def schedule(self):\n"
+              f"        if self.step == 3: {schedule_at_step_3}\n"
+              "        return super().schedule()\n"
+              "kvsched_host.serve(Engine(), 'helper', capabilities=['output', 'statuses', 'queues'])\n")
+    return [sys.executable, "-c", script]
+
+
+def test_an_engine_error_in_steps_keeps_the_host():
+    """An engine that raises inside a `steps` run answers with an error and stays up: the fault is
+    reported at its step, and the next trace runs on the same host process (restarting it cost
+    0.2-0.3 s a failing trace: nano-vllm's scheduler asserts on many traces)."""
+    adapter = WireAdapter("raiser", _helper_host("raise RuntimeError('boom')"), timeout=30)
+    invariants = get_profile("safety").invariants()
+    first = run_checked(adapter, _trace(), invariants, timeout=10)
+    assert first.fault is not None and first.fault.kind == "raised" and "boom" in first.fault.message
+    assert first.fault_step == 3
+    pid = adapter.host.proc.pid
+    second = run_checked(adapter, _trace(), invariants, timeout=10)
+    assert second.fault_step == 3 and adapter.host.proc.pid == pid
+
+
+@pytest.mark.parametrize("fault, kind", [("time.sleep(3600)", "hang"), ("sys.exit(3)", "raised")])
+def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind):
+    """kvsched_host holds step lines up to flush_ms to write them together; a step that hangs (the
+    watcher thread writes the held lines) or exits (serve writes them on the way out) is still
+    reported at its own step, not at the first step whose line was held."""
+    adapter = WireAdapter("helper", _helper_host(fault), timeout=60)
+    result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=1.5)
+    assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3

@@ -6,8 +6,10 @@ counterexample, a version-1 JSON trace that replays it on the reference.
 
 ``--flow``: ``v0`` (vLLM V0's flow, reference_impl/scheduler.py), ``v1`` (vLLM V1's flow with
 chunked prefill, reference_impl/v1_scheduler.py, spec/proofs/chunked.py), ``async`` (the pipelined
-V1 flow, reference_impl/async_scheduler.py, spec/proofs/encoding_async.py) or ``all`` (default:
-every flow, one table each; ``--bound`` then applies to v0, v1 and async keep their own bound).
+V1 flow, reference_impl/async_scheduler.py, spec/proofs/encoding_async.py), ``specdec`` (V1 with
+speculative decoding, reference_impl/specdec_scheduler.py, spec/proofs/encoding_specdec.py) or
+``all`` (default: every flow, one table each; ``--bound`` then applies to v0, the others keep
+their own bound).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from spec.proofs.bound import DEFAULT, PRESETS, Bound
 from spec.proofs.chunked import V1_ACTIONS, V1_BOUND, V1_MUTANTS
 from spec.proofs.encoding import ACTIONS, MUTANTS
 from spec.proofs.encoding_async import ASYNC_ACTIONS, ASYNC_BOUND, ASYNC_MUTANTS
+from spec.proofs.encoding_specdec import SPECDEC_ACTIONS, SPECDEC_BOUND, SPECDEC_MUTANTS
 from spec.proofs.matrix import FLOW_NAMES, PROVED, flow, merge, prove
 
 
@@ -33,13 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"e.g. gpu_blocks=6,seqs=4 (default: {DEFAULT})")
     p.add_argument("--flow", choices=[*FLOW_NAMES, "all"], default="all",
                    help=f"which scheduler flow: v0 (vLLM V0), v1 (vLLM V1, chunked prefill; bound {V1_BOUND}), "
-                        f"async (pipelined V1; bound {ASYNC_BOUND}) or all (default)")
+                        f"async (pipelined V1; bound {ASYNC_BOUND}), specdec (V1 with speculative decoding; "
+                        f"bound {SPECDEC_BOUND}) or all (default)")
     p.add_argument("--json", action="store_true", help="print the matrix as JSON (version 1)")
-    p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS])),
+    p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS, *SPECDEC_ACTIONS])),
                    help="only these actions (repeatable)")
     p.add_argument("--invariant", action="append", help="only these invariants (repeatable)")
     p.add_argument("--alone", action="store_true", help="assume each invariant alone (shows which are inductive alone)")
-    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS}),
+    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS, *SPECDEC_MUTANTS}),
                    help="prove against a deliberately broken transition (selects its flow)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before it is 'unknown' (default 60)")
@@ -54,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--timeout", f"must be > 0, got {args.timeout}")
     names = list(FLOW_NAMES) if args.flow == "all" else [args.flow]
     if args.mutant:
-        names = ["v1"] if args.mutant in V1_MUTANTS else ["async"] if args.mutant in ASYNC_MUTANTS else ["v0"]
+        by_flow = {**{m: "v1" for m in V1_MUTANTS}, **{m: "async" for m in ASYNC_MUTANTS},
+                   **{m: "specdec" for m in SPECDEC_MUTANTS}}
+        names = [by_flow.get(args.mutant, "v0")]
         if args.flow not in ("all", names[0]):
             raise InputError("--mutant", f"{args.mutant!r} is a mutant of the {names[0]} flow, not of {args.flow}")
     explicit_bound = args.bound != "default"
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         actions = [a for a in args.action or () if a in fl.actions]
         if (args.invariant and not invariants) or (args.action and not actions):
             continue  # the filters name nothing of this flow
-        if name in ("v1", "async"):
+        if name in ("v1", "async", "specdec"):
             flow_bound = bound if explicit_bound and len(names) == 1 else fl.default_bound
             if flow_bound.groups != flow_bound.seqs:
                 raise InputError("--bound", f"the {name} flow needs groups == seqs (one sequence per request), got {flow_bound}")
@@ -95,24 +101,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
-    from conformance.selftest.proof_bridge import counterexample_trace, v1_counterexample_trace
+    from conformance.selftest.proof_bridge import (
+        counterexample_trace,
+        specdec_counterexample_trace,
+        v1_counterexample_trace,
+    )
     from reference_impl.scheduler import Scheduler
+    from reference_impl.specdec_scheduler import SpecDecScheduler
     from reference_impl.v1_scheduler import V1Scheduler
 
     ids = {i.id for i in catalogue()}
     written = []
     for cell in matrix.failing():
-        if cell.counterexample is None or cell.invariant not in ids or cell.action == "init" or cell.flow == "async":
+        iid = cell.invariant.split("/")[0]  # a partial row (SPD-007/committed) replays as its catalogue invariant
+        if cell.counterexample is None or iid not in ids or cell.action == "init" or cell.flow == "async":
             continue  # an async counterexample has no trace bridge yet (docs/PROOFS.md)
         if cell.flow == "v1":
-            found = v1_counterexample_trace(cell.counterexample, cell.invariant, V1Scheduler, tries=500)
+            found = v1_counterexample_trace(cell.counterexample, iid, V1Scheduler, tries=500)
+        elif cell.flow == "specdec":
+            found = specdec_counterexample_trace(cell.counterexample, iid, SpecDecScheduler, tries=500)
         else:
-            found = counterexample_trace(cell.counterexample, cell.invariant, Scheduler, tries=500)
+            found = counterexample_trace(cell.counterexample, iid, Scheduler, tries=500)
         if found is None:
             continue
         trace, violations = found
-        prefix = "v1-" if cell.flow == "v1" else ""
-        path = directory / f"{prefix}{cell.invariant}-{cell.action}.json"
+        prefix = f"{cell.flow}-" if cell.flow in ("v1", "specdec") else ""
+        path = directory / f"{prefix}{iid}-{cell.action}.json"
         trace.save(path)
         written.append(str(path))
     return written
@@ -152,7 +166,8 @@ def _table(cells, flow_name: str, bound, mutant: str | None):
     rows = list(dict.fromkeys(c.invariant for c in cells))
     mark = {PROVED: "[green]proved[/]", "counterexample": "[red]cex[/]", "unknown": "[yellow]unknown[/]"}
     what = {"v0": "vLLM V0 flow", "v1": "vLLM V1 flow, chunked prefill",
-            "async": "pipelined V1 flow (outcomes pipeline_depth steps late)"}.get(flow_name, flow_name)
+            "async": "pipelined V1 flow (outcomes pipeline_depth steps late)",
+            "specdec": "V1 flow with speculative decoding (drafts verified, rolled back)"}.get(flow_name, flow_name)
     table = Table(title=f"kvsched prove: {what}, bound {bound}" + (f", mutant {mutant}" if mutant else ""))
     table.add_column("invariant", no_wrap=True)
     for a in actions:

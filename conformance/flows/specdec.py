@@ -17,11 +17,14 @@ FLOW = Flow(
     profile="specdec",
     invariant_families=("spec.invariants.specdec",),
     mutants="conformance.selftest.mutants_specdec",
+    proof_flow="specdec",
+    proof_encoding="spec.proofs.encoding_specdec",
     adapters=("reference-specdec",),
     # vLLM 0.33.0 with k > 0 through the same hosts (the config turns it on): docs/SPECDEC.md
     targets=("vllm-v1", "vllm-v1-async"),
     lockstep="conformance.targets.lockstep_specdec:main",
     deviations="conformance.targets.lockstep_specdec:CLASSES",
-    tests=("tests/test_specdec_reference.py", "tests/test_specdec_target.py"),
+    tests=("tests/test_specdec_reference.py", "tests/test_specdec_target.py", "tests/test_specdec_proofs.py",
+           "tests/test_specdec_encoding_matches_reference.py"),
     extra={"hunt": "conformance.targets.specdec_hunt:main"},
 )

@@ -67,7 +67,12 @@ def _proof_status(proofs: dict[str, Any] | None) -> dict[str, str]:
         else:
             bad = sorted({f"{c['action']}: {c['result']}" for c in items if c["result"] not in ("proved", "n/a")})
             status[inv] = "not proved: " + "; ".join(bad)
-    for inv, why in proofs.get("not_state_invariants", {}).items():
+    not_state = proofs.get("not_state_invariants", {})
+    for part in [i for i in cells if "/" in i]:  # a row proving part of a catalogue invariant (SPD-007/committed)
+        whole = part.split("/")[0]
+        if whole not in cells and whole in not_state:
+            status[whole] = f"partly: {part} {status[part]}; as catalogued, outside the matrix: {not_state[whole]}"
+    for inv, why in not_state.items():
         status.setdefault(inv, f"not a state invariant ({why})")
     return status
 
@@ -165,6 +170,7 @@ _DOMAIN_TEXT = {
     "cpu_pool": "a CPU swap pool (`num_cpu_blocks > 0`)",
     "watermark": "`None`: any watermark; a number: only that one (vLLM V0 fixes 0.01)",
     "priority": "the priority policy; false: FCFS only",
+    "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
     "max_n": "parallel sequences per request",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
@@ -193,6 +199,8 @@ _CAPABILITY_TEXT = {
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
+    Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
+                            "invariants apply",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -213,6 +221,7 @@ _CAPABILITY_FIELDS = {
     Capability.IN_FLIGHT: "`Snapshot.in_flight` (seq id -> `InFlightView`); on the wire `in_flight` (docs/PROTOCOL.md)",
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
+    Capability.SGLANG_FLOW: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -388,8 +397,11 @@ A view not named must be the very object `base` holds. For a large pool, also na
 `gpu_block_changes` (and `cpu_block_changes`) every block whose reference count or free-list
 entries changed since `base`, each with how many times the free list names it now: the block
 checks then read those blocks, not the pool (the reference pools log them in their containers,
-`reference_impl/pool_log.py`). A delta is trusted as given; a block it leaves out is read as
-`base`'s. The reference does this
+`reference_impl/pool_log.py`). For long sequences, name in `kept_tokens`, for a changed view,
+how many of its leading token ids are those of its view in `base`: the checks that read every
+token (the runner's type check, PIP-001) then read only the ones past it instead of comparing
+the two token tuples (the token-budget references log writes in `reference_impl/token_log.py`).
+A delta is trusted as given; a block it leaves out is read as `base`'s. The reference does this
 (`reference_impl/scheduler.py: Scheduler.snapshot`). An adapter that leaves `base` `None` hands
 whole snapshots: the runner diffs each with the one before at C speed
 (`spec.observation.with_delta`), reusing the older objects for whatever is equal, and checks only
@@ -467,7 +479,10 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
     if "paths" not in data:  # version 1: the default path only
         data = {**data, "paths": {"default": {k: data[k] for k in ("traces", "steps", "agreeing_traces")}},
                 "classes": {}}
-    rows = ["\n| path | configs | traces | steps | agree | diverge | by class |\n| --- | --- | --- | --- | --- | --- | --- |\n"]
+    from conformance.targets.campaign_args import run_line
+
+    rows = [run_line(data), "\n| path | configs | traces | steps | agree | diverge | by class |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n"]
     for path, m in data["paths"].items():
         by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items()) or "-"
         rows.append(f"| {path} | {_V1_PATHS.get(path, '')} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
@@ -492,11 +507,11 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "waits, and cannot be aborted; the reference had ignored it only on reaching the head of waiting\n\n"
         "Host fidelity (issue 21): V1's input processor also refuses a generate prompt of exactly max_model_len "
         "tokens (no room for its output token; `InputProcessor._validate_prompt_len`), which the host had passed to "
-        "the scheduler. Every chunk-clamped-below-max-model-len divergence above began with such a prompt, so the "
-        "class cannot happen to a generate request in real vLLM; it is real for pooling requests, which sample no "
-        "token (vLLM #47971, #24704, #55427; fixed by #48039). The host now refuses that prompt at the door, and "
-        "`lockstep_v1` classifies the divergence as generate-prompt-at-max-model-len-refused; the counts in the table "
-        "are from the campaign run before the change.\n"
+        "the scheduler. Every chunk-clamped-below-max-model-len divergence of the earlier runs began with such a "
+        "prompt, so the class cannot happen to a generate request in real vLLM; it is real for pooling requests, "
+        "which sample no token (vLLM #47971, #24704, #55427; fixed by #48039). The host refuses that prompt at the "
+        "door, and the campaign's reference refuses it the same way (`conformance/targets/door.py`, shared by the "
+        "V1, async and speculative campaigns), so those traces are compared to their end.\n"
     )
     return intro + "".join(rows) + notes
 

@@ -606,4 +606,9 @@ def violated(
 
 __all__ = ["MUTANTS", "Mutant", "violated"]
 
-from conformance.selftest import mutants_async, mutants_specdec, mutants_v1  # noqa: E402,F401  (register the mutants of today's engines)
+from conformance.selftest import (  # noqa: E402,F401  (register the mutants of today's engines)
+    mutants_async,
+    mutants_sglang,
+    mutants_specdec,
+    mutants_v1,
+)

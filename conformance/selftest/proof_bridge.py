@@ -21,7 +21,7 @@ from reference_impl.block_manager import AllocStatus
 from reference_impl.scheduler import Scheduler, _StepBuilder
 from reference_impl.sequence import SequenceGroup
 from spec.catalogue import Checker, Violation
-from spec.config import SchedulerConfig
+from spec.config import MAX_SPECULATIVE_TOKENS, SchedulerConfig
 from spec.observation import ALL_CAPABILITIES
 from spec.proofs.bound import Bound
 from spec.status import Status
@@ -351,11 +351,14 @@ def v1_requests(sched: Any) -> list[Any]:
     return sorted(sched.requests.values(), key=lambda t: t.arrival)
 
 
-def v1_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
-    """A V1 reference's state as the v1 encoding's concrete state (None when it exceeds the bound)."""
+def v1_concrete_state(sched: Any, bound: Bound, *, keys_ok: bool = False) -> dict[str, Any] | None:
+    """A V1 reference's state as the v1 encoding's concrete state (None when it exceeds the bound).
+    ``keys_ok``: prefix caching may be on (the specdec encoding models its keys; the caller makes
+    sure no cache hit happened, which no encoding models)."""
     pool = sched.pool
     tracked = v1_requests(sched)
-    if pool.num_blocks != bound.gpu_blocks or len(tracked) > bound.seqs or sched.config.enable_prefix_caching:
+    if pool.num_blocks != bound.gpu_blocks or len(tracked) > bound.seqs \
+            or (sched.config.enable_prefix_caching and not keys_ok):
         return None
     free = set(pool.free_ids())
     seqs, groups = [], []
@@ -476,13 +479,19 @@ def v1_config_for(cex: dict[str, Any]) -> SchedulerConfig:
 
 def v1_counterexample_trace(
     cex: dict[str, Any], invariant_id: str, make: SchedulerFactory, *, tries: int = 2000, seed: int = 0,
-    max_steps: int = 16,
+    max_steps: int = 16, flow: str = "v1",
+    configure: Callable[[SchedulerConfig], SchedulerConfig] | None = None,
+    decide: Callable[[random.Random, list[Request], int], tuple[Any, ...]] | None = None,
 ) -> tuple[Trace, list[Violation]] | None:
     """`counterexample_trace` for the v1 flow: a seeded search for a trace that drives the V1
     reference built by ``make`` (a mutant, say) into a state shaped like the counterexample's
     (same config; its requests' prompt lengths and max_tokens, n = 1) and has the catalogue
-    predicate ``invariant_id`` fail on replay. None when none was found."""
+    predicate ``invariant_id`` fail on replay. None when none was found. A flow built on v1's
+    (``flow``) adds to the config (``configure``) and draws the trace's other decisions
+    (``decide(rng, requests, max_steps)``: its ``drafts``)."""
     exact = v1_config_for(cex)
+    if configure is not None:
+        exact = configure(exact)
     bound = cex["bound"]
     relaxed = replace(exact, max_num_seqs=max(exact.max_num_seqs, bound["seqs"]),
                       max_num_batched_tokens=max(exact.max_num_batched_tokens, exact.max_num_seqs, bound["seqs"]),
@@ -509,9 +518,11 @@ def v1_counterexample_trace(
             requests.append(Request(f"R{len(requests)}", prompt_len=rng.choice(prompt_choices), max_tokens=rng.randint(1, 8)))
         arrivals = tuple(Arrival(rng.randint(0, 3) if randomised else 0, r) for r in requests)
         aborts, stops = _random_aborts_and_stops(rng, requests, max_steps) if randomised else ([], [])
+        drafts = decide(rng, requests, max_steps) if decide is not None else ()
         trace = Trace(config, arrivals, tuple(aborts), tuple(stops), max_steps=max_steps,
-                      meta={"counterexample": {"flow": "v1", "invariant": invariant_id, "action": cex.get("action"),
-                                               "params": cex.get("params"), "config": cex.get("config"), "pre": pre}})
+                      meta={"counterexample": {"flow": flow, "invariant": invariant_id, "action": cex.get("action"),
+                                               "params": cex.get("params"), "config": cex.get("config"), "pre": pre}},
+                      drafts=drafts)
         found = find_violation(trace, make, invariant_id)
         if found:
             return trace, found
@@ -561,3 +572,54 @@ def async_concrete_state(sched: Any, bound: Bound) -> dict[str, Any] | None:
         seq["in_flight"] = {"placeholders": c.num_placeholders, "tokens": c.num_in_flight, "stale": c.num_stale,
                             "entries": entries}
     return state
+
+
+# ============================================================================== flow specdec (V1 + drafts)
+# `spec.proofs.encoding_specdec` and reference_impl/specdec_scheduler.py: the v1 bridge plus each
+# request's proposal and keyed blocks, and the encoding's proof-only ``void`` ghost (which the
+# caller tracks: the reference keeps no such field).
+def specdec_config_constants(config: SchedulerConfig) -> dict[str, Any]:
+    return {**v1_config_constants(config), "num_speculative_tokens": config.num_speculative_tokens,
+            "enable_prefix_caching": config.enable_prefix_caching}
+
+
+def specdec_concrete_state(sched: Any, bound: Bound, void: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """A speculative V1 reference's state as the specdec encoding's concrete state (None past the
+    bound). ``void``: the requests whose last outcome committed no token."""
+    state = v1_concrete_state(sched, bound, keys_ok=True)
+    if state is None:
+        return None
+    tracked = v1_requests(sched)
+    for j, seq in enumerate(state["seqs"]):
+        t = tracked[j] if j < len(tracked) else None
+        seq["proposed"] = t.num_proposed if t is not None else 0
+        seq["keyed"] = t.num_keyed if t is not None else 0
+        seq["void"] = t is not None and t.request_id in void and bool(t.blocks)
+    return state
+
+
+def specdec_counterexample_trace(
+    cex: dict[str, Any], invariant_id: str, make: SchedulerFactory, *, tries: int = 2000, seed: int = 0,
+    max_steps: int = 16,
+) -> tuple[Trace, list[Violation]] | None:
+    """`v1_counterexample_trace` for the specdec flow: the counterexample's k (at least 1) and
+    prefix caching, and random speculative decisions per step and request (proposals, acceptance,
+    stops inside the run; empty outcomes only when the counterexample's outcome was empty)."""
+    from spec.speculative import DraftDecision
+
+    c = cex["config"]
+    k = min(max(1, c.get("num_speculative_tokens", 1)), MAX_SPECULATIVE_TOKENS)
+    empties = bool((cex.get("params") or {}).get("empty"))
+
+    def configure(config: SchedulerConfig) -> SchedulerConfig:
+        return replace(config, num_speculative_tokens=k, enable_prefix_caching=bool(c.get("enable_prefix_caching")))
+
+    def decide(rng: random.Random, requests: list[Request], steps: int) -> tuple[Any, ...]:
+        return tuple(
+            (step, f"{r.request_id}#0", DraftDecision(
+                proposed=rng.choice([None, None, 0, 1, k]), accepted=rng.randint(0, k),
+                stop_at=rng.choice([None, 0, 1]), empty=empties and rng.random() < 0.3))
+            for step in range(steps) for r in requests)
+
+    return v1_counterexample_trace(cex, invariant_id, make, tries=tries, seed=seed, max_steps=max_steps,
+                                   flow="specdec", configure=configure, decide=decide)

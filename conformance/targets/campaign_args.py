@@ -4,7 +4,10 @@ many traces per path, the seed, where the result JSON and the shrunk traces go."
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,12 +24,52 @@ def campaign_parser(description: str, paths: Sequence[str], *, seed: int, out: s
     return parser
 
 
-def write_report(report: dict, out: Path, part: str = "paths") -> tuple[int, int]:
+def keep_other_paths(report: dict, old: dict, rerun: Sequence[str], part: str = "paths") -> None:
+    """Carry into ``report`` the results of an earlier run (``old``, same version) for the paths
+    not rerun now, and their classes' saved traces; a class found only on rerun paths is dropped,
+    so a class a fix made impossible does not outlive the fix in the file."""
+    run = old.get("run")  # the kept paths' provenance: the run that wrote the old file
+    report[part].update({p: {**entry, "run": entry.get("run", run)} if run else entry
+                         for p, entry in old.get(part, {}).items() if p not in rerun})
+    for cls, entry in old.get("classes", {}).items():
+        kept = {p: e for p, e in entry.get("paths", {}).items() if p not in rerun}
+        if kept:
+            report["classes"][cls] = {**entry, "paths": kept}
+
+
+def provenance() -> dict:
+    """When, at which commit and under what load a result file was written: campaign times on a
+    shared two-core machine mean little without the load beside them."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+
+
+def write_report(report: dict, out: Path, part: str = "paths", started: dict | None = None) -> tuple[int, int]:
     """Write a campaign's result file (versioned JSON) and say how many of its traces agree, over
-    ``report[part]`` (paths, or Vidur's spaces); returns (agreeing, total)."""
+    ``report[part]`` (paths, or Vidur's spaces); returns (agreeing, total). ``started``: the
+    campaign's `provenance` when it began (the commit it ran), kept beside the one at the end."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["run"] = {"started": started, "written": provenance()} if started else provenance()
     out.write_text(json.dumps(report, indent=2) + "\n")
     total = sum(p["traces"] for p in report[part].values())
     agree = sum(p["agreeing_traces"] for p in report[part].values())
     print(f"wrote {out}: {agree}/{total} traces agree")
     return agree, total
+
+
+def run_line(data: dict) -> str:
+    """When, at which commit and under what load a campaign's result file was written
+    (`provenance`); empty for files from before it was kept."""
+    run = data.get("run")
+    if not run:
+        return ""
+    started, written = (run.get("started"), run.get("written")) if "written" in run else (None, run)
+    commit = (started or written)["commit"]
+    load = ", ".join(f"{x:g}" for x in written["load_average_1_5_15"])
+    since = f"{started['at']} to " if started else ""
+    return f"\nRun {since}{written.get('at', '?')} at commit {commit} (load average at the end {load}; two cores).\n"

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from conformance.targets.campaign_args import run_line
+
 TARGETS = ("nano-vllm", "nano-vllm-fork", "vllm-v0", "vllm-v1", "sglang", "sglang-liveness", "lmdeploy",
            "lmdeploy-liveness", "aphrodite", "aphrodite-liveness", "vidur-vllm", "vidur-vllm-liveness", "vidur-sarathi",
            "vidur-sarathi-liveness", "vidur-orca", "vidur-orca-liveness")
@@ -172,6 +174,7 @@ def build(results: Path) -> str:
             lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | [trace]({_rel(c['trace'])}) |")
     lines += _nano_lockstep(results / "lockstep-nano-vllm.json")
     lines += _aphrodite_lockstep(results / "lockstep-aphrodite.json")
+    lines += _sglang_lockstep(results / "lockstep-sglang.json")
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
     lines += _specdec(results / "specdec-lockstep.json", results / "specdec-hunt.json")
@@ -210,7 +213,7 @@ def build(results: Path) -> str:
               "computed before the step; a prompt over max_model_len, and a generate prompt of exactly max_model_len "
               "tokens, is rejected by V1's input processor (`InputProcessor._validate_prompt_len`) and refused at the door "
               "(`add_request` answers FINISHED_IGNORED; tests/test_host_fidelity.py). Recompute only, n = 1; chunked prefill and prefix caching as in the V1 lockstep section below.",
-              "* **sglang**: `hosts/sglang_host.py` drives SGLang's `PrefillAdder`, `SchedulePolicy` (fcfs), "
+              "* **sglang**: `hosts/sglang_host.py` drives SGLang's `PrefillAdder`, `SchedulePolicy` (fcfs or lpm), "
               "`ScheduleBatch` (`prepare_for_extend`, `check_decode_mem`, `retract_decode`, `prepare_for_decode`), "
               "`RadixCache` and the page-size-1 token allocator unmodified, and replays `Scheduler.get_next_batch_to_run`, "
               "`update_running_batch` and the batch-result glue (lines named in its docstring) because `Scheduler.__init__` "
@@ -284,6 +287,39 @@ def _aphrodite_lockstep(path: Path) -> list[str]:
     for cls, c in data["classes"].items():
         links = ", ".join(f"[{p}]({_rel(v['trace'])})" for p, v in c.get("paths", {}).items())
         lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    return lines
+
+
+def _sglang_lockstep(path: Path) -> list[str]:
+    """SGLang's scheduler code against the sglang reference (`conformance.targets.lockstep_sglang`)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    lines = ["", "## Strict lockstep: the reference's `sglang` flow vs SGLang's scheduler", "",
+             f"`python -m conformance.targets.lockstep_sglang` (seed {data['seed']}, {data['package']}, profile "
+             f"{data['profile']}, reference `{data['reference']}`): page size 1, the radix cache on, SGLang's door limits; "
+             "paths fcfs, lpm, retract (bursts sized so that decode runs out of KV slots) and chunked (chunked prefill on, "
+             "either policy). Every step compares the decisions, then each unfinished request's status, computed tokens "
+             "and KV slot ids, the running requests, the waiting queue in order and the free list in order (the "
+             "reference's allocator and radix cache hand out and take back slots in SGLang's order, LRU eviction "
+             "included). Each trace runs to its first divergence or violation. A class below whose traces break an "
+             "invariant on both sides while every decision and state agrees is a deviation by design of SGLang, not a "
+             "divergence.", "",
+             "| path | traces | steps | agree | by class | violations (both sides) | traces reaching |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path_name, m in data["paths"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items())
+        viol = "; ".join(f"{k} x{v}" for k, v in m.get("violations", {}).items())
+        reach = "; ".join(f"{k} x{v}" for k, v in m.get("traces_reaching", {}).items())
+        lines.append(f"| {path_name} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | {by} | {viol} | {reach} |")
+    lines += ["", "| class | kind | explanation (SGLang source) | traces |", "| --- | --- | --- | --- |"]
+    for cls, c in data["classes"].items():
+        links = ", ".join(f"[{p}]({_rel(v['trace'])})" for p, v in c.get("paths", {}).items())
+        lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    fixes = data.get("reference_fixes", {})
+    if fixes:
+        lines += ["", "Misreadings of SGLang that lockstep found and the reference fixed:", ""]
+        lines += [f"* **{name}**: {why}" for name, why in fixes.items()]
     return lines
 
 
@@ -451,14 +487,18 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
     lines = ["", "## Speculative decoding: the V1 references with drafts vs vLLM 0.33.0 (sync and async)", "",
              "`python -m conformance.targets.lockstep_specdec` (docs/SPECDEC.md): an n-gram drafter configured, the "
              "host plays the drafter and the rejection sampler from the trace; k in 1..4; KV pressure, chunked prefill "
-             "and prefix caching drawn; every divergence classified by a counterfactual rerun.", "",
+             "and prefix caching drawn; every divergence classified by a counterfactual rerun. The reference "
+             f"({data.get('reference_mode', 'policy')} mode; `V1Scheduler` knobs on: "
+             f"{', '.join(k for k, on in data.get('reference_knobs', {}).items() if on) or 'none'}) "
+             "stands behind V1's front door (`conformance/targets/door.py`).", "",
              "| path | target | traces | steps | steps with drafts | drafts | stops inside a verified step | agree | "
-             "divergent (class) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "divergent (class) | run |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path, p in data["paths"].items():
         classes = "; ".join(f"{c} x{n}" for c, n in p["by_class"].items())
+        run = run_line({"run": p["run"]}).strip().removeprefix("Run ") if p.get("run") else ""
         lines.append(f"| {path} | {data['targets'].get(path, '')} | {p['traces']} | {p['steps']} | "
                      f"{p['steps_with_drafts']} | {p['drafts_scheduled']} | {p['stops_inside_a_verified_step']} | "
-                     f"{p['agreeing_traces']} | {classes} |")
+                     f"{p['agreeing_traces']} | {classes} | {run} |")
     lines += ["", "| class | kind | explanation (vLLM source) | traces |", "| --- | --- | --- | --- |"]
     for cls, c in data["classes"].items():
         links = ", ".join(f"[{path}]({_rel(v['trace'])})" for path, v in c["paths"].items())

@@ -17,7 +17,8 @@ frontier, block tables, queues, free blocks in order) and every sequence's token
 * ``preemption``: either, with a cache of at most one block above one ``max_model_len``
   sequence, so that KV pressure preempts running requests whose steps are in flight.
 
-A trace runs to its end (violations of the ``safety`` profile are counted, not stopping); its
+The reference stands behind V1's front door as the host does (`conformance.targets.door`: a
+generate prompt of exactly max_model_len tokens is refused on arrival). A trace runs to its end (violations of the ``safety`` profile are counted, not stopping); its
 first divergence is classified (`classify`) by rerunning it against a reference that models one
 known engine behaviour (`MODELS`). The first trace of each class is shrunk (`conformance.shrink`,
 keeping the class) and saved under ``--traces-dir``. Results: versioned JSON.
@@ -37,8 +38,9 @@ from conformance.driver import run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, write_report
-from conformance.targets.lockstep_v1 import Outcome, RefusesMaxLenPrompt, compare_state, path_configs
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.door import GenerateDoor
+from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from spec.config import SchedulerConfig
@@ -95,9 +97,11 @@ def all_paths_strategy() -> st.SearchStrategy:
     return st.one_of(*(path_strategy(path) for path in PATHS))
 
 
-class RecordingAsync(RecordsSnapshots, AsyncV1Scheduler):
-    """The async reference at depth 1, keeping its snapshot after every step. The host runs
-    vLLM at depth 1 whatever the trace's config says, so the reference does too."""
+class RecordingAsync(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
+    """The async reference at depth 1 behind V1's front door (`conformance.targets.door`: a
+    generate prompt of exactly max_model_len tokens is refused on arrival, as the host does),
+    keeping its snapshot after every step. The host runs vLLM at depth 1 whatever the trace's
+    config says, so the reference does too."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
@@ -112,12 +116,7 @@ class ClampedAsync(RecordingAsync):
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
 
 
-class RefusesMaxLenAsync(RefusesMaxLenPrompt, RecordingAsync):
-    """With V1's door refusal of a generate prompt of max_model_len tokens. Used only to classify."""
-
-
 MODELS: tuple[tuple[str, type[RecordingAsync]], ...] = (
-    ("generate-prompt-at-max-model-len-refused", RefusesMaxLenAsync),
     ("chunk-clamped-below-max-model-len", ClampedAsync),
 )
 
@@ -209,7 +208,9 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = preempting = in_flight_victims = aborts_in_flight = computed_past_stop = 0
     started = time.monotonic()
-    for trace in traces:
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 1 and done > 1:  # the traces before this one
+            print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                              traces_dir="docs/traces/async")
     parser.add_argument("--target", default="vllm-v1-async", help="vllm-v1-async (0.33.0) or vllm-v1-async-0.29")
     args = parser.parse_args(argv)
+    started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
     target = get_target(args.target)
     adapter = target.adapter()
@@ -256,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())
         if old.get("version") == VERSION:
-            report["paths"].update(old.get("paths", {}))
-            report["classes"].update(old.get("classes", {}))
+            keep_other_paths(report, old, paths)
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
         report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
     adapter.close()
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0
 
 

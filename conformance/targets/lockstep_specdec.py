@@ -4,7 +4,16 @@ n-gram ``SpeculativeConfig`` and the host playing the drafter and the rejection 
 
     python -m conformance.targets.lockstep_specdec [--path sync|async|all] [--traces 1000]
         [--seed 20261202] [--out docs/results/specdec-lockstep.json]
-        [--traces-dir docs/traces/specdec]
+        [--traces-dir docs/traces/specdec] [--reference vllm-compatible|policy]
+
+The reference stands behind V1's front door (`conformance.targets.door`) and, by default, runs in
+its vLLM-compatible mode: `V1Scheduler`'s knobs ``drafts_past_max_tokens`` (vLLM does not cap
+drafts at max_tokens, scheduler.py:838-857), ``pads_new_decode_drafts`` (a one-token admission
+padded to 1 + k with placeholder drafts, scheduler.py:1308-1330) and
+``clamps_chunk_at_max_model_len`` (the running-chunk cap at max_model_len counts in-flight drafts
+as accepted, scheduler.py:850-857) are on, so the campaign compares vLLM strictly past those
+documented deviations of the spec's policies and every remaining divergence is a finding. ``--reference policy`` runs the spec's policies instead and
+classifies the two as deviations (the earlier runs' tables).
 
 Traces are the async campaign's three shapes (``plain``, ``chunked``, ``preemption``: prefix
 caching drawn on or off, KV pressure on the last), drawn in turn, with k in 1..4 and the draft
@@ -13,7 +22,7 @@ decisions of `conformance.generate_specdec` (no empty outcomes: #42722's output 
 request, prefill flag, preemptions, finishes), the state after the step (statuses, computed
 tokens, block tables, queues, free blocks in order) and every sequence's token count. A
 divergence is classified by counterfactual: the trace is rerun against the reference with one or
-more known vLLM behaviours modelled (`MODELS`); the first trace of each class is shrunk and saved.
+more known vLLM behaviours modelled (`BEHAVIOURS`); the first trace of each class is shrunk and saved.
 """
 
 from __future__ import annotations
@@ -32,32 +41,37 @@ from conformance.generate import sample_traces
 from conformance.generate_specdec import MAX_K, with_drafts
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_async import PATHS as SHAPES
 from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
 from conformance.targets.lockstep_v1 import Outcome, compare_state
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.specdec_scheduler import SpecDecScheduler
-from reference_impl.v1_scheduler import TrackedRequest
 from spec.config import SchedulerConfig
-from spec.speculative import NO_DECISION, DraftDecision
+from spec.speculative import NO_DECISION
 from spec.trace import Trace
-from spec.types import StepOutcome
 
 PATHS = ("sync", "async")
-VERSION = 1
+VERSION = 2  # 2: the reference is behind V1's door and vLLM-compatible by default (reference_mode)
 # Seconds one call may take before the runner calls it hung: generous, because on a loaded machine
 # a vLLM host's reset can take minutes, and a host declared hung is replaced by a fresh one.
 CALL_TIMEOUT = 600
 
 # class -> (kind, explanation with the vLLM 0.33.0 source location; paths relative to site-packages/vllm/)
 CLASSES: dict[str, tuple[str, str]] = {
-    "chunk-clamped-below-max-model-len": (
+    "in-flight-drafts-clamped-at-max-model-len": (
         "vllm-deviation",
-        "As for the targets without drafts (lockstep_v1): every running chunk is clamped at `max_model_len - "
-        "num_computed_tokens - 1` (v1/core/sched/scheduler.py:851-857), so a prompt of exactly max_model_len "
-        "tokens continued as a running chunk stops one token short. The reference keeps its spec decision.",
+        "Async with drafts: vLLM caps every running chunk at `max_model_len - num_computed_tokens - "
+        "num_sampled_tokens_per_step` (v1/core/sched/scheduler.py:850-857, 'This is necessary when using spec "
+        "decoding'), and num_computed_tokens counts the in-flight step's drafts as if accepted, so a request whose "
+        "in-flight drafts, all accepted, would reach max_model_len gets 0 tokens and is skipped; if they are "
+        "rejected it waits a step. For max_tokens vLLM waits only until the in-flight sure tokens reach it "
+        "(scheduler.py:800-815, 'so that we can be sure no further steps are needed even if they are all "
+        "rejected'), and the async reference applies that rule to both limits (AsyncV1Scheduler."
+        "_in_flight_reaches_limit): it schedules the token a rejection would still need. Latency, not safety: "
+        "the delivered streams agree. Knob: V1Scheduler.clamps_chunk_at_max_model_len.",
     ),
     "drafts-past-max-tokens": (
         "vllm-deviation",
@@ -84,94 +98,77 @@ CLASSES: dict[str, tuple[str, str]] = {
 
 
 class Clamp:
-    """vLLM's clamp of every running chunk at ``max_model_len - num_computed - 1``."""
+    """vLLM's clamp of every running chunk at ``max_model_len - num_computed - 1``, in-flight drafts
+    counted as computed (`V1Scheduler.clamps_chunk_at_max_model_len`, scheduler.py:850-857)."""
 
-    def _running_chunk(self, tracked, budget: int, threshold: int) -> int:  # type: ignore[no-untyped-def]
-        tokens = super()._running_chunk(tracked, budget, threshold)  # type: ignore[misc]
-        return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)  # type: ignore[attr-defined]
+    clamps_chunk_at_max_model_len = True
 
 
 class UncappedDrafts:
-    """vLLM's drafts, not capped at ``max_tokens``."""
+    """vLLM's drafts, not capped at ``max_tokens`` (`V1Scheduler.drafts_past_max_tokens`)."""
 
-    def _draft_room(self, tracked: TrackedRequest, num_tokens: int) -> int:
-        if not tracked.num_proposed:
-            return 0
-        config = self.config  # type: ignore[attr-defined]
-        return max(min(tracked.num_proposed, config.num_speculative_tokens, config.max_model_len - num_tokens - 1), 0)
+    drafts_past_max_tokens = True
 
 
 class PadsNewDecode:
     """vLLM's padding of a one-token admission to 1 + k tokens with placeholder drafts that are
-    never accepted (scheduler.py:1306-1330): admission stops if the padded request exceeds the
-    budget left."""
+    never accepted (`V1Scheduler.pads_new_decode_drafts`, scheduler.py:1308-1330)."""
 
-    def _admission_tokens(self, tracked, tokens, computed, scheduled, budget):  # type: ignore[no-untyped-def]
-        k, config = self.config.num_speculative_tokens, self.config  # type: ignore[attr-defined]
-        # the running loop's requests only (vLLM's scheduled_running_reqs and prefill_scheduled)
-        running = [prefill for rid, prefill in self._running_at_start if rid in scheduled]
-        if tokens != 1 or not k or any(running) or not (running or computed):
-            return tokens
-        if computed + 1 + k + 1 > config.max_model_len:
-            return tokens
-        if 1 + k > budget:
-            return None
-        self._padded = {*getattr(self, "_padded", ()), tracked.request_id}
-        return 1 + k
-
-    def schedule(self):  # type: ignore[no-untyped-def]
-        self._padded = set()
-        self._running_at_start = [(r.request_id, r.in_prefill) for r in self.running]  # type: ignore[attr-defined]
-        output = super().schedule()  # type: ignore[misc]
-        if self._padded:
-            k = self.config.num_speculative_tokens  # type: ignore[attr-defined]
-            for rid in self._padded:
-                self._scheduled_drafts[rid] = k  # type: ignore[attr-defined]
-            output = dataclasses.replace(output, scheduled=tuple(
-                dataclasses.replace(s, num_drafts=k) if s.request_id in self._padded else s for s in output.scheduled))
-            if hasattr(self, "in_flight"):  # the async reference recorded the step already
-                step = self.in_flight[-1]  # type: ignore[attr-defined]
-                step.entries = [(t, n, p, k if t.request_id in self._padded else d) for t, n, p, d in step.entries]
-                for rid in self._padded:
-                    self.counters[rid].num_placeholders += k  # type: ignore[attr-defined]
-            self._placeholder_drafts = set(self._padded)
-        else:
-            self._placeholder_drafts = set()
-        return output
-
-    def update(self, outcome: StepOutcome):  # type: ignore[no-untyped-def]
-        padded = getattr(self, "_placeholder_drafts", set())
-        if padded and not hasattr(self, "in_flight"):  # placeholders are never accepted
-            seqs = {self.requests[rid].seq_id for rid in padded}  # type: ignore[attr-defined]
-            decisions = dict(outcome.drafts)
-            for sid in seqs:
-                d = decisions.get(sid, NO_DECISION)
-                decisions[sid] = DraftDecision(d.proposed, 0, d.stop_at, d.empty)
-            outcome = StepOutcome(outcome.stopped, decisions)
-        return super().update(outcome)  # type: ignore[misc]
+    pads_new_decode_drafts = True
 
 
-class RecordingSpec(RecordsSnapshots, SpecDecScheduler):
-    """The synchronous reference with k > 0, keeping its snapshot after every step."""
+class RecordingSpec(GenerateDoor, RecordsSnapshots, SpecDecScheduler):
+    """The synchronous reference with k > 0 behind V1's front door (`conformance.targets.door`),
+    in its vLLM-compatible mode (both knobs of `V1Scheduler` on: drafts past max_tokens, padded new
+    decodes), keeping its snapshot after every step."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
 
 
-class RecordingAsyncSpec(RecordsSnapshots, AsyncV1Scheduler):
-    """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1)."""
+class RecordingAsyncSpec(GenerateDoor, RecordsSnapshots, AsyncV1Scheduler):
+    """The async reference at depth 1 with k > 0 (the host runs vLLM at depth 1), behind V1's
+    front door, in its vLLM-compatible mode."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
 
 
-BEHAVIOURS = (("chunk-clamped-below-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
+class PolicySpec(RecordingSpec):
+    """The synchronous reference with the spec's policies (SPD-004's draft cap, no padding)."""
+
+    drafts_past_max_tokens = False
+    pads_new_decode_drafts = False
+    clamps_chunk_at_max_model_len = False
+
+
+class PolicyAsyncSpec(RecordingAsyncSpec):
+    """The async reference with the spec's policies."""
+
+    drafts_past_max_tokens = False
+    pads_new_decode_drafts = False
+    clamps_chunk_at_max_model_len = False
+
+
+# the knob of `V1Scheduler` each behaviour turns on
+KNOBS = {"in-flight-drafts-clamped-at-max-model-len": "clamps_chunk_at_max_model_len",
+         "drafts-past-max-tokens": "drafts_past_max_tokens", "pads-new-decode-drafts": "pads_new_decode_drafts"}
+BEHAVIOURS = (("in-flight-drafts-clamped-at-max-model-len", Clamp), ("drafts-past-max-tokens", UncappedDrafts),
               ("pads-new-decode-drafts", PadsNewDecode))
 
 
 def models(base: type) -> list[tuple[str, type]]:
-    """Every non-empty combination of the known behaviours on ``base``, singles first: a class
-    name is the behaviours joined by ``+``."""
+    """Every non-empty combination of the known behaviours that ``base`` does not already have on
+    (by its knobs), singles first: a class name is the behaviours joined by ``+``."""
+    missing = [(name, model) for name, model in BEHAVIOURS if not getattr(base, KNOBS.get(name, ""), False)]
     found = []
-    for size in range(1, len(BEHAVIOURS) + 1):
-        for combo in itertools.combinations(BEHAVIOURS, size):
+    for size in range(1, len(missing) + 1):
+        for combo in itertools.combinations(missing, size):
             name = "+".join(n for n, _ in combo)
             found.append((name, type(f"Model_{len(found)}", (*(m for _, m in combo), base), {})))
     return found
@@ -195,7 +192,11 @@ def adapter_for(path: str):  # type: ignore[no-untyped-def]
     return adapter
 
 
-def base_of(path: str) -> type:
+def base_of(path: str, policy: bool = False) -> type:
+    """The campaign's reference for a path: vLLM-compatible (the default), or with the spec's
+    policies (``--reference policy``: the deviations are then classified, not compared past)."""
+    if policy:
+        return PolicySpec if path == "sync" else PolicyAsyncSpec
     return RecordingSpec if path == "sync" else RecordingAsyncSpec
 
 
@@ -215,30 +216,38 @@ def run_one(adapter, trace: Trace, invariants, reference: type) -> Outcome:  # t
     return Outcome(result, state)
 
 
-def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants) -> str | None:  # type: ignore[no-untyped-def]
+def classify(adapter, path: str, trace: Trace, outcome: Outcome, invariants,  # type: ignore[no-untyped-def]
+             policy: bool = False) -> str | None:
     fault = outcome.result.fault
     if fault is not None and "scheduler.py:1579" in str(fault):
         return "padded-admission-cut-by-threshold"
     if outcome.result.divergence is None and outcome.state is None:
         return None if fault is None else "fault"
-    for cls, model in models(base_of(path)):
+    for cls, model in models(base_of(path, policy)):
         again = run_one(adapter, trace, invariants, model)
+        if again.result.fault is not None and fault is None:
+            # The engine did not fault on this trace in the run being classified: a fault in the
+            # rerun is the host's (a restart or a timeout on a loaded machine), not the model's
+            # verdict. Said aloud and tried once more, so a verdict never depends on the load.
+            print(f"  rerun under {cls} faulted ({str(again.result.fault)[:120]}); once more", flush=True)
+            again = run_one(adapter, trace, invariants, model)
         if again.result.divergence is None and again.state is None and again.result.fault is None:
             return cls
     return "unclassified"
 
 
-def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants) -> Trace:  # type: ignore[no-untyped-def]
+def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants,  # type: ignore[no-untyped-def]
+                 policy: bool = False) -> Trace:
     from conformance.shrink import shrink
 
     def failing(candidate: Trace) -> int | None:
         if candidate.config.num_speculative_tokens != trace.config.num_speculative_tokens:
             return None
         try:
-            got = run_one(adapter, candidate, invariants, base_of(path))
+            got = run_one(adapter, candidate, invariants, base_of(path, policy))
         except Exception:  # noqa: BLE001 - a candidate vLLM refuses is no smaller instance
             return None
-        if classify(adapter, path, candidate, got, invariants) != cls:
+        if classify(adapter, path, candidate, got, invariants, policy) != cls:
             return None
         steps = [s for s in (got.result.divergence and got.result.divergence.step, got.state and got.state[0],
                              got.result.fault_step if got.result.fault else None) if s is not None]
@@ -250,7 +259,8 @@ def shrink_class(adapter, path: str, trace: Trace, cls: str, invariants) -> Trac
         return trace
 
 
-def run_path(path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def run_path(path: str, count: int, seed_value: int, first: dict, invariants,  # type: ignore[no-untyped-def]
+             policy: bool = False) -> dict[str, Any]:
     adapter = adapter_for(path)
     traces = sample_traces(path_traces(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
@@ -259,7 +269,7 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
     steps = agreeing = drafted_steps = drafts = stops_in_runs = 0
     started = time.monotonic()
     for done, trace in enumerate(traces, 1):
-        outcome = run_one(adapter, trace, invariants, base_of(path))
+        outcome = run_one(adapter, trace, invariants, base_of(path, policy))
         result = outcome.result
         steps += len(result.records)
         for rec in result.records:
@@ -270,7 +280,7 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
                                  and rec.drafts.get(s.seq_id, NO_DECISION).stop_at is not None)
         for problem in result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
-        cls = classify(adapter, path, trace, outcome, invariants)
+        cls = classify(adapter, path, trace, outcome, invariants, policy)
         if cls is None:
             agreeing += 1
         else:
@@ -287,41 +297,49 @@ def run_path(path: str, count: int, seed_value: int, first: dict, invariants) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/specdec-lockstep.json",
-                           traces_dir="docs/traces/specdec").parse_args(argv)
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/specdec-lockstep.json",
+                             traces_dir="docs/traces/specdec")
+    parser.add_argument("--reference", choices=("vllm-compatible", "policy"), default="vllm-compatible",
+                        help="vllm-compatible: compare past vLLM's documented draft behaviours (the default); "
+                             "policy: the spec's policies, those behaviours classified")
+    args = parser.parse_args(argv)
+    started = provenance()
+    policy = args.reference == "policy"
     paths = PATHS if args.path == "all" else (args.path,)
     invariants = get_profile("safety").invariants()
     report: dict[str, Any] = {"version": VERSION, "targets": {"sync": "vllm-v1", "async": "vllm-v1-async"},
                               "package": "vllm==0.33.0", "speculative_config": "ngram, k = num_speculative_tokens",
                               "references": {"sync": "reference_impl.specdec_scheduler:SpecDecScheduler",
                                              "async": "reference_impl.async_scheduler:AsyncV1Scheduler(depth=1)"},
+                              "reference_mode": args.reference, "reference_knobs": {
+                                  knob: getattr(base_of("sync", policy), knob) for knob in KNOBS.values()},
+                              "door": "conformance.targets.door:GenerateDoor",
                               "profile": "safety", "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
-        if old.get("version") == VERSION:
-            report["paths"].update(old.get("paths", {}))
-            report["classes"].update(old.get("classes", {}))
+        if old.get("version") == VERSION and old.get("reference_mode") == args.reference:
+            keep_other_paths(report, old, paths)
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
-        report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants)
+        report["paths"][path] = entry = run_path(path, args.traces, args.seed, first, invariants, policy)
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, cls), (trace, outcome) in sorted(first.items()):
         adapter = adapter_for(path)
         if not args.no_shrink:
-            trace = shrink_class(adapter, path, trace, cls, invariants)
-            outcome = run_one(adapter, trace, invariants, base_of(path))
+            trace = shrink_class(adapter, path, trace, cls, invariants, policy)
+            outcome = run_one(adapter, trace, invariants, base_of(path, policy))
         adapter.close()
         kinds = {CLASSES.get(part, ("open", ""))[0] for part in cls.split("+")}
         kind = kinds.pop() if len(kinds) == 1 else "open"
         why = " / ".join(CLASSES.get(part, ("open", "not yet explained"))[1] for part in cls.split("+"))
-        meta = {"adapter": adapter_for.__name__, "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": report["targets"][path], "reference": args.reference, "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}
         saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
         out = saved.save(args.traces_dir / f"{path}-{cls}.json")
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
         entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0
 
 

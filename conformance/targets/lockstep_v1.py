@@ -19,7 +19,9 @@ with the prefill flag, preemptions, ignored and finished requests) and then the 
 step (`compare_state`: each unfinished request's status, computed tokens and block table, the
 running queue in order, the waiting queue, the free block count and the free queue in order).
 Block ids are comparable: the host reports V1's ids minus one (block 0 is V1's null block) and
-the reference's pool frees and evicts in V1's order. A trace runs to its first divergence, which
+the reference's pool frees and evicts in V1's order. The reference stands behind V1's front door
+(`conformance.targets.door`): a generate prompt of exactly max_model_len tokens is refused on
+arrival on both sides, so such a trace is compared to its end. A trace runs to its first divergence, which
 is classified (`classify`: rerun against the reference with an engine behaviour modelled, see
 `PARTS`); the first trace of each class is shrunk for that class and saved under
 ``--traces-dir``. The results file keeps one entry per path (version 2). Needs
@@ -44,12 +46,12 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy, get_target
-from conformance.targets.campaign_args import campaign_parser, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.door import GenerateDoor
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import EngineWatermarkV1
 from spec.config import SchedulerConfig
 from spec.observation import Snapshot
-from spec.status import Status
 from spec.trace import Trace
 
 V1_TARGETS = ("vllm-v1", "aphrodite")  # targets whose scheduler is vLLM's V1 Scheduler
@@ -65,17 +67,10 @@ CLASSES: dict[str, tuple[str, str]] = {
         "A prompt of exactly max_model_len tokens whose prefill continues as a running chunk stops one token short "
         "and never finishes. A generate request never meets it: V1's input processor refuses a generate prompt of "
         "exactly max_model_len tokens (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len), and "
-        "since issue 21 the host refuses it at the door as well, so on these generate-only traces the class is "
-        "replaced by generate-prompt-at-max-model-len-refused. It is real for pooling requests, which produce no "
+        "since issue 21 the host refuses it at the door as well, and the campaign's reference does too "
+        "(conformance/targets/door.py), so on these generate-only traces the class cannot occur. It is real for pooling requests, which produce no "
         "token and may fill max_model_len: the embedding hangs of vllm-project/vllm #47971, #24704 and #55427, "
         "fixed by #48039 (no sampled-token slot for pooling runners).",
-    ),
-    "generate-prompt-at-max-model-len-refused": (
-        "vllm-deviation",
-        "V1's input processor refuses a generate prompt of exactly max_model_len tokens, since its output "
-        "token would not fit (vllm/v1/engine/input_processor.py: InputProcessor._validate_prompt_len, the "
-        "`prompt_len == max_prompt_len and runner_type == \"generate\"` branch); the host refuses it at the "
-        "door. The spec lets such a prompt run and finish length-capped after one token (vLLM V0 does).",
     ),
     "threshold-caps-a-lone-request": (
         "aphrodite-deviation",
@@ -160,9 +155,11 @@ def path_strategy(path: str, optional_calls: bool = False) -> st.SearchStrategy:
 
 
 # ------------------------------------------------------------------------------ state comparison
-class RecordingV1(RecordsSnapshots, EngineWatermarkV1):
-    """The reference with vLLM V1's watermark rule (`EngineWatermarkV1`: only admissions made while
-    a request runs keep it free), keeping its snapshot after every step's update."""
+class RecordingV1(GenerateDoor, RecordsSnapshots, EngineWatermarkV1):
+    """The reference behind V1's front door (`conformance.targets.door`: a generate prompt of
+    exactly max_model_len tokens is refused on arrival, as the host refuses it), with vLLM V1's
+    watermark rule (`EngineWatermarkV1`: only admissions made while a request runs keep it free),
+    keeping its snapshot after every step's update."""
 
 
 class ClampedV1(RecordingV1):
@@ -173,24 +170,6 @@ class ClampedV1(RecordingV1):
     def _running_chunk(self, tracked, budget: int, threshold: int) -> int:
         tokens = super()._running_chunk(tracked, budget, threshold)
         return max(min(tokens, self.config.max_model_len - tracked.num_computed - 1), 0)
-
-
-class RefusesMaxLenPrompt:
-    """Mixin for a V1-flow reference: refuse a prompt of exactly max_model_len tokens on arrival, as
-    vLLM V1's input processor refuses a generate prompt that leaves no room for its output token
-    (the reference's over-long path). Used only to classify divergences (here and in lockstep_async)."""
-
-    def add_request(self, request) -> None:
-        if request.prompt_len != self.config.max_model_len:
-            return super().add_request(request)
-        tracked = self._track(request)  # as V1Scheduler.add_request treats an over-long prompt
-        tracked.status = Status.FINISHED_IGNORED
-        self._rejected.append(tracked)
-        return None
-
-
-class RefusesMaxLenPromptV1(RefusesMaxLenPrompt, RecordingV1):
-    """The V1 reference with V1's refusal of a generate prompt of max_model_len tokens."""
 
 
 class NoPartialLimitV1(RecordingV1):
@@ -220,7 +199,6 @@ class StopsAtSelfPreemptionV1(RecordingV1):
 # the engine behaviours a divergence is tried against: each a reference variant overriding one
 # hook; `classify` tries every combination of the ones a trace can meet, smallest first
 PARTS: tuple[tuple[str, type[RecordingV1]], ...] = (
-    ("generate-prompt-at-max-model-len-refused", RefusesMaxLenPromptV1),
     ("chunk-clamped-below-max-model-len", ClampedV1),
     ("partial-prefills-not-applied", NoPartialLimitV1),
     ("threshold-caps-a-lone-request", AlwaysCappedV1),
@@ -319,8 +297,7 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
         return "violation-only"
     config = trace.config
     clamp = config.enable_chunked_prefill and any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
-    at_max = any(a.request.prompt_len == config.max_model_len for a in trace.arrivals)
-    possible = {"chunk-clamped-below-max-model-len": clamp, "generate-prompt-at-max-model-len-refused": at_max,
+    possible = {"chunk-clamped-below-max-model-len": clamp,
                 "partial-prefills-not-applied": bool(config.max_num_partial_prefills),
                 "threshold-caps-a-lone-request": bool(config.enable_chunked_prefill and config.long_prefill_token_threshold),
                 "self-preemption-ends-the-running-scan": config.policy == "priority"}
@@ -345,7 +322,9 @@ def run_path(adapter, profile, path: str, count: int, seed_value: int, first: di
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = 0
     started = time.monotonic()
-    for trace in traces:
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 1 and done > 1:  # the traces before this one
+            print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_class)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         result = outcome.result
         steps += len(result.records)
@@ -369,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     # Aphrodite's V1 scheduler is vLLM's under another package name: the same reference, the same paths.
     parser.add_argument("--target", choices=V1_TARGETS, default="vllm-v1")
     args = parser.parse_args(argv)
+    started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
     adapter, profile = load_adapter(args.target), get_profile("vllm-v1")
     invariants = profile.invariants()
@@ -377,8 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():  # keep the other paths' results
         old = json.loads(args.out.read_text())
         if old.get("version") == 2:
-            report["paths"].update(old.get("paths", {}))
-            report["classes"].update(old.get("classes", {}))
+            keep_other_paths(report, old, paths)
         elif old.get("version") == 1:  # the default path's first run
             report["paths"]["default"] = {k: old[k] for k in ("traces", "steps", "agreeing_traces",
                                                               "divergent_by_field", "violations")}
@@ -424,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["kind"], entry["explanation"] = kind, why
         entry["paths"][path] = {"trace": str(out), "message": final.describe()}
         print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
-    write_report(report, args.out)
+    write_report(report, args.out, started=started)
     return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
 
 

@@ -1,4 +1,4 @@
-"""The wire protocol (v1): adapters whose scheduler runs in another process, over JSON lines.
+"""The wire protocol (version 2): adapters whose scheduler runs in another process, over JSON lines.
 
 `WireAdapter` is the runner's side; `conformance/targets/hosts/kvsched_host.py` is a standalone
 helper for writing a host in Python without kvsched installed. docs/PROTOCOL.md is the

@@ -19,7 +19,7 @@ import atexit
 import collections
 import json
 import os
-import queue
+import select
 import signal
 import subprocess
 import threading
@@ -43,7 +43,7 @@ from spec.trace import Trace
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
 PROTOCOL_VERSION = 2
-_EOF = object()
+_WRITE_TIMEOUT = 120  # seconds a host may leave a message unread before it counts as hung
 
 
 def _descendants(pid: int) -> list[int]:
@@ -67,7 +67,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 class HostProcess:
-    """One running host: a child process, a reader thread for its stdout, a tail of its stderr."""
+    """One running host: a child process whose stdout the caller's thread reads itself (no reader
+    thread), and a tail of its stderr (a thread, woken only when the host logs).
+
+    Why no reader thread: handing each answer line from a reader thread to the runner through a
+    queue cost the runner about as much CPU per step as vLLM's whole step (a thread wake-up and
+    two GIL hand-offs per line; BENCHMARKS.md "A faster wire"). The runner now reads the pipe in
+    large chunks when it needs a line, so lines the host wrote while the runner was checking
+    arrive in one read."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str] | None, start_timeout: float) -> None:
         self.command = list(command)
@@ -77,16 +84,24 @@ class HostProcess:
             # (conformance/isolated.py) takes its hosts too; `kill` takes the host's own children.
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=full_env, text=True, encoding="utf-8", bufsize=1,
+                env=full_env, bufsize=0,
             )
         except OSError as err:
             raise WireError(f"cannot start host {self.command[0]!r}: {err.strerror or err}") from None
-        self.lines: queue.Queue[Any] = queue.Queue()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in_fd, self._out_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self._lines: collections.deque[bytes] = collections.deque()  # complete lines read, not yet taken
+        self._partial = b""  # the start of a line still being written
+        self._eof = False
+        self._out_poll = select.poll()
+        self._out_poll.register(self._out_fd, select.POLLIN)
+        self._both_poll = select.poll()
+        self._both_poll.register(self._out_fd, select.POLLIN)
+        self._both_poll.register(self._in_fd, select.POLLOUT)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self.busy = False
         self.next_id = 0
         self.lock = threading.Lock()
-        threading.Thread(target=self._read_stdout, daemon=True, name="kvsched-wire-out").start()
         threading.Thread(target=self._read_stderr, daemon=True, name="kvsched-wire-err").start()
         self.hello = self.call("hello", {}, start_timeout)
         spoken = self.hello.get("protocol") if isinstance(self.hello, Mapping) else self.hello
@@ -96,16 +111,39 @@ class HostProcess:
                             f"{PROTOCOL_VERSION} only (docs/PROTOCOL.md: update the host, e.g. its copy of "
                             f"kvsched_host.py)")
 
-    def _read_stdout(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(_EOF)
+    def _fill(self, deadline: float | None) -> bool:
+        """Read what the host has written (waiting until ``deadline`` for something) into whole
+        lines; False if nothing came in time. At end of stream, `_eof` is set."""
+        left = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+        if not self._out_poll.poll(left):
+            return False
+        chunk = os.read(self._out_fd, 1 << 20)
+        if not chunk:
+            self._eof = True
+            return True
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        self._lines.extend(whole)
+        return True
+
+    def _write(self, data: bytes) -> None:
+        """Write all of ``data`` to the host's stdin, reading its answers meanwhile: a message larger
+        than the pipe must not deadlock against a host blocked on writing lines we are not reading."""
+        view = memoryview(data)
+        while view:
+            ready = dict(self._both_poll.poll(_WRITE_TIMEOUT * 1000))
+            if not ready:
+                raise WireError(f"host hung: it took no input for {_WRITE_TIMEOUT} s")
+            if ready.get(self._in_fd):
+                view = view[os.write(self._in_fd, view[:1 << 16]):]  # BrokenPipeError once the host is gone
+            elif ready.get(self._out_fd):
+                self._fill(0)
+                if self._eof:
+                    raise BrokenPipeError
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            self.stderr_tail.append(line.rstrip("\n"))
+            self.stderr_tail.append(line.decode("utf-8", "replace").rstrip("\n"))
 
     @property
     def alive(self) -> bool:
@@ -135,9 +173,8 @@ class HostProcess:
             self.next_id += 1
             mid = self.next_id
             try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps({"id": mid, "method": method, "params": dict(params)}) + "\n")
-                self.proc.stdin.flush()
+                self._write(json.dumps({"id": mid, "method": method, "params": dict(params)},
+                                       separators=(",", ":")).encode() + b"\n")
             except (BrokenPipeError, OSError):
                 self.busy = False
                 raise WireError(self._exit_message(method)) from None
@@ -149,25 +186,26 @@ class HostProcess:
         with self.lock:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    line = self.lines.get(timeout=left)
-                except queue.Empty:
-                    self.kill()
-                    raise WireError(f"host hung: no answer to {method!r} within {timeout:g} s (killed)") from None
-                if line is _EOF:
-                    self.busy = False
-                    raise WireError(self._exit_message(method))
+                while not self._lines:
+                    if self._eof:
+                        self.busy = False
+                        raise WireError(self._exit_message(method))
+                    if not self._fill(deadline):
+                        self.kill()
+                        raise WireError(f"host hung: no answer to {method!r} within {timeout:g} s (killed)")
+                line = self._lines.popleft()
                 try:
                     msg = json.loads(line)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     self.busy = False
-                    raise WireError(f"host sent a line that is not JSON in answer to {method!r}: {line[:120]!r}") from None
+                    text = line[:120].decode("utf-8", "replace")
+                    raise WireError(f"host sent a line that is not JSON in answer to {method!r}: {text!r}") from None
                 if not isinstance(msg, dict) or msg.get("id") != mid:
                     if isinstance(msg, dict) and isinstance(msg.get("id"), int) and msg["id"] < mid:
                         continue  # a late answer to a call that was given up; skip it
                     self.busy = False
-                    raise WireError(f"host answered {method!r} with an unexpected message: {line[:120]!r}")
+                    text = line[:120].decode("utf-8", "replace")
+                    raise WireError(f"host answered {method!r} with an unexpected message: {text!r}")
                 return msg
 
     def kill(self) -> None:
@@ -359,7 +397,12 @@ class WireAdapter:
             return self._call(method, params)
         while not batch.answers:
             if batch.error is not None:
+                # The host answered the failing call with an error and stays up: its closing line
+                # is skipped by id at the next call, so it is idle, not hung (marking it busy made
+                # the next reset kill and restart it, 0.2-0.3 s per failing trace).
                 self._batch = None
+                if self.host is not None:
+                    self.host.busy = False
                 raise batch.error
             if batch.pending is None:
                 self._send_steps(batch)
@@ -372,8 +415,8 @@ class WireAdapter:
         return result
 
     def _send_steps(self, batch: _Batch) -> None:
-        """Ask for the next ``batch.size`` steps of the trace in one message (doubled each time,
-        up to `_MAX_STEPS_PER_MESSAGE`); the host answers a line per step as it runs them."""
+        """Ask for the next ``batch.size`` steps of the trace in one message; the host answers a
+        line per step as it runs them."""
         trace = batch.trace
         first = batch.next_step
         last = min(first + batch.size, trace.max_steps)
@@ -395,9 +438,9 @@ class WireAdapter:
             self.start()
         assert self.host is not None
         batch.pending = self.host.send("steps", {"steps": steps, "observe": batch.observe, "mid_step": batch.mid_step,
-                                                 "last_arrival_step": trace.last_arrival_step})
+                                                 "last_arrival_step": trace.last_arrival_step,
+                                                 "flush_ms": _FLUSH_MS})
         batch.next_step = last
-        batch.size = min(batch.size * 2, _MAX_STEPS_PER_MESSAGE)
 
     def _read_step(self, batch: _Batch) -> None:
         """The host's next line for the pending `steps` message: one step's calls (``{"id", "calls"}``,
@@ -430,6 +473,9 @@ class WireAdapter:
 
 
 _MAX_STEPS_PER_MESSAGE = 64
+# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps):
+# every write wakes the runner, and a wake-up per step cost more CPU than the step's JSON.
+_FLUSH_MS = 1.0
 
 
 class _Batch:
@@ -440,7 +486,9 @@ class _Batch:
         self.answers: collections.deque[tuple[str, Any]] = collections.deque()
         self.error: WireError | None = None
         self.next_step = 0
-        self.size = 8  # steps in the next message
+        # Steps in the next message: most traces end within the first (the host stops at their
+        # end), so a trace costs one round trip; a runner that stops early wastes at most this.
+        self.size = _MAX_STEPS_PER_MESSAGE
         self.ended = False
         self.last_snapshot: Snapshot | None = None  # the base of the next snapshot delta
         self.pending: int | None = None  # the id of the `steps` message the host is still answering

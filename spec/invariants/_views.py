@@ -13,7 +13,9 @@ them (like `free_in_tables`) through the blocks a pool names as changed
 (`Snapshot.gpu_block_changes`), so a large pool costs what changed; `fresh_tokens_in_snapshots`
 hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
-read only keyed or changed blocks; `views_of` finds a request's views without a scan. An
+read only keyed or changed blocks; `views_of` finds a request's views without a scan;
+`returned_step` carries each scheduled step until its outcome is processed (``pipeline_depth``
+steps later), so a predicate about an outcome reads the step it belongs to. An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
 (`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
 of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py
@@ -22,16 +24,18 @@ compares them, on the references, every mutant, and diffed whole snapshots).
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, repeat
-from operator import is_not, ne
+from operator import is_not, itemgetter, ne
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
+from spec.speculative import NO_DECISION, DraftDecision
 from spec.status import Status
+from spec.types import ScheduledSeq
 
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
@@ -68,6 +72,7 @@ def forget(snap: Snapshot | None) -> None:
     be a base or a prior, so a long run does not keep one entry count per step)."""
     if snap is not None:
         snap.__dict__.pop(_CACHE, None)
+        snap.__dict__.pop(observation.TOKEN_PREFIX_MEMO, None)
 
 
 _DELTA_DEPTH = 4  # how far back along `Snapshot.base` a derived view is carried forward
@@ -216,6 +221,40 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
     return prior if counts is None else tuple(counts)  # the same object when no table moved
 
 
+def shared_blocks(snap: Snapshot, device: str, size: int) -> frozenset[int] | None:
+    """The blocks of ``device`` that two or more table entries name (None: a table names a block
+    outside the ``size``-block pool). Carried forward through the blocks whose entries changed
+    (`entry_counts` notes them), so a check of shared blocks costs nothing where nothing is
+    shared, the common case without prefix caching or forks."""
+    kept = _kept(snap, "shared", (device, size))
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    counts = entry_counts(snap, device, size)
+
+    def build() -> frozenset[int] | None:
+        if counts is None:
+            return None
+        base = snap.base if _incremental(snap) else None
+        prior = _kept(base, "shared", (device, size)) if base is not None else _MISSING
+        if prior is _MISSING and base is not None and base.base is not None \
+                and _kept(base.base, "shared", (device, size)) is not _MISSING:
+            prior = shared_blocks(base, device, size)  # a snapshot no check of shared blocks reads
+        touched = _kept(snap, "entry_changes", (device, size))
+        if prior is _MISSING or prior is None or touched is _MISSING or touched is None:
+            return frozenset(compress(range(size), map((1).__lt__, counts)))  # at C speed
+        if counts is _kept(base, "entry_counts", (device, size)):
+            return prior  # no table moved
+        out: set[int] | None = None
+        for block in touched:  # type: ignore[union-attr]
+            now = counts[block] > 1
+            if now != (block in prior):  # type: ignore[operator]
+                out = set(prior) if out is None else out  # type: ignore[arg-type]
+                (out.add if now else out.discard)(block)
+        return prior if out is None else frozenset(out)  # type: ignore[return-value]
+
+    return _memo(snap, "shared", (device, size), build)
+
+
 def running_seq_count(snap: Snapshot, _unused: str = "", _depth: int = 0) -> int:
     """How many sequences are RUNNING."""
     kept = _kept(snap, "running", "")
@@ -292,6 +331,34 @@ def changed_requests_between(snap: Snapshot, older: Snapshot | None) -> frozense
     return snap.changed_since(older, "changed_requests") if _incremental(snap) else None
 
 
+class QueueSet(NamedTuple):
+    """One queue's members as a set, and whether the queue names one of them twice."""
+
+    members: frozenset[str]
+    repeats: bool
+
+
+def queue_set(snap: Snapshot, name: str) -> QueueSet:
+    """`QueueSet` of queue ``name`` (absent: empty). The base snapshot's own object when the queue
+    is the very tuple it was there (a step that admits nobody leaves the waiting queue, the size
+    of the backlog, untouched), so queue checks and `queue_moves` read the backlog only when it
+    changed."""
+    kept = _kept(snap, "queue", name)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    queue = snap.queue(name) or ()
+    base = snap.base if observation.INCREMENTAL else None
+    if base is not None and base.queue(name) is queue:
+        prior = _kept(base, "queue", name)
+        if prior is _MISSING and base.base is not None:
+            prior = queue_set(base, name)  # carried along the chain while the tuple stands still
+        if prior is not _MISSING:
+            return _memo(snap, "queue", name, lambda: prior)
+    members = frozenset(queue)
+    value = QueueSet(members, len(members) != len(queue))
+    return _memo(snap, "queue", name, lambda: value)
+
+
 def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
     """Requests that entered or left some queue between ``older`` and ``snap`` (None: unknown)."""
     if older is None or not _incremental(snap):
@@ -303,19 +370,93 @@ def queue_moves(snap: Snapshot, older: Snapshot | None) -> set[str] | None:
             continue
         if new is None or old is None:
             return None
-        moved |= set(new).symmetric_difference(old)
+        moved |= queue_set(snap, name).members.symmetric_difference(queue_set(older, name).members)
     return moved
 
 
-def changed_between(snap: Snapshot, older: Snapshot) -> frozenset[str] | None:
-    """`Snapshot.changed_since`, or None (check all) when incremental checking is off."""
+def changed_between(snap: Snapshot, older: Snapshot, reads: frozenset[str] | None = None) -> frozenset[str] | None:
+    """`Snapshot.changed_since`, or None (check all) when incremental checking is off. With
+    ``reads`` (the caller's `Invariant.reads`) within `PLACEMENT`, only the sequences new, gone,
+    or differing from their view in ``older`` there."""
+    if _filtered(reads) and _incremental(snap):
+        return _placement_changed_since(snap, older)
     return snap.changed_since(older) if _incremental(snap) else None
 
 
-def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqView]]:
+def _placement_changed_since(snap: Snapshot, older: Snapshot | None) -> frozenset[str] | None:
+    """The sequences whose `PLACEMENT` may differ between ``older`` and ``snap``: the union of
+    `placement_changes` along the ``base`` chain (a view whose placement is equal at every hop is
+    equal at both ends), None when the chain does not reach ``older``."""
+    if older is None:
+        return None
+    out: set[str] = set()
+    hop: Snapshot | None = snap
+    for _ in range(_DELTA_DEPTH * 2):
+        if hop is older:
+            return frozenset(out)
+        moved = placement_changes(hop) if hop is not None else None
+        if moved is None:
+            return None
+        out |= moved
+        hop = hop.base  # type: ignore[union-attr]
+    return None
+
+
+def placement_changes(snap: Snapshot) -> frozenset[str] | None:
+    """The sequences in ``snap.changed_seqs`` whose `PLACEMENT` differs from their view in
+    ``snap.base`` (or that are new or gone there); None without a delta. Once per snapshot,
+    shared by every reader that filters on placement (a decode's views differ in counts only)."""
+    kept = _kept(snap, "placed", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    base, changed = snap.base, snap.changed_seqs
+    if base is None or changed is None or base.seqs is None or snap.seqs is None:
+        value = None
+    else:
+        sids = list(changed)
+        value = frozenset(compress(sids, _differ(sids, snap.seqs, base.seqs)))
+    return _memo(snap, "placed", None, lambda: value)
+
+
+# A sentinel view for "not in that snapshot": its fields are fresh objects, unequal to any view's.
+_ABSENT = SeqView(*(object() for _ in SeqView._fields))
+# Where a view is and what it is, without its counts: what a decode leaves alone for
+# block_size - 1 steps in block_size. Declared reads within it are filtered on all of it, so one
+# comparison per snapshot serves every such check (a filter per declaration cost more than the
+# checks it spared); reads beyond it (counts, tokens, which a decode changes every step) are not
+# filtered at all.
+PLACEMENT = frozenset({"seq_id", "request_id", "status", "blocks", "device"})
+_PLACEMENT_OF = itemgetter(*(SeqView._fields.index(f) for f in sorted(PLACEMENT, key=SeqView._fields.index)))
+
+
+def _filtered(reads: frozenset[str] | None) -> bool:
+    return reads is not None and reads <= PLACEMENT
+
+
+def _differ(sids: list[str], new: Mapping[str, SeqView], old: Mapping[str, SeqView]) -> Iterator[bool]:
+    """Per id in ``sids``, whether its views in ``new`` and ``old`` differ in `PLACEMENT` (or one
+    is absent), compared at C speed: an unchanged table is the same tuple, so the comparison of a
+    decode's view is a few identity checks."""
+    get = _PLACEMENT_OF
+    return map(ne, map(get, map(new.get, sids, repeat(_ABSENT))), map(get, map(old.get, sids, repeat(_ABSENT))))
+
+
+def fresh_views(snap: Snapshot, prior: Snapshot | None, reads: frozenset[str] | None = None) -> list[tuple[str, SeqView]]:
     """The views a check of one view at a time must look at in ``snap``: those changed since
     ``prior`` (a snapshot the same check already passed), or all when that is unknown. In id
-    order, so messages come out the same either way."""
+    order, so messages come out the same either way. With ``reads`` (the check's
+    `Invariant.reads`) within `PLACEMENT`, only those that differ from their view in ``prior``
+    there: the check passed on that view, and its verdict depends on nothing else of it."""
+    if _filtered(reads) and prior is not None and _incremental(snap) and prior.seqs is not None:
+        kept = _kept(snap, "fresh_placed", id(prior))
+        if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
+            return kept[1]  # type: ignore[index]
+        moved = _placement_changed_since(snap, prior)
+        if moved is not None:
+            seqs = snap.seqs
+            chosen = [(sid, seqs[sid]) for sid in sorted(moved) if sid in seqs]
+            _memo(snap, "fresh_placed", id(prior), lambda: (prior, chosen))
+            return chosen
     kept = _kept(snap, "fresh", id(prior))
     if kept is not _MISSING and kept[0] is prior:  # type: ignore[index]
         return kept[1]  # type: ignore[index]
@@ -333,14 +474,26 @@ def fresh_views(snap: Snapshot, prior: Snapshot | None) -> list[tuple[str, SeqVi
     return views if kept_prior is prior else build()[1]
 
 
-def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
+def fresh_in_snapshots(ctx: CheckContext, record: StepRecord) -> list[tuple[str, str, SeqView]]:
     """(label, seq id, view) over `snapshots` of the record, skipping views the same check has
-    already seen unchanged: mid against the previous step's final snapshot, final against mid."""
+    already seen unchanged: mid against the previous step's final snapshot, final against mid.
+    A list built once per step (and per `PLACEMENT` filtering) and shared by every check that
+    asks: a dozen checks walk it, and a generator resumed per view per check cost more than
+    several of their bodies."""
     prior = ctx.previous.after if ctx.previous is not None else None
+    placed = _filtered(ctx.reads)
+    key = (id(prior), placed, id(record.mid))
+    kept = _kept(record.after, "in_snapshots", key)
+    if kept is not _MISSING and kept[0] is prior and kept[1] is record.mid:  # type: ignore[index]
+        return kept[2]  # type: ignore[index]
+    out: list[tuple[str, str, SeqView]] = []
+    first = prior
     for label, snap in snapshots(record):
-        for sid, view in fresh_views(snap, prior):
-            yield label, sid, view
-        prior = snap
+        out += [(label, sid, view) for sid, view in fresh_views(snap, first, ctx.reads)]
+        first = snap
+    if _incremental(record.after):
+        record.after.__dict__.setdefault(_CACHE, {})[("in_snapshots", key)] = (prior, record.mid, out)
+    return out
 
 
 def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView, int]]:
@@ -351,28 +504,19 @@ def fresh_tokens_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator
     prior = ctx.previous.after if ctx.previous is not None else None
     for label, snap in snapshots(record):
         seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
-        for sid, view in fresh_views(snap, prior):
-            old = seen.get(sid) if seen is not None else None
-            known = old.token_ids if old is not None else None
-            tokens = view.token_ids
+        from_base = seen is not None and snap.base is prior  # the usual chain: one shared comparison
+        for sid, view in fresh_views(snap, prior, ctx.reads):
             first = 0
-            if known is not None and tokens is not None and len(known) <= len(tokens) \
-                    and (known is tokens or tokens[: len(known)] == known):
-                first = len(known)
+            if from_base:
+                first = observation.base_token_prefix(snap, sid)
+            elif seen is not None:
+                old = seen.get(sid)
+                known = old.token_ids if old is not None else None
+                tokens = view.token_ids
+                if known is not None and tokens is not None and len(known) <= len(tokens) \
+                        and (known is tokens or tokens[: len(known)] == known):
+                    first = len(known)
             yield label, sid, view, first
-        prior = snap
-
-
-def fresh_tables_in_snapshots(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[str, str, SeqView]]:
-    """As `fresh_in_snapshots`, without the views whose block table is the very object the same
-    check saw before (a decode changes a view's token counts every step, its table rarely)."""
-    prior = ctx.previous.after if ctx.previous is not None else None
-    for label, snap in snapshots(record):
-        seen = prior.seqs if prior is not None and prior.seqs is not None and _incremental(snap) else None
-        for sid, view in fresh_views(snap, prior):
-            old = seen.get(sid) if seen is not None else None
-            if old is None or old.blocks is not view.blocks:
-                yield label, sid, view
         prior = snap
 
 
@@ -388,14 +532,14 @@ def checked_with_prior(ctx: CheckContext, record: StepRecord) -> Iterator[tuple[
 
 def fresh_after(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
     """The final snapshot's views changed since the previous step's final snapshot."""
-    return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None)
+    return fresh_views(record.after, ctx.previous.after if ctx.previous is not None else None, ctx.reads)
 
 
 def fresh_mid(ctx: CheckContext, record: StepRecord) -> list[tuple[str, SeqView]]:
     """The mid-step snapshot's views changed since the previous step's mid-step snapshot."""
     assert record.mid is not None
     prior = ctx.previous.mid if ctx.previous is not None else None
-    return fresh_views(record.mid, prior)
+    return fresh_views(record.mid, prior, ctx.reads)
 
 
 def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:
@@ -780,3 +924,54 @@ def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, ref
         if not 0 <= block < size or refs[block] != expected[block]:
             return False
     return True
+
+
+# ------------------------------------------------------------------ the outcome a step processes
+class ReturnedStep(NamedTuple):
+    """What the checker remembers of a scheduled step until its outcome is processed, ``pipeline_depth``
+    steps later (in the same step at depth 0): the sequences it scheduled, the trace's speculative
+    decisions and stops for it, and the requests that left the running set since it was scheduled
+    (preempted, aborted or finished: its outcome for them is stale or dropped)."""
+
+    step: int
+    scheduled: Mapping[str, ScheduledSeq]  # by sequence id
+    decisions: Mapping[str, DraftDecision]
+    stopped: frozenset[str]
+    left: frozenset[str] = frozenset()  # request ids
+
+    def decision(self, seq_id: str) -> DraftDecision:
+        return self.decisions.get(seq_id, NO_DECISION)
+
+    def live(self) -> Iterator[ScheduledSeq]:
+        """Its scheduled sequences whose request was running throughout (the outcome applies to them)."""
+        return (item for item in self.scheduled.values() if item.request_id not in self.left)
+
+
+_RETURNED = "_returned"  # flow_state key shared by every predicate that reads `returned_step`
+
+
+def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
+    """The step whose outcome ``record``'s update processed: ``record`` itself at depth 0, the step
+    ``pipeline_depth`` earlier otherwise (steps return in order, one per step: vLLM's batch queue);
+    None while the pipeline fills. Every predicate that reads it must call it in every step (the
+    first call of a step queues that step), before any early return; later calls in the same step
+    return the same answer. A request counts as having left since a step if a later step (or this
+    one's schedule) preempted or aborted it, or an earlier outcome finished it."""
+    state = ctx.flow_state.setdefault(_RETURNED, {})
+    if state.get("step") == record.step:
+        return state["returned"]
+    pending: deque[tuple[ReturnedStep, set[str]]] = state.setdefault("pending", deque())
+    pending.append((ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+                                 record.drafts, record.stopped), set()))
+    moved = {p.request_id for p in record.output.preempted} | set(record.aborted)
+    for _, left in pending:
+        left |= moved  # before this step's outcome is processed
+    returned = None
+    if len(pending) > ctx.config.pipeline_depth:
+        step, left = pending.popleft()
+        returned = step._replace(left=frozenset(left & {i.request_id for i in step.scheduled.values()}))
+    finished = {f.request_id for f in record.finished}
+    for _, left in pending:
+        left |= finished  # the steps still in flight return to a finished request
+    state["step"], state["returned"] = record.step, returned
+    return returned

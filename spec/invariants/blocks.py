@@ -15,7 +15,6 @@ from spec.invariants._views import (
     free_in_tables,
     fresh_after,
     fresh_in_snapshots,
-    fresh_tables_in_snapshots,
     pool_facts,
     tables,
 )
@@ -181,9 +180,10 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     §3.2: the block table maps logical blocks to physical blocks); naming it twice means two
     logical blocks overwrite each other's KV.""",
     (C.BLOCK_TABLES,),
+    reads=("blocks",),
 )
 def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, view in fresh_tables_in_snapshots(ctx, rec):
+    for label, sid, view in fresh_in_snapshots(ctx, rec):
         if view.blocks and len(set(view.blocks)) != len(view.blocks):
             yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, fresh_in_snapshots, views_of
+from spec.invariants._views import changed_between, fresh_in_snapshots, returned_step, views_of
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -104,6 +104,10 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
     voided = {sid for sid, d in rec.drafts.items() if d.empty}
     k = ctx.config.num_speculative_tokens
     lagged = bool(k and ctx.config.pipeline_depth)
+    returned = returned_step(ctx, rec)
+    # pipelined, an empty outcome also voids the sequence's later steps in flight (this one included)
+    voided_late = set() if returned is None or not lagged else {
+        sid for sid in returned.scheduled if returned.decision(sid).empty}
     changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
     for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
         m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
@@ -120,6 +124,8 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
         if sid in drafts or sid in voided or lagged:  # SPD-005 says how many roll back
             # (pipelined, the outcome processed now is an earlier step's: up to k + 1 of its tokens)
             slack = k + 1 if lagged else drafts.get(sid, 0) + (sid in voided)
+            if sid in voided_late:
+                slack = (k + 1) * (ctx.config.pipeline_depth + 1)
             if want - slack <= a.num_computed <= want:
                 continue
         if a.num_computed != want and not (a.status.is_finished and sid not in given):

@@ -74,7 +74,10 @@ def completion_bound_for(ctx: CheckContext) -> int:
     must be ignored, not left to block the queue forever (vLLM PR #2163 and the AllocStatus.NEVER
     rule). An engine that holds blocks back for in-flight writes (``Snapshot.gpu_fenced``,
     PIP-004), or a step in flight (``Snapshot.in_flight``: its outcome may free blocks or be a
-    preempted request's that must return first), is not idle until they are back.""",
+    preempted request's that must return first), is not idle until they are back. Under the
+    ``lpm`` policy the waiting order is decided in the step itself (the longest cached prefix
+    first, SGLang's ``SchedulePolicy.calc_priority``), so the queue before the step names no head:
+    an idle engine must then admit or ignore some waiting request.""",
     (C.QUEUES,),
 )
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -82,5 +85,8 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
     if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight:
         head = waiting[0]
-        if head not in admitted(rec) and head not in rec.output.ignored:
+        if ctx.config.policy == "lpm":
+            if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored)):
+                yield f"engine idle, yet no waiting request (head {head} before lpm's order) was admitted or ignored"
+        elif head not in admitted(rec) and head not in rec.output.ignored:
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"

@@ -12,6 +12,7 @@ from spec.invariants._views import (
     finished_holders,
     fresh_in_snapshots,
     queue_moves,
+    queue_set,
     seq_ids_by_request,
 )
 from spec.observation import Capability as C
@@ -35,6 +36,7 @@ def _residency(ctx: CheckContext, rec: StepRecord, wanted: Status, device: str |
     """Seed 003 §1: running requests are the ones being computed, and the model reads their KV
     from GPU memory; a running sequence whose table points at CPU blocks computes on garbage.""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("status", "blocks", "device"),
 )
 def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _residency(ctx, rec, Status.RUNNING, "gpu")
@@ -47,6 +49,7 @@ def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     'temporarily moved out for lack of resources'): a swapped sequence keeps its KV, on CPU only,
     so its GPU blocks are free for others.""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("status", "blocks", "device"),
 )
 def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _residency(ctx, rec, Status.SWAPPED, "cpu")
@@ -58,6 +61,7 @@ def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM allocates a prompt's blocks when it is admitted, all at once, and a recompute victim
     gives back all of its blocks (vLLM PR #10013 fixed a recompute that kept a second table).""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("status", "blocks", "device"),
 )
 def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     yield from _residency(ctx, rec, Status.WAITING, None)
@@ -72,6 +76,7 @@ def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     aborts) a sequence is vLLM's timing; a scheduler that frees finished requests lazily, at
     its next schedule(), is correct. Safety keeps the bound (RES-005).""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("status", "blocks", "device"),
 )
 def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, sid, v in fresh_in_snapshots(ctx, rec):
@@ -106,9 +111,9 @@ def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             continue  # the same queues and statuses this check passed just before
         candidates = _moved_or_changed(snap, prior)
         if candidates is not None:
-            queues = {name: snap.queue(name) or () for name in QUEUES}
-            if all(len(set(q)) == len(q) for q in queues.values()):
-                sets = {name: set(q) for name, q in queues.items()}
+            sets = {name: queue_set(snap, name) for name in QUEUES}
+            if not any(q.repeats for q in sets.values()):
+                sets = {name: q.members for name, q in sets.items()}
                 for rid in sorted(candidates):
                     where = [name for name in QUEUES if rid in sets[name]]
                     status = snap.statuses.get(rid)
@@ -140,6 +145,7 @@ def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     decisions from sequence statuses (get_seqs(status=RUNNING)), so a status that disagrees with
     the queue makes it skip or double-count sequences.""",
     (C.QUEUES, C.STATUSES),
+    reads=("request_id", "status"),
 )
 def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap, prior in checked_with_prior(ctx, rec):
@@ -147,9 +153,14 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if _same_queues(snap, prior) and snap.seqs is prior.seqs:
             continue  # the same queues, statuses and sequences this check passed just before
         candidates = _moved_or_changed(snap, prior)
-        changed_seqs = changed_between(snap, prior) if prior is not None else None
+        changed_seqs = changed_between(snap, prior, ctx.reads) if prior is not None else None
+        sets = {name: queue_set(snap, name) for name in QUEUES}
         for name in QUEUES:
-            for rid in snap.queue(name) or ():
+            if candidates is None or sets[name].repeats:
+                members = snap.queue(name) or ()
+            else:  # every other request is where it was, with the status it had
+                members = sorted(sets[name].members.intersection(candidates))
+            for rid in members:
                 if candidates is not None and rid not in candidates:
                     continue
                 status = snap.statuses.get(rid)
@@ -157,11 +168,9 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: {rid} is in {name} with status {status.value if status else None}"
         if candidates is None or changed_seqs is None:
             views = list(snap.seqs.items())
-        else:  # a sequence whose view and whose request's status are unchanged still agrees
-            # ... and so does one whose status is what it was (a decode changes only its counts).
-            by_request, old_seqs, seqs = seq_ids_by_request(snap), prior.seqs, snap.seqs
-            sids = {sid for sid in changed_seqs
-                    if sid not in seqs or (old := old_seqs.get(sid)) is None or old.status is not seqs[sid].status}
+        else:  # a sequence whose status and whose request's status are unchanged still agrees
+            by_request = seq_ids_by_request(snap)
+            sids = set(changed_seqs)
             sids.update(sid for rid in candidates for sid in by_request.get(rid, ()))
             views = [(sid, snap.seqs[sid]) for sid in sorted(sids) if sid in snap.seqs]
         for sid, v in views:
@@ -177,11 +186,12 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     request leaked its KV), and a leak starves admission. Engine-neutral form of RES-004: a
     scheduler may free lazily (at its next schedule()), but one step is all the grace there is.""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("status", "blocks", "device"),
 )
 def finished_freed_by_next_step(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     before, after = rec.before.seqs, rec.after.seqs
     assert before is not None and after is not None
-    changed = changed_between(rec.after, rec.before)
+    changed = changed_between(rec.after, rec.before, ctx.reads)
     # Finished when the step began: those that held blocks then, and any whose view changed since.
     candidates = before if changed is None else finished_holders(rec.before) | changed
     for sid in sorted(candidates):

@@ -15,9 +15,9 @@ from spec.invariants._views import (
     chained_keys,
     changed_items,
     checked_with_prior,
-    entry_counts,
     fresh_views,
     keyed_blocks,
+    shared_blocks,
     snapshots,
     tables,
     views_of,
@@ -129,13 +129,14 @@ def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot |
     neither of which changed is the pair that passed there. None: every block."""
     if prior is None:
         return None
-    counts = entry_counts(snap, "gpu", ctx.config.num_gpu_blocks)
-    if counts is None:
+    every = shared_blocks(snap, "gpu", ctx.config.num_gpu_blocks)
+    if every is None:
         return None
     shared: set[int] = set()
-    for _, view in fresh_views(snap, prior):
-        if view.device == "gpu" and view.blocks:
-            shared.update(b for b in view.blocks if counts[b] > 1)
+    if every:
+        for _, view in fresh_views(snap, prior):
+            if view.device == "gpu" and view.blocks:
+                shared.update(every.intersection(view.blocks))
     return shared
 
 

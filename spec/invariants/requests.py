@@ -157,6 +157,7 @@ def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     the sequence left behind holds its blocks for good: nothing will ever schedule or free it.
     One step of grace, as RES-005 gives: a scheduler may free at its next schedule().""",
     (C.STATUSES, C.BLOCK_TABLES),
+    reads=("request_id", "status", "blocks", "device"),
 )
 def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     after = rec.after
@@ -170,7 +171,7 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str
         fresh = {f.request_id for f in prior.finished} & ctx.finished.keys()
     by_request = seq_ids_by_request(after)
     sids = {sid for rid in fresh for sid in by_request.get(rid, ())}
-    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None)
+    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None, ctx.reads)
                 if v.request_id in ctx.finished)
     for sid in sorted(sids):
         view = after.seqs.get(sid)

@@ -11,17 +11,21 @@ position) together with SPD-006 (a stop ends the stream where it fell).
 Positions before the step come from the snapshot taken before ``schedule()``; at
 ``pipeline_depth`` > 0 that is the processed frontier, which is at most the engine's own count,
 so a bound checked on it is implied by the true one and a violation found is real.
+
+What an outcome did (SPD-005..008) is read at the step that processed it, ``pipeline_depth``
+steps after its step was scheduled: `spec.invariants._views.returned_step` hands each predicate
+that step's scheduled sequences, decisions and stops, so every SPD invariant applies at every
+depth.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
+from spec.invariants._views import returned_step
 from spec.observation import Capability as C
 from spec.observation import SeqView, StepRecord
-from spec.speculative import NO_DECISION
 from spec.status import Status
 
 
@@ -66,29 +70,61 @@ def drafts_paid_for(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "SPD-002", "safety",
-    """Drafts only extend a decode: a sequence scheduled with drafts gets at most
-    num_speculative_tokens of them and exactly one other token, its last known token (the
-    drafts are the positions right after it), so no prefill chunk carries drafts.""",
-    """A draft is verified against the logits of the token before it; drafts placed after a
-    chunk that stops short of the prompt's end sit at positions whose input is still unknown,
-    and their rejection rolls back prompt tokens instead (vllm-project/vllm#30618: a prefill
-    chunk included draft tokens, corrupting a hybrid model's state). More than k drafts is more
-    than the verifying kernels and the reservation were sized for.""",
+    "SPD-002", "policy",
+    """Drafts only extend a decode: a sequence scheduled with drafts has exactly one other token
+    scheduled, its last known token, so no prefill chunk carries drafts, not even the chunk that
+    completes the prompt.""",
+    """vLLM's design: the drafter proposes after a step that sampled, and ``update_draft_token_ids``
+    drops a proposal for a request still in prefill (vllm/v1/core/sched/scheduler.py:2870-2875;
+    vllm-project/vllm#30618 was a prefill chunk that carried drafts, corrupting a hybrid model's
+    state). A policy, not safety: a correct engine with a prompt-lookup (n-gram) drafter can
+    propose drafts from the prompt itself and verify them on the final prefill chunk, right
+    after the last prompt token, saving a step; it violates this and nothing else. What every
+    correct scheduler guarantees, drafts at most k and right after the last known token, is
+    SPD-009.""",
+    (C.SEQ_LENGTHS,),
+)
+def drafts_only_on_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for item, _v in _drafted(rec):
+        if item.num_tokens - item.num_drafts != 1:
+            yield (f"{item.seq_id} scheduled for {item.num_tokens} tokens with {item.num_drafts} drafts: "
+                   f"{item.num_tokens - item.num_drafts} known tokens besides them, a decode has one")
+
+
+@invariant(
+    "SPD-009", "safety",
+    """Drafts sit right after the known tokens: a sequence scheduled with drafts gets at most
+    num_speculative_tokens of them and at least one other token, and the chunk before the drafts
+    ends at its last known token (computed + scheduled - drafts = its tokens; at depth > 0 the
+    scheduler's own count, ``num_computed + in_flight_tokens - stale``, and its tokens plus the
+    in-flight placeholders, from the IN_FLIGHT snapshot part).""",
+    """A draft is verified against the logits of the token before it, so the first draft's input
+    is the last known token's sample; drafts placed after a chunk that stops short of the
+    prompt's end sit at positions whose input is still unknown, and their rejection rolls back
+    prompt tokens instead (vllm-project/vllm#30618's harm, when the chunk was not the last). More
+    than k drafts is more than the verifying kernels and the reservation were sized for. A final
+    prefill chunk with drafts right after it (SPD-002, a policy) keeps this.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
 )
-def drafts_extend_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+def drafts_after_the_known_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     k = ctx.config.num_speculative_tokens
+    in_flight = rec.before.in_flight
     for item, v in _drafted(rec):
-        if item.num_drafts > k or item.num_tokens - item.num_drafts != 1:
+        if item.num_drafts > k or item.num_tokens <= item.num_drafts:
             yield f"{item.seq_id} scheduled for {item.num_tokens} tokens with {item.num_drafts} drafts, k {k}"
             continue
-        if ctx.config.pipeline_depth or v.num_computed is None or v.num_tokens is None or v.status is not Status.RUNNING:
-            continue  # the position half needs the engine's own count (synchronous steps)
-        end = v.num_computed + item.num_tokens - item.num_drafts
-        if end != v.num_tokens:
+        if v.num_computed is None or v.num_tokens is None or v.status is not Status.RUNNING:
+            continue
+        computed, known = v.num_computed, v.num_tokens
+        if ctx.config.pipeline_depth:
+            c = in_flight.get(item.seq_id) if in_flight is not None else None
+            if c is None:
+                continue  # the scheduler's own count needs its in-flight counters
+            computed, known = computed + c.in_flight_tokens - c.stale, known + c.placeholders
+        end = computed + item.num_tokens - item.num_drafts
+        if end != known:
             yield (f"{item.seq_id}: {item.num_drafts} drafts after a chunk ending at position {end}, "
-                   f"its tokens end at {v.num_tokens}")
+                   f"its known tokens end at {known}")
 
 
 @invariant(
@@ -136,31 +172,36 @@ def drafts_within_max_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str
 
 @invariant(
     "SPD-005", "safety",
-    """After a step's outcome, a running sequence the step scheduled with drafts (or whose
-    outcome committed no token) has every token but its last computed and no more: rejected
-    drafts are rolled back, and so is a step whose outcome committed nothing.""",
+    """Once a step's outcome is processed, a running sequence the step scheduled with drafts (or
+    whose outcome committed no token) has every token but its last computed and no more: rejected
+    drafts are rolled back, and so is a step whose outcome committed nothing. The outcome of a
+    step is processed ``pipeline_depth`` steps after the step was scheduled (in the same step at
+    depth 0); "computed" is then the processed frontier (tokens whose KV a processed step wrote).""",
     """A rejected draft's KV is garbage: counting it as computed makes the next step read it as
     context, and counting positions past the tokens leaves the request with nothing to schedule.
     vLLM skipped the rollback when the model runner returned no token for a request with drafts
     (vllm-project/vllm#42722, closed unmerged): computed tokens stayed above the tokens, the
     request became unschedulable and the engine looped. The last token's KV is never there
-    after an outcome: it was sampled, not computed.""",
+    after an outcome: it was sampled, not computed. At depth > 0 the steps still in flight have
+    computed further, but the snapshot's frontier leaves them out, so the bound is the same.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
-    synchronous=True,
-    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    returned = returned_step(ctx, rec)
+    if returned is None:
+        return
     assert rec.after.seqs is not None
-    drafted = {item.seq_id: item.num_drafts for item in rec.output.scheduled if item.num_drafts}
-    scheduled = {item.seq_id for item in rec.output.scheduled}
-    voided = {sid for sid, d in rec.drafts.items() if d.empty and sid in scheduled}
-    for sid in sorted(drafted.keys() | voided):
-        v = rec.after.seqs.get(sid)
+    for item in returned.live():
+        empty = returned.decision(item.seq_id).empty
+        if not item.num_drafts and not empty:
+            continue
+        v = rec.after.seqs.get(item.seq_id)
         if v is None or v.status is not Status.RUNNING or v.num_computed is None or v.num_tokens is None:
             continue
         if v.num_computed > v.num_tokens - 1:
-            what = "an outcome with no token" if sid in voided else f"{drafted[sid]} drafts"
-            yield f"{sid} has {v.num_computed} computed of {v.num_tokens} tokens after {what}"
+            what = "an outcome with no token" if empty else f"{item.num_drafts} drafts"
+            late = f" (step {returned.step}'s outcome)" if returned.step != rec.step else ""
+            yield f"{item.seq_id} has {v.num_computed} computed of {v.num_tokens} tokens after {what}{late}"
 
 
 @invariant(
@@ -181,19 +222,16 @@ def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     (C.SEQ_LENGTHS,),
 )
 def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    pending: collections.deque[dict[str, int]] = ctx.flow_state.setdefault("SPD-006", {}).setdefault(
-        "pending", collections.deque())
-    drafted = {item.seq_id for item in rec.output.scheduled if item.num_drafts}
-    pending.append({sid: decision.stop_at for sid in sorted(drafted & rec.stopped)
-                    for decision in (rec.drafts.get(sid, NO_DECISION),) if decision.stop_at is not None})
-    if len(pending) <= ctx.config.pipeline_depth:
-        return  # no outcome is processed yet
-    returned = pending.popleft()  # the step whose outcome this step processed
-    if not returned:
+    returned = returned_step(ctx, rec)
+    if returned is None:
+        return
+    stops = {item.seq_id: stop_at for item in returned.live() if item.num_drafts and item.seq_id in returned.stopped
+             for stop_at in (returned.decision(item.seq_id).stop_at,) if stop_at is not None}
+    if not stops:
         return
     assert rec.before.seqs is not None and rec.after.seqs is not None
     stopped = {f.request_id for f in rec.finished if f.status is Status.FINISHED_STOPPED}
-    for sid, stop_at in sorted(returned.items()):
+    for sid, stop_at in sorted(stops.items()):
         old, new = rec.before.seqs.get(sid), rec.after.seqs.get(sid)
         if old is None or new is None or old.num_tokens is None or new.num_tokens is None:
             continue
@@ -206,72 +244,93 @@ def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "SPD-007", "safety",
-    """A block is keyed for prefix caching only once its KV is computed from committed tokens:
-    between steps, every keyed block in a running sequence's table lies within its computed
-    tokens, so a block whose slots hold a rejected draft's KV is never found under the
-    accepted content's key.""",
+    """A block is keyed for prefix caching only over KV computed from committed tokens: between
+    steps, every keyed block in a running sequence's table lies within its known tokens and
+    within the positions a processed step wrote or a step still in flight writes (at depth 0:
+    within its computed tokens; at depth > 0: within ``num_computed + in_flight_tokens - stale``
+    of the IN_FLIGHT snapshot part), so a block whose slots hold a rejected draft's KV is never
+    found under the accepted content's key.""",
     """When a draft is rejected the model samples another token at its position, so the block
     holds KV for a token the sequence does not have until that position is computed again.
     Keying it by the accepted tokens hands that garbage KV to the next request with the same
     prefix. vLLM keys blocks only up to the tokens without drafts at allocation
     (vllm/v1/core/kv_cache_manager.py:616-625) and up to the processed frontier after an outcome
     (scheduler.py:2402-2415); vllm-project/vllm#18668 made the first count the drafts actually
-    scheduled. Synchronous steps only: with outcomes in flight a block is keyed while the step
-    that writes it runs (PFX-001 is synchronous for the same reason).""",
+    scheduled. With outcomes in flight a block may be keyed while the step that writes it runs
+    (steps run in order, so the write lands before any reader's: PIP-004), which is why the
+    positions in flight count; an in-flight step writes a known token's KV at every position
+    below the tokens (vLLM's runner shifts the next step's positions past the rejected drafts).
+    At depth > 0 an adapter that shows no in-flight counters is not checked.""",
     (C.BLOCK_TABLES, C.COMPUTED_TOKENS),
-    synchronous=True,
-    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    returned = returned_step(ctx, rec)
     if not ctx.config.num_speculative_tokens:
         return  # every keyed block's KV is computed: PFX-001 says so without drafts
     snap = rec.after
     keys = snap.gpu_block_keys
-    if keys is None or snap.seqs is None:
+    in_flight = snap.in_flight
+    if keys is None or snap.seqs is None or (ctx.config.pipeline_depth and in_flight is None):
         return
     bs = ctx.config.block_size
-    for sid in sorted({item.seq_id for item in rec.output.scheduled}):
+    touched = {item.seq_id for item in rec.output.scheduled} | set(returned.scheduled if returned else ())
+    for sid in sorted(touched):  # a sequence neither scheduled nor given an outcome keys nothing new
         v = snap.seqs.get(sid)
         if v is None or v.status is not Status.RUNNING or v.num_computed is None or not v.blocks:
             continue
+        written = v.num_computed
+        c = in_flight.get(sid) if in_flight is not None else None
+        if c is not None:
+            written = min(v.num_computed + c.in_flight_tokens - c.stale, v.num_tokens or 0)
         for index, block in enumerate(v.blocks):
-            if (index + 1) * bs > v.num_computed and 0 <= block < len(keys) and keys[block] is not None:
+            if (index + 1) * bs > written and 0 <= block < len(keys) and keys[block] is not None:
                 yield (f"after the step: {sid} block {block} (index {index}) is keyed but holds positions up to "
-                       f"{(index + 1) * bs - 1}, {v.num_computed} computed")
+                       f"{(index + 1) * bs - 1}, {v.num_computed} computed"
+                       + (f", {c.in_flight_tokens - c.stale} in flight" if c is not None else ""))
                 break
 
 
 @invariant(
     "SPD-008", "policy",
-    """A sequence is scheduled with no more drafts than the drafter proposed after the last step
-    that sampled for it (none after a preemption, before its first sample, or when drafting was
-    skipped).""",
+    """No draft the drafter did not propose is spent: a step's outcome commits at most one token
+    more than the drafts the drafter proposed after the last processed step that sampled for the
+    sequence (none after a preemption, before its first sample, or when drafting was skipped),
+    whatever the step scheduled; and a scheduler that knows the proposal when it schedules
+    (``pipeline_depth`` 0) schedules no more drafts than that.""",
     """A draft nobody proposed is padding: it is always rejected, takes a slot and a token of
     budget, and counted as a draft it drives the acceptance rate to zero (vllm-project/vllm#54054:
     when the input no longer fit the drafter, the runner zero-filled the drafts, the scheduler
-    scheduled the padding for verification and reported 0 % acceptance). A policy: a pipelined
-    engine schedules placeholders before the proposal exists (vLLM's AsyncScheduler), and vLLM
-    0.33.0 pads a one-token admission to full width for CUDA graphs (scheduler.py:1306-1330).""",
+    scheduled the padding for verification and reported 0 % acceptance); counted as accepted it
+    delivers a token nobody verified. A policy: a pipelined engine schedules k placeholders
+    before the proposal exists (vLLM's AsyncScheduler, async_scheduler.py:24-56), which is why
+    only the outcome half applies at depth > 0, and vLLM 0.33.0 pads a one-token admission to
+    full width for CUDA graphs (scheduler.py:1306-1330). An outcome of a request that left the
+    running set while it was in flight is PIP-001's business.""",
     (C.SEQ_LENGTHS,),
-    synchronous=True,
-    planned=False,  # its step and the outcome it reads are one step apart at depth > 0
 )
 def drafts_were_proposed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    returned = returned_step(ctx, rec)
     proposals = ctx.flow_state.setdefault("SPD-008", {})
     k = ctx.config.num_speculative_tokens
     for p in rec.output.preempted:
         for sid in [s for s in proposals if s.rsplit("#", 1)[0] == p.request_id]:
             proposals[sid] = 0
-    for item in rec.output.scheduled:
-        if item.num_drafts > proposals.get(item.seq_id, 0):
-            yield (f"{item.seq_id} scheduled with {item.num_drafts} drafts, "
-                   f"the drafter proposed {proposals.get(item.seq_id, 0)}")
-        proposals[item.seq_id] = 0  # spent, however many fitted
-    if not k or rec.before.seqs is None or rec.after.seqs is None:
+    valid = dict(proposals)  # what the drafter had proposed when the returned step was verified
+    if not ctx.config.pipeline_depth:  # the scheduler knew the proposal: it may spend no more
+        for item in rec.output.scheduled:
+            if item.num_drafts > proposals.get(item.seq_id, 0):
+                yield (f"{item.seq_id} scheduled with {item.num_drafts} drafts, "
+                       f"the drafter proposed {proposals.get(item.seq_id, 0)}")
+            proposals[item.seq_id] = 0  # spent, however many fitted
+    if returned is None or not k or rec.before.seqs is None or rec.after.seqs is None:
         return
-    for item in rec.output.scheduled:
+    for item in returned.live():
         old, new = rec.before.seqs.get(item.seq_id), rec.after.seqs.get(item.seq_id)
-        if old is None or new is None or new.status is not Status.RUNNING:
+        if old is None or new is None or old.num_tokens is None or new.num_tokens is None:
             continue
-        if (new.num_tokens or 0) > (old.num_tokens or 0):  # it sampled: the drafter proposes for its next decode
-            proposals[item.seq_id] = rec.drafts.get(item.seq_id, NO_DECISION).num_proposed(k)
+        committed = new.num_tokens - old.num_tokens
+        if committed > 1 + valid.get(item.seq_id, 0):
+            yield (f"{item.seq_id} committed {committed} tokens in step {returned.step}'s outcome, "
+                   f"the drafter had proposed {valid.get(item.seq_id, 0)} drafts")
+        if committed > 0 and new.status is Status.RUNNING:  # it sampled: the drafter proposes for its next decode
+            proposals[item.seq_id] = returned.decision(item.seq_id).num_proposed(k)

@@ -78,6 +78,7 @@ class ChunkedEncoder(Encoder):
 
     actions = V1_ACTIONS  # action a is encoded by `_v1_{a}`
     action_prefix = "_v1_"
+    chunk_actions: tuple[str, ...] = ("admit", "chunk")  # the actions that schedule tokens (CHK-001, ...)
 
     def __init__(self, bound: Bound, mutant: str | None = None) -> None:
         if mutant is not None and mutant not in V1_MUTANTS:
@@ -173,9 +174,12 @@ class ChunkedEncoder(Encoder):
     def _schedule_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any, k: Any, allocate: Any) -> None:
         """Allocate the blocks covering computed + k tokens, then update(): computed += k, a
         sampled token once every token is computed, and the stops."""
-        stop = z3.Int("act_stop")
-        ae.params["stop"] = stop
-        ae.guard = z3.And(ae.guard, stop >= 0, stop <= 1)
+        self._allocate_chunk(ae, pre, st, g, k, allocate)
+        self._update_chunk(ae, pre, st, g, k)
+
+    def _allocate_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any, k: Any, allocate: Any) -> None:
+        """``schedule()`` for request g: the blocks covering computed + k tokens (the table only
+        grows), the blocks those tokens are written into, and ``ae.mid``."""
         for s in range(self.S):
             c = g == s
             target = self.let(self.ceil_blocks(pre.ncomp[s] + k), "nd")
@@ -194,7 +198,13 @@ class ChunkedEncoder(Encoder):
                 ae.written.append((z3.And(c, i * self.bs < pre.ncomp[s] + k, (i + 1) * self.bs > pre.ncomp[s], i < st.tlen[s]),
                                    st.tab[s][i]))
         ae.mid = st.copy()
-        for s in range(self.S):  # update()
+
+    def _update_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any, k: Any) -> None:
+        """``update()`` for request g (a hook: the speculative flow commits a run of tokens)."""
+        stop = z3.Int("act_stop")
+        ae.params["stop"] = stop
+        ae.guard = z3.And(ae.guard, stop >= 0, stop <= 1)
+        for s in range(self.S):
             c = g == s
             computed = pre.ncomp[s] + k
             if self.mutant == "chunk-counts-as-whole":
@@ -339,7 +349,7 @@ def _acted(ae: ActionEncoding) -> list[Any]:
 
 
 def _chunked(ae: ActionEncoding) -> bool:
-    return ae.action in ("admit", "chunk")
+    return ae.action in getattr(ae.enc, "chunk_actions", ("admit", "chunk"))
 
 
 def chk001(ae: ActionEncoding) -> Any:

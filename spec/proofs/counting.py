@@ -58,7 +58,7 @@ class Counting:
                z3.Implies(unfinished, r.live >= 1), z3.Implies(z3.Or(r.st == NONE, r.st == FIN), r.live == 0),
                z3.Implies(z3.And(arrived, self.n == 1), r.forked), r.live <= self.seats(r),
                z3.Implies(z3.Not(r.forked), r.live <= 1), z3.Implies(arrived, z3.And(r.plen >= 1, r.mtok >= 1))]
-        if self.flow == "v1":
+        if self.flow in ("v1", "specdec"):
             out += [self.n == 1, r.st != SWAP]
         return z3.And(out)
 
@@ -76,7 +76,7 @@ class Counting:
             return z3.And(a.st == NONE, b.st == WAIT, b.live == 1, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
         if action == "admit":
             guard = z3.And(a.st == WAIT, a.forked, self.seats(a) <= self.M, running_seats + self.seats(a) <= self.M)
-            if self.flow == "v1":  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
+            if self.flow in ("v1", "specdec"):  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
                 guard = z3.And(a.st == WAIT, running_seats < self.M)
                 return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
             return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
@@ -84,7 +84,7 @@ class Counting:
             guard = z3.And(a.st == WAIT, z3.Not(a.forked), self.n >= 2, self.n <= self.M,
                            running_seats + self.n <= self.M)
             return z3.And(guard, b.forked, b.plen == a.plen, b.mtok == a.mtok, run_or_end, b.live <= self.n)
-        if action in ("decode", "finish", "chunk"):
+        if action in ("decode", "finish", "chunk", "verify"):  # verify: a speculative chunk (specdec)
             return z3.And(a.st == RUN, same_fork, run_or_end, b.live <= a.live)
         if action == "swap_in":
             guard = z3.And(a.st == SWAP, running_seats + self.seats(a) <= self.M)
@@ -102,6 +102,7 @@ class Counting:
 ACTIONS = {
     "v0": ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore"),
     "v1": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore"),
+    "specdec": ("add", "admit", "chunk", "verify", "preempt_recompute", "abort", "ignore"),
 }
 
 

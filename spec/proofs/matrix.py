@@ -33,7 +33,7 @@ from spec.proofs.properties import (
     grp_ok,
 )
 
-FLOW_NAMES = ("v0", "v1", "async")
+FLOW_NAMES = ("v0", "v1", "async", "specdec")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,9 @@ class Flow:
 
 def flow(name: str) -> Flow:
     """``v0``: vLLM V0's flow (reference_impl/scheduler.py); ``v1``: vLLM V1's flow with chunked
-    prefill (reference_impl/v1_scheduler.py, prefix caching off; spec/proofs/chunked.py)."""
+    prefill (reference_impl/v1_scheduler.py, prefix caching off; spec/proofs/chunked.py);
+    ``async``: pipelined V1 (spec/proofs/encoding_async.py); ``specdec``: V1 with speculative
+    decoding (reference_impl/specdec_scheduler.py; spec/proofs/encoding_specdec.py)."""
     if name == "v0":
         return Flow("v0", Encoder, ACTIONS, STATE_INVARIANTS, TRANSITION_PROPERTIES, {}, grp_ok, DEFAULT, MUTANTS, SCOPE)
     if name == "v1":
@@ -67,6 +69,13 @@ def flow(name: str) -> Flow:
 
         return Flow("async", A.AsyncEncoder, A.ASYNC_ACTIONS, A.ASYNC_STATE_INVARIANTS, A.ASYNC_TRANSITION_PROPERTIES,
                     A.ASYNC_STEP_PARTS, A.grp_ok_async, A.ASYNC_BOUND, A.ASYNC_MUTANTS, {**SCOPE, **A.ASYNC_SCOPE})
+    if name == "specdec":
+        from spec.proofs import chunked as C
+        from spec.proofs import encoding_specdec as D
+
+        return Flow("specdec", D.SpecDecEncoder, D.SPECDEC_ACTIONS, D.SPECDEC_STATE_INVARIANTS,
+                    D.SPECDEC_TRANSITION_PROPERTIES, D.SPECDEC_STEP_PARTS, D.grp_ok_specdec, D.SPECDEC_BOUND,
+                    D.SPECDEC_MUTANTS, {**SCOPE, **C.V1_SCOPE, **D.SPECDEC_SCOPE})
     raise ValueError(f"unknown flow {name!r} (known: {', '.join(FLOW_NAMES)})")
 
 MATRIX_VERSION = 1
@@ -171,6 +180,13 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
             else:
                 found[iid] = pipelined.scope.get(iid, UNCLASSIFIED)
             continue
+        if family == "SPD" and flow_name != "specdec":
+            speculative = flow("specdec")
+            if iid in speculative.state_invariants or iid in speculative.transition_properties:
+                found[iid] = "speculative decoding: proved in the specdec flow (kvsched prove --flow specdec)"
+            else:
+                found[iid] = speculative.scope.get(iid, UNCLASSIFIED)
+            continue
         if family == "CHK" and flow_name == "v0":
             found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
             continue
@@ -238,12 +254,12 @@ def prove(
     upgraded: set[tuple[str, str]] = set()
     from spec.proofs import per_sequence as PS
 
-    # v0 and v1 have every argument below; the async flow has the block layer, QUE-001 and
-    # COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
-    sequences = flow_name in ("v0", "v1")
+    # v0, v1 and specdec have every argument below; the async flow has the block layer, QUE-001
+    # and COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
+    sequences = flow_name in ("v0", "v1", "specdec")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
-    if unbounded and sequences and mutant in (PS.MUTANTS_V1 if flow_name == "v1" else PS.MUTANTS):
+    if unbounded and sequences and mutant in PS.mutants_of(flow_name):
         matrix.parametric = {"mutant": mutant, "cells": PS.broken_cells(mutant, flow_name), "witness": None}
     from spec.proofs import writes as WR
 
@@ -328,7 +344,7 @@ def prove(
 
 
 VIA = "proved for every size (spec/proofs/parametric.py, unbounded.py, writes.py, ...); bounded query not run"
-_WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4}
+_WEIGHT = {"swap_in": 5, "decode": 4, "swap_out": 3, "fork": 3, "admit": 2, "chunk": 4, "verify": 5}
 
 
 def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:

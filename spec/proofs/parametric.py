@@ -80,6 +80,9 @@ ACTION_OPS: dict[str, dict[str, tuple[str, ...]]] = {
 # The pipelined V1 flow (spec/proofs/encoding_async.py): schedule() appends like a V1 chunk, a
 # processed outcome that finishes a request releases its table
 ACTION_OPS["async"] = {**ACTION_OPS["v1"], "process": ("drop",)}
+# The speculative V1 flow (spec/proofs/encoding_specdec.py): a verifying step appends the slots of
+# its drafts like a chunk's; a rejection frees no block (the slots are kept), a finish drops the table
+ACTION_OPS["specdec"] = {**ACTION_OPS["v1"], "verify": ("append", "drop")}
 OPS = ("append", "share", "replace", "drop", "move")
 
 # The block rows of the matrix and the parametric facts each needs (for every micro-op).

@@ -35,7 +35,7 @@ WF_SEQS = "WF/seqs"
 # The touched request's status after the action whenever one of its sequences is still live
 # (an action ends the request only when none is: finish_group_if_done, V1's finish)
 TARGET = {"add": WAIT, "admit": RUN, "fork": RUN, "decode": RUN, "preempt_recompute": WAIT, "swap_out": SWAP,
-          "swap_in": RUN, "finish": RUN, "abort": FIN, "ignore": FIN, "chunk": RUN}
+          "swap_in": RUN, "finish": RUN, "abort": FIN, "ignore": FIN, "chunk": RUN, "verify": RUN}
 ACTIONS = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore")
 
 
@@ -80,6 +80,10 @@ class Generic:
 
     def seq(self, p: str) -> Seq:
         return Seq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc"))
+
+    def unborn(self) -> Seq:
+        """A slot of the empty scheduler (the init column)."""
+        return Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
 
     def ceil(self, t: Any) -> Any:
         return (t + self.bs - 1) / self.bs
@@ -343,10 +347,18 @@ class SeqResult:
 
 
 def generic(flow_name: str, mutant: str | None = None) -> Generic:
+    if flow_name == "specdec":
+        from spec.proofs.encoding_specdec import GenericSpecDec
+
+        return GenericSpecDec(mutant)
     return GenericV1(mutant) if flow_name == "v1" else Generic(mutant)
 
 
 def rows_actions(flow_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if flow_name == "specdec":
+        from spec.proofs.encoding_specdec import ACTIONS_SPECDEC_SEQ, ROWS_SPECDEC_SEQ
+
+        return ROWS_SPECDEC_SEQ, ACTIONS_SPECDEC_SEQ
     return (ROWS_V1, ACTIONS_V1) if flow_name == "v1" else (ROWS, ACTIONS)
 
 
@@ -387,7 +399,9 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
             names = (*names, WF_SEQS)
         if isinstance(G, GenericV1):
             steps = G.transition_goals(action, q, post)
-            after["CHK-002"] = z3.And(after["CHK-002"], steps.pop("CHK-002/step"))  # the row has a step part
+            for part in [name for name in steps if name.endswith("/step")]:  # a row with a step part (CHK-002)
+                row = part.removesuffix("/step")
+                after[row] = z3.And(after[row], steps.pop(part))
             after.update(steps)
             names = (*names, *steps)
         for row in names:
@@ -401,7 +415,7 @@ def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
     out.append(SeqResult(QUE_SEQS, "init", "proved", 0.0))  # nothing is live
     out.append(SeqResult(WF_SEQS, "init", "proved", 0.0))  # every slot unborn, no request
     for row in rows:  # the empty scheduler: every slot unborn
-        q = Seq(z3.IntVal(NONE), z3.IntVal(NODEV), z3.IntVal(0), z3.Int("i_nt"), z3.Int("i_nc"))
+        q = G.unborn()
         s = z3.Solver()
         empty = G.rest_partial == 0 if isinstance(G, GenericV1) else z3.BoolVal(True)  # no other request either
         s.add(G.base(), empty, z3.Not(G.rows(q)[row]))
@@ -424,8 +438,17 @@ def proved_cells(timeout_ms: int = 20_000, flow_name: str = "v0") -> set[tuple[s
     return _CACHE[key]
 
 
+def mutants_of(flow_name: str) -> dict[str, tuple[str, ...]]:
+    """The flow's proof mutants whose mutated transition is a per-sequence rule, with their actions."""
+    if flow_name == "specdec":  # every one of them (spec.proofs.encoding_specdec.SPECDEC_MUTANTS)
+        from spec.proofs.encoding_specdec import SPECDEC_MUTANTS
+
+        return {m: ("admit", "chunk", "verify") for m in SPECDEC_MUTANTS}
+    return MUTANTS_V1 if flow_name == "v1" else MUTANTS
+
+
 def broken_cells(mutant: str, flow_name: str = "v0") -> list[list[str]]:
     """The unbounded cells a per-sequence mutant breaks (its actions' rows that fail)."""
-    actions = (MUTANTS_V1 if flow_name == "v1" else MUTANTS)[mutant]
+    actions = mutants_of(flow_name)[mutant]
     return [[r.row, r.action] for r in prove_sequences(mutant=mutant, actions=actions, flow_name=flow_name)
             if r.result != "proved"]

@@ -73,6 +73,7 @@ MUTANTS = {
 ACTIONS_V0 = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore")
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
 ACTIONS_ASYNC = (*ACTIONS_V1, "process")
+ACTIONS_SPECDEC = (*ACTIONS_V1, "verify")
 
 
 def _check(hyps: list[Any], goal: Any, timeout_ms: int) -> str:
@@ -168,9 +169,10 @@ def cow_cells(flow_name: str, timeout_ms: int = 20_000) -> set[tuple[str, str]]:
     lemmas = prove_cow(timeout_ms=timeout_ms)
     if not _block_layer_ok():
         return set()
-    if flow_name in ("v1", "async"):  # the async flow's blocks change as v1's do (append, drop)
+    if flow_name in ("v1", "async", "specdec"):  # their blocks change as v1's do (append, drop)
         ok = lemmas["in-place/v1"] == "proved" and prove_unshared(timeout_ms)
-        return {("COW-001", a) for a in (ACTIONS_V1 if flow_name == "v1" else ACTIONS_ASYNC)} if ok else set()
+        actions = {"v1": ACTIONS_V1, "async": ACTIONS_ASYNC, "specdec": ACTIONS_SPECDEC}[flow_name]
+        return {("COW-001", a) for a in actions} if ok else set()
     ok = all(v == "proved" for k, v in lemmas.items() if k != "in-place/v1")
     return {("COW-001", a) for a in ACTIONS_V0} if ok else set()
 

@@ -610,7 +610,10 @@ EXHIBITS += (
         mutant="specdec-drafts-on-prefill-chunk",
         code=(specdec_mutants.DraftsOnPrefillChunk.update,),
         minimal_change="update() keeps the drafter's proposal after a prefill chunk.",
-        note="Upstream the harm was a hybrid (Mamba) model's state; the model has full attention only.",
+        note="Upstream the harm was a hybrid (Mamba) model's state; the model has full attention only. SPD-002 is a "
+        "policy (a prompt-lookup drafter could verify drafts on a final chunk correctly), caught here in the specdec "
+        "profile; drafts after a chunk cut short of the prompt's end break SPD-009, a safety invariant (mutant "
+        "specdec-drafts-after-cut-chunk).",
         strategy=specdec_traces, **_SPECDEC,
     ),
     Exhibit(

@@ -39,6 +39,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import traceback
 
 PROTOCOL_VERSION = 2
@@ -58,11 +60,18 @@ def protocol_stream():
 def serve(engine, name: str, profiles=("safety",), capabilities=("output",), stdin=None, stdout=None) -> int:
     out = stdout if stdout is not None else protocol_stream()
     inp = stdin if stdin is not None else sys.stdin
+    outbox = _Outbox(_sender(out))
+    try:
+        return _serve_lines(engine, name, profiles, capabilities, inp, outbox)
+    finally:  # a held step line is written even when the host exits by an exception (sys.exit too)
+        try:
+            outbox.flush()
+        except OSError:
+            pass
 
-    def send(obj) -> None:
-        out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        out.flush()
 
+def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
+    send = outbox.send
     steps = _Steps(engine)
     for line in inp:
         line = line.strip()
@@ -86,7 +95,8 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
                 steps = _Steps(engine)
                 result = engine.reset(params["config"])
             elif method == "steps":
-                result = steps.run(params, lambda line, mid=mid: send({"id": mid, **line}))
+                outbox.hold(max(0.0, float(params.get("flush_ms") or 0)) / 1000)
+                result = steps.run(params, lambda line, mid=mid: outbox.put({"id": mid, **line}))
             elif method == "add_request":
                 result = engine.add_request(params["request"])
             elif method == "abort_request":
@@ -114,6 +124,97 @@ def serve(engine, name: str, profiles=("safety",), capabilities=("output",), std
             continue
         send({"id": mid, "result": result})
     return 0
+
+
+# At most this many step lines are held (a host whose steps are fast still streams its lines, so
+# the runner checks them while the host runs on: holding a whole fast trace cost nano-vllm more
+# wall time than the writes it saved).
+_HOLD_LINES = 8
+
+
+class _Outbox:
+    """The answer lines on their way out. A single call's answer goes at once. In a `steps` run
+    (its ``flush_ms``), step lines are held back up to ``flush_ms`` (and `_HOLD_LINES` lines) and
+    written together (with the closing line when the run ends sooner): each write wakes the runner, and a wake-up per step
+    cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire"). A held line is never lost to a hang or an exception: a watcher thread writes
+    lines that are due while the engine is stuck in a step (a hang is then pinned to its step),
+    and `serve` writes them before it exits. Only a host killed by a signal (a segfault, the OOM
+    killer) can lose the lines of its last ``flush_ms``; the runner then reports the fault at the
+    first step whose line is missing."""
+
+    def __init__(self, write_lines) -> None:
+        self._write = write_lines
+        self._held: list = []
+        self._due: float | None = None  # when the held lines must be out
+        self._hold = 0.0
+        self._cond = threading.Condition()
+        self._watcher: threading.Thread | None = None
+
+    def send(self, obj) -> None:
+        with self._cond:
+            self._held.append(obj)
+            self._flush()
+
+    def hold(self, seconds: float) -> None:
+        """A `steps` run starts: its lines may wait ``seconds``."""
+        self._hold = seconds
+        if seconds and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, daemon=True, name="kvsched-host-outbox")
+            self._watcher.start()
+
+    def put(self, obj) -> None:
+        with self._cond:
+            self._held.append(obj)
+            now = time.monotonic()
+            if not self._hold or len(self._held) >= _HOLD_LINES or (self._due is not None and now >= self._due):
+                self._flush()
+            elif self._due is None:
+                self._due = now + self._hold
+                self._cond.notify()
+
+    def flush(self) -> None:
+        with self._cond:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, []
+            self._write(held)
+        self._due = None
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._due is None:
+                    self._cond.wait()
+                elif time.monotonic() < self._due:
+                    self._cond.wait(self._due - time.monotonic())
+                else:
+                    self._flush()
+
+
+def _sender(out):
+    """A function that writes answer lines: on a real file one ``os.write`` for all of them, with
+    no text layer and no separate flush."""
+    dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream in memory (tests, benchmarks)
+        fd = None
+    if fd is None:
+        def write_text(objs: list) -> None:
+            out.write("".join(dumps(obj) + "\n" for obj in objs))
+            out.flush()
+
+        return write_text
+    out.flush()
+
+    def write_lines(objs: list) -> None:
+        data = "".join(dumps(obj) + "\n" for obj in objs).encode()
+        while data:
+            data = data[os.write(fd, data):]
+
+    return write_lines
 
 
 def _error(err: BaseException) -> dict:

@@ -1,6 +1,6 @@
 """kvsched adapter host for SGLang 0.5.23's scheduler (run with the ``sglang`` target venv's Python).
 
-What runs unmodified: ``SchedulePolicy.calc_priority`` (fcfs), ``PrefillAdder`` (admission against
+What runs unmodified: ``SchedulePolicy.calc_priority`` (fcfs or lpm), ``PrefillAdder`` (admission against
 the new-token ratio and the radix cache's evictable size), ``Req.init_next_round_input`` (radix
 match), ``ScheduleBatch.init_new`` / ``prepare_for_extend`` / ``filter_batch`` / ``merge_batch`` /
 ``check_decode_mem`` / ``retract_decode`` / ``prepare_for_decode``, ``Req.update_finish_state``,
@@ -13,9 +13,13 @@ lives on the Scheduler object:
 * ``Scheduler.get_next_batch_to_run`` (managers/scheduler.py:3894-4035), the no-feature path:
   filter the last extend batch and merge it into the running batch, filter the running batch,
   try a new prefill batch, else decode the running batch.
-* ``Scheduler._get_new_batch_prefill_raw`` (scheduler.py:4079-4457), without chunked prefill,
-  LoRA, HiCache, mamba, mixed chunks or priority preemption; ``get_num_allocatable_reqs``
-  (scheduler.py:4029-4050) as ``min(max_running_requests - running, free req rows)``.
+* ``Scheduler._get_new_batch_prefill_raw`` (scheduler.py:4079-4457), without LoRA, HiCache,
+  mamba, mixed chunks or priority preemption; with chunked prefill when the config asks for it
+  (``chunked_prefill_size`` and ``max_prefill_tokens`` are both the spec's token budget): the
+  chunked request is stashed into the radix cache and kept out of the running batch between its
+  chunks (scheduler.py:3911-3919), its next chunk goes first (4176-4184); ``get_num_allocatable_reqs``
+  (scheduler.py:4027-4050) as ``min(max_running_requests - running, free req rows + rows held by the
+  requests counted)``.
 * ``Scheduler.update_running_batch`` (scheduler.py:4459-4545): retract on KV exhaustion, the
   new-token ratio after retraction, decay otherwise, retracted requests back to the waiting queue.
 * ``BatchResultProcessor.process_batch_result_prefill`` / ``_decode`` (scheduler_components/
@@ -86,12 +90,15 @@ class SglangEngine:
     def reset(self, config: dict) -> None:
         for key, ok in (("block_size", config["block_size"] == 1), ("num_cpu_blocks", not config.get("num_cpu_blocks")),
                         ("preemption_mode", config["preemption_mode"] == "recompute"),
-                        ("policy", config["policy"] == "fcfs"), ("enable_chunked_prefill", not config.get("enable_chunked_prefill"))):
+                        ("policy", config["policy"] in ("fcfs", "lpm"))):
             if not ok:
-                raise ValueError(f"config.{key}: SGLang host supports page size 1, recompute, fcfs, no CPU pool, "
-                                 f"no chunked prefill; got {config[key]!r}")
+                raise ValueError(f"config.{key}: SGLang host supports page size 1, recompute, fcfs or lpm, "
+                                 f"no CPU pool; got {config[key]!r}")
         self.config = config
         self.max_running = config["max_num_seqs"]
+        # chunked_prefill_size and max_prefill_tokens: both the spec's token budget
+        self.chunk_size = config["max_num_batched_tokens"] if config.get("enable_chunked_prefill") else None
+        self.chunked_req = None
         # tp_worker.py:568-572: max_req_len = min(context_len - 1, kv_capacity - 1), input limit 5 below;
         # context_len is max_model_len + 2 here, so with a large pool the spec's length cap holds.
         self.max_req_len = min(config["max_model_len"] + 1, config["num_gpu_blocks"] - 1)
@@ -104,7 +111,7 @@ class SglangEngine:
                                     kvcache=SimpleNamespace(), need_sort=False)
         self.cache = self.RadixCache(self.CacheInitParams(disable=False, req_to_token_pool=self.req_pool,
                                                           token_to_kv_pool_allocator=self.alloc, page_size=1))
-        self.policy = self.sp.SchedulePolicy("fcfs", self.cache, False, False, False)
+        self.policy = self.sp.SchedulePolicy(config["policy"], self.cache, False, False, False)
         self.ratio = self.Tracker.from_config()
         self.waiting: list = []
         self.running = self.sb.ScheduleBatch(reqs=[], batch_is_full=False)
@@ -140,32 +147,36 @@ class SglangEngine:
         raise NotImplementedError("the SGLang host has no abort")
 
     # ------------------------------------------------------------------ one step
-    def _allocatable(self, running_bs: int) -> int:
-        return min(self.max_running - running_bs, self.req_pool.available_size())
+    def _allocatable(self, running_bs: int, held_rows: int = 0) -> int:
+        return min(self.max_running - running_bs, self.req_pool.available_size() + held_rows)
 
     def _new_prefill_batch(self):
         running = self.running
         if running.is_empty():
             running.batch_is_full = False
-        if running.batch_is_full or not self.waiting:
+        if (running.batch_is_full or not self.waiting) and self.chunked_req is None:
             return None
         running_bs = len(running.reqs)
-        if self._allocatable(running_bs) <= 0:
+        if self._allocatable(running_bs) <= 0 and self.chunked_req is None:
             running.batch_is_full = True
             return None
         self.policy.calc_priority(self.waiting, running)
         adder = self.sp.PrefillAdder(1, self.cache, self.alloc, running, self.ratio.current,
-                                     self.config["max_num_batched_tokens"], None, 0,
+                                     self.config["max_num_batched_tokens"], self.chunk_size, 0,
                                      max_running_requests=self.max_running)
+        if self.chunked_req is not None:  # scheduler.py:4176-4184: the chunked request's next chunk first
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting:
             if adder.budget_state() == self.sp.AddReqResult.OTHER:
                 break
-            if len(adder.can_run_list) >= self._allocatable(len(running.reqs)):
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self._allocatable(len(running.reqs), held):
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
             req.init_next_round_input(self.cache)
-            res = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None)
             if res != self.sp.AddReqResult.CONTINUE:
                 if res == self.sp.AddReqResult.NO_TOKEN:
                     running.batch_is_full = len(adder.can_run_list) > 0 or not running.is_empty()
@@ -174,8 +185,12 @@ class SglangEngine:
             return None
         chosen = set(adder.can_run_list)
         self.waiting = [r for r in self.waiting if r not in chosen]
+        if adder.new_chunked_req is not None:  # scheduler.py:4324-4330
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
         batch = self.sb.ScheduleBatch.init_new(adder.can_run_list, self.req_pool, self.alloc, self.cache,
-                                               self.model_config, False, self.spec_none)
+                                               self.model_config, False, self.spec_none, chunked_req=self.chunked_req)
         batch.prepare_for_extend()
         return batch
 
@@ -205,9 +220,14 @@ class SglangEngine:
 
     def schedule(self) -> dict:
         last = self.last_batch
+        exclude = []
+        if self.chunked_req is not None:  # scheduler.py:3911-3919: keep it out of the merge, stash its chunk
+            exclude.append(self.chunked_req)
+            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
+                self.common.checkpoint_kv_cache(self.chunked_req, self.cache)
         if last is not None and last.forward_mode.is_extend():
             bs = last.batch_size()
-            last.filter_batch()
+            last.filter_batch(reqs_to_exclude=exclude)
             if last.batch_size() < bs:
                 self.running.batch_is_full = False
             if not last.is_empty():
@@ -250,6 +270,9 @@ class SglangEngine:
         stop = set(stopped)
         for req in batch.reqs:
             if req.finished() or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks > 0:  # batch_result_processor.py:424-432: a middle chunk samples nothing
+                req.inflight_middle_chunks -= 1
                 continue
             tok = EOS if f"{req.rid}#0" in stop else kvsched_host.token_ids(req.rid, 1, start=len(req.origin_input_ids) + len(req.output_ids))[0]
             req.output_ids.append(tok)
