@@ -25,7 +25,7 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
     block_size = draw(st.sampled_from([1, 2, 4] if token_flow else [1, 2, 4, 8]))
     max_num_seqs = draw(st.integers(1, 6)) if domain.seq_limit else UNBOUNDED_SEQS
     max_model_len = draw(st.integers(block_size * 2 if token_flow else block_size, block_size * 12))
-    chunked = domain.chunked_prefill and draw(st.booleans() | st.just(True))
+    chunked = domain.chunked_prefill and (not domain.unchunked or draw(st.booleans() | st.just(True)))
     if not domain.token_budget:
         budget = max_num_seqs * max_model_len  # can never bind: every running sequence at full length
     elif chunked:
@@ -46,8 +46,8 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
         preemption_mode=draw(st.sampled_from(modes)),
         policy=draw(st.sampled_from(["fcfs", "priority"])) if domain.priority else "fcfs",
         enable_chunked_prefill=chunked,
-        max_num_partial_prefills=draw(st.sampled_from([0, 0, 1, 2])) if chunked else 0,
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])) if chunked else 0,
+        max_num_partial_prefills=draw(st.sampled_from([0, 0, 1, 2])) if chunked and domain.prefill_caps else 0,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3, 8])) if chunked and domain.prefill_caps else 0,
         enable_prefix_caching=domain.prefix_caching and draw(st.booleans() | st.just(True)),
         pipeline_depth=domain.pipeline_depth,
         num_speculative_tokens=draw(st.integers(1, 4)) if domain.speculative else 0,

@@ -43,6 +43,11 @@ class ConfigDomain:
     seq_limit: bool = True  # False: the engine has no sequence limit (max_num_seqs >= UNBOUNDED_SEQS)
     token_budget: bool = True  # False: no per-step token budget (it never binds)
     chunked_prefill: bool = False
+    # False: the engine always splits a prompt past the step's budget (tokasaurus), so every
+    # config has chunked prefill on; only read when chunked_prefill is True.
+    unchunked: bool = True
+    # False: no long_prefill_token_threshold and no max_num_partial_prefills (both vLLM V1 knobs)
+    prefill_caps: bool = True
     prefix_caching: bool = False
     budget_covers_model_len: bool = False  # without chunked prefill, budget >= max_model_len (vLLM, nano-vllm)
     cache_holds_model_len: bool = False  # the GPU cache holds one max_model_len sequence (vLLM V1)
@@ -110,6 +115,11 @@ class ConfigDomain:
                     f"(>= max_num_seqs * max_model_len = {c.max_num_seqs * c.max_model_len}), got {c.max_num_batched_tokens}")
         if not self.chunked_prefill and c.enable_chunked_prefill:
             return "config.enable_chunked_prefill: the domain has no chunked prefill"
+        if self.chunked_prefill and not self.unchunked and not c.enable_chunked_prefill:
+            return "config.enable_chunked_prefill: the domain always chunks prefills"
+        if not self.prefill_caps and (c.long_prefill_token_threshold or c.max_num_partial_prefills):
+            return ("config.long_prefill_token_threshold: the domain has no prefill caps, got "
+                    f"{c.long_prefill_token_threshold} (max_num_partial_prefills {c.max_num_partial_prefills})")
         if not self.prefix_caching and c.enable_prefix_caching:
             return "config.enable_prefix_caching: the domain has no prefix caching"
         if self.budget_covers_model_len and not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:

@@ -24,6 +24,7 @@ from spec.proofs.encoding_specdec import (
     SpecDecEncoder,
     grp_ok_specdec,
     spd007,
+    spd009,
 )
 from spec.proofs.matrix import prove
 
@@ -36,6 +37,7 @@ def test_specdec_matrix_is_proved():
     assert {c.action for c in m.cells} == {"init", *SPECDEC_ACTIONS}
     rows = {c.invariant for c in m.cells}
     assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007/committed", "SPD-008",
+                    "SPD-009",
                     "CAP-001", "CAP-003", "CHK-002", "CHK-004", "BLK-001", "BLK-003", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "specdec" for c in m.cells)
     # every cell for every size: the block layer (parametric, v1's micro-ops), QUE-001, COW-001, the
@@ -96,6 +98,8 @@ CAUGHT = {
                                      mutants_specdec.EmptyOutcomeKeepsDrafts),
     "drafts-outside-budget": ({("SPD-001", "verify")}, mutants_specdec.DraftsOutsideBudget),
     "drafts-on-prefill-chunk": ({("SPD-002", "chunk"), ("SPD-002", "admit")}, mutants_specdec.DraftsOnPrefillChunk),
+    # its SPD-009 harm is one step later: test_a_kept_proposal_puts_drafts_after_a_cut_chunk
+    "drafts-after-cut-chunk": ({("SPD-002", "chunk"), ("SPD-002", "admit")}, mutants_specdec.DraftsAfterCutChunk),
     "keys-rejected-kv": ({("SPD-007/committed", "verify"), ("SPD-007/committed", "chunk")},
                          mutants_specdec.CachesRejectedKv),
 }
@@ -196,3 +200,21 @@ def test_specdec_mutant_breaks_the_generic_request(mutant):
     m = prove(flow_name="specdec", mutant=mutant, actions=sorted({a for _, a in CAUGHT[mutant][0]}),
               invariants=sorted({i for i, _ in CAUGHT[mutant][0]}), jobs=1)
     assert CAUGHT[mutant][0] <= {tuple(c) for c in m.parametric["cells"]}, m.parametric
+
+
+def test_a_kept_proposal_puts_drafts_after_a_cut_chunk():
+    """vllm#30618 where it corrupts, end to end: from a state satisfying every invariant, the
+    mutated prefill chunk keeps the drafter's proposal, and the request's next chunk, cut short of
+    the prompt's end, carries drafts after it (SPD-009 fails); the unmutated flow never does."""
+    for mutant, want in (("drafts-after-cut-chunk", z3.sat), (None, z3.unsat)):
+        enc = SpecDecEncoder(SPECDEC_BOUND, mutant)
+        first = enc.encode("chunk")
+        facts = [first.guard, *first.defs]
+        second = enc.encode("verify", pre=first.post)
+        renamed = [(second.params["group"], first.params["group"])]
+        renamed += [(v, z3.Int(f"second_{n}")) for n, v in second.params.items() if n not in ("group", "drafts")]
+        facts += [z3.substitute(f, *renamed) for f in (second.guard, *second.defs, z3.Not(spd009(second)))]
+        s = z3.Solver()
+        s.add(enc.config_ok(), grp_ok_specdec(enc), *[f(enc, first.pre) for f in SPECDEC_STATE_INVARIANTS.values()],
+              *facts)
+        assert s.check() == want, mutant

@@ -172,11 +172,13 @@ _DOMAIN_TEXT = {
     "priority": "the priority policy; false: FCFS only",
     "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
-    "max_n": "parallel sequences per request",
+    "max_n": "parallel sequences per request (the `v1` and `nano` flows: 1, which their traces have; set it)",
     "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
     "token_budget": "false: no per-step token budget (configs get `max_num_seqs * max_model_len`, which never binds)",
-    "chunked_prefill": "chunked prefill configs",
-    "prefix_caching": "prefix caching configs",
+    "chunked_prefill": "chunked prefill configs (as well as configs without it, unless `unchunked` is false)",
+    "unchunked": "with `chunked_prefill`, configs without chunked prefill too; false: an engine that always splits a prompt past the step's budget (tokasaurus) gets chunked-prefill configs only",
+    "prefill_caps": "with chunked prefill, vLLM V1's `long_prefill_token_threshold` and `max_num_partial_prefills`; false: neither (an engine without those knobs)",
+    "prefix_caching": "prefix caching configs (and configs without it)",
     "budget_covers_model_len": "without chunked prefill the token budget is at least `max_model_len` (vLLM, nano-vllm)",
     "cache_holds_model_len": "the GPU cache holds one `max_model_len` sequence (vLLM V1 checks it at start-up)",
 }
@@ -324,6 +326,14 @@ never into the report. Every counterexample trace records the adapter as a spec 
 from any folder (`meta.adapter_spec`, an absolute path for a local file) and the profile it was
 found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
 on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
+
+An engine that does not import in kvsched's Python (its own pinned torch, a GPU kernel library,
+another language) runs in its own environment as a **host** that speaks the wire protocol
+(docs/PROTOCOL.md, "Writing a host"); the factory given to `--adapter` then returns a
+`conformance.wire.client.WireAdapter` that starts it, and declares the domain as an attribute
+(`adapter.domain = ConfigDomain(...)`: `WireAdapter` takes no `domain` argument).
+`docs/examples/tokasaurus/` is such an adapter, written from these pages by someone who had not
+read kvsched's sources (its STRANGER.md logs where they fell short).
 
 ## Declaring the config domain
 

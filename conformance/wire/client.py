@@ -446,7 +446,13 @@ class WireAdapter:
         """The host's next line for the pending `steps` message: one step's calls (``{"id", "calls"}``,
         with ``error`` if an engine call failed) or the closing ``{"id", "result": {"ended"}}``."""
         assert self.host is not None and batch.pending is not None
-        msg = self.host.receive(batch.pending, "steps", self.timeout)
+        try:
+            msg = self.host.receive(batch.pending, "steps", self.timeout)
+        except WireError as err:
+            if _FLUSH_MS and not self.host.alive:  # killed by a signal: its held lines are lost
+                raise WireError(f"{err} (the host may have held up to {_HOLD_LINES} step lines: the fault is at "
+                                f"this step or up to {_HOLD_LINES - 1} steps later)", err.location) from err
+            raise
         if "calls" in msg:
             calls = msg["calls"]
             if not isinstance(calls, list):
@@ -473,9 +479,13 @@ class WireAdapter:
 
 
 _MAX_STEPS_PER_MESSAGE = 64
-# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps):
-# every write wakes the runner, and a wake-up per step cost more CPU than the step's JSON.
+# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps;
+# kvsched_host also writes at most 8 together). Each write wakes the runner: on vLLM, holding
+# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won
+# three of the four interleaved before/after runs; on nano-vllm, whose steps are fast, it is level
+# by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
 _FLUSH_MS = 1.0
+_HOLD_LINES = 8  # kvsched_host's limit on held lines (a fault's step is this uncertain after a kill)
 
 
 class _Batch:

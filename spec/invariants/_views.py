@@ -14,8 +14,12 @@ them (like `free_in_tables`) through the blocks a pool names as changed
 hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
 read only keyed or changed blocks; `views_of` finds a request's views without a scan;
+`queue_set` and `shared_blocks` are carried while a queue, or every table, stands still;
 `returned_step` carries each scheduled step until its outcome is processed (``pipeline_depth``
-steps later), so a predicate about an outcome reads the step it belongs to. An
+steps later), so a predicate about an outcome reads the step it belongs to. A check that
+declares the view fields it reads (`Invariant.reads`, set on `CheckContext.reads` while it runs)
+within `PLACEMENT` is handed only the views whose placement changed (`placement_changes`, once
+per snapshot). An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
 (`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
 of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py

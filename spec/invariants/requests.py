@@ -125,6 +125,8 @@ def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
     if rec.mid is None or rec.mid.seqs is None or sid not in rec.mid.seqs:
         return grew in (0, 1)
     mid = rec.mid.seqs[sid]
+    if mid.num_computed is None:  # no computed_tokens: a prefix-cache hit shortens a complete prefill
+        return grew in (0, 1)
     given = sum(s.num_tokens for s in rec.output.scheduled if s.seq_id == sid)
     completes = (mid.num_computed or 0) + given >= (mid.num_tokens or 0)
     return grew == (1 if completes else 0)
