@@ -235,3 +235,35 @@ def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 yield f"{v.seq_id} admitted with all {v.num_tokens} tokens served by the cache"
             elif v.num_computed % ctx.config.block_size:
                 yield f"{v.seq_id} admitted with a cache hit of {v.num_computed} tokens, not whole blocks"
+
+
+@invariant(
+    "PFX-006", "safety",
+    """An engine's reset_prefix_cache answers true exactly when no GPU block is held; after a true
+    answer no GPU block keeps a key and the cache index is empty (so no later request hits a prompt
+    cached before the reset).""",
+    """vLLM V1's Scheduler.reset_prefix_cache (v1/core/block_pool.py: BlockPool.reset_prefix_cache) is
+    the admin call RLHF flows make after a weight update, so that no KV computed with the old weights
+    is reused: it must refuse while a block is in use (a running request still reads its cached
+    blocks; dropping their hashes under it would break the hash map's bookkeeping) and, when it
+    succeeds, drop every hash. A reset that answers true but keeps a key serves stale KV; one that
+    refuses an idle cache leaves the old weights' KV in place while the caller believes it gone.""",
+    (C.PREFIX_CACHE, C.REF_COUNTS),
+)
+def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    snap = rec.before  # taken after the step's admin calls; a reset moves no reference count
+    for op, answer in rec.admin:
+        if op != "reset_prefix_cache":
+            continue
+        assert snap.gpu_ref_counts is not None
+        held = [b for b, n in enumerate(snap.gpu_ref_counts) if n]
+        if answer and held:
+            yield f"reset_prefix_cache answered true while gpu blocks {held[:8]} are held"
+        elif not answer and not held:
+            yield "reset_prefix_cache refused although no gpu block is held"
+        elif answer:
+            keyed = sorted(keyed_blocks(snap))
+            if keyed:
+                yield f"after a reset that answered true, gpu blocks {keyed[:8]} still carry keys"
+            if snap.cache_index:
+                yield f"after a reset that answered true, the cache index still holds {len(snap.cache_index)} keys"

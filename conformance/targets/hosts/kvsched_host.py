@@ -17,6 +17,12 @@ The engine object has these methods, all on plain JSON values:
                                                  draft decisions by seq, docs/PROTOCOL.md)
     snapshot() -> dict                           (Snapshot shape, every field optional; a fresh
                                                   value each call: `steps` diffs it with the last)
+    abort_requests(request_ids: list) -> list    (optional: one batched abort, [{request, status}, ...]
+                                                  for the ids it aborted; unknown/finished ids skipped)
+    reset_prefix_cache() -> bool                 (optional: the engine's admin call)
+
+An engine that has the optional methods is announced with them in hello's ``optional_calls``; the
+runner sends a `steps` Step ``abort_batches`` / ``admin`` only to such a host (docs/PROTOCOL.md).
 
 Protocol 2 adds `steps`, answered here for every engine from the methods above: many steps per
 message, called exactly as the runner's driver calls them one by one, each snapshot sent as a
@@ -38,6 +44,7 @@ import time
 import traceback
 
 PROTOCOL_VERSION = 2
+OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache")  # spec/protocol.py
 
 
 def protocol_stream():
@@ -79,7 +86,8 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
         try:
             if method == "hello":
                 result = {"protocol": PROTOCOL_VERSION, "name": name, "profiles": list(profiles),
-                          "capabilities": list(capabilities)}
+                          "capabilities": list(capabilities),
+                          "optional_calls": [c for c in OPTIONAL_CALLS if callable(getattr(engine, c, None))]}
                 extra = getattr(engine, "hello_extra", None)
                 if extra is not None:
                     result.update(extra())
@@ -96,6 +104,10 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
                 result = engine.add_request(params["request"])
             elif method == "abort_request":
                 result = engine.abort_request(params["request_id"])
+            elif method == "abort_requests":
+                result = engine.abort_requests(list(params["request_ids"]))
+            elif method == "reset_prefix_cache":
+                result = engine.reset_prefix_cache()
             elif method == "schedule":
                 result = engine.schedule()
             elif method == "update":
@@ -227,8 +239,9 @@ class _Steps:
     in order (``{"id", "calls": [[method, result], ...]}``), then the closing ``{"id", "result":
     {"ended": bool}}``. Per step:
 
-    1. ``add_request`` for each arrival, ``abort_request`` for each abort;
-    2. ``snapshot`` when ``observe`` and the step added or aborted something, or is step 0;
+    1. ``add_request`` for each arrival, ``abort_request`` for each abort, ``abort_requests`` for
+       each batch, then each admin call (``reset_prefix_cache``);
+    2. ``snapshot`` when ``observe`` and the step did any of that, or is step 0;
     3. ``schedule``; ``snapshot`` when ``observe`` and ``mid_step``;
     4. ``update`` with the step's stopped sequences (and its ``drafts``, for an engine that takes
        them); ``snapshot`` when ``observe``;
@@ -281,7 +294,15 @@ class _Steps:
             result = call("abort_request", engine.abort_request, rid)
             if result:
                 finished.append(result["request"])
-        if observe and (added or aborted or step["step"] == 0):
+        batches, admin = step.get("abort_batches") or [], step.get("admin") or []
+        for ids in batches:
+            done = call("abort_requests", engine.abort_requests, list(ids))
+            finished.extend(d["request"] for d in done or ())
+        for op in admin:
+            if op not in OPTIONAL_CALLS or op == "abort_requests":
+                raise _CallFailed(str(op), ValueError(f"unknown admin call {op!r}"))
+            call(op, getattr(engine, op))
+        if observe and (added or aborted or batches or admin or step["step"] == 0):
             call("snapshot", self._snapshot)
         call("schedule", engine.schedule)
         if observe and mid_step:
