@@ -546,7 +546,7 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
                          f"{p.get('door_refusals', '')} | {classes} | {found} | {run} |")
         for cls, c in h.get("classes", {}).items():
             links = ", ".join(f"[{path}]({_rel(v)})" for path, v in c["paths"].items())
-            lines.append(f"\n`{cls}` ({c['kind']}): {links}")
+            lines.append(f"\n`{cls}` ({c['kind']}): {c['explanation']} Traces: {links}")
         for path, p in h.get("probe_42722", {}).items():
             found = "; ".join(f"{k}: {v}" for k, v in p["violations"].items()) or "none"
             lines.append(f"\nvllm-project/vllm#42722 probe, {path}: drained {p['drained']} in {p['steps']} steps; "
