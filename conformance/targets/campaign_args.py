@@ -37,16 +37,29 @@ def keep_other_paths(report: dict, old: dict, rerun: Sequence[str], part: str = 
             report["classes"][cls] = {**entry, "paths": kept}
 
 
+def _loaded_commit() -> str:
+    """The commit whose code this process loaded (read once, at import): HEAD may move while a
+    long campaign runs, and the result file must name the code that ran, not the code checked out
+    when it was written. A tree with uncommitted changes is marked ``+dirty``."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=here).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+_COMMIT = _loaded_commit()
+
+
 def provenance() -> dict:
     """When, at which commit and under what load a result file was written: campaign times on a
     shared two-core machine mean little without the load beside them."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
     return {"at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+            "commit": _COMMIT, "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def write_report(report: dict, out: Path, part: str = "paths", started: dict | None = None) -> tuple[int, int]:
