@@ -975,3 +975,31 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
         left |= finished  # the steps still in flight return to a finished request
     state["step"], state["returned"] = record.step, returned
     return returned
+
+
+def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset[str]:
+    """Scheduled sequences whose blocks a scheduler that claims ``ordered_steps`` may already have
+    freed after schedule(): this step samples their last token (they finish length-capped in it),
+    and none of the blocks they gave up is in the table of a sequence that did not hold it before
+    the step. Why this is safe (tokasaurus frees them in ``schedule_steps`` before the step runs):
+    a step that reuses those blocks is scheduled later, so it runs after this one on the same
+    stream, and this step's writes land first. Reuse in the same step would be two writers in one
+    forward pass, so it keeps the strict reading."""
+    if observation.Capability.ORDERED_STEPS not in ctx.claims or record.mid is None or record.mid.seqs is None:
+        return frozenset()
+    before, mid, after = record.before.seqs or {}, record.mid.seqs, record.after.seqs or {}
+    last = [s.seq_id for s in record.output.scheduled
+            if (v := after.get(s.seq_id)) is not None and v.status is Status.FINISHED_LENGTH_CAPPED]
+    if not last:
+        return frozenset()
+    holders: dict[int, set[str]] = {}
+    for sid, table in tables(record.mid, "gpu").items():
+        for b in table:
+            holders.setdefault(b, set()).add(sid)
+    excused = set()
+    for sid in last:
+        old, now = before.get(sid), mid.get(sid)
+        given_up = set(old.blocks or ()) - set(now.blocks or ()) if old is not None and now is not None else set()
+        if all(before.get(h) is not None and b in (before[h].blocks or ()) for b in given_up for h in holders.get(b, ())):
+            excused.add(sid)
+    return frozenset(excused)

@@ -283,7 +283,8 @@ class TokasaurusEngine:
                 "gpu_free": alloc.num_free_blocks, "cpu_free": 0}
 
 
-CAPS = ("output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "seq_lengths", "computed_tokens", "mid_step")
+CAPS = ("output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "seq_lengths", "computed_tokens", "mid_step",
+        "ordered_steps")  # its model runs the steps in order on one stream (RES-001, CAP-005, ADM-003)
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(TokasaurusEngine(), "tokasaurus", ("safety", "liveness"), CAPS, stdout=_OUT))
