@@ -203,6 +203,9 @@ _CAPABILITY_TEXT = {
                               "stream), so a freed block needs no fence (PIP-004 is moot)",
     Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
                             "invariants apply",
+    Capability.OUTPUT_AT_FINISH: "a claim, not an observation: a request's output reaches its client only when it "
+                                 "finishes (no streaming), so a recompute may drop the generated tokens no client has "
+                                 "seen (REQ-004, CHK-003 keep only the prompt)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -224,6 +227,7 @@ _CAPABILITY_FIELDS = {
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
     Capability.SGLANG_FLOW: "none",
+    Capability.OUTPUT_AT_FINISH: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

@@ -34,7 +34,7 @@ from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
 from spec.speculative import NO_DECISION, DraftDecision
-from spec.status import Status
+from spec.status import PreemptionMode, Status
 from spec.types import ScheduledSeq
 
 if TYPE_CHECKING:
@@ -1003,3 +1003,22 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
         if all(before.get(h) is not None and b in (before[h].blocks or ()) for b in given_up for h in holders.get(b, ())):
             excused.add(sid)
     return frozenset(excused)
+
+
+def drops_unseen_tokens(ctx: CheckContext, record: StepRecord, old: SeqView, new: SeqView, grow: int = 0) -> bool:
+    """Whether ``new`` is what an engine that claims ``output_at_finish`` may make of ``old`` when
+    this step preempts its request by recompute: the prompt kept, generated tokens dropped from
+    the end (it regenerates them; no client saw them, as the engine answers only at the finish),
+    at most ``grow`` tokens sampled on top. tokasaurus' bump restarts a completion this way."""
+    if observation.Capability.OUTPUT_AT_FINISH not in ctx.claims:
+        return False
+    rid = new.request_id
+    if not any(p.request_id == rid and p.mode is PreemptionMode.RECOMPUTE for p in record.output.preempted):
+        return False
+    request = ctx.requests.get(rid)
+    if request is None or old.num_tokens is None or new.num_tokens is None:
+        return False
+    if not request.prompt_len <= new.num_tokens <= old.num_tokens + grow:
+        return False
+    kept = min(new.num_tokens, old.num_tokens)
+    return old.token_ids is None or new.token_ids is None or new.token_ids[:kept] == old.token_ids[:kept]

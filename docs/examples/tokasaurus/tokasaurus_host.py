@@ -284,7 +284,8 @@ class TokasaurusEngine:
 
 
 CAPS = ("output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "seq_lengths", "computed_tokens", "mid_step",
-        "ordered_steps")  # its model runs the steps in order on one stream (RES-001, CAP-005, ADM-003)
+        "ordered_steps",  # its model runs the steps in order on one stream (RES-001, CAP-005, ADM-003)
+        "output_at_finish")  # a request's output goes out only when it finishes (REQ-004, CHK-003)
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(TokasaurusEngine(), "tokasaurus", ("safety", "liveness"), CAPS, stdout=_OUT))
