@@ -260,6 +260,12 @@ These are the places where writing an adapter from this page alone went wrong (f
 - Every request finishes exactly once: refused at the door (`add_request` returns
   `Finished(id, FINISHED_IGNORED)`), aborted (`abort_request` returns its `Finished`), or from
   `update()` (stopped, length-capped, ignored).
+- An engine that carries an abort out later (tokasaurus waits for a prefill to end: other
+  sequences may share its prompt blocks) reports the scheduler's state, not the client's answer:
+  `abort_request` returns None, the request stays live (in running, holding its blocks, scheduled)
+  and its `Finished(id, FINISHED_ABORTED)` comes from the `update()` of the step whose
+  `schedule()` dropped it. A request reported finished is one the scheduler has let go of
+  (QUE-001, QUE-002, OUT-002, RES-005 hold it to that).
 - A request that can never run (its prompt over the prompt limit, `min(max_model_len,
   max_num_batched_tokens)` without chunked prefill, or needing more blocks than the cache has)
   is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned
