@@ -979,7 +979,7 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
 
 def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset[str]:
     """Scheduled sequences whose blocks a scheduler that claims ``ordered_steps`` may already have
-    freed after schedule(): this step samples their last token (they finish length-capped in it),
+    freed after schedule(): this step samples their last token (they finish in it),
     and none of the blocks they gave up is in the table of a sequence that did not hold it before
     the step. Why this is safe (tokasaurus frees them in ``schedule_steps`` before the step runs):
     a step that reuses those blocks is scheduled later, so it runs after this one on the same
@@ -989,7 +989,7 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
         return frozenset()
     before, mid, after = record.before.seqs or {}, record.mid.seqs, record.after.seqs or {}
     last = [s.seq_id for s in record.output.scheduled
-            if (v := after.get(s.seq_id)) is not None and v.status is Status.FINISHED_LENGTH_CAPPED]
+            if (v := after.get(s.seq_id)) is not None and v.status.is_finished]
     if not last:
         return frozenset()
     holders: dict[int, set[str]] = {}

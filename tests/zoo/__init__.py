@@ -16,6 +16,7 @@ child (`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
 | no_computed | keeps no computed-token count | no `computed_tokens` capability |
 | lazy_free | frees finished requests' blocks at its next schedule() | |
 | no_seq_limit | one token budget and no sequence limit (V1 flow) | |
+| early_free | frees a sequence's blocks in the schedule() of the step that samples its last token | the `ordered_steps` claim |
 """
 
 from __future__ import annotations
@@ -69,4 +70,6 @@ ZOO: tuple[Member, ...] = (
            "frees them one schedule() later still", ("RES-005",), _default),
     Member("no_seq_limit", "a token budget with no sequence limit",
            "schedules one token past the budget", ("BUD-001",), _token_budget_only),
+    Member("early_free", "free the blocks of a sequence's last step when it is scheduled (ordered steps)",
+           "frees them one step early and runs the sequence with an empty table", ("RES-001", "CAP-005"), _default),
 )
