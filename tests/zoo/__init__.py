@@ -17,6 +17,7 @@ child (`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
 | lazy_free | frees finished requests' blocks at its next schedule() | |
 | no_seq_limit | one token budget and no sequence limit (V1 flow) | |
 | early_free | frees a sequence's blocks in the schedule() of the step that samples its last token | the `ordered_steps` claim |
+| restart_on_preempt | a recompute victim drops its generated tokens and generates them anew | the `output_at_finish` claim |
 """
 
 from __future__ import annotations
@@ -72,4 +73,6 @@ ZOO: tuple[Member, ...] = (
            "schedules one token past the budget", ("BUD-001",), _token_budget_only),
     Member("early_free", "free the blocks of a sequence's last step when it is scheduled (ordered steps)",
            "frees them one step early and runs the sequence with an empty table", ("RES-001", "CAP-005"), _default),
+    Member("restart_on_preempt", "restart a recompute victim's completion (output only at the finish)",
+           "drops a prompt token too", ("REQ-004", "CHK-003"), _default),
 )
