@@ -211,9 +211,33 @@ def _sglang_strategy() -> st.SearchStrategy:
     # radix cache matches on them), chunked prefill off. max_model_len up to 32 tokens: with one
     # token per block the default 12 leaves SGLang's input limit (max_req_len - 5, tp_worker.py:572)
     # at 8 or less, and most prompts would be refused at the door.
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
-                                        block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
-                         allow_aborts=False)
+    # A third of the traces are bursts that make retract_decode run (`_retraction_bursts`): the
+    # plain traces never did (0 retractions in 60 traces).
+    plain = engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                                         block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
+                          allow_aborts=False)
+    return st.one_of(plain, plain, _retraction_bursts())
+
+
+@st.composite
+def _retraction_bursts(draw: st.DrawFn):
+    """k one-token prompts arriving together, each of m new tokens, on a pool of P slots, with m
+    about P / 2.8. SGLang's PrefillAdder reserves a new request's whole max_new_tokens but only
+    new_token_ratio (0.7, decaying) of a running one's remaining tokens, so the request admitted
+    once the first batch has decoded a while overcommits the pool and the decodes retract
+    (ScheduleBatch.retract_decode). The window is narrow: a sweep of P = 12..32 and m = P/4..P/2
+    (k = 4, max_model_len P - 1) retracted at (P, m) = (20, 7), (22, 8), (26, 9), (28, 10),
+    (30, 11), (32, 11), (32, 12) only, 7 of 74; k = 3 and 5 retract at (20, 7) and (30, 11) too."""
+    from spec.trace import Arrival, Trace
+    from spec.types import Request
+
+    pool, m = draw(st.sampled_from([(20, 7), (22, 8), (26, 9), (28, 10), (30, 11), (32, 11), (32, 12)]))
+    k = draw(st.integers(3, 5))
+    config = SchedulerConfig(block_size=1, num_gpu_blocks=pool, num_cpu_blocks=0, max_num_seqs=6,
+                             max_num_batched_tokens=2 * (pool - 1), max_model_len=pool - 1, watermark=0.0,
+                             preemption_mode="recompute", policy="fcfs")
+    arrivals = tuple(Arrival(0, Request(f"r{i}", 1, m)) for i in range(k))
+    return Trace(config, arrivals, max_steps=30 + (k + 2) * (k * m + k + 2))
 
 
 def _lmdeploy_strategy() -> st.SearchStrategy:
@@ -222,8 +246,59 @@ def _lmdeploy_strategy() -> st.SearchStrategy:
     # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
     # Block size 16: PytorchEngineConfig asserts kernel_block_size >= 16, a power of two, dividing
     # block_size (lmdeploy/messages.py:623-629); 16 is the smallest block LMDeploy accepts.
-    return engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
-                                        block_sizes=(16,), max_len_blocks=6), max_n=1)
+    # Half the traces share prompt prefixes (`conformance.generate_v1.token_traces` under a shared
+    # system prompt, `_system_prompt`) with prefix caching on in two thirds of them, so the
+    # scheduler's BlockTrie (paging/block_trie) matches, shares and evicts cached blocks; the other
+    # half are the plain traces (distinct prompts, abort bursts), two thirds of them made bursts of
+    # longer outputs (`_longer_outputs`) so that schedule_running preempts. The cache holds one
+    # max_model_len sequence: LMDeploy's max_session_len is (num_gpu_blocks - 1) * block_size, so a
+    # pool of 2-4 blocks refused almost every prompt at the door.
+    from conformance.generate_v1 import token_traces
+
+    configs = engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
+                             block_sizes=(16,), max_len_blocks=6, tight_cache=True, cache_holds_model_len=True)
+    cached = configs.flatmap(lambda c: st.sampled_from([True, True, False]).map(lambda on: _prefix_cached(c, on)))
+    shared = cached.flatmap(lambda c: st.tuples(token_traces(config=c, max_requests=6), st.integers(0, 2)))
+    plain = st.tuples(engine_traces(configs, max_n=1), st.sampled_from([0, 24, 48]))
+    return st.one_of(plain.map(lambda drawn: _longer_outputs(*drawn)), shared.map(lambda drawn: _system_prompt(*drawn)))
+
+
+def _longer_outputs(trace, extra: int):
+    """``trace`` as a burst of chat turns: every request arriving at the first arrival's step,
+    its prompt cut to one block, with ``extra`` more tokens allowed to each (and the steps to
+    finish them). LMDeploy allocates 16 tokens past a sequence's end at every allocation
+    (prefill_interval), so a request of at most 12 new tokens never needs a block after its
+    prefill, and it admits a second request while one runs only after 16 decode rounds or when
+    fewer than half its seats are taken (``InputsMakerAsync.do_prefill_default``): without such
+    bursts no trace preempted anything (0 of 200), with them 22 of 200 do."""
+    import dataclasses
+
+    if not extra:
+        return trace
+    first, short = trace.arrivals[0].step, trace.config.block_size
+    arrivals = tuple(dataclasses.replace(a, step=first, request=dataclasses.replace(
+        a.request, prompt_len=min(a.request.prompt_len, short), max_tokens=a.request.max_tokens + extra))
+        for a in trace.arrivals)
+    count = len(arrivals)
+    return dataclasses.replace(trace, arrivals=arrivals, max_steps=trace.max_steps + (count + 2) * extra * count)
+
+
+def _prefix_cached(config: SchedulerConfig, on: bool) -> SchedulerConfig:
+    return SchedulerConfig(**{**config.to_dict(), "enable_prefix_caching": on})
+
+
+def _system_prompt(trace, blocks: int):
+    """``trace`` with the first ``blocks`` blocks of every prompt made one shared "system
+    prompt" (prompt lengths unchanged). LMDeploy caches whole 16-token blocks only, and the
+    token flow's stems rarely share one: 8 of 63 prefix-cached traces had a cache hit without it,
+    31 of 56 with it (`BlockTrie.stats.num_hit_tokens`)."""
+    import dataclasses
+
+    head = [3 + k % 5 for k in range(blocks * trace.config.block_size)]
+    arrivals = tuple(dataclasses.replace(a, request=dataclasses.replace(
+        a.request, prompt_tokens=tuple(head[:a.request.prompt_len]) + a.request.prompt_tokens[len(head):]))
+        for a in trace.arrivals)
+    return dataclasses.replace(trace, arrivals=arrivals)
 
 
 def _without_stops(trace):
@@ -258,7 +333,7 @@ _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=3, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
                               budget_covers_model_len=True, cache_holds_model_len=True)
 _LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
-                                budget_covers_model_len=True)
+                                budget_covers_model_len=True, prefix_caching=True)
 _VIDUR_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
                              budget_covers_model_len=True)
 _VIDUR_CHUNKED_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,
@@ -285,6 +360,29 @@ _NANO_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "R
                     {**NO_SWAP, **ONE_SEQUENCE,
                      **{i: "no ignore path: an over-long or never-fitting prompt is admitted or waits (the LEN-002/003 "
                            "findings)" for i in ("LEN-002", "LEN-003")}})
+
+
+# Vidur's replica schedulers: recompute only, n = 1, no aborts, no stop tokens (a request runs its
+# max_tokens), no ignore path (LEN-002/003); Orca reserves each request's whole length at admission
+# (_max_blocks_per_sequence) and so never preempts.
+_VIDUR_UNEXERCISED = {**NO_SWAP, **ONE_SEQUENCE,
+                      **{i: "no ignore path: an over-long prompt is run (the LEN-002/003 findings)" for i in ("LEN-002", "LEN-003")},
+                      "REQ-005": "no stop tokens: a Vidur request runs exactly its max_tokens, so nothing finishes stopped"}
+_VIDUR_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)",
+                      "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"), _VIDUR_UNEXERCISED)
+_VIDUR_ORCA_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)",
+                           "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"),
+                          {**_VIDUR_UNEXERCISED,
+                           "REQ-004": "never preempts: Orca reserves a request's whole length (max_model_len) at admission, "
+                                      "so the preempted-sequence steps REQ-004 counts never come"})
+
+
+# SGLang: recompute only (retract_decode), n = 1, no abort API in the host; a prompt over SGLang's
+# input limit is refused in the next schedule's `ignored` (hosts/sglang_host.py: it waits until
+# then), the WAITING -> FINISHED_IGNORED edge.
+_SGLANG_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (ignore)", "RUNNING->RUNNING (decode)",
+                       "RUNNING->WAITING (preempt_recompute)", "RUNNING->FINISHED_STOPPED (finish_stop)",
+                       "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"), {**NO_SWAP, **ONE_SEQUENCE})
 
 
 def _v1_async_strategy() -> st.SearchStrategy:
@@ -410,6 +508,7 @@ _TARGET_LIST = [
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
+        reach=_V1_REACH,
     ),
     Target(
         "vllm-v1-async-0.29", "vllm==0.29.0",
@@ -419,13 +518,13 @@ _TARGET_LIST = [
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
-        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1,
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1, reach=_V1_REACH,
     ),
     Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",
         "sglang_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "sglang==0.5.23"), ("--no-deps", *_SGLANG_DEPS)),
         smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import sglang_stubs; sglang_stubs.load()",
-        strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly",
+        strategy=_sglang_strategy, domain=_SGLANG_DOMAIN, install_profile="nightly", reach=_SGLANG_REACH,
         files={"tiny-llama/config.json": TINY_LLAMA},
     ),
 ]
@@ -434,7 +533,7 @@ _TARGET_LIST.append(Target(
     "LMDeploy PyTorch engine: paging.Scheduler, its prefill scheduler, recompute eviction, block manager",
     "lmdeploy_host.py", pip_steps=((TORCH_PIN,), ("--no-deps", "lmdeploy==0.18.0"), ("--no-deps", *_LMDEPLOY_DEPS)),
     smoke=f"import sys; sys.path.insert(0, {str(HOSTS_DIR)!r}); import lmdeploy_host; lmdeploy_host.load()",
-    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN,
+    strategy=_lmdeploy_strategy, domain=_LMDEPLOY_DOMAIN, reach=_V1_REACH,  # V1's edges: recompute, n = 1, aborts
     # AREngineStrategy.get_prealloc_size (strategies/ar/engine.py:14): every allocation, prefill
     # and decode, reserves prefill_interval (16) tokens past the sequence's last one.
     lookahead_tokens=16,
@@ -447,7 +546,8 @@ _TARGET_LIST.append(Target(
     pip_steps=((TORCH_PIN,), ("--no-deps", "aphrodite-engine==0.24.1"), ("--no-deps", *_V1_DEPS)),
     smoke="from aphrodite.v1.core.sched.scheduler import Scheduler; from aphrodite.config import AphroditeConfig",
     strategy=_v1_strategy, domain=_V1_DOMAIN, files={"tiny-llama/config.json": TINY_LLAMA},
-    profiles=("safety", "vllm-v1"), install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
+    profiles=("safety", "vllm-v1"), reach=_V1_REACH,
+    install_profile="nightly",  # a large wheel: 389 s from scratch here (load 12)
 ))
 for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked prefill)"), ("orca", "Orca")):
     _TARGET_LIST.append(Target(
@@ -460,6 +560,7 @@ for _kind, _what in (("vllm", "vLLM (V0)"), ("sarathi", "Sarathi-Serve (chunked 
                "from vidur.events.batch_end_event import BatchEndEvent"),
         strategy=_vidur_strategy(chunked=_kind == "sarathi"),
         domain=_VIDUR_CHUNKED_DOMAIN if _kind == "sarathi" else _VIDUR_DOMAIN, timeout=30.0,
+        reach=_VIDUR_ORCA_REACH if _kind == "orca" else _VIDUR_REACH,
     ))
 TARGET_SPECS: dict[str, Target] = {t.name: t for t in _TARGET_LIST}
 TARGETS: dict[str, Callable[[], Any]] = {t.name: t.adapter for t in _TARGET_LIST}

@@ -44,6 +44,17 @@ Observations LMDeploy has: block tables (``BaseBlockManager.get_block_table``: p
 ids), the GPU allocator's free list and count, per-block ref counts (the logical allocator's
 counts, mapped to physical GPU blocks), sequence lengths (``num_all_ids``) and the cached
 prefix (``num_history_ids``, as ``num_computed``).
+
+Prefix caching (``enable_prefix_caching``: ``BlockTrie``, paging/block_trie/trie.py) runs as
+the engine runs it: ``Scheduler`` matches a waiting prompt against the trie at admission and
+``schedule_running`` attaches every full block to it. One translation: each trie node owns one
+reference on its block (block_trie/node.py:41), where the spec counts only block-table
+entries (BLK-003) and vLLM V1 leaves a cached block unreferenced in its free queue. So the
+host reports ref counts without the trie's references, and a block that only the trie holds
+as free (and in the free list): nothing else can hold a block below one that only the trie
+holds (a sequence holding a block holds its whole prefix path), so ``BlockTrie.evict`` can
+hand every such block back when an allocation needs it, as V1 evicts a cached free block.
+``lmdeploy_trie_blocks`` (informational) counts the blocks the trie holds.
 """
 
 from __future__ import annotations
@@ -276,18 +287,36 @@ class LmdeployEngine:
                                  "blocks": blocks, "device": "gpu" if blocks else None}
         refs = [0] * gpu
         log_mem = alloc._log_mem
+        cached = self._trie_blocks()
         used = np.flatnonzero(log_mem.ref_count > 0)
         for lb in used:
             phys = int(log_mem.phy_map[lb])
             if phys < gpu:
-                refs[phys] += int(log_mem.ref_count[lb])
+                refs[phys] += int(log_mem.ref_count[lb]) - cached.get(int(lb), 0)
         pa = alloc.get_phy_allocator("gpu")
         num_used = pa._num_blocks - pa._free_count
         free_ids = [int(b) for b in pa._free_blocks[num_used:]]
+        # a block only the trie holds is free in the spec's terms: evict() hands it back on demand
+        trie_only = [int(log_mem.phy_map[lb]) for lb in cached if int(log_mem.ref_count[lb]) == cached[lb]]
         waiting.sort(key=lambda r: self.seqs[r].arrive_time)
         return {"statuses": statuses, "seqs": views, "waiting": waiting, "running": running, "swapped": [],
-                "gpu_ref_counts": refs, "cpu_ref_counts": [], "gpu_free": int(bm.get_num_free_gpu_blocks()),
-                "cpu_free": 0, "gpu_free_ids": free_ids, "cpu_free_ids": []}
+                "gpu_ref_counts": refs, "cpu_ref_counts": [],
+                "gpu_free": int(bm.get_num_free_gpu_blocks()) + len(trie_only), "cpu_free": 0,
+                "gpu_free_ids": free_ids + trie_only, "cpu_free_ids": [], "lmdeploy_trie_blocks": len(cached)}
+
+    def _trie_blocks(self) -> dict:
+        """Logical block -> the references the prefix-cache trie holds on it: one per attached
+        node (``Node`` "owns one trie KV-block reference", block_trie/node.py:41;
+        ``KVBlockLifecycle.commit_path_extension`` adds it, ``evict`` frees it)."""
+        trie = self.sched.block_trie
+        held: dict = {}
+        todo = [child for root in trie._roots.values() for child in root.children.values()]
+        while todo:
+            node = todo.pop()
+            if node.block_id >= 0:
+                held[int(node.block_id)] = held.get(int(node.block_id), 0) + 1
+            todo.extend(node.children.values())
+        return held
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",

@@ -1,0 +1,54 @@
+"""The call stamp (conformance/channel.py) never shows the watchdog a half-written call.
+
+The Vidur targets' FAULT-hang (docs/CONFORMANCE.md) was a torn stamp: a child preempted inside
+`Stamp.leave`, between storing the start time 0.0 and clearing the call, showed the watchdog a
+call "started" at 0.0 on the monotonic clock, and the runner killed it as hung.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import struct
+import time
+
+from conformance.channel import _BEGUN, _STAMP, CALLS, Stamp
+
+
+def test_a_stamp_caught_mid_write_reads_as_the_last_whole_one(tmp_path):
+    child, parent = Stamp(str(tmp_path / "stamp"), create=True), Stamp(str(tmp_path / "stamp"))
+    child.enter("update")
+    calls, started, step, call = parent.read()
+    assert (calls, call) == (1, "update") and started > 0
+    # leave() stopped after its first store and part of the fields (start time 0.0, call still set)
+    _BEGUN.pack_into(child._map, 0, child._writes + 1)
+    child._map[_BEGUN.size + 8:_BEGUN.size + 16] = struct.pack("<d", 0.0)
+    assert parent.read() == (calls, started, step, "update")  # not (1, 0.0, 0, "update")
+    child.leave()
+    assert parent.read()[3] == ""
+
+
+def _enter_and_leave(path: str, seconds: float) -> None:
+    stamp = Stamp(path)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(500):
+            stamp.enter("update")
+            stamp.leave()
+
+
+def test_a_busy_child_never_looks_hung(tmp_path):
+    # the runner's watchdog reading (conformance/isolated.py, ChildRunner._wait) against a child
+    # entering and leaving calls as fast as it can: the torn stamp showed ~1.5 false hangs per
+    # 1,000 readings on a loaded machine
+    path = str(tmp_path / "stamp")
+    parent = Stamp(path, create=True)
+    child = multiprocessing.get_context("spawn").Process(target=_enter_and_leave, args=(path, 1.5))
+    child.start()
+    false_hangs = readings = 0
+    while child.is_alive():
+        calls, started, _, call = parent.read()
+        false_hangs += bool(call and time.monotonic() - started > 1.0)
+        readings += 1
+    child.join()
+    assert readings and not false_hangs
+    assert CALLS.index("update") and _STAMP.size == 32
