@@ -980,16 +980,18 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
 def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset[str]:
     """Scheduled sequences whose blocks a scheduler that claims ``ordered_steps`` may already have
     freed after schedule(): this step samples their last token (they finish in it),
-    and none of the blocks they gave up is in the table of a sequence that did not hold it before
-    the step. Why this is safe (tokasaurus frees them in ``schedule_steps`` before the step runs):
+    and none of the blocks this step writes for them (those of the positions it computes; without
+    computed counts, every block they gave up) is in the table of a sequence that did not hold it
+    before the step. A prefix hit on a full block they gave up is no hand-over: its content is
+    fixed and this step does not write it. Why this is safe (tokasaurus frees them in ``schedule_steps`` before the step runs):
     a step that reuses those blocks is scheduled later, so it runs after this one on the same
     stream, and this step's writes land first. Reuse in the same step would be two writers in one
     forward pass, so it keeps the strict reading."""
     if observation.Capability.ORDERED_STEPS not in ctx.claims or record.mid is None or record.mid.seqs is None:
         return frozenset()
     before, mid, after = record.before.seqs or {}, record.mid.seqs, record.after.seqs or {}
-    last = [s.seq_id for s in record.output.scheduled
-            if (v := after.get(s.seq_id)) is not None and v.status.is_finished]
+    last = {s.seq_id: s.num_tokens for s in record.output.scheduled
+            if (v := after.get(s.seq_id)) is not None and v.status.is_finished}
     if not last:
         return frozenset()
     holders: dict[int, set[str]] = {}
@@ -997,9 +999,14 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
         for b in table:
             holders.setdefault(b, set()).add(sid)
     excused = set()
-    for sid in last:
+    bs = ctx.config.block_size
+    for sid, count in last.items():
         old, now = before.get(sid), mid.get(sid)
-        given_up = set(old.blocks or ()) - set(now.blocks or ()) if old is not None and now is not None else set()
+        if now is None:
+            continue
+        given_up = set(old.blocks or ()) - set(now.blocks or ()) if old is not None else set()
+        if old is not None and now.num_computed is not None:  # the blocks of the positions this step computes
+            given_up &= set((old.blocks or ())[now.num_computed // bs:(now.num_computed + count - 1) // bs + 1])
         if all(before.get(h) is not None and b in (before[h].blocks or ()) for b in given_up for h in holders.get(b, ())):
             excused.add(sid)
     return frozenset(excused)

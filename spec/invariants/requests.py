@@ -118,7 +118,7 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                        f"(scheduled with {drafted.get(sid, 0)} drafts)")
             continue
         if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
-            if not _partial_chunk_ok(rec, sid, old, new):
+            if not _partial_chunk_ok(rec, sid, old, new) and not drops_unseen_tokens(ctx, rec, old, new, grow):
                 yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"
             continue
         if (new.num_tokens or 0) != (old.num_tokens or 0) + grow and not drops_unseen_tokens(ctx, rec, old, new, grow):
