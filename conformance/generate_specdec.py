@@ -38,10 +38,6 @@ def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty
     """``trace`` with k drawn (unless given) and draft decisions for its requests' steps."""
     k = draw(st.integers(1, MAX_K)) if k is None else k
     config = dataclasses.replace(trace.config, num_speculative_tokens=k)
-    # An empty outcome rolls the step back to the last known token, whose block was keyed when the
-    # step was scheduled: PFX-001/SPD-007 would flag the key though the recompute writes the same KV
-    # (docs/SPECDEC.md section 8), so empty outcomes are drawn with prefix caching off.
-    allow_empty = allow_empty and not config.enable_prefix_caching
     seqs = [seq_id(a.request.request_id, 0) for a in trace.arrivals]
     horizon = max((a.step for a in trace.arrivals), default=0) + 40
     raw = draw(st.lists(st.tuples(st.integers(0, horizon), st.sampled_from(seqs), decisions(k, allow_empty)),
@@ -52,6 +48,11 @@ def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty
             chosen[(step, sid)] = DraftDecision(draw(st.none() | st.integers(0, k)), draw(st.integers(1, k)),
                                                 draw(st.integers(0, k - 1)), False)
     drafts = tuple((step, sid, d) for (step, sid), d in sorted(chosen.items()))
+    if any(d.empty for _, _, d in drafts):
+        # An empty outcome rolls the step back to the last known token, whose block was keyed when
+        # the step was scheduled: PFX-001/SPD-007 would flag the key though the recompute writes the
+        # same KV (docs/SPECDEC.md section 8), so a trace with empty outcomes runs with prefix caching off.
+        config = dataclasses.replace(config, enable_prefix_caching=False)
     return Trace(config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, dict(trace.meta), drafts)
 
 

@@ -148,3 +148,33 @@ def test_empty_outcome_at_depth_one_voids_the_step_in_flight() -> None:
     tokens = run.records[-1].after.seqs[sid].token_ids
     assert tokens[4:] == tuple(generated_token("A", 0, p) for p in range(4, 16))
     assert violated(AsyncV1Scheduler, trace, invariants=get_profile("async").invariants()) == set()
+
+
+def test_returned_step_is_the_step_whose_outcome_a_record_processed() -> None:
+    """`returned_step` hands each record the step pipeline_depth earlier (itself at depth 0), with
+    that step's scheduled sequences and decisions; a request preempted or finished since counts as
+    having left."""
+    from spec.catalogue import CheckContext
+    from spec.invariants._views import returned_step
+
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=32, max_model_len=32, watermark=0.0,
+                             preemption_mode="recompute", num_speculative_tokens=2, max_num_partial_prefills=0)
+    sid = seq_id("A", 0)
+    decisions = tuple((step, sid, DraftDecision(accepted=1)) for step in range(8))
+    for depth in (0, 1, 2):
+        trace = Trace(dataclasses.replace(config, pipeline_depth=depth), (Arrival(0, Request("A", 4, 6)),),
+                      max_steps=20, drafts=decisions)
+        records = run_trace(trace, AsyncV1Scheduler).records
+        ctx = CheckContext(trace.config)
+        for rec in records:
+            returned = returned_step(ctx, rec)
+            assert returned_step(ctx, rec) is returned  # one answer per step
+            if rec.step < depth:
+                assert returned is None
+                continue
+            scheduled_then = records[rec.step - depth].output.scheduled
+            assert returned.step == rec.step - depth
+            assert set(returned.scheduled) == {s.seq_id for s in scheduled_then}
+            assert returned.left == frozenset(f.request_id for r in records[rec.step - depth:rec.step]
+                                              for f in r.finished)
