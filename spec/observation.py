@@ -48,7 +48,9 @@ class Capability(StrEnum):
     IN_FLIGHT = "in_flight"  # Snapshot.in_flight: placeholders, in-flight and stale tokens per sequence
     # A claim, not an observation: the engine's steps run in the order they were scheduled on the
     # device (one stream), so a block freed while an in-flight step writes it can only be written
-    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
+    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot,
+    # and RES-001, CAP-005 and ADM-003 let a sequence's blocks be freed in the schedule() of the
+    # step that samples its last token (tokasaurus): the step's tables are taken before the free.
     ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
     # A claim, not an observation: the scheduler follows SGLang's flow (page size 1, radix cache,
     # retract_decode), so the SGL-* policy invariants (spec/invariants/sglang.py) are about it.

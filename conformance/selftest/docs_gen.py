@@ -200,7 +200,8 @@ _CAPABILITY_TEXT = {
     Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
-                              "stream), so a freed block needs no fence (PIP-004 is moot)",
+                              "stream), so a freed block needs no fence (PIP-004 is moot) and a sequence's blocks may be freed in the "
+                              "schedule() of its last step (RES-001, CAP-005, ADM-003)",
     Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
                             "invariants apply",
     Capability.OUTPUT_AT_FINISH: "a claim, not an observation: a request's output reaches its client only when it "
