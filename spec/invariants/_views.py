@@ -989,7 +989,7 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
     forward pass, so it keeps the strict reading."""
     if observation.Capability.ORDERED_STEPS not in ctx.claims or record.mid is None or record.mid.seqs is None:
         return frozenset()
-    before, mid, after = record.before.seqs or {}, record.mid.seqs, record.after.seqs or {}
+    mid, after = record.mid.seqs, record.after.seqs or {}
     last = {s.seq_id: s.num_tokens for s in record.output.scheduled
             if (v := after.get(s.seq_id)) is not None and v.status.is_finished}
     if not last:
@@ -998,16 +998,18 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
     for sid, table in tables(record.mid, "gpu").items():
         for b in table:
             holders.setdefault(b, set()).add(sid)
+    held = tables(record.before, "gpu")  # GPU blocks only: a CPU id names another block
     excused = set()
     bs = ctx.config.block_size
     for sid, count in last.items():
-        old, now = before.get(sid), mid.get(sid)
+        now = mid.get(sid)
         if now is None:
             continue
-        given_up = set(old.blocks or ()) - set(now.blocks or ()) if old is not None else set()
-        if old is not None and now.num_computed is not None:  # the blocks of the positions this step computes
-            given_up &= set((old.blocks or ())[now.num_computed // bs:(now.num_computed + count - 1) // bs + 1])
-        if all(before.get(h) is not None and b in (before[h].blocks or ()) for b in given_up for h in holders.get(b, ())):
+        old = held.get(sid, ())
+        given_up = set(old) - set(now.blocks or () if now.device == "gpu" else ())
+        if now.num_computed is not None:  # the blocks of the positions this step computes
+            given_up &= set(old[now.num_computed // bs:(now.num_computed + count - 1) // bs + 1])
+        if all(b in held.get(h, ()) for b in given_up for h in holders.get(b, ())):
             excused.add(sid)
     return frozenset(excused)
 
