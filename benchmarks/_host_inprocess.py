@@ -121,7 +121,7 @@ def messages(traces, observe: bool) -> list[list[str]]:
                      for k in range(first, end)]
             mid += 1
             lines.append(json.dumps({"id": mid, "method": "steps", "params": {
-                "steps": steps, "observe": observe, "mid_step": observe, "last_arrival_step": last, "flush_ms": 1.0}}))
+                "steps": steps, "observe": observe, "mid_step": observe, "last_arrival_step": last, "flush_ms": 1.0}}))  # as the runner sends (client._FLUSH_MS)
             first = end
         out.append(lines)
     return out

@@ -42,6 +42,7 @@ from conformance.selftest.mutation.summary import render, summarize  # noqa: E40
 from conformance.targets import get_target  # noqa: E402
 
 RESULTS_VERSION = 1
+SPECDEC = "kvsched:vllm-v1-async+specdec"
 OUT_DIR = Path("docs/results/mutation-vllm")
 
 
@@ -52,6 +53,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=1, help="mutants judged at once")
     ap.add_argument("--traces", type=int, default=100, help="kvsched traces on vllm-v1 per mutant")
     ap.add_argument("--async-traces", type=int, default=40, help="kvsched traces on vllm-v1-async per mutant")
+    ap.add_argument("--specdec-traces", type=int, default=0,
+                    help="kvsched traces on vllm-v1-async with speculative decoding per mutant (0: none)")
     ap.add_argument("--kvsched-seconds", type=float, default=180.0, help="time cap of one kvsched judge")
     ap.add_argument("--pytest-seconds", type=float, default=300.0, help="time cap of one pytest judge")
     ap.add_argument("--limit", type=int, default=0, help="judge at most this many new mutants (a pilot)")
@@ -62,6 +65,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
     ap.add_argument("--redo", default="", metavar="VERDICTS",
                     help="judge again the mutants kvsched gave one of these verdicts (comma-separated)")
+    ap.add_argument("--rejudge-kvsched", action="store_true",
+                    help="drop kvsched's baselines and verdicts (its traces or checks changed) and judge again; "
+                         "vLLM's tests' verdicts are kept")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
@@ -113,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     if not target.installed():
         print("vllm-v1 target not installed: run `kvsched targets install vllm-v1`", file=sys.stderr)
         return 2
+    lock = _single_run()
+    if lock is None:
+        print(f"another run of this benchmark holds {workspace.root() / 'bench.lock'} (its fork server's socket is "
+              "shared): wait for it to end", file=sys.stderr)
+        return 2
     tool = workspace.ensure_tool()
     site = desc.site_packages(target.root / "venv")
     doc = desc.load(args.descriptors) if args.descriptors.exists() else None
@@ -121,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = desc.generate(tool, target.root / "venv", args.sample, args.seed)
         desc.save(doc, args.descriptors)
     desc.check_installed(doc, site)
+    rescoped = desc.rescope(doc, site)  # today's scope rules and equivalence verdicts, same sample
+    if rescoped:
+        print(f"scope or equivalence changed for {len(rescoped)} mutants: {' '.join(rescoped)}", flush=True)
+        desc.save(doc, args.descriptors)
     mutants = doc["mutants"]
     if args.only:
         wanted = set(args.only.split(","))
@@ -134,12 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         save_results(results, args.out)
         print(render(results["summary"]))
         return 0
+    if args.rejudge_kvsched:
+        for name in [k for k in results["baselines"] if k.startswith("kvsched:")]:
+            results["baselines"].pop(name)
+        for entry in results["mutants"].values():
+            for name in [k for k in entry if k.startswith("kvsched:")]:
+                entry.pop(name)
+        results["kvsched_rejudged"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     redo = set(filter(None, args.redo.split(",")))
     if redo:  # e.g. hangs judged before they were confirmed on a fresh host (kvsched_judge)
         for entry in results["mutants"].values():
             for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
                 entry.pop(name)
-    todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))]
+    todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))
+            or _needs_specdec(results["mutants"].get(m["id"], {}), judges, args.specdec_traces)]
     todo.sort(key=lambda m: (m["scope"] != "in", m["id"]))  # in scope first: a capped run still compares them
     if args.limit:
         todo = todo[:args.limit]
@@ -154,7 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kv = {}
         if "kvsched" in judges:
-            for name, count in (("vllm-v1", args.traces), ("vllm-v1-async", args.async_traces)):
+            if results.get("specdec_traces") != args.specdec_traces:  # not in the key: the other verdicts stay
+                results["baselines"].pop(SPECDEC, None)
+                for entry in results["mutants"].values():
+                    entry.pop(SPECDEC, None)
+                results["specdec_traces"] = args.specdec_traces
+            for name, count in (("vllm-v1", args.traces), ("vllm-v1-async", args.async_traces),
+                                ("vllm-v1-async+specdec", args.specdec_traces)):
+                if not count:
+                    continue
                 kv[name] = KvschedJudge(server, name, suite(name, count, args.seed))
                 if f"kvsched:{name}" not in results["baselines"]:
                     started = time.monotonic()
@@ -180,13 +211,18 @@ def main(argv: list[str] | None = None) -> int:
             if overlay is None:
                 entry = {"kvsched:vllm-v1": {"verdict": "not-applied"}, "pytest": {"verdict": "not-applied"}}
             else:
+                known = dict(results["mutants"].get(m["id"], {}))  # verdicts kept from an earlier run
                 if "kvsched" in judges:
-                    v1 = kv["vllm-v1"].judge(overlay, results["baselines"]["kvsched:vllm-v1"], args.kvsched_seconds)
-                    entry["kvsched:vllm-v1"] = v1
-                    if v1["verdict"] not in ("killed", "timeout", "crash-at-import"):
-                        entry["kvsched:vllm-v1-async"] = kv["vllm-v1-async"].judge(
-                            overlay, results["baselines"]["kvsched:vllm-v1-async"], args.kvsched_seconds)
-                if "pytest" in judges:
+                    seen = {k: v for k, v in known.items() if k.startswith("kvsched:")}
+                    for name in ("vllm-v1", "vllm-v1-async", "vllm-v1-async+specdec"):  # until one kills it
+                        if any(v["verdict"] in ("killed", "timeout", "crash-at-import") for v in seen.values()):
+                            break
+                        key = f"kvsched:{name}"
+                        if key in seen or name not in kv:
+                            continue
+                        seen[key] = entry[key] = kv[name].judge(overlay, results["baselines"][key],
+                                                                args.kvsched_seconds)
+                if "pytest" in judges and "pytest" not in known:
                     tests = pj.select(results["baselines"]["pytest"], m)
                     entry["pytest"] = pj.judge(m["id"], overlay, tests, args.pytest_seconds)
             with lock:
@@ -239,6 +275,29 @@ def rebaseline(args: argparse.Namespace, doc: dict, results: dict, pj: PytestJud
     results["summary"] = summarize(doc["mutants"], results["mutants"])
     save_results(results, args.out)
     print(render(results["summary"]))
+
+
+def _single_run():
+    """An exclusive lock on the workspace, held until exit: two runs would share the fork server's
+    socket, and the second's server would answer the first's requests (every mutant then looks like
+    a crash at import). None when another run holds it."""
+    import fcntl
+
+    workspace.root().mkdir(parents=True, exist_ok=True)
+    handle = open(workspace.root() / "bench.lock", "w")  # noqa: SIM115 - held for the whole run
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
+def _needs_specdec(entry: dict, judges: set[str], count: int) -> bool:
+    """A mutant every other kvsched judge let survive, not yet judged with speculative decoding."""
+    verdicts = [v.get("verdict") for k, v in entry.items() if k.startswith("kvsched:")]
+    return ("kvsched" in judges and bool(count) and SPECDEC not in entry and bool(verdicts)
+            and not any(v in ("killed", "timeout", "crash-at-import", "not-applied") for v in verdicts))
 
 
 def _judge_keys(judges: set[str]) -> list[str]:

@@ -35,6 +35,7 @@ from spec.config import SchedulerConfig
 from spec.domain import ConfigDomain
 from spec.errors import InputError
 from spec.observation import Capability, Snapshot
+from spec.protocol import OPTIONAL_CALLS
 from spec.reservation import Reservation
 from spec.types import Finished, Request, SchedulerOutput, StepOutcome
 
@@ -103,6 +104,17 @@ class SchedulerAdapter:
 
     def snapshot(self) -> Snapshot:
         return self._scheduler.snapshot()
+
+    # the optional calls (spec/protocol.py), passed on where the scheduler has them
+    @property
+    def optional_calls(self) -> frozenset[str]:
+        return frozenset(c for c in OPTIONAL_CALLS if callable(getattr(self._scheduler, c, None)))
+
+    def abort_requests(self, request_ids: Sequence[str]) -> Sequence[Finished]:
+        return self._scheduler.abort_requests(request_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self._scheduler.reset_prefix_cache()
 
     @property
     def scheduler(self) -> Any:

@@ -24,7 +24,9 @@ from conformance.lockstep import Divergence, compare
 from conformance.normalize import check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
+from spec.errors import InputError
 from spec.observation import Capability, Snapshot, StepFailure, StepRecord
+from spec.protocol import supports
 from spec.reservation import Reservation
 from spec.trace import Trace
 from spec.types import Finished, StepOutcome
@@ -128,6 +130,11 @@ def _run_checked(
             # trace: the shrinker must not trade one for the other.
             raise AdapterFault("config-rejected", "reset", fault.message) from fault
         caps = frozenset(adapter.capabilities)
+        for index, (_, op) in enumerate(trace.admin):
+            if not supports(adapter, op):  # refused up front: there is nothing to run it with
+                raise InputError(f"admin[{index}].op", f"the trace calls {op} but "
+                                 f"{getattr(adapter, 'name', 'the adapter')} has no such call")
+        batched = bool(trace.abort_batches) and supports(adapter, "abort_requests")
         result.reservation = getattr(adapter, "reservation", None)
         checker = Checker(trace.config, caps, invariants, reservation=result.reservation)
         result.active, result.not_applicable = checker.active, checker.not_applicable
@@ -165,10 +172,21 @@ def _run_checked(
                 if reference:
                     done = reference.abort_request(rid)
                     ref_finished.extend([done] if done else [])
+            batches = tuple(trace.abort_batches_at(step))
+            for ids in batches:
+                finished.extend(_abort_batch(guard, adapter, ids, batched))
+                if reference:
+                    ref_finished.extend(_abort_batch(None, reference, ids, supports(reference, "abort_requests")))
+            aborted += tuple(rid for ids in batches for rid in ids)
+            admin, ref_admin = [], []
+            for op in trace.admin_at(step):
+                admin.append((op, _admin_answer(op, guard.call(op, getattr(adapter, op)))))
+                if reference:
+                    ref_admin.append((op, bool(getattr(reference, op)())))
             # Each snapshot is checked as a delta on the one before (`check_snapshot`'s previous):
             # an adapter that gives whole snapshots is diffed, so checking costs what changed.
             last = result.records[-1].after if result.records and observe else None
-            if observe and (added or aborted or not result.records):
+            if observe and (added or aborted or admin or not result.records):
                 before = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last)
             else:  # nothing happened since the last step's final snapshot: it is this step's start
                 before = result.records[-1].after if result.records else _EMPTY
@@ -182,13 +200,15 @@ def _run_checked(
             finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped, drafts)), "update"))
             after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
-                                refused=refused, drafts=drafts)
+                                refused=refused, drafts=drafts, abort_batches=batches, admin=tuple(admin))
             result.records.append(record)
             result.violations.extend(checker.check_step(record))
             if reference is not None:
                 ref_output = reference.schedule()
                 ref_finished.extend(reference.update(StepOutcome(stopped, drafts)))
                 result.divergence = compare(step, ref_output, tuple(ref_finished), output, tuple(finished), refused)
+                if result.divergence is None and ref_admin != admin:
+                    result.divergence = Divergence(step, "admin", tuple(ref_admin), tuple(admin), ())
                 if result.divergence is not None:
                     reference = None  # diverged: the reference no longer says what should happen
             if stop_at_first and result.failed:
@@ -208,3 +228,23 @@ def _run_checked(
             result.violations.extend(checker.check_failure(
                 StepFailure(max(step, 0), fault.call, fault.message, aborted, output)))
     return result
+
+
+def _abort_batch(guard: Guard | None, scheduler: Any, ids: tuple[str, ...], batched: bool) -> list[Finished]:
+    """One batched abort: a single ``abort_requests`` call where the scheduler has it (``batched``),
+    else ``abort_request`` for each id in order (the spec's meaning of a batch)."""
+    if batched:
+        done = guard.call("abort_requests", scheduler.abort_requests, list(ids)) if guard else scheduler.abort_requests(list(ids))
+        return check_finished(list(done or ()), "abort_requests")
+    out: list[Finished] = []
+    for rid in ids:
+        one = guard.call("abort_request", scheduler.abort_request, rid) if guard else scheduler.abort_request(rid)
+        out.extend(check_finished(one, "abort_request"))
+    return out
+
+
+def _admin_answer(op: str, value: Any) -> bool:
+    """An admin call's answer, which must be a bool (``reset_prefix_cache``: whether it reset)."""
+    if not isinstance(value, bool):
+        raise AdapterFault("malformed", op, f"{op} must answer true or false, got {str(value)[:80]!r}")
+    return value

@@ -28,6 +28,7 @@ process; pass a plain ``make_adapter`` callable).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
@@ -381,7 +382,7 @@ def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: i
         meta["adapter_spec"] = result.adapter_spec
     if location:
         meta["location"] = location
-    return Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
+    return dataclasses.replace(trace, meta=meta)
 
 
 def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,

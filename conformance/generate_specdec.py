@@ -48,11 +48,10 @@ def with_drafts(draw: st.DrawFn, trace: Trace, k: int | None = None, allow_empty
             chosen[(step, sid)] = DraftDecision(draw(st.none() | st.integers(0, k)), draw(st.integers(1, k)),
                                                 draw(st.integers(0, k - 1)), False)
     drafts = tuple((step, sid, d) for (step, sid), d in sorted(chosen.items()))
-    if any(d.empty for _, _, d in drafts):
-        # An empty outcome rolls the step back to the last known token, whose block was keyed when
-        # the step was scheduled: PFX-001/SPD-007 would flag the key though the recompute writes the
-        # same KV (docs/SPECDEC.md section 8), so a trace with empty outcomes runs with prefix caching off.
-        config = dataclasses.replace(config, enable_prefix_caching=False)
+    # An empty outcome rolls the step back to the last known token, whose block may have been keyed
+    # when the step was scheduled; its KV was written by that step's forward pass, so PFX-001 and
+    # SPD-007 allow it (`spec.invariants._views.void_outcomes`, docs/SPECDEC.md section 8): prefix
+    # caching stays as drawn. With outcomes in flight it is turned off (`pipelined`).
     return Trace(config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, dict(trace.meta), drafts)
 
 
@@ -83,6 +82,10 @@ def pipelined(trace: Trace, depth: int) -> Trace:
     """``trace`` with outcomes ``depth`` steps late (the async reference's config: no watermark, no
     partial-prefill limit, as the async flow's traces)."""
     config = dataclasses.replace(trace.config, pipeline_depth=depth, watermark=0.0, max_num_partial_prefills=0)
+    if depth and any(d.empty for _, _, d in trace.drafts):
+        # The empty-outcome allowance of PFX-001/SPD-007 (`void_outcomes`) is stated for
+        # synchronous steps only: with outcomes in flight such a trace runs without prefix caching.
+        config = dataclasses.replace(config, enable_prefix_caching=False)
     return dataclasses.replace(trace, config=config)
 
 

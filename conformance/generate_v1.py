@@ -58,7 +58,13 @@ def token_traces(
     config: SchedulerConfig | None = None,
     max_requests: int = 6,
     allow_aborts: bool = True,
+    batch_aborts: bool = False,
+    resets: bool = False,
 ) -> Trace:
+    """Traces of ``family``'s engines. ``batch_aborts``: also batched aborts (`with_abort_batches`);
+    ``resets``: with prefix caching, ``reset_prefix_cache`` admin calls and a prompt sent again
+    after one (`with_resets`). Both off by default: an engine needs the optional calls
+    (spec/protocol.py) for the second."""
     if config is None:
         config = draw(token_configs(family))
     vocab = draw(st.sampled_from([2, 3, 50]))
@@ -94,7 +100,53 @@ def token_traces(
         if draw(st.integers(0, 4)) == 0:
             stops.append((a.step + draw(st.integers(1, 14)), seq_id(a.request.request_id, 0)))
     trace = Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)))
-    return Trace(config, trace.arrivals, trace.aborts, trace.stops, max_steps=horizon + _bound(trace))
+    admin: tuple[tuple[int, str], ...] = ()
+    if resets and config.enable_prefix_caching:
+        trace, admin = draw(with_resets(trace))
+    batches = draw(with_abort_batches(trace)) if batch_aborts and allow_aborts else ()
+    horizon = max(horizon, trace.last_arrival_step + 30)  # a prompt sent again after a reset arrives late
+    return Trace(config, trace.arrivals, trace.aborts, trace.stops, max_steps=horizon + _bound(trace),
+                 abort_batches=batches, admin=admin)
+
+
+@st.composite
+def with_resets(draw: st.DrawFn, trace: Trace) -> tuple[Trace, tuple[tuple[int, str], ...]]:
+    """``reset_prefix_cache`` calls at drawn steps up to the last arrival (some land while blocks are
+    held and must be refused, some in an idle gap and must empty the cache), and, half the time, an
+    earlier prompt sent again a while after the last arrival with a reset in that very step: the
+    repeat must find no cached block (PFX-006; a reset that kept the hash map would hand it one)."""
+    last = trace.last_arrival_step
+    steps = draw(st.lists(st.integers(0, last + 2), max_size=2))
+    arrivals = list(trace.arrivals)
+    if arrivals and draw(st.booleans()):
+        earlier = draw(st.sampled_from(arrivals)).request
+        at = last + draw(st.integers(12, 30))
+        again = Request(request_id=f"again-{earlier.request_id}", prompt_len=earlier.prompt_len,
+                        max_tokens=earlier.max_tokens, priority=earlier.priority, prompt_tokens=earlier.prompt_tokens)
+        arrivals.append(Arrival(at, again))
+        steps.append(at)
+    out = Trace(trace.config, tuple(arrivals), trace.aborts, trace.stops)
+    return out, tuple(sorted((s, "reset_prefix_cache") for s in set(steps)))
+
+
+@st.composite
+def with_abort_batches(draw: st.DrawFn, trace: Trace) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """Batched aborts (vLLM's EngineCore.abort_requests): each names one request that has arrived
+    (live or not), ids no request has, and requests a single abort already finished, in a drawn
+    order. One arrived request per batch: vLLM frees a batch in the iteration order of a set of
+    ids (Scheduler.finish_requests), which no reference can predict, so two live requests in one
+    batch would leave the free queue's order to chance."""
+    out = []
+    for _ in range(draw(st.integers(0, 2))):
+        if not trace.arrivals:
+            break
+        arrival = draw(st.sampled_from(trace.arrivals))
+        step = arrival.step + draw(st.integers(0, 10))
+        dead = [rid for s, rid in trace.aborts if s < step and rid != arrival.request.request_id]
+        ids = [arrival.request.request_id, *(f"ghost-{k}" for k in range(draw(st.integers(1, 3)))),
+               *draw(st.lists(st.sampled_from(dead), max_size=2, unique=True) if dead else st.just([]))]
+        out.append((step, tuple(draw(st.permutations(ids)))))
+    return tuple(sorted(out))
 
 
 def _bound(trace: Trace) -> int:

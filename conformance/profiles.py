@@ -68,7 +68,8 @@ PROFILES: dict[str, Profile] = {
         "vllm-v1", ("safety", "liveness", "policy"), True,
         "vLLM V1's flow: one token budget, running first, chunked prefill, prefix caching, recompute-only "
         "preemption of the running tail; lockstep with reference_impl.v1_scheduler",
-        exclude=_V0_ONLY, reference="reference_impl.v1_scheduler:V1Scheduler",
+        # ADM-002 is V0's every-admission watermark; V1's own rule is ADM-004
+        exclude=(*_V0_ONLY, "ADM-002"), reference="reference_impl.v1_scheduler:V1Scheduler",
     ),
     "nano-vllm": Profile(
         "nano-vllm", ("safety", "liveness", "policy"), True,

@@ -70,6 +70,8 @@ def _cut(trace: Trace, step: int) -> Trace:
         max_steps=step + 1,
         meta=trace.meta,
         drafts=tuple(x for x in trace.drafts if x[0] <= step),
+        abort_batches=tuple(x for x in trace.abort_batches if x[0] <= step),
+        admin=tuple(x for x in trace.admin if x[0] <= step),
     )
 
 
@@ -90,6 +92,8 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
             stops=tuple((max(step - first, 0), sid) for step, sid in trace.stops),
             max_steps=max(trace.max_steps - first, 1),
             drafts=tuple((step - first, sid, d) for step, sid, d in trace.drafts if step >= first),
+            abort_batches=tuple((max(step - first, 0), ids) for step, ids in trace.abort_batches),
+            admin=tuple((max(step - first, 0), op) for step, op in trace.admin),
         )
     for i, a in enumerate(arrivals):  # drop one request with its aborts and stops
         rid = a.request.request_id
@@ -104,6 +108,10 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
         yield _replace(trace, drafts=trace.drafts[:i] + trace.drafts[i + 1:])
     for i in range(len(trace.aborts)):
         yield _replace(trace, aborts=trace.aborts[:i] + trace.aborts[i + 1:])
+    for i in range(len(trace.abort_batches)):
+        yield _replace(trace, abort_batches=trace.abort_batches[:i] + trace.abort_batches[i + 1:])
+    for i in range(len(trace.admin)):
+        yield _replace(trace, admin=trace.admin[:i] + trace.admin[i + 1:])
     for i in range(len(trace.stops)):
         yield _replace(trace, stops=trace.stops[:i] + trace.stops[i + 1:])
     for i, a in enumerate(arrivals):

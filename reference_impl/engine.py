@@ -1,7 +1,7 @@
 """The engine loop: drive any `SchedulerLike` through a `Trace`, recording every step.
 
-Per step: the trace's arrivals are added and its aborts applied, a snapshot is taken,
-``schedule()`` runs, a second snapshot is taken (when the scheduler offers one), the outcome
+Per step: the trace's arrivals are added, its aborts (single, then batched) and admin calls
+applied, a snapshot is taken, ``schedule()`` runs, a second snapshot is taken (when the scheduler offers one), the outcome
 (the trace's stop decisions) is fed back, and a final snapshot closes the step. The loop ends
 when every request has arrived and finished, or at ``trace.max_steps``.
 """
@@ -55,6 +55,14 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
             result = scheduler.abort_request(rid)
             if result is not None:
                 finished.append(result)
+        batches = tuple(trace.abort_batches_at(step))
+        for ids in batches:  # spec/protocol.py: one call where the scheduler has it, else id by id
+            if callable(getattr(scheduler, "abort_requests", None)):
+                finished.extend(scheduler.abort_requests(list(ids)))
+            else:
+                finished.extend(f for f in map(scheduler.abort_request, ids) if f is not None)
+        aborted += tuple(rid for ids in batches for rid in ids)
+        admin = tuple((op, bool(getattr(scheduler, op)())) for op in trace.admin_at(step))
         before = scheduler.snapshot() if observe else _EMPTY
         output = scheduler.schedule()
         mid = scheduler.snapshot() if mid_step else None
@@ -67,7 +75,8 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
         after = scheduler.snapshot() if observe else _EMPTY
         for f in finished:
             unfinished.discard(f.request_id)
-        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after, drafts=drafts)
+        yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after, drafts=drafts,
+                         abort_batches=batches, admin=admin)
         if step >= trace.last_arrival_step and not unfinished:
             return
 

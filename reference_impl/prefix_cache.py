@@ -147,6 +147,19 @@ class CachingBlockPool:
         self._free.extendleft(reversed(front))  # front keeps the given order
         self._free.extend(back)
 
+    def reset_cache(self) -> bool:
+        """Forget every key if no block is held, and say whether it did (vLLM 0.33.0
+        ``BlockPool.reset_prefix_cache``, v1/core/block_pool.py:870-900: it refuses while any block
+        but the null block is in use, else drops the hash map and every block's hash; the free
+        queue keeps its order)."""
+        if any(self.ref_counts[:]):
+            return False
+        if self.index:
+            self.key_changes += 1
+            self.index.clear()
+            self.keys[:] = [None] * self.num_blocks
+        return True
+
     def _evict(self, block: int) -> None:
         key = self.keys[block]
         if key is None:

@@ -50,7 +50,8 @@ Where this reference decides differently from the engine (each a spec decision, 
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
 are finished as ignored (the engine rejects the first before scheduling and refuses configs that
 allow the second); the watermark applies to every admission (the engine skips it when nothing
-runs); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the default, is V1);
+runs: `EngineWatermarkV1` at the end of this file models the engine's rule, which lockstep against
+vLLM uses); ``max_num_partial_prefills`` is honoured when set (V1 ignores it; 0, the default, is V1);
 ``n > 1`` is not modelled (V1 fans it out into separate requests before the scheduler).
 """
 
@@ -175,6 +176,17 @@ class TrackedScheduler:
         (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
         self._finish(tracked, Status.FINISHED_ABORTED)
         return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Finished]:
+        """One abort call naming many ids (vLLM's ``EngineCore.abort_requests`` ->
+        ``Scheduler.finish_requests``): unknown and finished ids are skipped, the others aborted in
+        the order given (spec/protocol.py)."""
+        return [done for rid in request_ids if (done := self.abort_request(rid)) is not None]
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache if no block is in use (vLLM's ``Scheduler.reset_prefix_cache()``
+        without ``reset_running_requests``); False, changing nothing, otherwise."""
+        return self.pool.reset_cache()
 
     # ---------------------------------------------------------------- blocks and preemption
     def _free_blocks(self, tracked: TrackedRequest) -> None:
@@ -536,9 +548,9 @@ class V1Scheduler(TrackedScheduler):
         if tracked.request.prompt_len > config.prompt_limit:
             reasons.append(Reason.of("ignored_too_long", tracked.request_id, tokens=tracked.request.prompt_len,
                                      limit=config.prompt_limit))
-        elif config.blocks_for(tracked.num_tokens) > config.num_gpu_blocks - config.watermark_blocks:
+        elif config.blocks_for(tracked.num_tokens) > self._never_fits_capacity():
             reasons.append(Reason.of("ignored_never_fits", tracked.request_id, blocks=config.blocks_for(tracked.num_tokens),
-                                     capacity=config.num_gpu_blocks - config.watermark_blocks))
+                                     capacity=self._never_fits_capacity()))
         else:
             return False
         self.waiting.remove(tracked)
@@ -576,13 +588,23 @@ class V1Scheduler(TrackedScheduler):
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         computed = len(hits) * self.config.block_size
         need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
-        return need + self.config.watermark_blocks <= self.pool.num_free
+        return need + self._admission_watermark() <= self.pool.num_free
+
+    def _admission_watermark(self) -> int:
+        """Blocks an admission must leave free. The spec's rule: the watermark, for every admission
+        (a documented decision; the torch twin and the Z3 encoding follow it). `EngineWatermarkV1`
+        is vLLM V1's own rule."""
+        return self.config.watermark_blocks
+
+    def _never_fits_capacity(self) -> int:
+        """The most blocks a request may ever need before it is ignored as never fitting."""
+        return self.config.num_gpu_blocks - self.config.watermark_blocks
 
     def _allocate(self, tracked: TrackedRequest, tokens: int, *, hits: list[int], watermark: bool) -> bool:
         """vLLM V1's ``allocate_slots``: take the hits and the new blocks that ``tokens`` more
         tokens need, or nothing; then cache the full blocks those tokens complete."""
         need = self._blocks_needed(tracked, tokens, hits)
-        if need + (self.config.watermark_blocks if watermark else 0) > self.pool.num_free:
+        if need + (self._admission_watermark() if watermark else 0) > self.pool.num_free:
             return False
         for block in hits:
             self.pool.touch(block)
@@ -789,3 +811,22 @@ def finished_record(tracked: TrackedRequest, status: Status, config: SchedulerCo
     kind = "finished_length_capped" if status is Status.FINISHED_LENGTH_CAPPED else "finished_stopped"
     return Finished(tracked.request_id, status, Reason.of(kind, tracked.request_id, max_tokens=tracked.request.max_tokens,
                                                           max_model_len=config.max_model_len))
+
+
+class EngineWatermarkV1(V1Scheduler):
+    """The V1 reference with vLLM 0.33.0's own watermark rule, for lockstep against the engine
+    (`conformance.targets.lockstep_v1`): ``KVCacheManager.allocate_slots`` adds ``watermark_blocks``
+    only for a WAITING or PREEMPTED request, and only when ``has_scheduled_reqs``
+    (v1/core/kv_cache_manager.py:518-525; the whole-sequence check at 546 and the allocation at 585
+    both use it), which the scheduler passes as ``bool(self.running)`` when it admits a waiting
+    request (v1/core/sched/scheduler.py:1435-1452); the running loop's allocate_slots (914-918)
+    leaves it at its default (True), but a running request is RUNNING, so it never pays it (as here). So the first admission into an empty
+    running set ignores the watermark, and no request is ever refused for the watermark alone (V1
+    has no never-fits ignore: it checks at start-up that max_model_len fits the cache). ADM-002
+    does not hold for this rule; ADM-004 states it."""
+
+    def _admission_watermark(self) -> int:
+        return self.config.watermark_blocks if self.running else 0
+
+    def _never_fits_capacity(self) -> int:
+        return self.config.num_gpu_blocks

@@ -205,6 +205,11 @@ class StepRecord:
     # The step's speculative decisions from the trace (`spec.speculative`), by sequence: what the
     # SPD invariants read to know how many drafts the model accepted and where a stop fell.
     drafts: Mapping[str, DraftDecision] = field(default_factory=dict)
+    # The step's batched aborts (trace ``abort_batches``), each as named; their ids are in ``aborted``
+    # too, after the single aborts. And its engine admin calls with their answers, in order:
+    # ``(("reset_prefix_cache", True),)`` (`spec.trace.ADMIN_OPS`), made before ``before`` was taken.
+    abort_batches: tuple[tuple[str, ...], ...] = ()
+    admin: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,3 +32,28 @@ class SchedulerLike(Protocol):
         ...
 
     def snapshot(self) -> Snapshot: ...
+
+
+# Optional calls (issue 21): a scheduler may also have these. The driver uses them only when a
+# trace asks for them (`spec.trace.Trace.abort_batches` / ``admin``), and `supports` says whether
+# it may:
+#
+#     abort_requests(request_ids: Sequence[str]) -> Sequence[Finished]
+#         One abort call naming many ids (vLLM's EngineCore.abort_requests); unknown and finished
+#         ids are skipped; returns the requests it aborted. Without it, the driver aborts the ids one
+#         by one in the order given, which is the same thing for the spec.
+#     reset_prefix_cache() -> bool
+#         Empty the prefix cache's hash map if no block is in use and answer True; otherwise change
+#         nothing and answer False (vLLM's Scheduler.reset_prefix_cache(), without
+#         reset_running_requests). A trace with this call cannot run on a scheduler without it.
+OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache")
+
+
+def supports(scheduler: object, call: str) -> bool:
+    """Whether ``scheduler`` has the optional ``call``: an adapter that fronts another process says
+    so in ``optional_calls`` (a wire host's ``hello``); any other object by having the method."""
+    assert call in OPTIONAL_CALLS, call
+    declared = getattr(scheduler, "optional_calls", None)
+    if declared is not None:
+        return call in declared
+    return callable(getattr(scheduler, call, None))

@@ -21,6 +21,15 @@ Optional (left out when empty, so older traces read and write unchanged): ``"dra
 speculative decoding's per-step decisions (`spec.speculative.DraftDecision`; only a config with
 ``num_speculative_tokens`` > 0 reads them).
 
+Also optional, left out when empty (issue 21): ``"abort_batches": [{"step": 3, "requests": ["A",
+"B", "X"]}]``, one abort call naming a list of ids (vLLM's ``EngineCore.abort_requests``); ids
+that are unknown or already finished are skipped, the others are aborted as by single aborts. And
+``"admin": [{"step": 5, "op": "reset_prefix_cache"}]``, engine admin calls (`ADMIN_OPS`):
+``reset_prefix_cache`` empties the prefix cache's hash map if no block is in use and refuses
+(answers false) otherwise (vLLM's ``Scheduler.reset_prefix_cache()`` without
+``reset_running_requests``). Within a step: arrivals, aborts, abort batches, admin calls, then
+``schedule()``.
+
 A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
 ``"pipeline": {"version": 1, "depth": d}``, so that a reader of the file knows the outcomes lag:
 a stop at step N is the sample of step N (the outcome belongs to step N), and the engine processes
@@ -55,6 +64,8 @@ MAX_STEPS = 100_000
 MAX_REQUESTS = 100_000
 MAX_ID_CHARS = 200
 MAX_PRIORITY = 2**31
+ADMIN_OPS = ("reset_prefix_cache",)  # engine admin calls a trace may make between steps
+MAX_BATCH = 1000  # ids in one batched abort
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,8 @@ class Trace:
     max_steps: int = 1000
     meta: Mapping[str, Any] = field(default_factory=dict)
     drafts: tuple[tuple[int, str, DraftDecision], ...] = ()  # (step, seq id, decision): spec/speculative.py
+    abort_batches: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (step, ids): one batched abort call
+    admin: tuple[tuple[int, str], ...] = ()  # (step, op in ADMIN_OPS), after the aborts, before schedule()
 
     def __post_init__(self) -> None:
         index: dict[int, list[Request]] = defaultdict(list)
@@ -90,6 +103,14 @@ class Trace:
         for step, sid, decision in self.drafts:
             draft_index[step][sid] = decision
         object.__setattr__(self, "_drafts", dict(draft_index))
+        batch_index: dict[int, list[tuple[str, ...]]] = defaultdict(list)
+        for step, ids in self.abort_batches:
+            batch_index[step].append(tuple(ids))
+        admin_index: dict[int, list[str]] = defaultdict(list)
+        for step, op in self.admin:
+            admin_index[step].append(op)
+        object.__setattr__(self, "_batches", dict(batch_index))
+        object.__setattr__(self, "_admin", dict(admin_index))
         # Every engine loop asks for it after every step; a scan of the arrivals each time made a
         # 300-request trace's loop quadratic.
         object.__setattr__(self, "_last_arrival_step", max((a.step for a in self.arrivals), default=0))
@@ -100,6 +121,12 @@ class Trace:
 
     def aborts_at(self, step: int) -> list[str]:
         return self._aborts.get(step, [])  # type: ignore[attr-defined]
+
+    def abort_batches_at(self, step: int) -> list[tuple[str, ...]]:
+        return self._batches.get(step, [])  # type: ignore[attr-defined]
+
+    def admin_at(self, step: int) -> list[str]:
+        return self._admin.get(step, [])  # type: ignore[attr-defined]
 
     def stops_at(self, step: int) -> frozenset[str]:
         return self._stops.get(step, frozenset())  # type: ignore[attr-defined]
@@ -127,6 +154,9 @@ class Trace:
             "max_steps": self.max_steps,
             "meta": dict(self.meta),
             **({"drafts": [{"step": s, "seq": q, **d.to_dict()} for s, q, d in self.drafts]} if self.drafts else {}),
+            **({"abort_batches": [{"step": s, "requests": list(ids)} for s, ids in self.abort_batches]}
+               if self.abort_batches else {}),
+            **({"admin": [{"step": s, "op": op} for s, op in self.admin]} if self.admin else {}),
         }
         if self.config.pipeline_depth:
             data["pipeline"] = {"version": PIPELINE_VERSION, "depth": self.config.pipeline_depth}
@@ -165,7 +195,8 @@ class Trace:
         version = data.get("version")
         if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
             raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
-        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline", "drafts"}
+        known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline", "drafts",
+                 "abort_batches", "admin"}
         for key in data:
             if key not in known:
                 raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
@@ -227,7 +258,9 @@ class Trace:
         if not isinstance(meta, Mapping):
             raise InputError("meta", "must be an object")
         drafts = tuple(_draft(raw, f"drafts[{i}]") for i, raw in enumerate(_list(data, "drafts")))
-        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta), drafts)
+        batches = tuple(_batch(raw, f"abort_batches[{i}]") for i, raw in enumerate(_list(data, "abort_batches")))
+        admin = tuple(_admin(raw, f"admin[{i}]") for i, raw in enumerate(_list(data, "admin")))
+        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta), drafts, batches, admin)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
@@ -266,6 +299,32 @@ def _draft(raw: Any, where: str) -> tuple[int, str, DraftDecision]:
     if not isinstance(empty, bool):
         raise InputError(f"{where}.empty", f"must be true or false, got {shown(empty)}")
     return step, seq, DraftDecision(proposed, accepted, stop_at, empty)
+
+
+def _batch(raw: Any, where: str) -> tuple[int, tuple[str, ...]]:
+    """``{"step", "requests": [id, ...]}`` -> (step, ids): one batched abort."""
+    if not isinstance(raw, Mapping) or "step" not in raw or "requests" not in raw:
+        raise InputError(where, "must be an object with 'step' and 'requests'")
+    for key in raw:
+        if key not in ("step", "requests"):
+            raise InputError(f"{where}.{str(key)[:40]}", "unknown field (known: requests, step)")
+    ids = raw["requests"]
+    if not isinstance(ids, list) or not ids or len(ids) > MAX_BATCH:
+        raise InputError(f"{where}.requests", f"must be a list of 1 to {MAX_BATCH} request ids")
+    return (_int(raw["step"], f"{where}.step", 0, MAX_STEPS),
+            tuple(_str(rid, f"{where}.requests[{j}]") for j, rid in enumerate(ids)))
+
+
+def _admin(raw: Any, where: str) -> tuple[int, str]:
+    """``{"step", "op"}`` -> (step, op): one engine admin call."""
+    if not isinstance(raw, Mapping) or "step" not in raw or "op" not in raw:
+        raise InputError(where, "must be an object with 'step' and 'op'")
+    for key in raw:
+        if key not in ("step", "op"):
+            raise InputError(f"{where}.{str(key)[:40]}", "unknown field (known: op, step)")
+    if raw["op"] not in ADMIN_OPS:
+        raise InputError(f"{where}.op", f"must be one of {', '.join(ADMIN_OPS)}, got {shown(raw['op'])}")
+    return _int(raw["step"], f"{where}.step", 0, MAX_STEPS), raw["op"]
 
 
 def _pipeline(value: Any, config: SchedulerConfig) -> None:

@@ -129,3 +129,22 @@ def test_sglang_host_refuses_a_prompt_of_max_model_len():
     assert not scheduled and status is Status.FINISHED_IGNORED
     _, scheduled, _, _ = _one("sglang", config, prompt_len=4)
     assert scheduled
+
+
+def test_v1_watermark_counts_the_spec_blocks_not_v1s_null_block():
+    """The spec's watermark is ``int(watermark * num_gpu_blocks)`` blocks; the host gives V1 one more
+    block (its null block), over which V1 counts ``int(watermark * num_blocks)``
+    (kv_cache_manager.py:210): 0.1 of 9 is 0 spec blocks but would be 1 of V1's 10. The host passes
+    the fraction that makes them equal (`v1_watermark`), so an admission beside a running request
+    that needs every free block is made, as the spec's count says."""
+    from conformance.targets import lockstep_v1 as L
+
+    src = _source("vllm-v1", "vllm/v1/core/kv_cache_manager.py")
+    assert "self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)" in src
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=9, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=18, max_model_len=18, watermark=0.1, preemption_mode="recompute")
+    assert config.watermark_blocks == 0
+    trace = Trace(config, (Arrival(0, Request("a", 4, 8)), Arrival(1, Request("b", 12, 2))), (), (), max_steps=30)
+    outcome = L.run_one(need("vllm-v1").adapter(), trace, get_profile("vllm-v1").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert any(s.request_id == "b" for s in outcome.result.records[1].output.scheduled)  # b fits the 6 free blocks

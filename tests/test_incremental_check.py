@@ -25,6 +25,8 @@ RARE_ON_THESE_TRACES = {
     "stop-to-wrong-request",  # needs a stop on a sequence batched with another request's
     "specdec-delivers-past-stop",  # needs a stop inside an accepted run of two or more drafts
     "specdec-empty-outcome-keeps-drafts",  # needs an empty outcome on a step that verified drafts
+    "v1-admission-ignores-watermark",  # needs a watermark > 0 and a tight admission beside a running request
+    "v1-reset-refuses-idle-cache", "v1-reset-keeps-keys",  # need reset_prefix_cache calls (trace `admin`)
     "specdec-async-accepts-placeholders",  # needs an acceptance beyond a proposal of fewer than k
     "specdec-async-delivers-past-stop",  # as specdec-delivers-past-stop, a step late
     "specdec-async-empty-outcome-keeps-drafts",  # as specdec-empty-outcome-keeps-drafts, a step late

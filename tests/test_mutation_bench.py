@@ -45,6 +45,28 @@ def test_scope_rules():
     assert desc.scope_of("x = 1", "_update_waiting_for_remote_kv") == ("out", "kv-connector")
     assert desc.scope_of("assert block.ref_cnt == 0", "get_new_blocks") == ("out", "assertion/logging")
     assert desc.scope_of("block.ref_cnt += 1", "touch") == ("in", "")
+    # a condition that guards only feature code belongs to the feature; one that guards more does not
+    src = ["def f():", "    if total > 0:", "        self.num_executed_steps += 1", "    x = 1"]
+    assert desc.guarded_body(src, 2) == ["self.num_executed_steps += 1"]
+    assert desc.scope_of(src[1], "f", (), desc.guarded_body(src, 2)) == ("out", "parallelism")
+    assert desc.scope_of("if total > 0:", "f", (), ["self.num_executed_steps += 1", "y = 2"]) == ("in", "")
+    # the admission loop runs under `!= PAUSED_ALL`: only code that runs in a paused state is out
+    assert desc.scope_of("x = 1", "schedule", ["if not preempted and self._pause_state != PauseState.PAUSED_ALL:"]) \
+        == ("in", "")
+    assert desc.scope_of("return 0", "get_num_unfinished_requests",
+                         ["if self._pause_state == PauseState.PAUSED_ALL:"]) == ("out", "engine pause")
+
+
+def test_equivalent_mutants_are_named_by_source_and_left_out_of_both_denominators():
+    m = {"id": "e", "file": "vllm/v1/core/sched/scheduler.py", "line": 2751, "operator": "core/ReplaceFalseWithTrue",
+         "source_line": "stopped = False", "scope": "in"}
+    assert desc.equivalence_of(m)
+    assert not desc.equivalence_of({**m, "source_line": "stopped = True"})  # another build: no inherited verdict
+    mutants = [{**m, "equivalent": desc.equivalence_of(m)}, {"id": "k", "scope": "in"}]
+    results = {i: {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"},
+                   "pytest": {"verdict": "killed"}} for i in ("e", "k")}
+    s = summarize(mutants, results)["in"]
+    assert (s["judged"], s["pytest_kills"], list(s["equivalent"])) == (1, 1, ["e"])
 
 
 def test_committed_descriptors_are_versioned_and_hold_no_source_files():
@@ -125,3 +147,20 @@ def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
     assert desc.scope_of(src[5], "f", headers[:-1]) == ("out", "spec-decode")
     assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
     assert desc.scope_of(src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == ("in", "")
+
+
+def test_the_specdec_judge_drives_the_async_target_and_runs_only_on_survivors():
+    import importlib.util
+
+    from conformance.selftest.mutation.kvsched_judge import TARGET_OF, flavour
+
+    assert TARGET_OF["vllm-v1-async+specdec"] == "vllm-v1-async"
+    assert flavour("vllm-v1-async+specdec").paths == ("async",)
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench_mutation_vllm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    survived = {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"}}
+    assert bench._needs_specdec(survived, {"kvsched"}, 40)
+    assert not bench._needs_specdec(survived, {"kvsched"}, 0)  # off by default
+    assert not bench._needs_specdec({"kvsched:vllm-v1": {"verdict": "killed"}}, {"kvsched"}, 40)
+    assert not bench._needs_specdec({**survived, bench.SPECDEC: {"verdict": "survived"}}, {"kvsched"}, 40)

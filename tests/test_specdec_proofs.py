@@ -1,7 +1,8 @@
 """The Z3 proofs of the speculative-decoding flow (spec/proofs/encoding_specdec.py): the matrix is
 proved at its bound and for every size, for every k, no action is proved vacuously (each can fire from an invariant
 state, the speculative paths included), each mutated transition is caught by the cells it names,
-SPD-007's catalogue predicate fails only where `SPD007_FINDING` says (and the reference shows it),
+SPD-007 without its empty-outcome allowance fails only where `SPD007_STRENGTHENING` says (and the reference
+holds SPD-007 and PFX-001 with the allowance there),
 and the CLI runs the flow."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from spec.proofs.encoding_specdec import (
     SPECDEC_TRANSITION_PROPERTIES,
     SpecDecEncoder,
     grp_ok_specdec,
-    spd007,
+    spd007_strict,
+    spd009,
 )
 from spec.proofs.matrix import prove
 
@@ -35,7 +37,8 @@ def test_specdec_matrix_is_proved():
     assert m.all_proved, [(c.invariant, c.action, c.result) for c in m.failing()]
     assert {c.action for c in m.cells} == {"init", *SPECDEC_ACTIONS}
     rows = {c.invariant for c in m.cells}
-    assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007/committed", "SPD-008",
+    assert rows >= {"SPD-001", "SPD-002", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-007", "SPD-008",
+                    "SPD-009",
                     "CAP-001", "CAP-003", "CHK-002", "CHK-004", "BLK-001", "BLK-003", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "specdec" for c in m.cells)
     # every cell for every size: the block layer (parametric, v1's micro-ops), QUE-001, COW-001, the
@@ -43,7 +46,7 @@ def test_specdec_matrix_is_proved():
     assert all(c.scope == "unbounded" for c in m.cells), sorted({(c.invariant, c.scope) for c in m.cells})
     covered = set(SPECDEC_STATE_INVARIANTS) | set(SPECDEC_TRANSITION_PROPERTIES) | set(m.out_of_scope)
     assert CATALOGUE <= covered  # nothing silently omitted
-    assert "empty" in m.out_of_scope["SPD-007"] and "SPD-007/committed" in m.out_of_scope["SPD-007"]
+    assert "SPD-007" not in m.out_of_scope  # proved as catalogued (the allowance is in the predicate)
 
 
 def _fires(action: str, *extra) -> bool:
@@ -96,7 +99,9 @@ CAUGHT = {
                                      mutants_specdec.EmptyOutcomeKeepsDrafts),
     "drafts-outside-budget": ({("SPD-001", "verify")}, mutants_specdec.DraftsOutsideBudget),
     "drafts-on-prefill-chunk": ({("SPD-002", "chunk"), ("SPD-002", "admit")}, mutants_specdec.DraftsOnPrefillChunk),
-    "keys-rejected-kv": ({("SPD-007/committed", "verify"), ("SPD-007/committed", "chunk")},
+    # its SPD-009 harm is one step later: test_a_kept_proposal_puts_drafts_after_a_cut_chunk
+    "drafts-after-cut-chunk": ({("SPD-002", "chunk"), ("SPD-002", "admit")}, mutants_specdec.DraftsAfterCutChunk),
+    "keys-rejected-kv": ({("SPD-007", "verify"), ("SPD-007", "chunk")},
                          mutants_specdec.CachesRejectedKv),
 }
 
@@ -117,23 +122,26 @@ def test_specdec_mutant_is_caught(mutant):
             assert c.counterexample["flow"] == "specdec" and "proposed" in c.counterexample["pre"]["seqs"][0]
 
 
-def test_spd007_as_catalogued_fails_only_after_an_empty_outcome_with_prefix_caching():
-    """SPD007_FINDING: from a state satisfying every invariant, the catalogue predicate breaks only
-    on an outcome with no token, with prefix caching on; never otherwise."""
+def test_spd007_without_its_allowance_fails_only_after_an_empty_outcome_with_prefix_caching():
+    """SPD007_STRENGTHENING: from a state satisfying every invariant, SPD-007 without its
+    empty-outcome allowance breaks only on an outcome with no token, with prefix caching on."""
     for empty, want in ((1, z3.sat), (0, z3.unsat)):
         enc = SpecDecEncoder(SPECDEC_BOUND)
         ae = enc.encode("verify")
         s = z3.Solver()
         s.add(enc.config_ok(), grp_ok_specdec(enc), *[f(enc, ae.pre) for f in SPECDEC_STATE_INVARIANTS.values()],
-              spd007(enc, ae.pre), ae.guard, *ae.defs, ae.params["empty"] == empty, z3.Not(spd007(enc, ae.post)))
+              spd007_strict(enc, ae.pre), ae.guard, *ae.defs, ae.params["empty"] == empty,
+              z3.Not(spd007_strict(enc, ae.post)))
         assert s.check() == want, empty
         if want == z3.sat:
             assert z3.is_true(s.model().eval(enc.PC))
 
 
-def test_spd007_finding_on_the_reference():
-    """The same on the reference: a two-token prompt whose first outcome is empty, prefix caching
-    on, k = 1: its one block was keyed when allocated and its computed tokens roll back to 1."""
+def test_empty_outcome_with_prefix_caching_on_the_reference():
+    """The same state on the reference: a two-token prompt whose first outcome is empty, prefix
+    caching on, k = 1: its one block was keyed when allocated and its computed tokens roll back to
+    1. The block holds the last known token's KV (the forward pass ran), so SPD-007 and PFX-001
+    allow it (`void_outcomes`); a key one further (a mutant) is still caught."""
     from conformance.selftest.mutants import violated
     from reference_impl.specdec_scheduler import SpecDecScheduler
     from spec.config import SchedulerConfig
@@ -146,8 +154,8 @@ def test_spd007_finding_on_the_reference():
                              enable_prefix_caching=True, num_speculative_tokens=1)
     empty = Trace(config, (Arrival(0, Request("A", 2, 5, prompt_tokens=(1, 2))),), max_steps=6,
                   drafts=((0, "A#0", DraftDecision(empty=True)),))
-    assert "SPD-007" in violated(SpecDecScheduler, empty)
-    assert "SPD-007" not in violated(SpecDecScheduler, Trace(config, empty.arrivals, max_steps=6))
+    assert not {"SPD-007", "PFX-001"} & set(violated(SpecDecScheduler, empty))
+    assert not {"SPD-007", "PFX-001"} & set(violated(SpecDecScheduler, Trace(config, empty.arrivals, max_steps=6)))
 
 
 def test_cli_prove_flow_specdec(capsys):
@@ -172,7 +180,7 @@ def test_specdec_counterexample_replays_on_the_conformance_mutant(mutant, tmp_pa
 
     cells, scheduler_class = CAUGHT[mutant]
     row = sorted(cells)[-1][0]
-    invariant = row.split("/")[0]  # SPD-007/committed is SPD-007 where the last outcome committed
+    invariant = row.split("/")[0]  # a partial row (ID/part) replays as its catalogue invariant
     m = prove(flow_name="specdec", mutant=mutant, actions=sorted({a for r, a in cells if r == row}),
               invariants=[row], jobs=1)
     found = None
@@ -196,3 +204,21 @@ def test_specdec_mutant_breaks_the_generic_request(mutant):
     m = prove(flow_name="specdec", mutant=mutant, actions=sorted({a for _, a in CAUGHT[mutant][0]}),
               invariants=sorted({i for i, _ in CAUGHT[mutant][0]}), jobs=1)
     assert CAUGHT[mutant][0] <= {tuple(c) for c in m.parametric["cells"]}, m.parametric
+
+
+def test_a_kept_proposal_puts_drafts_after_a_cut_chunk():
+    """vllm#30618 where it corrupts, end to end: from a state satisfying every invariant, the
+    mutated prefill chunk keeps the drafter's proposal, and the request's next chunk, cut short of
+    the prompt's end, carries drafts after it (SPD-009 fails); the unmutated flow never does."""
+    for mutant, want in (("drafts-after-cut-chunk", z3.sat), (None, z3.unsat)):
+        enc = SpecDecEncoder(SPECDEC_BOUND, mutant)
+        first = enc.encode("chunk")
+        facts = [first.guard, *first.defs]
+        second = enc.encode("verify", pre=first.post)
+        renamed = [(second.params["group"], first.params["group"])]
+        renamed += [(v, z3.Int(f"second_{n}")) for n, v in second.params.items() if n not in ("group", "drafts")]
+        facts += [z3.substitute(f, *renamed) for f in (second.guard, *second.defs, z3.Not(spd009(second)))]
+        s = z3.Solver()
+        s.add(enc.config_ok(), grp_ok_specdec(enc), *[f(enc, first.pre) for f in SPECDEC_STATE_INVARIANTS.values()],
+              *facts)
+        assert s.check() == want, mutant

@@ -32,6 +32,32 @@ def test_reference_holds_its_profile(trace: Trace) -> None:
     assert violated(SpecDecScheduler, trace, invariants=get_profile("specdec").invariants()) == set()
 
 
+def _empty_with_prefix_caching(trace: Trace) -> bool:
+    return trace.config.enable_prefix_caching and any(d.empty for _, _, d in trace.drafts)
+
+
+@SETTINGS
+@given(specdec_traces(allow_empty=True).filter(_empty_with_prefix_caching))
+def test_empty_outcomes_with_prefix_caching_hold_the_profile(trace: Trace) -> None:
+    """docs/SPECDEC.md section 8: the generator draws empty outcomes with prefix caching on, and
+    the rollback to the last known token leaves its block keyed, which SPD-007 and PFX-001 allow
+    (the step's forward pass wrote that token's KV: `spec.invariants._views.void_outcomes`)."""
+    assert violated(SpecDecScheduler, trace, invariants=get_profile("specdec").invariants()) == set()
+    assert violated(AsyncV1Scheduler, pipelined(trace, 0), invariants=get_profile("async").invariants()) == set()
+
+
+def test_pipelined_empty_outcomes_run_without_prefix_caching() -> None:
+    """At depth > 0 the allowance is not stated (docs/SPECDEC.md section 8): `pipelined` turns
+    prefix caching off for a trace with an empty outcome, and keeps it at depth 0."""
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=8, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=8, max_model_len=20, watermark=0.0, preemption_mode="recompute",
+                             enable_prefix_caching=True, num_speculative_tokens=1)
+    trace = Trace(config, (Arrival(0, Request("A", 2, 5, prompt_tokens=(1, 2))),), max_steps=6,
+                  drafts=((0, "A#0", DraftDecision(empty=True)),))
+    assert pipelined(trace, 0).config.enable_prefix_caching
+    assert not pipelined(trace, 1).config.enable_prefix_caching
+
+
 @SETTINGS
 @given(specdec_traces(), st.integers(0, 2))
 def test_async_reference_holds_the_async_profile_with_drafts_at_every_depth(trace: Trace, depth: int) -> None:

@@ -29,9 +29,9 @@ def adapter():
 def test_path_agrees_or_diverges_only_at_documented_deviations(adapter, path):
     invariants = get_profile("vllm-v1").invariants()
     classes, steps, shared = [], 0, 0
-    # 30 traces: since the host refuses a prompt of max_model_len tokens at the door (as V1 does),
+    # 45 traces (30 before the watermark was drawn, issue 21): since the host refuses a prompt of max_model_len tokens at the door (as V1 does),
     # fewer requests run at once, and 20 traces met no shared prefix block on chunked+prefix.
-    for trace in sample_traces(L.path_strategy(path), 30, 20261130):
+    for trace in sample_traces(L.path_strategy(path), 45, 20261130):
         assert trace.config.enable_chunked_prefill == ("chunked" in path)
         assert trace.config.enable_prefix_caching == ("prefix" in path)
         assert bool(trace.config.max_num_partial_prefills) == ("partial" in path)

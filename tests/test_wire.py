@@ -339,10 +339,13 @@ def test_an_engine_error_in_steps_keeps_the_host():
 
 
 @pytest.mark.parametrize("fault, kind", [("time.sleep(3600)", "hang"), ("sys.exit(3)", "raised")])
-def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind):
-    """kvsched_host holds step lines up to flush_ms to write them together; a step that hangs (the
+def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch):
+    """With flush_ms, kvsched_host holds step lines to write them together; a step that hangs (the
     watcher thread writes the held lines) or exits (serve writes them on the way out) is still
     reported at its own step, not at the first step whose line was held."""
+    import conformance.wire.client as client
+
+    monkeypatch.setattr(client, "_FLUSH_MS", 1.0)  # the runner's default; held lines are what this tests
     adapter = WireAdapter("helper", _helper_host(fault), timeout=60)
     result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=1.5)
     assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3

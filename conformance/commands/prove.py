@@ -113,7 +113,7 @@ def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
     ids = {i.id for i in catalogue()}
     written = []
     for cell in matrix.failing():
-        iid = cell.invariant.split("/")[0]  # a partial row (SPD-007/committed) replays as its catalogue invariant
+        iid = cell.invariant.split("/")[0]  # a partial row (ID/part) replays as its catalogue invariant
         if cell.counterexample is None or iid not in ids or cell.action == "init" or cell.flow == "async":
             continue  # an async counterexample has no trace bridge yet (docs/PROOFS.md)
         if cell.flow == "v1":

@@ -68,7 +68,7 @@ def _proof_status(proofs: dict[str, Any] | None) -> dict[str, str]:
             bad = sorted({f"{c['action']}: {c['result']}" for c in items if c["result"] not in ("proved", "n/a")})
             status[inv] = "not proved: " + "; ".join(bad)
     not_state = proofs.get("not_state_invariants", {})
-    for part in [i for i in cells if "/" in i]:  # a row proving part of a catalogue invariant (SPD-007/committed)
+    for part in [i for i in cells if "/" in i]:  # a row proving part of a catalogue invariant (ID/part)
         whole = part.split("/")[0]
         if whole not in cells and whole in not_state:
             status[whole] = f"partly: {part} {status[part]}; as catalogued, outside the matrix: {not_state[whole]}"

@@ -199,3 +199,38 @@ class _VictimFromHead(V1Scheduler):
         if self.config.policy == "priority":
             return super()._victim()
         return self.running[0]
+
+
+# ---------------------------------------------------------------------------------- admin calls
+def _reset_traces():
+    """The V1 flow's traces with prefix caching on and ``reset_prefix_cache`` calls (issue 21)."""
+    from conformance.generate_v1 import token_configs, token_traces
+
+    configs = token_configs("v1").map(lambda c: SchedulerConfig(**{**c.to_dict(), "enable_prefix_caching": True}))
+    return configs.flatmap(lambda c: token_traces("v1", config=c, resets=True, batch_aborts=True))
+
+
+_RESET = {**V1, "trace_strategy": _reset_traces}
+
+
+@mutant("v1-reset-refuses-idle-cache", "reset_prefix_cache refuses when no block is held (vLLM 0.33.0 "
+        "block_pool.py:882 with `<=` for `!=`: the mutation benchmark's m021)", ("PFX-006",), **_RESET)
+class _ResetRefusesIdle(V1Scheduler):
+    def reset_prefix_cache(self) -> bool:
+        if not any(self.pool.ref_counts[:]):
+            return False  # bug: the only case where a reset may succeed
+        return super().reset_prefix_cache()
+
+
+@mutant("v1-reset-keeps-keys", "reset_prefix_cache answers true but keeps the hash map: a later identical "
+        "prompt hits KV cached before the reset", ("PFX-006",), **_RESET)
+class _ResetKeepsKeys(V1Scheduler):
+    def reset_prefix_cache(self) -> bool:
+        return not any(self.pool.ref_counts[:])  # bug: the answer without the reset
+
+
+@mutant("v1-admission-ignores-watermark", "an admission made while requests run does not keep the watermark "
+        "free (vLLM V1 keeps it: kv_cache_manager.py:518-525)", ("ADM-004",), **V1)
+class _AdmissionIgnoresWatermark(V1Scheduler):
+    def _admission_watermark(self) -> int:
+        return 0  # bug: the watermark is never kept

@@ -31,6 +31,7 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import time
@@ -48,7 +49,7 @@ from conformance.targets import _v1_strategy, get_target
 from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.targets.door import GenerateDoor
 from conformance.targets.recording import RecordsSnapshots
-from reference_impl.v1_scheduler import V1Scheduler
+from reference_impl.v1_scheduler import EngineWatermarkV1
 from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
@@ -110,9 +111,10 @@ PATH_SPECS = {"chunked": PathSpec(True, False), "prefix": PathSpec(False, True),
 
 
 @st.composite
-def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
-    """Configs of one of V1's paths, within what vLLM 0.33.0 accepts: watermark 0 (V1's default;
-    the reference's every-admission watermark is a documented spec decision), recompute only,
+def path_configs(draw: st.DrawFn, path: str, watermark: bool = False) -> SchedulerConfig:
+    """Configs of one of V1's paths, within what vLLM 0.33.0 accepts: a watermark of 0 (V1's
+    default) or, with ``watermark``, up to 0.2 (SchedulerConfig.watermark, < 1; for a reference
+    with V1's rule, `EngineWatermarkV1`; lockstep_async's reference has the spec's), recompute only,
     max_num_partial_prefills 0 (V1 has no such limit; 1 or 2 on the ``chunked+partial`` path, to
     show it), long_prefill_token_threshold at most
     max_model_len (SchedulerConfig.verify_max_model_len), a budget of at least max_num_seqs and,
@@ -135,24 +137,29 @@ def path_configs(draw: st.DrawFn, path: str) -> SchedulerConfig:
     num_gpu_blocks = draw(st.integers(min_blocks, min_blocks + 4) | st.integers(min_blocks, min_blocks + 14))
     return SchedulerConfig(
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=0, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget, max_model_len=max_model_len, watermark=0.0, preemption_mode="recompute",
+        max_num_batched_tokens=budget, max_model_len=max_model_len,
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.2])) if watermark else 0.0, preemption_mode="recompute",
         policy=draw(st.sampled_from(["fcfs", "priority"])), enable_chunked_prefill=spec.chunked,
         max_num_partial_prefills=draw(st.sampled_from([1, 2])) if spec.partial else 0,
         long_prefill_token_threshold=threshold, enable_prefix_caching=spec.prefix,
     )
 
 
-def path_strategy(path: str) -> st.SearchStrategy:
+def path_strategy(path: str, optional_calls: bool = False) -> st.SearchStrategy:
+    """The traces of one path. ``optional_calls``: with batched aborts and, on the prefix paths,
+    ``reset_prefix_cache`` calls (a host that announces them: vllm-v1; Aphrodite's does not)."""
     if path == "default":
         return _v1_strategy()
-    return path_configs(path).flatmap(lambda config: token_traces("v1", config=config))
+    return path_configs(path, watermark=True).flatmap(
+        lambda config: token_traces("v1", config=config, batch_aborts=optional_calls, resets=optional_calls))
 
 
 # ------------------------------------------------------------------------------ state comparison
-class RecordingV1(GenerateDoor, RecordsSnapshots, V1Scheduler):
+class RecordingV1(GenerateDoor, RecordsSnapshots, EngineWatermarkV1):
     """The reference behind V1's front door (`conformance.targets.door`: a generate prompt of
-    exactly max_model_len tokens is refused on arrival, as the host refuses it), keeping its
-    snapshot after every step's update."""
+    exactly max_model_len tokens is refused on arrival, as the host refuses it), with vLLM V1's
+    watermark rule (`EngineWatermarkV1`: only admissions made while a request runs keep it free),
+    keeping its snapshot after every step's update."""
 
 
 class ClampedV1(RecordingV1):
@@ -307,8 +314,9 @@ def classify(adapter, trace: Trace, outcome: Outcome) -> str | None:
     return "unclassified"
 
 
-def run_path(adapter, profile, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
-    traces = sample_traces(path_strategy(path), count, seed_value)
+def run_path(adapter, profile, path: str, count: int, seed_value: int, first: dict, invariants,
+             optional_calls: bool = False) -> dict[str, Any]:
+    traces = sample_traces(path_strategy(path, optional_calls), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
@@ -355,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               "divergent_by_field", "violations")}
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
-        report["paths"][path] = entry = run_path(adapter, profile, path, args.traces, args.seed, first, invariants)
+        report["paths"][path] = entry = run_path(adapter, profile, path, args.traces, args.seed, first, invariants,
+                                                 optional_calls=args.target == "vllm-v1")
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, cls), (trace, _outcome) in sorted(first.items()):
         small = trace
@@ -387,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
         meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
-        saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
+        saved = dataclasses.replace(small, meta=meta)
         name = f"{path.replace('+', '-')}-{cls}.json"
         out = saved.save(args.traces_dir / name)
         entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})

@@ -310,6 +310,7 @@ class WireAdapter:
         self.host: HostProcess | None = None
         self.hello: Mapping[str, Any] = {}
         self._batch: _Batch | None = None  # set by `begin_trace`: calls answered from `steps` runs
+        self.optional_calls: frozenset[str] = frozenset()  # from hello (`start`)
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
 
@@ -324,6 +325,9 @@ class WireAdapter:
                 except ValueError:
                     continue  # a capability this runner does not know is simply not used
             self.capabilities = frozenset(caps) | {Capability.OUTPUT}
+            # optional calls the host answers (spec/protocol.py OPTIONAL_CALLS); a host that does not
+            # list them has none: batched aborts then go one id at a time, admin calls are refused
+            self.optional_calls = frozenset(c for c in self.hello.get("optional_calls", ()) if isinstance(c, str))
             if self._claimed_profiles is None:
                 self.profiles = tuple(self.hello.get("profiles", ["safety"]))
         return self
@@ -358,6 +362,15 @@ class WireAdapter:
     def abort_request(self, request_id: str) -> Finished | None:
         result = self._answer("abort_request", {"request_id": request_id})
         return None if result is None else finished_from_json(result, "abort_request")
+
+    def abort_requests(self, request_ids: Sequence[str]) -> list[Finished]:
+        """One batched abort (a host that lists ``abort_requests`` in hello's ``optional_calls``)."""
+        return finished_list_from_json(self._answer("abort_requests", {"request_ids": list(request_ids)}),
+                                       "abort_requests")
+
+    def reset_prefix_cache(self) -> bool:
+        """The engine's admin call (a host that lists ``reset_prefix_cache`` in ``optional_calls``)."""
+        return self._answer("reset_prefix_cache")
 
     def schedule(self) -> SchedulerOutput:
         return output_from_json(self._answer("schedule"))
@@ -409,10 +422,17 @@ class WireAdapter:
         last = min(first + batch.size, trace.max_steps)
         if batch.ended or first >= last:
             raise WireError("steps: the runner called past the end of the trace the host ran")
+        batched = "abort_requests" in self.optional_calls
         steps = [{"step": k, "add": [request_to_json(r) for r in trace.arrivals_at(k)],
-                  "abort": list(trace.aborts_at(k)), "stopped": sorted(trace.stops_at(k)),
+                  "abort": list(trace.aborts_at(k)) + ([] if batched else  # one id at a time (conformance/driver.py)
+                                                       [rid for ids in trace.abort_batches_at(k) for rid in ids]),
+                  "stopped": sorted(trace.stops_at(k)),
                   **({"drafts": {sid: d.to_dict() for sid, d in sorted(trace.drafts_at(k).items())}}
-                     if trace.drafts_at(k) else {})}  # speculative decoding (spec/speculative.py)
+                     if trace.drafts_at(k) else {}),  # speculative decoding (spec/speculative.py)
+                  # optional calls: sent only to a host that announced them, so an older host never sees them
+                  **({"abort_batches": [list(ids) for ids in trace.abort_batches_at(k)]}
+                     if batched and trace.abort_batches_at(k) else {}),
+                  **({"admin": list(trace.admin_at(k))} if trace.admin_at(k) else {})}
                  for k in range(first, last)]
         if self.host is None:
             self.start()
@@ -426,7 +446,13 @@ class WireAdapter:
         """The host's next line for the pending `steps` message: one step's calls (``{"id", "calls"}``,
         with ``error`` if an engine call failed) or the closing ``{"id", "result": {"ended"}}``."""
         assert self.host is not None and batch.pending is not None
-        msg = self.host.receive(batch.pending, "steps", self.timeout)
+        try:
+            msg = self.host.receive(batch.pending, "steps", self.timeout)
+        except WireError as err:
+            if _FLUSH_MS and not self.host.alive:  # killed by a signal: its held lines are lost
+                raise WireError(f"{err} (the host may have held up to {_HOLD_LINES} step lines: the fault is at "
+                                f"this step or up to {_HOLD_LINES - 1} steps later)", err.location) from err
+            raise
         if "calls" in msg:
             calls = msg["calls"]
             if not isinstance(calls, list):
@@ -453,9 +479,13 @@ class WireAdapter:
 
 
 _MAX_STEPS_PER_MESSAGE = 64
-# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps):
-# every write wakes the runner, and a wake-up per step cost more CPU than the step's JSON.
+# How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps;
+# kvsched_host also writes at most 8 together). Each write wakes the runner: on vLLM, holding
+# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won
+# three of the four interleaved before/after runs; on nano-vllm, whose steps are fast, it is level
+# by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
 _FLUSH_MS = 1.0
+_HOLD_LINES = 8  # kvsched_host's limit on held lines (a fault's step is this uncertain after a kill)
 
 
 class _Batch:

@@ -14,8 +14,13 @@ them (like `free_in_tables`) through the blocks a pool names as changed
 hands a check of every token only the tokens it has not read;
 `chained_keys`, `keyed_blocks` and `changed_items` let the prefix-cache checks extend keys and
 read only keyed or changed blocks; `views_of` finds a request's views without a scan;
+`queue_set` and `shared_blocks` are carried while a queue, or every table, stands still;
 `returned_step` carries each scheduled step until its outcome is processed (``pipeline_depth``
-steps later), so a predicate about an outcome reads the step it belongs to. An
+steps later), so a predicate about an outcome reads the step it belongs to, and `void_outcomes`
+the sequences whose last outcome committed nothing (PFX-001's and SPD-007's one-slot allowance). A check that
+declares the view fields it reads (`Invariant.reads`, set on `CheckContext.reads` while it runs)
+within `PLACEMENT` is handed only the views whose placement changed (`placement_changes`, once
+per snapshot). An
 adapter that gives no delta has its whole snapshots diffed into one by the driver
 (`spec.observation.with_delta`, at C speed), so the same shortcuts apply; the verdicts are those
 of checking everything (`KVSCHED_FULL_CHECK=1` forces that path; tests/test_incremental_check.py
@@ -35,7 +40,7 @@ from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
 from spec.speculative import NO_DECISION, DraftDecision
 from spec.status import PreemptionMode, Status
-from spec.types import ScheduledSeq
+from spec.types import ScheduledSeq, request_of
 
 if TYPE_CHECKING:
     from spec.catalogue import CheckContext
@@ -1031,3 +1036,48 @@ def drops_unseen_tokens(ctx: CheckContext, record: StepRecord, old: SeqView, new
         return False
     kept = min(new.num_tokens, old.num_tokens)
     return old.token_ids is None or new.token_ids is None or new.token_ids[:kept] == old.token_ids[:kept]
+
+
+class VoidOutcomes(NamedTuple):
+    """The sequences whose last processed outcome committed no token (`void_outcomes`): before
+    this step's update (what the snapshot after schedule() reads) and after it."""
+
+    before: frozenset[str]
+    after: frozenset[str]
+
+
+_VOID = "_void_outcomes"  # flow_state key of `void_outcomes`
+
+
+def void_outcomes(ctx: CheckContext, record: StepRecord) -> VoidOutcomes:
+    """The sequences whose last processed outcome was empty (``DraftDecision.empty``: the model
+    returned no token, vllm-project/vllm#42722's output) after sampling them: they sit at their
+    last known token with computed tokens rolled back to ``num_tokens - 1``, yet that step's
+    forward pass wrote the last known token's KV (vLLM's runner empties a request's sampled
+    tokens after the forward pass, gpu_model_runner.py:2062-2065 and 3462-3505), so a block
+    keyed over it holds that token's KV: PFX-001 and SPD-007 allow one position past the
+    computed tokens for these. A sequence leaves the set at its next processed outcome or when
+    its request is preempted, aborted or finished. Synchronous steps only (``pipeline_depth``
+    0): with outcomes in flight the set is empty (the generator draws no empty outcome with
+    prefix caching there). Every predicate that reads it must call it in every step, like
+    `returned_step` (which it calls)."""
+    state = ctx.flow_state.setdefault(_VOID, {})
+    if state.get("step") == record.step:
+        return state["void"]
+    returned = returned_step(ctx, record)
+    before = frozenset(state.get("after", frozenset()))
+    gone = ({p.request_id for p in record.output.preempted} | set(record.aborted)
+            | {f.request_id for f in record.finished})
+    after = {sid for sid in before if request_of(sid) not in gone}
+    if returned is not None and not ctx.config.pipeline_depth:
+        seqs = record.before.seqs or {}
+        for item in returned.live():
+            after.discard(item.seq_id)
+            old = seqs.get(item.seq_id)
+            if (returned.decision(item.seq_id).empty and old is not None and old.num_computed is not None
+                    and old.num_tokens is not None and old.num_computed + item.num_tokens >= old.num_tokens):
+                after.add(item.seq_id)  # it sampled (its prompt was complete) and got nothing
+        after -= {sid for sid in after if request_of(sid) in gone}
+    void = VoidOutcomes(before, frozenset(after))
+    state["step"], state["void"], state["after"] = record.step, void, void.after
+    return void

@@ -61,6 +61,28 @@ def watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
+    "ADM-004", "policy",
+    """vLLM V1's watermark: in a step that admits requests, at least the watermark of GPU blocks is
+    free after schedule(), unless the step's one admission entered an empty running set.""",
+    """vLLM V1 keeps watermark_blocks free only for admissions made while a request is already
+    running (KVCacheManager.allocate_slots, v1/core/kv_cache_manager.py:518-525, with
+    has_scheduled_reqs=bool(self.running) from Scheduler.schedule, v1/core/sched/scheduler.py:1451):
+    the first request into an idle engine may use the whole cache, every later admission leaves the
+    watermark for the running requests' decodes. ADM-002 is V0's stricter rule (every admission),
+    which V1 does not follow; the vllm-v1 profile checks this one instead.""",
+    (C.MID_STEP, C.FREE_COUNTS, C.QUEUES),
+)
+def v1_watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.gpu_free is not None
+    entered = admitted(rec)
+    if not entered or (len(entered) == 1 and not rec.before.running):
+        return
+    if rec.mid.gpu_free < ctx.config.watermark_blocks:
+        yield (f"{entered} entered (running before: {list(rec.before.running or ())}) with {rec.mid.gpu_free} "
+               f"GPU blocks left free, watermark {ctx.config.watermark_blocks}")
+
+
+@invariant(
     "ADM-003", "safety",
     """Atomic admission: after schedule(), a request admitted in this step holds, on the GPU, at
     least every block its prefill needs (with chunked prefill: its first chunk), and a request

@@ -21,6 +21,7 @@ from spec.invariants._views import (
     snapshots,
     tables,
     views_of,
+    void_outcomes,
 )
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
@@ -28,23 +29,31 @@ from spec.observation import Snapshot, StepRecord
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
 
-def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int) -> int:
+def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: int, void: frozenset[str]) -> int:
     """Tokens whose KV is computed, or being computed in this step when looking after schedule()
-    (``scheduled``: tokens scheduled per sequence in this step)."""
+    (``scheduled``: tokens scheduled per sequence in this step), or written by a step whose
+    outcome committed nothing (``void``: its last known token, one past the computed tokens)."""
+    written = num_computed + (1 if sid in void else 0)
     if label == "after schedule":
-        return num_computed + scheduled.get(sid, 0)
-    return num_computed
+        return max(written, num_computed + scheduled.get(sid, 0))
+    return written
 
 
 @invariant(
     "PFX-001", "safety",
     """A cached block's key matches the tokens it holds: a block with a key sits in a table only
-    at a full block whose KV is computed (or computed in this step), and its key is the chained
-    key of that sequence's tokens up to the block's end.""",
+    at a full block whose KV is computed (or computed in this step; or, for a sequence whose last
+    outcome committed no token, written up to its last known token, one past its computed tokens),
+    and its key is the chained key of that sequence's tokens up to the block's end.""",
     """vLLM V1 keys block j by hash(key of block j-1, tokens of block j) and caches a block only
     once its tokens are computed; a key that does not match the content (a stale key on a reused
     block, a key on a partly written block) makes a later lookup return KV of other tokens, which
-    the model then attends to silently.""",
+    the model then attends to silently. An outcome with no token (speculative decoding's empty
+    outcome, vllm-project/vllm#42722) rolls the computed tokens back to the last known token but
+    one, yet the step's forward pass wrote the last known token's KV (vLLM's runner empties the
+    sampled tokens after the forward pass: gpu_model_runner.py:2062-2065, 3462-3505), so the
+    block keyed over it when the step was scheduled (kv_cache_manager.py:616-625) holds the KV
+    its key names; the recompute writes the same KV again.""",
     (*_NEEDS, C.COMPUTED_TOKENS),
     synchronous=True,
 )
@@ -53,6 +62,7 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     scheduled: dict[str, int] = {}
     for item in rec.output.scheduled:
         scheduled[item.seq_id] = scheduled.get(item.seq_id, 0) + item.num_tokens
+    void = void_outcomes(ctx, rec)  # every step, before any early return
     for label, snap, prior in checked_with_prior(ctx, rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
@@ -62,7 +72,8 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         for sid, v in _key_holders_to_check(snap, prior, scheduled):
             if v.device != "gpu" or not v.blocks or v.token_ids is None or keyed.isdisjoint(v.blocks):
                 continue
-            limit = _allowance(scheduled, label, sid, v.num_computed or 0)
+            limit = _allowance(scheduled, label, sid, v.num_computed or 0,
+                               void.before if label == "after schedule" else void.after)
             expected = chained_keys(snap, sid, bs)[: min(limit, len(v.token_ids)) // bs]
             for j, block in enumerate(v.blocks):
                 key = keys[block] if 0 <= block < len(keys) else None
@@ -224,3 +235,35 @@ def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 yield f"{v.seq_id} admitted with all {v.num_tokens} tokens served by the cache"
             elif v.num_computed % ctx.config.block_size:
                 yield f"{v.seq_id} admitted with a cache hit of {v.num_computed} tokens, not whole blocks"
+
+
+@invariant(
+    "PFX-006", "safety",
+    """An engine's reset_prefix_cache answers true exactly when no GPU block is held; after a true
+    answer no GPU block keeps a key and the cache index is empty (so no later request hits a prompt
+    cached before the reset).""",
+    """vLLM V1's Scheduler.reset_prefix_cache (v1/core/block_pool.py: BlockPool.reset_prefix_cache) is
+    the admin call RLHF flows make after a weight update, so that no KV computed with the old weights
+    is reused: it must refuse while a block is in use (a running request still reads its cached
+    blocks; dropping their hashes under it would break the hash map's bookkeeping) and, when it
+    succeeds, drop every hash. A reset that answers true but keeps a key serves stale KV; one that
+    refuses an idle cache leaves the old weights' KV in place while the caller believes it gone.""",
+    (C.PREFIX_CACHE, C.REF_COUNTS),
+)
+def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    snap = rec.before  # taken after the step's admin calls; a reset moves no reference count
+    for op, answer in rec.admin:
+        if op != "reset_prefix_cache":
+            continue
+        assert snap.gpu_ref_counts is not None
+        held = [b for b, n in enumerate(snap.gpu_ref_counts) if n]
+        if answer and held:
+            yield f"reset_prefix_cache answered true while gpu blocks {held[:8]} are held"
+        elif not answer and not held:
+            yield "reset_prefix_cache refused although no gpu block is held"
+        elif answer:
+            keyed = sorted(keyed_blocks(snap))
+            if keyed:
+                yield f"after a reset that answered true, gpu blocks {keyed[:8]} still carry keys"
+            if snap.cache_index:
+                yield f"after a reset that answered true, the cache index still holds {len(snap.cache_index)} keys"

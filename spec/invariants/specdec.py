@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import returned_step
+from spec.invariants._views import returned_step, void_outcomes
 from spec.observation import Capability as C
 from spec.observation import SeqView, StepRecord
 from spec.status import Status
@@ -247,9 +247,10 @@ def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """A block is keyed for prefix caching only over KV computed from committed tokens: between
     steps, every keyed block in a running sequence's table lies within its known tokens and
     within the positions a processed step wrote or a step still in flight writes (at depth 0:
-    within its computed tokens; at depth > 0: within ``num_computed + in_flight_tokens - stale``
-    of the IN_FLIGHT snapshot part), so a block whose slots hold a rejected draft's KV is never
-    found under the accepted content's key.""",
+    within its computed tokens, plus one, its last known token, when its last outcome committed
+    no token; at depth > 0: within ``num_computed + in_flight_tokens - stale`` of the IN_FLIGHT
+    snapshot part), so a block whose slots hold a rejected draft's KV is never found under the
+    accepted content's key.""",
     """When a draft is rejected the model samples another token at its position, so the block
     holds KV for a token the sequence does not have until that position is computed again.
     Keying it by the accepted tokens hands that garbage KV to the next request with the same
@@ -260,11 +261,17 @@ def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (steps run in order, so the write lands before any reader's: PIP-004), which is why the
     positions in flight count; an in-flight step writes a known token's KV at every position
     below the tokens (vLLM's runner shifts the next step's positions past the rejected drafts).
+    After an outcome with no token (vllm-project/vllm#42722's empty output) the computed tokens
+    roll back to the last known token but one, but the step's forward pass ran and wrote the
+    last known token's KV (vLLM's runner clears a request's sampled tokens after the forward
+    pass: gpu_model_runner.py:2062-2065, 3462-3505); only the drafts past it are rejected KV, so
+    that one position counts as written until the next outcome (`void_outcomes`).
     At depth > 0 an adapter that shows no in-flight counters is not checked.""",
     (C.BLOCK_TABLES, C.COMPUTED_TOKENS),
 )
 def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     returned = returned_step(ctx, rec)
+    void = void_outcomes(ctx, rec).after
     if not ctx.config.num_speculative_tokens:
         return  # every keyed block's KV is computed: PFX-001 says so without drafts
     snap = rec.after
@@ -278,10 +285,10 @@ def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
         v = snap.seqs.get(sid)
         if v is None or v.status is not Status.RUNNING or v.num_computed is None or not v.blocks:
             continue
-        written = v.num_computed
+        written = v.num_computed + (1 if sid in void else 0)
         c = in_flight.get(sid) if in_flight is not None else None
         if c is not None:
-            written = min(v.num_computed + c.in_flight_tokens - c.stale, v.num_tokens or 0)
+            written = min(written + c.in_flight_tokens - c.stale, v.num_tokens or 0)
         for index, block in enumerate(v.blocks):
             if (index + 1) * bs > written and 0 <= block < len(keys) and keys[block] is not None:
                 yield (f"after the step: {sid} block {block} (index {index}) is keyed but holds positions up to "

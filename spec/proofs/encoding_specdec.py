@@ -11,7 +11,8 @@ GPU only), plus, per request, what the reference keeps for drafts and keys
 - ``nkey``: blocks of its table keyed for prefix caching (``num_keyed``), which SPD-007 reads
   (the cache's *hits* are not modelled, as in the v1 flow: admission computes from 0);
 - ``void``: a proof-only ghost, absent from the reference: its last outcome committed no token
-  (SPD-007's catalogue predicate fails right after one: `SPD007_FINDING`).
+  (SPD-007 allows one more keyed position then: `SPD007_STRENGTHENING`; the checker's
+  counterpart is `spec.invariants._views.void_outcomes`).
 
 The config adds ``num_speculative_tokens`` (symbolic, 0..`MAX_SPECULATIVE_TOKENS`: one proof
 covers k = 0, today's V1, and every k) and ``enable_prefix_caching``.
@@ -43,6 +44,11 @@ the computed tokens once the outcome committed (vLLM scheduler.py:2402-2415).
 
 Over-approximations, as in the v1 flow (any queue order, the budget per action, any free block),
 so what is proved holds for more than the reference does.
+
+For every size (every pool, request count, table length and k): `GenericSpecDec` at the end is
+spec/proofs/per_sequence.py's one-generic-request argument for this flow, sharing `outcome` with
+the bounded encoding; the block layer and the counts are v1's arguments (a verifying step appends
+like a chunk). docs/PROOFS.md, "Speculative decoding", says which argument covers which cell.
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ SPECDEC_MUTANTS = {
                              "(TensorRT-LLM#16101; mutant specdec-drafts-outside-budget)",
     "drafts-on-prefill-chunk": "the drafter's proposal after a prefill chunk that samples nothing is kept, so the "
                                "prompt's next chunk carries drafts (vllm#30618; mutant specdec-drafts-on-prefill-chunk)",
+    "drafts-after-cut-chunk": "the proposal kept after a prefill chunk rides the next chunk even when the budget or "
+                              "the threshold cuts it short of the prompt's end (vllm#30618 where it corrupts; mutant "
+                              "specdec-drafts-after-cut-chunk)",
     "keys-rejected-kv": "after an outcome, blocks are keyed up to every committed token, the bonus token's slot "
                         "(rejected-draft KV) included (vllm#18668's family; mutant specdec-caches-rejected-kv)",
 }
@@ -180,12 +189,13 @@ class SpecDecEncoder(ChunkedEncoder):
         k = z3.Int("act_tokens")
         ae.params["tokens"] = k
         ntok, ncomp = self._at(pre.ntok, g), self._at(pre.ncomp, g)
-        drafts = self.let(_max(ncomp + k - ntok, 0), "dr")
-        ae.params["drafts"] = drafts
-        budgeted = k - drafts if self.mutant == "drafts-outside-budget" else k
-        ok = z3.And(k >= 1, k <= ntok + self.draft_room(pre, g) - ncomp, budgeted <= self.T,
-                    z3.Implies(self.threshold_applies(pre), k <= self.TH))
-        return k, ok
+        assert isinstance(pre, SpecState)
+        cut = z3.Int("act_cut_drafts")
+        if self.mutant == "drafts-after-cut-chunk":
+            ae.params["cut_drafts"] = cut
+        drafts, ok = chunk_drafts(self, ncomp, ntok, self._at(pre.npr, g), self.draft_room(pre, g), k, cut)
+        ae.params["drafts"] = self.let(drafts, "dr")
+        return k, z3.And(ok, z3.Implies(self.threshold_applies(pre), k <= self.TH))
 
     def _sd_chunk(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         self._v1_chunk(ae, pre, st, g)
@@ -236,7 +246,22 @@ class SpecDecEncoder(ChunkedEncoder):
         self._v1_ignore(ae, pre, st, g)
 
 
-# ---------------------------------------------------------------------- the outcome, shared
+# ---------------------------------------------------------------------- the chunk and the outcome, shared
+def chunk_drafts(enc: Any, ncomp: Any, ntok: Any, npr: Any, room: Any, k: Any, cut: Any) -> tuple[Any, Any]:
+    """(drafts, bounds) of a chunk of ``k`` tokens (`V1Scheduler._running_chunk`): at most the
+    uncomputed tokens plus the draft room and the budget (drafts included); the drafts are how far
+    it reaches past the last known token. Mutant ``drafts-after-cut-chunk``: a chunk of ``k -
+    cut`` tokens short of the prompt's end carries ``cut`` drafts of the proposal after it."""
+    drafts = _max(ncomp + k - ntok, 0)
+    budgeted = k - drafts if enc.mutant == "drafts-outside-budget" else k
+    ok = z3.And(k >= 1, k <= ntok + room - ncomp, budgeted <= enc.T)
+    if enc.mutant == "drafts-after-cut-chunk":
+        cut_short = z3.And(cut >= 1, cut <= npr, cut <= enc.K, k - cut >= 1, ncomp + k - cut < ntok, k <= enc.T)
+        return z3.If(cut >= 1, cut, drafts), z3.Or(z3.And(cut == 0, ok), cut_short)
+    return drafts, ok
+
+
+
 OUTCOME_PARAMS = ("stop", "stop_at", "accepted", "empty", "proposed")
 
 
@@ -269,7 +294,7 @@ def outcome(enc: Any, n: Any, computed: Any, keyed: Any, k: Any, d: Any, plen: A
     computed_after = z3.If(samples, z3.If(ends, rolled - (committed - 1 - end), rolled), after)
     ntok = z3.If(samples, n + z3.If(ends, end + 1, committed), n)
     goes_on = z3.And(samples, committed >= 1, z3.Not(ends))
-    if enc.mutant == "drafts-on-prefill-chunk":
+    if enc.mutant in ("drafts-on-prefill-chunk", "drafts-after-cut-chunk"):
         goes_on = z3.Or(goes_on, z3.Not(samples))
     upto = ntok if enc.mutant == "keys-rejected-kv" else computed_after
     on_commit = z3.And(samples, committed >= 1, enc.PC, enc.K > 0)
@@ -313,32 +338,32 @@ def spd002(enc: Encoder, st: State) -> Any:
                                z3.And(st.sstat[s] == RUN, st.ncomp[s] == st.ntok[s] - 1)) for s in range(enc.S)])
 
 
-def spd007(enc: Encoder, st: State) -> Any:
-    """SPD-007 as catalogued: with k > 0, every keyed block of a running request lies within its
-    computed tokens. Not a row of the matrix: it fails right after an outcome with no token
-    (`SPD007_FINDING`); `spd007_committed` is the row."""
+def spd007_strict(enc: Encoder, st: State) -> Any:
+    """SPD-007 without its allowance for an empty outcome: with k > 0, every keyed block of a
+    running request lies within its computed tokens. Not a row: it fails right after an outcome
+    with no token when prefix caching is on (`SPD007_STRENGTHENING`); `spd007` is the row."""
     assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
     return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s])
                                           for s in range(enc.S)]))
 
 
-def spd007_committed(enc: Encoder, st: State) -> Any:
-    """SPD-007 for every running request whose last outcome committed a token (row
-    ``SPD-007/committed``); one whose last outcome committed nothing has its keyed blocks within
-    its computed tokens plus the one it must recompute (the strengthening that makes it inductive:
-    the rolled-back position's KV was written from a committed token, not a draft)."""
+def spd007(enc: Encoder, st: State) -> Any:
+    """SPD-007 as catalogued: with k > 0, every keyed block of a running request lies within its
+    computed tokens, plus the one it must recompute when its last outcome committed nothing
+    (``void``; the catalogue's `void_outcomes`): that position's KV was written from a committed
+    token by the step's forward pass, not a draft."""
     assert isinstance(enc, SpecDecEncoder) and isinstance(st, SpecState)
     return z3.Implies(enc.K > 0, P0._all([z3.Implies(st.sstat[s] == RUN, st.nkey[s] * enc.bs <= st.ncomp[s]
                                                       + z3.If(st.void[s], 1, 0)) for s in range(enc.S)]))
 
 
-SPD007_FINDING = (
-    "fails after an outcome with no token (vllm#42722's empty outcome) when prefix caching is on and the "
-    "step's last known token ends a block: the block was keyed when allocated (vLLM allocate_slots keys up "
-    "to the known tokens), and the rollback to the last token but one leaves its last slot past the computed "
-    "tokens. That slot's KV was computed from a committed token, not a draft, so the rationale holds; the "
-    "predicate is stricter than it by one slot. Proved as SPD-007/committed (every request whose last outcome "
-    "committed a token; one slot of slack right after an empty one); docs/PROOFS.md"
+SPD007_STRENGTHENING = (
+    "the strict form (keys within the computed tokens) is not inductive: it fails after an outcome with no "
+    "token (vllm#42722's empty outcome) when prefix caching is on and the step's last known token ends a "
+    "block: the block was keyed when allocated (vLLM allocate_slots keys up to the known tokens), and the "
+    "rollback to the last token but one leaves its last slot past the computed tokens. That slot's KV was "
+    "written from a committed token by the step's forward pass (vLLM's runner empties the sampled tokens "
+    "after it), so SPD-007 as catalogued allows it; docs/PROOFS.md"
 )
 
 
@@ -367,14 +392,23 @@ def spd001(ae: ActionEncoding) -> Any:
 
 
 def spd002_step(ae: ActionEncoding) -> Any:
-    """SPD-002 (step part): a request scheduled with drafts gets at most k of them and exactly one
-    other token, its last known one (the drafts are the positions right after it)."""
+    """SPD-002 (step part; policy, the reference's): a request scheduled with drafts has exactly
+    one other token scheduled, its last known one."""
+    if not _schedules(ae):
+        return z3.BoolVal(True)
+    k, d = ae.params["tokens"], ae.params["drafts"]
+    return z3.Implies(d >= 1, k - d == 1)
+
+
+def spd009(ae: ActionEncoding) -> Any:
+    """SPD-009: a request scheduled with drafts gets at most k of them and at least one other
+    token, and the chunk before the drafts ends at its last known token."""
     if not _schedules(ae):
         return z3.BoolVal(True)
     enc = ae.enc
     assert isinstance(enc, SpecDecEncoder)
     k, d = ae.params["tokens"], ae.params["drafts"]
-    return z3.Implies(d >= 1, z3.And(d <= enc.K, k - d == 1, P0._all([
+    return z3.Implies(d >= 1, z3.And(d <= enc.K, k > d, P0._all([
         z3.Implies(a, ae.pre.ncomp[s] + k - d == ae.pre.ntok[s]) for s, a in enumerate(_acted(ae))])))
 
 
@@ -460,17 +494,17 @@ def chk004_specdec(ae: ActionEncoding) -> Any:
 
 SPECDEC_STATE_INVARIANTS = {
     **{k: v for k, v in V1_STATE_INVARIANTS.items() if k not in ("CAP-001", "WF")},
-    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007/committed": spd007_committed,
+    "CAP-001": cap001_specdec, "CHK-002": chk002, "SPD-002": spd002, "SPD-007": spd007,
     "WF": wf_specdec,
 }
 SPECDEC_TRANSITION_PROPERTIES = {
     **{k: v for k, v in V1_TRANSITION_PROPERTIES.items() if k != "CHK-004"},
     "CHK-004": chk004_specdec,
     "SPD-001": spd001, "SPD-003": spd003, "SPD-004": spd004, "SPD-005": spd005, "SPD-006": spd006, "SPD-008": spd008,
+    "SPD-009": spd009,
 }
 SPECDEC_STEP_PARTS = {"CHK-002": chk002_step_specdec, "SPD-002": spd002_step}
 SPECDEC_SCOPE = {
-    "SPD-007": SPD007_FINDING,
     "CAP-004": "implied on this flow by CAP-001 (proved: at least ceil(computed / block_size) blocks)",
     "CAP-006": "implied on this flow by CAP-001 (proved: at most the blocks of its tokens plus k, the lookahead "
                "reservation the reference declares)",
@@ -513,9 +547,9 @@ def pin_specdec_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list
 # proposal, keys and ``void`` ghost, and the speculative chunk (`outcome`, shared with the bounded
 # encoding above). `tests/test_per_sequence_matches_reference.py` checks it on the reference.
 ROWS_SPECDEC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CAP-001", "CAP-003", "CHK-002", "LEN-001", "CHK-006",
-                    "SPD-002", "SPD-007/committed")
+                    "SPD-002", "SPD-007")
 STEPS_SPECDEC_SEQ = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002",
-                     "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008")
+                     "SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006", "SPD-008", "SPD-009")
 ACTIONS_SPECDEC_SEQ = SPECDEC_ACTIONS
 
 
@@ -537,6 +571,7 @@ class GenericSpecDec(GenericV1):
         self.mutant = mutant
         self.K, self.T = z3.Ints("g_num_speculative_tokens g_token_budget")
         self.PC = z3.Bool("g_enable_prefix_caching")
+        self.cut = z3.Int("g_cut_drafts")  # mutant drafts-after-cut-chunk only
         self.p: dict[str, Any] = {}
 
     def seq(self, p: str) -> SpecSeq:
@@ -556,7 +591,7 @@ class GenericSpecDec(GenericV1):
         out = super().rows(q)
         out["CAP-001"] = z3.Implies(q.st == RUN, z3.And(q.tl >= self.ceil(q.nc), q.tl <= self.ceil(q.nt + self.K)))
         out["SPD-002"] = z3.Implies(z3.And(q.pr > 0, q.st != FIN), z3.And(q.st == RUN, q.nc == q.nt - 1))
-        out["SPD-007/committed"] = z3.Implies(self.K > 0, z3.Implies(q.st == RUN, q.ky * self.bs <= q.nc + z3.If(q.vd, 1, 0)))
+        out["SPD-007"] = z3.Implies(self.K > 0, z3.Implies(q.st == RUN, q.ky * self.bs <= q.nc + z3.If(q.vd, 1, 0)))
         return out
 
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
@@ -566,7 +601,8 @@ class GenericSpecDec(GenericV1):
 
     # ---------------------------------------------------------------- the request's rules
     def drafts(self, q: Seq) -> Any:
-        return _max(q.nc + self.k - q.nt, 0)
+        assert isinstance(q, SpecSeq)
+        return chunk_drafts(self, q.nc, q.nt, q.pr, self.room(q), self.k, self.cut)[0]
 
     def room(self, q: SpecSeq) -> Any:
         """`SpecDecEncoder.draft_room` for the generic request."""
@@ -582,10 +618,9 @@ class GenericSpecDec(GenericV1):
 
     def _chunk(self, q: Seq, allocate: bool = True) -> tuple[Any, Seq]:
         assert isinstance(q, SpecSeq)
-        k, d = self.k, self.drafts(q)
-        budgeted = k - d if self.mutant == "drafts-outside-budget" else k
-        ok = z3.And(k >= 1, k <= q.nt + self.room(q) - q.nc, budgeted <= self.T,
-                    z3.Implies(self.threshold_applies(q), k <= self.TH), outcome_params(self.p, self.K, d))
+        k = self.k
+        d, bounds = chunk_drafts(self, q.nc, q.nt, q.pr, self.room(q), k, self.cut)
+        ok = z3.And(bounds, z3.Implies(self.threshold_applies(q), k <= self.TH), outcome_params(self.p, self.K, d))
         target = self.ceil(q.nc + k)
         tl = z3.If(target > q.tl, target, q.tl)
         o = outcome(self, q.nt, q.nc, q.ky, k, d, self.plen, self.mtok, self.p)
@@ -617,7 +652,7 @@ class GenericSpecDec(GenericV1):
         assert isinstance(q, SpecSeq)
         goals = super().transition_goals("chunk" if action == "verify" else action, q, post)
         goals.update({name: z3.BoolVal(True) for name in ("SPD-001", "SPD-003", "SPD-004", "SPD-005", "SPD-006",
-                                                          "SPD-008", "SPD-002/step")})
+                                                          "SPD-008", "SPD-009", "SPD-002/step")})
         if action not in ("admit", "chunk", "verify"):
             return goals
         k, d, p = self.k, self.drafts(q), self.p
@@ -629,7 +664,8 @@ class GenericSpecDec(GenericV1):
             "CHK-004": z3.And(post.nc >= least, post.nc <= q.nc + k),
             "SPD-001": z3.And(k <= self.T, z3.If(self.ceil(q.nc + k) > q.tl, self.ceil(q.nc + k), q.tl)
                               >= self.ceil(q.nc + k)),
-            "SPD-002/step": z3.Implies(d >= 1, z3.And(d <= self.K, k - d == 1, q.nc + k - d == q.nt)),
+            "SPD-002/step": z3.Implies(d >= 1, k - d == 1),
+            "SPD-009": z3.Implies(d >= 1, z3.And(d <= self.K, k > d, q.nc + k - d == q.nt)),
             "SPD-003": z3.Implies(d >= 1, q.nc + k + 1 <= self.ML),
             "SPD-004": z3.Implies(d >= 1, q.nt - self.plen + d + 1 <= self.mtok),
             "SPD-005": z3.Implies(z3.And(post.st == RUN, z3.Or(d >= 1, z3.And(p["empty"] == 1, samples))),

@@ -280,7 +280,7 @@ def prove(
         if strengthen and not alone and any(iid in ("COW-001", "ALLOC", "ADM-002") for iid in wanted):
             upgraded |= WR.proved_cells(flow_name, timeout_ms=min(timeout_ms, 20_000))
         # the per-sequence rows (spec/proofs/per_sequence.py): one generic sequence
-        if sequences and not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.STEPS_V1) for iid in wanted):
+        if sequences and not alone and any(iid in (*PS.rows_actions(flow_name)[0], *PS.steps_of(flow_name)) for iid in wanted):
             upgraded |= PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
         # STR-002 / BUD-003: the touched request's term plus the rest (spec/proofs/counting.py)
         if sequences and strengthen and not alone and any(iid in ("STR-002", "BUD-003") for iid in wanted):

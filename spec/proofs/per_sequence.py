@@ -438,6 +438,15 @@ def proved_cells(timeout_ms: int = 20_000, flow_name: str = "v0") -> set[tuple[s
     return _CACHE[key]
 
 
+def steps_of(flow_name: str) -> tuple[str, ...]:
+    """The flow's transition properties proved on the generic request (v0 has none here)."""
+    if flow_name == "specdec":
+        from spec.proofs.encoding_specdec import STEPS_SPECDEC_SEQ
+
+        return STEPS_SPECDEC_SEQ
+    return STEPS_V1
+
+
 def mutants_of(flow_name: str) -> dict[str, tuple[str, ...]]:
     """The flow's proof mutants whose mutated transition is a per-sequence rule, with their actions."""
     if flow_name == "specdec":  # every one of them (spec.proofs.encoding_specdec.SPECDEC_MUTANTS)

@@ -61,7 +61,31 @@ OUT_OF_SCOPE: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "rejected", "num_accepted")),
     ("kv-connector", ("connector", "kv_transfer", "remote", "recving", "sending", "kv_load", "invalid_block",
                       "load_kv", "xfer", "async_load", "kv_consumer", "kv_producer", "failed_recv", "kv_output",
-                      "offload", "unpin", "pin_")),
+                      "offload", "unpin", "pin_",
+                      # called only by KV connectors: distributed/kv_transfer/kv_connector/v1/{mooncake,hf3fs,
+                      # nixl} and scheduler.py:3377 (_connector_finished, which returns at once without one)
+                      "get_unhashed_block_ids", "get_block_ids_for_computed_tokens",
+                      # set only with a consumer KV connector and overlapping batches (scheduler.py:189-195)
+                      "defer_block_free")),
+    ("stale-output drop", (
+        # request.drop_stale_output is set only by KV delivery (scheduler.py:975, requires_kv_delivery
+        # from the connector), resumable session turns (scheduler.py:2728) and
+        # reset_prefix_cache(reset_running_requests=True) (scheduler.py:3204), none of which kvsched drives
+        "drop_stale_output",)),
+    ("blocked waiting states", (
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR / _REMOTE_KVS / _STREAMING_REQ (scheduler.py:2689-2694):
+        # grammar compilation, KV connector loads and streaming input, none of which kvsched has
+        "blocked_waiting",)),
+    ("engine pause", (
+        # EngineCore.pause_scheduler -> Scheduler.set_pause_state (v1/engine/core.py:980, 2215): an admin
+        # state kvsched's protocol has no call for; only code that runs *in* a paused state (the
+        # admission loop is itself under `_pause_state != PAUSED_ALL`, which is in scope)
+        "== pausestate.paused", "set_pause_state")),
+    ("per-request output payload", (
+        # model_config.return_sampling_mask (vllm/config/model.py:284, scheduler.py:487, 2496): the output
+        # payload the engine returns per request; the protocol carries scheduling decisions and state,
+        # and the payload is the model runner's (docs/PROTOCOL.md "What is not observed")
+        "sampling_mask",)),
     ("encoder/multimodal", ("encoder", "mm_", "multimodal", "mm_hash", "cross_attn")),
     ("structured-output", ("structured_output", "grammar", "bitmask", "reasoning")),
     ("lora", ("lora",)),
@@ -71,13 +95,23 @@ OUT_OF_SCOPE: tuple[tuple[str, tuple[str, ...]], ...] = (
                                      "prefix_replay", "replay_",
                                      # sub-block hits: only with aligned Mamba states
                                      # (vllm/v1/core/kv_cache_utils.py: partial_hash_hits_enabled)
-                                     "partial_block", "partial_hash")),
+                                     "partial_block", "partial_hash",
+                                     # CoW copies exist only for partial (sub-block) prefix hits
+                                     # (single_type_kv_cache_manager.py: _apply_cow, "Redirect a partial
+                                     # prefix-cache hit to a private CoW block")
+                                     "cow_retained", "block_copies",
+                                     # the junction pinned for a lagging sparse-retention group
+                                     # (kv_cache_manager.py:319-325)
+                                     "shared_prefix_boundary")),
     ("pooling/logprobs/streaming", ("pooling", "pooler", "logprobs", "streaming", "stream_", "resumable",
                                     "routed_expert", "repetition", "session")),
     ("parallelism", ("dp_", "data_parallel", "pipeline", "pp_", "dcp", "pcp", "ec_", "kv_sharing",
                      "num_reqs_to_pad",
                      # DP prefill balancing and the V2+PP+async decode throttle (scheduler.py:389-395)
-                     "prefill_capacity_bound", "current_step", "throttle")),
+                     "prefill_capacity_bound", "current_step", "throttle",
+                     # the DP prefill cadence counter: read only against local_prefill_interval > 1
+                     # (scheduler.py:780-790, 1621-1629)
+                     "num_executed_steps", "prefill_interval")),
 )
 
 
@@ -127,17 +161,109 @@ def enclosing_headers(lines: list[str], lineno: int) -> list[str]:
     return out
 
 
-def scope_of(line: str, definition: str | None, context: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+def guarded_body(lines: list[str], lineno: int) -> list[str]:
+    """The statements of the block that line ``lineno`` (1-based) opens, when it is a one-line
+    ``if``/``elif`` header; else nothing. A condition whose whole body is feature code
+    (``if total > 0: self.num_executed_steps += 1``) belongs to that feature."""
+    line = lines[lineno - 1]
+    stripped = line.strip()
+    if not stripped.startswith(("if ", "elif ")) or not stripped.split("#")[0].rstrip().endswith(":"):
+        return []
+    indent = len(line) - len(line.lstrip())
+    body = []
+    for text in lines[lineno:]:
+        if not text.strip() or text.strip().startswith("#"):
+            continue
+        if len(text) - len(text.lstrip()) <= indent:
+            break
+        body.append(text.strip())
+    return body
+
+
+def _family(text: str) -> str | None:
+    text = text.lower()
+    return next((family for family, words in OUT_OF_SCOPE if any(w in text for w in words)), None)
+
+
+def scope_of(line: str, definition: str | None, context: list[str] | tuple[str, ...] = (),
+             body: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
     """``("in", "")`` or ``("out", family)`` for a mutation on ``line`` inside ``definition``,
-    under the block headers ``context`` (`enclosing_headers`)."""
-    text = " ".join([definition or "", line, *context]).lower()
-    for family, words in OUT_OF_SCOPE:
-        if any(w in text for w in words):
-            return "out", family
+    under the block headers ``context`` (`enclosing_headers`); ``body`` (`guarded_body`) puts a
+    condition out of scope when every statement it guards names one same feature."""
+    family = _family(" ".join([definition or "", line, *context]))
+    if family is not None:
+        return "out", family
+    guarded = {_family(statement) for statement in body}
+    if body and len(guarded) == 1 and None not in guarded:
+        return "out", guarded.pop()
     stripped = line.strip()
     if stripped.startswith(("assert ", "raise ", "logger.", "log")):
         return "out", "assertion/logging"
     return "in", ""
+
+
+# Mutants read as equivalent in the engine kvsched drives (no KV connector, no sub-block hits, no
+# sliding window): the mutated code behaves the same on every input that engine can meet. Judged on
+# reading the source, one by one (BENCHMARKS.md); keyed by (file, line, operator) and checked
+# against the source line, so a descriptor set for another build never inherits a verdict.
+EQUIVALENT: dict[tuple[str, int, str], tuple[str, str]] = {
+    ("vllm/v1/core/kv_cache_manager.py", 139, "core/ReplaceTrueWithFalse"): (
+        "enable_caching: bool = True,",
+        "a constructor default the Scheduler always overrides (scheduler.py passes enable_caching "
+        "explicitly)"),
+    ("vllm/v1/core/kv_cache_manager.py", 703, "core/NumberReplacer"): (
+        "return [0] * self.num_kv_cache_groups",
+        "get_num_common_prefix_blocks: a deprecated method nothing in vLLM 0.33.0 calls"),
+    ("vllm/v1/core/sched/scheduler.py", 1964, "core/ReplaceTrueWithFalse"): (
+        "req_to_new_blocks[req_id].get_block_ids(allow_none=True)",
+        "allow_none only matters for null blocks, which only sliding-window/Mamba groups hold"),
+    ("vllm/v1/core/sched/scheduler.py", 2751, "core/ReplaceFalseWithTrue"): (
+        "stopped = False",
+        "every iteration of the loop below overwrites it, and it is read only when tokens arrived"),
+    ("vllm/v1/core/sched/scheduler.py", 985, "core/ReplaceAndWithOr"): (
+        "and request.status == RequestStatus.PREEMPTED",
+        "without deferred frees (a consumer KV connector) allocation fails in the running loop only "
+        "after the request preempted itself; under FCFS it was the running tail, so `continue` ends the "
+        "loop as `break` does, and under priority the conjunction holds anyway"),
+    ("vllm/v1/core/sched/scheduler.py", 2321, "core/ReplaceTrueWithFalse"): (
+        "output_is_stale = True",
+        "stale output (a step in flight when its request was preempted) reaches a request that is still "
+        "PREEMPTED: without drop mode (KV delivery, resumable sessions) Scheduler.schedule does not re-admit "
+        "it while such output is in flight (scheduler.py:1084-1089), and _preempt_request zeroed its computed "
+        "tokens and placeholders, so every use of the flag is moot: the spec-decode rollback and the "
+        "placeholder release are guarded by `> 0` (2360-2364, 2766), the cache_blocks call by "
+        "status_before_stop == RUNNING (2407-2410), the drop by drop_stale_output (2338), and the computed-token "
+        "trim at a stop (2761) touches only a request that finishes there. The one vLLM test that kills it uses a KV-producer connector "
+        "(test_kv_pressure_preempt_mid_handoff[kv_producer-False])"),
+}
+
+
+def equivalence_of(mutant: dict) -> str:
+    """The reason ``mutant`` is equivalent in the engine kvsched drives, or ``""``."""
+    known = EQUIVALENT.get((mutant["file"], mutant["line"], mutant["operator"]))
+    if known is None or not mutant.get("source_line", "").startswith(known[0]):
+        return ""
+    return known[1]
+
+
+def rescope(doc: dict[str, Any], site: Path) -> list[str]:
+    """Apply today's scope rules and equivalence verdicts to a descriptor document in place (the
+    sample itself, drawn from the seed, is unchanged); the ids whose scope changed."""
+    lines = {f: (site / f).read_text(encoding="utf-8").splitlines() for f in doc["files"]}
+    changed = []
+    for m in doc["mutants"]:
+        src = lines[m["file"]]
+        scope, reason = scope_of(src[m["line"] - 1], m["definition"], enclosing_headers(src, m["line"])[:-1],
+                                 guarded_body(src, m["line"]))
+        equivalent = equivalence_of(m)
+        if (scope, reason, equivalent) != (m["scope"], m["scope_reason"], m.get("equivalent", "")):
+            changed.append(m["id"])
+        m["scope"], m["scope_reason"] = scope, reason
+        if equivalent:
+            m["equivalent"] = equivalent
+        else:
+            m.pop("equivalent", None)
+    return changed
 
 
 def run_tool(tool_python: Path, args: list[str], stdin: str | None = None) -> Any:
@@ -174,7 +300,8 @@ def sample(points: list[dict], lines: dict[str, list[str]], count: int, seed: in
     for site in sorted(chosen):
         p = rng.choice(by_site[site])
         line = lines[p["file"]][p["start"][0] - 1]
-        scope, reason = scope_of(line, p["definition"], enclosing_headers(lines[p["file"]], p["start"][0])[:-1])
+        scope, reason = scope_of(line, p["definition"], enclosing_headers(lines[p["file"]], p["start"][0])[:-1],
+                                 guarded_body(lines[p["file"]], p["start"][0]))
         out.append({"file": p["file"], "operator": p["operator"], "occurrence": p["occurrence"],
                     "line": p["start"][0], "col": p["start"][1], "end_line": p["end"][0], "end_col": p["end"][1],
                     "definition": p["definition"], "scope": scope, "scope_reason": reason,

@@ -28,6 +28,10 @@ from conformance.wire import WireAdapter
 from spec.trace import Trace
 
 V1_PATHS = ("default", "chunked", "prefix", "chunked+prefix")
+# A judge name -> the target whose host it drives. ``vllm-v1-async+specdec``: the async scheduler
+# with speculative decoding (conformance/targets/lockstep_specdec.py, path ``async``), the only
+# campaign that reaches a stale step's draft rollback (vLLM's output_is_stale).
+TARGET_OF = {"vllm-v1": "vllm-v1", "vllm-v1-async": "vllm-v1-async", "vllm-v1-async+specdec": "vllm-v1-async"}
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,23 @@ class Flavour:
     paths: tuple[str, ...]
 
     def strategy(self, path: str):
+        if self.target == "vllm-v1-async+specdec":
+            from conformance.targets.lockstep_specdec import path_traces
+
+            return path_traces(path)
         if self.target == "vllm-v1-async":
             from conformance.targets.lockstep_async import path_strategy
         else:
             from conformance.targets.lockstep_v1 import path_strategy
+
+            return path_strategy(path, optional_calls=True)  # batched aborts, resets (issue 21)
         return path_strategy(path)
 
     def run_one(self, adapter, trace: Trace, timeout: float = 60.0):
+        if self.target == "vllm-v1-async+specdec":
+            from conformance.targets.lockstep_specdec import RecordingAsyncSpec, run_one
+
+            return run_one(adapter, trace, get_profile("safety").invariants(), RecordingAsyncSpec)
         if self.target == "vllm-v1-async":
             from conformance.targets.lockstep_async import run_one
 
@@ -55,6 +69,8 @@ class Flavour:
 
 
 def flavour(target: str) -> Flavour:
+    if target == "vllm-v1-async+specdec":
+        return Flavour(target, ("async",))
     if target == "vllm-v1-async":
         from conformance.targets.lockstep_async import PATHS
 
@@ -91,7 +107,7 @@ class KvschedJudge:
     """Runs the fixed traces of one target through a host whose vLLM may be mutated."""
 
     def __init__(self, server: ForkServer, target: str, traces: list[Trace], *, call_timeout: float = 60.0) -> None:
-        self.server, self.target, self.traces = server, get_target(target), traces
+        self.server, self.target, self.traces = server, get_target(TARGET_OF[target]), traces
         self.flavour = flavour(target)
         self.call_timeout = call_timeout
 

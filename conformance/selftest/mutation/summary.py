@@ -4,6 +4,9 @@ A judge *kills* a mutant with a ``killed`` or ``timeout`` verdict (a hang is a f
 kvsched runner reports it as FAULT-hang, pytest's time cap as a failed run). Mutants that crash
 at import are counted apart and left out of every rate (any judge "kills" them by importing the
 module). The kvsched judge kills when either target (``vllm-v1``, ``vllm-v1-async``) does.
+Mutants read as equivalent (a descriptor's ``equivalent`` reason, `descriptors.EQUIVALENT`) are
+listed with their reason and left out of both judges' denominators, like crashes: no judge can
+kill them, and counting them would only lower both rates alike.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ def summarize(descriptors: list[dict[str, Any]], results: dict[str, dict[str, An
     for scope in ("all", "in"):
         chosen = [r for r in rows if scope == "all" or r[0]["scope"] == "in"]
         crashed = [r for r in chosen if "crash-at-import" in (r[1], r[2])]
-        judged = [r for r in chosen if r not in crashed and r[1] != "not-run" and r[2] != "not-run"]
+        equivalent = [r for r in chosen if r[0].get("equivalent") and r not in crashed]
+        judged = [r for r in chosen if r not in crashed and r not in equivalent
+                  and r[1] != "not-run" and r[2] != "not-run"]
         k = {r[0]["id"] for r in judged if r[1] in KILLS}
         p = {r[0]["id"] for r in judged if r[2] in KILLS}
         n = len(judged)
         out[scope] = {
             "mutants": len(chosen), "crash_at_import": len(crashed), "judged": n,
+            "equivalent": {r[0]["id"]: r[0]["equivalent"] for r in equivalent},
             "kvsched_kills": len(k), "pytest_kills": len(p), "both": len(k & p), "either": len(k | p),
             "kvsched_rate": round(len(k) / n, 3) if n else None,
             "pytest_rate": round(len(p) / n, 3) if n else None,
@@ -62,7 +68,8 @@ def render(summary: dict[str, Any]) -> str:
         s = summary.get(scope)
         if not s or not s["judged"]:
             continue
-        lines.append(f"{title}: {s['judged']} judged ({s['crash_at_import']} crash at import, left out); "
+        lines.append(f"{title}: {s['judged']} judged ({s['crash_at_import']} crash at import, "
+                     f"{len(s.get('equivalent', {}))} equivalent, left out); "
                      f"kvsched kills {s['kvsched_kills']} ({s['kvsched_rate']:.0%}), vLLM tests kill "
                      f"{s['pytest_kills']} ({s['pytest_rate']:.0%}), together {s['either']} "
                      f"({s['together_rate']:.0%}); kvsched alone {len(s['kvsched_only'])}, tests alone "

@@ -17,6 +17,12 @@ The engine object has these methods, all on plain JSON values:
                                                  draft decisions by seq, docs/PROTOCOL.md)
     snapshot() -> dict                           (Snapshot shape, every field optional; a fresh
                                                   value each call: `steps` diffs it with the last)
+    abort_requests(request_ids: list) -> list    (optional: one batched abort, [{request, status}, ...]
+                                                  for the ids it aborted; unknown/finished ids skipped)
+    reset_prefix_cache() -> bool                 (optional: the engine's admin call)
+
+An engine that has the optional methods is announced with them in hello's ``optional_calls``; the
+runner sends a `steps` Step ``abort_batches`` / ``admin`` only to such a host (docs/PROTOCOL.md).
 
 Protocol 2 adds `steps`, answered here for every engine from the methods above: many steps per
 message, called exactly as the runner's driver calls them one by one, each snapshot sent as a
@@ -38,6 +44,7 @@ import time
 import traceback
 
 PROTOCOL_VERSION = 2
+OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache")  # spec/protocol.py
 
 
 def protocol_stream():
@@ -79,7 +86,8 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
         try:
             if method == "hello":
                 result = {"protocol": PROTOCOL_VERSION, "name": name, "profiles": list(profiles),
-                          "capabilities": list(capabilities)}
+                          "capabilities": list(capabilities),
+                          "optional_calls": [c for c in OPTIONAL_CALLS if callable(getattr(engine, c, None))]}
                 extra = getattr(engine, "hello_extra", None)
                 if extra is not None:
                     result.update(extra())
@@ -88,11 +96,18 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
                 result = engine.reset(params["config"])
             elif method == "steps":
                 outbox.hold(max(0.0, float(params.get("flush_ms") or 0)) / 1000)
-                result = steps.run(params, lambda line, mid=mid: outbox.put({"id": mid, **line}))
+                try:
+                    result = steps.run(params, lambda line, mid=mid: outbox.put({"id": mid, **line}))
+                finally:
+                    outbox.hold(0.0)  # the run is over: its closing line goes with every held one
             elif method == "add_request":
                 result = engine.add_request(params["request"])
             elif method == "abort_request":
                 result = engine.abort_request(params["request_id"])
+            elif method == "abort_requests":
+                result = engine.abort_requests(list(params["request_ids"]))
+            elif method == "reset_prefix_cache":
+                result = engine.reset_prefix_cache()
             elif method == "schedule":
                 result = engine.schedule()
             elif method == "update":
@@ -122,19 +137,23 @@ _HOLD_LINES = 8
 
 class _Outbox:
     """The answer lines on their way out. A single call's answer goes at once. In a `steps` run
-    (its ``flush_ms``), step lines are held back up to ``flush_ms`` (and `_HOLD_LINES` lines) and
-    written together (with the closing line when the run ends sooner): each write wakes the runner, and a wake-up per step
-    cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire"). A held line is never lost to a hang or an exception: a watcher thread writes
-    lines that are due while the engine is stuck in a step (a hang is then pinned to its step),
-    and `serve` writes them before it exits. Only a host killed by a signal (a segfault, the OOM
-    killer) can lose the lines of its last ``flush_ms``; the runner then reports the fault at the
-    first step whose line is missing."""
+    (its ``flush_ms``), step lines are held back, up to `_HOLD_LINES` of them, and written
+    together (with the closing line when the run ends sooner): each write wakes the runner, and a
+    wake-up per step cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire").
+
+    A held line is never lost to a hang or an exception: while a run is on, a watcher thread looks
+    every ``flush_ms`` and writes lines held longer than that (a step that hangs is then pinned to
+    its own step), and `serve` writes them before it exits. The watcher polls rather than being
+    woken per batch: a thread wake-up per batch of lines cost a fast host (nano-vllm) more than
+    the writes it saved. Only a host killed by a signal (a segfault, the OOM killer) can lose the
+    lines of its last two ``flush_ms``; the runner then reports the fault at the first step whose
+    line is missing."""
 
     def __init__(self, write_lines) -> None:
         self._write = write_lines
         self._held: list = []
-        self._due: float | None = None  # when the held lines must be out
-        self._hold = 0.0
+        self._due: float | None = None  # when the held lines are due out
+        self._hold = 0.0  # flush_ms of the current steps run, in seconds; 0: no run, write at once
         self._cond = threading.Condition()
         self._watcher: threading.Thread | None = None
 
@@ -144,11 +163,15 @@ class _Outbox:
             self._flush()
 
     def hold(self, seconds: float) -> None:
-        """A `steps` run starts: its lines may wait ``seconds``."""
-        self._hold = seconds
-        if seconds and self._watcher is None:
-            self._watcher = threading.Thread(target=self._watch, daemon=True, name="kvsched-host-outbox")
-            self._watcher.start()
+        """A `steps` run starts (its lines may wait ``seconds``), or ends (0)."""
+        with self._cond:
+            self._hold = seconds
+            if not seconds:
+                return
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, daemon=True, name="kvsched-host-outbox")
+                self._watcher.start()
+            self._cond.notify()  # once a run
 
     def put(self, obj) -> None:
         with self._cond:
@@ -158,7 +181,6 @@ class _Outbox:
                 self._flush()
             elif self._due is None:
                 self._due = now + self._hold
-                self._cond.notify()
 
     def flush(self) -> None:
         with self._cond:
@@ -173,12 +195,12 @@ class _Outbox:
     def _watch(self) -> None:
         with self._cond:
             while True:
-                if self._due is None:
-                    self._cond.wait()
-                elif time.monotonic() < self._due:
-                    self._cond.wait(self._due - time.monotonic())
+                if not self._hold:
+                    self._cond.wait()  # no run on
                 else:
-                    self._flush()
+                    if self._due is not None and time.monotonic() >= self._due:
+                        self._flush()
+                    self._cond.wait(self._hold)
 
 
 def _sender(out):
@@ -217,8 +239,9 @@ class _Steps:
     in order (``{"id", "calls": [[method, result], ...]}``), then the closing ``{"id", "result":
     {"ended": bool}}``. Per step:
 
-    1. ``add_request`` for each arrival, ``abort_request`` for each abort;
-    2. ``snapshot`` when ``observe`` and the step added or aborted something, or is step 0;
+    1. ``add_request`` for each arrival, ``abort_request`` for each abort, ``abort_requests`` for
+       each batch, then each admin call (``reset_prefix_cache``);
+    2. ``snapshot`` when ``observe`` and the step did any of that, or is step 0;
     3. ``schedule``; ``snapshot`` when ``observe`` and ``mid_step``;
     4. ``update`` with the step's stopped sequences (and its ``drafts``, for an engine that takes
        them); ``snapshot`` when ``observe``;
@@ -271,7 +294,15 @@ class _Steps:
             result = call("abort_request", engine.abort_request, rid)
             if result:
                 finished.append(result["request"])
-        if observe and (added or aborted or step["step"] == 0):
+        batches, admin = step.get("abort_batches") or [], step.get("admin") or []
+        for ids in batches:
+            done = call("abort_requests", engine.abort_requests, list(ids))
+            finished.extend(d["request"] for d in done or ())
+        for op in admin:
+            if op not in OPTIONAL_CALLS or op == "abort_requests":
+                raise _CallFailed(str(op), ValueError(f"unknown admin call {op!r}"))
+            call(op, getattr(engine, op))
+        if observe and (added or aborted or batches or admin or step["step"] == 0):
             call("snapshot", self._snapshot)
         call("schedule", engine.schedule)
         if observe and mid_step:

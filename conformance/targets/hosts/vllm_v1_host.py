@@ -124,7 +124,8 @@ class V1Engine:
         sc = SchedulerConfig(max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
                              max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=chunked,
                              long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
-                             async_scheduling=self.async_scheduling, policy=config["policy"], watermark=float(config["watermark"]))
+                             async_scheduling=self.async_scheduling, policy=config["policy"],
+                             watermark=v1_watermark(float(config["watermark"]), G))
         cc = CacheConfig(block_size=bs, enable_prefix_caching=caching)
         self.k = int(config.get("num_speculative_tokens", 0))
         spec = SpeculativeConfig(method=self.spec_method, num_speculative_tokens=self.k, prompt_lookup_max=self.k,
@@ -177,6 +178,20 @@ class V1Engine:
         self.sched.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
         self.final[request_id] = "FINISHED_ABORTED"
         return {"request": request_id, "status": "FINISHED_ABORTED"}
+
+    def abort_requests(self, request_ids: list) -> list:
+        """One batched abort, as EngineCore.abort_requests passes a client's list to
+        Scheduler.finish_requests (vllm/v1/engine/core.py:564-569), which skips unknown and finished
+        ids; the requests it aborted, as it returns them."""
+        done = self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+        for r in done:
+            self.final[r.request_id] = "FINISHED_ABORTED"
+        return [{"request": r.request_id, "status": "FINISHED_ABORTED"} for r in done]
+
+    def reset_prefix_cache(self) -> bool:
+        """EngineCore.reset_prefix_cache -> Scheduler.reset_prefix_cache() with its defaults (no
+        reset_running_requests, no connector): refuses while blocks are in use."""
+        return bool(self.sched.reset_prefix_cache())
 
     def schedule(self) -> dict:
         out = self.sched.schedule()
@@ -282,6 +297,15 @@ class V1Engine:
                                for i in range(1, G + 1)],
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
         }
+
+
+def v1_watermark(watermark: float, num_gpu_blocks: int) -> float:
+    """The fraction to give V1 so that its ``watermark_blocks = int(watermark * num_blocks)``
+    (kv_cache_manager.py:210), over the ``num_gpu_blocks + 1`` blocks the host passes (block 0 is
+    V1's null block), is the spec's ``int(watermark * num_gpu_blocks)``: 0.1 of 9 blocks is 0 spec
+    blocks, but 0.1 of V1's 10 would be 1."""
+    blocks = int(watermark * num_gpu_blocks)
+    return (blocks + 0.5) / (num_gpu_blocks + 1) if blocks else 0.0
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
