@@ -59,6 +59,9 @@ class CheckContext:
     # (preempted, aborted or finished), with how: what a failure predicate (PIP-005) reads.
     scheduled_in: dict[str, list[int]] = field(default_factory=dict)
     left_at: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # What the scheduler exposes and claims (`Capability`): a few safety statements are scoped by
+    # a claim (RES-001, CAP-005, ADM-003 by ORDERED_STEPS; REQ-004, CHK-003 by OUTPUT_AT_FINISH).
+    claims: frozenset[Capability] = frozenset()
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
@@ -249,7 +252,7 @@ class Checker:
         if reservation is not None and not isinstance(reservation, Reservation):
             raise InputError("adapter.reservation",
                              f"must be a spec.reservation.Reservation or None, got {type(reservation).__name__}")
-        self.context = CheckContext(config, reservation=reservation or NONE)
+        self.context = CheckContext(config, reservation=reservation or NONE, claims=frozenset(capabilities))
         self.active = [inv for inv in chosen if inv.applicable(capabilities, config)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities, config)]
         planned = config.pipeline_depth > 0  # synchronous invariants read the planned view (spec.planned_view)

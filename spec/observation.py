@@ -48,18 +48,25 @@ class Capability(StrEnum):
     IN_FLIGHT = "in_flight"  # Snapshot.in_flight: placeholders, in-flight and stale tokens per sequence
     # A claim, not an observation: the engine's steps run in the order they were scheduled on the
     # device (one stream), so a block freed while an in-flight step writes it can only be written
-    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot.
+    # again by a later step, after that write (vLLM without a KV connector). PIP-004 is then moot,
+    # and RES-001, CAP-005 and ADM-003 let a sequence's blocks be freed in the schedule() of the
+    # step that samples its last token (tokasaurus): the step's tables are taken before the free.
     ORDERED_STEPS = "ordered_steps"  # a claim: in-flight steps' KV writes land in scheduling order
     # A claim, not an observation: the scheduler follows SGLang's flow (page size 1, radix cache,
     # retract_decode), so the SGL-* policy invariants (spec/invariants/sglang.py) are about it.
     SGLANG_FLOW = "sglang_flow"  # a claim: SGLang's flow (SGL-* apply)
+    # A claim, not an observation: the engine answers a request only when it finishes (it streams
+    # no token), so the tokens a preempted sequence generated were seen by no client and a
+    # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
+    # that a preemption keeps the prompt and drops generated tokens from the end.
+    OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
 
 
 class SeqView(NamedTuple):

@@ -108,3 +108,13 @@ def test_prefill_shortened_by_a_cache_hit_is_complete_without_computed_counts() 
     assert _partial_chunk_ok(rec, "r0#0", view(14), view(15))
     rec.mid.seqs["r0#0"] = view(14, computed=0)  # reported 0: a partial chunk, which grows nothing
     assert not _partial_chunk_ok(rec, "r0#0", view(14), view(15))
+
+
+def test_expectations_hold_only_the_engine_defect() -> None:
+    """The safety audit (README.md "Findings" 2-4): the early free and the restarted completion
+    are allowed by the claims the host makes (ordered_steps, output_at_finish), and a deferred
+    abort is reported when it is carried out; what is left expected is the manager's crash."""
+    expected = json.loads((EXAMPLE / "expectations.json").read_text())["expected"]
+    assert [e["id"] for e in expected] == ["FAULT-raised"]
+    host = (EXAMPLE / "tokasaurus_host.py").read_text()
+    assert '"ordered_steps"' in host and '"output_at_finish"' in host

@@ -200,9 +200,13 @@ _CAPABILITY_TEXT = {
     Capability.IN_FLIGHT: "a pipelined engine's in-flight counters per unfinished sequence (placeholders, in-flight "
                           "tokens, stale tokens), what PIP-003 reads",
     Capability.ORDERED_STEPS: "a claim, not an observation: in-flight steps write KV in scheduling order (one device "
-                              "stream), so a freed block needs no fence (PIP-004 is moot)",
+                              "stream), so a freed block needs no fence (PIP-004 is moot) and a sequence's blocks may be freed in the "
+                              "schedule() of its last step (RES-001, CAP-005, ADM-003)",
     Capability.SGLANG_FLOW: "a claim, not an observation: SGLang's flow (radix cache, retract_decode), so the SGL-* "
                             "invariants apply",
+    Capability.OUTPUT_AT_FINISH: "a claim, not an observation: a request's output reaches its client only when it "
+                                 "finishes (no streaming), so a recompute may drop the generated tokens no client has "
+                                 "seen (REQ-004, CHK-003 keep only the prompt)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -224,6 +228,7 @@ _CAPABILITY_FIELDS = {
     Capability.ORDERED_STEPS: "none (blocks held back for in-flight writes, where an engine fences instead: "
                               "`Snapshot.gpu_fenced`)",
     Capability.SGLANG_FLOW: "none",
+    Capability.OUTPUT_AT_FINISH: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -256,6 +261,12 @@ These are the places where writing an adapter from this page alone went wrong (f
 - Every request finishes exactly once: refused at the door (`add_request` returns
   `Finished(id, FINISHED_IGNORED)`), aborted (`abort_request` returns its `Finished`), or from
   `update()` (stopped, length-capped, ignored).
+- An engine that carries an abort out later (tokasaurus waits for a prefill to end: other
+  sequences may share its prompt blocks) reports the scheduler's state, not the client's answer:
+  `abort_request` returns None, the request stays live (in running, holding its blocks, scheduled)
+  and its `Finished(id, FINISHED_ABORTED)` comes from the `update()` of the step whose
+  `schedule()` dropped it. A request reported finished is one the scheduler has let go of
+  (QUE-001, QUE-002, OUT-002, RES-005 hold it to that).
 - A request that can never run (its prompt over the prompt limit, `min(max_model_len,
   max_num_batched_tokens)` without chunked prefill, or needing more blocks than the cache has)
   is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned

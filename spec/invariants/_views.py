@@ -39,7 +39,7 @@ from spec import observation
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.prefix import ROOT, block_key
 from spec.speculative import NO_DECISION, DraftDecision
-from spec.status import Status
+from spec.status import PreemptionMode, Status
 from spec.types import ScheduledSeq, request_of
 
 if TYPE_CHECKING:
@@ -980,6 +980,62 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
         left |= finished  # the steps still in flight return to a finished request
     state["step"], state["returned"] = record.step, returned
     return returned
+
+
+def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset[str]:
+    """Scheduled sequences whose blocks a scheduler that claims ``ordered_steps`` may already have
+    freed after schedule(): this step samples their last token (they finish in it),
+    and none of the blocks this step writes for them (those of the positions it computes; without
+    computed counts, every block they gave up) is in the table of a sequence that did not hold it
+    before the step. A prefix hit on a full block they gave up is no hand-over: its content is
+    fixed and this step does not write it. Why this is safe (tokasaurus frees them in ``schedule_steps`` before the step runs):
+    a step that reuses those blocks is scheduled later, so it runs after this one on the same
+    stream, and this step's writes land first. Reuse in the same step would be two writers in one
+    forward pass, so it keeps the strict reading."""
+    if observation.Capability.ORDERED_STEPS not in ctx.claims or record.mid is None or record.mid.seqs is None:
+        return frozenset()
+    mid, after = record.mid.seqs, record.after.seqs or {}
+    last = {s.seq_id: s.num_tokens for s in record.output.scheduled
+            if (v := after.get(s.seq_id)) is not None and v.status.is_finished}
+    if not last:
+        return frozenset()
+    holders: dict[int, set[str]] = {}
+    for sid, table in tables(record.mid, "gpu").items():
+        for b in table:
+            holders.setdefault(b, set()).add(sid)
+    held = tables(record.before, "gpu")  # GPU blocks only: a CPU id names another block
+    excused = set()
+    bs = ctx.config.block_size
+    for sid, count in last.items():
+        now = mid.get(sid)
+        if now is None:
+            continue
+        old = held.get(sid, ())
+        given_up = set(old) - set(now.blocks or () if now.device == "gpu" else ())
+        if now.num_computed is not None:  # the blocks of the positions this step computes
+            given_up &= set(old[now.num_computed // bs:(now.num_computed + count - 1) // bs + 1])
+        if all(b in held.get(h, ()) for b in given_up for h in holders.get(b, ())):
+            excused.add(sid)
+    return frozenset(excused)
+
+
+def drops_unseen_tokens(ctx: CheckContext, record: StepRecord, old: SeqView, new: SeqView, grow: int = 0) -> bool:
+    """Whether ``new`` is what an engine that claims ``output_at_finish`` may make of ``old`` when
+    this step preempts its request by recompute: the prompt kept, generated tokens dropped from
+    the end (it regenerates them; no client saw them, as the engine answers only at the finish),
+    at most ``grow`` tokens sampled on top. tokasaurus' bump restarts a completion this way."""
+    if observation.Capability.OUTPUT_AT_FINISH not in ctx.claims:
+        return False
+    rid = new.request_id
+    if not any(p.request_id == rid and p.mode is PreemptionMode.RECOMPUTE for p in record.output.preempted):
+        return False
+    request = ctx.requests.get(rid)
+    if request is None or old.num_tokens is None or new.num_tokens is None:
+        return False
+    if not request.prompt_len <= new.num_tokens <= old.num_tokens + grow:
+        return False
+    kept = min(new.num_tokens, old.num_tokens)
+    return old.token_ids is None or new.token_ids is None or new.token_ids[:kept] == old.token_ids[:kept]
 
 
 class VoidOutcomes(NamedTuple):

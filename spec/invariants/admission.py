@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted, fresh_mid, views_of
+from spec.invariants._views import admitted, freed_by_their_last_step, fresh_mid, views_of
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -27,9 +27,10 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
     bs = ctx.config.block_size
     chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
+    excused = freed_by_their_last_step(ctx, rec)
     for rid in admitted(rec):
         for v in views_of(rec.mid, rid):
-            if v.status.is_finished:
+            if v.status.is_finished or (not v.blocks and v.seq_id in excused):
                 continue
             need = -(-(v.num_tokens or 0) // bs)
             if ctx.config.enable_chunked_prefill:  # the blocks of the first chunk, all at once
@@ -85,20 +86,24 @@ def v1_watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "ADM-003", "safety",
     """Atomic admission: after schedule(), a request admitted in this step holds, on the GPU, at
     least every block its prefill needs (with chunked prefill: its first chunk), and a request
-    still waiting holds none.""",
+    still waiting holds none. Where the scheduler claims ``ordered_steps``, a sequence whose
+    last token this step samples may hold none (its blocks freed early, as RES-001 allows).""",
     """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more);
     the spec decides against it: a partial holder waits while holding what others need, which
     deadlocks two such requests. Engine-neutral form of ADM-001: how much more than the prefill a
-    scheduler takes at admission is its policy (CAP-006 bounds it by its declaration).""",
+    scheduler takes at admission is its policy (CAP-006 bounds it by its declaration). A
+    max_tokens=1 request admitted, prefilled and finished in one step is the early free of
+    RES-001 (tokasaurus: admitted, scheduled and freed within one schedule()).""",
     (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS),
 )
 def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
     bs = ctx.config.block_size
     chunk = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
+    excused = freed_by_their_last_step(ctx, rec)
     for rid in admitted(rec):
         for v in views_of(rec.mid, rid):
-            if v.status.is_finished:
+            if v.status.is_finished or (not v.blocks and v.seq_id in excused):
                 continue
             tokens = v.num_tokens or 0
             if ctx.config.enable_chunked_prefill or ctx.config.enable_prefix_caching:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, fresh_in_snapshots, returned_step, views_of
+from spec.invariants._views import changed_between, drops_unseen_tokens, fresh_in_snapshots, returned_step, views_of
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -57,10 +57,13 @@ def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "CHK-003", "safety",
     """A request preempted by recompute has, once out of running, no blocks and no computed
-    tokens, and still every token it had (prompt and generated, same ids).""",
+    tokens, and still every token it had (prompt and generated, same ids); where the scheduler
+    claims ``output_at_finish``, still its prompt and a prefix of its generated tokens.""",
     """vLLM V1's _preempt_request frees the blocks and sets num_computed_tokens = 0 but keeps the
     output tokens, which the resume re-prefills; a stale computed count (nano-vllm PR #207) skips
-    tokens on resume, a dropped token (vLLM PR #5349) changes output the client already has.""",
+    tokens on resume, a dropped token (vLLM PR #5349) changes output the client already has. An
+    engine that answers only at the finish has shown no client those tokens and may regenerate
+    them (REQ-004 says why; tokasaurus' bump does).""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.BLOCK_TABLES),
 )
 def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -79,6 +82,8 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 yield f"{v.seq_id} preempted by recompute still counts {v.num_computed} computed tokens"
             if v.blocks:
                 yield f"{v.seq_id} preempted by recompute still holds blocks {list(v.blocks)}"
+            if old is not None and drops_unseen_tokens(ctx, rec, old, v):
+                continue
             if old is not None and old.num_tokens is not None and v.num_tokens != old.num_tokens:
                 yield f"{v.seq_id} had {old.num_tokens} tokens before preemption, {v.num_tokens} after"
             elif old is not None and old.token_ids is not None and v.token_ids is not None and v.token_ids != old.token_ids:

@@ -6,7 +6,13 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, changed_requests_between, fresh_views, seq_ids_by_request
+from spec.invariants._views import (
+    changed_between,
+    changed_requests_between,
+    drops_unseen_tokens,
+    fresh_views,
+    seq_ids_by_request,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -74,10 +80,16 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Every generated token is kept: a step adds exactly one token to each scheduled sequence
     (with chunked prefill: one once all of its tokens are computed, none after a partial chunk;
     with d draft tokens: from one to d + 1, the accepted drafts and the bonus, or none on an
-    outcome with no token) and none to the others, and preemption never drops tokens.""",
+    outcome with no token) and none to the others, and preemption never drops tokens; except
+    that where the scheduler claims ``output_at_finish``, a preemption by recompute may drop
+    generated tokens from the end (never the prompt).""",
     """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
-    or corrupts the output the client already received.""",
+    or corrupts the output the client already received. What makes that a defect is the client:
+    an engine that answers a request only when it finishes (tokasaurus 0.0.4, the stranger test:
+    a bump restarts the completion, manager.py:764-781) has shown those tokens to nobody, so
+    regenerating them costs compute, not correctness; it declares so (``output_at_finish``).
+    A streaming engine (vLLM, SGLang, nano-vllm's generators) may not.""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
@@ -106,10 +118,10 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                        f"(scheduled with {drafted.get(sid, 0)} drafts)")
             continue
         if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
-            if not _partial_chunk_ok(rec, sid, old, new):
+            if not _partial_chunk_ok(rec, sid, old, new) and not drops_unseen_tokens(ctx, rec, old, new, grow):
                 yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"
             continue
-        if (new.num_tokens or 0) != (old.num_tokens or 0) + grow:
+        if (new.num_tokens or 0) != (old.num_tokens or 0) + grow and not drops_unseen_tokens(ctx, rec, old, new, grow):
             yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
     for sid in rec.after.seqs if changed is None else sorted(changed):
         if sid in rec.after.seqs and sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {

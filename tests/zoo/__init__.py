@@ -16,6 +16,9 @@ child (`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
 | no_computed | keeps no computed-token count | no `computed_tokens` capability |
 | lazy_free | frees finished requests' blocks at its next schedule() | |
 | no_seq_limit | one token budget and no sequence limit (V1 flow) | |
+| early_free | frees a sequence's blocks in the schedule() of the step that samples its last token | the `ordered_steps` claim |
+| restart_on_preempt | a recompute victim drops its generated tokens and generates them anew | the `output_at_finish` claim |
+| deferred_abort | carries an abort out once the request's prefill is done (V1 flow) | |
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def _default() -> Any:
     return traces()
 
 
+def _deferred_abort() -> Any:
+    from zoo.deferred_abort import traces
+
+    return traces()
+
+
 def _token_budget_only() -> Any:
     from zoo.no_seq_limit import traces
 
@@ -69,4 +78,10 @@ ZOO: tuple[Member, ...] = (
            "frees them one schedule() later still", ("RES-005",), _default),
     Member("no_seq_limit", "a token budget with no sequence limit",
            "schedules one token past the budget", ("BUD-001",), _token_budget_only),
+    Member("early_free", "free the blocks of a sequence's last step when it is scheduled (ordered steps)",
+           "frees them one step early and runs the sequence with an empty table", ("RES-001", "CAP-005"), _default),
+    Member("restart_on_preempt", "restart a recompute victim's completion (output only at the finish)",
+           "drops a prompt token too", ("REQ-004", "CHK-003"), _default),
+    Member("deferred_abort", "carry an abort out once the request's prefill is done (live until then)",
+           "reports the abort at once while the request keeps running", ("REQ-002", "QUE-001", "RES-005"), _deferred_abort),
 )

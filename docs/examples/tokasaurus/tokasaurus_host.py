@@ -112,6 +112,10 @@ class TokasaurusEngine:
         self.prompt_len: dict[str, int] = {}
         self.finished: dict[str, str] = {}  # request id -> kvsched status
         self.seq_status: dict[str, str] = {}
+        # Aborts tokasaurus has not carried out yet (a sequence still prefilling), and those it
+        # carried out in this step's schedule(), which this step's update() reports.
+        self.cancelling: set[str] = set()
+        self.cancelled_now: list[str] = []
         self.order: list[str] = []
         self.mid_step = False  # between schedule() and update(): the step is in flight
         tm.prepare_and_submit_to_model = self._submit
@@ -139,20 +143,30 @@ class TokasaurusEngine:
         return None
 
     def abort_request(self, request_id: str):
-        if request_id not in self.prompt_len or request_id in self.finished:
+        if request_id not in self.prompt_len or request_id in self.finished or request_id in self.cancelling:
             return None
         # The server answers the client at once (server/utils.py cancel_request) and tells the
         # manager, which cancels at its next loop; a sequence still prefilling is cancelled
-        # only once its prefill is done (manager.py try_cancelling_requests).
+        # only once its prefill is done (manager.py try_cancelling_requests). Until then the
+        # scheduler still runs the request (running, holding its blocks, scheduled), so it is
+        # reported live, and FINISHED_ABORTED from the update() of the step whose schedule()
+        # dropped it (docs/ADAPTERS.md: an abort an engine finishes later).
         self.state.q_server_to_manager.put(CancelledRequest(request_id))
         tm.handle_new_server_commands(self.state)
         tm.try_cancelling_requests(self.state)
+        if request_id in self.state.req_ids_to_cancel:
+            self.cancelling.add(request_id)
+            return None
         self.finished[request_id] = "FINISHED_ABORTED"
         return {"request": request_id, "status": "FINISHED_ABORTED"}
 
     def schedule(self) -> dict:
         st = self.state
         tm.try_cancelling_requests(st)  # manager_loop: before schedule_steps
+        for rid in sorted(self.cancelling - set(st.req_ids_to_cancel)):  # carried out just now
+            self.cancelling.discard(rid)
+            self.finished[rid] = "FINISHED_ABORTED"
+            self.cancelled_now.append(rid)
         before = {s.id: s for s in st.scheduling_queue.running_seqs()}
         self.decision = None
         if st.scheduling_queue.num_unfinished_seqs() > 0:
@@ -201,10 +215,12 @@ class TokasaurusEngine:
         for o in tm.queue_iterator(st.q_model_to_manager):
             tm.handle_output(st, o, newly, with_out)
         tm.finish_sequences(st, newly)
-        done = []
+        done = [{"request": rid, "status": "FINISHED_ABORTED"} for rid in self.cancelled_now]
+        self.cancelled_now = []
         for ro in tm.queue_iterator(st.q_manager_to_server):
             if ro.id in self.finished:
                 continue  # aborted: the server already answered the client
+            self.cancelling.discard(ro.id)  # it finished before its abort was carried out
             reasons = {so.finish_reason for so in ro.sequence_outputs}
             status = "FINISHED_LENGTH_CAPPED" if reasons == {"length"} else "FINISHED_STOPPED"
             self.finished[ro.id] = status
@@ -283,7 +299,9 @@ class TokasaurusEngine:
                 "gpu_free": alloc.num_free_blocks, "cpu_free": 0}
 
 
-CAPS = ("output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "seq_lengths", "computed_tokens", "mid_step")
+CAPS = ("output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "seq_lengths", "computed_tokens", "mid_step",
+        "ordered_steps",  # its model runs the steps in order on one stream (RES-001, CAP-005, ADM-003)
+        "output_at_finish")  # a request's output goes out only when it finishes (REQ-004, CHK-003)
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(TokasaurusEngine(), "tokasaurus", ("safety", "liveness"), CAPS, stdout=_OUT))
