@@ -50,7 +50,7 @@ class Profile:
 # V1 mixes prefill chunks with decodes (POL-005).
 _V0_ONLY = ("POL-003", "POL-005", "POL-006")
 # SGLang's policy (spec/invariants/sglang.py): a scheduler that claims SGLang's flow
-# (Capability.SGLANG_FLOW) is held to it; for any other it is not applicable.
+# (Capability.SGLANG_FLOW) is held to it; the other engines' profiles leave it out.
 _SGLANG_ONLY = ("SGL-001",)
 
 
@@ -62,20 +62,21 @@ PROFILES: dict[str, Profile] = {
         "vllm-v0", ("safety", "liveness", "policy"), True,
         "vLLM V0's default flow: safety, liveness, FCFS, swapped-first, victim order, exact block counts, "
         "watermark, eager freeing, and lockstep with the reference",
-        exclude=("ORD-001", "ORD-002", "ORD-003", "PFX-001", "PFX-002", "PFX-003", "PFX-004", "PFX-005"),
+        exclude=("ORD-001", "ORD-002", "ORD-003", "PFX-001", "PFX-002", "PFX-003", "PFX-004", "PFX-005",
+                 *_SGLANG_ONLY),
     ),
     "vllm-v1": Profile(
         "vllm-v1", ("safety", "liveness", "policy"), True,
         "vLLM V1's flow: one token budget, running first, chunked prefill, prefix caching, recompute-only "
         "preemption of the running tail; lockstep with reference_impl.v1_scheduler",
         # ADM-002 is V0's every-admission watermark; V1's own rule is ADM-004
-        exclude=(*_V0_ONLY, "ADM-002"), reference="reference_impl.v1_scheduler:V1Scheduler",
+        exclude=(*_V0_ONLY, *_SGLANG_ONLY, "ADM-002"), reference="reference_impl.v1_scheduler:V1Scheduler",
     ),
     "nano-vllm": Profile(
         "nano-vllm", ("safety", "liveness", "policy"), True,
         "nano-vllm's flow: prefill steps first and never mixed with decodes, prefix caching, recompute-only "
         "preemption of the running tail; lockstep with reference_impl.nano_scheduler",
-        exclude=(*_V0_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
+        exclude=(*_V0_ONLY, *_SGLANG_ONLY, "ORD-001"), include=("POL-005",), reference="reference_impl.nano_scheduler:NanoScheduler",
     ),
     "sglang": Profile(
         "sglang", ("safety", "liveness"), True,
@@ -102,7 +103,7 @@ PROFILES: dict[str, Profile] = {
         # kept (vLLM frees no block on a rejection), so a step after a rejection or an empty outcome
         # that schedules fewer drafts holds more; CAP-005 and the declared k-slot reservation (CAP-006)
         # bound the table instead.
-        exclude=(*_V0_ONLY, "CAP-002"), reference="reference_impl.specdec_scheduler:SpecDecScheduler",
+        exclude=(*_V0_ONLY, *_SGLANG_ONLY, "CAP-002"), reference="reference_impl.specdec_scheduler:SpecDecScheduler",
     ),
 }
 
