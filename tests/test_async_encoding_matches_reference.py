@@ -28,7 +28,6 @@ import json
 from dataclasses import replace
 from typing import Any
 
-import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,50 +43,18 @@ from spec.proofs.encoding_async import (
 )
 from spec.status import Status
 from spec.types import Request, StepOutcome
+from tests import encoded_chain
 from tests.conftest import examples
 
 BOUND = ASYNC_BOUND
 
 
-class Chain:
-    """A sequence of encoded actions from one symbolic state, each pinned to the reference's
-    parameters (request, chunk, stop, arrival)."""
-
-    def __init__(self) -> None:
-        self.enc = AsyncEncoder(BOUND)
-        self.first = self.enc.state("c0")
-        self.last = self.first
-        self.facts: list[Any] = []
-        self.actions: list[str] = []
-
-    def take(self, action: str, g: int, **params: int) -> None:
-        ae = self.enc.encode(action, pre=self.last)
-        subs = [(ae.params["group"], z3.IntVal(g))]
-        subs += [(ae.params[name], z3.IntVal(value)) for name, value in params.items()]
-        for fact in [ae.guard, *ae.defs, *self.enc.engine_ok]:
-            self.facts.append(z3.substitute(fact, *subs))
-        self.last = ae.post
-        self.actions.append(f"{action}({g}{''.join(f', {k}={v}' for k, v in params.items())})")
-
-    def consistent(self, before: dict[str, Any], after: dict[str, Any], config: dict[str, Any]) -> bool:
-        solver = z3.SolverFor("QF_LIA")
-        solver.add(self.enc.config_ok(), grp_ok_async(self.enc), *self.enc.pin_config(config), *self.facts)
-        solver.add(*pin_async_state(self.enc, self.first, before), *pin_async_state(self.enc, self.last, after))
-        return solver.check() == z3.sat
+def _chain() -> encoded_chain.Chain:
+    return encoded_chain.Chain(AsyncEncoder(BOUND), grp_ok_async, pin_async_state, engine_ok=True)
 
 
-_INV = AsyncEncoder(BOUND)
-_INV_STATE = _INV.state("x")
-_INV_ALL = {iid: pred(_INV, _INV_STATE) for iid, pred in ASYNC_STATE_INVARIANTS.items()}
-
-
-def _broken_invariants(state: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    """The async state invariants a concrete state violates (one query when it violates none)."""
-    solver = z3.SolverFor("QF_LIA")
-    solver.add(_INV.config_ok(), grp_ok_async(_INV), *_INV.pin_config(config), *pin_async_state(_INV, _INV_STATE, state))
-    if solver.check(z3.Not(z3.And(list(_INV_ALL.values())))) == z3.unsat:
-        return []
-    return [iid for iid, formula in _INV_ALL.items() if solver.check(z3.Not(formula)) != z3.unsat]
+_INVARIANTS = encoded_chain.StateInvariants(AsyncEncoder(BOUND), ASYNC_STATE_INVARIANTS, grp_ok_async, pin_async_state)
+_broken_invariants = _INVARIANTS.broken
 
 
 def _config(draw) -> SchedulerConfig:
@@ -117,7 +84,7 @@ class Run:
     def slot(self, rid: str) -> int:
         return next(j for j, t in enumerate(v1_requests(self.sched)) if t.request_id == rid)
 
-    def check(self, before: dict[str, Any], chain: Chain) -> bool:
+    def check(self, before: dict[str, Any], chain: encoded_chain.Chain) -> bool:
         after = async_concrete_state(self.sched, BOUND)
         if after is None:
             return False
@@ -136,7 +103,7 @@ class Run:
             return False
         g = len(self.sched.requests)
         self.sched.add_request(Request(f"r{g}", prompt_len=prompt, max_tokens=max_tokens, priority=priority))
-        chain = Chain()
+        chain = _chain()
         chain.take("add", g, prompt_len=prompt, max_tokens=max_tokens)
         return self.check(before, chain)
 
@@ -144,7 +111,7 @@ class Run:
         before = async_concrete_state(self.sched, BOUND)
         if before is None:
             return False
-        chain = Chain()
+        chain = _chain()
         chain.take("abort", self.slot(rid))
         if any(e for e in before["seqs"][self.slot(rid)]["in_flight"]["entries"]):
             self.seen["abort-in-flight"] = self.seen.get("abort-in-flight", 0) + 1
@@ -158,7 +125,7 @@ class Run:
             return False
         status = {t.request_id: t.status for t in v1_requests(sched)}
         out = sched.schedule()
-        chain = Chain()
+        chain = _chain()
         for p in out.preempted:
             if sched.counters[p.request_id].num_stale:
                 self.seen["preempt-in-flight"] = self.seen.get("preempt-in-flight", 0) + 1
@@ -176,7 +143,7 @@ class Run:
         assert before is not None
         stopped = frozenset(s for s in sched.samples_of_last_step() if stops.draw(st.integers(0, 3)) == 0)
         steps = list(sched.in_flight)
-        chain = Chain()
+        chain = _chain()
         for k, step in enumerate(steps[:max(0, len(steps) - sched.depth)]):
             stopped_here = stopped if k == len(steps) - 1 else (step.stopped or frozenset())
             for t, *_ in step.entries:

@@ -27,7 +27,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import z3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,52 +43,19 @@ from spec.proofs.encoding_specdec import (
 from spec.speculative import DraftDecision
 from spec.status import Status
 from spec.types import Request, ScheduledSeq, StepOutcome
+from tests import encoded_chain
 from tests.conftest import examples
 
 BOUND = SPECDEC_BOUND
 NO_STOP_AT = 16  # a stop with no index falls on the last committed token: the encoding clamps it there
 
 
-class Chain:
-    """A sequence of encoded actions from one symbolic state, each pinned to the reference's
-    parameters (request, chunk, outcome, arrival)."""
-
-    def __init__(self) -> None:
-        self.enc = SpecDecEncoder(BOUND)
-        self.first = self.enc.state("c0")
-        self.last = self.first
-        self.facts: list[Any] = []
-        self.actions: list[str] = []
-
-    def take(self, action: str, g: int, **params: int) -> None:
-        ae = self.enc.encode(action, pre=self.last)
-        subs = [(ae.params["group"], z3.IntVal(g))]
-        subs += [(ae.params[name], z3.IntVal(value)) for name, value in params.items()]
-        for fact in [ae.guard, *ae.defs]:
-            self.facts.append(z3.substitute(fact, *subs))
-        self.last = ae.post
-        self.actions.append(f"{action}({g}{''.join(f', {k}={v}' for k, v in params.items())})")
-
-    def consistent(self, before: dict[str, Any], after: dict[str, Any], config: dict[str, Any]) -> bool:
-        solver = z3.SolverFor("QF_LIA")
-        solver.add(self.enc.config_ok(), grp_ok_specdec(self.enc), *self.enc.pin_config(config), *self.facts)
-        solver.add(*pin_specdec_state(self.enc, self.first, before), *pin_specdec_state(self.enc, self.last, after))
-        return solver.check() == z3.sat
+def _chain() -> encoded_chain.Chain:
+    return encoded_chain.Chain(SpecDecEncoder(BOUND), grp_ok_specdec, pin_specdec_state)
 
 
-_INV = SpecDecEncoder(BOUND)
-_INV_STATE = _INV.state("x")
-_INV_ALL = {iid: pred(_INV, _INV_STATE) for iid, pred in SPECDEC_STATE_INVARIANTS.items()}
-
-
-def _broken_invariants(state: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    """The specdec state invariants a concrete state violates (one query when it violates none)."""
-    solver = z3.SolverFor("QF_LIA")
-    solver.add(_INV.config_ok(), grp_ok_specdec(_INV), *_INV.pin_config(config),
-               *pin_specdec_state(_INV, _INV_STATE, state))
-    if solver.check(z3.Not(z3.And(list(_INV_ALL.values())))) == z3.unsat:
-        return []
-    return [iid for iid, formula in _INV_ALL.items() if solver.check(z3.Not(formula)) != z3.unsat]
+_INVARIANTS = encoded_chain.StateInvariants(SpecDecEncoder(BOUND), SPECDEC_STATE_INVARIANTS, grp_ok_specdec, pin_specdec_state)
+_broken_invariants = _INVARIANTS.broken
 
 
 def _config(draw) -> SchedulerConfig:
@@ -137,7 +103,7 @@ class Run:
     def count(self, what: str) -> None:
         self.seen[what] = self.seen.get(what, 0) + 1
 
-    def check(self, before: dict[str, Any], chain: Chain) -> bool:
+    def check(self, before: dict[str, Any], chain: encoded_chain.Chain) -> bool:
         after = self.state()
         if after is None:
             return False
@@ -159,7 +125,7 @@ class Run:
         tokens = tuple((10 * (g + 1) + i) % 50 for i in range(prompt))
         self.sched.add_request(Request(f"r{g}", prompt_len=prompt, max_tokens=max_tokens, priority=priority,
                                        prompt_tokens=tokens))
-        chain = Chain()
+        chain = _chain()
         chain.take("add", g, prompt_len=prompt, max_tokens=max_tokens)
         return self.check(before, chain)
 
@@ -167,7 +133,7 @@ class Run:
         before = self.state()
         if before is None:
             return False
-        chain = Chain()
+        chain = _chain()
         chain.take("abort", self.slot(rid))
         if before["seqs"][self.slot(rid)]["proposed"]:
             self.count("abort-with-proposal")
@@ -186,7 +152,7 @@ class Run:
         if any(was[s.request_id][0] is Status.WAITING and sched.requests[s.request_id].num_computed
                for s in out.scheduled):
             return False  # a prefix-cache hit: outside the encoding
-        chain = Chain()
+        chain = _chain()
         for p in out.preempted:
             if before["seqs"][self.slot(p.request_id)]["proposed"]:
                 self.count("preempt-with-proposal")
