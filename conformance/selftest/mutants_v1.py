@@ -214,7 +214,7 @@ _RESET = {**V1, "trace_strategy": _reset_traces}
 
 
 @mutant("v1-reset-refuses-idle-cache", "reset_prefix_cache refuses when no block is held (vLLM 0.33.0 "
-        "block_pool.py:882 with `<=` for `!=`: the mutation benchmark's m021)", ("PFX-006",), **_RESET)
+        "block_pool.py:882 with `<=` for `!=`: the mutation benchmark's m021)", ("PFX-007",), **_RESET)
 class _ResetRefusesIdle(V1Scheduler):
     def reset_prefix_cache(self) -> bool:
         if not any(self.pool.ref_counts[:]):

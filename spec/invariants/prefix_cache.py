@@ -239,19 +239,40 @@ def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "PFX-006", "safety",
-    """An engine's reset_prefix_cache answers true exactly when no GPU block is held; after a true
-    answer no GPU block keeps a key and the cache index is empty (so no later request hits a prompt
-    cached before the reset).""",
-    """vLLM V1's Scheduler.reset_prefix_cache (v1/core/block_pool.py: BlockPool.reset_prefix_cache) is
-    the admin call RLHF flows make after a weight update, so that no KV computed with the old weights
-    is reused: it must refuse while a block is in use (a running request still reads its cached
-    blocks; dropping their hashes under it would break the hash map's bookkeeping) and, when it
-    succeeds, drop every hash. A reset that answers true but keeps a key serves stale KV; one that
-    refuses an idle cache leaves the old weights' KV in place while the caller believes it gone.""",
+    """After an engine's reset_prefix_cache answers true, no GPU block keeps a key and the cache
+    index is empty (so no later request hits a prompt cached before the reset).""",
+    """The reset is the admin call RLHF flows make after a weight update (vLLM V1's
+    Scheduler.reset_prefix_cache, v1/core/block_pool.py: BlockPool.reset_prefix_cache), so that no
+    KV computed with the old weights is reused: a reset that answers true but keeps a key serves
+    stale KV while the caller believes it gone. When a reset may succeed is the engine's choice
+    (PFX-007): a design that un-keys blocks still in use and answers true is correct, since a block
+    without a key can be hit by no one.""",
     (C.PREFIX_CACHE, C.REF_COUNTS),
 )
 def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     snap = rec.before  # taken after the step's admin calls; a reset moves no reference count
+    for op, answer in rec.admin:
+        if op == "reset_prefix_cache" and answer:
+            keyed = sorted(keyed_blocks(snap))
+            if keyed:
+                yield f"after a reset that answered true, gpu blocks {keyed[:8]} still carry keys"
+            if snap.cache_index:
+                yield f"after a reset that answered true, the cache index still holds {len(snap.cache_index)} keys"
+
+
+@invariant(
+    "PFX-007", "policy",
+    """reset_prefix_cache answers true exactly when no GPU block is held (vLLM V1's rule).""",
+    """vLLM refuses a reset while any block is in use (v1/core/block_pool.py:
+    BlockPool.reset_prefix_cache: a running request still reads its cached blocks, and dropping
+    their hashes under it would break the hash map's bookkeeping) and performs it on an idle cache.
+    Policy, not safety: an engine may as well un-key in-use blocks and succeed (PFX-006 is what
+    every correct reset guarantees); but an engine that refuses an idle cache leaves the old
+    weights' KV in place for a caller who has no other way to drop it.""",
+    (C.PREFIX_CACHE, C.REF_COUNTS),
+)
+def reset_when_idle(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    snap = rec.before
     for op, answer in rec.admin:
         if op != "reset_prefix_cache":
             continue
@@ -261,9 +282,3 @@ def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
             yield f"reset_prefix_cache answered true while gpu blocks {held[:8]} are held"
         elif not answer and not held:
             yield "reset_prefix_cache refused although no gpu block is held"
-        elif answer:
-            keyed = sorted(keyed_blocks(snap))
-            if keyed:
-                yield f"after a reset that answered true, gpu blocks {keyed[:8]} still carry keys"
-            if snap.cache_index:
-                yield f"after a reset that answered true, the cache index still holds {len(snap.cache_index)} keys"
