@@ -345,7 +345,20 @@ def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch)
     reported at its own step, not at the first step whose line was held."""
     import conformance.wire.client as client
 
-    monkeypatch.setattr(client, "_FLUSH_MS", 1.0)  # the runner's default; held lines are what this tests
+    monkeypatch.setattr(client, "_FLUSH_MS", 1.0)  # held lines are what this tests (the runner sends 0)
     adapter = WireAdapter("helper", _helper_host(fault), timeout=60)
     result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=1.5)
     assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3
+
+
+@pytest.mark.parametrize("fault", ["import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "import os; os._exit(0)"])
+def test_a_host_killed_mid_steps_is_reported_at_its_own_step(fault):
+    """A host that dies without a word (a segfault in an engine's C code, os._exit) is a fault at the
+    step it died in: the runner's default sends every step line at once, so none is lost."""
+    adapter = WireAdapter("killed", _helper_host(fault), timeout=60)
+    try:
+        result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=10)
+    finally:
+        adapter.close()
+    assert result.fault is not None and result.fault_step == 3, (result.fault, result.fault_step)
+    assert "host exited" in result.fault.message

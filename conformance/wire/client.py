@@ -484,7 +484,11 @@ _MAX_STEPS_PER_MESSAGE = 64
 # halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won
 # three of the four interleaved before/after runs; on nano-vllm, whose steps are fast, it is level
 # by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
-_FLUSH_MS = 1.0
+# Off by default: a host killed by a signal (a segfault in an engine's C code, os._exit, the OOM
+# killer) loses its held lines, and its crash was then reported at step 0 of a trace that crashes at
+# step 3. A fault's step is evidence; the halved wire cost is not worth a wrong one. Holding
+# becomes safe once the runner replays such a trace with holding off to find the step (not done).
+_FLUSH_MS = 0.0
 _HOLD_LINES = 8  # kvsched_host's limit on held lines (a fault's step is this uncertain after a kill)
 
 
