@@ -1049,6 +1049,9 @@ class VoidOutcomes(NamedTuple):
 _VOID = "_void_outcomes"  # flow_state key of `void_outcomes`
 
 
+_NO_VOID = VoidOutcomes(frozenset(), frozenset())
+
+
 def void_outcomes(ctx: CheckContext, record: StepRecord) -> VoidOutcomes:
     """The sequences whose last processed outcome was empty (``DraftDecision.empty``: the model
     returned no token, vllm-project/vllm#42722's output) after sampling them: they sit at their
@@ -1061,6 +1064,8 @@ def void_outcomes(ctx: CheckContext, record: StepRecord) -> VoidOutcomes:
     0): with outcomes in flight the set is empty (the generator draws no empty outcome with
     prefix caching there). Every predicate that reads it must call it in every step, like
     `returned_step` (which it calls)."""
+    if not ctx.config.num_speculative_tokens:  # only a speculative config reads the drafts' empty outcomes
+        return _NO_VOID
     state = ctx.flow_state.setdefault(_VOID, {})
     if state.get("step") == record.step:
         return state["void"]
