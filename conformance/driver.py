@@ -97,12 +97,40 @@ def run_checked(
     # (BENCHMARKS.md). Paused for the one trace, restored whatever happens.
     collecting = gc.isenabled()
     gc.disable()
+    invariants = list(invariants)
+    guard = guard or Guard(timeout)
     try:
-        return _run_checked(adapter, trace, invariants, guard or Guard(timeout), lockstep, stop_at_first,
-                            reference_factory, stop_on)
+        result = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on)
+        if result.fault is not None and result.fault.step_uncertain and hasattr(adapter, "exact_steps"):
+            result = _replay_exactly(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory,
+                                     stop_on, result)
+        return result
     finally:
         if collecting:
             gc.enable()
+
+
+def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], guard: Guard, lockstep: bool,
+                    stop_at_first: bool, reference_factory: Callable[[SchedulerConfig], Any] | None,
+                    stop_on: str | None, first: TraceResult) -> TraceResult:
+    """``first`` ended in a fault whose step the adapter could not tell (a wire host killed while it
+    held the lines of its last steps: conformance/wire/client.py): run the trace again from its
+    reset with every step answered at once (``adapter.exact_steps()``), so that the fault, the
+    records and the checks are those of a run that never held a line. If the replay runs to its
+    end without a fault, the death did not come again (a nondeterministic crash): ``first`` is
+    kept, its fault at the first step whose answer was missing, and its message says so."""
+    with adapter.exact_steps():
+        again = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on)
+    stopped_early = (stop_at_first and again.failed) or (stop_on is not None and stop_on in again.problem_ids)
+    if again.fault is not None or stopped_early:
+        return again  # what a run that wrote each line at once reports
+    fault = first.fault
+    assert fault is not None
+    first.fault = AdapterFault(
+        fault.kind, fault.call, f"{fault.message} (the adapter held the answers of its last steps and lost them "
+        f"when it died; a replay with each step answered at once did not die: a nondeterministic crash, "
+        f"reported at the first step whose answer is missing)", fault.location)
+    return first
 
 
 def _run_checked(

@@ -34,15 +34,31 @@ from typing import Any
 class AdapterFault(Exception):
     """The adapter misbehaved. ``kind``: ``raised``, ``hang``, ``malformed``, ``config-rejected``;
     from an isolated adapter's process also ``exit`` (it ended), ``crash`` (a signal killed it),
-    ``memory`` and ``output`` (it passed the runner's limits). ``location`` is the adapter's
-    ``file:line`` where it is known."""
+    ``memory`` and ``output`` (it passed the runner's limits); ``crash`` also for a wire host killed
+    by a signal. ``location`` is the adapter's ``file:line`` where it is known.
+    ``step_uncertain``: the adapter could not tell at which step this happened (a wire host
+    killed while it held step lines); the driver replays the trace to find it."""
 
-    def __init__(self, kind: str, call: str, message: str, location: str | None = None) -> None:
+    def __init__(self, kind: str, call: str, message: str, location: str | None = None,
+                 step_uncertain: bool = False) -> None:
         super().__init__(f"adapter {kind} in {call}: {message}" + (f" (at {location})" if location else ""))
         self.kind = kind
         self.call = call
         self.message = message
         self.location = location
+        self.step_uncertain = step_uncertain
+
+
+_RAISED_KINDS = frozenset({"raised", "crash"})  # what an exception may say it is (`fault_kind`)
+
+
+def fault_from(call: str, err: BaseException) -> AdapterFault:
+    """The fault for an exception out of an adapter call: ``raised``, unless the exception says
+    otherwise in ``fault_kind`` (a wire host's death by a signal is a ``crash``, as an isolated
+    adapter's process killed by one is), with its ``step_uncertain``."""
+    kind = getattr(err, "fault_kind", "raised")
+    return AdapterFault(kind if kind in _RAISED_KINDS else "raised", call, f"{type(err).__name__}: {err}",
+                        exception_location(err), bool(getattr(err, "step_uncertain", False)))
 
 
 # Frames in these folders are the runner's and the spec's, not the adapter's.
@@ -115,7 +131,7 @@ class Guard:
             try:
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
-                raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from err
+                raise fault_from(name, err) from err
         if self._in_place is None:
             self._in_place = _alarm_available()
         if self._in_place:
@@ -140,7 +156,7 @@ class Guard:
             self.dead = True
             raise AdapterFault("hang", name, f"no answer within {self.timeout:g} s") from None
         except Exception as err:  # noqa: BLE001 - reported to the caller as a fault
-            raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from err
+            raise fault_from(name, err) from err
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if previous_handler is not _overdue and previous_handler not in _PLAIN_DISPOSITIONS:
@@ -171,6 +187,6 @@ class Guard:
             raise AdapterFault("hang", name, f"no answer within {self.timeout:g} s") from None
         if not ok:
             if isinstance(value, Exception):
-                raise AdapterFault("raised", name, f"{type(value).__name__}: {value}", exception_location(value)) from value
+                raise fault_from(name, value) from value
             raise value
         return value

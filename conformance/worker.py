@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.channel import ChannelClosed, Stamp, receive, send
-from conformance.guard import AdapterFault, exception_location
+from conformance.guard import AdapterFault, exception_location, fault_from
 
 
 class StampedGuard:
@@ -55,7 +55,7 @@ class StampedGuard:
         except SystemExit as err:
             raise AdapterFault("exit", name, f"called sys.exit({err.code!r})", exception_location(err)) from None
         except BaseException as err:  # noqa: BLE001 - whatever the adapter raises is its fault
-            raise AdapterFault("raised", name, f"{type(err).__name__}: {err}", exception_location(err)) from None
+            raise fault_from(name, err) from None
         finally:
             self.stamp.leave()
 

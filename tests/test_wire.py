@@ -351,14 +351,78 @@ def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch)
     assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3
 
 
-@pytest.mark.parametrize("fault", ["import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "import os; os._exit(0)"])
-def test_a_host_killed_mid_steps_is_reported_at_its_own_step(fault):
+_SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+@pytest.mark.parametrize("fault, kind, words", [(_SEGV, "crash", "host killed by SIGSEGV"),
+                                                ("import os; os._exit(0)", "raised", "host exited (code 0)")])
+def test_a_host_killed_mid_steps_is_reported_at_its_own_step(fault, kind, words):
     """A host that dies without a word (a segfault in an engine's C code, os._exit) is a fault at the
-    step it died in: the runner's default sends every step line at once, so none is lost."""
+    step it died in, with held step lines on (the runner's default): the lines it held die with it,
+    so the driver replays the trace with each line written at once and reports where that dies. A
+    signal is a crash (as for an isolated adapter's process); an exit, whatever its code, is raised."""
+    import conformance.wire.client as client
+
+    assert client._FLUSH_MS > 0  # the default holds lines
     adapter = WireAdapter("killed", _helper_host(fault), timeout=60)
     try:
         result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=10)
     finally:
         adapter.close()
     assert result.fault is not None and result.fault_step == 3, (result.fault, result.fault_step)
-    assert "host exited" in result.fault.message
+    assert result.fault.kind == kind and words in result.fault.message, result.fault
+
+
+def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
+    """Lines held 50 ms (so steps 0-2 are surely lost with the host): the first run cannot tell the
+    step (its fault says so), the replay pins it, and the result is the one a run writing each line
+    at once gives: the same fault, step and records (what the report and the shrinker see)."""
+    import conformance.driver as driver
+    import conformance.wire.client as client
+
+    invariants = get_profile("safety").invariants()
+    replays = []
+    real = driver._replay_exactly
+
+    def spy(*args):
+        replays.append(args[-1])  # the first run's result
+        return real(*args)
+
+    monkeypatch.setattr(driver, "_replay_exactly", spy)
+    monkeypatch.setattr(client, "_FLUSH_MS", 0.0)
+    exact = WireAdapter("exact", _helper_host(_SEGV), timeout=60)
+    monkeypatch.setattr(client, "_FLUSH_MS", 50.0)
+    held = WireAdapter("held", _helper_host(_SEGV), timeout=60)
+    try:
+        want = run_checked(exact, _trace(), invariants, timeout=10)
+        assert not replays
+        got = run_checked(held, _trace(), invariants, timeout=10)
+    finally:
+        exact.close()
+        held.close()
+    assert len(replays) == 1 and replays[0].fault.step_uncertain and replays[0].fault_step == 0
+    assert held.flush_ms == 50.0  # holding is back on after the replay
+    assert got.fault is not None and want.fault is not None
+    assert (got.fault.kind, got.fault.message, got.fault_step) == (want.fault.kind, want.fault.message, 3)
+    assert [(r.output, r.finished, r.after) for r in got.records] == \
+        [(r.output, r.finished, r.after) for r in want.records]
+    assert len(got.records) == 3 and [str(v) for v in got.violations] == [str(v) for v in want.violations]
+
+
+def test_a_nondeterministic_death_is_reported_where_its_lines_stop(tmp_path, monkeypatch):
+    """A host that dies only in its first life (the replay runs the trace to its end): the fault
+    stays at the first step whose line is missing, and its message says the crash did not come again."""
+    import conformance.wire.client as client
+
+    monkeypatch.setattr(client, "_FLUSH_MS", 50.0)
+    mark = tmp_path / "died-once"
+    once = (f"import os, signal; os.path.exists({str(mark)!r}) or (open({str(mark)!r}, 'w').close(), "
+            "os.kill(os.getpid(), signal.SIGSEGV))")
+    adapter = WireAdapter("flaky", _helper_host(once), timeout=60)
+    try:
+        result = run_checked(adapter, _trace(), get_profile("safety").invariants(), timeout=10)
+    finally:
+        adapter.close()
+    assert mark.exists()
+    assert result.fault is not None and result.fault.kind == "crash" and result.fault_step == 0, result.fault
+    assert "nondeterministic" in result.fault.message and "host killed by SIGSEGV" in result.fault.message

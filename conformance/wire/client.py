@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
 import os
 import select
@@ -24,10 +25,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from conformance.wire.codec import (
+    HostDied,
     WireError,
     config_to_json,
     finished_from_json,
@@ -149,13 +151,19 @@ class HostProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _exit_message(self, method: str) -> str:
+    def died(self, method: str) -> HostDied:
+        """The error for a host that is gone (or has closed its stdout): how it ended, by its exit
+        status (a signal is a crash, `HostDied`), and the last lines of its stderr."""
         try:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
         tail = " | ".join(list(self.stderr_tail)[-3:])
-        return f"host exited (code {code}) during {method!r}" + (f"; stderr: {tail}" if tail else "")
+        if code is not None and code < 0:
+            how = f"host killed by {_signal_name(-code)}"
+        else:
+            how = f"host exited (code {code})"
+        return HostDied(f"{how} during {method!r}" + (f"; stderr: {tail}" if tail else ""), code)
 
     def call(self, method: str, params: Mapping[str, Any], timeout: float | None) -> Any:
         """Send one request and return its result (raise `WireError` on an error answer)."""
@@ -168,7 +176,7 @@ class HostProcess:
         """Write one request; the host is busy until `receive` has its last answer line."""
         with self.lock:
             if not self.alive:
-                raise WireError(self._exit_message(method))
+                raise self.died(method)
             self.busy = True
             self.next_id += 1
             mid = self.next_id
@@ -177,7 +185,7 @@ class HostProcess:
                                        separators=(",", ":")).encode() + b"\n")
             except (BrokenPipeError, OSError):
                 self.busy = False
-                raise WireError(self._exit_message(method)) from None
+                raise self.died(method) from None
             return mid
 
     def receive(self, mid: int, method: str, timeout: float | None) -> Mapping[str, Any]:
@@ -189,7 +197,7 @@ class HostProcess:
                 while not self._lines:
                     if self._eof:
                         self.busy = False
-                        raise WireError(self._exit_message(method))
+                        raise self.died(method)
                     if not self._fill(deadline):
                         self.kill()
                         raise WireError(f"host hung: no answer to {method!r} within {timeout:g} s (killed)")
@@ -230,6 +238,13 @@ class HostProcess:
             except (WireError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def result_of(msg: Mapping[str, Any], method: str) -> Any:
@@ -310,6 +325,7 @@ class WireAdapter:
         self.host: HostProcess | None = None
         self.hello: Mapping[str, Any] = {}
         self._batch: _Batch | None = None  # set by `begin_trace`: calls answered from `steps` runs
+        self.flush_ms = _FLUSH_MS  # how long the host may hold step lines (0 within `exact_steps`)
         self.optional_calls: frozenset[str] = frozenset()  # from hello (`start`)
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
@@ -352,7 +368,18 @@ class WireAdapter:
         """Driver hook (conformance/driver.py, right after `reset`): the calls that follow are the
         driver's for ``trace``, so they are run many steps per message (`steps`, protocol 2) and
         answered from the host's results in order. Without this hook every call is a round trip."""
-        self._batch = _Batch(trace, observe, mid_step)
+        self._batch = _Batch(trace, observe, mid_step, self.flush_ms)
+
+    @contextlib.contextmanager
+    def exact_steps(self) -> Iterator[None]:
+        """Within this block the host writes each step line at once (``flush_ms`` 0), so a death
+        is pinned to its step. The driver replays a trace under it when the host died holding
+        lines (`HostDied.step_uncertain`): a fault's step is evidence, the held lines a saving."""
+        saved, self.flush_ms = self.flush_ms, 0.0
+        try:
+            yield
+        finally:
+            self.flush_ms = saved
 
     def add_request(self, request: Request) -> Finished | None:
         """None, or the host's refusal at the door (``{"request", "status": "FINISHED_IGNORED"}``)."""
@@ -439,7 +466,7 @@ class WireAdapter:
         assert self.host is not None
         batch.pending = self.host.send("steps", {"steps": steps, "observe": batch.observe, "mid_step": batch.mid_step,
                                                  "last_arrival_step": trace.last_arrival_step,
-                                                 "flush_ms": _FLUSH_MS})
+                                                 "flush_ms": batch.flush_ms})
         batch.next_step = last
 
     def _read_step(self, batch: _Batch) -> None:
@@ -448,10 +475,9 @@ class WireAdapter:
         assert self.host is not None and batch.pending is not None
         try:
             msg = self.host.receive(batch.pending, "steps", self.timeout)
-        except WireError as err:
-            if _FLUSH_MS and not self.host.alive:  # killed by a signal: its held lines are lost
-                raise WireError(f"{err} (the host may have held up to {_HOLD_LINES} step lines: the fault is at "
-                                f"this step or up to {_HOLD_LINES - 1} steps later)", err.location) from err
+        except HostDied as err:
+            if batch.flush_ms:  # it may have died holding the lines of its last steps: which step is unknown
+                err.step_uncertain = True
             raise
         if "calls" in msg:
             calls = msg["calls"]
@@ -481,22 +507,20 @@ class WireAdapter:
 _MAX_STEPS_PER_MESSAGE = 64
 # How long a host may hold a step's line to write it with the next ones (docs/PROTOCOL.md, steps;
 # kvsched_host also writes at most 8 together). Each write wakes the runner: on vLLM, holding
-# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked) and won
-# three of the four interleaved before/after runs; on nano-vllm, whose steps are fast, it is level
-# by CPU and faster by wall clock (BENCHMARKS.md "A faster wire"). 0: every line at once.
-# Off by default: a host killed by a signal (a segfault in an engine's C code, os._exit, the OOM
-# killer) loses its held lines, and its crash was then reported at step 0 of a trace that crashes at
-# step 3. A fault's step is evidence; the halved wire cost is not worth a wrong one. Holding
-# becomes safe once the runner replays such a trace with holding off to find the step (not done).
-_FLUSH_MS = 0.0
-_HOLD_LINES = 8  # kvsched_host's limit on held lines (a fault's step is this uncertain after a kill)
+# halved the wire's CPU per step in bench_wire (101 against 196 µs a step, unchecked); on
+# nano-vllm, whose steps are fast, it is level by CPU and faster by wall clock (BENCHMARKS.md
+# "A faster wire"). 0: every line at once. A host killed by a signal (a segfault in an engine's C
+# code, os._exit, the OOM killer) loses its held lines, so its death says nothing of its step: the
+# driver then replays the trace with every line written at once (`WireAdapter.exact_steps`) and
+# reports the fault where the replay dies (conformance/driver.py).
+_FLUSH_MS = 1.0
 
 
 class _Batch:
     """One trace's `steps` runs: the answers not yet handed to the driver, in call order."""
 
-    def __init__(self, trace: Trace, observe: bool, mid_step: bool) -> None:
-        self.trace, self.observe, self.mid_step = trace, observe, mid_step
+    def __init__(self, trace: Trace, observe: bool, mid_step: bool, flush_ms: float = 0.0) -> None:
+        self.trace, self.observe, self.mid_step, self.flush_ms = trace, observe, mid_step, flush_ms
         self.answers: collections.deque[tuple[str, Any]] = collections.deque()
         self.error: WireError | None = None
         self.next_step = 0

@@ -25,6 +25,29 @@ class WireError(Exception):
         super().__init__(message)
         self.location = location
 
+    # What the guard reports this as (`conformance.guard.fault_from`): an engine's exception, bad
+    # JSON and an exit are ``raised``; `HostDied` says ``crash`` for a signal.
+    fault_kind = "raised"
+    # True when the runner cannot tell at which step this happened (a host killed while it held
+    # step lines): the driver then replays the trace with each line written at once.
+    step_uncertain = False
+
+
+class HostDied(WireError):
+    """The host process ended without answering. ``returncode``: its exit status, negative for the
+    signal that killed it (a segfault in an engine's C code, the OOM killer), which is a
+    ``crash`` like an isolated adapter's process killed by one (conformance/isolated.py); an
+    exit, whatever its code, stays ``raised``. ``step_uncertain``: it died during a `steps` run
+    whose lines it was allowed to hold (``flush_ms`` > 0), so the lines of its last steps may be
+    lost with it."""
+
+    def __init__(self, message: str, returncode: int | None, step_uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.step_uncertain = step_uncertain
+        if returncode is not None and returncode < 0:
+            self.fault_kind = "crash"
+
 
 def config_to_json(config: SchedulerConfig) -> dict[str, Any]:
     return config.to_dict()
