@@ -308,20 +308,11 @@ def test_steps_carry_each_steps_drafts_to_a_speculative_engine():
 
 
 def _helper_host(schedule_at_step_3: str) -> list[str]:
-    """A host on kvsched_host.serve (the raw host's engine) whose ``schedule`` runs
-    ``schedule_at_step_3`` (Python source) at step 3."""
-    hosts = Path(__file__).parents[1] / "conformance" / "targets" / "hosts"
-    script = (f"import sys, time; sys.path.insert(0, {str(hosts)!r}); sys.path.insert(0, {str(RAW.parent)!r})\n"
-              "import kvsched_host, raw_host\n"
-              "class Engine(raw_host.Engine):\n"
-              "    add_request, abort_request = raw_host.Engine.add, raw_host.Engine.abort\n"
-              "    def snapshot(self):  # a copy: the engine's dicts change later\n"
-              "        return raw_host.json.loads(raw_host.json.dumps(super().snapshot()))\n"
-              "    def schedule(self):\n"
-              f"        if self.step == 3: {schedule_at_step_3}\n"
-              "        return super().schedule()\n"
-              "kvsched_host.serve(Engine(), 'helper', capabilities=['output', 'statuses', 'queues'])\n")
-    return [sys.executable, "-c", script]
+    """A host on kvsched_host.serve whose ``schedule`` runs ``schedule_at_step_3`` at step 3."""
+    sys.path.insert(0, str(RAW.parent))
+    import helper_host
+
+    return helper_host.command(schedule_at_step_3)
 
 
 def test_an_engine_error_in_steps_keeps_the_host():
@@ -351,7 +342,7 @@ def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch)
     assert result.fault is not None and result.fault.kind == kind and result.fault_step == 3
 
 
-_SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+_SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # helper_host.SEGV
 
 
 @pytest.mark.parametrize("fault, kind, words", [(_SEGV, "crash", "host killed by SIGSEGV"),
@@ -426,3 +417,20 @@ def test_a_nondeterministic_death_is_reported_where_its_lines_stop(tmp_path, mon
     assert mark.exists()
     assert result.fault is not None and result.fault.kind == "crash" and result.fault_step == 0, result.fault
     assert "nondeterministic" in result.fault.message and "host killed by SIGSEGV" in result.fault.message
+
+
+def test_a_crashed_host_is_a_crash_in_the_runners_child_too(monkeypatch):
+    """Under `kvsched conform` the adapter runs in a child process (conformance/isolated.py); its wire
+    host killed by a signal is reported from there as FAULT-crash at the step it died in (the
+    replay runs in the child), and the child itself lives on."""
+    from conformance.isolated import ChildRunner, Limits
+
+    monkeypatch.syspath_prepend(str(RAW.parent))
+    runner = ChildRunner("helper_host:segfault_at_step_3", Limits(timeout=10.0))
+    try:
+        runner.start()
+        summary = runner.run(_trace(), [inv.id for inv in get_profile("safety").invariants()])
+    finally:
+        runner.close()
+    problem = summary.problems.get("FAULT-crash")
+    assert problem is not None and problem.step == 3 and "SIGSEGV" in problem.message, summary.problems

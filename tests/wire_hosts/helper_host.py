@@ -1,0 +1,33 @@
+"""A wire host on kvsched_host.serve (the raw host's engine) that does something at step 3: the
+command line for it, and adapter factories for the runner's child process (`--adapter
+helper_host:segfault_at_step_3`, with this folder on sys.path)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from conformance.wire import WireAdapter
+
+HERE = Path(__file__).parent
+HOSTS = HERE.parents[1] / "conformance" / "targets" / "hosts"
+SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+def command(schedule_at_step_3: str) -> list[str]:
+    """A host whose ``schedule`` runs ``schedule_at_step_3`` (Python source) at step 3."""
+    script = (f"import sys, time; sys.path.insert(0, {str(HOSTS)!r}); sys.path.insert(0, {str(HERE)!r})\n"
+              "import kvsched_host, raw_host\n"
+              "class Engine(raw_host.Engine):\n"
+              "    add_request, abort_request = raw_host.Engine.add, raw_host.Engine.abort\n"
+              "    def snapshot(self):  # a copy: the engine's dicts change later\n"
+              "        return raw_host.json.loads(raw_host.json.dumps(super().snapshot()))\n"
+              "    def schedule(self):\n"
+              f"        if self.step == 3: {schedule_at_step_3}\n"
+              "        return super().schedule()\n"
+              "kvsched_host.serve(Engine(), 'helper', capabilities=['output', 'statuses', 'queues'])\n")
+    return [sys.executable, "-c", script]
+
+
+def segfault_at_step_3() -> WireAdapter:
+    return WireAdapter("segfault-at-3", command(SEGV), timeout=60)
