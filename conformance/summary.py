@@ -25,7 +25,7 @@ FAULT_KINDS: dict[str, str] = {
                  "a claimed capability left empty",
     "config-rejected": "`reset()` raised on a trace's config (declare a config domain so that no such config is generated)",
     "exit": "the process exited: `sys.exit` with any code (0 included), `os._exit`",
-    "crash": "the process was killed by a signal (a segfault, an abort)",
+    "crash": "the process, or a wire host, was killed by a signal (a segfault, an abort)",
     "memory": "resident memory passed `--max-memory`",
     "output": "the adapter printed more than `--max-output` in one trace",
     "checker": "kvsched's own checks crashed on this trace (a kvsched bug, not the adapter's: reported under category kvsched)",

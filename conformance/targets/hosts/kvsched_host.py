@@ -146,8 +146,8 @@ class _Outbox:
     its own step), and `serve` writes them before it exits. The watcher polls rather than being
     woken per batch: a thread wake-up per batch of lines cost a fast host (nano-vllm) more than
     the writes it saved. Only a host killed by a signal (a segfault, the OOM killer) can lose the
-    lines of its last two ``flush_ms``; the runner then reports the fault at the first step whose
-    line is missing."""
+    lines of its last two ``flush_ms``; the runner then replays the trace with ``flush_ms`` 0 to
+    find the step it dies in (docs/PROTOCOL.md, "Holding lines back")."""
 
     def __init__(self, write_lines) -> None:
         self._write = write_lines
