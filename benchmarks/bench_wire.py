@@ -103,7 +103,7 @@ class Recorder:
 class LineHost:
     """A stand-in `HostProcess` that answers with recorded lines, decoded as the real one does."""
 
-    alive, busy = True, False
+    alive, busy, folds_reset = True, False, True  # recorded after the warm-up trace: resets folded
 
     def __init__(self, hello, lines, sent) -> None:
         self.hello, self._lines, self._sent = hello, iter(lines), iter(sent)

@@ -434,3 +434,43 @@ def test_a_crashed_host_is_a_crash_in_the_runners_child_too(monkeypatch):
         runner.close()
     problem = summary.problems.get("FAULT-crash")
     assert problem is not None and problem.step == 3 and "SIGSEGV" in problem.message, summary.problems
+
+
+def test_a_reset_folded_into_steps_still_rejects_a_config():
+    """After a host's first reset (a round trip of its own), each trace's reset goes with its first
+    `steps` message (one round trip a trace less); a config the engine refuses there is still
+    `config-rejected` in reset at step 0, with no records, as when reset was its own call, and the
+    host stays up for the next trace."""
+    import dataclasses
+
+    sys.path.insert(0, str(RAW.parent))
+    import helper_host
+
+    invariants = get_profile("safety").invariants()
+    good = _trace()
+    bad = dataclasses.replace(good, config=dataclasses.replace(good.config, block_size=8))
+    adapter = WireAdapter("picky", helper_host.command(refuse_block_size=8), timeout=30)
+    try:
+        assert run_checked(adapter, good, invariants, timeout=10).fault is None
+        host = adapter.host
+        assert host.folds_reset
+        sent, send = [], host.send
+        host.send = lambda method, params: (sent.append((method, "reset" in params)), send(method, params))[1]
+        folded = run_checked(adapter, bad, invariants, timeout=10)
+        assert sent == [("steps", True)]  # no message of its own
+        host.folds_reset = False  # the same refusal, reset sent alone
+        alone = run_checked(adapter, bad, invariants, timeout=10)
+        assert sent[1:] == [("reset", False)]
+        for result in (folded, alone):
+            assert result.fault is not None and result.fault.kind == "config-rejected", result.fault
+            assert result.fault.call == "reset" and result.fault_step == 0 and not result.records
+            assert "no such block size" in result.fault.message and not result.active
+        assert folded.fault.message == alone.fault.message
+        host.folds_reset = True
+        assert run_checked(adapter, good, invariants, timeout=10).fault is None and adapter.host is host
+        adapter.reset(bad.config)  # without the driver's hook: the held reset goes before the next call
+        with pytest.raises(WireError, match="no such block size") as err:
+            adapter.schedule()
+        assert err.value.fault_kind == "config-rejected"
+    finally:
+        adapter.close()

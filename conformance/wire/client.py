@@ -103,6 +103,7 @@ class HostProcess:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self.busy = False
         self.next_id = 0
+        self.folds_reset = False  # set by WireAdapter.reset once a reset of its own succeeded (steps_reset hosts)
         self.lock = threading.Lock()
         threading.Thread(target=self._read_stderr, daemon=True, name="kvsched-wire-err").start()
         self.hello = self.call("hello", {}, start_timeout)
@@ -240,6 +241,13 @@ class HostProcess:
         self.kill()
 
 
+def _rejected(err: WireError) -> WireError:
+    """``err``, a reset that failed after the adapter's own `reset` had returned (folded into the
+    next message), marked as the driver's ``config-rejected`` in ``reset``, as when `reset` raised."""
+    err.fault_kind, err.fault_call = "config-rejected", "reset"
+    return err
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -326,6 +334,7 @@ class WireAdapter:
         self.hello: Mapping[str, Any] = {}
         self._batch: _Batch | None = None  # set by `begin_trace`: calls answered from `steps` runs
         self.flush_ms = _FLUSH_MS  # how long the host may hold step lines (0 within `exact_steps`)
+        self._pending_reset: dict[str, Any] | None = None  # a reset to send with the next message
         self.optional_calls: frozenset[str] = frozenset()  # from hello (`start`)
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
@@ -352,6 +361,12 @@ class WireAdapter:
         if self.host is None:
             self.start()
         assert self.host is not None
+        if self._pending_reset is not None:  # a reset held for a `steps` message that never came
+            pending, self._pending_reset = self._pending_reset, None
+            try:
+                self.host.call("reset", pending, self.timeout)
+            except WireError as err:
+                raise _rejected(err) from None
         return self.host.call(method, params or {}, self.timeout)
 
     # -- the Adapter protocol ------------------------------------------------------------------
@@ -362,7 +377,19 @@ class WireAdapter:
         self.start()
         lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
-        self._call("reset", {"config": config_to_json(config)})
+        params = {"config": config_to_json(config)}
+        if getattr(self.host, "folds_reset", False):
+            # Sent with the trace's first `steps` message (or before the next call of its own): one
+            # round trip a trace less. A config the engine refuses then fails that message, with
+            # the reset named (`_rejected`): the driver still reports it as config-rejected.
+            self._pending_reset = params
+            return
+        self._pending_reset = None
+        self._call("reset", params)
+        if self.hello.get("steps_reset") is True and self.host is not None:
+            # Not before: a fresh host's first reset (an engine's lazy imports, its first build)
+            # may need the adapter's reset_timeout, which only a call of its own gets.
+            self.host.folds_reset = True
 
     def begin_trace(self, trace: Trace, observe: bool, mid_step: bool) -> None:
         """Driver hook (conformance/driver.py, right after `reset`): the calls that follow are the
@@ -464,9 +491,11 @@ class WireAdapter:
         if self.host is None:
             self.start()
         assert self.host is not None
-        batch.pending = self.host.send("steps", {"steps": steps, "observe": batch.observe, "mid_step": batch.mid_step,
-                                                 "last_arrival_step": trace.last_arrival_step,
-                                                 "flush_ms": batch.flush_ms})
+        params = {"steps": steps, "observe": batch.observe, "mid_step": batch.mid_step,
+                  "last_arrival_step": trace.last_arrival_step, "flush_ms": batch.flush_ms}
+        if self._pending_reset is not None:  # the trace's reset, folded in (docs/PROTOCOL.md, steps)
+            params["reset"], self._pending_reset = self._pending_reset, None
+        batch.pending = self.host.send("steps", params)
         batch.next_step = last
 
     def _read_step(self, batch: _Batch) -> None:
@@ -491,7 +520,8 @@ class WireAdapter:
                 try:
                     result_of(msg, "steps")
                 except WireError as err:
-                    batch.error = err
+                    failed = msg["error"].get("method") if isinstance(msg["error"], Mapping) else None
+                    batch.error = _rejected(err) if failed == "reset" else err
             return
         self.host.busy = False
         result = result_of(msg, "steps")

@@ -26,8 +26,10 @@ class WireError(Exception):
         self.location = location
 
     # What the guard reports this as (`conformance.guard.fault_from`): an engine's exception, bad
-    # JSON and an exit are ``raised``; `HostDied` says ``crash`` for a signal.
+    # JSON and an exit are ``raised``; `HostDied` says ``crash`` for a signal; a reset that failed
+    # inside a later message is ``config-rejected`` (conformance/wire/client.py `_rejected`).
     fault_kind = "raised"
+    fault_call: str | None = None  # the call that failed, when not the one the driver made (a folded reset)
     # True when the runner cannot tell at which step this happened (a host killed while it held
     # step lines): the driver then replays the trace with each line written at once.
     step_uncertain = False

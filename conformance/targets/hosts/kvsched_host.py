@@ -87,7 +87,8 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
             if method == "hello":
                 result = {"protocol": PROTOCOL_VERSION, "name": name, "profiles": list(profiles),
                           "capabilities": list(capabilities),
-                          "optional_calls": [c for c in OPTIONAL_CALLS if callable(getattr(engine, c, None))]}
+                          "optional_calls": [c for c in OPTIONAL_CALLS if callable(getattr(engine, c, None))],
+                          "steps_reset": True}  # a `steps` message may carry the trace's reset
                 extra = getattr(engine, "hello_extra", None)
                 if extra is not None:
                     result.update(extra())
@@ -95,6 +96,8 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
                 steps = _Steps(engine)
                 result = engine.reset(params["config"])
             elif method == "steps":
+                if params.get("reset") is not None:  # the trace's reset, folded in: a fresh run
+                    steps = _Steps(engine)
                 outbox.hold(max(0.0, float(params.get("flush_ms") or 0)) / 1000)
                 try:
                     result = steps.run(params, lambda line, mid=mid: outbox.put({"id": mid, **line}))
@@ -248,6 +251,10 @@ class _Steps:
     5. stop after a step at or past ``last_arrival_step`` once every request added since
        ``reset`` has finished (``"ended": true``).
 
+    With ``"reset": {"config"}`` (a host that says ``"steps_reset": true`` in hello), the engine
+    is reset first, as the `reset` method would; if that raises, the only step line is
+    ``{"calls": [], "error": {..., "method": "reset"}}``.
+
     An engine error ends the run: that step's line holds the calls that succeeded and ``error``
     (with ``method``). A snapshot after the first is sent as a delta on the last one sent (`_delta`)."""
 
@@ -259,6 +266,13 @@ class _Steps:
     def run(self, params: dict, send_line) -> dict:
         observe, mid_step = bool(params.get("observe")), bool(params.get("mid_step"))
         last_arrival = int(params.get("last_arrival_step", 0))
+        if params.get("reset") is not None:  # as `reset` would, first; a refusal ends the run
+            self.unfinished, self.last = set(), None
+            try:
+                self.engine.reset(params["reset"]["config"])
+            except Exception as err:  # noqa: BLE001 - the runner reports it (config-rejected)
+                send_line({"calls": [], "error": {**_error(err), "method": "reset"}})
+                return {"ended": False}
         for step in params["steps"]:
             calls: list = []
             try:
