@@ -90,7 +90,9 @@ def run_checked(
     ``guard`` times and wraps each adapter call (default: a `Guard` with ``timeout``); the
     isolated worker passes one that stamps each call for the watchdog in the parent instead.
     ``stop_on`` ends the run after the step where that problem (an invariant ID or ``LOCKSTEP``)
-    first shows: the shrinker needs no more of a candidate than that.
+    first shows: the shrinker needs no more of a candidate than that. A fault whose step the
+    adapter could not tell (``AdapterFault.step_uncertain``: a wire host killed while it held the
+    lines of its last steps) is found again by replaying the trace under ``adapter.exact_steps()``.
     """
     # The records kept for the trace are acyclic but many; with the cyclic collector running,
     # its full passes over them cost more than the scheduler itself on a large batch
