@@ -3,9 +3,9 @@ exhibits, at 1 and N workers, wall clock, in one run (the two interleaved exhibi
 
 Each exhibit's mutant runs isolated, as `kvsched conform --workers N` runs an adapter
 (`benchmarks/_museum_adapters.py` gives the child the exhibit's adapter and trace strategy), with
-the museum's seed and example budget. The clock starts once the first child is up (the extra
-workers' start is inside it: it is what N workers cost) and stops when the search first holds one
-of the exhibit's expected problems; the search is then interrupted (no shrinking: that is not
+the museum's seed and example budget. The clock starts once the first child is up and stops when
+the search first holds one of the exhibit's expected problems (the extra workers start inside it,
+each in its own worker's thread while the first searches, as `kvsched conform --workers N` runs); the search is then interrupted (no shrinking: that is not
 the time to find). An exhibit not found within the budget counts as the whole search's time.
 
     python benchmarks/bench_museum_workers.py [--workers 2] [--exhibits 30]
@@ -87,7 +87,7 @@ def main() -> None:
               f"mean {statistics.mean(times[n]):.2f} s; not found within {MAX_EXAMPLES} examples: {missed[n] or 'none'}")
     ratio = statistics.median(times[1]) / statistics.median(times[args.workers])
     print(f"  median speed-up at {args.workers} workers: {ratio:.2f}x; a worker child's start: median "
-          f"{statistics.median(starts):.2f} s (inside the {args.workers}-worker clock, not the 1-worker one)")
+          f"{statistics.median(starts):.2f} s (the extra workers start inside the {args.workers}-worker clock, while the first searches)")
 
 
 if __name__ == "__main__":

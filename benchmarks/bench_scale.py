@@ -13,17 +13,22 @@ a change in load hits every line alike:
 * vLLM V1's own ``schedule()`` + ``update_from_output()`` on the same traces (the vllm-v1 target
   venv, in process there; its own CPU-time clock), at the smallest size only unless --vllm-all;
 * the reference's V1 flow, engine loop, unchecked;
-* the same through `run_checked` with every ``safety`` invariant checked after each step.
+* the same through `run_checked` with every ``safety`` invariant checked after each step;
+* with ``--floors``, two lines between the last two that say what this design costs before any
+  statement is evaluated: ``observed`` (the same run with every predicate a no-op: the snapshots
+  the profile needs, their type check, the driver) and ``walked`` (every predicate walks the
+  views the incremental layer hands it, its `reads` kept, and evaluates nothing).
 
 Targets: checked cost per request-step grows at most 1.25x from the smallest to the largest
 size, and at the smallest size the checked reference costs at most 1.5x vLLM V1's own step.
 
-    python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0] [--scale-batch] [--no-vllm]
+    python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0] [--scale-batch] [--no-vllm] [--floors]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -87,6 +92,24 @@ def checked(trace: Trace, adapter, safety) -> tuple[float, int]:
     return spent, request_steps(result.records)
 
 
+def silent(safety: list) -> list:
+    """Every predicate a no-op, needs kept: what observing costs (snapshots, type check, driver)."""
+    return [dataclasses.replace(inv, step=lambda ctx, rec: ()) if inv.step else inv for inv in safety]
+
+
+def walking(safety: list) -> list:
+    """Every predicate walks the changed views the incremental layer hands it (its ``reads`` kept)
+    and evaluates nothing: the floor of checking one view at a time in Python."""
+    from spec.invariants._views import fresh_in_snapshots
+
+    def walk(ctx, rec):
+        for _label, _sid, _view in fresh_in_snapshots(ctx, rec):
+            pass
+        return ()
+
+    return [dataclasses.replace(inv, step=walk) if inv.step else inv for inv in safety]
+
+
 def vllm(trace: Trace) -> tuple[float, int]:
     """vLLM V1's own CPU time and its request-steps, from its venv (benchmarks/_v1_inprocess.py)."""
     python = TARGET / "venv" / "bin" / "python"
@@ -110,6 +133,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm-all", action="store_true", help="time vLLM V1 at every size, not only the smallest")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--floors", action="store_true",
+                    help="also time the run with no-op predicates (observed) and with predicates that only walk (walked)")
     ap.add_argument("--scale-batch", action="store_true",
                     help="scale max_num_seqs and max_num_batched_tokens with the requests (default: V1's 256 / 8192)")
     args = ap.parse_args()
@@ -127,6 +152,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for n in sizes:
             runs = [("unchecked", lambda t=traces[n]: unchecked(t)), ("checked", lambda t=traces[n]: checked(t, adapter, safety))]
+            if args.floors:
+                runs[1:1] = [("observed", lambda t=traces[n]: checked(t, adapter, silent(safety))),
+                             ("walked", lambda t=traces[n]: checked(t, adapter, walking(safety)))]
             if have_vllm and (n == sizes[0] or args.vllm_all):
                 runs.insert(0, ("vllm", lambda t=traces[n]: vllm(t)))
             for name, fn in runs:
@@ -137,7 +165,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; rounds {args.rounds}, seed {args.seed}")
     print(f"{'what':12s} {'requests':>8s} {'request-steps':>13s} {'us/request-step':>16s} {'vs smallest':>12s}")
-    for name in ("vllm", "unchecked", "checked"):
+    for name in ("vllm", "unchecked", "observed", "walked", "checked"):
         for n in sizes:
             if (name, n) in med:
                 print(f"{name:12s} {n:8d} {work[(name, n)]:13d} {med[(name, n)] * 1e6:16.3f} "
@@ -146,6 +174,9 @@ def main() -> None:
     print(f"checked growth {sizes[0]} -> {sizes[-1]} requests: {growth:.2f}x (target <= 1.25x): "
           f"{'met' if growth <= 1.25 else 'not met'}")
     if ("vllm", sizes[0]) in med:
+        for name in ("unchecked", "observed", "walked"):
+            if (name, sizes[0]) in med:
+                print(f"{name} vs vLLM V1 at {sizes[0]} requests: {med[(name, sizes[0])] / med[('vllm', sizes[0])]:.2f}x")
         ratio = med[("checked", sizes[0])] / med[("vllm", sizes[0])]
         print(f"checked reference vs vLLM V1 at {sizes[0]} requests: {ratio:.2f}x (target <= 1.5x): "
               f"{'met' if ratio <= 1.5 else 'not met'}")

@@ -239,7 +239,8 @@ def fuzz(
                     shared.shrunk(problem, finding.trace)
                 return finding
 
-            for finding in each_on_a_runner(runners, sorted(best.items()), shrink_one):
+            up = [on for on in runners if getattr(on, "info", None) is not None]  # a halted search may leave one unstarted
+            for finding in each_on_a_runner(up or runners[:1], sorted(best.items()), shrink_one):
                 result.findings[finding.problem] = finding
     except KeyboardInterrupt:
         result.interrupted = True
@@ -277,15 +278,13 @@ def _declared_reservation(runner: Any, info: Any) -> dict[str, Any] | None:
 
 
 def _more_runners(runner: Any, n: int) -> list[Any]:
-    """``n`` more runners of the same adapter, started together (a slow import is paid once in
-    wall time); only a runner that can clone itself (a child process) gives any."""
+    """``n`` more runners of the same adapter, not started yet: each worker's thread starts its
+    own (`conformance.workers.search`), so the first worker searches while the others start and
+    a slow start delays only its own worker. Only a runner that can clone itself (a child
+    process) gives any."""
     if n <= 0 or not hasattr(runner, "clone"):
         return []
-    more = [runner.clone(i + 1) for i in range(n)]
-    from conformance.workers import each_on_a_runner
-
-    each_on_a_runner(more, more, lambda _, r: r.start())
-    return more
+    return [runner.clone(i + 1) for i in range(n)]
 
 
 def _strategy_for(runner: Any) -> st.SearchStrategy:

@@ -70,12 +70,15 @@ def search(
     summary, (worker, index))`` in this thread as they come. ``run_batch(runner, seed, count,
     should_stop, start)`` runs one batch drawn in the runner's process (`ChildRunner.search`); a trace
     that a fault ended is drawn again by a fresh process of the runner (`ChildRunner.draw`), or
-    failing that here from ``strategy``, so that it can be saved."""
+    failing that here from ``strategy``, so that it can be saved. A runner not started yet (``info``
+    None) is started by its own worker's thread, so the others search meanwhile."""
     results: queue.Queue = queue.Queue()
     halt = threading.Event()
 
     def work(worker: int, runner: Any, quota: int) -> None:
         try:
+            if getattr(runner, "info", True) is None and not halt.is_set():
+                runner.start()  # a worker's own child starts here, while the others search
             done, batch = 0, 0
             while done < quota and not halt.is_set():
                 count, seed_value = min(CHUNK, quota - done), worker_seed(run_seed, worker, batch)
@@ -124,12 +127,21 @@ def search(
             on_result(trace, summary, (worker, index))
             if stop():
                 halt.set()
+                _end_starting(runners)
     except BaseException:
         halt.set()
         _stop_threads(runners, threads)
         raise
     finally:
         halt.set()
+
+
+def _end_starting(runners: Sequence[Any]) -> None:
+    """End the children still starting once the search is over (their workers' threads return),
+    so that a slow start is not waited for."""
+    for runner in runners:
+        if getattr(runner, "info", True) is None and hasattr(runner, "kill"):
+            runner.kill()
 
 
 def _stop_threads(runners: Sequence[Any], threads: Sequence[threading.Thread]) -> None:

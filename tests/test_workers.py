@@ -116,3 +116,32 @@ def test_pytest_plugin_honours_workers(tmp_path):
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 1 and "kvsched[BLK-003]" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "o" / "adapter-output-1.log").exists() or (tmp_path / "o" / "counterexamples").exists()
+
+
+def test_the_first_worker_searches_while_the_others_start(tmp_path, monkeypatch):
+    """Each worker's child starts in its own worker's thread: a slow start of the second delays
+    only the second, so two workers find the first problem no later than one would."""
+    from conformance.fuzz import fuzz
+    from conformance.isolated import ChildRunner
+    from conformance.profiles import get_profile
+
+    monkeypatch.setenv("KVSCHED_TEST_FIRST_LOAD", str(tmp_path / "first-load"))
+    monkeypatch.setenv("KVSCHED_TEST_SLOW_START", "30")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    runner = ChildRunner("slow_clone_adapters:broken")
+    runner.start()
+    found: list[float] = []
+    started = time.monotonic()
+
+    def stop_when(problems: frozenset[str]) -> bool:
+        if problems and not found:
+            found.append(time.monotonic() - started)
+        return bool(problems)
+
+    try:
+        result = fuzz(runner, get_profile("safety"), max_examples=200, seed_value=3, out_dir=tmp_path / "out",
+                      stop_when=stop_when, workers=2, timeout=60)
+    finally:
+        runner.close()
+    assert result.findings and found and found[0] < 20, (found, result.findings.keys())
+    assert time.monotonic() - started < 25  # the slow child was ended, not waited for
