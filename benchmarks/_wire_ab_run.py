@@ -2,7 +2,9 @@
 one pass of a target's traces over the wire, unchecked then with `safety`; prints one JSON line
 with the wall and CPU (runner + host) seconds per step.
 
-    python _wire_ab_run.py TARGET TRACES SEED [FLUSH_MS]
+    python _wire_ab_run.py TARGET TRACES SEED [FLUSH_MS [FOLD_RESET]]
+
+FLUSH_MS "-" keeps the tree's default; FOLD_RESET 0 sends each trace's reset on its own.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ def main() -> None:
     if len(sys.argv) > 4:
         import conformance.wire.client as client
 
-        client._FLUSH_MS = float(sys.argv[4])  # only trees that have it read it
+        if sys.argv[4] != "-":
+            client._FLUSH_MS = float(sys.argv[4])  # only trees that have it read it
+        if len(sys.argv) > 5:
+            client._FOLD_RESET = sys.argv[5] == "1"  # likewise
     target = next(t for t in _TARGET_LIST if t.name == name)
     corpus = sample_traces(target.strategy(), count, seed_value)
     adapter = load_adapter(name)

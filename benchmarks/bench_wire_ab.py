@@ -1,6 +1,7 @@
 """Benchmark (issue 18, part 3): the wire before and after, in one run — an older commit's tree
-(exported with ``git archive``) against this one, and this one with ``flush_ms`` 0 (each step
-line written at once), rounds interleaved, a fresh runner process per variant and round.
+(exported with ``git archive``) against this one, this one with ``flush_ms`` 0 (each step line
+written at once), and this one with each trace's reset sent on its own (not folded into the
+first `steps` message), rounds interleaved, a fresh runner process per variant and round.
 
     python benchmarks/bench_wire_ab.py --target vllm-v1 [--before 27e9880] [--traces 100] [--rounds 3]
 
@@ -22,11 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(tree: Path, target: str, traces: int, seed: int, flush_ms: str | None) -> dict:
-    cmd = ["python3", str(ROOT / "benchmarks/_wire_ab_run.py"), target, str(traces), str(seed)]
+def run(tree: Path, target: str, traces: int, seed: int, extra: tuple[str, ...]) -> dict:
+    cmd = ["python3", str(ROOT / "benchmarks/_wire_ab_run.py"), target, str(traces), str(seed), *extra]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(cmd + ([flush_ms] if flush_ms is not None else []), cwd=tree, env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -42,11 +42,12 @@ def main() -> None:
         old = Path(tmp)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-        variants = {f"before ({args.before})": (old, None), "after": (ROOT, None), "after, flush_ms 0": (ROOT, "0")}
+        variants = {f"before ({args.before})": (old, ()), "after": (ROOT, ()), "after, flush_ms 0": (ROOT, ("0",)),
+                    "after, reset alone": (ROOT, ("-", "0"))}
         results: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.rounds):
-            for name, (tree, flush) in variants.items():
-                results[name].append(run(tree, args.target, args.traces, args.seed, flush))
+            for name, (tree, extra) in variants.items():
+                results[name].append(run(tree, args.target, args.traces, args.seed, extra))
                 print(f"  {name}: {results[name][-1]}", flush=True)
     print(f"target {args.target}, {args.traces} traces, {args.rounds} rounds interleaved, median, µs per step, "
           f"load {os.getloadavg()[0]:.1f}")

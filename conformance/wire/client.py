@@ -243,8 +243,11 @@ class HostProcess:
 
 def _rejected(err: WireError) -> WireError:
     """``err``, a reset that failed after the adapter's own `reset` had returned (folded into the
-    next message), marked as the driver's ``config-rejected`` in ``reset``, as when `reset` raised."""
-    err.fault_kind, err.fault_call = "config-rejected", "reset"
+    next message), marked as the driver's ``config-rejected`` in ``reset``, as when `reset` raised
+    (a host killed by a signal in it stays a crash, in ``reset``, as the driver keeps it too)."""
+    if err.fault_kind == "raised":
+        err.fault_kind = "config-rejected"
+    err.fault_call = "reset"
     return err
 
 
@@ -378,7 +381,7 @@ class WireAdapter:
         lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
         params = {"config": config_to_json(config)}
-        if getattr(self.host, "folds_reset", False):
+        if _FOLD_RESET and getattr(self.host, "folds_reset", False):
             # Sent with the trace's first `steps` message (or before the next call of its own): one
             # round trip a trace less. A config the engine refuses then fails that message, with
             # the reset named (`_rejected`): the driver still reports it as config-rejected.
@@ -544,6 +547,9 @@ _MAX_STEPS_PER_MESSAGE = 64
 # driver then replays the trace with every line written at once (`WireAdapter.exact_steps`) and
 # reports the fault where the replay dies (conformance/driver.py).
 _FLUSH_MS = 1.0
+# Whether a trace's reset goes with its first `steps` message to a host that takes it (hello's
+# ``steps_reset``): one round trip a trace less. False only to measure it (benchmarks/bench_wire_ab.py).
+_FOLD_RESET = True
 
 
 class _Batch:
