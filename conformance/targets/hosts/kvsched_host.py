@@ -136,6 +136,12 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
 # the runner checks them while the host runs on: holding a whole fast trace cost nano-vllm more
 # wall time than the writes it saved).
 _HOLD_LINES = 8
+# The watcher's period. A held line past its flush_ms goes out with the next step's line (`put`),
+# so the watcher only matters when a step is slow or hangs: it must get the held lines out well
+# within the runner's timeout (seconds), not within flush_ms. Polling every flush_ms (1 ms) woke it
+# about once a vLLM step, 7-8 µs of the host's CPU a step (BENCHMARKS.md "A faster wire").
+_WATCH_S = 0.02
+_IDLE_S = 1.0  # after this long without a run the watcher sleeps until the next run wakes it
 
 
 class _Outbox:
@@ -144,13 +150,14 @@ class _Outbox:
     together (with the closing line when the run ends sooner): each write wakes the runner, and a
     wake-up per step cost more CPU than the step's JSON (BENCHMARKS.md "A faster wire").
 
-    A held line is never lost to a hang or an exception: while a run is on, a watcher thread looks
-    every ``flush_ms`` and writes lines held longer than that (a step that hangs is then pinned to
-    its own step), and `serve` writes them before it exits. The watcher polls rather than being
-    woken per batch: a thread wake-up per batch of lines cost a fast host (nano-vllm) more than
-    the writes it saved. Only a host killed by a signal (a segfault, the OOM killer) can lose the
-    lines of its last two ``flush_ms``; the runner then replays the trace with ``flush_ms`` 0 to
-    find the step it dies in (docs/PROTOCOL.md, "Holding lines back")."""
+    A held line is never lost to a hang or an exception: a watcher thread looks every `_WATCH_S`
+    (or ``flush_ms``, if longer) and writes lines held longer than ``flush_ms`` (a step that hangs
+    is then pinned to its own step), and `serve` writes them before it exits. The watcher polls
+    rather than being woken per batch (a thread wake-up per batch of lines cost a fast host,
+    nano-vllm, more than the writes it saved), and sleeps once no run has come for `_IDLE_S`. Only
+    a host killed by a signal (a segfault, the OOM killer) can lose held lines; the runner then
+    replays the trace with ``flush_ms`` 0 to find the step it dies in (docs/PROTOCOL.md, "Holding
+    lines back")."""
 
     def __init__(self, write_lines) -> None:
         self._write = write_lines
@@ -159,6 +166,8 @@ class _Outbox:
         self._hold = 0.0  # flush_ms of the current steps run, in seconds; 0: no run, write at once
         self._cond = threading.Condition()
         self._watcher: threading.Thread | None = None
+        self._idle = False  # the watcher waits for a run (untimed)
+        self._last_run = 0.0  # when the last run started
 
     def send(self, obj) -> None:
         with self._cond:
@@ -171,10 +180,12 @@ class _Outbox:
             self._hold = seconds
             if not seconds:
                 return
+            self._last_run = time.monotonic()
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, daemon=True, name="kvsched-host-outbox")
                 self._watcher.start()
-            self._cond.notify()  # once a run
+            elif self._idle:
+                self._cond.notify()  # only a watcher asleep since the last run is woken
 
     def put(self, obj) -> None:
         with self._cond:
@@ -198,12 +209,15 @@ class _Outbox:
     def _watch(self) -> None:
         with self._cond:
             while True:
-                if not self._hold:
-                    self._cond.wait()  # no run on
+                now = time.monotonic()
+                if self._due is not None and now >= self._due:
+                    self._flush()
+                if not self._hold and now - self._last_run > _IDLE_S:
+                    self._idle = True
+                    self._cond.wait()  # no run for a while
+                    self._idle = False
                 else:
-                    if self._due is not None and time.monotonic() >= self._due:
-                        self._flush()
-                    self._cond.wait(self._hold)
+                    self._cond.wait(max(self._hold, _WATCH_S))
 
 
 def _sender(out):
