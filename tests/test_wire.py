@@ -365,7 +365,7 @@ def test_a_host_killed_mid_steps_is_reported_at_its_own_step(fault, kind, words)
 
 
 def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
-    """Lines held 50 ms (so steps 0-2 are surely lost with the host): the first run cannot tell the
+    """Lines held up to 1 s (so steps 0-2 are surely lost with the host): the first run cannot tell the
     step (its fault says so), the replay pins it, and the result is the one a run writing each line
     at once gives: the same fault, step and records (what the report and the shrinker see)."""
     import conformance.driver as driver
@@ -382,7 +382,7 @@ def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
     monkeypatch.setattr(driver, "_replay_exactly", spy)
     monkeypatch.setattr(client, "_FLUSH_MS", 0.0)
     exact = WireAdapter("exact", _helper_host(_SEGV), timeout=60)
-    monkeypatch.setattr(client, "_FLUSH_MS", 50.0)
+    monkeypatch.setattr(client, "_FLUSH_MS", 1000.0)
     held = WireAdapter("held", _helper_host(_SEGV), timeout=60)
     try:
         want = run_checked(exact, _trace(), invariants, timeout=10)
@@ -392,7 +392,7 @@ def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
         exact.close()
         held.close()
     assert len(replays) == 1 and replays[0].fault.step_uncertain and replays[0].fault_step == 0
-    assert held.flush_ms == 50.0  # holding is back on after the replay
+    assert held.flush_ms == 1000.0  # holding is back on after the replay
     assert got.fault is not None and want.fault is not None
     assert (got.fault.kind, got.fault.message, got.fault_step) == (want.fault.kind, want.fault.message, 3)
     assert [(r.output, r.finished, r.after) for r in got.records] == \
@@ -405,7 +405,7 @@ def test_a_nondeterministic_death_is_reported_where_its_lines_stop(tmp_path, mon
     stays at the first step whose line is missing, and its message says the crash did not come again."""
     import conformance.wire.client as client
 
-    monkeypatch.setattr(client, "_FLUSH_MS", 50.0)
+    monkeypatch.setattr(client, "_FLUSH_MS", 1000.0)
     mark = tmp_path / "died-once"
     once = (f"import os, signal; os.path.exists({str(mark)!r}) or (open({str(mark)!r}, 'w').close(), "
             "os.kill(os.getpid(), signal.SIGSEGV))")
