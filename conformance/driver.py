@@ -253,10 +253,13 @@ def _run_checked(
         result.drained = arrived <= set(checker.context.finished)
         result.violations.extend(checker.check_end(result.drained, not result.drained))
     except AdapterFault as fault:
-        if fault.kind == "config-rejected":
-            # Also from a later call: a wire adapter sends the reset with its next message, where a
-            # refused config surfaces (conformance/wire/client.py). Reported as when reset raised.
-            fault, checker = AdapterFault("config-rejected", "reset", fault.message), None
+        if fault.call == "reset" and step >= 0:
+            # A reset that failed in a later call: a wire adapter sends the reset with its next
+            # message, where a refused config (or a crash in reset) surfaces
+            # (conformance/wire/client.py). Reported as when reset itself failed: nothing checked.
+            if fault.kind == "config-rejected":
+                fault = AdapterFault("config-rejected", "reset", fault.message)
+            checker = None
             result.active, result.not_applicable, result.reservation, result.records = [], [], None, []
         result.fault, result.fault_step = fault, max(step, 0)
         if checker is not None:  # a failure some invariant names (PIP-005) is also its violation
