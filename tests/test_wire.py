@@ -474,3 +474,25 @@ def test_a_reset_folded_into_steps_still_rejects_a_config():
         assert err.value.fault_kind == "config-rejected"
     finally:
         adapter.close()
+
+
+def test_a_crash_in_a_folded_reset_is_a_crash_in_reset():
+    """A host killed by a signal in a reset sent with the first `steps` message is a crash in reset at
+    step 0, nothing checked, as when the reset was its own call (the driver's replay sends it alone)."""
+    import dataclasses
+
+    sys.path.insert(0, str(RAW.parent))
+    import helper_host
+
+    invariants = get_profile("safety").invariants()
+    good = _trace()
+    bad = dataclasses.replace(good, config=dataclasses.replace(good.config, block_size=8))
+    adapter = WireAdapter("fragile", helper_host.command(refuse_block_size=8, refusal=_SEGV), timeout=30)
+    try:
+        assert run_checked(adapter, good, invariants, timeout=10).fault is None and adapter.host.folds_reset
+        result = run_checked(adapter, bad, invariants, timeout=10)
+    finally:
+        adapter.close()
+    assert result.fault is not None and result.fault.kind == "crash" and result.fault.call == "reset", result.fault
+    assert result.fault_step == 0 and not result.records and not result.violations and not result.active
+    assert "SIGSEGV" in result.fault.message

@@ -14,15 +14,16 @@ HOSTS = HERE.parents[1] / "conformance" / "targets" / "hosts"
 SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
 
 
-def command(schedule_at_step_3: str = "pass", refuse_block_size: int = 0) -> list[str]:
+def command(schedule_at_step_3: str = "pass", refuse_block_size: int = 0,
+            refusal: str = "raise ValueError('no such block size')") -> list[str]:
     """A host whose ``schedule`` runs ``schedule_at_step_3`` (Python source) at step 3, and whose
-    ``reset`` refuses a config with ``block_size`` ``refuse_block_size``."""
+    ``reset`` runs ``refusal`` for a config with ``block_size`` ``refuse_block_size``."""
     script = (f"import sys, time; sys.path.insert(0, {str(HOSTS)!r}); sys.path.insert(0, {str(HERE)!r})\n"
               "import kvsched_host, raw_host\n"
               "class Engine(raw_host.Engine):\n"
               "    add_request, abort_request = raw_host.Engine.add, raw_host.Engine.abort\n"
               "    def reset(self, config):\n"
-              f"        if config['block_size'] == {refuse_block_size}: raise ValueError('no such block size')\n"
+              f"        if config['block_size'] == {refuse_block_size}: {refusal}\n"
               "        return super().reset(config)\n"
               "    def snapshot(self):  # a copy: the engine's dicts change later\n"
               "        return raw_host.json.loads(raw_host.json.dumps(super().snapshot()))\n"
