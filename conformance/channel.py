@@ -85,7 +85,10 @@ class Stamp:
     same count as ended in one ``pack_into`` (which stores in field order); the parent reads in
     the reverse order (ended, the fields, begun), so a reading whose two counts differ overlapped
     a write, and is taken again. No fences: this relies on stores and loads staying in program
-    order, as x86 keeps them (an ARM host could still, rarely, read a torn stamp)."""
+    order, as x86 keeps them (an ARM host could still, rarely, read a torn stamp). ``pack_into``
+    first zeroes the bytes it packs (CPython's ``s_pack_internal``), so both counts pass through 0
+    in every write: a reading whose counts are both 0 while the fields say a call is on caught two
+    writes' zeroing, and is taken again too (the stamp before any write is all zeros)."""
 
     def __init__(self, path: str, create: bool = False) -> None:
         if create:
@@ -118,7 +121,7 @@ class Stamp:
             (ended,) = _BEGUN.unpack_from(self._map, _ENDED_AT)
             calls, started, step, call, _ = _STAMP.unpack_from(self._map, _BEGUN.size)
             (begun,) = _BEGUN.unpack_from(self._map, 0)
-            if begun == ended:
+            if begun == ended and (begun or (call == 0 and calls == 0)):
                 self._last = (calls, started, step, CALLS[call] if 0 <= call < len(CALLS) else "?")
                 break
         return self._last

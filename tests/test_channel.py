@@ -27,6 +27,20 @@ def test_a_stamp_caught_mid_write_reads_as_the_last_whole_one(tmp_path):
     assert parent.read()[3] == ""
 
 
+def test_a_stamp_caught_in_two_writes_zeroing_reads_as_the_last_whole_one(tmp_path):
+    # pack_into zeroes what it packs before storing it, so both counts pass through 0 in every
+    # write: a reader that meets one write's zeroed end count and the next write's zeroed begin
+    # count sees equal counts over torn fields (a call "started" at 0.0)
+    child, parent = Stamp(str(tmp_path / "stamp"), create=True), Stamp(str(tmp_path / "stamp"))
+    child.enter("update")
+    whole = parent.read()
+    _BEGUN.pack_into(child._map, 0, 0)
+    _STAMP.pack_into(child._map, _BEGUN.size, 0, 0.0, 0, CALLS.index("update"), 0)
+    assert parent.read() == whole  # not (0, 0.0, 0, "update")
+    blank = Stamp(str(tmp_path / "blank"), create=True)
+    assert blank.read() == (0, 0.0, 0, "")  # before any write: all zeros, no call
+
+
 def _enter_and_leave(path: str, seconds: float) -> None:
     stamp = Stamp(path)
     end = time.monotonic() + seconds
