@@ -346,7 +346,9 @@ class ChildRunner:
             if deadline_s is not None and now - started > deadline_s:
                 return self._kill("hang", call or "load", f"no answer within {deadline_s:g} s")
             allowed = self._call_limit(call)
-            if call and not loading and now - call_started > allowed:
+            if call and not loading and now - call_started > allowed and self._stamp.read() == (calls, call_started, step, call):
+                # the same call still on at a second reading: a stamp read mid-write (conformance.channel)
+                # is never taken twice, a hang is
                 return self._kill("hang", call, f"no answer within {allowed:g} s")
             if calls != last_calls:
                 last_calls, idle_since = calls, now
