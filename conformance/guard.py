@@ -49,13 +49,13 @@ class AdapterFault(Exception):
         self.step_uncertain = step_uncertain
 
 
-_RAISED_KINDS = frozenset({"raised", "crash", "config-rejected"})  # what an exception may say it is (`fault_kind`)
+_RAISED_KINDS = frozenset({"raised", "exit", "crash", "config-rejected"})  # what an exception may say it is (`fault_kind`)
 
 
 def fault_from(call: str, err: BaseException) -> AdapterFault:
     """The fault for an exception out of an adapter call: ``raised``, unless the exception says
-    otherwise in ``fault_kind`` (a wire host's death by a signal is a ``crash``, as an isolated
-    adapter's process killed by one is; a wire reset sent with the next message and refused there
+    otherwise in ``fault_kind`` (a wire host's exit is an ``exit`` and its death by a signal a
+    ``crash``, as an isolated adapter's process's are; a wire reset sent with the next message and refused there
     is ``config-rejected``) and ``fault_call``, with its ``step_uncertain``."""
     kind = getattr(err, "fault_kind", "raised")
     call = getattr(err, "fault_call", None) or call

@@ -24,7 +24,7 @@ FAULT_KINDS: dict[str, str] = {
     "malformed": "an answer of the wrong shape: `None` where a sequence or field must be, a wrong type, an absurd number, "
                  "a claimed capability left empty",
     "config-rejected": "`reset()` raised on a trace's config (declare a config domain so that no such config is generated)",
-    "exit": "the process exited: `sys.exit` with any code (0 included), `os._exit`",
+    "exit": "the process, or a wire host, exited: `sys.exit` with any code (0 included), `os._exit`",
     "crash": "the process, or a wire host, was killed by a signal (a segfault, an abort)",
     "memory": "resident memory passed `--max-memory`",
     "output": "the adapter printed more than `--max-output` in one trace",

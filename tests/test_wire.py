@@ -46,7 +46,7 @@ def test_raw_host_overbudget_is_caught_and_shrunk(tmp_path):
 
 
 @pytest.mark.parametrize("bug, kind, words", [
-    ("crash", "raised", "exited (code 3)"),
+    ("crash", "exit", "exited (code 3)"),
     ("garbage", "raised", "not JSON"),
 ])
 def test_host_faults_are_reported_with_the_step(bug, kind, words):
@@ -329,7 +329,7 @@ def test_an_engine_error_in_steps_keeps_the_host():
     assert second.fault_step == 3 and adapter.host.proc.pid == pid
 
 
-@pytest.mark.parametrize("fault, kind", [("time.sleep(3600)", "hang"), ("sys.exit(3)", "raised")])
+@pytest.mark.parametrize("fault, kind", [("time.sleep(3600)", "hang"), ("sys.exit(3)", "exit")])
 def test_held_step_lines_still_pin_a_fault_to_its_step(fault, kind, monkeypatch):
     """With flush_ms, kvsched_host holds step lines to write them together; a step that hangs (the
     watcher thread writes the held lines) or exits (serve writes them on the way out) is still
@@ -346,12 +346,12 @@ _SEGV = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # helper_host
 
 
 @pytest.mark.parametrize("fault, kind, words", [(_SEGV, "crash", "host killed by SIGSEGV"),
-                                                ("import os; os._exit(0)", "raised", "host exited (code 0)")])
+                                                ("import os; os._exit(0)", "exit", "host exited (code 0)")])
 def test_a_host_killed_mid_steps_is_reported_at_its_own_step(fault, kind, words):
     """A host that dies without a word (a segfault in an engine's C code, os._exit) is a fault at the
     step it died in, with held step lines on (the runner's default): the lines it held die with it,
     so the driver replays the trace with each line written at once and reports where that dies. A
-    signal is a crash (as for an isolated adapter's process); an exit, whatever its code, is raised."""
+    signal is a crash, an exit (whatever its code) an exit, as for an isolated adapter's process."""
     import conformance.wire.client as client
 
     assert client._FLUSH_MS > 0  # the default holds lines

@@ -25,8 +25,8 @@ class WireError(Exception):
         super().__init__(message)
         self.location = location
 
-    # What the guard reports this as (`conformance.guard.fault_from`): an engine's exception, bad
-    # JSON and an exit are ``raised``; `HostDied` says ``crash`` for a signal; a reset that failed
+    # What the guard reports this as (`conformance.guard.fault_from`): an engine's exception and bad
+    # JSON are ``raised``; `HostDied` says ``exit`` for an exit and ``crash`` for a signal; a reset that failed
     # inside a later message is ``config-rejected`` (conformance/wire/client.py `_rejected`).
     fault_kind = "raised"
     fault_call: str | None = None  # the call that failed, when not the one the driver made (a folded reset)
@@ -39,7 +39,7 @@ class HostDied(WireError):
     """The host process ended without answering. ``returncode``: its exit status, negative for the
     signal that killed it (a segfault in an engine's C code, the OOM killer), which is a
     ``crash`` like an isolated adapter's process killed by one (conformance/isolated.py); an
-    exit, whatever its code, stays ``raised``. ``step_uncertain``: it died during a `steps` run
+    exit, whatever its code, is an ``exit``, as an isolated adapter's is. ``step_uncertain``: it died during a `steps` run
     whose lines it was allowed to hold (``flush_ms`` > 0), so the lines of its last steps may be
     lost with it."""
 
@@ -47,8 +47,8 @@ class HostDied(WireError):
         super().__init__(message)
         self.returncode = returncode
         self.step_uncertain = step_uncertain
-        if returncode is not None and returncode < 0:
-            self.fault_kind = "crash"
+        if returncode is not None:
+            self.fault_kind = "crash" if returncode < 0 else "exit"
 
 
 def config_to_json(config: SchedulerConfig) -> dict[str, Any]:
