@@ -92,7 +92,9 @@ def _steps(engine, trace: dict, by_step: tuple, observe: bool, count: list) -> N
             break
 
 
-def _time_own(engine, own: dict) -> None:
+def _time_own(engine, own: dict, clock=clock) -> None:
+    """Wrap the engine's scheduler methods named in ``own`` to add their time there (also used by
+    benchmarks/_v1_inprocess.py, which may pass a wall clock)."""
     sched = engine.sched
     for name in own:
         original = getattr(sched, name)

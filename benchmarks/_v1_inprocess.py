@@ -16,6 +16,7 @@ HOSTS = sys.argv[2]
 sys.path.insert(0, HOSTS)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import vllm_v1_host  # noqa: E402
+from _host_inprocess import _by_step, _time_own  # noqa: E402  (this folder, first on sys.path)
 
 clock = time.process_time if os.environ.get("KVSCHED_CPU_CLOCK") == "1" else time.perf_counter
 
@@ -31,29 +32,9 @@ def main() -> None:
         start = clock()
         engine.reset(trace["config"])
         reset_total += clock() - start
-        sched = engine.sched
-        for name in own:
-            original = getattr(sched, name)
-
-            def timed(*args, _original=original, _name=name, **kwargs):
-                start = clock()
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    own[_name] += clock() - start
-
-            setattr(sched, name, timed)
-        arrivals: dict[int, list] = {}
-        for r in trace["requests"]:
-            arrivals.setdefault(r["arrival_step"], []).append(r)
-        aborts: dict[int, list] = {}
-        for a in trace["aborts"]:
-            aborts.setdefault(a["step"], []).append(a["request"])
-        stops: dict[int, list] = {}
-        for s in trace["stops"]:
-            stops.setdefault(s["step"], []).append(s["seq"])
+        _time_own(engine, own, clock)
+        arrivals, aborts, stops, last = _by_step(trace)
         unfinished: set[str] = set()
-        last = max([r["arrival_step"] for r in trace["requests"]] or [0])
         start = clock()
         for step in range(trace["max_steps"]):
             for r in arrivals.get(step, []):
