@@ -221,16 +221,23 @@ def v1_micro_ops(pre: Snapshot, post: Snapshot) -> list[tuple[str, dict[str, int
     return ops
 
 
-@settings(max_examples=examples(15), deadline=None, database=None)
-@given(data=st.data())
-def test_each_v1_action_is_its_micro_ops(data):
+def small_v1_fields(data: Any) -> dict[str, Any]:
+    """A small V1 config's fields, drawn in one fixed order (chunked prefill or not, the pool and the
+    limits); a test adds its own fields after these (``SchedulerConfig(**small_v1_fields(data), ...)``
+    draws them in that order)."""
     chunked = data.draw(st.booleans())
-    config = SchedulerConfig(
+    return dict(
         block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
         max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
         max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
         long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
     )
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_v1_action_is_its_micro_ops(data):
+    config = SchedulerConfig(**small_v1_fields(data))
     sched = V1Scheduler(config)
     for k in range(data.draw(st.integers(0, 10))):
         if k < 3 or data.draw(st.integers(0, 2)) == 0:  # a few requests arrive first
@@ -277,12 +284,8 @@ def test_each_async_step_is_v1_micro_ops(data):
     reference's block layer, and every reached state has every block fact."""
     from reference_impl.async_scheduler import AsyncV1Scheduler
 
-    chunked = data.draw(st.booleans())
     config = SchedulerConfig(
-        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
-        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
-        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        **small_v1_fields(data),
         pipeline_depth=data.draw(st.integers(0, 2)),
     )
     sched = AsyncV1Scheduler(config)
@@ -325,12 +328,8 @@ def test_each_specdec_step_is_v1_micro_ops(data):
     from reference_impl.specdec_scheduler import SpecDecScheduler
     from spec.speculative import DraftDecision
 
-    chunked = data.draw(st.booleans())
     config = SchedulerConfig(
-        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
-        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
-        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        **small_v1_fields(data),
         num_speculative_tokens=data.draw(st.integers(1, 4)),
     )
     sched = SpecDecScheduler(config)

@@ -46,7 +46,7 @@ from spec.status import Status
 from spec.types import Request, StepOutcome
 from tests.conftest import examples
 from tests.test_parametric_matches_reference import FIXED as BLOCK_FIXED
-from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, _sched, reference_states
+from tests.test_parametric_matches_reference import UNBOUNDED_TABLES, _sched, reference_states, small_v1_fields
 
 
 def seq_state(sched: Scheduler, seq: Any | None) -> tuple[int, int, int, int, int]:
@@ -208,13 +208,10 @@ def v1_predicted(sched: Any, t: Any, action: str, k: int, stop: bool, q: tuple, 
 @settings(max_examples=examples(15), deadline=None, database=None)
 @given(data=st.data())
 def test_each_v1_request_follows_the_generic_rule(data):
-    chunked = data.draw(st.booleans())
+    fields = small_v1_fields(data)
     config = SchedulerConfig(
-        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
-        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
-        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
-        max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if chunked else 0,
+        **fields,
+        max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if fields["enable_chunked_prefill"] else 0,
     )
     sched = V1Scheduler(config)
     for j in range(data.draw(st.integers(0, 10))):
@@ -310,12 +307,8 @@ def test_each_specdec_request_follows_the_generic_rule(data):
     from reference_impl.specdec_scheduler import SpecDecScheduler
     from spec.speculative import DraftDecision
 
-    chunked = data.draw(st.booleans())
     config = SchedulerConfig(
-        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
-        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
-        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+        **small_v1_fields(data),
         enable_prefix_caching=data.draw(st.booleans()), num_speculative_tokens=data.draw(st.integers(0, 4)),
     )
     sched = SpecDecScheduler(config)
