@@ -15,6 +15,7 @@ is V1's with draft tokens (`reference_impl.specdec_scheduler`).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,3 +113,13 @@ def get_profile(name: str) -> Profile:
     if name not in PROFILES:
         raise InputError("--profile", f"unknown profile {name!r} (known: {', '.join(PROFILES)})")
     return PROFILES[name]
+
+
+def invariants_of(names: Iterable[str]) -> list[Invariant]:
+    """Every invariant of the named profiles, once each, in the order they first appear (a hunt
+    checks safety and liveness together)."""
+    chosen: dict[str, Invariant] = {}
+    for name in names:
+        for inv in get_profile(name).invariants():
+            chosen.setdefault(inv.id, inv)
+    return list(chosen.values())

@@ -26,7 +26,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from conformance.driver import TraceResult, run_checked
-from conformance.profiles import get_profile
+from conformance.profiles import invariants_of
 from conformance.shrink import shrink
 from conformance.targets import get_target
 from spec.trace import Trace
@@ -70,17 +70,9 @@ def _describe(result: TraceResult) -> str:
     return "; ".join(str(v) for v in result.violations[:3])
 
 
-def _invariants(profiles: list[str]) -> list:
-    chosen: dict[str, Any] = {}
-    for name in profiles:
-        for inv in get_profile(name).invariants():
-            chosen.setdefault(inv.id, inv)
-    return list(chosen.values())
-
-
 def _run(args: argparse.Namespace, report: dict[str, Any], first: dict[str, tuple[Trace, TraceResult]]) -> None:
     target = get_target(args.target)
-    invariants = _invariants(args.profiles)
+    invariants = invariants_of(args.profiles)
     holder = {"adapter": target.adapter()}
     counts: Counter[str] = Counter()
     stats = {"traces": 0, "steps": 0, "clean_traces": 0, "preemptions": 0, "aborts": 0, "stops": 0,
@@ -121,7 +113,7 @@ def _run(args: argparse.Namespace, report: dict[str, Any], first: dict[str, tupl
 def _shrink_first(args: argparse.Namespace, report: dict[str, Any],
                   first: dict[str, tuple[Trace, TraceResult]]) -> None:
     target = get_target(args.target)
-    invariants = _invariants(args.profiles)
+    invariants = invariants_of(args.profiles)
     adapter = target.adapter()
     for cls, (trace, result) in sorted(first.items()):
         problems = result.problem_ids

@@ -37,7 +37,7 @@ from typing import Any
 
 from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
-from conformance.profiles import get_profile
+from conformance.profiles import get_profile, invariants_of
 from conformance.targets.campaign_args import provenance
 from conformance.targets.lockstep_specdec import CLASSES as LOCKSTEP_CLASSES
 from conformance.targets.lockstep_specdec import PATHS, adapter_for, base_of, path_traces
@@ -100,7 +100,7 @@ def padding_explains(trace: Trace, path: str, problems: set[str]) -> bool:
 
     compat = base_of(path)
     unpadded = type(f"Unpadded{compat.__name__}", (compat,), {"pads_new_decode_drafts": False})
-    invariants = _invariants(["safety", "liveness"])
+    invariants = invariants_of(["safety", "liveness"])
 
     def found(cls: type) -> set[str]:
         adapter = SchedulerAdapter(cls.__name__, cls, capabilities=cls.capabilities)  # type: ignore[attr-defined]
@@ -121,14 +121,6 @@ def classify(trace: Trace, result: TraceResult, path: str = "sync") -> str | Non
             and padding_explains(trace, path, result.problem_ids):
         return STALL
     return "unclassified"
-
-
-def _invariants(profiles: list[str]) -> list:
-    chosen: dict[str, Any] = {}
-    for name in profiles:
-        for inv in get_profile(name).invariants():
-            chosen.setdefault(inv.id, inv)
-    return list(chosen.values())
 
 
 def _describe(result: TraceResult) -> str:
@@ -252,7 +244,7 @@ def reclassify(report: dict[str, Any], saved: Path, traces_dir: Path, shrink_sec
         match = re.fullmatch(r"(sync|async)-(\d+)\.json", file.name)
         if match:
             wanted[match.group(1)][int(match.group(2))] = Trace.load(file)
-    invariants = _invariants(report["profiles"])
+    invariants = invariants_of(report["profiles"])
     for path, traces in wanted.items():
         numbers = sorted(traces)
         adapter = adapter_for(path)
@@ -307,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
         return 0
-    invariants = _invariants(args.profiles)
+    invariants = invariants_of(args.profiles)
     report: dict[str, Any] = {"version": VERSION, "package": "vllm==0.33.0", "profiles": args.profiles,
                               "profile": "+".join(args.profiles), "seed": args.seed, "chunk": CHUNK, "door": "conformance/targets/door.py",
                               "invariants": sorted(inv.id for inv in invariants), "paths": {}, "probe_42722": {},
