@@ -4,12 +4,14 @@ many traces per path, the seed, where the result JSON and the shrunk traces go."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def campaign_parser(description: str, paths: Sequence[str], *, seed: int, out: str, traces_dir: str,
@@ -73,6 +75,20 @@ def write_report(report: dict, out: Path, part: str = "paths", started: dict | N
     agree = sum(p["agreeing_traces"] for p in report[part].values())
     print(f"wrote {out}: {agree}/{total} traces agree")
     return agree, total
+
+
+def keep_class_trace(report: dict, traces_dir: Path, path: str, cls: str, kind: str, why: str, trace: Any,
+                     meta: dict, message: str, part: str = "paths", name: str | None = None,
+                     **extra: Any) -> Path:
+    """Save ``trace`` (with ``meta``) as the shrunk example of class ``cls`` met on ``path``, note it
+    in ``report["classes"][cls][part]`` (with ``extra``) and say where: what every campaign keeps
+    of a class. ``name``: the file's name (default ``<path>-<cls>.json``)."""
+    out = dataclasses.replace(trace, meta=meta).save(traces_dir / (name or f"{path}-{cls}.json"))
+    entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, part: {}})
+    entry["kind"], entry["explanation"] = kind, why
+    entry[part][path] = {"trace": str(out), "message": message, **extra}
+    print(f"{path} {cls} ({kind}): {out}\n  {message.splitlines()[0] if message else ''}", flush=True)
+    return out
 
 
 def run_line(data: dict) -> str:

@@ -38,7 +38,13 @@ from conformance.driver import run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.campaign_args import (
+    campaign_parser,
+    keep_class_trace,
+    keep_other_paths,
+    provenance,
+    write_report,
+)
 from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_v1 import Outcome, compare_state, path_configs
 from conformance.targets.recording import RecordsSnapshots
@@ -270,11 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
         meta = {"adapter": args.target, "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}
-        saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta)
-        out = saved.save(args.traces_dir / f"{path}-{cls}.json")
-        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
-        entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
-        print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe())
     adapter.close()
     write_report(report, args.out, started=started)
     return 0

@@ -39,13 +39,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.driver import run_checked
 from conformance.generate import sample_traces
 from conformance.generate_v1 import _bound
 from conformance.profiles import get_profile
-from conformance.targets import get_target
-from conformance.targets.campaign_args import campaign_parser, write_report
-from conformance.targets.lockstep_v1 import Outcome, compare_state
+from conformance.targets import get_target, lockstep_v1
+from conformance.targets.campaign_args import campaign_parser, keep_class_trace, write_report
+from conformance.targets.lockstep_v1 import Outcome
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.sglang_scheduler import SglangScheduler, door_limits
 from spec.config import SchedulerConfig
@@ -185,15 +184,9 @@ class Recorded(RecordsSnapshots, SglangScheduler):
 
 
 def run_one(adapter, trace: Trace, invariants, reference: type[Recorded] = Recorded, timeout: float = 60) -> Outcome:
-    """One lockstep run: decisions by the driver, then the state after every step."""
-    holder: list[Recorded] = []
-
-    def factory(config: SchedulerConfig) -> Recorded:
-        holder.append(reference(config))
-        return holder[-1]
-
-    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
-    return Outcome(result, compare_state(result, holder[0]) if holder else None)
+    """One lockstep run against SGLang's reference: decisions by the driver, then the state after
+    every step (`lockstep_v1.run_one`)."""
+    return lockstep_v1.run_one(adapter, trace, invariants, reference, timeout)
 
 
 def classify(outcome: Outcome) -> str | None:
@@ -296,11 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
         meta = {"adapter": TARGET, "profile": PROFILE, "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
-        saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
-        out = saved.save(args.traces_dir / f"{path}-{cls}.json")
-        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
-        entry["paths"][path] = {"trace": str(out), "message": final.describe()}
-        print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, small, meta, final.describe())
     write_report(report, args.out)
     return 0 if all(report["paths"][p]["by_class"].get("unclassified", 0) == 0 for p in paths) else 1
 

@@ -41,7 +41,13 @@ from conformance.generate import sample_traces
 from conformance.generate_specdec import MAX_K, with_drafts
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.campaign_args import (
+    campaign_parser,
+    keep_class_trace,
+    keep_other_paths,
+    provenance,
+    write_report,
+)
 from conformance.targets.door import GenerateDoor
 from conformance.targets.lockstep_async import PATHS as SHAPES
 from conformance.targets.lockstep_async import compare_tokens, lockstep_field, one_behind_configs
@@ -334,11 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         why = " / ".join(CLASSES.get(part, ("open", "not yet explained"))[1] for part in cls.split("+"))
         meta = {"adapter": report["targets"][path], "reference": args.reference, "path": path, "class": cls, "kind": kind,
                 "message": outcome.describe(), "steps": len(outcome.result.records)}
-        saved = Trace(trace.config, trace.arrivals, trace.aborts, trace.stops, trace.max_steps, meta, trace.drafts)
-        out = saved.save(args.traces_dir / f"{path}-{cls}.json")
-        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
-        entry["paths"][path] = {"trace": str(out), "message": outcome.describe()}
-        print(f"{path} {cls} ({kind}): {out}\n  {outcome.describe().splitlines()[0]}", flush=True)
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe())
     write_report(report, args.out, started=started)
     return 0
 

@@ -31,7 +31,6 @@ is classified (`classify`: rerun against the reference with an engine behaviour 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import json
 import time
@@ -46,7 +45,13 @@ from conformance.generate import sample_traces
 from conformance.generate_v1 import token_traces
 from conformance.profiles import get_profile
 from conformance.targets import _v1_strategy, get_target
-from conformance.targets.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.targets.campaign_args import (
+    campaign_parser,
+    keep_class_trace,
+    keep_other_paths,
+    provenance,
+    write_report,
+)
 from conformance.targets.door import GenerateDoor
 from conformance.targets.recording import RecordsSnapshots
 from reference_impl.v1_scheduler import EngineWatermarkV1
@@ -272,10 +277,12 @@ class Outcome:
         return "; ".join(str(v) for v in self.result.violations[:2])
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type[RecordingV1] = RecordingV1, timeout: float = 60) -> Outcome:
-    holder: list[RecordingV1] = []
+def run_one(adapter, trace: Trace, invariants, reference: type = RecordingV1, timeout: float = 60) -> Outcome:
+    """One lockstep run: decisions by the driver against ``reference`` (a scheduler that keeps its
+    snapshot after every step, `conformance.targets.recording`), then the state after every step."""
+    holder: list = []
 
-    def factory(config: SchedulerConfig) -> RecordingV1:
+    def factory(config: SchedulerConfig):
         holder.append(reference(config))
         return holder[-1]
 
@@ -396,13 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         why = parts[0][1] if len(parts) == 1 else "both classes met in one trace: " + ", ".join(cls.split("+"))
         meta = {"adapter": args.target, "profile": "vllm-v1", "path": path, "class": cls, "kind": kind,
                 "message": final.describe(), "steps": len(final.result.records)}
-        saved = dataclasses.replace(small, meta=meta)
-        name = f"{path.replace('+', '-')}-{cls}.json"
-        out = saved.save(args.traces_dir / name)
-        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "paths": {}})
-        entry["kind"], entry["explanation"] = kind, why
-        entry["paths"][path] = {"trace": str(out), "message": final.describe()}
-        print(f"{path} {cls} ({kind}): {out}\n  {final.describe().splitlines()[0]}", flush=True)
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, small, meta, final.describe(),
+                         name=f"{path.replace('+', '-')}-{cls}.json")
     write_report(report, args.out, started=started)
     return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
 

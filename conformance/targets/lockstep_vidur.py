@@ -35,7 +35,7 @@ from conformance.driver import TraceResult, run_checked
 from conformance.generate import sample_traces
 from conformance.profiles import get_profile
 from conformance.targets import engine_configs, engine_traces, get_target
-from conformance.targets.campaign_args import campaign_parser, write_report
+from conformance.targets.campaign_args import campaign_parser, keep_class_trace, write_report
 from spec.trace import Trace
 
 SPACES = ("spec", "full")
@@ -209,11 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"adapter": "vidur-vllm", "profile": "vllm-v0", "space": space, "class": cls, "kind": kind,
                 "python_O": result is None,
                 "message": message, "steps": len(final.records)}
-        saved = Trace(small.config, small.arrivals, small.aborts, small.stops, small.max_steps, meta)
-        out = saved.save(args.traces_dir / f"{space}-{cls}.json")
-        entry = report["classes"].setdefault(cls, {"kind": kind, "explanation": why, "spaces": {}})
-        entry["spaces"][space] = {"trace": str(out), "message": message, "python_O": result is None}
-        print(f"{space} {cls} ({kind}): {out}\n  {message.splitlines()[0] if message else ''}", flush=True)
+        keep_class_trace(report, args.traces_dir, space, cls, kind, why, small, meta, message, "spaces",
+                         python_O=result is None)
     write_report(report, args.out, "spaces")
     return 0
 
