@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.cluster import RayRunner, connect, disconnect
-from conformance.fuzz import fuzz
-from conformance.isolated import ChildRunner
-from conformance.profiles import get_profile
+from conformance.cluster.ray_search import RayRunner, connect, disconnect
+from conformance.flows.profiles import get_profile
+from conformance.runner.fuzz import fuzz
+from conformance.runner.isolated import ChildRunner
 
 
 def one_round(spec: str, examples: int, workers: int, on_ray: bool, seed_value: int) -> float:

@@ -13,7 +13,7 @@ less than wall time.
 
 Two workloads:
 
-- ``fuzz``: the fuzzer's own traces (`conformance.generate.traces`, up to 12 requests, at most
+- ``fuzz``: the fuzzer's own traces (`conformance.generation.v0.traces`, up to 12 requests, at most
   24 GPU blocks and 6 running sequences): tiny states, where the fixed cost of calling each
   invariant once per step dominates.
 - ``large``: seeded production-sized traces (1024 GPU blocks of 16 tokens, 256 CPU blocks, up to
@@ -33,10 +33,10 @@ import random
 import time
 from collections.abc import Callable
 
-from conformance.adapter import load_adapter
-from conformance.driver import run_checked
-from conformance.generate import sample_traces, traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces, traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
 from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
 from spec.catalogue import Invariant

@@ -17,10 +17,10 @@ import time
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from conformance.adapter import load_adapter
-from conformance.generate import traces
-from conformance.isolated import ChildRunner, LocalRunner
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.isolated import ChildRunner, LocalRunner
 
 
 def corpus(n: int, seed_value: int) -> list:

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.fuzz import fuzz
-from conformance.isolated import ChildRunner
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.fuzz import fuzz
+from conformance.runner.isolated import ChildRunner
 from conformance.selftest.museum.exhibits import EXHIBITS
 from conformance.selftest.museum.run import MAX_EXAMPLES, SEED
 

@@ -40,9 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.adapter import load_adapter
-from conformance.driver import run_checked
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
 from reference_impl.engine import iter_steps
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig

@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.adapter import load_adapter
-from conformance.driver import run_checked
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
 from conformance.targets import _v1_strategy
 from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler

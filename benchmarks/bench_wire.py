@@ -42,10 +42,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.adapter import load_adapter
-from conformance.driver import run_checked
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
 from conformance.targets import _TARGET_LIST
 from conformance.wire.client import result_of
 

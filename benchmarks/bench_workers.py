@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.fuzz import fuzz
-from conformance.isolated import ChildRunner
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.fuzz import fuzz
+from conformance.runner.isolated import ChildRunner
 
 
 def one_round(spec: str, examples: int, workers: int, seed_value: int) -> float:

@@ -187,7 +187,7 @@ class NanoScheduler(TrackedScheduler):
             tracked.num_keyed = len(keys)
 
     # The three places where nano-vllm itself decides otherwise, as hooks (its deviations are
-    # modelled by overriding them: conformance/targets/lockstep_nano.py, conformance/selftest/mutants_v1.py).
+    # modelled by overriding them: conformance/selftest/campaigns/lockstep_nano.py, conformance/selftest/mutants_v1.py).
     def _hit_limit(self, tracked: TrackedRequest) -> int:
         """How many leading tokens a cache hit may cover: all but the last (CHK-001, PFX-005)."""
         return tracked.num_tokens - 1

@@ -22,7 +22,7 @@ back (FIFO), keyed or not; a table is freed in reverse too. Its index (``hash_to
 one block per key and each registration overwrites it, so a block registered under a key before
 another one is not findable any more: here it loses its key (its KV stays valid for its holders);
 when the newest holder is evicted, nano-vllm misses on that key even though an older block still
-holds those tokens (found in lockstep, conformance/targets/lockstep_nano.py).
+holds those tokens (found in lockstep, conformance/selftest/campaigns/lockstep_nano.py).
 
 Block ids are 0..N-1. (vLLM V1 reserves its block 0 as a null block and so has one block more than
 it can hand out; an adapter passes ``num_gpu_blocks + 1`` and subtracts 1 from its ids.)

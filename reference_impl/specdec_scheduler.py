@@ -23,7 +23,7 @@ class only names the flow (the registry, its profile and its mutants refer to it
    returns, before a stop frees them (vLLM scheduler.py:2402-2415); drafts' slots are kept when
    rejected (declared as a k-token reservation, CAP-006).
 
-Where this differs from vLLM 0.33.0 (lockstep classes in conformance/targets/lockstep_specdec.py):
+Where this differs from vLLM 0.33.0 (lockstep classes in conformance/selftest/campaigns/lockstep_specdec.py):
 drafts are capped at ``max_tokens`` (SPD-004; vLLM computes them and trims the excess), and a
 request admitted from waiting with one token left is not padded to 1 + k tokens with placeholder
 drafts (vLLM ``scheduler.py:1306-1330`` pads it for CUDA graphs; those drafts are never proposed).

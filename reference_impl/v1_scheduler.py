@@ -44,7 +44,7 @@ from waiting to 1 + k tokens with placeholder drafts (``scheduler.py:1306-1330``
 policies of the spec (SPD-004: no draft past what could be delivered; no draft nobody proposed),
 and both are class-level knobs here, off by default (`drafts_past_max_tokens`,
 `pads_new_decode_drafts`): the speculative lockstep campaign turns them on, so that it compares
-vLLM strictly past them (conformance/targets/lockstep_specdec.py).
+vLLM strictly past them (conformance/selftest/campaigns/lockstep_specdec.py).
 
 Where this reference decides differently from the engine (each a spec decision, listed in
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
@@ -294,7 +294,7 @@ class V1Scheduler(TrackedScheduler):
     scan_past_self_preemption: bool = True
 
     # vLLM 0.33.0's speculative-decoding behaviours where the spec's policy differs. Off by default
-    # (the policy); on in the lockstep campaign's reference (conformance/targets/lockstep_specdec.py),
+    # (the policy); on in the lockstep campaign's reference (conformance/selftest/campaigns/lockstep_specdec.py),
     # so that it compares vLLM past them and every remaining divergence is a finding.
     #
     # drafts_past_max_tokens: vLLM schedules a decode's drafts capped at the budget, the long-prefill
@@ -815,7 +815,7 @@ def finished_record(tracked: TrackedRequest, status: Status, config: SchedulerCo
 
 class EngineWatermarkV1(V1Scheduler):
     """The V1 reference with vLLM 0.33.0's own watermark rule, for lockstep against the engine
-    (`conformance.targets.lockstep_v1`): ``KVCacheManager.allocate_slots`` adds ``watermark_blocks``
+    (`conformance.selftest.campaigns.lockstep_v1`): ``KVCacheManager.allocate_slots`` adds ``watermark_blocks``
     only for a WAITING or PREEMPTED request, and only when ``has_scheduled_reqs``
     (v1/core/kv_cache_manager.py:518-525; the whole-sequence check at 546 and the allocation at 585
     both use it), which the scheduler passes as ``bool(self.running)`` when it admits a waiting

@@ -5,7 +5,7 @@ space and no abort API, vLLM V0 fixes its watermark at 0.01, vLLM V1 refuses a t
 below ``max_model_len`` without chunked prefill, a toy engine may have no sequence limit at
 all. A trace outside that space tests the adapter's translation, not the scheduler, so an
 adapter declares its domain (``domain = ConfigDomain(...)``) and the runner keeps generation
-(`conformance.generate_domain.traces_in`) and shrinking (`conformance.shrink.shrink`) inside it.
+(`conformance.generation.domain.traces_in`) and shrinking (`conformance.runner.shrink.shrink`) inside it.
 
 The domain is data: `to_dict` / `from_dict` carry it from the adapter's process to the runner's
 (which never imports the adapter), and `why_not` says, in one line naming the field, why a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.adapter import SchedulerAdapter
+from conformance.runner.adapter import SchedulerAdapter
 from conformance.selftest.mutants import MUTANTS
 from reference_impl import Scheduler
 from spec.observation import Capability

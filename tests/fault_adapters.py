@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import replace
 
-from conformance.adapter import SchedulerAdapter
+from conformance.runner.adapter import SchedulerAdapter
 from reference_impl import Scheduler
 from spec.observation import SeqView
 from spec.types import ScheduledSeq

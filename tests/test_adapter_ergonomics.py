@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapter import canonical_spec, load_adapter
+from conformance.runner.adapter import canonical_spec, load_adapter
 from conformance.selftest.docs_gen import EXAMPLE_COMMANDS, EXAMPLES
 from spec.domain import ConfigDomain
 from spec.errors import InputError
@@ -122,7 +122,7 @@ def _write_adapter(folder: Path, name: str) -> None:
     (folder / f"{name}_helper.py").write_text("from reference_impl.scheduler import Scheduler\n")
     (folder / f"{name}.py").write_text(
         f"from {name}_helper import Scheduler\n"
-        "from conformance.adapter import SchedulerAdapter\n"
+        "from conformance.runner.adapter import SchedulerAdapter\n"
         "from spec.domain import ConfigDomain\n\n"
         "def make():\n"
         "    return SchedulerAdapter('mine', Scheduler, domain=ConfigDomain(swap=False))\n")
@@ -137,7 +137,7 @@ def test_specs_load_from_a_file_or_the_current_folder(tmp_path, monkeypatch, iso
     _write_adapter(tmp_path, "ergo_mod_ad")
     assert load_adapter("ergo_mod_ad:make").name == "mine"
     assert canonical_spec("ergo_mod_ad:make") == f"{tmp_path / 'ergo_mod_ad.py'}:make"
-    for unchanged in ("reference", "reference-v1", "conformance.adapter:load_adapter", "vllm-v0"):
+    for unchanged in ("reference", "reference-v1", "conformance.runner.adapter:load_adapter", "vllm-v0"):
         assert canonical_spec(unchanged) == unchanged
 
 
@@ -165,7 +165,7 @@ def test_a_syntax_error_is_reported_with_its_line(tmp_path):
 
 
 def test_the_child_declares_its_domain_in_its_hello():
-    from conformance.isolated import ChildRunner
+    from conformance.runner.isolated import ChildRunner
 
     runner = ChildRunner(f"{EXAMPLES / 'myengine' / 'myengine_adapter.py'}:make")
     try:
@@ -213,7 +213,7 @@ def test_tinyserve_adapter_is_short_conforms_and_catches_a_leak(tmp_path):
 
 def test_a_fault_names_the_adapter_line(tmp_path):
     (tmp_path / "ergo_raises.py").write_text(
-        "from conformance.adapter import SchedulerAdapter\n"
+        "from conformance.runner.adapter import SchedulerAdapter\n"
         "from reference_impl.scheduler import Scheduler\n\n\n"
         "class Raising(Scheduler):\n"
         "    def schedule(self):\n"
@@ -230,9 +230,9 @@ def test_a_fault_names_the_adapter_line(tmp_path):
 def test_a_crash_in_kvsched_checks_is_not_blamed_on_the_adapter():
     """The child answers a crash in kvsched's own code with FAULT-checker (kvsched's file:line,
     the trace kept), not by dying as though the adapter had exited."""
-    from conformance.report import _FAULT_CATEGORY
-    from conformance.summary import TraceSummary
-    from conformance.worker import _checker_failed
+    from conformance.reports.report import _FAULT_CATEGORY
+    from conformance.runner.summary import TraceSummary
+    from conformance.runner.worker import _checker_failed
 
     try:
         {}["missing"]
@@ -250,7 +250,7 @@ def test_a_file_inside_a_package_loads_with_its_package_imports(tmp_path):
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "helpers.py").write_text("from conformance.adapter import load_adapter\n"
+    (pkg / "helpers.py").write_text("from conformance.runner.adapter import load_adapter\n"
                                     "def make():\n    return load_adapter('reference')\n")
     (pkg / "sub" / "mod.py").write_text("from pkg.helpers import make as _make\nfrom .. import helpers\n"
                                         "def make():\n    assert helpers.make is _make\n    return _make()\n")
@@ -262,8 +262,8 @@ def test_a_file_inside_a_package_loads_with_its_package_imports(tmp_path):
 
 
 def test_a_crash_on_a_feature_the_adapter_may_lack_points_to_the_config_domain():
-    from conformance.fuzz import Finding
-    from conformance.report import _domain_hint
+    from conformance.reports.report import _domain_hint
+    from conformance.runner.fuzz import Finding
     from spec.trace import Trace
 
     trace = Trace.from_dict({"version": 1, "config": {"preemption_mode": "recompute"}, "requests": [

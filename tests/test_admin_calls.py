@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapter import load_adapter
-from conformance.driver import run_checked
-from conformance.generate import sample_traces
-from conformance.generate_v1 import token_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.generation.v1 import token_traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
 from conformance.wire import WireAdapter
 from conformance.wire.client import _Batch
 from reference_impl.v1_scheduler import V1Scheduler

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from conformance.targets.async_hunt import classify
-from conformance.targets.conformance_md import _async_hunt
+from conformance.selftest.campaigns.async_hunt import classify
+from conformance.selftest.campaigns.conformance_md import _async_hunt
 from spec.config import SchedulerConfig
 from spec.trace import Arrival, Trace
 from spec.types import Request

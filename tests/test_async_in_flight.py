@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.normalize import check_snapshot
+from conformance.runner.normalize import check_snapshot
 from conformance.wire.codec import WireError, snapshot_from_json, snapshot_to_json
 from spec.catalogue import Checker, get
 from spec.config import SchedulerConfig
@@ -40,7 +40,7 @@ def test_malformed_in_flight_names_the_field(bad, field):
 
 
 def test_a_claimed_in_flight_part_must_be_there():
-    from conformance.guard import AdapterFault
+    from conformance.runner.guard import AdapterFault
 
     with pytest.raises(AdapterFault, match="in_flight"):
         check_snapshot(Snapshot(), frozenset({Capability.OUTPUT, Capability.IN_FLIGHT}), None)
@@ -71,10 +71,10 @@ def test_the_runner_reports_the_engine_dying_on_a_stale_outcome_as_pip005():
     """Through the driver (an adapter, a guarded call): the fault stays, and PIP-005 names it."""
     from hypothesis import HealthCheck, Phase, find, settings
 
-    from conformance.adapter import SchedulerAdapter
-    from conformance.driver import run_checked
     from conformance.flows import get_flow
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
     from conformance.selftest.mutants import violated
     from conformance.selftest.mutants_async import ForgetsInFlightOnPreempt
 
@@ -108,8 +108,8 @@ def test_the_deferred_free_reference_fences_and_passes_safety(depth):
     import dataclasses
 
     from conformance.flows import get_flow
-    from conformance.generate import sample_traces
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.v0 import sample_traces
     from conformance.selftest.mutants import violated
     from reference_impl.async_scheduler import DeferredFreeAsyncV1Scheduler
 

@@ -8,10 +8,10 @@ import functools
 
 import pytest
 
-from conformance.generate import sample_traces
+from conformance.generation.async_paths import path_strategy
+from conformance.generation.v0 import sample_traces
 from conformance.selftest.async_checks import problems
 from conformance.selftest.mutants_async import MUTANTS, AsyncMutant
-from conformance.targets.lockstep_async import path_strategy
 from reference_impl.async_scheduler import AsyncV1Scheduler
 
 SEED = 20261201

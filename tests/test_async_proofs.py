@@ -11,7 +11,7 @@ import pytest
 import z3
 
 import conformance.selftest.mutants_async as mutants_async
-from conformance.cli import main
+from conformance.commands.cli import main
 from spec.catalogue import catalogue
 from spec.proofs.encoding import FIN, RUN, WAIT
 from spec.proofs.encoding_async import (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.generate_v1 import token_traces
+from conformance.generation.v1 import token_traces
 from conformance.selftest.async_checks import problems
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.v1_scheduler import V1Scheduler
@@ -143,9 +143,9 @@ def test_safety_holds_for_a_correct_pipelined_scheduler(tmp_path):
     pipelining) passes it, the invariants that assume a synchronous step being checked on the step
     as planned (`spec.planned_view`) or, where that cannot say them, not applicable there
     (`Invariant.synchronous`, `Invariant.planned`) rather than false failures."""
-    from conformance.adapter import load_adapter
-    from conformance.fuzz import fuzz
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import load_adapter
+    from conformance.runner.fuzz import fuzz
 
     result = fuzz(lambda: load_adapter("reference-async"), get_profile("safety"), max_examples=60, seed_value=4,
                   out_dir=tmp_path)

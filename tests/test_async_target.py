@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.targets.async_smoke import async_installed
+from conformance.selftest.campaigns.async_smoke import async_installed
 
 pytestmark = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
 
 
 @pytest.fixture(scope="module")
 def adapter():
-    from conformance.targets.async_smoke import async_adapter
+    from conformance.selftest.campaigns.async_smoke import async_adapter
 
     started = async_adapter()
     yield started
@@ -25,8 +25,8 @@ def test_host_says_it_is_one_step_behind(adapter) -> None:
 
 
 def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) -> None:
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_async import run_one
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_async import run_one
     from spec.config import SchedulerConfig
     from spec.trace import Arrival, Trace
     from spec.types import Request
@@ -44,23 +44,24 @@ def test_a_request_finishes_one_step_after_its_last_token_is_sampled(adapter) ->
 
 @pytest.mark.parametrize("path", ["plain", "chunked", "preemption"])
 def test_seeded_traces_agree_with_the_pipelined_reference(adapter, path: str) -> None:
-    from conformance.generate import sample_traces
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_async import classify, path_strategy, run_one
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.async_paths import path_strategy
+    from conformance.generation.v0 import sample_traces
+    from conformance.selftest.campaigns.lockstep_async import classify, run_one
 
     invariants = get_profile("safety").invariants()
     for trace in sample_traces(path_strategy(path), 8, 16):
         outcome = run_one(adapter, trace, invariants)
         assert outcome.result.fault is None, outcome.result.fault
-        # the reference refuses a prompt of max_model_len at the door as the host does (targets/door.py)
+        # the reference refuses a prompt of max_model_len at the door as the host does (conformance/selftest/campaigns/door.py)
         assert classify(adapter, trace, outcome, invariants) is None, outcome.describe()
 
 
 def test_vllm_in_flight_counters_stay_in_range(adapter) -> None:
     """PIP-003 on vLLM itself, from the host's raw ``in_flight`` snapshot field: after each step's
     update no counter is negative and no sequence has more placeholders than steps in flight (1)."""
-    from conformance.generate import sample_traces
-    from conformance.targets.lockstep_async import path_strategy
+    from conformance.generation.async_paths import path_strategy
+    from conformance.generation.v0 import sample_traces
     from spec.types import StepOutcome
 
     for trace in sample_traces(path_strategy("preemption"), 6, 3):
@@ -86,9 +87,9 @@ def test_registered_target_conforms_to_the_async_profile(tmp_path) -> None:
     lockstep_async ``generate-prompt-at-max-model-len-refused``): V1's input processor refuses a
     generate prompt of exactly max_model_len tokens, which the reference runs (LOCKSTEP). Before
     the host refused it (issue 21) such a chunked prompt met V1's chunk clamp and hung (LIV-001/002)."""
-    from conformance.adapter import load_adapter
-    from conformance.fuzz import fuzz
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import load_adapter
+    from conformance.runner.fuzz import fuzz
 
     result = fuzz(lambda: load_adapter("vllm-v1-async"), get_profile("async"), max_examples=20, seed_value=16,
                   out_dir=tmp_path)

@@ -12,7 +12,7 @@ argument vectors against all four commands, ``conform`` included. For each run:
   default ``--out`` is relative to it) and the fixtures stay as they were;
 - it takes seconds, not minutes (a bound of `HANG_S` per run catches a hang, not a slowdown).
 
-Runs are in process (`conformance.cli.main`) for speed; `test_sample_in_a_real_process` runs a
+Runs are in process (`conformance.commands.cli.main`) for speed; `test_sample_in_a_real_process` runs a
 sample through ``python -m conformance`` to check what a shell sees, a non-UTF-8 argv included.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from conformance.commands.cli import main
 from tests.bad_inputs.cases import (
     ARGV_CASES,
     FILE_CASES,

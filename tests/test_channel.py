@@ -1,4 +1,4 @@
-"""The call stamp (conformance/channel.py) never shows the watchdog a half-written call.
+"""The call stamp (conformance/runner/channel.py) never shows the watchdog a half-written call.
 
 The Vidur targets' FAULT-hang (docs/CONFORMANCE.md) was a torn stamp: a child preempted inside
 `Stamp.leave`, between storing the start time 0.0 and clearing the call, showed the watchdog a
@@ -11,7 +11,7 @@ import multiprocessing
 import struct
 import time
 
-from conformance.channel import _BEGUN, _STAMP, CALLS, Stamp
+from conformance.runner.channel import _BEGUN, _STAMP, CALLS, Stamp
 
 
 def test_a_stamp_caught_mid_write_reads_as_the_last_whole_one(tmp_path):
@@ -51,7 +51,7 @@ def _enter_and_leave(path: str, seconds: float) -> None:
 
 
 def test_a_busy_child_never_looks_hung(tmp_path):
-    # the runner's watchdog reading (conformance/isolated.py, ChildRunner._wait) against a child
+    # the runner's watchdog reading (conformance/runner/isolated.py, ChildRunner._wait) against a child
     # entering and leaving calls as fast as it can: the torn stamp showed ~1.5 false hangs per
     # 1,000 readings on a loaded machine
     path = str(tmp_path / "stamp")
@@ -71,8 +71,8 @@ def test_a_busy_child_never_looks_hung(tmp_path):
 def test_one_torn_reading_does_not_kill_a_healthy_child():
     # the watchdog takes a hang only when a second reading shows the same call still on: a stamp
     # read mid-write (or on a host without x86's store order) is never read the same way twice
-    from conformance.generate import sample_traces, traces
-    from conformance.isolated import ChildRunner
+    from conformance.generation.v0 import sample_traces, traces
+    from conformance.runner.isolated import ChildRunner
 
     runner = ChildRunner("reference")
     runner.start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conformance.cli import main
+from conformance.commands.cli import main
 from spec.config import SchedulerConfig
 from spec.proofs.config_check import check_config
 

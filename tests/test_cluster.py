@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from hypothesis.database import InMemoryExampleDatabase
 
-from conformance.cli import main
-from conformance.example_db import SharedExamples, key_for
-from conformance.generate import traces
-from conformance.workers import draw
+from conformance.commands.cli import main
+from conformance.generation.v0 import traces
+from conformance.runner.example_db import SharedExamples, key_for
+from conformance.runner.workers import draw
 from spec.trace import Trace
 
 TESTS = Path(__file__).parent
@@ -228,8 +228,8 @@ def test_fuzz_feeds_and_replays_a_shared_database_without_a_cluster(tmp_path):
     ``--out`` replays first."""
     import broken_adapters
 
-    from conformance.fuzz import fuzz
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.fuzz import fuzz
 
     database = InMemoryExampleDatabase()
     first = fuzz(broken_adapters.fork_without_incref, get_profile("safety"), max_examples=24, seed_value=11,
@@ -249,7 +249,7 @@ def test_a_batch_whose_actor_died_runs_again_on_a_fresh_one(ray_address):
     with the same verdicts."""
     import ray
 
-    from conformance.cluster import RayRunner, connect, disconnect
+    from conformance.cluster.ray_search import RayRunner, connect, disconnect
 
     connect(ray_address)
     runner = RayRunner(BROKEN)

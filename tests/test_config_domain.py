@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.adapter import BUILTIN_DOMAINS, traces_for
-from conformance.generate import traces
-from conformance.generate_domain import traces_in
-from conformance.shrink import shrink
+from conformance.generation.domain import traces_in
+from conformance.generation.v0 import traces
+from conformance.runner.adapter import BUILTIN_DOMAINS, traces_for
+from conformance.runner.shrink import shrink
 from conformance.targets import TARGET_SPECS
 from spec.config import SchedulerConfig
 from spec.domain import UNBOUNDED_SEQS, ConfigDomain
@@ -26,7 +26,7 @@ NARROW = {
 
 
 def _draw(strategy, count: int = 25, seed_value: int = 3):
-    from conformance.generate import sample_traces
+    from conformance.generation.v0 import sample_traces
 
     return sample_traces(strategy, count, seed_value)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.adapter import load_adapter
-from conformance.cli import main
-from conformance.fuzz import fuzz
-from conformance.profiles import get_profile
+from conformance.commands.cli import main
+from conformance.flows.profiles import get_profile
+from conformance.runner.adapter import load_adapter
+from conformance.runner.fuzz import fuzz
 
 TESTS = Path(__file__).parent
 
@@ -90,7 +90,7 @@ def test_missing_observations_are_not_applicable_never_pass(tmp_path):
     result = _fuzz("broken_adapters:outputs_only", "safety", tmp_path, examples=30)
     assert "BLK-001" in result.not_applicable and "RES-001" in result.not_applicable
     assert "BUD-001" in result.active  # output-only invariants still run
-    from conformance.report import rows
+    from conformance.reports.report import rows
 
     statuses = {r["id"]: r["status"] for r in rows(result)}
     assert statuses["BLK-001"] == "not_applicable" and statuses["BUD-001"] == "pass"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from conformance.cli import main
+from conformance.commands.cli import main
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

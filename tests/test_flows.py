@@ -25,8 +25,8 @@ def test_every_part_resolves(flow_id: str) -> None:
 
 @pytest.mark.parametrize("flow_id", FLOW_IDS)
 def test_profile_adapters_and_targets_exist(flow_id: str) -> None:
-    from conformance.adapter import BUILTIN
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import BUILTIN
     from conformance.targets import TARGET_SPECS
 
     flow = FLOWS[flow_id]
@@ -67,8 +67,8 @@ def test_unknown_flow_is_one_line() -> None:
 def test_replay_uses_the_flows_own_lockstep_reference(flow_id: str, tmp_path, capsys) -> None:
     """``kvsched replay`` under a flow's profile steps the profile's reference beside the adapter,
     as ``conform`` does (it used the V0 reference, so every V1, nano or async replay diverged)."""
-    from conformance.cli import main
-    from conformance.generate import sample_traces
+    from conformance.commands.cli import main
+    from conformance.generation.v0 import sample_traces
 
     flow = FLOWS[flow_id]
     adapter = flow.adapters[0]

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.generate import traces
+from conformance.generation.v0 import traces
 from gpu_impl.adapter import make
 from gpu_impl.lockstep import run_lockstep
 from gpu_impl.workload import random_trace

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpu_impl.batched_v1 as bv
-from conformance.adapter import load_adapter
-from conformance.fuzz import fuzz
-from conformance.generate_v1 import token_configs, token_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v1 import token_configs, token_traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.fuzz import fuzz
 from gpu_impl.adapter_v1 import make
 from gpu_impl.batched_v1 import BatchedV1Scheduler
 from gpu_impl.lockstep_v1 import V1TraceBatch, run_lockstep_v1
@@ -46,7 +46,7 @@ def _no_chunking(config: SchedulerConfig) -> SchedulerConfig:
 
 
 def v1_traces(chunked: bool | None = None) -> st.SearchStrategy[Trace]:
-    """`conformance.generate_v1.token_traces` with prefix caching forced off (and chunked prefill
+    """`conformance.generation.v1.token_traces` with prefix caching forced off (and chunked prefill
     forced off when ``chunked`` is False; drawn, mostly on, when None)."""
     configs = token_configs("v1").map(_no_chunking if chunked is False else _no_caching)
     return configs.flatmap(lambda c: token_traces("v1", config=c))

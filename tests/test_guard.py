@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conformance.guard import AdapterFault, Guard
+from conformance.runner.guard import AdapterFault, Guard
 
 
 def _sleeps() -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.driver import run_checked
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.driver import run_checked
 from spec.config import SchedulerConfig
 from spec.status import Status
 from spec.trace import Arrival, Trace
@@ -137,7 +137,7 @@ def test_v1_watermark_counts_the_spec_blocks_not_v1s_null_block():
     (kv_cache_manager.py:210): 0.1 of 9 is 0 spec blocks but would be 1 of V1's 10. The host passes
     the fraction that makes them equal (`v1_watermark`), so an admission beside a running request
     that needs every free block is made, as the spec's count says."""
-    from conformance.targets import lockstep_v1 as L
+    from conformance.selftest.campaigns import lockstep_v1 as L
 
     src = _source("vllm-v1", "vllm/v1/core/kv_cache_manager.py")
     assert "self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)" in src

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from conformance.html_view import render_html, view_data, write_html
+from conformance.reports.html_view import render_html, view_data, write_html
 from reference_impl.engine import run_trace
 from reference_impl.scheduler import Scheduler
 from reference_impl.sequence import Sequence, SequenceGroup

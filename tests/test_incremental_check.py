@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.flows import FLOWS
-from conformance.generate import sample_traces, traces
+from conformance.generation.v0 import sample_traces, traces
 from conformance.selftest.mutants import MUTANTS
 from reference_impl import Scheduler
 from reference_impl.engine import iter_steps
@@ -128,7 +128,7 @@ def test_reference_incremental_equals_full(monkeypatch):
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_incremental_equals_full(monkeypatch, name):
     """On every mutant, the same violations (id, step, message) either way."""
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
 
     mutant = MUTANTS[name]
     strategy = mutant.trace_strategy() if mutant.trace_strategy else traces(max_requests=8)
@@ -195,8 +195,8 @@ class _WholeSnapshots:
 
 def _driven(make, trace, invariants):
     """(id, step, message) of every violation the driver finds, and how many snapshots it diffed."""
-    from conformance.adapter import SchedulerAdapter
-    from conformance.driver import run_checked
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
     from spec.catalogue import catalogue
 
     result = run_checked(SchedulerAdapter("under-test", make), trace, invariants or catalogue(), timeout=None,
@@ -209,7 +209,7 @@ def _driven(make, trace, invariants):
 def test_whole_snapshots_diffed_equal_full(monkeypatch, name):
     """An adapter that gives whole snapshots, diffed by the driver into deltas, gets the verdicts
     of checking everything on every mutant."""
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
 
     mutant = MUTANTS[name]
     strategy = mutant.trace_strategy() if mutant.trace_strategy else traces(max_requests=8)
@@ -234,8 +234,8 @@ def test_whole_snapshots_diffed_equal_full(monkeypatch, name):
 def test_references_incremental_equal_full(monkeypatch, flow):
     """The references pass either way, as deltas, diffed whole snapshots or checked whole, on their
     own traces (prefix caching and chunked prefill included for V1 and nano-vllm)."""
-    from conformance.generate_v1 import token_traces
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.v1 import token_traces
     from reference_impl.nano_scheduler import NanoScheduler
     from reference_impl.v1_scheduler import V1Scheduler
 
@@ -252,7 +252,7 @@ def test_references_incremental_equal_full(monkeypatch, flow):
 def test_with_delta_is_exact():
     """A diffed snapshot equals the whole one, names exactly the views and requests that differ,
     and shares every unchanged part with the snapshot before it."""
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
     from reference_impl.v1_scheduler import V1Scheduler
 
     checked = 0
@@ -282,7 +282,7 @@ def test_with_delta_is_exact():
 def test_carried_key_views_equal_whole(monkeypatch):
     """Keys extended along the snapshot chain and the keyed blocks carried through changed keys
     equal their whole computation, on prefix-caching traces."""
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
     from reference_impl.v1_scheduler import V1Scheduler
     from spec.invariants._views import chained_keys, keyed_blocks
     from spec.prefix import block_keys
@@ -305,7 +305,7 @@ def test_pool_observation_is_current():
     """The tuples a V1 / nano-vllm pool hands a snapshot (reused while its change counters stand
     still) are its state at that moment, on the references and on every mutant with such a pool
     (some override the pool's eviction)."""
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
     from reference_impl.nano_scheduler import NanoScheduler
     from reference_impl.prefix_cache import CachingBlockPool
     from reference_impl.v1_scheduler import V1Scheduler
@@ -337,8 +337,8 @@ def test_pool_observation_is_current():
 def test_snapshot_check_reads_changed_counts(bad):
     """The driver's snapshot check, reading only the reference counts that are not the base's
     objects, still names a bad entry that appears in a later snapshot (equal to an int or not)."""
-    from conformance.guard import AdapterFault
-    from conformance.normalize import check_snapshot
+    from conformance.runner.guard import AdapterFault
+    from conformance.runner.normalize import check_snapshot
 
     first = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 1)))
     good = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), base=first))
@@ -352,7 +352,7 @@ def test_snapshot_check_reads_changed_counts(bad):
 def _pool_cases():
     """(factory, trace strategy) for the three references and every mutant (their pools, some
     overridden, log their own changes)."""
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
     from reference_impl.nano_scheduler import NanoScheduler
     from reference_impl.v1_scheduler import V1Scheduler
 
@@ -433,8 +433,8 @@ def test_carried_pool_facts_equal_whole(monkeypatch):
 def test_snapshot_check_reads_changed_blocks():
     """With a pool delta, the snapshot check reads the counts of the blocks it names and the delta
     itself, and still names a bad entry there."""
-    from conformance.guard import AdapterFault
-    from conformance.normalize import check_snapshot
+    from conformance.runner.guard import AdapterFault
+    from conformance.runner.normalize import check_snapshot
 
     first = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 1), gpu_free_ids=(0,)))
     good = check_snapshot(observation.Snapshot(gpu_ref_counts=(0, 1, 2, 0), gpu_free_ids=(0, 3), base=first,
@@ -486,8 +486,8 @@ def test_carried_shared_blocks_and_queue_sets_equal_whole(monkeypatch):
 def test_snapshot_check_fast_path_refuses_what_the_slow_one_does(bad):
     """The driver's exact-type fast path (`normalize._plain_view`) accepts only what `_view`
     accepts: a bad field in a changed view is still named, after a decode-like delta."""
-    from conformance.guard import AdapterFault
-    from conformance.normalize import check_snapshot
+    from conformance.runner.guard import AdapterFault
+    from conformance.runner.normalize import check_snapshot
     from spec.status import Status
 
     view = observation.SeqView("r#0", "r", Status.RUNNING, 2, 1, (0,), "gpu", (5, 6))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
-from conformance.driver import run_checked
-from conformance.isolated import ChildRunner, Limits
-from conformance.profiles import get_profile
+from conformance.commands.cli import main
+from conformance.flows.profiles import get_profile
+from conformance.runner.driver import run_checked
+from conformance.runner.isolated import ChildRunner, Limits
 from spec.trace import Trace
 
 TESTS = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""The lockstep references stand behind vLLM V1's front door (conformance/targets/door.py): a
+"""The lockstep references stand behind vLLM V1's front door (conformance/selftest/campaigns/door.py): a
 generate prompt of exactly max_model_len tokens is refused on arrival, as vLLM 0.33.0's input
 processor and the V1 hosts refuse it, so a campaign compares such a trace to its end instead of
 diverging at step 0. Runs without any target installed; the target side is pinned in
@@ -10,10 +10,10 @@ import dataclasses
 
 import pytest
 
-from conformance.targets.campaign_args import keep_other_paths
-from conformance.targets.lockstep_async import RecordingAsync
-from conformance.targets.lockstep_specdec import RecordingAsyncSpec, RecordingSpec
-from conformance.targets.lockstep_v1 import RecordingV1
+from conformance.selftest.campaigns.campaign_args import keep_other_paths
+from conformance.selftest.campaigns.lockstep_async import RecordingAsync
+from conformance.selftest.campaigns.lockstep_specdec import RecordingAsyncSpec, RecordingSpec
+from conformance.selftest.campaigns.lockstep_v1 import RecordingV1
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.status import Status

@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from conformance.cli import main
-from conformance.driver import run_checked
-from conformance.profiles import PROFILES, get_profile
+from conformance.commands.cli import main
+from conformance.flows.profiles import PROFILES, get_profile
+from conformance.runner.driver import run_checked
 from conformance.selftest.museum import EXHIBITS, MAX_STEPS, run_exhibit
 from conformance.selftest.museum.docs import bug_lines, render_markdown
 from conformance.selftest.museum.exhibits import sources

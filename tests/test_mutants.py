@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
-from conformance.generate import traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import traces
 from conformance.selftest.mutants import MUTANTS, violated
 from reference_impl import Scheduler
 from spec.catalogue import catalogue

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from conformance.generate_v1 import token_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v1 import token_traces
 from conformance.selftest.mutants import violated
 from reference_impl.engine import run_trace
 from reference_impl.nano_scheduler import NanoScheduler

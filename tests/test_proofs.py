@@ -8,7 +8,7 @@ import json
 import pytest
 import z3
 
-from conformance.cli import main
+from conformance.commands.cli import main
 from conformance.selftest.proof_bridge import counterexample_trace, find_violation
 from reference_impl.scheduler import Scheduler
 from spec.catalogue import catalogue

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conformance.cli import main
+from conformance.commands.cli import main
 from conformance.selftest.proof_bridge import find_violation, v1_counterexample_trace
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.catalogue import catalogue

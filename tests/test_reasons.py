@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from hypothesis import given
 
-from conformance.explain import explain_step
-from conformance.generate import traces
+from conformance.generation.v0 import traces
+from conformance.reports.explain import explain_step
 from reference_impl.engine import run_trace
 from reference_impl.workloads import BUILTIN
 from spec.config import SchedulerConfig

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.driver import run_checked
-from conformance.generate import sample_traces, traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces, traces
+from conformance.runner.driver import run_checked
 from spec.catalogue import Checker
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -90,8 +90,8 @@ def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
     is counted: one token of lookahead. Declared, the capacity range holds; declared as none (an
     adapter given no reservation takes the scheduler's own, so "none" is said explicitly), CAP-006
     says exactly that (docs/ASYNC.md lists the other synchronous-step assumptions)."""
-    from conformance.adapter import SchedulerAdapter
-    from conformance.targets.lockstep_async import path_strategy
+    from conformance.generation.async_paths import path_strategy
+    from conformance.runner.adapter import SchedulerAdapter
     from reference_impl.async_scheduler import AsyncV1Scheduler
 
     capacity = [inv for inv in SAFETY if inv.id in ("CAP-004", "CAP-005", "CAP-006")]
@@ -108,7 +108,7 @@ def test_a_pipelined_scheduler_declares_its_depth_as_lookahead():
 def test_the_declaration_is_reported_and_a_bad_one_refused_at_load(tmp_path, capsys):
     """The report says what the adapter declared (so a reader sees what CAP-006 allowed); a
     declaration of the wrong type is one line naming adapter.reservation, exit 2, nothing written."""
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     report = tmp_path / "r.json"
     zoo = Path(__file__).parent / "zoo" / "lookahead.py"
@@ -116,7 +116,7 @@ def test_the_declaration_is_reported_and_a_bad_one_refused_at_load(tmp_path, cap
                  "--out", str(tmp_path / "o"), "--json", str(report)]) == 0
     assert json.loads(report.read_text())["reservation"] == {"lookahead_tokens": 1, "whole_request": False}
     bad = tmp_path / "bad.py"
-    bad.write_text("from conformance.adapter import load_adapter\n"
+    bad.write_text("from conformance.runner.adapter import load_adapter\n"
                    "def make():\n    a = load_adapter('reference')\n    a.reservation = 3\n    return a\n")
     capsys.readouterr()
     assert main(["conform", "--adapter", f"{bad}:make", "--out", str(tmp_path / "never")]) == 2
@@ -141,9 +141,9 @@ def test_a_per_config_reservation_reaches_a_worker_isolated_run(tmp_path):
     """The speculative reference reserves k draft slots, k from the config: a worker-isolated run
     (`kvsched conform`, --workers) checks each trace against the reservation for its config and
     tells the runner which one that was; the report names the widest."""
-    from conformance.adapter import SchedulerAdapter
-    from conformance.cli import main
-    from conformance.isolated import ChildRunner
+    from conformance.commands.cli import main
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.isolated import ChildRunner
     from reference_impl.specdec_scheduler import SpecDecScheduler
 
     safety = [inv.id for inv in get_profile("specdec").invariants()]

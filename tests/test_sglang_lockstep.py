@@ -1,5 +1,5 @@
 """Strict lockstep of the reference's SGLang flow against SGLang 0.5.23's scheduler code
-(conformance/targets/lockstep_sglang.py), on a few traces of each policy.
+(conformance/selftest/campaigns/lockstep_sglang.py), on a few traces of each policy.
 
 Skipped when the ``sglang`` target is not installed, unless KVSCHED_REQUIRE_TARGETS=1 (CI).
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
-from conformance.targets import lockstep_sglang as L
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.selftest.campaigns import lockstep_sglang as L
 from tests.test_targets import need
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.sglang import sglang_traces
+from conformance.generation.v0 import sample_traces
 from conformance.selftest.mutants import violated
-from conformance.targets.lockstep_sglang import sglang_traces
 from reference_impl.engine import iter_steps
 from reference_impl.radix_cache import RadixCache
 from reference_impl.sglang_scheduler import SglangScheduler, door_limits, sampled_token

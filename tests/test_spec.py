@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conformance.cli import main
+from conformance.commands.cli import main
 from spec.catalogue import CATEGORIES, catalogue
 from spec.config import SchedulerConfig
 from spec.errors import InputError

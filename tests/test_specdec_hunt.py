@@ -1,13 +1,13 @@
-"""The specdec hunt's classification (conformance.targets.specdec_hunt), without vLLM: a finding
+"""The specdec hunt's classification (conformance.selftest.campaigns.specdec_hunt), without vLLM: a finding
 is known only by the source line vLLM names *and* the config shape that line needs."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from conformance.driver import TraceResult
-from conformance.guard import AdapterFault
-from conformance.targets.specdec_hunt import PADDED, classify, padded_shape, probe_42722
+from conformance.runner.driver import TraceResult
+from conformance.runner.guard import AdapterFault
+from conformance.selftest.campaigns.specdec_hunt import PADDED, classify, padded_shape, probe_42722
 
 ASSERT = "AssertionError (at vllm/v1/core/sched/scheduler.py:1579)"
 
@@ -49,7 +49,7 @@ def _over_budget_stall(k: int):  # type: ignore[no-untyped-def]
 
 
 def test_the_over_budget_stall_is_explained_by_the_padding_alone() -> None:
-    from conformance.targets.specdec_hunt import over_budget_shape, padding_explains
+    from conformance.selftest.campaigns.specdec_hunt import over_budget_shape, padding_explains
 
     trace = _over_budget_stall(4)
     assert over_budget_shape(trace) and padding_explains(trace, "sync", {"LIV-001", "LIV-003"})

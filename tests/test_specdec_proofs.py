@@ -13,7 +13,7 @@ import pytest
 import z3
 
 import conformance.selftest.mutants_specdec as mutants_specdec
-from conformance.cli import main
+from conformance.commands.cli import main
 from spec.catalogue import catalogue
 from spec.proofs.encoding import FIN, RUN
 from spec.proofs.encoding_specdec import (

@@ -9,9 +9,9 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.generate_specdec import pipelined, specdec_traces
-from conformance.generate_v1 import v1_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.specdec import pipelined, specdec_traces
+from conformance.generation.v1 import v1_traces
 from conformance.selftest.mutants import violated
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.engine import run_trace

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from conformance.targets.async_smoke import async_installed
+from conformance.selftest.campaigns.async_smoke import async_installed
 
 pytestmark = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
 
@@ -30,8 +30,8 @@ def _trace(depth: int):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_drafts_are_verified_and_rolled_back_as_the_reference_does(path: str) -> None:
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_specdec import adapter_for, base_of, run_one
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_specdec import adapter_for, base_of, run_one
 
     adapter = adapter_for(path)
     try:
@@ -50,8 +50,8 @@ def test_vllm_dies_when_the_threshold_cuts_a_padded_admission() -> None:
     """docs/SPECDEC.md: the known vLLM 0.33.0 defect (scheduler.py:1579), on its shrunk trace."""
     from pathlib import Path
 
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_specdec import adapter_for, base_of, classify, run_one
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_specdec import adapter_for, base_of, classify, run_one
     from spec.trace import Trace
 
     trace = Trace.load(Path(__file__).resolve().parents[1] / "docs/traces/specdec/sync-padded-admission-cut-by-threshold.json")
@@ -72,8 +72,8 @@ def test_in_flight_drafts_at_max_model_len_agree_in_the_vllm_compatible_mode() -
     would need, and the counterfactual names the class."""
     from pathlib import Path
 
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_specdec import adapter_for, base_of, classify, run_one
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_specdec import adapter_for, base_of, classify, run_one
     from spec.trace import Trace
 
     trace = Trace.load(Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The speculative reference's vLLM-compatible knobs (`V1Scheduler.drafts_past_max_tokens`,
 `V1Scheduler.pads_new_decode_drafts`, `V1Scheduler.clamps_chunk_at_max_model_len`): off by default (the spec's policies, SPD-004), on in the
-lockstep campaign's reference (conformance/targets/lockstep_specdec.py) so it compares vLLM
+lockstep campaign's reference (conformance/selftest/campaigns/lockstep_specdec.py) so it compares vLLM
 0.33.0 past them. Each knob changes what is scheduled, never what is delivered."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from conformance.flows import FLOWS, Flow
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
 from spec.catalogue import Checker, completion_bound_for
 from spec.observation import StepRecord
 from spec.status import Status

@@ -75,7 +75,7 @@ def test_domain_that_always_chunks_refuses_unchunked_configs() -> None:
 def test_generated_configs_stay_in_an_always_chunked_domain() -> None:
     from hypothesis import given, settings
 
-    from conformance.generate_domain import domain_configs
+    from conformance.generation.domain import domain_configs
 
     domain = ConfigDomain(flow="v1", max_n=1, swap=False, cpu_pool=False, priority=False, chunked_prefill=True,
                           unchunked=False, prefill_caps=False, prefix_caching=True)

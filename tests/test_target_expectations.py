@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.coverage import Coverage
-from conformance.expectations import TARGET_EXPECTATIONS_DIR, expectations_from_dict, target_expectations
-from conformance.fuzz import Finding, FuzzResult
-from conformance.report import to_json
+from conformance.reports.report import to_json
+from conformance.runner.coverage import Coverage
+from conformance.runner.expectations import TARGET_EXPECTATIONS_DIR, expectations_from_dict, target_expectations
+from conformance.runner.fuzz import Finding, FuzzResult
 from conformance.targets import TARGET_SPECS
 
 FILES = sorted(TARGET_EXPECTATIONS_DIR.glob("*.json"))
@@ -70,7 +70,7 @@ def test_every_expected_fault_says_where_it_is_expected():
 
 
 def test_a_fault_raised_elsewhere_is_a_new_finding():
-    from conformance.summary import Problem
+    from conformance.runner.summary import Problem
 
     expectations = expectations_from_dict({"version": 1, "expected": [
         {"id": "FAULT-raised", "reason": "known assert", "where": ["scheduler.py:57 in schedule"]}]})
@@ -84,7 +84,7 @@ def test_a_fault_raised_elsewhere_is_a_new_finding():
 
 @pytest.mark.parametrize(("where", "new"), [(["scheduler exploded"], False), (["somewhere else"], True)])
 def test_a_run_reports_a_misplaced_fault_as_new(tmp_path, monkeypatch, where, new):
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     tests = Path(__file__).resolve().parent
     monkeypatch.syspath_prepend(str(tests))

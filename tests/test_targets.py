@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.driver import run_checked
-from conformance.fuzz import fuzz
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.driver import run_checked
+from conformance.runner.fuzz import fuzz
 from conformance.targets import TARGET_SPECS, engine_configs, engine_traces, get_target
 from spec.trace import Trace
 
@@ -185,7 +185,7 @@ def test_aphrodite_conforms_on_its_default_path(tmp_path):
 
 
 def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
-    from conformance.targets import lockstep_v1
+    from conformance.selftest.campaigns import lockstep_v1
 
     trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-threshold-caps-a-lone-request.json")
     adapter = need("aphrodite").adapter()
@@ -195,7 +195,7 @@ def test_aphrodite_caps_a_lone_request_at_the_long_prefill_threshold():
 
 def test_aphrodite_stops_its_running_scan_after_a_self_preemption():
     # aphrodite/v1/core/sched/scheduler.py:682-684 breaks where vLLM 0.33.0 goes on (983-995)
-    from conformance.targets import lockstep_v1
+    from conformance.selftest.campaigns import lockstep_v1
 
     trace = Trace.load(DOCS / "lockstep-aphrodite" / "chunked-partial-self-preemption-ends-the-running-scan.json")
     adapter = need("aphrodite").adapter()
@@ -223,7 +223,7 @@ def test_vidur_restarted_request_trips_vidurs_own_assertion():
 @pytest.mark.parametrize("name", sorted(p.stem for p in (DOCS / "lockstep-vidur").glob("*.json")))
 def test_vidur_lockstep_classes_hold_on_their_saved_traces(name):
     # docs/results/lockstep-vidur-vllm.json: each class's saved trace still shows that class
-    from conformance.targets import lockstep_vidur
+    from conformance.selftest.campaigns import lockstep_vidur
 
     trace = Trace.load(DOCS / "lockstep-vidur" / f"{name}.json")
     adapter = need("vidur-vllm").adapter()
@@ -236,7 +236,7 @@ GATED = [name for name, t in TARGET_SPECS.items() if t.reach is not None]
 
 
 def test_the_gate_names_the_spec_s_lifecycle_edges():
-    from conformance.targets.coverage_gate import ALL_EDGES, edge_name
+    from conformance.targets.reach import ALL_EDGES, edge_name
     from spec.lifecycle import EDGES
 
     assert ALL_EDGES == tuple(edge_name((a.value, b.value, c)) for a, b, c in EDGES)
@@ -249,9 +249,9 @@ def test_a_small_campaign_reaches_every_path_the_engine_has(name, tmp_path):
     (its own process, seeded batches), with its expectations file: every applicable invariant is
     exercised, every lifecycle edge its engine takes is taken, and nothing but its known
     deviations is found. (vllm-v0 met no gap at seeds 20261130, 1, 2 and 3.)"""
-    from conformance.expectations import target_expectations
-    from conformance.isolated import ChildRunner, Limits
-    from conformance.targets.coverage_gate import gaps
+    from conformance.runner.expectations import target_expectations
+    from conformance.runner.isolated import ChildRunner, Limits
+    from conformance.selftest.campaigns.coverage_gate import gaps
 
     target = need(name)
     result = fuzz(ChildRunner(name, Limits(timeout=60)), get_profile(target.profiles[0]), max_examples=100,

@@ -1,5 +1,5 @@
 """Strict lockstep of the reference's nano-vllm flow against nano-vllm's real scheduler core
-(conformance/targets/lockstep_nano.py), on a few traces of the spec space.
+(conformance/selftest/campaigns/lockstep_nano.py), on a few traces of the spec space.
 
 Skipped when the ``nano-vllm`` target is not installed, unless KVSCHED_REQUIRE_TARGETS=1 (CI).
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.generate import sample_traces
-from conformance.targets import lockstep_nano as L
+from conformance.generation.v0 import sample_traces
+from conformance.selftest.campaigns import lockstep_nano as L
 from spec.types import generated_token
 from tests.test_targets import need
 

@@ -1,5 +1,5 @@
 """Strict lockstep of the reference's vLLM V1 flow against vLLM 0.33.0's real V1 scheduler
-(conformance/targets/lockstep_v1.py) on its chunked-prefill and prefix-caching paths: decisions
+(conformance/selftest/campaigns/lockstep_v1.py) on its chunked-prefill and prefix-caching paths: decisions
 and the state after every step (computed tokens, block tables, queues, free count).
 
 Skipped when the ``vllm-v1`` target is not installed, unless KVSCHED_REQUIRE_TARGETS=1 (CI).
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
-from conformance.targets import lockstep_v1 as L
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.selftest.campaigns import lockstep_v1 as L
 from spec.trace import Trace
 from tests.test_targets import need
 
@@ -57,7 +57,7 @@ def test_a_generate_prompt_of_max_model_len_is_refused_at_the_door_not_clamped(a
     max_model_len tokens stopping one token short) now meets V1's input processor first: the host
     refuses the prompt at the door as vLLM 0.33.0 does for a generate request, so the clamp is not
     reached (it is real for pooling requests: vLLM #47971, #24704, #55427, fixed by #48039). The
-    campaign's reference refuses it too (conformance/targets/door.py), so the trace agrees to its end."""
+    campaign's reference refuses it too (conformance/selftest/campaigns/door.py), so the trace agrees to its end."""
     trace = Trace.load(TRACES / "chunked-chunk-clamped-below-max-model-len.json")
     mml = trace.config.max_model_len
     assert trace.config.enable_chunked_prefill and any(a.request.prompt_len == mml for a in trace.arrivals)

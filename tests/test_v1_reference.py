@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from conformance.generate_v1 import token_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v1 import token_traces
 from conformance.selftest.mutants import violated
 from reference_impl.engine import run_trace
 from reference_impl.v1_scheduler import V1Scheduler
@@ -168,7 +168,7 @@ def test_config_and_trace_fields_are_optional_and_validated(tmp_path):
 
 
 def test_conform_cli_runs_the_v1_reference_in_lockstep(tmp_path, capsys):
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     assert main(["conform", "--adapter", "reference-v1", "--max-examples", "25", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from conformance.driver import run_checked
-from conformance.fuzz import fuzz
-from conformance.generate import traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import traces
+from conformance.runner.driver import run_checked
+from conformance.runner.fuzz import fuzz
 from conformance.wire import WireAdapter, WireError, snapshot_from_json, snapshot_to_json
 from reference_impl.scheduler import Scheduler
 from spec.config import SchedulerConfig
@@ -154,7 +154,7 @@ class _CallByCall:
 def test_steps_answer_as_the_calls_do(bug):
     """Running many steps per message (`steps`) gives the driver what calling each method in turn
     gives: the same outputs, finishes, snapshots and verdicts, on fuzzed traces."""
-    from conformance.generate import sample_traces
+    from conformance.generation.v0 import sample_traces
 
     args = ("--bug", bug) if bug else ()
     batched, single = raw(*args), _CallByCall(raw(*args))
@@ -172,8 +172,8 @@ def test_steps_answer_as_the_calls_do(bug):
 def test_snapshot_deltas_decode_to_the_whole_snapshots():
     """kvsched_host's `steps` sends each snapshot after the first as a delta on the one before; the
     runner rebuilds the very snapshot it would have decoded whole, sharing the unchanged parts."""
-    from conformance.generate import sample_traces
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v0 import sample_traces
+    from conformance.generation.v1 import token_traces
     from reference_impl.v1_scheduler import V1Scheduler
     from spec.observation import with_delta
 
@@ -368,7 +368,7 @@ def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
     """Lines held up to 1 s (so steps 0-2 are surely lost with the host): the first run cannot tell the
     step (its fault says so), the replay pins it, and the result is the one a run writing each line
     at once gives: the same fault, step and records (what the report and the shrinker see)."""
-    import conformance.driver as driver
+    import conformance.runner.driver as driver
     import conformance.wire.client as client
 
     invariants = get_profile("safety").invariants()
@@ -420,10 +420,10 @@ def test_a_nondeterministic_death_is_reported_where_its_lines_stop(tmp_path, mon
 
 
 def test_a_crashed_host_is_a_crash_in_the_runners_child_too(monkeypatch):
-    """Under `kvsched conform` the adapter runs in a child process (conformance/isolated.py); its wire
+    """Under `kvsched conform` the adapter runs in a child process (conformance/runner/isolated.py); its wire
     host killed by a signal is reported from there as FAULT-crash at the step it died in (the
     replay runs in the child), and the child itself lives on."""
-    from conformance.isolated import ChildRunner, Limits
+    from conformance.runner.isolated import ChildRunner, Limits
 
     monkeypatch.syspath_prepend(str(RAW.parent))
     runner = ChildRunner("helper_host:segfault_at_step_3", Limits(timeout=10.0))

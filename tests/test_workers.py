@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.arguments import available_cores, parse_workers
-from conformance.cli import main
-from conformance.workers import draw, quotas, worker_seed
+from conformance.commands.arguments import available_cores, parse_workers
+from conformance.commands.cli import main
+from conformance.runner.workers import draw, quotas, worker_seed
 from spec.errors import InputError
 from spec.trace import Trace
 
@@ -42,7 +42,7 @@ def _verdict(report: dict) -> dict:
 def test_quotas_and_seeds_are_fixed_by_the_run_seed():
     assert quotas(10, 3) == [4, 3, 3] and sum(quotas(7, 7)) == 7 and quotas(2, 4) == [1, 1, 0, 0]
     assert worker_seed(5, 0) == worker_seed(5, 0) != worker_seed(5, 1) != worker_seed(6, 1)
-    from conformance.generate import traces
+    from conformance.generation.v0 import traces
 
     first = [t.to_json() for t in draw(traces(), worker_seed(3, 1), 40)]
     assert len(first) == 40 and first == [t.to_json() for t in draw(traces(), worker_seed(3, 1), 40)]
@@ -121,9 +121,9 @@ def test_pytest_plugin_honours_workers(tmp_path):
 def test_the_first_worker_searches_while_the_others_start(tmp_path, monkeypatch):
     """Each worker's child starts in its own worker's thread: a slow start of the second delays
     only the second, so two workers find the first problem no later than one would."""
-    from conformance.fuzz import fuzz
-    from conformance.isolated import ChildRunner
-    from conformance.profiles import get_profile
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.fuzz import fuzz
+    from conformance.runner.isolated import ChildRunner
 
     monkeypatch.setenv("KVSCHED_TEST_FIRST_LOAD", str(tmp_path / "first-load"))
     monkeypatch.setenv("KVSCHED_TEST_SLOW_START", "30")

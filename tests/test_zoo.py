@@ -1,6 +1,6 @@
 """The zoo conforms: correct-but-different schedulers pass safety and liveness, their broken
 twins are caught (tests/zoo/). Every run goes through the isolated child
-(`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
+(`conformance.runner.isolated.ChildRunner`), the path `kvsched conform` takes.
 
 KVSCHED_ZOO_TRACES sets the traces per member (default 40 here; the issue's measurement used
 1000 per member, see the report in the commit that added the zoo).
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.driver import run_checked
-from conformance.generate import sample_traces
-from conformance.isolated import ChildRunner, Limits
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
+from conformance.runner.driver import run_checked
+from conformance.runner.isolated import ChildRunner, Limits
 from spec import observation
 from spec.catalogue import get
 from spec.reservation import Reservation

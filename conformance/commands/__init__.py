@@ -1,1 +1,1 @@
-"""One module per ``kvsched`` subcommand; see `conformance.cli`."""
+"""One module per ``kvsched`` subcommand; see `conformance.commands.cli`."""

@@ -19,7 +19,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from conformance.arguments import check_count
+from conformance.commands.arguments import check_count
 from spec.config import MAX_SEQS, POLICIES, PREEMPTION_MODES, SchedulerConfig
 from spec.errors import InputError
 from spec.json_input import read_json

@@ -8,12 +8,19 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from conformance.arguments import DAY_S, check_count, check_output_dir, check_output_file, check_seconds, parse_workers
-from conformance.expectations import load_expectations, parse_skip, target_expectations
-from conformance.fuzz import fuzz
-from conformance.isolated import AdapterInfo, ChildRunner, Limits
-from conformance.profiles import PROFILES, get_profile
-from conformance.report import conforming, print_terminal, write_json, write_junit
+from conformance.commands.arguments import (
+    DAY_S,
+    check_count,
+    check_output_dir,
+    check_output_file,
+    check_seconds,
+    parse_workers,
+)
+from conformance.flows.profiles import PROFILES, get_profile
+from conformance.reports.report import conforming, print_terminal, write_json, write_junit
+from conformance.runner.expectations import load_expectations, parse_skip, target_expectations
+from conformance.runner.fuzz import fuzz
+from conformance.runner.isolated import AdapterInfo, ChildRunner, Limits
 from spec.errors import InputError
 
 # A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
@@ -76,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(timeout=args.timeout, max_memory_mb=args.max_memory, max_output_mb=args.max_output)
     database = None
     if args.redis is not None:
-        from conformance.example_db import open_redis
+        from conformance.runner.example_db import open_redis
 
         database = open_redis(args.redis)  # a server that does not answer is refused before anything starts
     if args.ray is not None:
-        from conformance.cluster import RayRunner, connect, disconnect
+        from conformance.cluster.ray_search import RayRunner, connect, disconnect
 
         cpus = connect(args.ray)
         args.workers = args.workers or cpus
@@ -103,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         runner.close()
         signal.signal(signal.SIGTERM, previous_term)
         if args.ray is not None:
-            from conformance.cluster import disconnect
+            from conformance.cluster.ray_search import disconnect
 
             disconnect()
 
@@ -113,7 +120,7 @@ def _interrupt(signum, frame):
 
 
 def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
-    """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.RayRunner` under
+    """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.ray_search.RayRunner` under
     ``--ray``), sharing failures through ``database`` (``--redis``) when given."""
     profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
@@ -124,8 +131,8 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
               "skipped; --no-expect counts every failure)", flush=True)
     shared = None
     if database is not None:
-        from conformance.adapter import canonical_spec
-        from conformance.example_db import SharedExamples
+        from conformance.runner.adapter import canonical_spec
+        from conformance.runner.example_db import SharedExamples
 
         shared = SharedExamples(database, canonical_spec(args.adapter), profile.name)
 

@@ -12,10 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
-from conformance.arguments import check_output_file, check_seconds
-from conformance.isolated import ChildRunner, Limits
-from conformance.profiles import PROFILES, get_profile
-from conformance.summary import Problem
+from conformance.commands.arguments import check_output_file, check_seconds
+from conformance.flows.profiles import PROFILES, get_profile
+from conformance.runner.isolated import ChildRunner, Limits
+from conformance.runner.summary import Problem
 from spec.errors import InputError
 from spec.trace import Trace
 

@@ -26,14 +26,14 @@ class Flow:
     title: str
     reference: str  # "module:attr" of the reference scheduler class (config -> scheduler)
     traces: str  # "module:attr" of a zero-argument callable -> the flow's trace strategy
-    profile: str  # the policy profile its reference claims (`conformance.profiles`)
+    profile: str  # the policy profile its reference claims (`conformance.flows.profiles`)
     configs: str = ""  # "module:attr" of a zero-argument callable -> the configs its traces run on
     invariant_families: tuple[str, ...] = ()  # spec/invariants modules the flow introduced
     mutants: str = ""  # the module that registers its mutants
     twin: str = ""  # "module:attr" of the GPU twin's factory
     proof_flow: str = ""  # its id in `spec.proofs.matrix.flow`, when Z3 encodes it
     proof_encoding: str = ""  # the module of that encoding
-    adapters: tuple[str, ...] = ()  # built-in adapter names (`conformance.adapter.BUILTIN`)
+    adapters: tuple[str, ...] = ()  # built-in adapter names (`conformance.runner.adapter.BUILTIN`)
     targets: tuple[str, ...] = ()  # real engines (`conformance.targets.TARGET_SPECS`)
     lockstep: str = ""  # "module:attr" of the lockstep campaign's entry point
     deviations: str = ""  # "module:attr" of the classified divergences (class -> (kind, why))

@@ -12,8 +12,8 @@ FLOW = Flow(
     id="specdec",
     title="vLLM V1 with speculative decoding (drafts scheduled, verified, rolled back)",
     reference="reference_impl.specdec_scheduler:SpecDecScheduler",
-    traces="conformance.generate_specdec:specdec_traces",
-    configs="conformance.generate_specdec:specdec_configs",
+    traces="conformance.generation.specdec:specdec_traces",
+    configs="conformance.generation.specdec:specdec_configs",
     profile="specdec",
     invariant_families=("spec.invariants.specdec",),
     mutants="conformance.selftest.mutants_specdec",
@@ -22,9 +22,9 @@ FLOW = Flow(
     adapters=("reference-specdec",),
     # vLLM 0.33.0 with k > 0 through the same hosts (the config turns it on): docs/SPECDEC.md
     targets=("vllm-v1", "vllm-v1-async"),
-    lockstep="conformance.targets.lockstep_specdec:main",
-    deviations="conformance.targets.lockstep_specdec:CLASSES",
+    lockstep="conformance.selftest.campaigns.lockstep_specdec:main",
+    deviations="conformance.selftest.campaigns.lockstep_specdec:CLASSES",
     tests=("tests/test_specdec_reference.py", "tests/test_specdec_target.py", "tests/test_specdec_proofs.py",
            "tests/test_specdec_encoding_matches_reference.py"),
-    extra={"hunt": "conformance.targets.specdec_hunt:main"},
+    extra={"hunt": "conformance.selftest.campaigns.specdec_hunt:main"},
 )

@@ -6,8 +6,8 @@ FLOW = Flow(
     id="v1",
     title="vLLM V1 (token budget, chunked prefill, prefix caching, recompute)",
     reference="reference_impl.v1_scheduler:V1Scheduler",
-    traces="conformance.generate_v1:v1_traces",
-    configs="conformance.generate_v1:v1_configs",
+    traces="conformance.generation.v1:v1_traces",
+    configs="conformance.generation.v1:v1_configs",
     profile="vllm-v1",
     invariant_families=("spec.invariants.chunked", "spec.invariants.prefix_cache", "spec.invariants.order"),
     mutants="conformance.selftest.mutants_v1",
@@ -16,8 +16,8 @@ FLOW = Flow(
     proof_encoding="spec.proofs.chunked",
     adapters=("reference-v1", "gpu-v1"),
     targets=("vllm-v1", "aphrodite"),  # Aphrodite's scheduler is vLLM V1's (lockstep_v1 --target aphrodite)
-    lockstep="conformance.targets.lockstep_v1:main",
-    deviations="conformance.targets.lockstep_v1:CLASSES",
+    lockstep="conformance.selftest.campaigns.lockstep_v1:main",
+    deviations="conformance.selftest.campaigns.lockstep_v1:CLASSES",
     tests=("tests/test_v1_reference.py", "tests/test_gpu_impl_v1.py", "tests/test_proofs_v1.py",
            "tests/test_proofs_v1_encoding.py", "tests/test_targets_v1_lockstep.py"),
 )

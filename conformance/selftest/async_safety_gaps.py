@@ -3,7 +3,7 @@
     python -m conformance.selftest.async_safety_gaps [--traces 300] [--seed 20261201]
         [--out docs/results/async-safety-gaps.json]
 
-Runs the same seeded traces (`conformance.targets.lockstep_async.path_strategy`, every
+Runs the same seeded traces (`conformance.selftest.campaigns.lockstep_async.path_strategy`, every
 path) through the pipelined reference at depth 0 and at depth 1 (in process, through
 `SchedulerAdapter`) under today's ``safety`` profile, and counts per invariant the traces that
 violate it. Depth 0 is the V1 reference, so an invariant that fires only at depth 1 states a
@@ -25,11 +25,11 @@ VERSION = 1
 
 
 def violations_by_invariant(depth: int, path: str, count: int, seed_value: int) -> dict[str, Any]:
-    from conformance.adapter import SchedulerAdapter
-    from conformance.driver import run_checked
-    from conformance.generate import sample_traces
-    from conformance.profiles import get_profile
-    from conformance.targets.lockstep_async import path_strategy
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.async_paths import path_strategy
+    from conformance.generation.v0 import sample_traces
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
     from reference_impl.async_scheduler import AsyncV1Scheduler
 
     adapter = SchedulerAdapter(f"async-d{depth}", lambda config: AsyncV1Scheduler(config, depth=depth))
@@ -47,7 +47,7 @@ def violations_by_invariant(depth: int, path: str, count: int, seed_value: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.targets.lockstep_async import PATHS
+    from conformance.generation.async_paths import PATHS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=300)

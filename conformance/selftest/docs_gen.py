@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from conformance.profiles import PROFILES
+from conformance.flows.profiles import PROFILES
 from conformance.selftest.mutants import MUTANTS
 from spec.catalogue import catalogue
 from spec.lifecycle import EDGES, to_dot, to_mermaid
@@ -149,7 +149,7 @@ EXAMPLE_COMMANDS = (
 
 
 def render_adapters() -> str:
-    from conformance.summary import FAULT_KINDS
+    from conformance.runner.summary import FAULT_KINDS
     from spec.domain import ConfigDomain
 
     caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} | {_CAPABILITY_FIELDS.get(c, '')} |\n" for c in Capability)
@@ -233,7 +233,7 @@ _CAPABILITY_FIELDS = {
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
 
-kvsched reaches a scheduler through an adapter (`conformance/adapter.py`): the scheduler's own
+kvsched reaches a scheduler through an adapter (`conformance/runner/adapter.py`): the scheduler's own
 engine loop, in six calls, plus the profiles it claims and the observations it exposes.
 
 | call | what the adapter does |
@@ -434,9 +434,9 @@ Python speak the same calls as JSON lines over stdin/stdout (see `PROTOCOL.md`, 
 
 
 def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) -> str:
-    """Real third-party targets first (`conformance.targets.conformance_md`, with the cause of
+    """Real third-party targets first (`conformance.selftest.campaigns.conformance_md`, with the cause of
     each finding), then the built-in adapters (``conformance-<adapter>.json``)."""
-    from conformance.targets.conformance_md import build
+    from conformance.selftest.campaigns.conformance_md import build
 
     lines = [HEADER, build(results).rstrip("\n")]
     v1 = results / "lockstep-vllm-v1.json"
@@ -485,11 +485,11 @@ _V1_PATHS = {
 
 
 def _v1_lockstep(data: dict[str, Any]) -> str:
-    """The V1 lockstep section (`conformance.targets.lockstep_v1`): one row per path, then the
+    """The V1 lockstep section (`conformance.selftest.campaigns.lockstep_v1`): one row per path, then the
     divergence classes with their vLLM source and shrunk trace."""
     intro = (
         "\n\n## Strict lockstep: the reference's `vllm-v1` flow vs vLLM 0.33.0's V1 scheduler\n\n"
-        f"`python -m conformance.targets.lockstep_v1 --path all` (seed {data['seed']}; watermark 0, recompute only, "
+        f"`python -m conformance.selftest.campaigns.lockstep_v1 --path all` (seed {data['seed']}; watermark 0, recompute only, "
         "n = 1, policies fcfs and priority, a KV cache that holds one max_model_len sequence). Every step compares the "
         "decisions (scheduled tokens per request with the prefill flag, preemptions, ignored and finished requests) "
         "and the state after the step (each unfinished request's status, computed tokens and block table, block ids "
@@ -500,7 +500,7 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
     if "paths" not in data:  # version 1: the default path only
         data = {**data, "paths": {"default": {k: data[k] for k in ("traces", "steps", "agreeing_traces")}},
                 "classes": {}}
-    from conformance.targets.campaign_args import run_line
+    from conformance.selftest.campaigns.campaign_args import run_line
 
     rows = [run_line(data), "\n| path | configs | traces | steps | agree | diverge | by class |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n"]
@@ -509,7 +509,7 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         rows.append(f"| {path} | {_V1_PATHS.get(path, '')} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
                     f"{m['traces'] - m['agreeing_traces']} | {by} |\n")
     if data["classes"]:
-        from conformance.targets.lockstep_v1 import CLASSES  # kinds and explanations as the code has them now
+        from conformance.selftest.campaigns.lockstep_v1 import CLASSES
 
         rows.append("\n| class | kind | explanation (vLLM source) | traces |\n| --- | --- | --- | --- |\n")
         for cls, c in data["classes"].items():
@@ -531,7 +531,7 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "the scheduler. Every chunk-clamped-below-max-model-len divergence of the earlier runs began with such a "
         "prompt, so the class cannot happen to a generate request in real vLLM; it is real for pooling requests, "
         "which sample no token (vLLM #47971, #24704, #55427; fixed by #48039). The host refuses that prompt at the "
-        "door, and the campaign's reference refuses it the same way (`conformance/targets/door.py`, shared by the "
+        "door, and the campaign's reference refuses it the same way (`conformance/selftest/campaigns/door.py`, shared by the "
         "V1, async and speculative campaigns), so those traces are compared to their end.\n"
     )
     return intro + "".join(rows) + notes

@@ -9,9 +9,9 @@ trace. The bug museum builds on these.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from conformance.selftest.mutant_record import MUTANTS, Mutant, mutant  # noqa: F401  (the registry; Mutant is read by importers)
 from reference_impl.block_manager import AllocStatus, BlockManager
 from reference_impl.block_pool import BlockPool
 from reference_impl.scheduler import Scheduler, _StepBuilder
@@ -20,31 +20,6 @@ from spec.config import SchedulerConfig
 from spec.reasons import Reason
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, ScheduledSeq, SchedulerOutput, StepOutcome
-
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    summary: str
-    catches: tuple[str, ...]
-    factory: Callable[[SchedulerConfig], Scheduler]
-    # Mutants of another reference (conformance/selftest/mutants_v1.py): the reference it breaks, the
-    # traces that reach it, and the profile whose invariants apply to that reference.
-    reference: Callable[[SchedulerConfig], Any] | None = None
-    trace_strategy: Callable[[], Any] | None = None
-    profile: str | None = None
-
-
-MUTANTS: dict[str, Mutant] = {}
-
-
-def mutant(name: str, summary: str, catches: tuple[str, ...], **extra: Any):
-    def register(cls: type[Scheduler]) -> type[Scheduler]:
-        MUTANTS[name] = Mutant(name, summary, catches, cls, **extra)
-        cls.mutant_name = name  # type: ignore[attr-defined]
-        return cls
-
-    return register
 
 
 def _with_block_manager(manager: type[BlockManager]) -> type[Scheduler]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conformance.flows import get_flow
-from conformance.selftest.mutants import mutant
+from conformance.selftest.mutant_record import mutant
 from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler, InFlightStep
 from reference_impl.v1_scheduler import TrackedRequest
 from spec.types import Finished, SchedulerOutput

@@ -4,7 +4,7 @@ that catches it (tests/test_mutants.py searches for the trace)."""
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.selftest.mutants import mutant
+from conformance.selftest.mutant_record import mutant
 from reference_impl.sglang_scheduler import SglangScheduler
 
 _SGLANG = get_flow("sglang").mutant_fields()

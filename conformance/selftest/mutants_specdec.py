@@ -5,12 +5,12 @@ catches it (tests/test_mutants.py searches for the trace)."""
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.generate_specdec import (
+from conformance.generation.specdec import (
     depth_one_specdec_traces,
     depth_one_specdec_traces_with_empty,
     specdec_traces_with_empty,
 )
-from conformance.selftest.mutants import mutant
+from conformance.selftest.mutant_record import mutant
 from reference_impl.async_scheduler import AsyncV1Scheduler, InFlightCounters, InFlightStep
 from reference_impl.specdec_scheduler import SpecDecScheduler
 from reference_impl.v1_scheduler import TrackedRequest

@@ -2,14 +2,14 @@
 
 Each breaks one rule of `reference_impl.v1_scheduler` or `reference_impl.nano_scheduler` and
 names the invariants that catch it. They register into `conformance.selftest.mutants.MUTANTS` with the
-reference they break, the traces that reach them (`conformance.generate_v1`), and the profile
+reference they break, the traces that reach them (`conformance.generation.v1`), and the profile
 whose invariants apply; tests/test_mutants.py searches each pair as it does for the V0 mutants.
 """
 
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.selftest.mutants import mutant
+from conformance.selftest.mutant_record import mutant
 from reference_impl.nano_scheduler import NanoScheduler
 from reference_impl.prefix_cache import CachingBlockPool
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
@@ -204,7 +204,7 @@ class _VictimFromHead(V1Scheduler):
 # ---------------------------------------------------------------------------------- admin calls
 def _reset_traces():
     """The V1 flow's traces with prefix caching on and ``reset_prefix_cache`` calls (issue 21)."""
-    from conformance.generate_v1 import token_configs, token_traces
+    from conformance.generation.v1 import token_configs, token_traces
 
     configs = token_configs("v1").map(lambda c: SchedulerConfig(**{**c.to_dict(), "enable_prefix_caching": True}))
     return configs.flatmap(lambda c: token_traces("v1", config=c, resets=True, batch_aborts=True))

@@ -7,7 +7,7 @@ versions and the least set of packages that imports the real scheduler, and is r
 script ``conformance/targets/hosts/<host>.py`` with the target venv's Python. The host scripts
 import the third-party package from that venv; no third-party source is copied here.
 
-`TARGETS` maps each name to a factory (`conformance.adapter.load_adapter` consults it).
+`TARGETS` maps each name to a factory (`conformance.runner.adapter.load_adapter` consults it).
 Each target's `trace_strategy` keeps generated traces to configs and features its engine
 accepts (documented per target below and in docs/CONFORMANCE.md).
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.targets.coverage_gate import ALL_EDGES, NO_SWAP, ONE_SEQUENCE, Reach
+from conformance.targets.reach import ALL_EDGES, NO_SWAP, ONE_SEQUENCE, Reach
 from spec.config import SchedulerConfig
 from spec.domain import ConfigDomain
 from spec.errors import InputError
@@ -56,7 +56,7 @@ def engine_configs(
     roomy_swap: bool = False,
     tight_cache: bool = False,
 ) -> SchedulerConfig:
-    """Like `conformance.generate.configs`, within what a real engine's config validation accepts.
+    """Like `conformance.generation.v0.configs`, within what a real engine's config validation accepts.
 
     ``budget_covers_model_len``: vLLM V0/V1 without chunked prefill and nano-vllm's Config all
     refuse ``max_num_batched_tokens < max_model_len``. ``cache_holds_model_len``: vLLM V1 refuses
@@ -98,7 +98,7 @@ def engine_traces(config_strategy: st.SearchStrategy, *, max_n: int = 3, allow_a
                   abort_odds: int = 6, max_requests: int = 6,
                   group_limit: Callable[[SchedulerConfig], int] | None = None,
                   abort_burst: bool = False) -> st.SearchStrategy:
-    from conformance.generate import traces
+    from conformance.generation.v0 import traces
 
     return config_strategy.flatmap(lambda config: traces(config=config, max_n=max_n, allow_aborts=allow_aborts,
                                                          abort_odds=abort_odds, max_requests=max_requests,
@@ -126,7 +126,7 @@ class Target:
     # "default": `kvsched targets install all` (and CI) installs it; "nightly": too slow to install
     # from scratch within CI's budget, installed by name or by `kvsched targets install nightly`.
     install_profile: str = "default"
-    # What the engine can do, so what a small campaign must reach (conformance/targets/coverage_gate.py);
+    # What the engine can do, so what a small campaign must reach (conformance/selftest/campaigns/coverage_gate.py);
     # None: not gated yet.
     reach: Reach | None = None
 
@@ -246,14 +246,14 @@ def _lmdeploy_strategy() -> st.SearchStrategy:
     # (max_prefill_token_num) covers max_model_len so the long-context chunker never engages.
     # Block size 16: PytorchEngineConfig asserts kernel_block_size >= 16, a power of two, dividing
     # block_size (lmdeploy/messages.py:623-629); 16 is the smallest block LMDeploy accepts.
-    # Half the traces share prompt prefixes (`conformance.generate_v1.token_traces` under a shared
+    # Half the traces share prompt prefixes (`conformance.generation.v1.token_traces` under a shared
     # system prompt, `_system_prompt`) with prefix caching on in two thirds of them, so the
     # scheduler's BlockTrie (paging/block_trie) matches, shares and evicts cached blocks; the other
     # half are the plain traces (distinct prompts, abort bursts), two thirds of them made bursts of
     # longer outputs (`_longer_outputs`) so that schedule_running preempts. The cache holds one
     # max_model_len sequence: LMDeploy's max_session_len is (num_gpu_blocks - 1) * block_size, so a
     # pool of 2-4 blocks refused almost every prompt at the door.
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
 
     configs = engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
                              block_sizes=(16,), max_len_blocks=6, tight_cache=True, cache_holds_model_len=True)
@@ -341,7 +341,7 @@ _VIDUR_CHUNKED_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01,
 _V1_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, max_n=1, budget_covers_model_len=True,
                           cache_holds_model_len=True, speculative=True)  # k > 0: an n-gram SpeculativeConfig
 # vLLM V1 async: the token flow's traces (prompt ids), chunked prefill and prefix caching on or off,
-# depth 1 (`conformance.targets.lockstep_async.path_strategy`).
+# depth 1 (`conformance.selftest.campaigns.lockstep_async.path_strategy`).
 _V1_ASYNC_DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, watermark=0.0, max_n=1,
                                 budget_covers_model_len=True, cache_holds_model_len=True, chunked_prefill=True,
                                 prefix_caching=True, pipeline_depth=1, speculative=True)
@@ -386,7 +386,7 @@ _SGLANG_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (i
 
 
 def _v1_async_strategy() -> st.SearchStrategy:
-    from conformance.targets.lockstep_async import all_paths_strategy
+    from conformance.generation.async_paths import all_paths_strategy
 
     return all_paths_strategy()
 

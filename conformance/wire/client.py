@@ -83,7 +83,7 @@ class HostProcess:
         full_env = {**os.environ, **(env or {})}
         try:
             # In the runner's process group, so that the runner's kill of an adapter process
-            # (conformance/isolated.py) takes its hosts too; `kill` takes the host's own children.
+            # (conformance/runner/isolated.py) takes its hosts too; `kill` takes the host's own children.
             self.proc = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=full_env, bufsize=0,
@@ -297,7 +297,7 @@ def _shutdown_all() -> None:
 
 
 class WireAdapter:
-    """An `conformance.adapter.Adapter` that talks to a host process over the wire protocol.
+    """An `conformance.runner.adapter.Adapter` that talks to a host process over the wire protocol.
 
     ``command`` starts the host (for a target: its venv's Python and a host script). The host
     is started lazily (first `reset`) unless ``start()`` is called; its ``hello`` answer sets
@@ -395,7 +395,7 @@ class WireAdapter:
             self.host.folds_reset = True
 
     def begin_trace(self, trace: Trace, observe: bool, mid_step: bool) -> None:
-        """Driver hook (conformance/driver.py, right after `reset`): the calls that follow are the
+        """Driver hook (conformance/runner/driver.py, right after `reset`): the calls that follow are the
         driver's for ``trace``, so they are run many steps per message (`steps`, protocol 2) and
         answered from the host's results in order. Without this hook every call is a round trip."""
         self._batch = _Batch(trace, observe, mid_step, self.flush_ms)
@@ -481,7 +481,7 @@ class WireAdapter:
             raise WireError("steps: the runner called past the end of the trace the host ran")
         batched = "abort_requests" in self.optional_calls
         steps = [{"step": k, "add": [request_to_json(r) for r in trace.arrivals_at(k)],
-                  "abort": list(trace.aborts_at(k)) + ([] if batched else  # one id at a time (conformance/driver.py)
+                  "abort": list(trace.aborts_at(k)) + ([] if batched else  # one id at a time (conformance/runner/driver.py)
                                                        [rid for ids in trace.abort_batches_at(k) for rid in ids]),
                   "stopped": sorted(trace.stops_at(k)),
                   **({"drafts": {sid: d.to_dict() for sid, d in sorted(trace.drafts_at(k).items())}}
@@ -545,7 +545,7 @@ _MAX_STEPS_PER_MESSAGE = 64
 # "A faster wire"). 0: every line at once. A host killed by a signal (a segfault in an engine's C
 # code, os._exit, the OOM killer) loses its held lines, so its death says nothing of its step: the
 # driver then replays the trace with every line written at once (`WireAdapter.exact_steps`) and
-# reports the fault where the replay dies (conformance/driver.py).
+# reports the fault where the replay dies (conformance/runner/driver.py).
 _FLUSH_MS = 1.0
 # Whether a trace's reset goes with its first `steps` message to a host that takes it (hello's
 # ``steps_reset``): one round trip a trace less. False only to measure it (benchmarks/bench_wire_ab.py).

@@ -25,7 +25,7 @@ class WireError(Exception):
         super().__init__(message)
         self.location = location
 
-    # What the guard reports this as (`conformance.guard.fault_from`): an engine's exception and bad
+    # What the guard reports this as (`conformance.runner.guard.fault_from`): an engine's exception and bad
     # JSON are ``raised``; `HostDied` says ``exit`` for an exit and ``crash`` for a signal; a reset that failed
     # inside a later message is ``config-rejected`` (conformance/wire/client.py `_rejected`).
     fault_kind = "raised"
@@ -38,7 +38,7 @@ class WireError(Exception):
 class HostDied(WireError):
     """The host process ended without answering. ``returncode``: its exit status, negative for the
     signal that killed it (a segfault in an engine's C code, the OOM killer), which is a
-    ``crash`` like an isolated adapter's process killed by one (conformance/isolated.py); an
+    ``crash`` like an isolated adapter's process killed by one (conformance/runner/isolated.py); an
     exit, whatever its code, is an ``exit``, as an isolated adapter's is. ``step_uncertain``: it died during a `steps` run
     whose lines it was allowed to hold (``flush_ms`` > 0), so the lines of its last steps may be
     lost with it."""

@@ -3,7 +3,7 @@ until the adapter has loaded and ``--out`` exists, then writes it to the adapter
 
 from __future__ import annotations
 
-from conformance.adapter import BUILTIN
+from conformance.runner.adapter import BUILTIN
 
 
 def make():

@@ -5,7 +5,7 @@ Safety must hold for every correct scheduler of this kind, whatever its design (
 (`reference_impl.scheduler`, or `reference_impl.v1_scheduler` for the token-budget one) and must
 conform to the ``safety`` and ``liveness`` profiles with no failure; each has a deliberately
 broken twin that the runner must catch. tests/test_zoo.py runs them all through the isolated
-child (`conformance.isolated.ChildRunner`), the path `kvsched conform` takes.
+child (`conformance.runner.isolated.ChildRunner`), the path `kvsched conform` takes.
 
 | module | design | declares |
 | --- | --- | --- |
@@ -46,7 +46,7 @@ class Member:
 
 
 def _default() -> Any:
-    from conformance.generate import traces
+    from conformance.generation.v0 import traces
 
     return traces()
 

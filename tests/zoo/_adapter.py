@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from conformance.adapter import SchedulerAdapter
+from conformance.runner.adapter import SchedulerAdapter
 from spec.config import SchedulerConfig
 from spec.domain import ConfigDomain
 from spec.observation import ALL_CAPABILITIES, Capability

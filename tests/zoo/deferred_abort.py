@@ -67,7 +67,7 @@ class AnswersAtOnce(AbortAfterPrefill):
 
 
 def traces() -> Any:
-    from conformance.generate_v1 import token_traces
+    from conformance.generation.v1 import token_traces
 
     return token_traces("v1")
 

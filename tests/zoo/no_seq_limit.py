@@ -45,7 +45,7 @@ class OverBudget(TokenBudgetOnly):
 
 
 def traces() -> Any:
-    from conformance.generate_v1 import token_configs, token_traces
+    from conformance.generation.v1 import token_configs, token_traces
 
     configs = token_configs("v1").map(lambda c: replace(c, max_num_seqs=c.max_num_batched_tokens))
     return configs.flatmap(lambda c: token_traces("v1", config=c))

@@ -19,8 +19,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.generate import configs, traces
-from conformance.generate_specdec import specdec_traces, specdec_traces_with_empty
+from conformance.generation.specdec import specdec_traces, specdec_traces_with_empty
+from conformance.generation.v0 import configs, traces
 from conformance.selftest import mutants as lib
 from conformance.selftest import mutants_async as async_mutants
 from conformance.selftest import mutants_specdec as specdec_mutants
@@ -135,10 +135,10 @@ class Exhibit:
 
 
 def _async_traces(path: str) -> Callable[[], st.SearchStrategy]:
-    """The async flow's traces on one path of `conformance.targets.lockstep_async` (depth 1)."""
+    """The async flow's traces on one path of `conformance.selftest.campaigns.lockstep_async` (depth 1)."""
 
     def strategy() -> st.SearchStrategy:
-        from conformance.targets.lockstep_async import path_strategy
+        from conformance.generation.async_paths import path_strategy
 
         return path_strategy(path)
 
@@ -582,7 +582,7 @@ EXHIBITS += (
         code=(specdec_mutants.EmptyOutcomeKeepsDrafts.update,),
         minimal_change="update() adds back the drafts and the step's token of a request whose outcome was empty.",
         note="vLLM 0.33.0 still has the condition (scheduler.py:2349-2351); through the host it reproduces "
-        "(docs/SPECDEC.md). Traces with empty outcomes: conformance.generate_specdec.specdec_traces_with_empty.",
+        "(docs/SPECDEC.md). Traces with empty outcomes: conformance.generation.specdec.specdec_traces_with_empty.",
         strategy=specdec_traces_with_empty, **_SPECDEC,
     ),
     Exhibit(

@@ -1,6 +1,6 @@
 """Run the museum: the conformance runner against every exhibit.
 
-Each exhibit is fuzzed with `conformance.fuzz.fuzz` under its profile, with a fixed seed and a
+Each exhibit is fuzzed with `conformance.runner.fuzz.fuzz` under its profile, with a fixed seed and a
 bounded number of examples; the search stops as soon as one of the exhibit's expected problems
 is found, and each problem found is shrunk to a short trace. An exhibit is *caught* when an
 expected problem was found, its shrunk trace has at most `MAX_STEPS` steps, and the reference
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.adapter import SchedulerAdapter
-from conformance.driver import run_checked
-from conformance.fuzz import Finding, fuzz
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.runner.adapter import SchedulerAdapter
+from conformance.runner.driver import run_checked
+from conformance.runner.fuzz import Finding, fuzz
 from conformance.selftest.museum.exhibits import EXHIBITS, Exhibit
 from reference_impl.scheduler import Scheduler
 

@@ -1,7 +1,7 @@
 """kvsched as a judge of a mutant: the lockstep campaigns, on fixed traces, against a baseline.
 
 Each target gets one fixed list of seeded traces (`suite`: every path of
-`conformance.targets.lockstep_v1` / `lockstep_async`, in turn). The unmutated engine runs them
+`conformance.selftest.campaigns.lockstep_v1` / `lockstep_async`, in turn). The unmutated engine runs them
 once (`KvschedJudge.baseline`); a mutant runs the same traces, in the same order, and is killed
 by the first trace whose outcome differs from the baseline's on that trace (`signature`: the
 first divergence step and field, the problems found). So a mutant is never killed by a finding
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.generate import sample_traces
-from conformance.profiles import get_profile
+from conformance.flows.profiles import get_profile
+from conformance.generation.v0 import sample_traces
 from conformance.selftest.mutation.forks import ForkServer
 from conformance.targets import HOSTS_DIR, get_target
 from conformance.wire import WireAdapter
@@ -29,7 +29,7 @@ from spec.trace import Trace
 
 V1_PATHS = ("default", "chunked", "prefix", "chunked+prefix")
 # A judge name -> the target whose host it drives. ``vllm-v1-async+specdec``: the async scheduler
-# with speculative decoding (conformance/targets/lockstep_specdec.py, path ``async``), the only
+# with speculative decoding (conformance/selftest/campaigns/lockstep_specdec.py, path ``async``), the only
 # campaign that reaches a stale step's draft rollback (vLLM's output_is_stale).
 TARGET_OF = {"vllm-v1": "vllm-v1", "vllm-v1-async": "vllm-v1-async", "vllm-v1-async+specdec": "vllm-v1-async"}
 
@@ -43,27 +43,27 @@ class Flavour:
 
     def strategy(self, path: str):
         if self.target == "vllm-v1-async+specdec":
-            from conformance.targets.lockstep_specdec import path_traces
+            from conformance.selftest.campaigns.lockstep_specdec import path_traces
 
             return path_traces(path)
         if self.target == "vllm-v1-async":
-            from conformance.targets.lockstep_async import path_strategy
+            from conformance.generation.async_paths import path_strategy
         else:
-            from conformance.targets.lockstep_v1 import path_strategy
+            from conformance.selftest.campaigns.lockstep_v1 import path_strategy
 
             return path_strategy(path, optional_calls=True)  # batched aborts, resets (issue 21)
         return path_strategy(path)
 
     def run_one(self, adapter, trace: Trace, timeout: float = 60.0):
         if self.target == "vllm-v1-async+specdec":
-            from conformance.targets.lockstep_specdec import RecordingAsyncSpec, run_one
+            from conformance.selftest.campaigns.lockstep_specdec import RecordingAsyncSpec, run_one
 
             return run_one(adapter, trace, get_profile("safety").invariants(), RecordingAsyncSpec)
         if self.target == "vllm-v1-async":
-            from conformance.targets.lockstep_async import run_one
+            from conformance.selftest.campaigns.lockstep_async import run_one
 
             return run_one(adapter, trace, get_profile("safety").invariants(), timeout=timeout)
-        from conformance.targets.lockstep_v1 import run_one
+        from conformance.selftest.campaigns.lockstep_v1 import run_one
 
         return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout)
 
@@ -72,7 +72,7 @@ def flavour(target: str) -> Flavour:
     if target == "vllm-v1-async+specdec":
         return Flavour(target, ("async",))
     if target == "vllm-v1-async":
-        from conformance.targets.lockstep_async import PATHS
+        from conformance.generation.async_paths import PATHS
 
         return Flavour(target, PATHS)
     return Flavour(target, V1_PATHS)

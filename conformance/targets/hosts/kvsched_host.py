@@ -252,7 +252,7 @@ def _error(err: BaseException) -> dict:
 
 class _Steps:
     """The `steps` method (protocol 2): run steps of one trace as the runner's driver would call
-    them one by one (conformance/driver.py), answering a line per step with every call's result
+    them one by one (conformance/runner/driver.py), answering a line per step with every call's result
     in order (``{"id", "calls": [[method, result], ...]}``), then the closing ``{"id", "result":
     {"ended": bool}}``. Per step:
 

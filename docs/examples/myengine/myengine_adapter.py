@@ -1,7 +1,7 @@
 # myengine_adapter.py
 import myengine
 
-from conformance.adapter import SchedulerAdapter
+from conformance.runner.adapter import SchedulerAdapter
 from spec.domain import ConfigDomain
 from spec.observation import Capability, SeqView, Snapshot
 from spec.status import PreemptionMode, Status

@@ -2,7 +2,7 @@
 
 import tinyserve
 
-from conformance.adapter import SchedulerAdapter
+from conformance.runner.adapter import SchedulerAdapter
 from spec.domain import ConfigDomain
 from spec.observation import Capability, SeqView, Snapshot
 from spec.status import PreemptionMode, Status

@@ -1,0 +1,39 @@
+"""What a target's engine can do, declared as data beside its strategy: the lifecycle edges it
+takes and the invariants it never gives anything to check (with the reason). The coverage gate
+(`conformance.selftest.campaigns.coverage_gate`) holds a campaign on the target to all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+ALL_EDGES = (
+    "WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (ignore)", "WAITING->FINISHED_ABORTED (abort)",
+    "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)", "RUNNING->SWAPPED (swap_out)",
+    "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)",
+    "RUNNING->FINISHED_ABORTED (abort)", "RUNNING->FINISHED_IGNORED (preempt_then_ignore)",
+    "SWAPPED->RUNNING (swap_in)", "SWAPPED->FINISHED_IGNORED (ignore)", "SWAPPED->FINISHED_ABORTED (abort)",
+)  # spec.lifecycle.EDGES as the report prints them (tests/test_targets.py holds the two equal)
+
+# Invariants no engine without a swap space, or without n > 1, has anything for.
+NO_SWAP = {i: "no swap space: nothing is swapped out or in"
+           for i in ("BLK-002", "BLK-004", "RES-002", "SWP-001", "SWP-002", "SWP-003", "POL-002")}
+ONE_SEQUENCE = {i: "one sequence per request: no fork, so no shared block to copy" for i in ("COW-001", "COW-002")}
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What a target's engine can do, so what its campaign must reach."""
+
+    edges: tuple[str, ...]  # the lifecycle edges the engine takes, from ALL_EDGES
+    unexercised: Mapping[str, str] = field(default_factory=dict)  # invariant id -> why the engine never exercises it
+
+    def __post_init__(self) -> None:
+        unknown = [e for e in self.edges if e not in ALL_EDGES]
+        assert not unknown, f"unknown lifecycle edges {unknown} (known: {', '.join(ALL_EDGES)})"
+
+
+def edge_name(edge: tuple[str, str, str]) -> str:
+    src, dst, action = edge
+    return f"{src}->{dst} ({action})"
