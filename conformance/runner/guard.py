@@ -64,7 +64,7 @@ def fault_from(call: str, err: BaseException) -> AdapterFault:
 
 
 # Frames in these folders are the runner's and the spec's, not the adapter's.
-_RUNNER_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) + os.sep for d in ("conformance", "spec"))
+_RUNNER_DIRS = tuple(str(Path(__file__).resolve().parents[2] / d) + os.sep for d in ("conformance", "spec"))
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
