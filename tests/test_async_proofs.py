@@ -115,6 +115,24 @@ def test_the_in_flight_paths_are_reachable_by_the_generic_hypotheses():
     assert not _generic_fires("admit", lambda G, q, post: q.stl >= 1)  # the spec decision, as bounded
 
 
+def test_each_async_strengthening_fact_is_needed():
+    """The async WF's facts beside v1's: each of the strengthening ones is used by the induction
+    for every size (without it, the generic request fails the cell it names, a cell other than
+    WF), and the others (CAP-001's and CAP-003's readings) are proved without being needed."""
+    from spec.proofs.encoding_async import STRENGTHENING_FACTS
+    from spec.proofs.per_sequence import prove_sequences
+
+    names = list(GenericAsync().async_facts(GenericAsync().seq("x")))
+    assert set(STRENGTHENING_FACTS) < set(names)
+    for name in names:
+        failing = {(r.row, r.action) for r in prove_sequences(flow_name="async", rules=GenericAsync(without=(name,)))
+                   if r.result != "proved"}
+        if name in STRENGTHENING_FACTS:
+            assert STRENGTHENING_FACTS[name] in failing, (name, failing)
+        else:
+            assert not failing, (name, failing)
+
+
 # mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
 CAUGHT = {
     "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),

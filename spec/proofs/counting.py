@@ -73,7 +73,10 @@ class Counting:
         same_fork = z3.And(b.forked == a.forked, b.plen == a.plen, b.mtok == a.mtok)
         run_or_end = z3.Or(z3.And(b.st == RUN, b.live >= 1), z3.And(b.st == FIN, b.live == 0))
         if action == "add":
-            return z3.And(a.st == NONE, b.st == WAIT, b.live == 1, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
+            arrives = z3.And(b.st == WAIT, b.live == 1)
+            if self.flow in ("v1", "specdec", "async"):  # V1's input processor rejects a prompt over max_model_len
+                arrives = z3.Or(arrives, z3.And(b.st == FIN, b.live == 0))
+            return z3.And(a.st == NONE, arrives, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
         if action == "admit":
             guard = z3.And(a.st == WAIT, a.forked, self.seats(a) <= self.M, running_seats + self.seats(a) <= self.M)
             if self.flow in ("v1", "specdec", "async"):  # V1 admits while fewer than max_num_seqs run (a chunk may end it)

@@ -471,6 +471,14 @@ def pin_async_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list[A
 ROWS_ASYNC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CHK-006", "PIP-003", "PIP-007")
 STEPS_ASYNC_SEQ = ("CHK-001", "CHK-005", "ALLOC", "ADM-002", "PIP-002", "PIP-005")
 ACTIONS_ASYNC_SEQ = ASYNC_ACTIONS
+# `GenericAsync.async_facts` that the induction needs, each with a cell that fails without it
+STRENGTHENING_FACTS = {
+    "entries": ("PIP-003", "chunk"),  # an entry slot past the last would be counted in flight
+    "positions": ("PIP-005", "process"),  # the outcome's sampled position is the next token's
+    "unborn-idle": ("PIP-003", "add"),  # an arrival starts with nothing in flight
+    "stale-waits": ("PIP-003", "process"),  # a stale outcome touches no placeholder
+    "frontier": ("CHK-006", "process"),  # the last placeholder resolved leaves no prefill behind
+}
 # The proof mutants, each a rule of the one request it touches, with the actions it mutates.
 ASYNC_MUTANT_ACTIONS = {
     "preempt-forgets-in-flight": ("preempt_recompute",),
@@ -498,11 +506,13 @@ class GenericAsync(GenericV1):
     depth; the chunk size, the stop, chunked prefill, the threshold and the partial limit are
     symbolic as in v1."""
 
-    def __init__(self, mutant: str | None = None) -> None:
+    def __init__(self, mutant: str | None = None, without: tuple[str, ...] = ()) -> None:
+        """``without``: `async_facts` left out of WF (to show which the induction needs)."""
         if mutant is not None and mutant not in ASYNC_MUTANTS:
             raise ValueError(f"unknown async mutant {mutant!r}")
         super().__init__(None)
         self.mutant = mutant
+        self.without = without
         self.DP = z3.Int("g_pipeline_depth")
 
     def seq(self, p: str) -> AsyncSeq:
@@ -540,24 +550,40 @@ class GenericAsync(GenericV1):
     def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
         """v1's per-request WF and `wf_async`'s facts about the request's entries and counters."""
         assert isinstance(q, AsyncSeq)
-        live = self.live(q)
         status = self.gs if gs is None else gs
-        out = [super().wf(q, gs, forked), status >= NONE, status <= FIN, q.qn >= 0, q.qn <= Q]
+        facts = self.async_facts(q)
+        return z3.And(super().wf(q, gs, forked), status >= NONE, status <= FIN,
+                      *[f for name, f in facts.items() if name not in self.without])
+
+    def async_facts(self, q: AsyncSeq) -> dict[str, Any]:
+        """`wf_async`'s facts beside v1's, by name. The first five are the strengthening the
+        induction needs beside PIP-003 and PIP-007's state part (without any one of them a cell
+        other than WF fails: `STRENGTHENING_FACTS`, tests/test_async_proofs.py); the last three are
+        CAP-003's and CAP-001's readings at the scheduler's computed count, proved, needed by none."""
+        live = self.live(q)
+        shape, positions = [q.qn >= 0, q.qn <= Q], []
         for j in range(Q):
             inside = j < q.qn
             before = _count([z3.And(i < q.qn, q.qp[i] >= 0) for i in range(j)])
-            out += [z3.Implies(inside, z3.And(q.qk[j] >= 1, q.qp[j] >= -1)),
-                    z3.Implies(z3.Not(inside), z3.And(q.qk[j] == 0, q.qp[j] == -1)),
-                    z3.Implies(z3.And(live, inside, q.qp[j] >= 0), q.qp[j] == q.nt + before)]
-        out += [
-            z3.Implies(q.st == NONE, z3.And(q.qn == 0, q.ph == 0, q.inf == 0, q.stl == 0)),
-            z3.Implies(z3.And(live, q.stl > 0), z3.And(q.st == WAIT, q.nc == 0)),
-            z3.Implies(z3.And(q.st == RUN, q.ph >= 1), q.nc == q.nt + q.ph - 1),
-            z3.Implies(z3.And(q.st == RUN, q.ph == 0), q.nc <= q.nt - 1),
-            z3.Implies(q.st == WAIT, q.nc == 0),
-            z3.Implies(q.st == RUN, q.tl == self.ceil(q.nc)),
-        ]
-        return z3.And(out)
+            shape += [z3.Implies(inside, z3.And(q.qk[j] >= 1, q.qp[j] >= -1)),
+                      z3.Implies(z3.Not(inside), z3.And(q.qk[j] == 0, q.qp[j] == -1))]
+            positions.append(z3.Implies(z3.And(live, inside, q.qp[j] >= 0), q.qp[j] == q.nt + before))
+        return {
+            # entries in flight: each computes >= 1 token; the slots past the last are empty
+            "entries": z3.And(shape),
+            # the sampled positions run on from the tokens: the next outcome's is the next token
+            "positions": z3.And(positions),
+            # a request that has not arrived has nothing in flight
+            "unborn-idle": z3.Implies(q.st == NONE, z3.And(q.qn == 0, q.ph == 0, q.inf == 0, q.stl == 0)),
+            # stale tokens only in a waiting request (preempted), which has computed nothing since
+            "stale-waits": z3.Implies(z3.And(live, q.stl > 0), z3.And(q.st == WAIT, q.nc == 0)),
+            # the scheduled frontier: a running request with a token in flight has computed up to it
+            "frontier": z3.Implies(z3.And(q.st == RUN, q.ph >= 1), q.nc == q.nt + q.ph - 1),
+            "lag": z3.Implies(z3.And(q.st == RUN, q.ph == 0), q.nc <= q.nt - 1),
+            "waiting-computes-nothing": z3.Implies(q.st == WAIT, q.nc == 0),
+            # the table covers exactly the scheduled tokens (CAP-001 read at the scheduler's count)
+            "table-covers-scheduled": z3.Implies(q.st == RUN, q.tl == self.ceil(q.nc)),
+        }
 
     # ---------------------------------------------------------------- the request's rules
     def _depth_ok(self, q: AsyncSeq) -> Any:

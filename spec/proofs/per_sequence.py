@@ -387,9 +387,11 @@ def hypotheses_satisfiable(action: str, flow_name: str = "v0") -> bool:
 
 
 def prove_sequences(timeout_ms: int = 20_000, mutant: str | None = None,
-                    actions: tuple[str, ...] | None = None, flow_name: str = "v0") -> list[SeqResult]:
-    """Each per-sequence row after each action, for one generic member (and the init column)."""
-    G = generic(flow_name, mutant)
+                    actions: tuple[str, ...] | None = None, flow_name: str = "v0",
+                    rules: Generic | None = None) -> list[SeqResult]:
+    """Each per-sequence row after each action, for one generic member (and the init column);
+    ``rules``: a generic member to use instead of the flow's (a weakened one, in the tests)."""
+    G = generic(flow_name, mutant) if rules is None else rules
     rows, all_actions = rows_actions(flow_name)
     out = []
     for action in actions if actions is not None else all_actions:
