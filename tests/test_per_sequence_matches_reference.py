@@ -473,9 +473,10 @@ class AsyncRun:
         entries = sched.in_flight[-1].entries
         # the cut: preemptions, then the chunks in schedule order, then the ignores
         freed = 0
+        fencing = hasattr(sched, "fenced")  # DeferredFreeAsyncV1Scheduler holds them while a step writes them
         for p in out.preempted:
             t = sched.requests[p.request_id]
-            freed += now[t.request_id][2]
+            freed += 0 if fencing and now[t.request_id][8] else now[t.request_id][2]
             self.note("preempt-in-flight" if now[t.request_id][6] else "preempt_recompute")
             now[t.request_id] = async_predicted(sched, t, "preempt_recompute", now[t.request_id])
         after = self.states()
@@ -493,6 +494,8 @@ class AsyncRun:
                 now[rid] = async_predicted(sched, sched.requests[rid], "ignore", now[rid])
                 self.note("ignore")
         self.compare(now, "schedule()")
+        if getattr(sched, "fenced", None):
+            self.note("fenced")
         # update(): one process per entry of each step it processes, oldest first
         stopped = frozenset(s for s in sched.samples_of_last_step() if data.draw(st.integers(0, 5)) == 0)
         steps = list(sched.in_flight)
@@ -514,15 +517,18 @@ def test_each_async_request_follows_the_generic_rule(data):
     bound's 3 entries, up to 14 requests), depth 0..2, chunked prefill on or off, thresholds and
     partial-prefill limits; arrivals, aborts with steps in flight, stops: every request ends each
     arrival, abort, ``schedule()`` and ``update()`` where the generic rule says, each guard holding
-    with the reference's parameters."""
-    from reference_impl.async_scheduler import AsyncV1Scheduler
+    with the reference's parameters. Also the fencing reference (``DeferredFreeAsyncV1Scheduler``):
+    a request's own state follows the same rules there (its table empties at once; where the blocks
+    go, a fence or the pool, is the block layer's, which no encoding models for it)."""
+    from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler
 
+    fencing = data.draw(st.booleans())
     fields = small_v1_fields(data)
     config = SchedulerConfig(
         **fields, pipeline_depth=data.draw(st.integers(0, 2)),
         max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if fields["enable_chunked_prefill"] else 0,
     )
-    run = AsyncRun(AsyncV1Scheduler(config))
+    run = AsyncRun((DeferredFreeAsyncV1Scheduler if fencing else AsyncV1Scheduler)(config))
     for j in range(data.draw(st.integers(1, 14))):
         if j < 3 or data.draw(st.integers(0, 2)) == 0:
             run.arrive(f"r{j}", data.draw(st.integers(1, 20)), data.draw(st.integers(1, 12)))
@@ -536,7 +542,7 @@ def test_async_generic_rule_covers_the_in_flight_paths():
     """Fixed runs through the same check, so the paths that matter are compared whatever
     Hypothesis draws: KV pressure at depth 1 (a preemption with a step in flight, its stale
     outcome), an abort with steps in flight at depth 2, and tables past the bound's length."""
-    from reference_impl.async_scheduler import AsyncV1Scheduler
+    from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler
 
     class Never:
         @staticmethod
@@ -545,12 +551,14 @@ def test_async_generic_rule_covers_the_in_flight_paths():
 
     pressure = SchedulerConfig(block_size=2, num_gpu_blocks=4, num_cpu_blocks=1, max_num_seqs=2,
                                max_num_batched_tokens=4, max_model_len=6, watermark=0.0, pipeline_depth=1)
-    run = AsyncRun(AsyncV1Scheduler(pressure))
-    run.arrive("r0", 3, 5)
-    run.arrive("r1", 3, 5)
-    for _ in range(6):
-        run.step(Never)
-    assert run.seen.get("preempt-in-flight", 0) >= 1 and run.seen.get("process-stale", 0) >= 1, run.seen
+    for make in (AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler):
+        run = AsyncRun(make(pressure))
+        run.arrive("r0", 3, 5)
+        run.arrive("r1", 3, 5)
+        for _ in range(6):
+            run.step(Never)
+        assert run.seen.get("preempt-in-flight", 0) >= 1 and run.seen.get("process-stale", 0) >= 1, run.seen
+    assert run.seen.get("fenced", 0) >= 1, run.seen  # the fencing run held the victim's blocks
     big = SchedulerConfig(block_size=1, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4,
                           max_num_batched_tokens=16, max_model_len=20, pipeline_depth=2)
     run = AsyncRun(AsyncV1Scheduler(big))
