@@ -133,6 +133,24 @@ def test_each_async_strengthening_fact_is_needed():
             assert not failing, (name, failing)
 
 
+@pytest.mark.parametrize("mutant, action, fact", [("final-chunk-no-placeholder", "chunk", "frontier"),
+                                                  ("schedules-past-depth", "chunk", "entries")])
+def test_async_mutants_break_strengthening_facts(mutant, action, fact):
+    """Two of the strengthening facts each catch a proof mutant on the generic request: from a
+    state with every per-request fact, the mutated action leaves one without it."""
+    G = GenericAsync(mutant)
+    q = G.seq("pre")
+    guard, post = G.effect(action, q, q)
+    s = z3.Solver()
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L, G.in_bound(action, q, q), z3.Not(G.async_facts(post)[fact]))
+    assert s.check() == z3.sat
+    s = z3.Solver()
+    G = GenericAsync()
+    guard, post = G.effect(action, q, q)
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L, G.in_bound(action, q, q), z3.Not(G.async_facts(post)[fact]))
+    assert s.check() == z3.unsat
+
+
 # mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
 CAUGHT = {
     "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
