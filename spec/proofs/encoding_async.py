@@ -39,6 +39,13 @@ Actions, each one request's transition, as in the v1 flow; a reference step is a
 Over-approximations, as in the v1 flow, plus: the oldest entry of *any* request may be processed
 at any time (the reference processes whole steps, oldest first, once more than ``depth`` are in
 flight), so the proofs hold for every processing order that keeps each request's own order.
+
+For every size: the bound above is only where the bounded matrix looks. Each action changes one
+request (and the block pool as v1's actions do), and a request's in-flight share is a bounded
+record whatever the pool, the number of requests or the table length, so `GenericAsync` (the end of
+this module) restates the actions for one generic request with the block size, table length and
+config symbolic; with the block layer (`spec.proofs.parametric`) and the seat counts
+(`spec.proofs.counting`) it proves every cell of the flow for every size (docs/PROOFS.md).
 """
 
 from __future__ import annotations
