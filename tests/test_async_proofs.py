@@ -1,7 +1,8 @@
 """The Z3 proofs of the async flow (pipelined V1; spec/proofs/encoding_async.py): the matrix is
-proved at its bound for every depth 0..2, no action is proved vacuously (each can fire from an
-invariant state, the in-flight paths included), each mutated transition is caught by the cells it
-names, and the CLI runs the flow."""
+proved at its bound for every depth 0..2 and every cell for every size, no action is proved
+vacuously (each can fire from an invariant state, the in-flight paths included, at the bound and
+for the generic request past it), each mutated transition is caught by the cells it names, bounded
+and unbounded, and the CLI runs the flow."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from spec.proofs.encoding_async import (
     ASYNC_STATE_INVARIANTS,
     ASYNC_TRANSITION_PROPERTIES,
     AsyncEncoder,
+    GenericAsync,
     grp_ok_async,
 )
 from spec.proofs.matrix import prove
@@ -35,10 +37,10 @@ def test_async_matrix_is_proved():
     assert {c.invariant for c in m.cells} >= {"PIP-002", "PIP-003", "PIP-005", "PIP-007", "BLK-001", "BLK-003", "BLK-005",
                                                "QUE-001", "RES-001", "STR-001", "COW-001", "ALLOC", "WF"}
     assert all(c.flow == "async" for c in m.cells)
-    # the block layer (parametric, v1's micro-ops), QUE-001 and COW-001 for every size; the rest bounded
-    lifted = {"BLK-001", "BLK-002", "BLK-003", "BLK-004", "BLK-005", "BLK-006", "STR-001", "QUE-001", "COW-001"}
-    assert all(c.scope == ("unbounded" if c.invariant in lifted else "bounded") for c in m.cells), \
-        sorted({(c.invariant, c.scope) for c in m.cells})
+    # every cell for every size: the block layer (parametric, v1's micro-ops), QUE-001 and COW-001
+    # as in v1, the seat counts (counting.py), and every other row on the generic request
+    assert all(c.scope == "unbounded" for c in m.cells), sorted({(c.invariant, c.action) for c in m.cells
+                                                                 if c.scope != "unbounded"})
     covered = set(ASYNC_STATE_INVARIANTS) | set(ASYNC_TRANSITION_PROPERTIES) | set(m.out_of_scope)
     assert CATALOGUE <= covered  # nothing silently omitted
     for synchronous in ("CAP-001", "CAP-003", "LEN-001", "CHK-004"):
@@ -87,6 +89,68 @@ def test_the_in_flight_paths_are_reachable_by_the_hypotheses():
     assert _fires("admit", _on_acted("sstat", lambda v, *_: v == WAIT))
 
 
+def _generic_fires(action: str, extra) -> bool:
+    """Whether ``action`` can fire for the generic request (every size: its table longer than the
+    bound's, other requests mid-prefill) from a state with every per-request fact, with ``extra``
+    (a function of the generic request, its pre- and post-state) on top."""
+    G = GenericAsync()
+    q = G.seq("pre")
+    guard, post = G.effect(action, q, q)
+    s = z3.Solver()
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L, G.in_bound(action, q, q), G.L >= 5, G.rest_partial >= 1,
+          extra(G, q, post))
+    return s.check() == z3.sat
+
+
+def test_the_in_flight_paths_are_reachable_by_the_generic_hypotheses():
+    """The generic request's hypotheses are not vacuous where the bounded ones could not look: a
+    table past the bound's 3 entries with a step in flight at depth 2, a preemption and a stale
+    outcome of such a request."""
+    assert _generic_fires("chunk", lambda G, q, post: z3.And(G.DP == 2, q.qn == 2, q.ph == 2, post.tl == 5))
+    assert _generic_fires("preempt_recompute", lambda G, q, post: z3.And(q.tl == 5, q.inf >= 2, post.stl == q.inf))
+    assert _generic_fires("process", lambda G, q, post: z3.And(q.stl >= 1, q.nt >= 9, post.st == FIN))
+    assert _generic_fires("process", lambda G, q, post: z3.And(q.st == RUN, q.tl == 6, post.st == FIN,
+                                                               post.nc == post.nt + 1))
+    assert _generic_fires("abort", lambda G, q, post: z3.And(q.st == RUN, q.qn == 3, q.tl == 7))
+    assert not _generic_fires("admit", lambda G, q, post: q.stl >= 1)  # the spec decision, as bounded
+
+
+def test_each_async_strengthening_fact_is_needed():
+    """The async WF's facts beside v1's: each of the strengthening ones is used by the induction
+    for every size (without it, the generic request fails the cell it names, a cell other than
+    WF), and the others (CAP-001's and CAP-003's readings) are proved without being needed."""
+    from spec.proofs.encoding_async import STRENGTHENING_FACTS
+    from spec.proofs.per_sequence import prove_sequences
+
+    names = list(GenericAsync().async_facts(GenericAsync().seq("x")))
+    assert set(STRENGTHENING_FACTS) < set(names)
+    for name in names:
+        failing = {(r.row, r.action) for r in prove_sequences(flow_name="async", rules=GenericAsync(without=(name,)))
+                   if r.result != "proved"}
+        if name in STRENGTHENING_FACTS:
+            assert STRENGTHENING_FACTS[name] in failing, (name, failing)
+        else:
+            assert not failing, (name, failing)
+
+
+@pytest.mark.parametrize("mutant, action, fact", [("final-chunk-no-placeholder", "chunk", "frontier"),
+                                                  ("schedules-past-depth", "chunk", "entries")])
+def test_async_mutants_break_strengthening_facts(mutant, action, fact):
+    """Two of the strengthening facts each catch a proof mutant on the generic request: from a
+    state with every per-request fact, the mutated action leaves one without it."""
+    G = GenericAsync(mutant)
+    q = G.seq("pre")
+    guard, post = G.effect(action, q, q)
+    s = z3.Solver()
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L, G.in_bound(action, q, q), z3.Not(G.async_facts(post)[fact]))
+    assert s.check() == z3.sat
+    s = z3.Solver()
+    G = GenericAsync()
+    guard, post = G.effect(action, q, q)
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L, G.in_bound(action, q, q), z3.Not(G.async_facts(post)[fact]))
+    assert s.check() == z3.unsat
+
+
 # mutant -> (the cells that must fail, the conformance mutant of the async reference with the same bug)
 CAUGHT = {
     "preempt-forgets-in-flight": ({("PIP-003", "preempt_recompute")}, mutants_async.ForgetsInFlightOnPreempt),
@@ -109,6 +173,8 @@ def test_async_mutant_is_caught(mutant):
               invariants=sorted({i for i, _ in cells}), jobs=1)
     failed = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert cells <= failed, (mutant, failed)
+    # and the generic request's rule breaks the same cells, so no unbounded cell hides the mutant
+    assert cells <= {tuple(c) for c in m.parametric["cells"]}, m.parametric
     for c in m.cells:
         if (c.invariant, c.action) in cells:
             cex = c.counterexample

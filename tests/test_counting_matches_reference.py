@@ -109,7 +109,57 @@ def test_v1_request_effects(data):
         assert _holds("v1", action, 1, sched.config.max_num_seqs, rest, pre, state(t)), f"{action}: {pre} -> {state(t)}"
 
 
-@pytest.mark.parametrize("flow_name", ["v0", "v1"])
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_async_request_effects(data):
+    """The pipelined reference of any size, depth 0..2: each request's (status, live) across each
+    cut action of a step (preemptions, then chunks in schedule order with the requests running
+    then as the rest, then ignores; an ``update()``'s outcomes, composed: a run of process steps
+    leaves a request where it was or ends it, as one does) satisfies the encoded relation."""
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+
+    sched = AsyncV1Scheduler(SchedulerConfig(
+        block_size=data.draw(st.integers(1, 4)), num_gpu_blocks=data.draw(st.integers(4, 24)), num_cpu_blocks=0,
+        max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(6, 32)),
+        max_model_len=data.draw(st.integers(4, 40)), enable_chunked_prefill=data.draw(st.booleans()),
+        pipeline_depth=data.draw(st.integers(0, 2))))
+    m = sched.config.max_num_seqs
+
+    def state(r: Any) -> tuple[int, bool, int]:
+        return (status_code(r.status), True, 0 if r.status.is_finished else 1)
+
+    def check(action: str, now: dict[str, tuple], rid: str, post: tuple) -> None:
+        running = sum(1 for r, q in now.items() if r != rid and q[0] == RUN)
+        assert _holds("async", action, 1, m, (running, running), now[rid], post), f"{action}: {now[rid]} -> {post}"
+        now[rid] = post
+
+    for j in range(data.draw(st.integers(1, 14))):
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:
+            sched.add_request(Req(f"r{j}", prompt_len=data.draw(st.integers(1, 20)), max_tokens=data.draw(st.integers(1, 12))))
+            t = sched.requests[f"r{j}"]
+            assert _holds("async", "add", 1, m, (0, 0), (NONE, False, 0), state(t))
+        now = {t.request_id: state(t) for t in v1_requests(sched)}
+        live = [r for r, q in now.items() if q[0] in (WAIT, RUN)]
+        if live and data.draw(st.integers(0, 6)) == 0:
+            rid = data.draw(st.sampled_from(live))
+            sched.abort_request(rid)
+            check("abort", now, rid, state(sched.requests[rid]))
+        out = sched.schedule()
+        for p in out.preempted:
+            check("preempt_recompute", now, p.request_id, state(sched.requests[p.request_id]))
+        for t, *_ in sched.in_flight[-1].entries:
+            check("admit" if now[t.request_id][0] == WAIT else "chunk", now, t.request_id, state(t))
+        for rid in out.ignored:
+            if rid in now and now[rid][0] == WAIT:
+                check("ignore", now, rid, state(sched.requests[rid]))
+        steps = list(sched.in_flight)
+        processed = {t.request_id for step in steps[:max(0, len(steps) - sched.depth)] for t, *_ in step.entries}
+        sched.update(StepOutcome(frozenset(s for s in sched.samples_of_last_step() if data.draw(st.integers(0, 5)) == 0)))
+        for rid in processed:
+            check("process", now, rid, state(sched.requests[rid]))
+
+
+@pytest.mark.parametrize("flow_name", ["v0", "v1", "async"])
 def test_counts_are_proved_for_every_number_of_requests(flow_name):
     results = prove_counts(flow_name)
     assert all(r == "proved" for r in results.values()), results

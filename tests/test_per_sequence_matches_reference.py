@@ -356,3 +356,218 @@ def test_specdec_rows_are_proved_for_a_generic_request():
     results = prove_sequences(flow_name="specdec")
     assert all(r.result == "proved" for r in results), [r for r in results if r.result != "proved"]
     assert all(hypotheses_satisfiable(a, "specdec") for a in ACTIONS_SPECDEC_SEQ)
+
+
+# ---------------------------------------------------------------------- the async flow
+_ASYNC_RULES: dict[str, Any] = {}
+
+
+def _async_rule(action: str) -> tuple[Any, Any, Any]:
+    """(generic request, guard, post) of ``action`` (`GenericAsync.effect`), built once per action."""
+    from spec.proofs.encoding_async import GenericAsync
+
+    if action not in _ASYNC_RULES:
+        G = GenericAsync()
+        q = G.seq("q")
+        guard, post = G.effect(action, q, q)
+        _ASYNC_RULES[action] = (G, q, guard, post)
+    return _ASYNC_RULES[action]
+
+
+def async_seq_state(sched: Any, t: Any) -> tuple:
+    """Request ``t`` of a pipelined reference as the generic request's fields: (status, device,
+    table length, tokens, the scheduler's computed count, placeholders, in-flight and stale tokens,
+    the number of its entries in flight, their tokens, their sampled positions)."""
+    from spec.proofs.encoding_async import Q
+
+    c = sched.counters[t.request_id]
+    entries = [(k, -1 if p is None else p) for step in sched.in_flight for (r, k, p, _d) in step.entries if r is t]
+    assert len(entries) <= Q, entries
+    entries += [(0, -1)] * (Q - len(entries))
+    n = sum(1 for step in sched.in_flight for (r, *_) in step.entries if r is t)
+    return (*v1_seq_state(t), c.num_placeholders, c.num_in_flight, c.num_stale, n,
+            *(k for k, _ in entries), *(p for _, p in entries))
+
+
+def async_predicted(sched: Any, t: Any, action: str, q: tuple, *, k: int = 0, stop: int = 0, free: int = 0,
+                    rest_partial: int = 0, rest_active: int = 0) -> tuple:
+    """The generic request's post-state for ``t``'s pre-state ``q``, asserting its guard holds
+    with the reference's parameters (the chunk, the stop, the free blocks before the action and the
+    other requests' mid-prefill and active counts then)."""
+    from spec.proofs.encoding_async import Q
+
+    G, sq, guard, post = _async_rule(action)
+    cfg = sched.config
+    fields = (sq.st, sq.dv, sq.tl, sq.nt, sq.nc, sq.ph, sq.inf, sq.stl, sq.qn, *sq.qk, *sq.qp)
+    assert len(fields) == len(q) == 9 + 2 * Q
+    pins = [(a, z3.IntVal(v)) for a, v in zip(fields, q, strict=True)]
+    pins += [(G.bs, z3.IntVal(cfg.block_size)), (G.ML, z3.IntVal(cfg.max_model_len)),
+             (G.plen, z3.IntVal(t.request.prompt_len)), (G.mtok, z3.IntVal(t.request.max_tokens)),
+             (G.gs, z3.IntVal(q[0])), (G.k, z3.IntVal(k)), (G.stop, z3.IntVal(stop)),
+             (G.CH, z3.BoolVal(cfg.enable_chunked_prefill)), (G.P, z3.IntVal(cfg.max_num_partial_prefills)),
+             (G.rest_partial, z3.IntVal(rest_partial)), (G.rest_active, z3.IntVal(rest_active)),
+             (G.TH, z3.IntVal(cfg.long_prefill_token_threshold)), (G.F, z3.IntVal(free)),
+             (G.W, z3.IntVal(cfg.watermark_blocks)), (G.DP, z3.IntVal(sched.depth))]
+
+    def ev(e: Any) -> Any:
+        v = z3.simplify(z3.substitute(e, *pins))
+        return v.as_long() if z3.is_int_value(v) else z3.is_true(v)
+
+    assert ev(guard), f"{action} k={k} stop={stop} free={free}: the generic guard does not hold for {q}"
+    assert action != "process" or ev(G.engine_checks(sq)), f"PIP-005's checks fail processing {q}"
+    return tuple(ev(x) for x in (post.st, post.dv, post.tl, post.nt, post.nc, post.ph, post.inf, post.stl, post.qn,
+                                  *post.qk, *post.qp))
+
+
+class AsyncRun:
+    """A pipelined reference whose every request is followed through the generic rule: each
+    arrival, abort, ``schedule()`` and ``update()`` is cut into matrix actions as in
+    tests/test_async_encoding_matches_reference.py, each request's post-state predicted from its
+    own pre-state (the guard asserted), and every request compared with the reference after."""
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.seen: dict[str, int] = {}
+
+    def states(self) -> dict[str, tuple]:
+        return {t.request_id: async_seq_state(self.sched, t) for t in v1_requests(self.sched)}
+
+    def compare(self, want: dict[str, tuple], what: str) -> None:
+        got = self.states()
+        for rid, state in got.items():
+            assert state == want[rid], f"{what}: {rid} reference {state}, rule {want[rid]}"
+
+    def note(self, action: str) -> None:
+        self.seen[action] = self.seen.get(action, 0) + 1
+
+    def arrive(self, rid: str, prompt: int, max_tokens: int) -> None:
+        from spec.proofs.encoding_async import Q
+
+        want = self.states()
+        self.sched.add_request(Request(rid, prompt_len=prompt, max_tokens=max_tokens))
+        t = self.sched.requests[rid]
+        unborn = (NONE, NODEV, 0, 0, 0, 0, 0, 0, 0, *[0] * Q, *[-1] * Q)
+        want[rid] = async_predicted(self.sched, t, "add", unborn)
+        self.note("add")
+        self.compare(want, "add")
+
+    def abort(self, rid: str) -> None:
+        want = self.states()
+        t = self.sched.requests[rid]
+        want[rid] = async_predicted(self.sched, t, "abort", want[rid])
+        self.note("abort-in-flight" if want[rid][8] else "abort")
+        self.sched.abort_request(rid)
+        self.compare(want, "abort")
+
+    def _counts(self, now: dict[str, tuple], rid: str) -> tuple[int, int]:
+        others = [q for r, q in now.items() if r != rid]
+        mid_prefill = sum(1 for q in others if q[0] == status_code(Status.RUNNING) and q[4] < q[3] - 1)
+        active = sum(1 for q in others if q[0] in (status_code(Status.WAITING), status_code(Status.RUNNING)))
+        return mid_prefill, active
+
+    def step(self, data: Any) -> None:
+        sched = self.sched
+        now = self.states()
+        free_before = sched.pool.num_free
+        out = sched.schedule()
+        entries = sched.in_flight[-1].entries
+        # the cut: preemptions, then the chunks in schedule order, then the ignores
+        freed = 0
+        fencing = hasattr(sched, "fenced")  # DeferredFreeAsyncV1Scheduler holds them while a step writes them
+        for p in out.preempted:
+            t = sched.requests[p.request_id]
+            freed += 0 if fencing and now[t.request_id][8] else now[t.request_id][2]
+            self.note("preempt-in-flight" if now[t.request_id][6] else "preempt_recompute")
+            now[t.request_id] = async_predicted(sched, t, "preempt_recompute", now[t.request_id])
+        after = self.states()
+        taken = [after[t.request_id][2] - now[t.request_id][2] for t, *_ in entries]
+        assert free_before + freed - sum(taken) == sched.pool.num_free  # ALLOC's count: taken = the table's growth
+        for j, (t, tokens, *_) in enumerate(entries):
+            q = now[t.request_id]
+            action = "admit" if q[0] == status_code(Status.WAITING) else "chunk"
+            rest_partial, active = self._counts(now, t.request_id)
+            now[t.request_id] = async_predicted(sched, t, action, q, k=tokens, free=sched.pool.num_free + sum(taken[j:]),
+                                                rest_partial=rest_partial, rest_active=active)
+            self.note(action)
+        for rid in out.ignored:
+            if rid in now and now[rid][0] == status_code(Status.WAITING):
+                now[rid] = async_predicted(sched, sched.requests[rid], "ignore", now[rid])
+                self.note("ignore")
+        self.compare(now, "schedule()")
+        if getattr(sched, "fenced", None):
+            self.note("fenced")
+        # update(): one process per entry of each step it processes, oldest first
+        stopped = frozenset(s for s in sched.samples_of_last_step() if data.draw(st.integers(0, 5)) == 0)
+        steps = list(sched.in_flight)
+        for n, step in enumerate(steps[:max(0, len(steps) - sched.depth)]):
+            stopped_here = stopped if n == len(steps) - 1 else (step.stopped or frozenset())
+            for t, *_ in step.entries:
+                q = now[t.request_id]
+                self.note("process-stale" if q[7] and q[0] != status_code(Status.FINISHED_STOPPED) else "process")
+                now[t.request_id] = async_predicted(sched, t, "process", q, stop=int(t.seq_id in stopped_here))
+        sched.update(StepOutcome(stopped))
+        self.compare(now, "update()")
+
+
+@settings(max_examples=examples(15), deadline=None, database=None)
+@given(data=st.data())
+def test_each_async_request_follows_the_generic_rule(data):
+    """The async flow's per-request rules (`GenericAsync`, what lifts its rows past the bound) on
+    the pipelined reference of any size (pools up to 24 blocks, block sizes 1-4, tables past the
+    bound's 3 entries, up to 14 requests), depth 0..2, chunked prefill on or off, thresholds and
+    partial-prefill limits; arrivals, aborts with steps in flight, stops: every request ends each
+    arrival, abort, ``schedule()`` and ``update()`` where the generic rule says, each guard holding
+    with the reference's parameters. Also the fencing reference (``DeferredFreeAsyncV1Scheduler``):
+    a request's own state follows the same rules there (its table empties at once; where the blocks
+    go, a fence or the pool, is the block layer's, which no encoding models for it)."""
+    from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler
+
+    fencing = data.draw(st.booleans())
+    fields = small_v1_fields(data)
+    config = SchedulerConfig(
+        **fields, pipeline_depth=data.draw(st.integers(0, 2)),
+        max_num_partial_prefills=data.draw(st.sampled_from([0, 1, 2])) if fields["enable_chunked_prefill"] else 0,
+    )
+    run = AsyncRun((DeferredFreeAsyncV1Scheduler if fencing else AsyncV1Scheduler)(config))
+    for j in range(data.draw(st.integers(1, 14))):
+        if j < 3 or data.draw(st.integers(0, 2)) == 0:
+            run.arrive(f"r{j}", data.draw(st.integers(1, 20)), data.draw(st.integers(1, 12)))
+        live = [t.request_id for t in v1_requests(run.sched) if not t.status.is_finished]
+        if live and data.draw(st.integers(0, 6)) == 0:
+            run.abort(data.draw(st.sampled_from(live)))
+        run.step(data)
+
+
+def test_async_generic_rule_covers_the_in_flight_paths():
+    """Fixed runs through the same check, so the paths that matter are compared whatever
+    Hypothesis draws: KV pressure at depth 1 (a preemption with a step in flight, its stale
+    outcome), an abort with steps in flight at depth 2, and tables past the bound's length."""
+    from reference_impl.async_scheduler import AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler
+
+    class Never:
+        @staticmethod
+        def draw(strategy: Any) -> int:
+            return 1
+
+    pressure = SchedulerConfig(block_size=2, num_gpu_blocks=4, num_cpu_blocks=1, max_num_seqs=2,
+                               max_num_batched_tokens=4, max_model_len=6, watermark=0.0, pipeline_depth=1)
+    for make in (AsyncV1Scheduler, DeferredFreeAsyncV1Scheduler):
+        run = AsyncRun(make(pressure))
+        run.arrive("r0", 3, 5)
+        run.arrive("r1", 3, 5)
+        for _ in range(6):
+            run.step(Never)
+        assert run.seen.get("preempt-in-flight", 0) >= 1 and run.seen.get("process-stale", 0) >= 1, run.seen
+    assert run.seen.get("fenced", 0) >= 1, run.seen  # the fencing run held the victim's blocks
+    big = SchedulerConfig(block_size=1, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4,
+                          max_num_batched_tokens=16, max_model_len=20, pipeline_depth=2)
+    run = AsyncRun(AsyncV1Scheduler(big))
+    for j in range(4):
+        run.arrive(f"r{j}", 5, 8)
+    for _ in range(3):
+        run.step(Never)
+    assert max(len(t.blocks) for t in v1_requests(run.sched)) > 3
+    run.abort("r0")
+    for _ in range(4):
+        run.step(Never)
+    assert run.seen.get("abort-in-flight", 0) == 1 and run.seen["process"] >= 8, run.seen

@@ -58,7 +58,7 @@ class Counting:
                z3.Implies(unfinished, r.live >= 1), z3.Implies(z3.Or(r.st == NONE, r.st == FIN), r.live == 0),
                z3.Implies(z3.And(arrived, self.n == 1), r.forked), r.live <= self.seats(r),
                z3.Implies(z3.Not(r.forked), r.live <= 1), z3.Implies(arrived, z3.And(r.plen >= 1, r.mtok >= 1))]
-        if self.flow in ("v1", "specdec"):
+        if self.flow in ("v1", "specdec", "async"):
             out += [self.n == 1, r.st != SWAP]
         return z3.And(out)
 
@@ -73,10 +73,13 @@ class Counting:
         same_fork = z3.And(b.forked == a.forked, b.plen == a.plen, b.mtok == a.mtok)
         run_or_end = z3.Or(z3.And(b.st == RUN, b.live >= 1), z3.And(b.st == FIN, b.live == 0))
         if action == "add":
-            return z3.And(a.st == NONE, b.st == WAIT, b.live == 1, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
+            arrives = z3.And(b.st == WAIT, b.live == 1)
+            if self.flow in ("v1", "specdec", "async"):  # V1's input processor rejects a prompt over max_model_len
+                arrives = z3.Or(arrives, z3.And(b.st == FIN, b.live == 0))
+            return z3.And(a.st == NONE, arrives, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
         if action == "admit":
             guard = z3.And(a.st == WAIT, a.forked, self.seats(a) <= self.M, running_seats + self.seats(a) <= self.M)
-            if self.flow in ("v1", "specdec"):  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
+            if self.flow in ("v1", "specdec", "async"):  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
                 guard = z3.And(a.st == WAIT, running_seats < self.M)
                 return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
             return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
@@ -96,6 +99,9 @@ class Counting:
         if action in ("abort", "ignore"):
             ok = z3.Or(a.st == WAIT, a.st == SWAP) if action == "ignore" else z3.Or(a.st == WAIT, a.st == RUN, a.st == SWAP)
             return z3.And(ok, same_fork, b.st == FIN, b.live == 0)
+        if action == "process":  # async: an outcome leaves its request where it was, or ends it (a stale one too)
+            return z3.And(a.st != NONE, same_fork,
+                          z3.Or(z3.And(b.st == a.st, b.live == a.live), z3.And(b.st == FIN, b.live == 0)))
         raise ValueError(action)
 
 
@@ -103,6 +109,7 @@ ACTIONS = {
     "v0": ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out", "swap_in", "finish", "abort", "ignore"),
     "v1": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore"),
     "specdec": ("add", "admit", "chunk", "verify", "preempt_recompute", "abort", "ignore"),
+    "async": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore", "process"),
 }
 
 

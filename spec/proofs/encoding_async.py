@@ -39,12 +39,19 @@ Actions, each one request's transition, as in the v1 flow; a reference step is a
 Over-approximations, as in the v1 flow, plus: the oldest entry of *any* request may be processed
 at any time (the reference processes whole steps, oldest first, once more than ``depth`` are in
 flight), so the proofs hold for every processing order that keeps each request's own order.
+
+For every size: the bound above is only where the bounded matrix looks. Each action changes one
+request (and the block pool as v1's actions do), and a request's in-flight share is a bounded
+record whatever the pool, the number of requests or the table length, so `GenericAsync` (the end of
+this module) restates the actions for one generic request with the block size, table length and
+config symbolic; with the block layer (`spec.proofs.parametric`) and the seat counts
+(`spec.proofs.counting`) it proves every cell of the flow for every size (docs/PROOFS.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
@@ -61,7 +68,8 @@ from spec.proofs.chunked import (
     grp_ok_v1,
     wf_v1,
 )
-from spec.proofs.encoding import FIN, GPU, NONE, RUN, WAIT, ActionEncoding, Encoder, Pool, State, _count
+from spec.proofs.encoding import FIN, GPU, NODEV, NONE, RUN, WAIT, ActionEncoding, Encoder, Pool, State, _count
+from spec.proofs.per_sequence import GenericV1, Seq
 
 FLOW = "async"
 ASYNC_BOUND = Bound(gpu_blocks=4, cpu_blocks=1, seqs=3, groups=3, table_len=3, block_size=2)  # the v1 flow's
@@ -453,3 +461,239 @@ def pin_async_state(enc: Encoder, st: State, concrete: dict[str, Any]) -> list[A
             out += [st.qk[s][j] == k, st.qp[s][j] == p]
     return out
 
+
+
+# ---------------------------------------------------------------------- the generic request (every size)
+# The async flow's cells beyond the block layer are facts about the one request an action touches:
+# its status, table length, tokens, the scheduler's computed count and its in-flight share (the
+# counters and its entries, at most Q of them: the depth is at most MAX_PIPELINE_DEPTH, so the share
+# is a bounded record whatever the pool, the number of requests or the table length). So, as for
+# the v1 and specdec flows (`spec.proofs.per_sequence`), each such cell is proved for one generic
+# request with the block size, the table length and the config symbolic: every size at once. The
+# sums over requests (CHK-006's mid-prefill count, the threshold's active count) are the request's
+# term plus an arbitrary rest; the seat counts are `spec.proofs.counting`'s. The rules below are
+# `AsyncEncoder`'s, request by request (`tests/test_per_sequence_matches_reference.py::
+# test_each_async_request_follows_the_generic_rule` checks them on the pipelined reference of any
+# size, depths 0..2).
+ROWS_ASYNC_SEQ = ("RES-001", "RES-002", "RES-003", "RES-004", "CHK-006", "PIP-003", "PIP-007")
+STEPS_ASYNC_SEQ = ("CHK-001", "CHK-005", "ALLOC", "ADM-002", "PIP-002", "PIP-005")
+ACTIONS_ASYNC_SEQ = ASYNC_ACTIONS
+# `GenericAsync.async_facts` that the induction needs, each with a cell that fails without it
+STRENGTHENING_FACTS = {
+    "entries": ("PIP-003", "chunk"),  # an entry slot past the last would be counted in flight
+    "positions": ("PIP-005", "process"),  # the outcome's sampled position is the next token's
+    "unborn-idle": ("PIP-003", "add"),  # an arrival starts with nothing in flight
+    "stale-waits": ("PIP-003", "process"),  # a stale outcome touches no placeholder
+    "frontier": ("CHK-006", "process"),  # the last placeholder resolved leaves no prefill behind
+}
+# The proof mutants, each a rule of the one request it touches, with the actions it mutates.
+ASYNC_MUTANT_ACTIONS = {
+    "preempt-forgets-in-flight": ("preempt_recompute",),
+    "final-chunk-no-placeholder": ("admit", "chunk"),
+    "applies-outcomes-of-finished": ("process",),
+    "schedules-past-depth": ("admit", "chunk"),
+}
+
+
+@dataclass
+class AsyncSeq(Seq):
+    """`per_sequence.Seq` plus the request's in-flight share: placeholders, in-flight and stale
+    tokens, and its entries (``qn`` of them; per entry the tokens ``qk`` and sampled position ``qp``)."""
+
+    ph: Any = 0
+    inf: Any = 0
+    stl: Any = 0
+    qn: Any = 0
+    qk: tuple[Any, ...] = ()
+    qp: tuple[Any, ...] = ()
+
+
+class GenericAsync(GenericV1):
+    """The async flow's generic request: `GenericV1` with the in-flight share and the symbolic
+    depth; the chunk size, the stop, chunked prefill, the threshold and the partial limit are
+    symbolic as in v1."""
+
+    def __init__(self, mutant: str | None = None, without: tuple[str, ...] = ()) -> None:
+        """``without``: `async_facts` left out of WF (to show which the induction needs)."""
+        if mutant is not None and mutant not in ASYNC_MUTANTS:
+            raise ValueError(f"unknown async mutant {mutant!r}")
+        super().__init__(None)
+        self.mutant = mutant
+        self.without = without
+        self.DP = z3.Int("g_pipeline_depth")
+
+    def seq(self, p: str) -> AsyncSeq:
+        return AsyncSeq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc {p}_ph {p}_inf {p}_stl {p}_qn"),
+                        tuple(z3.Int(f"{p}_qk_{j}") for j in range(Q)), tuple(z3.Int(f"{p}_qp_{j}") for j in range(Q)))
+
+    def unborn(self) -> AsyncSeq:
+        q = super().unborn()
+        zero = z3.IntVal(0)
+        return AsyncSeq(q.st, q.dv, q.tl, q.nt, q.nc, zero, zero, zero, zero, (zero,) * Q, (z3.IntVal(-1),) * Q)
+
+    def base(self) -> Any:
+        return z3.And(super().base(), self.DP >= 0, self.DP <= MAX_PIPELINE_DEPTH)
+
+    # ---------------------------------------------------------------- facts
+    def sampling(self, q: AsyncSeq) -> Any:
+        return _count([z3.And(j < q.qn, q.qp[j] >= 0) for j in range(Q)])
+
+    def rows(self, q: Seq) -> dict[str, Any]:
+        assert isinstance(q, AsyncSeq)
+        v1 = super().rows(q)
+        live = self.live(q)
+        counters = (q.ph, q.inf, q.stl)
+        return {
+            **{row: v1[row] for row in ("RES-001", "RES-002", "RES-003", "RES-004", "CHK-006")},
+            "PIP-003": z3.Implies(live, z3.And(
+                *[c >= 0 for c in counters], z3.Implies(q.qn == 0, z3.And(*[c == 0 for c in counters])),
+                q.inf == z3.Sum(list(q.qk)),
+                z3.Implies(q.st == WAIT, z3.And(q.ph == 0, q.stl == q.inf)),
+                z3.Implies(z3.And(q.st == RUN, q.stl == 0), q.ph == self.sampling(q)))),
+            "PIP-007": z3.And(z3.Implies(live, z3.And(q.nc <= q.nt - 1 + q.ph, q.ph <= q.qn)),
+                              z3.Implies(q.st != NONE, q.qn <= self.DP + 1)),
+        }
+
+    def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
+        """v1's per-request WF and `wf_async`'s facts about the request's entries and counters."""
+        assert isinstance(q, AsyncSeq)
+        status = self.gs if gs is None else gs
+        facts = self.async_facts(q)
+        return z3.And(super().wf(q, gs, forked), status >= NONE, status <= FIN,
+                      *[f for name, f in facts.items() if name not in self.without])
+
+    def async_facts(self, q: AsyncSeq) -> dict[str, Any]:
+        """`wf_async`'s facts beside v1's, by name. The first five are the strengthening the
+        induction needs beside PIP-003 and PIP-007's state part (without any one of them a cell
+        other than WF fails: `STRENGTHENING_FACTS`, tests/test_async_proofs.py); the last three are
+        CAP-003's and CAP-001's readings at the scheduler's computed count, proved, needed by none."""
+        live = self.live(q)
+        shape, positions = [q.qn >= 0, q.qn <= Q], []
+        for j in range(Q):
+            inside = j < q.qn
+            before = _count([z3.And(i < q.qn, q.qp[i] >= 0) for i in range(j)])
+            shape += [z3.Implies(inside, z3.And(q.qk[j] >= 1, q.qp[j] >= -1)),
+                      z3.Implies(z3.Not(inside), z3.And(q.qk[j] == 0, q.qp[j] == -1))]
+            positions.append(z3.Implies(z3.And(live, inside, q.qp[j] >= 0), q.qp[j] == q.nt + before))
+        return {
+            # entries in flight: each computes >= 1 token; the slots past the last are empty
+            "entries": z3.And(shape),
+            # the sampled positions run on from the tokens: the next outcome's is the next token
+            "positions": z3.And(positions),
+            # a request that has not arrived has nothing in flight
+            "unborn-idle": z3.Implies(q.st == NONE, z3.And(q.qn == 0, q.ph == 0, q.inf == 0, q.stl == 0)),
+            # stale tokens only in a waiting request (preempted), which has computed nothing since
+            "stale-waits": z3.Implies(z3.And(live, q.stl > 0), z3.And(q.st == WAIT, q.nc == 0)),
+            # the scheduled frontier: a running request with a token in flight has computed up to it
+            "frontier": z3.Implies(z3.And(q.st == RUN, q.ph >= 1), q.nc == q.nt + q.ph - 1),
+            "lag": z3.Implies(z3.And(q.st == RUN, q.ph == 0), q.nc <= q.nt - 1),
+            "waiting-computes-nothing": z3.Implies(q.st == WAIT, q.nc == 0),
+            # the table covers exactly the scheduled tokens (CAP-001 read at the scheduler's count)
+            "table-covers-scheduled": z3.Implies(q.st == RUN, q.tl == self.ceil(q.nc)),
+        }
+
+    # ---------------------------------------------------------------- the request's rules
+    def _depth_ok(self, q: AsyncSeq) -> Any:
+        return q.qn <= (self.DP + 1 if self.mutant == "schedules-past-depth" else self.DP)
+
+    def _k_ok(self, q: AsyncSeq) -> Any:
+        return z3.And(self.k >= 1, self.k <= q.nt + q.ph - q.nc, z3.Implies(self.threshold_applies(q), self.k <= self.TH))
+
+    def _schedule(self, q: AsyncSeq) -> AsyncSeq:
+        """`AsyncEncoder._schedule`: the blocks covering nc + k, counted computed at once, a
+        placeholder when the chunk samples, and the step joins the request's entries."""
+        k = self.k
+        target = self.ceil(q.nc + k)
+        tl = z3.If(target > q.tl, target, q.tl)
+        nc = q.nc + k
+        samples = nc >= q.nt + q.ph
+        reserves = z3.And(samples, q.nc == 0) if self.mutant == "final-chunk-no-placeholder" else samples
+        qk = tuple(z3.If(q.qn == j, k, q.qk[j]) for j in range(Q))
+        qp = tuple(z3.If(q.qn == j, z3.If(samples, nc, -1), q.qp[j]) for j in range(Q))
+        return replace(q, st=z3.IntVal(RUN), dv=z3.If(tl >= 1, GPU, q.dv), tl=tl, nc=nc, inf=q.inf + k,
+                       ph=z3.If(reserves, q.ph + 1, q.ph), qn=q.qn + 1, qk=qk, qp=qp)
+
+    def _ended(self, q: AsyncSeq, cond: Any) -> AsyncSeq:
+        """Finished and its table freed when ``cond`` (the in-flight share stays: its outcomes
+        are dropped when they return)."""
+        return replace(q, st=z3.If(cond, FIN, q.st), dv=z3.If(cond, NODEV, q.dv), tl=z3.If(cond, 0, q.tl))
+
+    def engine_checks(self, q: AsyncSeq) -> Any:
+        """PIP-005 for processing q's oldest entry: the reference's asserts in `_process`."""
+        applies = self._applies(q)
+        stale, sampled = q.stl > 0, z3.And(applies, q.qp[0] >= 0)
+        return z3.And(z3.Implies(z3.And(applies, stale), q.stl - q.qk[0] >= 0),
+                      z3.Implies(sampled, q.qp[0] == q.nt),
+                      z3.Implies(z3.And(sampled, z3.Not(stale)), q.ph - 1 >= 0))
+
+    def _applies(self, q: AsyncSeq) -> Any:
+        return z3.BoolVal(True) if self.mutant == "applies-outcomes-of-finished" else q.st != FIN
+
+    def _process(self, q: AsyncSeq) -> AsyncSeq:
+        """`AsyncEncoder._as_process` for the request: its oldest entry leaves; unless it has
+        finished, the share shrinks, a sampled token is appended and the stops apply."""
+        k0, p0 = q.qk[0], q.qp[0]
+        applies = self._applies(q)
+        stale = q.stl > 0
+        sampled = z3.And(applies, p0 >= 0)
+        nt = z3.If(sampled, q.nt + 1, q.nt)
+        ends = z3.And(sampled, q.st != FIN, z3.Or(self.stop == 1, nt - self.plen >= self.mtok, nt >= self.ML))
+        out = replace(q, qn=q.qn - 1, qk=(*q.qk[1:], z3.IntVal(0)), qp=(*q.qp[1:], z3.IntVal(-1)),
+                      inf=z3.If(applies, q.inf - k0, q.inf), stl=z3.If(z3.And(applies, stale), q.stl - k0, q.stl),
+                      nt=nt, ph=z3.If(z3.And(sampled, z3.Not(stale)), q.ph - 1, q.ph))
+        return self._ended(out, ends)
+
+    def effect(self, action: str, q: Seq, parent: Seq) -> tuple[Any, Seq]:
+        assert isinstance(q, AsyncSeq)
+        gs, k, F, W = self.gs, self.k, self.F, self.W
+        if action == "add":  # V1's input processor rejects a prompt over max_model_len at once
+            return gs == NONE, replace(q, st=z3.If(self.plen > self.ML, FIN, WAIT), nt=self.plen, nc=z3.IntVal(0))
+        if action == "admit":
+            rem = q.nt + q.ph - q.nc
+            partial_ok = z3.Or(self.P == 0, q.nc + k >= q.nt - 1, self.rest_partial + self.partial(q) < self.P)
+            guard = z3.And(gs == WAIT, q.stl == 0, self._depth_ok(q), self._k_ok(q), z3.Or(self.CH, k == rem),
+                           partial_ok, self.ceil(q.nt) - q.tl + W <= F, self.taken(q) + W <= F)
+            return guard, self._schedule(q)
+        if action == "chunk":
+            generated = q.nt - self.plen
+            reaches_limit = z3.And(q.ph >= 1, z3.Or(generated + q.ph >= self.mtok, q.nt + q.ph >= self.ML))
+            guard = z3.And(gs == RUN, z3.Not(reaches_limit), self._depth_ok(q), self._k_ok(q), self.taken(q) <= F)
+            return guard, self._schedule(q)
+        if action == "preempt_recompute":  # freed, nothing computed, the in-flight share turns stale
+            post = replace(q, st=z3.IntVal(WAIT), dv=z3.IntVal(NODEV), tl=z3.IntVal(0), nc=z3.IntVal(0),
+                           ph=z3.IntVal(0))
+            if self.mutant == "preempt-forgets-in-flight":
+                return gs == RUN, replace(post, inf=z3.IntVal(0))
+            return gs == RUN, replace(post, stl=q.inf)
+        if action in ("abort", "ignore"):
+            ok = z3.Or(gs == WAIT, gs == RUN) if action == "abort" else gs == WAIT
+            return ok, self._ended(q, z3.BoolVal(True))
+        if action == "process":
+            return z3.And(q.qn >= 1, self.stop >= 0, self.stop <= 1), self._process(q)
+        raise ValueError(action)
+
+    def target(self, action: str) -> Any:
+        """The request's status after the action while its sequence is live: an outcome leaves
+        it where it was (or ends it)."""
+        return self.gs if action == "process" else super().target(action)
+
+    def request_after(self, action: str, post: Seq) -> tuple[Any, Any, Any]:
+        if action == "process":
+            return z3.BoolVal(True), z3.If(post.st == FIN, FIN, self.gs), z3.BoolVal(True)
+        return super().request_after(action, post)
+
+    def transition_goals(self, action: str, q: Seq, post: Seq) -> dict[str, Any]:
+        """The async transition properties on (pre, post) of the touched request."""
+        assert isinstance(q, AsyncSeq)
+        scheduled = action in ("admit", "chunk")
+        true = z3.BoolVal(True)
+        return {
+            "CHK-001": self.k >= 1 if scheduled else true,
+            "CHK-005": z3.Implies(self.threshold_applies(q), self.k <= self.TH) if scheduled else true,
+            "ALLOC": self.taken(q) <= self.F if scheduled else true,
+            "ADM-002": self.F - self.taken(q) >= self.W if action == "admit" else true,
+            "PIP-002": z3.Implies(q.st == FIN, post.nt == q.nt),
+            "PIP-005": self.engine_checks(q) if action == "process" else true,
+            "PIP-007/step": z3.Implies(z3.And(q.st != FIN, post.st == FIN), post.nc <= post.nt - 1 + self.DP)
+            if action == "process" else true,
+        }

@@ -254,9 +254,9 @@ def prove(
     upgraded: set[tuple[str, str]] = set()
     from spec.proofs import per_sequence as PS
 
-    # v0, v1 and specdec have every argument below; the async flow has the block layer, QUE-001
-    # and COW-001 (its blocks change as v1's do), the rest of its cells are proved at its bound
-    sequences = flow_name in ("v0", "v1", "specdec")
+    # every flow has every argument below (the async flow's per-request rows: its generic request,
+    # `spec.proofs.encoding_async.GenericAsync`, with the in-flight share)
+    sequences = flow_name in ("v0", "v1", "async", "specdec")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
     if unbounded and sequences and mutant in PS.mutants_of(flow_name):
