@@ -1,0 +1,3 @@
+"""Export to nano_vllm (to come)."""
+
+EXPORTERS = ()

@@ -1,0 +1,3 @@
+"""Export to vidur (to come)."""
+
+EXPORTERS = ()

@@ -1,0 +1,3 @@
+"""Export to vllm_v0 (to come)."""
+
+EXPORTERS = ()
