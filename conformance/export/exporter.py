@@ -100,12 +100,13 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
         _docstring(title, target.version, exporter, property_id, source),
+        exporter.preamble,
         (TEMPLATES / f"{exporter.engine}.py.in").read_text(),
     ]
     if exporter.extra:
         parts.append((TEMPLATES / f"{exporter.extra}.py.in").read_text())
     parts += [
-        "\n\n" + trace_literals(trace, exporter.prompt_of),
+        "\n\n" + trace_literals(trace, exporter.prompt_of, exporter.request_extra),
         f"PROPERTY = {property_id!r}\nSTATEMENT = {statement(property_id)!r}\n",
         (TEMPLATES / "properties" / f"{property_id}.py.in").read_text(),
         (TEMPLATES / "replay.py.in").read_text(),

@@ -15,7 +15,8 @@ from spec.errors import InputError
 from spec.trace import Trace
 
 
-def trace_literals(trace: Trace, prompt_of: Callable[[dict], list[int]]) -> str:
+def trace_literals(trace: Trace, prompt_of: Callable[[dict], list[int]],
+                   request_extra: Callable[[dict], dict] | None = None) -> str:
     """The constants block of an exported file: CONFIG, REQUESTS, ABORTS, STOPS, DRAFTS, MAX_STEPS
     and PIPELINE_DEPTH."""
     data = trace.to_dict()
@@ -26,7 +27,8 @@ def trace_literals(trace: Trace, prompt_of: Callable[[dict], list[int]]) -> str:
             raise InputError("trace.requests", f"request {request['id']} has n={request['n']}: the exporter "
                              "replays one sequence per request")
     requests = [{"step": r["arrival_step"], "id": r["id"], "prompt": list(prompt_of(r)), "max_tokens": r["max_tokens"],
-                 "priority": r.get("priority", 0)} for r in data["requests"]]
+                 "priority": r.get("priority", 0), **(request_extra(r) if request_extra else {})}
+                for r in data["requests"]]
     aborts: dict[int, list[str]] = {}
     for a in data["aborts"]:
         aborts.setdefault(a["step"], []).append(a["request"])
