@@ -23,6 +23,9 @@ from spec.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
 EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur) for e in m.EXPORTERS}
+# An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
+STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
+                   "LIV-003": "LIV-001", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
 FAULT_STATEMENT = ("every call on the scheduler returns: a config the engine accepted and the requests it admitted "
                    "never crash it (an assert or exception here ends the engine and every request in it)")
 
@@ -73,7 +76,7 @@ def trace_property(trace: Trace, exporter: Exporter, chosen: str | None = None) 
             raise InputError("--property", f"{exporter.target} has no standalone check of {chosen!r} "
                              f"(it has: {', '.join(exporter.properties)})")
         return chosen
-    named = _listed(trace.meta.get("problem")) + _listed(trace.meta.get("problems"))
+    named = [STANDALONE_FORM.get(p, p) for p in _listed(trace.meta.get("problem")) + _listed(trace.meta.get("problems"))]
     finding = finding_of(trace, exporter.target)
     if finding is not None:
         named.append(finding.property)
