@@ -9,6 +9,7 @@ has a check for that engine. Each refusal is one `InputError`.
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 from conformance.export import nano_vllm, vidur, vllm_v0, vllm_v1
@@ -103,8 +104,7 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
         _docstring(title, target.version, exporter, property_id, source),
-        exporter.preamble,
-        (TEMPLATES / f"{exporter.engine}.py.in").read_text(),
+        (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:
         parts.append((TEMPLATES / f"{exporter.extra}.py.in").read_text())
@@ -118,15 +118,17 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
 
 
 def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str) -> str:
-    return (
-        f'"""Reproducer: {title}.\n\n'
-        f"Standalone: it imports the engine, never kvsched. Exported by `kvsched export {source} --to pytest "
-        f"--target {exporter.target}`\n"
-        f"from kvsched's shrunk trace, for {release} ({exporter.needs or 'the installed release'}).\n\n"
-        f"    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
-        f"    python -m pytest THIS_FILE\n\n"
-        f"How: {exporter.idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, aborts,\n"
-        f"schedule(), the model's outcome), the model played here.\n"
-        f"Asserts {property_id}: {statement(property_id)}\n"
-        '"""\n\n'
-    )
+    def para(text: str) -> str:
+        return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
+
+    return "\n\n".join([
+        '"""' + para(f"Reproducer: {title}."),
+        para(f"Standalone: it imports the engine, never kvsched. Exported by `kvsched export {source} --to pytest "
+             f"--target {exporter.target}` from kvsched's shrunk trace, for {release} "
+             f"({exporter.needs or 'the installed release'})."),
+        "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
+        "    python -m pytest THIS_FILE",
+        para(f"How: {exporter.idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, "
+             "aborts, schedule(), the model's outcome), the model played here."),
+        para(f"Asserts {property_id}: {statement(property_id)}") + '\n"""\n\n',
+    ])

@@ -16,6 +16,18 @@ from spec.trace import Trace
 
 
 @dataclass(frozen=True)
+class Reproducer:
+    """A committed trace exported for the report, and what its run on the release must say."""
+
+    trace: str  # path from the repository root
+    target: str
+    fails_with: str  # a piece of the FAILED line on the release: it fails for the reason reported
+    with_fix: bool = True  # also run against the fix (when the finding has one)
+    property: str | None = None  # None: the trace's own (`conformance.export.exporter.trace_property`)
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Finding:
     slug: str
     targets: tuple[str, ...]
@@ -31,6 +43,7 @@ class Finding:
     problems: tuple[str, ...] = ()  # meta.problem values (counterexamples saved by `kvsched conform`)
     fix_patch: str = ""  # docs/reports/fixes/<name>.json
     fix_is_upstream: bool = False
+    reproducers: tuple[Reproducer, ...] = ()
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -59,6 +72,10 @@ FINDINGS: tuple[Finding, ...] = (
         "this trace trips is its scheduler-side face.",
         classes=("padded-admission-cut-by-threshold",),
         fix_patch="vllm-54028-skip-padding-below-threshold.json", fix_is_upstream=True,
+        reproducers=(Reproducer("docs/traces/specdec/sync-padded-admission-cut-by-threshold.json", "vllm-v1",
+                                "scheduler.py:1579"),
+                     Reproducer("docs/traces/specdec/async-padded-admission-cut-by-threshold.json", "vllm-v1-async",
+                                "scheduler.py:1579")),
     ),
     Finding(
         "vllm-v1-padded-admission-over-budget-stalls", ("vllm-v1", "vllm-v1-async"),
@@ -83,6 +100,10 @@ FINDINGS: tuple[Finding, ...] = (
         "none found (searched vllm-project/vllm issues and PRs for the padding break and the budget).",
         classes=("padded-admission-over-budget-stalls",),
         fix_patch="vllm-schedule-unpadded-over-budget.json",
+        reproducers=(Reproducer("docs/traces/specdec/hunt/sync-padded-admission-over-budget-stalls.json", "vllm-v1",
+                                "idles with work queued"),
+                     Reproducer("docs/traces/specdec/hunt/async-padded-admission-over-budget-stalls.json",
+                                "vllm-v1-async", "idles with work queued")),
     ),
     Finding(
         "vllm-v1-empty-output-skips-draft-rollback", ("vllm-v1",),
@@ -102,7 +123,9 @@ FINDINGS: tuple[Finding, ...] = (
         "vllm-project/vllm#42722 (closed unmerged): the reviewer asked for a real trigger. kvsched did not find one in "
         "0.33.0's default GPU model runner (docs/SPECDEC.md); the scheduler defect stands for any runner or "
         "connector that returns no token.",
-        classes=("empty-output-skips-rollback",),
+        classes=("empty-output-skips-rollback",), fix_patch="vllm-roll-back-empty-output.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-empty-output-skips-rollback.json", "vllm-v1",
+                                "num_computed_tokens is 8"),),
     ),
     Finding(
         "nano-vllm-seats-overfilled", ("nano-vllm",),
@@ -120,6 +143,9 @@ FINDINGS: tuple[Finding, ...] = (
         "none found; upstream nano-vllm (GeeeekExplorer/nano-vllm) has the same loop.",
         classes=("seats-overfilled",), problems=("BUD-003",),
         fix_patch="nano-vllm-count-running-seats.json",
+        reproducers=(Reproducer("docs/reports/traces/nano-vllm-seats-overfilled.json", "nano-vllm", "max_num_seqs=1"),
+                     Reproducer("docs/traces/nano-vllm/handmade/seats-overfilled.json", "nano-vllm", "max_num_seqs=1"),
+                     Reproducer("docs/traces/lockstep-nano/seats-overfilled.json", "nano-vllm", "max_num_seqs=1")),
     ),
     Finding(
         "nano-vllm-nothing-schedulable-assert", ("nano-vllm", "nano-vllm-fork"),
@@ -136,6 +162,12 @@ FINDINGS: tuple[Finding, ...] = (
         "than num_kvcache_blocks blocks, or finish it in schedule() when it is the head and nothing is running.",
         "none found.",
         classes=("nothing-schedulable-assert",), problems=("FAULT-raised",),
+        reproducers=(Reproducer("docs/reports/traces/nano-vllm-nothing-schedulable-assert.json", "nano-vllm",
+                                "AssertionError at scheduler.py:57"),
+                     Reproducer("docs/traces/nano-vllm/counterexamples/FAULT-raised.json", "nano-vllm",
+                                "AssertionError at scheduler.py:57"),
+                     Reproducer("docs/traces/nano-vllm-fork/counterexamples/FAULT-raised.json", "nano-vllm-fork",
+                                "AssertionError at scheduler.py:")),
     ),
     Finding(
         "nano-vllm-fork-preempted-victim-stays-running", ("nano-vllm-fork",),
@@ -150,7 +182,11 @@ FINDINGS: tuple[Finding, ...] = (
          "temp_running.pop(0))", "nanovllm/engine/scheduler.py: Scheduler.preempt (appends to waiting, leaves running)"),
         "Remove the victim from self.running in preempt() (or preempt from the list that is scheduled).",
         "none found.",
-        problems=("QUE-001",),
+        problems=("QUE-001", "QUE-002", "REQ-004", "OUT-001", "CHK-004"),
+        reproducers=(Reproducer("docs/traces/nano-vllm-fork/counterexamples/QUE-001.json", "nano-vllm-fork",
+                                "is in 2 queues"),
+                     Reproducer("docs/traces/nano-vllm-fork/counterexamples/REQ-004.json", "nano-vllm-fork",
+                                "tokens in one step")),
     ),
     Finding(
         "vllm-v0-swap-in-never-leaks-cpu-blocks", ("vllm-v0",),
@@ -167,6 +203,10 @@ FINDINGS: tuple[Finding, ...] = (
         "none found; V0 was removed from vLLM after 0.10.x, so the report is for users of the V0 engine and its "
         "forks.",
         classes=("swap-in-never-leaks-cpu-blocks",), problems=("RES-005", "RES-004"),
+        fix_patch="vllm-v0-free-never-swappable.json",
+        reproducers=(Reproducer("docs/traces/lockstep/swap-in-never-leaks-cpu-blocks.json", "vllm-v0",
+                                "still holds blocks"),
+                     Reproducer("docs/traces/vllm-v0/counterexamples/RES-005.json", "vllm-v0", "still holds blocks")),
     ),
     Finding(
         "vllm-v0-priority-swap-out-lost", ("vllm-v0",),
@@ -184,9 +224,19 @@ FINDINGS: tuple[Finding, ...] = (
         "the step's SchedulerOutputs and put a SWAPPED victim in self.swapped.",
         "none found; V0 was removed from vLLM after 0.10.x.",
         classes=("priority-swap-out-lost",), problems=("SWP-001", "SWP-003", "QUE-002"),
+        fix_patch="vllm-v0-priority-preempt-by-recompute.json",
+        reproducers=(Reproducer("docs/traces/vllm-v0/counterexamples/QUE-002.json", "vllm-v0",
+                                "in the waiting queue with status SWAPPED"),
+                     Reproducer("docs/traces/vllm-v0/counterexamples/SWP-001.json", "vllm-v0",
+                                "its KV is never copied", with_fix=False,
+                                note="with the fix the victim is recomputed, not swapped: SWP-001 has nothing to "
+                                     "check (the exported test says its trigger never held), so only QUE-002 is "
+                                     "run against the fix"),
+                     Reproducer("docs/traces/lockstep/priority-swap-out-lost.json", "vllm-v0",
+                                "its KV is never copied", with_fix=False, note="as above")),
     ),
     Finding(
-        "vidur-restart-assertion", ("vidur-vllm", "vidur-sarathi", "vidur-orca"),
+        "vidur-restart-assertion", ("vidur-vllm", "vidur-sarathi"),
         "Vidur crashes on `assert self._num_stage_processed_tokens <= self.total_tokens` after a restart",
         "FAULT-raised",
         "Request.restart resets _num_processed_tokens but not _num_stage_processed_tokens nor "
@@ -200,6 +250,13 @@ FINDINGS: tuple[Finding, ...] = (
         "`self._is_prefill_stage_complete = False` beside `_num_processed_tokens = 0`.",
         "none found in microsoft/vidur.",
         classes=("restart-assertion",), problems=("FAULT-raised",),
+        fix_patch="vidur-restart-resets-stage-counters.json",
+        reproducers=(Reproducer("docs/traces/vidur-vllm/counterexamples/FAULT-raised.json", "vidur-vllm",
+                                "AssertionError at request.py:300"),
+                     Reproducer("docs/traces/vidur-sarathi/counterexamples/FAULT-raised.json", "vidur-sarathi",
+                                "AssertionError at request.py:300"),
+                     Reproducer("docs/traces/lockstep-vidur/spec-restart-assertion.json", "vidur-vllm",
+                                "AssertionError at request.py:300")),
     ),
     Finding(
         "vidur-never-fitting-request-waits", ("vidur-vllm", "vidur-sarathi", "vidur-orca"),
@@ -216,6 +273,8 @@ FINDINGS: tuple[Finding, ...] = (
         "vLLM's AllocStatus.NEVER does.",
         "none found in microsoft/vidur.",
         classes=("never-fits-not-ignored",), problems=("LIV-001", "LIV-003"),
+        reproducers=tuple(Reproducer(f"docs/traces/vidur-{kind}-liveness/counterexamples/LIV-001.json", f"vidur-{kind}",
+                                     "idles with work queued") for kind in ("vllm", "sarathi", "orca")),
     ),
     Finding(
         "vidur-sarathi-restart-mid-prefill", ("vidur-sarathi",),
@@ -233,6 +292,8 @@ FINDINGS: tuple[Finding, ...] = (
         "`_num_prefill_tokens = max(_num_prefill_tokens, _num_processed_tokens)` and the decode tokens left unchanged.",
         "none found in microsoft/vidur.",
         problems=("REQ-004",),
+        reproducers=(Reproducer("docs/traces/vidur-sarathi/counterexamples/REQ-004.json", "vidur-sarathi",
+                                "tokens were dropped"),),
     ),
 )
 

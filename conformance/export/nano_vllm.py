@@ -24,7 +24,7 @@ def own_ids(request: dict) -> dict:
 
 
 EXPORTERS = tuple(
-    Exporter(target, "nano_vllm", PROPERTIES, prompt_of, IDIOM, preamble=f"PKG = {pkg!r}  # the package under test\n\n",
+    Exporter(target, "nano_vllm", PROPERTIES, prompt_of, IDIOM, preamble=f"PKG = {pkg!r}  # the package under test\n",
              request_extra=own_ids,
              needs="the installed package; no torch, no model")
     for target, pkg in (("nano-vllm", "nanovllmnpu"), ("nano-vllm-fork", "nanovllm"))

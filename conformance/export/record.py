@@ -19,7 +19,7 @@ class Exporter:
     prompt_of: Callable[[dict], list[int]]
     idiom: str
     extra: str = ""  # a second fragment, after the engine's (the async engine loop)
-    preamble: str = ""  # constants the engine fragment reads, placed before it (the package to load)
+    preamble: str = ""  # constants the engine fragment reads, at its ``# @TARGET@`` line (the package to load)
     request_extra: Callable[[dict], dict] | None = None  # more fields per exported request (the host's rules)
     needs: str = ""  # what the venv must have, said in the docstring (the release is the target's pin)
 

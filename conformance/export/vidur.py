@@ -19,6 +19,6 @@ EXPORTERS = tuple(
     Exporter(f"vidur-{kind}", "vidur", PROPERTIES, prompt_of,
              f"Vidur's {kind} replica scheduler with its Request, Batch and event entities, the events of each batch "
              "handled in Simulator.run's order on one replica (a fixed stage time, no metrics)",
-             preamble=f"KIND = {kind!r}  # the replica scheduler under test\n\n", needs="the installed vidur")
+             preamble=f"KIND = {kind!r}  # the replica scheduler under test\n", needs="the installed vidur")
     for kind in ("vllm", "sarathi", "orca")
 )
