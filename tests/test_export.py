@@ -21,7 +21,7 @@ from conformance.export.exporter import EXPORTERS
 from conformance.export.findings import FINDINGS
 from conformance.export.patching import Edit, Fix, load_fix, patched_copy
 from conformance.export.unsupported import UNSUPPORTED
-from conformance.selftest.campaigns.export_both_ways import run_file
+from conformance.selftest.campaigns.export_both_ways import reproducer_name, run_file
 from spec.errors import InputError
 from spec.trace import Trace
 from tests.test_targets import need
@@ -92,6 +92,15 @@ def test_every_reproducer_exports_to_python_that_imports_no_kvsched(slug, rep):
     assert kvsched_imports(text) == []
     assert "def test_reproducer()" in text and 'if __name__ == "__main__":' in text
     compile(text, rep.trace, "exec")
+
+
+@pytest.mark.parametrize("slug, rep", committed_reproducers(), ids=lambda x: getattr(x, "trace", x))
+def test_the_committed_reproducers_are_what_export_writes_now(slug, rep):
+    trace = Trace.load(ROOT / rep.trace)
+    exporter = exporter_for(trace, rep.target)
+    text = render_pytest(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace)
+    assert (ROOT / "docs/reports" / slug / reproducer_name(rep)).read_text() == text, (
+        "stale: rerun python -m conformance.selftest.campaigns.export_both_ways")
 
 
 def test_every_exporter_has_a_fragment_for_each_property():

@@ -86,7 +86,8 @@ def trace_property(trace: Trace, exporter: Exporter, chosen: str | None = None) 
     for problem in named:
         if problem in exporter.properties:
             return problem
-    shown = ", ".join(p for p in named if p != "LOCKSTEP") or "nothing"
+    shown = ", ".join(p for p in named if p != "LOCKSTEP") or (
+        "only a lockstep divergence (no property)" if "LOCKSTEP" in named else "no property")
     raise InputError("--property", f"the trace names {shown}; {exporter.target} has standalone checks of "
                      f"{', '.join(exporter.properties)} only (pass --property ID)")
 

@@ -106,7 +106,7 @@ FINDINGS: tuple[Finding, ...] = (
                                 "vllm-v1-async", "idles with work queued")),
     ),
     Finding(
-        "vllm-v1-empty-output-skips-draft-rollback", ("vllm-v1",),
+        "vllm-v1-empty-output-skips-draft-rollback", ("vllm-v1", "vllm-v1-async"),
         "vLLM V1 keeps rejected draft positions computed when the model returns no token for a request with drafts "
         "(#42722 still there)",
         "CHK-002",
@@ -125,15 +125,25 @@ FINDINGS: tuple[Finding, ...] = (
         "connector that returns no token.",
         classes=("empty-output-skips-rollback",), fix_patch="vllm-roll-back-empty-output.json",
         reproducers=(Reproducer("docs/reports/traces/vllm-v1-empty-output-skips-rollback.json", "vllm-v1",
-                                "num_computed_tokens is 8"),),
+                                "num_computed_tokens is 8"),
+                     Reproducer("docs/reports/traces/vllm-v1-async-empty-output-skips-rollback.json", "vllm-v1-async",
+                                "step 2: after update_from_output(), request A has 6 tokens but num_computed_tokens "
+                                "is 8", with_fix=False,
+                                note="our fix covers the synchronous scheduler only: with it the async reproducer "
+                                     "still fails, at step 4 (10 computed of 8 tokens), because the step scheduled "
+                                     "while the empty outcome was in flight counted from the unrolled positions")),
     ),
     Finding(
         "nano-vllm-seats-overfilled", ("nano-vllm",),
         "nano-vllm runs more than max_num_seqs sequences: the prefill loop counts only this step's admissions",
         "BUD-003",
         "Scheduler.schedule starts num_seqs at 0 each step and counts only the sequences it admits now, so with "
-        "sequences already running it admits up to max_num_seqs more: running grows past max_num_seqs (the engine's "
-        "batch and CUDA-graph sizes assume it never does).",
+        "sequences already running it admits (prefills) up to max_num_seqs more: the running queue grows past "
+        "max_num_seqs. The decode loop still schedules at most max_num_seqs a step, so the extra sequences hold "
+        "their KV blocks without being scheduled (in the reproducer r1 is prefilled at step 1 and then waits in "
+        "running until r0 finishes), taking blocks that force preemptions of the sequences that do run; "
+        "max_num_seqs no longer bounds the resident sequences. kvsched states the bound as BUD-003, which the "
+        "nano-vllm profile claims (it is policy for engines that rotate more resident requests than they batch).",
         "after schedule(), len(running) <= max_num_seqs",
         "2 sequences running with max_num_seqs 1",
         ("nanovllmnpu/engine/scheduler.py:27-29 (`num_seqs = 0`; `while self.waiting and num_seqs < "

@@ -71,7 +71,7 @@ def _trace_summary(trace: Trace) -> list[str]:
     lines = ["Config: `" + ", ".join(f"{k}={v}" for k, v in config.items()) + "`.", ""]
     for a in trace.arrivals:
         r = a.request
-        lines.append(f"* step {a.step}: request `{r.request_id}`, prompt of {r.prompt_len} tokens, max_tokens "
+        lines.append(f"* step {a.step}: request `{r.request_id}`, a prompt of {r.prompt_len} token{'s' * (r.prompt_len != 1)}, max_tokens "
                      f"{r.max_tokens}" + (f", priority {r.priority}" if r.priority else ""))
     extra = [f"{len(trace.aborts)} abort(s)" if trace.aborts else "", f"{len(trace.stops)} stop(s)" if trace.stops else "",
              f"draft decisions at steps {sorted({s for s, _, _ in trace.drafts})}" if trace.drafts else ""]
@@ -113,7 +113,7 @@ def _fix_diff(finding: Finding | None) -> list[str]:
     for edit in fix["edits"]:
         name = f"{fix['package']}/{edit['file']}"
         lines += [line.rstrip("\n") for line in difflib.unified_diff(
-            edit["find"].splitlines(True), edit["replace"].splitlines(True), name, name, n=0)]
+            edit["find"].splitlines(True), edit["replace"].splitlines(True), name, name, n=3)]
     return lines + ["```", ""]
 
 
@@ -132,4 +132,5 @@ def _both_ways(finding: Finding | None, measured: dict[str, Any]) -> list[str]:
 
 
 def _verdict(run: dict[str, Any]) -> str:
-    return f"{run['verdict']} (exit {run['exit']}, {run['seconds']} s)"
+    cpu = f", {run['cpu_seconds']} s CPU" if "cpu_seconds" in run else ""
+    return f"{run['verdict']} (exit {run['exit']}, {run['seconds']} s wall{cpu})"

@@ -9,6 +9,7 @@ UNSUPPORTED: dict[str, str] = {
                 "engine_loop) is replayed by kvsched's host (conformance/targets/hosts/lmdeploy_host.py), and every "
                 "LMDeploy finding is a deviation by design (docs/CONFORMANCE.md). Replay with `kvsched replay TRACE "
                 "--adapter lmdeploy`.",
-    "aphrodite": "not yet: Aphrodite's scheduler is vLLM V1's under another package (export with --target vllm-v1 for "
-                 "the same scheduler); kvsched found no defect in it.",
+    "aphrodite": "not yet: Aphrodite 0.24.1's scheduler is vLLM V1's under another package name, and kvsched found no "
+                 "defect in it (its lockstep classes are deviations, docs/CONFORMANCE.md); the vllm-v1 exporter would "
+                 "serve with Aphrodite's module names.",
 }

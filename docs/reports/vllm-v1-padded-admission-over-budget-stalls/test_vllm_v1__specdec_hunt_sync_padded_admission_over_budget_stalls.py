@@ -1,14 +1,21 @@
-"""Reproducer: vLLM V1 idles for ever with a request waiting when max_num_batched_tokens < 1 + k and the head of waiting is a padded admission.
+"""Reproducer: vLLM V1 idles for ever with a request waiting when max_num_batched_tokens < 1 + k and
+the head of waiting is a padded admission.
 
-Standalone: it imports the engine, never kvsched. Exported by `kvsched export docs/traces/specdec/hunt/sync-padded-admission-over-budget-stalls.json --to pytest --target vllm-v1`
+Standalone: it imports the engine, never kvsched. Exported by `kvsched export
+docs/traces/specdec/hunt/sync-padded-admission-over-budget-stalls.json --to pytest --target vllm-v1`
 from kvsched's shrunk trace, for vllm==0.33.0 (the installed vLLM, on CPU).
 
     python THIS_FILE            # exit 1 and one FAILED line when the property breaks
     python -m pytest THIS_FILE
 
-How: a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in vLLM's tests/v1/core/utils.py create_scheduler / create_requests; the trace's steps are replayed as kvsched's driver runs them (arrivals, aborts,
-schedule(), the model's outcome), the model played here.
-Asserts LIV-001: Every step with unfinished requests makes progress: it schedules a token, ignores a request, or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight.
+How: a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in
+vLLM's tests/v1/core/utils.py create_scheduler / create_requests; the trace's steps are replayed as
+kvsched's driver runs them (arrivals, aborts, schedule(), the model's outcome), the model played
+here.
+
+Asserts LIV-001: Every step with unfinished requests makes progress: it schedules a token, ignores a
+request, or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
+earlier scheduled one, whose outcome is still in flight.
 """
 
 import os
