@@ -193,6 +193,7 @@ FINDINGS: tuple[Finding, ...] = (
         "Remove the victim from self.running in preempt() (or preempt from the list that is scheduled).",
         "none found.",
         problems=("QUE-001", "QUE-002", "REQ-004", "OUT-001", "CHK-004"),
+        fix_patch="nano-vllm-fork-preempt-leaves-running.json",
         reproducers=(Reproducer("docs/traces/nano-vllm-fork/counterexamples/QUE-001.json", "nano-vllm-fork",
                                 "is in 2 queues"),
                      Reproducer("docs/traces/nano-vllm-fork/counterexamples/REQ-004.json", "nano-vllm-fork",

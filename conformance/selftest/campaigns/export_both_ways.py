@@ -130,7 +130,7 @@ def write_index(results: dict[str, Any]) -> None:
                    + (" (upstream PR)" if finding.fix_is_upstream else " (our fix)")) if with_fix else "no fix"
         engines = ", ".join(sorted({TARGET_SPECS[t].version for t in finding.targets}))
         lines.append(f"| [{finding.title}]({finding.slug}.md) | {engines} | {failing} of {len(runs)} | {passing} | "
-                     f"{finding.upstream.split(':')[0].split(' (')[0]} |")
+                     f"{finding.upstream.split(';')[0].split(': ')[0].split(' (')[0].rstrip('.')} |")
     lines += ["", "Targets with no exporter, and why:", ""]
     lines += [f"* **{name}**: {why}" for name, why in UNSUPPORTED.items()]
     lines += ["", "Not reported here:", "",
