@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conformance.export.exporter import statement
 from conformance.export.findings import Finding, finding_of
 from conformance.export.record import Exporter
 from conformance.targets import TARGET_SPECS
@@ -40,13 +41,14 @@ def render_report(trace: Trace, exporter: Exporter, property_id: str, source: st
     release = TARGET_SPECS[exporter.target].version
     measured = (load_results() if results is None else results).get(finding.slug if finding else "", {})
     lines = [f"# {finding.title if finding else f'{property_id} on {exporter.target}'}", ""]
-    lines += [f"**Engine:** {release} (kvsched target `{exporter.target}`). **Kind:** defect. "
+    kind = "defect" if finding else f"{TODO} (a defect, or a deviation by design?)"
+    lines += [f"**Engine:** {release} (kvsched target `{exporter.target}`). **Kind:** {kind}. "
               f"**Found by:** kvsched, trace `{source}`.", ""]
     lines += ["## What breaks", "", finding.breaks if finding else str(trace.meta.get("message", TODO)), ""]
     lines += ["## The exact step", ""]
     lines += _steps(measured, trace, source)
     lines += ["## Expected and actual", "",
-              f"* expected: {finding.expected if finding else TODO}",
+              f"* expected: {finding.expected if finding else statement(property_id)}",
               f"* actual: {finding.actual if finding else str(trace.meta.get('message', TODO))}", ""]
     lines += ["## The trace", ""] + _trace_summary(trace) + ["## Reproducer", ""]
     lines += _reproducers(finding, measured, exporter, source, out)
