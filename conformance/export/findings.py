@@ -168,16 +168,21 @@ FINDINGS: tuple[Finding, ...] = (
         "AssertionError at nanovllmnpu/engine/scheduler.py:57 in schedule",
         ("nanovllmnpu/engine/scheduler.py:29-33 (the head that does not fit ends the prefill loop: no ignore path)",
          "nanovllmnpu/engine/scheduler.py:57 (`assert scheduled_seqs`)"),
-        "Refuse at add_request (LLMEngine.add_request) a prompt longer than max_num_batched_tokens or needing more "
-        "than num_kvcache_blocks blocks, or finish it in schedule() when it is the head and nothing is running.",
+        "Refuse at the door a prompt that can never be admitted (longer than max_num_batched_tokens, or needing more "
+        "blocks than num_kvcache_blocks): a ValueError from Scheduler.add, which LLMEngine.add_request passes to the "
+        "caller, as vLLM's input processor does for a prompt over its limit. (Finishing it in schedule() instead "
+        "would need an 'ignored' output, which nano-vllm's LLMEngine has not.)",
         "none found.",
         classes=("nothing-schedulable-assert",), problems=("FAULT-raised",),
+        fix_patch="nano-vllm-refuse-never-fitting-prompt.json",
         reproducers=(Reproducer("docs/reports/traces/nano-vllm-nothing-schedulable-assert.json", "nano-vllm",
                                 "AssertionError at scheduler.py:57"),
                      Reproducer("docs/traces/nano-vllm/counterexamples/FAULT-raised.json", "nano-vllm",
                                 "AssertionError at scheduler.py:57"),
                      Reproducer("docs/traces/nano-vllm-fork/counterexamples/FAULT-raised.json", "nano-vllm-fork",
-                                "AssertionError at scheduler.py:")),
+                                "AssertionError at scheduler.py:", with_fix=False,
+                                note="the descriptor patches nano-vllm-npu (package nanovllmnpu); the fork "
+                                     "(package nanovllm) was not patched")),
     ),
     Finding(
         "nano-vllm-fork-preempted-victim-stays-running", ("nano-vllm-fork",),

@@ -80,13 +80,18 @@ class Engine:
         self.seqs: dict = {}  # request id -> Sequence
         self.rid_of: dict = {}
         self.sampler: dict = {}  # request id -> its token function
+        self.refused: set = set()
 
     def add(self, spec: dict) -> None:
         seq = Sequence(list(spec["prompt"]), SamplingParams(temperature=1.0, max_tokens=spec["max_tokens"]))
+        try:
+            self.sched.add(seq)
+        except ValueError:  # a refusal at the door (nano-vllm has none; a fixed engine may): the request's answer
+            self.refused.add(spec["id"])
+            return
         self.seqs[spec["id"]] = seq
         self.sampler[spec["id"]] = own_token if spec.get("own_ids") else sampled_token
         self.rid_of[seq.seq_id] = spec["id"]
-        self.sched.add(seq)
 
     def abort(self, request_ids: list) -> None:
         raise NotImplementedError("nano-vllm has no abort")
@@ -107,7 +112,7 @@ class Engine:
         rids = [self.rid_of[s.seq_id] for s in seqs]
         tokens = [EOS if rid in stopped else self.sampler[rid](rid, len(s)) for rid, s in zip(rids, seqs, strict=True)]
         self.sched.postprocess(seqs, tokens)
-        return {rid for rid, s in self.seqs.items() if s.status == SequenceStatus.FINISHED}
+        return {rid for rid, s in self.seqs.items() if s.status == SequenceStatus.FINISHED} | self.refused
 
     # -- what the checks read ------------------------------------------------------------------
     def scheduled_anything(self, out) -> bool:
