@@ -26,6 +26,7 @@ COMMANDS = (
     "conformance.commands.prove",
     "conformance.commands.check_config",
     "conformance.commands.museum",
+    "conformance.commands.export",
 )
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3

@@ -148,6 +148,9 @@ def build(results: Path) -> str:
         "`docs/results/` (each a `kvsched conform --json` report). Every failure links its shrunk,",
         "replayable trace: `kvsched replay <trace> --adapter <target> --profile safety`.",
         "Install a target with `kvsched targets install NAME`; run it with `kvsched conform --adapter NAME`.",
+        "Every defect below (not the deviations by design) has an upstream-ready report with standalone reproducers",
+        "that import the engine and never kvsched, in [reports/](reports/README.md): "
+        "`kvsched export <trace> --to pytest --out repro.py`.",
         "",
         "| target | pinned | profile | traces | steps | seed | pass | fail | n/a |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -1,0 +1,135 @@
+"""Assemble an exported test: pick the target and the property, then join the fragments.
+
+Checked before anything is written (`conformance.commands.export` writes the text): the target is
+known and has an exporter, the trace was found on that target (``meta.adapter``), and the
+property (``--property``, else the trace's ``meta.problem`` / ``meta.problems``, else its finding's)
+has a check for that engine. Each refusal is one `InputError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from conformance.export import nano_vllm, vidur, vllm_v0, vllm_v1
+from conformance.export.findings import finding_of
+from conformance.export.literals import trace_literals
+from conformance.export.record import Exporter
+from conformance.export.unsupported import UNSUPPORTED
+from conformance.targets import TARGET_SPECS
+from spec.catalogue import get as get_invariant
+from spec.errors import InputError
+from spec.trace import Trace
+
+TEMPLATES = Path(__file__).parent / "templates"
+EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur) for e in m.EXPORTERS}
+# An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
+STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
+                   "LIV-003": "LIV-001", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
+FAULT_STATEMENT = ("every call on the scheduler returns: a config the engine accepted and the requests it admitted "
+                   "never crash it (an assert or exception here ends the engine and every request in it)")
+
+
+def trace_target(trace: Trace) -> str | None:
+    """The target a trace was found on (``meta.adapter``, else ``meta.adapter_spec``), if it is one."""
+    for key in ("adapter", "adapter_spec"):
+        name = trace.meta.get(key)
+        if isinstance(name, str) and name in TARGET_SPECS:
+            return name
+    return None
+
+
+def exporter_for(trace: Trace, target: str | None) -> Exporter:
+    """The exporter of ``target`` (default: the trace's own), refusing a trace found on another."""
+    found = trace_target(trace)
+    name = target or found
+    if name is None:
+        raise InputError("--target", "the trace names no target (meta.adapter); pass --target NAME")
+    if name not in TARGET_SPECS:
+        raise InputError("--target", f"unknown target {name!r} (known: {', '.join(TARGET_SPECS)})")
+    if found is not None and found != name:
+        raise InputError("--target", f"the trace was found on {found}, not {name}: export it with --target {found}")
+    if name in UNSUPPORTED:
+        raise InputError("--target", f"{name} cannot be exported: {UNSUPPORTED[name]}")
+    if name not in EXPORTERS:
+        raise InputError("--target", f"{name} has no exporter (exporters: {', '.join(EXPORTERS)})")
+    return EXPORTERS[name]
+
+
+def _listed(value: object) -> list[str]:
+    """A meta field that lists problems: a list, or its repr as the lockstep campaigns save it."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def trace_property(trace: Trace, exporter: Exporter, chosen: str | None = None) -> str:
+    """The property the exported test asserts: ``chosen``, else the first the trace's meta names
+    that the engine has a check for, else its finding's."""
+    if chosen is not None:
+        if chosen not in exporter.properties:
+            raise InputError("--property", f"{exporter.target} has no standalone check of {chosen!r} "
+                             f"(it has: {', '.join(exporter.properties)})")
+        return chosen
+    named = [STANDALONE_FORM.get(p, p) for p in _listed(trace.meta.get("problem")) + _listed(trace.meta.get("problems"))]
+    finding = finding_of(trace, exporter.target)
+    if finding is not None:
+        named.append(finding.property)
+    if "adapter raised" in str(trace.meta.get("message", "")):
+        named.append("FAULT-raised")
+    for problem in named:
+        if problem in exporter.properties:
+            return problem
+    shown = ", ".join(p for p in named if p != "LOCKSTEP") or (
+        "only a lockstep divergence (no property)" if "LOCKSTEP" in named else "no property")
+    raise InputError("--property", f"the trace names {shown}; {exporter.target} has standalone checks of "
+                     f"{', '.join(exporter.properties)} only (pass --property ID)")
+
+
+def statement(property_id: str) -> str:
+    if property_id == "FAULT-raised":
+        return FAULT_STATEMENT
+    return " ".join(get_invariant(property_id).statement.split())
+
+
+def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: str) -> str:
+    """The exported file's text (``source``: the trace's path, for the docstring)."""
+    target = TARGET_SPECS[exporter.target]
+    finding = finding_of(trace, exporter.target)
+    title = finding.title if finding else f"{property_id} on {exporter.target}"
+    parts = [
+        _docstring(title, target.version, exporter, property_id, source),
+        (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
+    ]
+    if exporter.extra:
+        parts.append((TEMPLATES / f"{exporter.extra}.py.in").read_text())
+    parts += [
+        "\n\n" + trace_literals(trace, exporter.prompt_of, exporter.request_extra),
+        f"PROPERTY = {property_id!r}\nSTATEMENT = {statement(property_id)!r}\n",
+        (TEMPLATES / "properties" / f"{property_id}.py.in").read_text(),
+        (TEMPLATES / "replay.py.in").read_text(),
+    ]
+    return "".join(parts)
+
+
+def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str) -> str:
+    def para(text: str) -> str:
+        return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
+
+    return "\n\n".join([
+        '"""' + para(f"Reproducer: {title}."),
+        para(f"Standalone: it imports the engine, never kvsched. Exported by `kvsched export {source} --to pytest "
+             f"--target {exporter.target}` from kvsched's shrunk trace, for {release} "
+             f"({exporter.needs or 'the installed release'})."),
+        "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
+        "    python -m pytest THIS_FILE",
+        para(f"How: {exporter.idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, "
+             "aborts, schedule(), the model's outcome), the model played here."),
+        para(f"Asserts {property_id}: {statement(property_id)}") + '\n"""\n\n',
+    ])

@@ -1,0 +1,336 @@
+"""The defects kvsched found in current releases, as data an upstream report is drafted from.
+
+One `Finding` per defect (a deviation by design is not here: docs/CONFORMANCE.md explains those).
+A trace is matched to its finding by its target and its lockstep class (``meta.class``) or the
+problem it was saved for (``meta.problem``). The source lines are the installed release's; ``fix``
+is the minimal change the report proposes, and ``fix_patch`` names a descriptor in
+docs/reports/fixes/ (`conformance.export.patching`) that applies it, or the upstream PR's, to a
+copy of the engine, where the check both ways was run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.trace import Trace
+
+
+@dataclass(frozen=True)
+class Reproducer:
+    """A committed trace exported for the report, and what its run on the release must say."""
+
+    trace: str  # path from the repository root
+    target: str
+    fails_with: str  # a piece of the FAILED line on the release: it fails for the reason reported
+    with_fix: bool = True  # also run against the fix (when the finding has one)
+    property: str | None = None  # None: the trace's own (`conformance.export.exporter.trace_property`)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    slug: str
+    targets: tuple[str, ...]
+    title: str
+    property: str  # the property the exported test asserts
+    breaks: str  # what breaks, for whom
+    expected: str
+    actual: str
+    source: tuple[str, ...]  # file:line(s) in the installed release, each with what it does
+    fix: str
+    upstream: str  # an existing issue or PR, or "none found"
+    classes: tuple[str, ...] = ()  # meta.class values
+    problems: tuple[str, ...] = ()  # meta.problem values (counterexamples saved by `kvsched conform`)
+    fix_patch: str = ""  # docs/reports/fixes/<name>.json
+    fix_is_upstream: bool = False
+    reproducers: tuple[Reproducer, ...] = ()
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding(
+        "vllm-v1-padded-admission-cut-by-threshold", ("vllm-v1", "vllm-v1-async"),
+        "vLLM V1 EngineCore dies on `assert num_new_tokens == 1 + self.num_spec_tokens` when "
+        "long_prefill_token_threshold < 1 + k cuts a padded admission",
+        "FAULT-raised",
+        "With speculative decoding (k drafts) and chunked prefill, a waiting request with one token left to compute "
+        "(a prefix-cache hit on all but its last prompt token, or a resumed request) is padded to 1 + k tokens to keep "
+        "the decode batch uniform; the long-prefill threshold then cuts it below 1 + k while the padding flag stays "
+        "set, and the assert kills EngineCore, ending every request in it. Sync and async schedulers alike.",
+        "schedule() admits the request (padded, or with its one real token) and returns",
+        "AssertionError at vllm/v1/core/sched/scheduler.py:1579 in schedule",
+        ("vllm/v1/core/sched/scheduler.py:1308-1330 (the waiting loop pads a one-token admission to 1 + k and sets "
+         "pad_spec_decode)",
+         "vllm/v1/core/sched/scheduler.py:1332-1333 (`if 0 < long_prefill_token_threshold < num_new_tokens:` cuts it)",
+         "vllm/v1/core/sched/scheduler.py:1578-1579 (`if pad_spec_decode: assert num_new_tokens == 1 + "
+         "self.num_spec_tokens`)"),
+        "Do not pad when the threshold cannot hold the padded width: add "
+        "`and not 0 < long_prefill_token_threshold < 1 + self.num_spec_tokens` to the padding condition "
+        "(scheduler.py:1311-1317), so the request keeps its one real token and no placeholder drafts. This is what "
+        "vllm-project/vllm#54028 does.",
+        "vllm-project/vllm#54028 \"[Bugfix][Core] Skip spec padding below prefill threshold\" (open): the same defect, "
+        "reported as a worker-side divergence (two scheduled tokens, four sampling positions) on a GPU; the assert "
+        "this trace trips is its scheduler-side face.",
+        classes=("padded-admission-cut-by-threshold",),
+        fix_patch="vllm-54028-skip-padding-below-threshold.json", fix_is_upstream=True,
+        reproducers=(Reproducer("docs/traces/specdec/sync-padded-admission-cut-by-threshold.json", "vllm-v1",
+                                "scheduler.py:1579"),
+                     Reproducer("docs/traces/specdec/async-padded-admission-cut-by-threshold.json", "vllm-v1-async",
+                                "scheduler.py:1579")),
+    ),
+    Finding(
+        "vllm-v1-padded-admission-over-budget-stalls", ("vllm-v1", "vllm-v1-async"),
+        "vLLM V1 idles for ever with a request waiting when max_num_batched_tokens < 1 + k and the head of waiting "
+        "is a padded admission",
+        "LIV-001",
+        "With speculative decoding (k drafts), a waiting request with one token left to compute is padded to 1 + k "
+        "tokens; when 1 + k exceeds the step's token budget the waiting loop 'prefers to not schedule than schedule "
+        "un-padded' and breaks. With max_num_batched_tokens < 1 + k (accepted by VllmConfig) the budget never grows: "
+        "with nothing running, every later step schedules nothing and the request waits until it is aborted.",
+        "a step with a request waiting and nothing running admits it (un-padded when the pad cannot fit)",
+        "schedule() returns an empty SchedulerOutput at every step; the request stays WAITING",
+        ("vllm/v1/core/sched/scheduler.py:1310-1328 (pad to 1 + k; `if padded_num_tokens > request_token_budget: "
+         "break`)",
+         "vllm/v1/core/sched/scheduler.py:1316 (`scheduled_running_reqs or num_computed_tokens > 0`: the pad applies "
+         "with nothing running)",
+         "vllm/config/vllm.py:2370-2376 (`_set_max_num_scheduled_tokens` requires only max_num_batched_tokens > "
+         "num_lookahead_tokens, 0 for the n-gram drafter)"),
+        "Schedule the request un-padded instead of breaking when the pad does not fit: replace the `break` by leaving "
+        "num_new_tokens at 1 (no placeholder drafts), or refuse max_num_batched_tokens < 1 + num_speculative_tokens "
+        "in VllmConfig.",
+        "none found (searched vllm-project/vllm issues and PRs for the padding break and the budget).",
+        classes=("padded-admission-over-budget-stalls",),
+        fix_patch="vllm-schedule-unpadded-over-budget.json",
+        reproducers=(Reproducer("docs/traces/specdec/hunt/sync-padded-admission-over-budget-stalls.json", "vllm-v1",
+                                "idles with work queued"),
+                     Reproducer("docs/traces/specdec/hunt/async-padded-admission-over-budget-stalls.json",
+                                "vllm-v1-async", "idles with work queued")),
+    ),
+    Finding(
+        "vllm-v1-empty-output-skips-draft-rollback", ("vllm-v1", "vllm-v1-async"),
+        "vLLM V1 keeps rejected draft positions computed when the model returns no token for a request with drafts "
+        "(#42722 still there)",
+        "CHK-002",
+        "update_from_output rolls a request's rejected drafts back only when the model returned tokens for it; for "
+        "an empty output (the case of vllm-project/vllm#42722) num_computed_tokens keeps the draft positions, ends "
+        "above num_tokens, and the request is never scheduled again (it holds its seat and blocks for ever).",
+        "after the outcome the request's computed tokens are at most its tokens (the step rolled back)",
+        "request A has 6 tokens and num_computed_tokens 8 after step 1",
+        ("vllm/v1/core/sched/scheduler.py:2349-2351 (`if scheduled_spec_token_ids and (generated_token_ids or "
+         "self.num_sampled_tokens_per_step == 0):` guards the rollback)",),
+        "Roll back whenever the step scheduled drafts: with no generated token, treat every scheduled draft as "
+        "rejected and also un-count the step's bonus position (num_computed_tokens -= len(scheduled_spec_token_ids) "
+        "+ 1), as the reference does (reference_impl/specdec_scheduler.py).",
+        "vllm-project/vllm#42722 (closed unmerged): the reviewer asked for a real trigger. kvsched did not find one in "
+        "0.33.0's default GPU model runner (docs/SPECDEC.md); the scheduler defect stands for any runner or "
+        "connector that returns no token.",
+        classes=("empty-output-skips-rollback",), fix_patch="vllm-roll-back-empty-output.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-empty-output-skips-rollback.json", "vllm-v1",
+                                "num_computed_tokens is 8"),
+                     Reproducer("docs/reports/traces/vllm-v1-async-empty-output-skips-rollback.json", "vllm-v1-async",
+                                "step 2: after update_from_output(), request A has 6 tokens but num_computed_tokens "
+                                "is 8", with_fix=False,
+                                note="our fix covers the synchronous scheduler only: with it the async reproducer "
+                                     "still fails, at step 4 (10 computed of 8 tokens), because the step scheduled "
+                                     "while the empty outcome was in flight counted from the unrolled positions")),
+    ),
+    Finding(
+        "nano-vllm-seats-overfilled", ("nano-vllm",),
+        "nano-vllm runs more than max_num_seqs sequences: the prefill loop counts only this step's admissions",
+        "BUD-003",
+        "Scheduler.schedule starts num_seqs at 0 each step and counts only the sequences it admits now, so with "
+        "sequences already running it admits (prefills) up to max_num_seqs more: the running queue grows past "
+        "max_num_seqs. The decode loop still schedules at most max_num_seqs a step, so the extra sequences hold "
+        "their KV blocks without being scheduled (in the reproducer r1 is prefilled at step 1 and then waits in "
+        "running until r0 finishes), taking blocks that force preemptions of the sequences that do run; "
+        "max_num_seqs no longer bounds the resident sequences. kvsched states the bound as BUD-003, which the "
+        "nano-vllm profile claims (it is policy for engines that rotate more resident requests than they batch).",
+        "after schedule(), len(running) <= max_num_seqs",
+        "2 sequences running with max_num_seqs 1",
+        ("nanovllmnpu/engine/scheduler.py:27-29 (`num_seqs = 0`; `while self.waiting and num_seqs < "
+         "self.max_num_seqs:`)",),
+        "Count the running sequences: `while self.waiting and len(self.running) < self.max_num_seqs:` (admitted "
+        "sequences are appended to running, line 39).",
+        "none found; upstream nano-vllm (GeeeekExplorer/nano-vllm) has the same loop.",
+        classes=("seats-overfilled",), problems=("BUD-003",),
+        fix_patch="nano-vllm-count-running-seats.json",
+        reproducers=(Reproducer("docs/reports/traces/nano-vllm-seats-overfilled.json", "nano-vllm", "max_num_seqs=1"),
+                     Reproducer("docs/traces/nano-vllm/handmade/seats-overfilled.json", "nano-vllm", "max_num_seqs=1"),
+                     Reproducer("docs/traces/lockstep-nano/seats-overfilled.json", "nano-vllm", "max_num_seqs=1")),
+    ),
+    Finding(
+        "nano-vllm-nothing-schedulable-assert", ("nano-vllm", "nano-vllm-fork"),
+        "nano-vllm crashes on `assert scheduled_seqs` when a waiting prompt can never fit and nothing runs",
+        "FAULT-raised",
+        "A waiting request whose prompt needs more blocks than the whole cache (or more tokens than the budget) is "
+        "never admitted and never refused; once nothing runs, schedule() has scheduled nothing and the closing assert "
+        "kills the engine.",
+        "schedule() refuses (finishes) a request that can never fit, and returns",
+        "AssertionError at nanovllmnpu/engine/scheduler.py:57 in schedule",
+        ("nanovllmnpu/engine/scheduler.py:29-33 (the head that does not fit ends the prefill loop: no ignore path)",
+         "nanovllmnpu/engine/scheduler.py:57 (`assert scheduled_seqs`)"),
+        "Refuse at the door a prompt that can never be admitted (longer than max_num_batched_tokens, or needing more "
+        "blocks than num_kvcache_blocks): a ValueError from Scheduler.add, which LLMEngine.add_request passes to the "
+        "caller, as vLLM's input processor does for a prompt over its limit. (Finishing it in schedule() instead "
+        "would need an 'ignored' output, which nano-vllm's LLMEngine has not.)",
+        "none found.",
+        classes=("nothing-schedulable-assert",), problems=("FAULT-raised",),
+        fix_patch="nano-vllm-refuse-never-fitting-prompt.json",
+        reproducers=(Reproducer("docs/reports/traces/nano-vllm-nothing-schedulable-assert.json", "nano-vllm",
+                                "AssertionError at scheduler.py:57"),
+                     Reproducer("docs/traces/nano-vllm/counterexamples/FAULT-raised.json", "nano-vllm",
+                                "AssertionError at scheduler.py:57"),
+                     Reproducer("docs/traces/nano-vllm-fork/counterexamples/FAULT-raised.json", "nano-vllm-fork",
+                                "AssertionError at scheduler.py:", with_fix=False,
+                                note="the descriptor patches nano-vllm-npu (package nanovllmnpu); the fork "
+                                     "(package nanovllm) was not patched")),
+    ),
+    Finding(
+        "nano-vllm-fork-preempted-victim-stays-running", ("nano-vllm-fork",),
+        "nano-vllm-fork leaves a preempted sequence in `running`: it is in two queues and is scheduled twice",
+        "QUE-001",
+        "In the decode loop the fork preempts `temp_running.pop(0)`, and preempt() never removes the victim from "
+        "self.running: it is in waiting and running at once, is re-admitted, is scheduled twice in one step (two "
+        "tokens in one step) and a later may_append raises IndexError on its empty block table.",
+        "after schedule(), every request is in exactly one queue",
+        "the victim is in ['waiting', 'running']",
+        ("nanovllm/engine/scheduler.py: Scheduler.schedule, the decode loop over temp_running (preempts "
+         "temp_running.pop(0))", "nanovllm/engine/scheduler.py: Scheduler.preempt (appends to waiting, leaves running)"),
+        "Remove the victim from self.running in preempt() (or preempt from the list that is scheduled).",
+        "none found.",
+        problems=("QUE-001", "QUE-002", "REQ-004", "OUT-001", "CHK-004"),
+        fix_patch="nano-vllm-fork-preempt-leaves-running.json",
+        reproducers=(Reproducer("docs/traces/nano-vllm-fork/counterexamples/QUE-001.json", "nano-vllm-fork",
+                                "is in 2 queues"),
+                     Reproducer("docs/traces/nano-vllm-fork/counterexamples/REQ-004.json", "nano-vllm-fork",
+                                "tokens in one step")),
+    ),
+    Finding(
+        "vllm-v0-swap-in-never-leaks-cpu-blocks", ("vllm-v0",),
+        "vLLM V0 leaks a swapped group's CPU blocks for good when its swap-in can never fit",
+        "RES-004",
+        "A swapped group whose swap-in can never fit (can_swap_in answers NEVER) is marked FINISHED_IGNORED and "
+        "dropped from the swapped queue without free_seq; free_finished_seq_groups visits only running, so its CPU "
+        "blocks are never freed and the swap space shrinks for good.",
+        "a finished sequence holds no block",
+        "the ignored request still holds its CPU blocks",
+        ("vllm/core/scheduler.py: Scheduler._schedule_swapped, the AllocStatus.NEVER branch (marks FINISHED_IGNORED, "
+         "calls no free_seq)", "vllm/core/scheduler.py: Scheduler.free_finished_seq_groups (visits running only)"),
+        "Call self.free_seq(seq) for each sequence of the group in the NEVER branch before dropping it.",
+        "none found; V0 was removed from vLLM after 0.10.x, so the report is for users of the V0 engine and its "
+        "forks.",
+        classes=("swap-in-never-leaks-cpu-blocks",), problems=("RES-005", "RES-004"),
+        fix_patch="vllm-v0-free-never-swappable.json",
+        reproducers=(Reproducer("docs/traces/lockstep/swap-in-never-leaks-cpu-blocks.json", "vllm-v0",
+                                "still holds blocks"),
+                     Reproducer("docs/traces/vllm-v0/counterexamples/RES-005.json", "vllm-v0", "still holds blocks")),
+    ),
+    Finding(
+        "vllm-v0-priority-swap-out-lost", ("vllm-v0",),
+        "vLLM V0's priority preemption by swap loses the swap-out map and files the SWAPPED victim in waiting",
+        "SWP-001",
+        "Scheduler._schedule_priority_preemption preempts into a local blocks_to_swap_out list that is never returned "
+        "into SchedulerOutputs, then puts the victim in the waiting queue. When _preempt picks swap, the victim's "
+        "blocks move to CPU in the block tables but its KV is never copied (swap-in later reads garbage), and a "
+        "SWAPPED group sits in waiting.",
+        "every GPU block of a group swapped out in the step is in the step's blocks_to_swap_out",
+        "the swap-out map is empty while the victim is SWAPPED",
+        ("vllm/core/scheduler.py:977 and 1012-1013 (0.10.2, _schedule_priority_preemption: local blocks_to_swap_out; "
+         "`waiting_queue.appendleft(vseq_group)`)",),
+        "Preempt priority victims by recompute only (their group goes to waiting), or return the swap-out list into "
+        "the step's SchedulerOutputs and put a SWAPPED victim in self.swapped.",
+        "none found; V0 was removed from vLLM after 0.10.x.",
+        classes=("priority-swap-out-lost",), problems=("SWP-001", "SWP-003", "QUE-002"),
+        fix_patch="vllm-v0-priority-preempt-by-recompute.json",
+        reproducers=(Reproducer("docs/traces/vllm-v0/counterexamples/QUE-002.json", "vllm-v0",
+                                "in the waiting queue with status SWAPPED"),
+                     Reproducer("docs/traces/vllm-v0/counterexamples/SWP-001.json", "vllm-v0",
+                                "its KV is never copied", with_fix=False,
+                                note="with the fix the victim is recomputed, not swapped: SWP-001 has nothing to "
+                                     "check (the exported test says its trigger never held), so only QUE-002 is "
+                                     "run against the fix"),
+                     Reproducer("docs/traces/lockstep/priority-swap-out-lost.json", "vllm-v0",
+                                "its KV is never copied", with_fix=False, note="as above")),
+    ),
+    Finding(
+        "vidur-restart-assertion", ("vidur-vllm", "vidur-sarathi"),
+        "Vidur crashes on `assert self._num_stage_processed_tokens <= self.total_tokens` after a restart",
+        "FAULT-raised",
+        "Request.restart resets _num_processed_tokens but not _num_stage_processed_tokens nor "
+        "_is_prefill_stage_complete, so the re-prefill's stage tokens add to the first prefill's and the assert in "
+        "on_batch_stage_end fails: every simulation in which a restarted request re-prefills more than the tokens "
+        "left crashes.",
+        "the simulator runs a recompute-preempted request again to its end",
+        "AssertionError at vidur/entities/request.py:300 in on_batch_stage_end",
+        ("vidur/entities/request.py:328-344 (Request.restart)", "vidur/entities/request.py:300 (the assert)"),
+        "Reset the stage counters in Request.restart: `self._num_stage_processed_tokens = 0` and "
+        "`self._is_prefill_stage_complete = False` beside `_num_processed_tokens = 0`.",
+        "none found in microsoft/vidur.",
+        classes=("restart-assertion",), problems=("FAULT-raised",),
+        fix_patch="vidur-restart-resets-stage-counters.json",
+        reproducers=(Reproducer("docs/traces/vidur-vllm/counterexamples/FAULT-raised.json", "vidur-vllm",
+                                "AssertionError at request.py:300"),
+                     Reproducer("docs/traces/vidur-sarathi/counterexamples/FAULT-raised.json", "vidur-sarathi",
+                                "AssertionError at request.py:300"),
+                     Reproducer("docs/traces/lockstep-vidur/spec-restart-assertion.json", "vidur-vllm",
+                                "AssertionError at request.py:300")),
+    ),
+    Finding(
+        "vidur-never-fitting-request-waits", ("vidur-vllm", "vidur-sarathi", "vidur-orca"),
+        "Vidur's replica schedulers leave a request that can never fit at the head of the queue for ever",
+        "LIV-001",
+        "_can_allocate_request only answers 'not now': a prompt that needs more blocks than the pool holds waits at "
+        "the head of the queue for ever and blocks every request behind it (vLLM ignores it, AllocStatus.NEVER).",
+        "with nothing running, the head of waiting is admitted or dropped as never fitting",
+        "every step schedules nothing with the request waiting",
+        ("vidur/scheduler/replica_scheduler/vllm_replica_scheduler.py: _can_allocate_request",
+         "vidur/scheduler/replica_scheduler/sarathi_replica_scheduler.py: _can_allocate_request",
+         "vidur/scheduler/replica_scheduler/orca_replica_scheduler.py: _get_next_batch (can_allocate)"),
+        "When a request needs more blocks than num_blocks, drop it from the queue (and record it as ignored), as "
+        "vLLM's AllocStatus.NEVER does.",
+        "none found in microsoft/vidur.",
+        classes=("never-fits-not-ignored",), problems=("LIV-001", "LIV-003"),
+        reproducers=tuple(Reproducer(f"docs/traces/vidur-{kind}-liveness/counterexamples/LIV-001.json", f"vidur-{kind}",
+                                     "idles with work queued") for kind in ("vllm", "sarathi", "orca")),
+    ),
+    Finding(
+        "vidur-sarathi-restart-mid-prefill", ("vidur-sarathi",),
+        "Vidur's Sarathi scheduler restarts a request mid-prefill with its prompt cut to the chunks done",
+        "REQ-004",
+        "Request.restart makes the tokens processed so far the new prompt and the rest decode tokens, which is right "
+        "only past the prefill; Sarathi picks victims with _preempted_requests.pop(-1), which can be mid chunked "
+        "prefill: its sequence shrinks and the rest of its prompt is then 'generated' a token a step.",
+        "a request's tokens never go down",
+        "a request's length goes down at the restart",
+        ("vidur/entities/request.py:328-344 (Request.restart: `_num_prefill_tokens = _num_processed_tokens`)",
+         "vidur/scheduler/replica_scheduler/sarathi_replica_scheduler.py: _get_next_batch (victim "
+         "`_preempted_requests.pop(-1)`)"),
+        "In Request.restart keep the original prompt length when the prefill was not complete: "
+        "`_num_prefill_tokens = max(_num_prefill_tokens, _num_processed_tokens)` and the decode tokens left unchanged.",
+        "none found in microsoft/vidur.",
+        problems=("REQ-004",),
+        reproducers=(Reproducer("docs/traces/vidur-sarathi/counterexamples/REQ-004.json", "vidur-sarathi",
+                                "tokens were dropped"),),
+    ),
+)
+
+
+def finding_of(trace: Trace, target: str) -> Finding | None:
+    """The finding a trace of ``target`` shows: by its lockstep class, else by the problem it was saved for."""
+    cls = trace.meta.get("class")
+    problem = trace.meta.get("problem")
+    for finding in FINDINGS:
+        if target not in finding.targets:
+            continue
+        if cls is not None and cls in finding.classes:
+            return finding
+    for finding in FINDINGS:
+        if target in finding.targets and cls is None and problem in finding.problems:
+            return finding
+    return None
+
+
+def get_finding(slug: str) -> Finding:
+    for finding in FINDINGS:
+        if finding.slug == slug:
+            return finding
+    raise KeyError(slug)

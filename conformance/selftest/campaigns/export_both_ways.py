@@ -1,0 +1,184 @@
+"""Every finding's reproducers, exported and run both ways; the upstream reports written from them.
+
+    python -m conformance.selftest.campaigns.export_both_ways [--finding SLUG ...]
+
+For each `Finding` (conformance/export/findings.py) and each of its reproducers:
+
+1. export the trace (`kvsched export --to pytest`) to docs/reports/<slug>/<target>--<trace>.py;
+2. run it on the installed release with the target venv's Python, in an empty folder and without
+   PYTHONPATH (so it cannot import kvsched): it must exit 1 with a FAILED line that names the
+   reported cause (`Reproducer.fails_with`);
+3. where the finding has a fix descriptor (docs/reports/fixes/), apply it to a copy of the engine
+   (`conformance.export.patching`) and run the file again with the copy first on PYTHONPATH: it
+   must exit 0.
+
+The results go to docs/reports/both-ways.json (versioned; wall and CPU seconds per run, the load),
+then each finding's report (docs/reports/<slug>.md, `conformance.export.report`) and the index
+(docs/reports/README.md). A target that is not installed is recorded as not run. Exit 1 when a
+reproducer does not fail on the release, or does not pass with its fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from conformance.export import exporter_for, render_pytest, render_report, trace_property
+from conformance.export.findings import FINDINGS, Finding, Reproducer
+from conformance.export.patching import installed_package_dir, load_fix, patched_copy
+from conformance.export.report import REPORTS, RESULTS, ROOT, load_results
+from conformance.export.unsupported import UNSUPPORTED
+from conformance.selftest.campaigns.campaign_args import provenance
+from conformance.targets import TARGET_SPECS
+from spec.trace import Trace
+
+VERSION = 1
+RUN_TIMEOUT = 600
+
+
+def run_file(python: Path, path: Path, env_extra: dict[str, str]) -> dict[str, Any]:
+    """Run an exported file as a plain script; its verdict line, exit code and seconds."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(env_extra)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvsched-repro-") as cwd:
+        try:
+            done = subprocess.run([str(python), str(path.resolve())], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=RUN_TIMEOUT, check=False)
+            code, output = done.returncode, done.stdout
+        except subprocess.TimeoutExpired:
+            code, output = 124, f"TIMEOUT after {RUN_TIMEOUT} s"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = [line for line in output.splitlines() if line.startswith(("FAILED:", "passed", "engine:", "TIMEOUT"))]
+    verdict_line = next((line for line in reversed(lines) if not line.startswith("engine:")), "")
+    return {"exit": code, "line": verdict_line, "engine": next((x for x in lines if x.startswith("engine:")), ""),
+            "seconds": round(time.monotonic() - started, 1),
+            "cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)}
+
+
+def reproducer_name(rep: Reproducer) -> str:
+    """test_<target>__<the trace's path below docs/traces or docs/reports/traces>.py, as a module name."""
+    parts = Path(rep.trace).with_suffix("").parts
+    below = parts[parts.index("traces") + 1:] if "traces" in parts else parts[-1:]
+    return "test_" + "__".join(x.replace("-", "_").replace("+", "_") for x in (rep.target, "_".join(below))) + ".py"
+
+
+def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, Path], scratch: Path) -> dict[str, Any]:
+    target = TARGET_SPECS[rep.target]
+    trace = Trace.load(ROOT / rep.trace)
+    exporter = exporter_for(trace, rep.target)
+    prop = trace_property(trace, exporter, rep.property)
+    path = REPORTS / finding.slug / reproducer_name(rep)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_pytest(trace, exporter, prop, rep.trace))
+    record: dict[str, Any] = {"file": str(path.relative_to(ROOT)), "trace": rep.trace, "target": rep.target,
+                              "property": prop}
+    if not target.installed():
+        record["release"] = {"verdict": "not run (target not installed)", "exit": None, "seconds": 0}
+        return record
+    release = run_file(target.python, path, dict(target.env))
+    release["verdict"] = ("fails" if release["exit"] == 1 and rep.fails_with in release["line"]
+                          else "UNEXPECTED")
+    record["release"] = release
+    if finding.fix_patch and rep.with_fix:
+        key = f"{finding.fix_patch}:{target.venv_of or target.name}"
+        if key not in fixed_copies:
+            fix = load_fix(REPORTS / "fixes" / finding.fix_patch)
+            fixed_copies[key] = patched_copy(fix, installed_package_dir(target.python, fix.package),
+                                             Path(tempfile.mkdtemp(prefix="fixed-", dir=scratch)))
+        fixed = run_file(target.python, path, {**target.env, "PYTHONPATH": str(fixed_copies[key])})
+        fixed["verdict"] = "passes" if fixed["exit"] == 0 and str(fixed_copies[key]) in fixed["engine"] else "UNEXPECTED"
+        record["fixed"] = fixed
+    elif finding.fix_patch:
+        record["fix_note"] = rep.note or "not run with the fix"
+    return record
+
+
+def write_report(finding: Finding, results: dict[str, Any]) -> None:
+    rep = finding.reproducers[0]
+    trace = Trace.load(ROOT / rep.trace)
+    exporter = exporter_for(trace, rep.target)
+    text = render_report(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace, results=results)
+    (REPORTS / f"{finding.slug}.md").write_text(text)
+
+
+def write_index(results: dict[str, Any]) -> None:
+    lines = ["# Upstream reports", "",
+             "One report per defect kvsched found in a current release (docs/CONFORMANCE.md lists every finding; "
+             "deviations by design are explained there and not reported). Each report links its standalone "
+             "reproducers, in the folder of the same name: files that import the engine, never kvsched, and fail "
+             "on the release with one plain-words line; fix descriptors are in `fixes/`.", "",
+             "Regenerate (exports, both-ways runs, reports, this index): "
+             "`python -m conformance.selftest.campaigns.export_both_ways`. Draft one report: "
+             "`kvsched export TRACE --to report`; one reproducer: `kvsched export TRACE --to pytest --out FILE`.", "",
+             "| report | engine | reproducers failing on the release | passing with the fix | upstream |",
+             "| --- | --- | --- | --- | --- |"]
+    for finding in FINDINGS:
+        runs = results.get(finding.slug, {}).get("runs", [])
+        failing = sum(r["release"].get("verdict") == "fails" for r in runs)
+        with_fix = [r for r in runs if "fixed" in r]
+        passing = (f"{sum(r['fixed']['verdict'] == 'passes' for r in with_fix)} of {len(with_fix)}"
+                   + (" (upstream PR)" if finding.fix_is_upstream else " (our fix)")) if with_fix else "no fix"
+        engines = ", ".join(sorted({TARGET_SPECS[t].version for t in finding.targets}))
+        lines.append(f"| [{finding.title}]({finding.slug}.md) | {engines} | {failing} of {len(runs)} | {passing} | "
+                     f"{finding.upstream.split(';')[0].split(': ')[0].split(' (')[0].rstrip('.')} |")
+    lines += ["", "Targets with no exporter, and why:", ""]
+    lines += [f"* **{name}**: {why}" for name, why in UNSUPPORTED.items()]
+    lines += ["", "Not reported here:", "",
+              "* the deviations by design of docs/CONFORMANCE.md (LMDeploy's lazy recompute eviction and empty "
+              "completion, Vidur's missing length limits and Orca's token budget, nano-vllm's always-on prefix "
+              "cache, V0's swap-space RuntimeError, V1's chunk clamp at max_model_len, which V1's door keeps from "
+              "generate requests) and nano-vllm's missing max_model_len checks (its Scheduler is given no "
+              "max_model_len: the limit is the caller's in that design);",
+              "* tokasaurus 0.0.4's `max_tokens=1` crash (docs/examples/tokasaurus/README.md, finding 1): a stranger "
+              "adapter, not a kvsched target, and its venv is not on the machine these reports were made on.",
+              "* findings of the KV-connector, hybrid-KV-cache and encoder-cache features: those features were not in "
+              "kvsched when these reports were made, so there is no trace of theirs to export yet."]
+    (REPORTS / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--finding", action="append", help="a finding's slug (default: all)")
+    parser.add_argument("--reports-only", action="store_true",
+                        help="rewrite the reports and the index from the committed results, running nothing")
+    args = parser.parse_args(argv)
+    chosen = [f for f in FINDINGS if not args.finding or f.slug in args.finding]
+    results = load_results()
+    if args.reports_only:
+        for finding in chosen:
+            write_report(finding, results)
+        write_index(results)
+        return 0
+    ok = True
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="kvsched-fixes-") as scratch:
+        fixed_copies: dict[str, Path] = {}
+        for finding in chosen:
+            runs = [check_reproducer(finding, rep, fixed_copies, Path(scratch)) for rep in finding.reproducers]
+            results[finding.slug] = {"run": f"{started} to {time.strftime('%H:%M UTC', time.gmtime())}, "
+                                            f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
+                                     "runs": runs}
+            for r in runs:
+                bad = "UNEXPECTED" in (r["release"]["verdict"], r.get("fixed", {}).get("verdict"))
+                ok = ok and not bad
+                print(json.dumps({"finding": finding.slug, "file": r["file"], "release": r["release"].get("verdict"),
+                                  "fixed": r.get("fixed", {}).get("verdict")}), flush=True)
+            RESULTS.write_text(json.dumps({"version": VERSION, "provenance": provenance(), "findings": results},
+                                          indent=2) + "\n")
+            write_report(finding, results)
+    write_index(results)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

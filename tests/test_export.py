@@ -1,0 +1,210 @@
+"""``kvsched export``: standalone reproducers and report drafts (conformance/export/).
+
+The end-to-end tests export a committed trace and run the file with the target venv's Python, in
+an empty folder without PYTHONPATH (so it cannot import kvsched), and with a fix descriptor applied
+to a copy of the engine. Skipped when the target is not installed, unless KVSCHED_REQUIRE_TARGETS=1.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conformance.commands.cli import main
+from conformance.export import exporter_for, render_pytest, trace_property
+from conformance.export.exporter import EXPORTERS
+from conformance.export.findings import FINDINGS
+from conformance.export.patching import Edit, Fix, load_fix, patched_copy
+from conformance.export.unsupported import UNSUPPORTED
+from conformance.selftest.campaigns.export_both_ways import reproducer_name, run_file
+from spec.errors import InputError
+from spec.trace import Trace
+from tests.test_targets import need
+
+ROOT = Path(__file__).resolve().parent.parent
+CUT = ROOT / "docs/traces/specdec/sync-padded-admission-cut-by-threshold.json"
+SEATS = ROOT / "docs/reports/traces/nano-vllm-seats-overfilled.json"
+KVSCHED_PACKAGES = {"spec", "conformance", "reference_impl", "gpu_impl", "tests"}
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["export", "no/such/trace.json", "--to", "pytest"], "no/such/trace.json"),
+    (["export", str(CUT), "--to", "pytest", "--target", "nosuch"], "unknown target 'nosuch'"),
+    (["export", str(CUT), "--to", "pytest", "--target", "nano-vllm"], "found on vllm-v1, not nano-vllm"),
+    (["export", str(CUT), "--to", "pytest", "--property", "PFX-002"], "no standalone check of 'PFX-002'"),
+    (["export", str(CUT), "--to", "docx"], "--to"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, names, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as done:  # argparse's own refusals
+        code = done.code
+    assert code == 2
+    assert names in one_error_line(capsys)
+
+
+def test_a_target_without_exporter_says_why_in_one_line(tmp_path, capsys):
+    trace = Trace.load(ROOT / "docs/traces/sglang/handmade/retract-decode.json")
+    path = trace.save(tmp_path / "t.json")
+    assert main(["export", str(path), "--to", "pytest", "--target", "sglang"]) == 2
+    assert one_error_line(capsys).startswith("kvsched: error: --target: sglang cannot be exported: SGLang's Scheduler")
+    assert set(UNSUPPORTED) & set(EXPORTERS) == set()
+
+
+def test_the_output_path_is_checked_before_anything_is_written(tmp_path, capsys):
+    assert main(["export", str(CUT), "--to", "pytest", "--out", str(tmp_path)]) == 2
+    assert "--out" in one_error_line(capsys)
+    assert main(["export", "no/such.json", "--to", "pytest", "--out", str(tmp_path / "x.py")]) == 2
+    assert not (tmp_path / "x.py").exists()
+
+
+def kvsched_imports(text: str) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return [n for n in names if n.split(".")[0] in KVSCHED_PACKAGES]
+
+
+def committed_reproducers():
+    return [(f.slug, r) for f in FINDINGS for r in f.reproducers]
+
+
+@pytest.mark.parametrize("slug, rep", committed_reproducers(), ids=lambda x: getattr(x, "trace", x))
+def test_every_reproducer_exports_to_python_that_imports_no_kvsched(slug, rep):
+    trace = Trace.load(ROOT / rep.trace)
+    exporter = exporter_for(trace, rep.target)
+    prop = trace_property(trace, exporter, rep.property)
+    text = render_pytest(trace, exporter, prop, rep.trace)
+    assert kvsched_imports(text) == []
+    assert "def test_reproducer()" in text and 'if __name__ == "__main__":' in text
+    compile(text, rep.trace, "exec")
+
+
+@pytest.mark.parametrize("slug, rep", committed_reproducers(), ids=lambda x: getattr(x, "trace", x))
+def test_the_committed_reproducers_are_what_export_writes_now(slug, rep):
+    trace = Trace.load(ROOT / rep.trace)
+    exporter = exporter_for(trace, rep.target)
+    text = render_pytest(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace)
+    assert (ROOT / "docs/reports" / slug / reproducer_name(rep)).read_text() == text, (
+        "stale: rerun python -m conformance.selftest.campaigns.export_both_ways")
+
+
+def test_every_exporter_has_a_fragment_for_each_property():
+    fragments = ROOT / "conformance/export/templates"
+    for exporter in EXPORTERS.values():
+        assert (fragments / f"{exporter.engine}.py.in").exists()
+        for prop in exporter.properties:
+            assert (fragments / "properties" / f"{prop}.py.in").exists(), (exporter.target, prop)
+
+
+def test_the_report_draft_names_the_step_the_fix_and_the_upstream_pr(tmp_path):
+    out = tmp_path / "report.md"
+    assert main(["export", str(CUT), "--to", "report", "--out", str(out)]) == 0
+    text = out.read_text()
+    for section in ("## What breaks", "## The exact step", "## Expected and actual", "## Reproducer", "## Source",
+                    "## Proposed fix", "## Checked both ways", "## Upstream"):
+        assert section in text
+    assert "vllm-project/vllm#54028" in text and "scheduler.py:1579" in text
+    assert "+                        and not 0 < long_prefill_token_threshold < 1 + self.num_spec_tokens" in text
+
+
+def test_every_finding_has_a_committed_report_and_reproducers():
+    for finding in FINDINGS:
+        assert (ROOT / "docs/reports" / f"{finding.slug}.md").exists(), finding.slug
+        assert finding.reproducers, finding.slug
+        if finding.fix_patch:
+            assert load_fix(ROOT / "docs/reports/fixes" / finding.fix_patch).edits
+
+
+def test_a_fix_whose_text_is_not_in_the_engine_is_refused(tmp_path):
+    package = tmp_path / "site" / "engine"
+    package.mkdir(parents=True)
+    (package / "core.py").write_text("x = 1\n")
+    fix = Fix("engine", "engine==1", "test", (Edit("core.py", "x = 2\n", "x = 3\n"),))
+    with pytest.raises(InputError, match="occurs 0 times"):
+        patched_copy(fix, package, tmp_path / "out")
+    good = Fix("engine", "engine==1", "test", (Edit("core.py", "x = 1\n", "x = 3\n"),))
+    out = patched_copy(good, package, tmp_path / "out2")
+    assert (out / "engine" / "core.py").read_text() == "x = 3\n"
+    assert (package / "core.py").read_text() == "x = 1\n"  # the installed file is never written
+
+
+def export_to(tmp_path: Path, trace: Path, *extra: str) -> Path:
+    out = tmp_path / f"test_{trace.stem.replace('-', '_')}.py"
+    assert main(["export", str(trace), "--to", "pytest", "--out", str(out), *extra]) == 0
+    return out
+
+
+def test_nano_vllm_seat_overfill_fails_on_the_release_and_passes_with_the_fix(tmp_path):
+    target = need("nano-vllm")
+    path = export_to(tmp_path, SEATS)
+    release = run_file(target.python, path, {})
+    assert release["exit"] == 1, release
+    assert release["line"].startswith("FAILED: step 1: after schedule(), 2 sequences are running")
+    fix = load_fix(ROOT / "docs/reports/fixes/nano-vllm-count-running-seats.json")
+    from conformance.export.patching import installed_package_dir
+
+    copy = patched_copy(fix, installed_package_dir(target.python, fix.package), tmp_path / "fixed")
+    fixed = run_file(target.python, path, {"PYTHONPATH": str(copy)})
+    assert fixed["exit"] == 0 and fixed["line"].startswith("passed"), fixed
+    assert str(copy) in fixed["engine"]
+
+
+def test_vllm_v1_pr_54028_assert_fails_on_the_release_and_passes_with_the_pr(tmp_path):
+    target = need("vllm-v1")
+    path = export_to(tmp_path, CUT)
+    release = run_file(target.python, path, dict(target.env))
+    assert release["exit"] == 1, release
+    assert "step 3: Scheduler.schedule() raised AssertionError at scheduler.py:1579" in release["line"]
+    from conformance.export.patching import installed_package_dir
+
+    fix = load_fix(ROOT / "docs/reports/fixes/vllm-54028-skip-padding-below-threshold.json")
+    copy = patched_copy(fix, installed_package_dir(target.python, fix.package), tmp_path / "fixed")
+    fixed = run_file(target.python, path, {**target.env, "PYTHONPATH": str(copy)})
+    assert fixed["exit"] == 0 and fixed["line"].startswith("passed"), fixed
+
+
+def test_the_exported_file_runs_under_pytest_too(tmp_path):
+    """In a copy of the target's venv environment with pytest added on PYTHONPATH (the venv itself,
+    whose packages `kvsched targets install` pins, is left as it is)."""
+    target = need("nano-vllm")
+    path = export_to(tmp_path, SEATS)
+    pytest_dir = Path(pytest.__file__).resolve().parent.parent  # the pytest this suite runs with
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "pytest-only")
+    (tmp_path / "pytest-only").mkdir()
+    for name in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments"):
+        source = pytest_dir / name
+        if source.exists():
+            (tmp_path / "pytest-only" / name).symlink_to(source)
+    for extra in pytest_dir.glob("py.py"):
+        (tmp_path / "pytest-only" / extra.name).symlink_to(extra)
+    done = subprocess.run([str(target.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 sequences are running" in done.stdout and "1 failed" in done.stdout
+
+
+def test_the_committed_both_ways_results_are_current_with_the_findings():
+    data = json.loads((ROOT / "docs/reports/both-ways.json").read_text())
+    assert data["version"] == 1
+    for finding in FINDINGS:
+        runs = data["findings"][finding.slug]["runs"]
+        assert [r["trace"] for r in runs] == [r.trace for r in finding.reproducers], finding.slug
+        for run in runs:
+            assert run["release"]["verdict"] in ("fails", "not run (target not installed)"), run
+            assert run.get("fixed", {"verdict": "passes"})["verdict"] == "passes", run
