@@ -23,7 +23,7 @@ Why this is sound: a rule about one subject passed on it at the previous step, a
 depends on nothing but the subject (and the step's record, for the sequences the step scheduled,
 which are always touched); an untouched subject is the very object it was. tests/test_incremental_check.py
 holds every verdict to the whole evaluation, on the references and every mutant, and
-tests/test_subjects.py holds each trigger to the predicate's findings.
+tests/test_subjects.py holds each step rule's trigger to the rule's findings.
 
 The derived facts the rules share (tables, entry counts, pool facts, keys; `_views`) are carried
 forward from snapshot to snapshot there; the facts kept across steps for a rule (the token count a
@@ -188,13 +188,13 @@ class Evaluation:
     """Runs a set of step invariants over one step at a time, by subject (the numbered steps of
     the module docstring), and counts what each exercised (`exercised`)."""
 
-    def __init__(self, checks: Sequence[Invariant], gated: bool = True) -> None:
+    def __init__(self, checks: Sequence[Invariant]) -> None:
         self.checks = list(checks)
         self.exercised = [0] * len(self.checks)
-        # ``gated=False`` (tests/test_subjects.py): hand every touched subject to every rule, and
-        # keep in `untriggered` what a rule found where its trigger did not hold (nothing, when
-        # the triggers are right: a trigger only ever spares a rule subjects it finds nothing in).
-        self.gated = gated
+        # What a rule about the step found in a step where its trigger did not hold (nothing, when
+        # the triggers are right; tests/test_subjects.py holds them to it). A rule about one
+        # subject is handed only the subjects its trigger holds for: there the trigger is the
+        # statement's own precondition ("a running sequence holds GPU blocks").
         self.untriggered: list[tuple[str, str]] = []
         rules = [_Rule(i, inv) for i, inv in enumerate(self.checks)]
         self._sequence = {label: [r for r in rules if r.inv.about == SEQUENCE and label in r.inv.at]
@@ -236,8 +236,6 @@ class Evaluation:
                 self.untriggered += messages
         return found
 
-    def _ungated(self, inv_id: str, messages: Iterable[str]) -> None:
-        self.untriggered += [(inv_id, m) for m in messages]
 
     # -- 2. sequences ------------------------------------------------------------------------
     def _sequences(self, ctx: CheckContext, rec: StepRecord, base: Snapshot | None,
@@ -258,8 +256,6 @@ class Evaluation:
                     if placement_only and not moved:
                         continue
                     if when is not None and not when(ctx, seq):
-                        if not self.gated:
-                            self._ungated(inv_id, fn(ctx, rec, seq))
                         continue
                     counts[index] += 1
                     for message in fn(ctx, rec, seq):
@@ -277,8 +273,6 @@ class Evaluation:
             for req in _requests_in(ctx, snap, label, touched):
                 for index, inv in rules:
                     if inv.when is not None and not inv.when(ctx, req):
-                        if not self.gated:
-                            self._ungated(inv.id, inv.step(ctx, rec, req))  # type: ignore[misc]
                         continue
                     counts[index] += 1
                     found += [(inv.id, m) for m in inv.step(ctx, rec, req)]  # type: ignore[misc]
@@ -296,8 +290,6 @@ class Evaluation:
                 pool = PoolAt(label, device, snap, size, older)
                 for index, inv in rules:
                     if inv.when is not None and not inv.when(ctx, pool):
-                        if not self.gated:
-                            self._ungated(inv.id, inv.step(ctx, rec, pool))  # type: ignore[misc]
                         continue
                     counts[index] += 1
                     found += [(inv.id, m) for m in inv.step(ctx, rec, pool)]  # type: ignore[misc]

@@ -186,18 +186,18 @@ def schedules_a_prefill(ctx: CheckContext, rec: StepRecord) -> bool:
 
 
 def swaps_out(ctx: CheckContext, rec: StepRecord) -> bool:
-    """the step swaps a request out"""
-    return bool(rec.output.swap_out)
+    """the step swaps a request out (a swap-out map, or a preemption by swap)"""
+    return bool(rec.output.swap_out) or any(p.mode is PreemptionMode.SWAP for p in rec.output.preempted)
 
 
 def swaps_in(ctx: CheckContext, rec: StepRecord) -> bool:
-    """the step swaps a request in"""
-    return bool(rec.output.swap_in)
+    """the step swaps a request in (a swap-in map, or a request named swapped in)"""
+    return bool(rec.output.swap_in or rec.output.swapped_in)
 
 
 def swaps(ctx: CheckContext, rec: StepRecord) -> bool:
     """the step swaps a request out or in"""
-    return bool(rec.output.swap_out or rec.output.swap_in)
+    return swaps_out(ctx, rec) or swaps_in(ctx, rec)
 
 
 def copies(ctx: CheckContext, rec: StepRecord) -> bool:
