@@ -262,7 +262,12 @@ engine loop, in six calls, plus the profiles it claims and the observations it e
 
 Sequence ids are `<request>#<index>`. A run checks, after every step, each invariant of the
 chosen profile whose needs the adapter's `capabilities` cover; the others are reported
-`not_applicable`, never `pass`.
+`not_applicable`, never `pass`. Each invariant also declares what it is about (a sequence, a
+request, a block pool, the step's schedule or outcome) and when it has something to check (its
+trigger: a swap, a fork, a draft, a finished request, ...). The report's "exercised" column counts
+the subjects it checked with its trigger holding; one whose trigger never held in the run (the
+speculative family on an engine that never drafts) is reported `vacuous`, never `pass`: in JSON
+with the reason, in JUnit as `skipped`, in the pytest plugin as a skip, and in the summary line.
 
 ## Rules every adapter follows
 
