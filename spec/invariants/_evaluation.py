@@ -12,9 +12,10 @@ step for all of them:
    pools whose counts, free list, tables or cache keys are not the very objects they were.
    Without a previous step (the first one, the one after a violation, ``KVSCHED_FULL_CHECK=1``)
    every subject is touched.
-2. Visit each touched sequence once per snapshot and hand it to every rule about sequences whose
-   trigger holds for it (a rule that declares reads within `_views.PLACEMENT` gets only the views
-   whose placement moved); then each touched request, then each touched pool.
+2. Make each touched sequence one subject per snapshot, once; evaluate each distinct trigger once
+   per subject and hand the subjects it holds for to every rule about sequences with that trigger
+   (a rule that declares reads within `_views.PLACEMENT` gets only the views whose placement
+   moved); then each touched request, then each touched pool.
 3. Run the rules about the step on the record, counting those whose trigger held.
 4. Count, per rule, the subjects it checked with its trigger holding: what the run *exercised*.
    A rule whose count is zero at the end of a run was vacuous there.
@@ -149,14 +150,12 @@ def first_unread_token(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> int:
     these (compared at C speed), else 0."""
     if not observation.INCREMENTAL:
         return 0
-    if seq.where == AFTER_STEP and rec.mid is not None:
-        older: Snapshot | None = rec.mid
-    else:
-        older = _base_of(ctx, rec)
+    snap = seq.snap
+    if snap.base is not None and (snap.base is rec.mid or snap.base is rec.before) and _base_of(ctx, rec) is not None:
+        return observation.base_token_prefix(snap, seq.id)  # the usual chain: one shared comparison
+    older = rec.mid if seq.where == AFTER_STEP and rec.mid is not None else _base_of(ctx, rec)
     if older is None or older.seqs is None:
         return 0
-    if seq.snap.base is older:
-        return observation.base_token_prefix(seq.snap, seq.id)
     old = older.seqs.get(seq.id)
     known, tokens = (old.token_ids if old is not None else None), seq.view.token_ids
     if known is not None and tokens is not None and len(known) <= len(tokens) \
@@ -197,8 +196,15 @@ class Evaluation:
         # statement's own precondition ("a running sequence holds GPU blocks").
         self.untriggered: list[tuple[str, str]] = []
         rules = [_Rule(i, inv) for i, inv in enumerate(self.checks)]
-        self._sequence = {label: [r for r in rules if r.inv.about == SEQUENCE and label in r.inv.at]
-                          for label in (AFTER_SCHEDULE, AFTER_STEP)}
+        # Rules about sequences, per snapshot, grouped by (trigger, placement only): each trigger is
+        # evaluated once per touched view, and the views it holds for go to every rule that has it.
+        self._sequence: dict[str, list[tuple[object, bool, list[_Rule]]]] = {}
+        for label in (AFTER_SCHEDULE, AFTER_STEP):
+            groups: dict[tuple[object, bool], list[_Rule]] = {}
+            for r in rules:
+                if r.inv.about == SEQUENCE and label in r.inv.at:
+                    groups.setdefault((r.inv.when, _placement_only(r.inv)), []).append(r)
+            self._sequence[label] = [(when, placed, group) for (when, placed), group in groups.items()]
         self._request = {label: [r for r in rules if r.inv.about == REQUEST and label in r.inv.at]
                          for label in (AFTER_SCHEDULE, AFTER_STEP)}
         self._pool = {label: [r for r in rules if r.inv.about == POOL and label in r.inv.at]
@@ -243,23 +249,28 @@ class Evaluation:
         touched, placed = _touched_sequences(rec, base)
         counts = self.exercised
         for label, snap in labelled:
-            rules = [(r.index, r.inv.id, r.inv.step, r.inv.when, _placement_only(r.inv)) for r in self._sequence[label]]
-            if not rules:
+            groups = self._sequence[label]
+            if not groups:
                 continue
             seqs = snap.seqs
             assert seqs is not None
-            visit = seqs.items() if touched is None else ((sid, seqs[sid]) for sid in touched if sid in seqs)
-            for sid, view in visit:
-                seq = SeqAt(label, sid, view, snap)
-                moved = placed is None or sid in placed
-                for index, inv_id, fn, when, placement_only in rules:
-                    if placement_only and not moved:
-                        continue
-                    if when is not None and not when(ctx, seq):
-                        continue
-                    counts[index] += 1
-                    for message in fn(ctx, rec, seq):
-                        found.append((inv_id, message))
+            # Each touched view becomes one subject, once (in id order when touched is known).
+            if touched is None:
+                subjects = [SeqAt(label, sid, view, snap) for sid, view in seqs.items()]
+            else:
+                subjects = [SeqAt(label, sid, seqs[sid], snap) for sid in touched if sid in seqs]
+            moved = subjects if placed is None else [s for s in subjects if s.id in placed]
+            for when, placement_only, rules in groups:
+                pool = moved if placement_only else subjects
+                chosen = pool if when is None else [s for s in pool if when(ctx, s)]  # type: ignore[operator]
+                if not chosen:
+                    continue
+                for index, inv in rules:
+                    counts[index] += len(chosen)
+                    fn, inv_id = inv.step, inv.id
+                    for seq in chosen:
+                        for message in fn(ctx, rec, seq):  # type: ignore[misc]
+                            found.append((inv_id, message))
 
     # -- 2. requests -------------------------------------------------------------------------
     def _requests(self, ctx: CheckContext, rec: StepRecord, base: Snapshot | None,
