@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from operator import attrgetter, is_
 
 from reference_impl.block_manager import AllocStatus, BlockManager
 from reference_impl.budget import Budget
@@ -77,6 +78,9 @@ class _StepBuilder:
         )
 
 
+_REQUEST_ID, _STATUS = attrgetter("request_id"), attrgetter("status")  # observation: read at C speed
+
+
 class Scheduler:
     """The executable reference (the oracle). Implements `spec.protocol.SchedulerLike`."""
 
@@ -98,6 +102,9 @@ class Scheduler:
         self._settled: set[str] = set()  # finished groups holding nothing: their views are final
         self._unsettled_finished: set[str] = set()  # finished groups last seen still holding blocks
         self._added_since_snapshot: list[str] = []
+        # Observation only: the waiting queue's groups and ids as the last snapshot saw them, so
+        # that a snapshot of an unchanged backlog reuses its tuple and visits none of it.
+        self._observed_waiting: tuple[list[SequenceGroup], tuple[str, ...]] = ([], ())
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -375,9 +382,10 @@ class Scheduler:
 
     # ---------------------------------------------------------------- helpers
     def _enqueue(self, queue: list[SequenceGroup], group: SequenceGroup) -> None:
-        """Insert in policy order (keys are unique: they end with the arrival number)."""
-        keys = [g.key(self.config.policy) for g in queue]
-        queue.insert(bisect.bisect_right(keys, group.key(self.config.policy)), group)
+        """Insert in policy order (keys are unique: they end with the arrival number). Bisected on
+        the keys, not a list of them: a backlog of thousands is not rebuilt per arrival."""
+        policy = self.config.policy
+        queue.insert(bisect.bisect_right(queue, group.key(policy), key=lambda g: g.key(policy)), group)
 
     def _queue_of(self, group: SequenceGroup) -> list[SequenceGroup]:
         return {Status.WAITING: self.waiting, Status.RUNNING: self.running, Status.SWAPPED: self.swapped}[group.status]
@@ -411,13 +419,15 @@ class Scheduler:
         bm = self.block_manager
         if not observation.INCREMENTAL:
             self._last_snapshot, self._settled, self._unsettled_finished = None, set(), set()
+            self._observed_waiting = ([], ())
         base = self._last_snapshot
+        waiting_ids = self._waiting_ids()
         old_seqs = base.seqs if base is not None and base.seqs is not None else {}
         old_statuses = base.statuses if base is not None and base.statuses is not None else {}
         new_views: dict[str, SeqView] = {}
         new_statuses: dict[str, Status] = {}
         gpu_tables, cpu_tables = bm.gpu_tables, bm.cpu_tables
-        for group in self._groups_to_visit(base):
+        for group in self._groups_to_visit(base, waiting_ids):
             rid = group.request_id
             if old_statuses.get(rid) is not group.status:
                 new_statuses[rid] = group.status
@@ -452,18 +462,25 @@ class Scheduler:
 
         old_snap = base if base is not None else Snapshot()
         gpu_changes, cpu_changes = bm.gpu.changed_blocks(), bm.cpu.changed_blocks()  # taken every snapshot
+
+        def pool(changes: dict[int, int] | None, new, old: tuple | None) -> tuple:  # type: ignore[no-untyped-def]
+            """A pool's counts or free ids: the previous tuple when its log names no change (every
+            write is logged, reference_impl/pool_log.py), else built anew (``new()``)."""
+            return old if changes == {} and old is not None else new()
+
         snap = Snapshot(
             statuses=statuses,
             seqs=seqs,
-            waiting=same(tuple(g.request_id for g in self.waiting), old_snap.waiting),
+            waiting=same(waiting_ids, old_snap.waiting),
             running=same(tuple(g.request_id for g in self.running), old_snap.running),
             swapped=same(tuple(g.request_id for g in self.swapped), old_snap.swapped),
-            gpu_ref_counts=same(tuple(bm.gpu.ref_counts[:]), old_snap.gpu_ref_counts),  # [:]: see BlockPool.free_ids
-            cpu_ref_counts=same(tuple(bm.cpu.ref_counts[:]), old_snap.cpu_ref_counts),
+            # [:]: see BlockPool.free_ids
+            gpu_ref_counts=pool(gpu_changes, lambda: tuple(bm.gpu.ref_counts[:]), old_snap.gpu_ref_counts),
+            cpu_ref_counts=pool(cpu_changes, lambda: tuple(bm.cpu.ref_counts[:]), old_snap.cpu_ref_counts),
             gpu_free=bm.gpu.num_free,
             cpu_free=bm.cpu.num_free,
-            gpu_free_ids=same(bm.gpu.free_ids(), old_snap.gpu_free_ids),
-            cpu_free_ids=same(bm.cpu.free_ids(), old_snap.cpu_free_ids),
+            gpu_free_ids=pool(gpu_changes, bm.gpu.free_ids, old_snap.gpu_free_ids),
+            cpu_free_ids=pool(cpu_changes, bm.cpu.free_ids, old_snap.cpu_free_ids),
             base=base,
             changed_seqs=frozenset(new_views) if base is not None else None,
             changed_requests=frozenset(new_statuses) if base is not None else None,
@@ -472,19 +489,45 @@ class Scheduler:
         )
         # Only the latest is kept; holding the chain is the records' business, not the scheduler's.
         self._last_snapshot = snap
+        self._observed_waiting = (self._observed_waiting[0], snap.waiting)  # the tuple base.waiting will be
         return snap
 
-    def _groups_to_visit(self, base: Snapshot | None) -> list[SequenceGroup]:
+    def _waiting_ids(self) -> tuple[str, ...]:
+        """The waiting queue's request ids: the last snapshot's very tuple while the queue holds
+        the same groups in the same order (compared by identity at C speed), so that neither a
+        snapshot nor `_groups_to_visit` walks an unchanged backlog in Python."""
+        seen, ids = self._observed_waiting
+        waiting = self.waiting
+        if len(seen) == len(waiting) and all(map(is_, seen, waiting)):
+            return ids
+        ids = tuple(map(_REQUEST_ID, waiting))
+        self._observed_waiting = (list(waiting), ids)
+        return ids
+
+    def _groups_to_visit(self, base: Snapshot | None, waiting_ids: tuple[str, ...]) -> list[SequenceGroup]:
         """The groups whose views may have changed since ``base``: every running or swapped
         group, every group that entered or left a queue, and every group whose status is not
         its queue's. A group that stayed waiting, still WAITING, has no blocks to gain and no
         token to add, so its views are base's; a finished group is visited until it is seen
-        holding nothing (`_settled`)."""
+        holding nothing (`_settled`). When the waiting queue is base's (``waiting_ids`` is its
+        tuple) and every group in it is WAITING (both checked at C speed), none of it is walked:
+        only the waiting groups that hold blocks are visited."""
         if base is None or base.waiting is None:
             return [g for rid, g in self.groups.items() if rid not in self._settled]
-        was_waiting = set(base.waiting)
         holders = {request_of(sid) for sid in (*self.block_manager.gpu_tables, *self.block_manager.cpu_tables)}
         visit = [*self.running, *self.swapped]
+        if waiting_ids is base.waiting and list(map(_STATUS, self.waiting)).count(Status.WAITING) == len(self.waiting):
+            seen = {g.request_id for g in visit}
+            visit += [g for rid in sorted(holders) if rid not in seen and (g := self.groups.get(rid)) is not None
+                      and g.status is Status.WAITING]  # waiting (or a mutant's misplaced) holders
+            seen = {g.request_id for g in visit}
+            # A group that left running or swapped is visited wherever it went (a few per step).
+            visit += [self.groups[rid] for rid in (*(base.running or ()), *(base.swapped or ()))
+                      if rid not in seen and rid in self.groups and rid not in self._settled]
+            visit += [self.groups[rid] for rid in (*self._unsettled_finished, *self._added_since_snapshot)
+                      if rid not in self._settled]
+            return visit
+        was_waiting = set(base.waiting)
         visit += [g for g in self.waiting
                   if g.request_id not in was_waiting or g.status is not Status.WAITING or g.request_id in holders]
         queued = {g.request_id for g in visit} | was_waiting.intersection(g.request_id for g in self.waiting)

@@ -13,155 +13,31 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
+from spec.invariants._evaluation import Evaluation, note_finish_lengths
 from spec.invariants._views import forget
-from spec.observation import Capability, SeqView, StepFailure, StepRecord
+from spec.observation import Capability, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
-from spec.status import Status
-from spec.types import Request, request_of
+from spec.rules import (  # noqa: F401 - re-exported
+    CATEGORIES,
+    REGISTRY,
+    CheckContext,
+    EndPredicate,
+    FailurePredicate,
+    Invariant,
+    StepPredicate,
+    invariant,
+)
+from spec.types import request_of
 
-CATEGORIES = ("safety", "policy", "liveness")
-
-
-@dataclass
-class CheckContext:
-    """What a predicate may know besides the step: the config and the run so far."""
-
-    config: SchedulerConfig
-    requests: dict[str, Request] = field(default_factory=dict)
-    arrival: dict[str, int] = field(default_factory=dict)  # add order
-    finished: dict[str, Status] = field(default_factory=dict)  # reported before this step
-    steps: int = 0
-    last_arrival_step: int = 0
-    drained: bool = False
-    ended_at_max_steps: bool = False
-    # The previous step's record when every check passed on it: incremental checks need not
-    # look again at what is unchanged since (spec.invariants._views.fresh_*). None: check all.
-    previous: StepRecord | None = None
-    # What the scheduler declares it reserves beyond its computed tokens (CAP-006).
-    reservation: Reservation = NONE
-    # Requests one of whose sequences an outcome stopped while it was scheduled, this step
-    # included: only those may finish as FINISHED_STOPPED (REQ-005).
-    stopped: set[str] = field(default_factory=set)
-    # The `Invariant.reads` of the predicate being run (set by `Checker` before each call): the
-    # incremental readers (spec.invariants._views.fresh_*) hand it only views where one of those
-    # fields changed since it last passed. None: every field.
-    reads: frozenset[str] | None = None
-    # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
-    flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The steps that scheduled each request, the last MAX_PIPELINE_DEPTH + 1 of them (the steps
-    # whose outcome may still be in flight), and the last step it left the running set in
-    # (preempted, aborted or finished), with how: what a failure predicate (PIP-005) reads.
-    scheduled_in: dict[str, list[int]] = field(default_factory=dict)
-    left_at: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # What the scheduler exposes and claims (`Capability`): a few safety statements are scoped by
-    # a claim (RES-001, CAP-005, ADM-003 by ORDERED_STEPS; REQ-004, CHK-003 by OUTPUT_AT_FINISH).
-    claims: frozenset[Capability] = frozenset()
-
-    def key(self, request_id: str) -> tuple[int, ...]:
-        """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
-        if self.config.policy == "priority":
-            return (self.requests[request_id].priority, self.arrival[request_id])
-        return (self.arrival[request_id],)
-
-
-StepPredicate = Callable[[CheckContext, StepRecord], Iterable[str]]
-EndPredicate = Callable[[CheckContext], Iterable[str]]
-# Called when a scheduler call fails mid-step (`StepFailure`): which failures the invariant forbids.
-FailurePredicate = Callable[[CheckContext, StepFailure], Iterable[str]]
-
-
-@dataclass(frozen=True)
-class Invariant:
-    id: str
-    category: str
-    statement: str
-    rationale: str
-    needs: frozenset[Capability]
-    step: StepPredicate | None = None
-    end: EndPredicate | None = None
-    failure: FailurePredicate | None = None
-    # The statement assumes a step's outcome is processed in that step (a synchronous engine):
-    # with outcomes pipelined (config.pipeline_depth > 0) a correct scheduler computes ahead of
-    # what it has delivered, so there the invariant is checked on the step as the scheduler
-    # planned it (`spec.planned_view`: the in-flight counters added back), which needs the
-    # IN_FLIGHT observation; without it the invariant does not apply at depth > 0.
-    synchronous: bool = False
-    # For a synchronous invariant: whether the planned view stands in for it at depth > 0. False
-    # where the planned view cannot say it (REQ-004: a preempted request's stale samples are not
-    # counted by any counter); other invariants (PIP-001, PIP-002) make its promise there.
-    planned: bool = True
-    # Claims that make the invariant moot (PIP-004 under ORDERED_STEPS): not applicable where the
-    # scheduler makes one of them.
-    unless: frozenset[Capability] = frozenset()
-    # The `SeqView` fields the predicate reads (None: any). A declaration, not a hint: the
-    # incremental readers hand it only the views where one of these changed since the snapshot
-    # it last passed (a decode changes every running view's token counts each step but its block
-    # table once per block_size tokens, so a check of tables and statuses skips it), which is
-    # sound only if its verdict on a view depends on no other field.
-    # tests/test_reads_declared.py holds each declaration against the predicate's source.
-    reads: frozenset[str] | None = None
-
-    def applicable(self, capabilities: frozenset[Capability], config: SchedulerConfig | None = None) -> bool:
-        if self.synchronous and config is not None and config.pipeline_depth > 0 \
-                and (not self.planned or Capability.IN_FLIGHT not in capabilities):
-            return False
-        if self.unless & capabilities:
-            return False
-        return self.needs <= capabilities
-
-    @property
-    def predicate_location(self) -> str:
-        fn = self.step or self.end or self.failure
-        assert fn is not None
-        return f"{fn.__module__}.{fn.__qualname__}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "category": self.category,
-            "statement": self.statement,
-            "rationale": self.rationale,
-            "needs": sorted(c.value for c in self.needs),
-            "checked": "per step" if self.step else "at the end of a run" if self.end else "when a call fails",
-            "synchronous_steps_only": self.synchronous and not self.planned,
-            "pipelined_as_planned": self.synchronous and self.planned,
-            **({"moot_under": sorted(c.value for c in self.unless)} if self.unless else {}),
-            "predicate": self.predicate_location,
-        }
-
-
-_REGISTRY: dict[str, Invariant] = {}
-
-
-def invariant(
-    id: str, category: str, statement: str, rationale: str, needs: Iterable[Capability] = (), *, at_end: bool = False,
-    synchronous: bool = False, at_failure: bool = False, unless: Iterable[Capability] = (), planned: bool = True,
-    reads: Iterable[str] | None = None,
-) -> Callable[[Callable], Callable]:
-    """Register the decorated predicate as invariant ``id`` (``synchronous``, ``reads``: see
-    `Invariant`; ``at_failure``: a `FailurePredicate`, run only when a scheduler call fails mid-step)."""
-    assert category in CATEGORIES, category
-    read_set = None if reads is None else frozenset(reads)
-    assert read_set is None or (read_set and read_set <= frozenset(SeqView._fields)), f"{id}: reads {read_set}"
-
-    def register(fn: Callable) -> Callable:
-        assert id not in _REGISTRY, f"duplicate invariant id {id}"
-        needs_set = frozenset(needs) | {Capability.OUTPUT}
-        _REGISTRY[id] = Invariant(
-            id, category, " ".join(statement.split()), " ".join(rationale.split()), needs_set,
-            step=None if at_end or at_failure else fn, end=fn if at_end else None,
-            failure=fn if at_failure else None, synchronous=synchronous, unless=frozenset(unless), planned=planned,
-            reads=read_set,
-        )
-        return fn
-
-    return register
+# The declarations live in spec.rules (the families import them from there, so that loading the
+# families from here makes no import circle); re-exported for every caller that reads them here.
+_REGISTRY = REGISTRY
 
 
 def catalogue() -> list[Invariant]:
@@ -239,6 +115,8 @@ class Checker:
 
     Feed it records with `check_step` as they happen (so a violation is known at once), then
     call `check_end`. Invariants whose needs the scheduler does not meet are `not_applicable`.
+    The step invariants run through the evaluation layer (`spec.invariants._evaluation`), which
+    also counts what each exercised (`exercised`).
     """
 
     def __init__(
@@ -256,14 +134,26 @@ class Checker:
         self.active = [inv for inv in chosen if inv.applicable(capabilities, config)]
         self.not_applicable = [inv for inv in chosen if not inv.applicable(capabilities, config)]
         planned = config.pipeline_depth > 0  # synchronous invariants read the planned view (spec.planned_view)
-        self._step_checks = [inv for inv in self.active if inv.step is not None and not (planned and inv.synchronous)]
-        self._planned_checks = [inv for inv in self.active if inv.step is not None and planned and inv.synchronous]
+        self._steps = Evaluation([inv for inv in self.active if inv.step is not None and not (planned and inv.synchronous)])
+        self._planned = Evaluation([inv for inv in self.active if inv.step is not None and planned and inv.synchronous])
         self._end_checks = [inv for inv in self.active if inv.end is not None]
         self._failure_checks = [inv for inv in self.active if inv.failure is not None]
+        self._ended: dict[str, int] = {}  # what the end and failure invariants exercised
         # The in-flight history (`CheckContext.scheduled_in`, `left_at`) is what a failure
         # predicate reads about outcomes still in flight: none are without pipelining, and a
         # pass over every scheduled request per step is then a cost for nothing.
         self._keeps_history = bool(self._failure_checks) and config.pipeline_depth > 0
+
+    @property
+    def exercised(self) -> dict[str, int]:
+        """Invariant id -> how many subjects it checked with its trigger holding (zero: vacuous)."""
+        counts = dict.fromkeys((inv.id for inv in self.active), 0)
+        counts.update(self._steps.counts())
+        for inv_id, n in self._planned.counts().items():
+            counts[inv_id] += n
+        for inv_id, n in self._ended.items():
+            counts[inv_id] += n
+        return counts
 
     def check_step(self, record: StepRecord) -> list[Violation]:
         ctx = self.context
@@ -274,17 +164,14 @@ class Checker:
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}
             ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)
-        found = []
-        for inv in self._step_checks:
-            ctx.reads = inv.reads  # what the readers may filter on while this predicate runs
-            found += [Violation(inv.id, record.step, message) for message in inv.step(ctx, record)]  # type: ignore[misc]
-        ctx.reads = None
-        if self._planned_checks:
+        found = [Violation(inv_id, record.step, message) for inv_id, message in self._steps.run(ctx, record)]
+        if self._planned.checks:
             from spec.planned_view import planned_record
 
             planned, whole = planned_record(record), dataclasses.replace(ctx, previous=None)  # whole snapshots
-            found += [Violation(inv.id, record.step, f"(as planned) {message}")
-                      for inv in self._planned_checks for message in inv.step(whole, planned)]  # type: ignore[misc]
+            found += [Violation(inv_id, record.step, f"(as planned) {message}")
+                      for inv_id, message in self._planned.run(whole, planned, whole=True)]
+        note_finish_lengths(ctx, record)
         for f in record.finished:
             ctx.finished.setdefault(f.request_id, f.status)
         if self._keeps_history:
@@ -301,13 +188,22 @@ class Checker:
         """The invariants a failed call breaks (PIP-005); the caller still reports the failure
         itself as a fault. The failed step's aborts and output count as history."""
         _note_in_flight_history(self.context, failure.step, failure.aborted, failure.output, ())
-        return [Violation(inv.id, failure.step, m)
-                for inv in self._failure_checks for m in inv.failure(self.context, failure)]  # type: ignore[misc]
+        found = []
+        for inv in self._failure_checks:
+            if inv.triggered(self.context, failure):
+                self._ended[inv.id] = self._ended.get(inv.id, 0) + 1
+            found += [Violation(inv.id, failure.step, m) for m in inv.failure(self.context, failure)]  # type: ignore[misc]
+        return found
 
     def check_end(self, drained: bool, ended_at_max_steps: bool) -> list[Violation]:
         self.context.drained = drained
         self.context.ended_at_max_steps = ended_at_max_steps
-        return [Violation(inv.id, None, m) for inv in self._end_checks for m in inv.end(self.context)]  # type: ignore[misc]
+        found = []
+        for inv in self._end_checks:
+            if inv.triggered(self.context, self.context):
+                self._ended[inv.id] = self._ended.get(inv.id, 0) + 1
+            found += [Violation(inv.id, None, m) for m in inv.end(self.context)]  # type: ignore[misc]
+        return found
 
 
 def _note_in_flight_history(ctx: CheckContext, step: int, aborted: Iterable[str], output: Any,

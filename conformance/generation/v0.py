@@ -8,6 +8,7 @@ aborts in every state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -39,14 +40,24 @@ def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority"), m
 
 @st.composite
 def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig) -> int:
+    return draw(_prompt_lengths(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _prompt_lengths(config: SchedulerConfig) -> st.SearchStrategy[int]:
+    """Prompt lengths for ``config``: any up to the limit, exact block multiples, and the limit
+    itself and its neighbours. Built once per config (a strategy built per request cost more than
+    drawing from it)."""
     bs, limit = config.block_size, config.prompt_limit
-    return draw(
-        st.one_of(
-            st.integers(1, max(1, limit)),
-            st.sampled_from(sorted({max(1, k * bs) for k in range(1, 4)})),  # exact block multiples
-            st.sampled_from(sorted({max(1, limit - 1), limit, limit + 1})),  # at the limit
-        )
+    return st.one_of(
+        st.integers(1, max(1, limit)),
+        st.sampled_from(sorted({max(1, k * bs) for k in range(1, 4)})),  # exact block multiples
+        st.sampled_from(sorted({max(1, limit - 1), limit, limit + 1})),  # at the limit
     )
+
+
+# Drawn once per request: built once (the same draws as building them per request).
+_GAPS, _MAX_TOKENS, _PRIORITIES = st.integers(0, 3), st.integers(1, 12), st.integers(0, 2)
 
 
 @st.composite
@@ -75,14 +86,15 @@ def traces(
     count = draw(st.integers(1, max_requests))
     arrivals = []
     step = 0
+    group_sizes = st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)
     for i in range(count):
-        step += draw(st.integers(0, 3))
+        step += draw(_GAPS)
         request = Request(
             request_id=f"r{i}",
             prompt_len=draw(prompt_lengths(config)),
-            max_tokens=draw(st.integers(1, 12)),
-            n=draw(st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)),
-            priority=draw(st.integers(0, 2)),
+            max_tokens=draw(_MAX_TOKENS),
+            n=draw(group_sizes),
+            priority=draw(_PRIORITIES),
         )
         arrivals.append(Arrival(step, request))
     horizon = step + 30

@@ -4,7 +4,8 @@ Loaded automatically through the ``pytest11`` entry point once kvsched is instal
 nothing unless ``--kvsched-adapter`` (or ``kvsched_adapter`` in the ini file) is given. The
 conformance run happens once per session, on the first kvsched test; each invariant then
 passes, fails (the message names the shrunk counterexample trace to replay), or is skipped as
-not applicable to what the adapter exposes.
+not applicable to what the adapter exposes or as vacuous (its trigger never held in the run: it
+had nothing to check, which is no pass).
 
 It works from the adapter's own folder: the adapter's process has the current folder importable
 (`conformance.runner.adapter.load_adapter`), ``path/to/file.py:factory`` is accepted too, and a bad
@@ -106,6 +107,10 @@ class KvschedItem(pytest.Item):
         finding = result.findings.get(self.invariant_id)
         if finding is not None:
             raise KvschedFailure(self.invariant_id, finding, self.run.result)
+        if result.coverage is not None and self.invariant_id in result.active and result.coverage.vacuous(self.invariant_id):
+            from conformance.reports.report import vacuous_reason
+
+            pytest.skip(f"{self.invariant_id}: vacuous: {vacuous_reason(self.invariant_id)}")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, KvschedFailure):

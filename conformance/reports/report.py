@@ -1,7 +1,9 @@
 """Reports of a conformance run: a terminal summary, JSON (versioned) and JUnit XML.
 
 Each invariant of the profile gets one status, like a test262 row: ``pass`` (checked on every
-step of every trace and never violated), ``fail`` (with a shrunk, replayable trace),
+step of every trace, its trigger held at least once, and never violated), ``vacuous`` (never
+violated because its trigger never held: the run gave it nothing to check, so it is no pass),
+``fail`` (with a shrunk, replayable trace),
 ``not_applicable`` (the adapter does not expose what it needs: never counted as a pass),
 ``expected`` (failed, and the expectations file lists it: shrunk and saved all the same),
 ``unexpected_pass`` (listed as expected, not seen in this run), or ``skipped`` (``--skip`` or the
@@ -23,13 +25,23 @@ if TYPE_CHECKING:  # the runner's result type: reports read it, never import the
 REPORT_VERSION = 1
 
 
-STATUSES = ("pass", "fail", "expected", "unexpected_pass", "not_applicable", "skipped")
+STATUSES = ("pass", "fail", "vacuous", "expected", "unexpected_pass", "not_applicable", "skipped")
 
 
 def _status(result: FuzzResult, problem: str, finding: Any) -> str:
     if problem in result.expected:
         return "expected" if finding else "unexpected_pass"
-    return "fail" if finding else "pass"
+    if finding:
+        return "fail"
+    if result.coverage is not None and problem in result.active and result.coverage.vacuous(problem):
+        return "vacuous"
+    return "pass"
+
+
+def vacuous_reason(invariant_id: str) -> str:
+    """Why a vacuous invariant is no pass: its trigger, as its declaration names it."""
+    inv = get(invariant_id)
+    return f"its trigger ({inv.trigger_text}) never held in this run: nothing to check"
 
 
 def replay_command(result: FuzzResult, finding: Any) -> str:
@@ -63,6 +75,7 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
             "counterexample_steps": finding.steps if finding else None,
             "message": finding.message if finding else None,
             "needs": sorted(c.value for c in inv.needs) if status == "not_applicable" else None,
+            **({"reason": vacuous_reason(inv_id)} if status == "vacuous" else {}),
         })
     for inv_id, reason in sorted(result.skipped.items()):
         if inv_id == "LOCKSTEP" or inv_id in result.active or inv_id in result.not_applicable:
@@ -140,7 +153,7 @@ def write_junit(result: FuzzResult, path: Path) -> None:
     suite = ET.Element(
         "testsuite", name=f"kvsched.{result.adapter}.{result.profile}", tests=str(len(table)),
         failures=str(sum(r["status"] == "fail" for r in table)),
-        skipped=str(sum(r["status"] in ("not_applicable", "skipped", "expected") for r in table)),
+        skipped=str(sum(r["status"] in ("not_applicable", "skipped", "expected", "vacuous") for r in table)),
         time=f"{result.seconds:.3f}",
     )
     for r in table:
@@ -150,6 +163,8 @@ def write_junit(result: FuzzResult, path: Path) -> None:
             failure.text = f"{r['statement']}\ncounterexample: {r['counterexample']}\n{r['message']}"
         elif r["status"] == "not_applicable":
             ET.SubElement(case, "skipped", message=f"adapter lacks {', '.join(r['needs'] or [])}")
+        elif r["status"] == "vacuous":
+            ET.SubElement(case, "skipped", message=f"vacuous: {r['reason']}"[:500])
         elif r["status"] in ("skipped", "expected"):
             ET.SubElement(case, "skipped", message=f"{r['status']}: {r['message'] or ''}"[:500])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,9 +180,9 @@ def print_terminal(result: FuzzResult) -> None:
 
     console = Console(width=max(Console().width, 120))
     table = Table(title=f"kvsched conform: adapter {result.adapter}, profile {result.profile}")
-    for col in ("invariant", "category", "status", "steps exercised", "counterexample"):
+    for col in ("invariant", "category", "status", "exercised", "counterexample"):
         table.add_column(col, no_wrap=col != "counterexample")
-    style = {"pass": "green", "fail": "bold red", "not_applicable": "yellow", "expected": "magenta",
+    style = {"pass": "green", "fail": "bold red", "vacuous": "yellow", "not_applicable": "yellow", "expected": "magenta",
              "unexpected_pass": "cyan", "skipped": "yellow"}
     for r in rows(result):
         where = f"{r['counterexample']} ({r['counterexample_steps']} steps)" if r["counterexample"] else ""

@@ -48,6 +48,13 @@ class TraceResult:
     # What the adapter declared it reserves for this trace's config (read after reset: a scheduler's
     # reservation may depend on the config, its k and depth), the one the checker held it to.
     reservation: Reservation | None = None
+    # The checker that ran (None: none did): what each invariant exercised is its count.
+    checker: Checker | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def exercised(self) -> dict[str, int]:
+        """Invariant id -> subjects it checked with its trigger holding (`spec.rules`; zero: vacuous)."""
+        return self.checker.exercised if self.checker is not None else {}
 
     @property
     def failed(self) -> bool:
@@ -168,6 +175,7 @@ def _run_checked(
         result.reservation = getattr(adapter, "reservation", None)
         checker = Checker(trace.config, caps, invariants, reservation=result.reservation)
         result.active, result.not_applicable = checker.active, checker.not_applicable
+        result.checker = checker
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
         observe = bool(needs - {Capability.OUTPUT})
         mid_step = observe and Capability.MID_STEP in caps

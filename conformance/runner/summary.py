@@ -55,7 +55,7 @@ class TraceSummary:
     problems: dict[str, Problem] = field(default_factory=dict)
     active: list[str] = field(default_factory=list)
     not_applicable: list[str] = field(default_factory=list)
-    exercised: Counter[str] = field(default_factory=Counter)  # invariant id -> steps with something to check
+    exercised: Counter[str] = field(default_factory=Counter)  # invariant id -> subjects checked with its trigger holding
     edges: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # lifecycle edges taken
     html: str | None = None  # the HTML view written for this run, if one was asked for
     # The reservation the adapter declared for this trace's config (`spec.reservation`, as a dict):
@@ -96,9 +96,10 @@ class TraceSummary:
         )
 
 
-def summarize(result: TraceResult, exercised_by: dict[str, Any] | None = None) -> TraceSummary:
+def summarize(result: TraceResult) -> TraceSummary:
     """The verdict of a run of `conformance.runner.driver.run_checked`: each problem once, at the step
-    it first showed (violations found at the end of the run count at the last step)."""
+    it first showed (violations found at the end of the run count at the last step), and what each
+    invariant exercised (counted by the checker from the invariant's own trigger, `spec.rules`)."""
     from spec.lifecycle import coverage as lifecycle_coverage
 
     last = max(len(result.records) - 1, 0)
@@ -112,12 +113,7 @@ def summarize(result: TraceResult, exercised_by: dict[str, Any] | None = None) -
         step = result.fault_step if result.fault_step is not None else last
         problems[f"FAULT-{result.fault.kind}"] = Problem(
             f"FAULT-{result.fault.kind}", step, f"step {step}: {result.fault}", getattr(result.fault, "location", None))
-    exercised: Counter[str] = Counter()
-    if exercised_by:
-        for record in result.records:
-            for inv_id, test in exercised_by.items():
-                if test(record):
-                    exercised[inv_id] += 1
+    exercised = Counter({inv_id: n for inv_id, n in result.exercised.items() if n})
     return TraceSummary(
         len(result.records), problems, [i.id for i in result.active], [i.id for i in result.not_applicable],
         exercised, Counter(lifecycle_coverage(result.records)),

@@ -27,7 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.targets.reach import ALL_EDGES, NO_SWAP, ONE_SEQUENCE, Reach
+from conformance.targets.reach import ALL_EDGES, ANY_ENGINE, EAGER_FREE, NO_DRAFTS, NO_SWAP, ONE_SEQUENCE, Reach
 from spec.config import SchedulerConfig
 from spec.domain import ConfigDomain
 from spec.errors import InputError
@@ -384,6 +384,13 @@ _SGLANG_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (i
                        "RUNNING->WAITING (preempt_recompute)", "RUNNING->FINISHED_STOPPED (finish_stop)",
                        "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"), {**NO_SWAP, **ONE_SEQUENCE})
 
+# Every engine above frees a finished request's blocks in the step that finishes it, and none but
+# the async targets' (whose strategy draws speculative steps) schedules drafts.
+_V1_ASYNC_REACH = _V1_REACH.without(ANY_ENGINE, EAGER_FREE)
+_V0_REACH, _V1_REACH, _NANO_REACH, _VIDUR_REACH, _VIDUR_ORCA_REACH, _SGLANG_REACH = (
+    reach.without(ANY_ENGINE, EAGER_FREE, NO_DRAFTS)
+    for reach in (_V0_REACH, _V1_REACH, _NANO_REACH, _VIDUR_REACH, _VIDUR_ORCA_REACH, _SGLANG_REACH))
+
 
 def _v1_async_strategy() -> st.SearchStrategy:
     from conformance.generation.async_paths import all_paths_strategy
@@ -508,7 +515,7 @@ _TARGET_LIST = [
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
         lookahead_tokens=1,  # the in-flight token's slot is allocated when its step is scheduled
-        reach=_V1_REACH,
+        reach=_V1_ASYNC_REACH,
     ),
     Target(
         "vllm-v1-async-0.29", "vllm==0.29.0",
@@ -518,7 +525,7 @@ _TARGET_LIST = [
         pip_steps=((TORCH_PIN,), ("--no-deps", "vllm==0.29.0"), ("--no-deps", *_V1_DEPS)),
         smoke="from vllm.v1.core.sched.async_scheduler import AsyncScheduler",
         strategy=_v1_async_strategy, domain=_V1_ASYNC_DOMAIN, profiles=("safety", "async"),
-        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1, reach=_V1_REACH,
+        files={"tiny-llama/config.json": TINY_LLAMA}, lookahead_tokens=1, reach=_V1_ASYNC_REACH,
     ),
     Target(
         "sglang", "sglang==0.5.23", "SGLang scheduler: PrefillAdder, SchedulePolicy, ScheduleBatch, RadixCache",

@@ -20,6 +20,17 @@ ALL_EDGES = (
 NO_SWAP = {i: "no swap space: nothing is swapped out or in"
            for i in ("BLK-002", "BLK-004", "RES-002", "SWP-001", "SWP-002", "SWP-003", "POL-002")}
 ONE_SEQUENCE = {i: "one sequence per request: no fork, so no shared block to copy" for i in ("COW-001", "COW-002")}
+# What no campaign of a conforming engine of these kinds gives anything to check (each invariant's
+# trigger, `spec.rules`, says when it has something to check; the coverage gate asks for it).
+ANY_ENGINE = {
+    "PIP-005": "a failure rule: it has something to check only when a scheduler call fails, which a conforming "
+               "engine's campaign never meets",
+}
+EAGER_FREE = {"RES-005": "frees a finished request's blocks in the step that finishes it, so no finished sequence "
+                         "holds blocks when a step begins"}
+NO_DRAFTS = {f"SPD-00{n}": "no speculative decoding: the engine, as hosted, schedules no draft tokens"
+             for n in range(1, 10)}
+NO_RESET = {i: "the campaign's traces call no reset_prefix_cache" for i in ("PFX-006", "PFX-007")}
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,13 @@ class Reach:
 
     edges: tuple[str, ...]  # the lifecycle edges the engine takes, from ALL_EDGES
     unexercised: Mapping[str, str] = field(default_factory=dict)  # invariant id -> why the engine never exercises it
+
+    def without(self, *reasons: Mapping[str, str]) -> Reach:
+        """The same reach, with more invariants its engine never gives anything to check."""
+        merged = dict(self.unexercised)
+        for more in reasons:
+            merged.update(more)
+        return Reach(self.edges, merged)
 
     def __post_init__(self) -> None:
         unknown = [e for e in self.edges if e not in ALL_EDGES]

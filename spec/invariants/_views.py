@@ -43,7 +43,7 @@ from spec.status import PreemptionMode, Status
 from spec.types import ScheduledSeq, request_of
 
 if TYPE_CHECKING:
-    from spec.catalogue import CheckContext
+    from spec.rules import CheckContext
 
 # Several predicates read the same derived views of one snapshot; each is computed once and kept
 # on the snapshot itself (in its instance dict, outside the dataclass fields, so equality and
@@ -590,8 +590,36 @@ def finished_holders(snap: Snapshot, _device: object = None, _depth: int = 0) ->
     return _memo(snap, "finished_holders", None, build)
 
 
+def waiting_holders(snap: Snapshot, _device: object = None, _depth: int = 0) -> frozenset[str]:
+    """The sequences that are waiting and hold blocks in ``snap`` (none, where admission is all or
+    nothing and recompute frees everything). Carried forward through the delta like `tables`."""
+    kept = _kept(snap, "waiting_holders", None)
+    if kept is not _MISSING:
+        return kept  # type: ignore[return-value]
+    assert snap.seqs is not None
+
+    def build() -> frozenset[str]:
+        seqs = snap.seqs
+        prior = _delta_base(snap, "waiting_holders", None, _depth)  # type: ignore[arg-type]
+        if prior is None:
+            return frozenset(sid for sid, v in seqs.items() if v.blocks and v.status is Status.WAITING)
+        if not snap.changed_seqs:
+            return prior
+        out = set(prior)
+        for sid in snap.changed_seqs:
+            view = seqs.get(sid)
+            if view is not None and view.blocks and view.status is Status.WAITING:
+                out.add(sid)
+            else:
+                out.discard(sid)
+        return frozenset(out)
+
+    return _memo(snap, "waiting_holders", None, build)
+
+
 _DERIVED = {
     "finished_holders": finished_holders,
+    "waiting_holders": waiting_holders,
     "entry_counts": lambda snap, key, depth: entry_counts(snap, key[0], key[1], depth),
     "tables": tables,
     "entries": entries,
@@ -994,6 +1022,13 @@ def freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset
     forward pass, so it keeps the strict reading."""
     if observation.Capability.ORDERED_STEPS not in ctx.claims or record.mid is None or record.mid.seqs is None:
         return frozenset()
+    kept = ctx.flow_state.setdefault("_freed_by_their_last_step", {})
+    if kept.get("record") is not record:  # once per step: rules about sequences ask once per view
+        kept["record"], kept["freed"] = record, _freed_by_their_last_step(ctx, record)
+    return kept["freed"]
+
+
+def _freed_by_their_last_step(ctx: CheckContext, record: StepRecord) -> frozenset[str]:
     mid, after = record.mid.seqs, record.after.seqs or {}
     last = {s.seq_id: s.num_tokens for s in record.output.scheduled
             if (v := after.get(s.seq_id)) is not None and v.status.is_finished}
@@ -1086,3 +1121,44 @@ def void_outcomes(ctx: CheckContext, record: StepRecord) -> VoidOutcomes:
     void = VoidOutcomes(before, frozenset(after))
     state["step"], state["void"], state["after"] = record.step, void, void.after
     return void
+
+
+class StepFacts(NamedTuple):
+    """What several rules about one sequence or request read of the step's record, built once per
+    step (`step_facts`)."""
+
+    scheduled: Mapping[str, ScheduledSeq]  # by sequence id (the last entry where one is named twice)
+    tokens: Mapping[str, int]  # tokens scheduled per sequence id (summed)
+    drafts: Mapping[str, int]  # draft tokens scheduled per sequence id, where any
+    prefilled: frozenset[str]  # requests with a prefill scheduled
+    added: frozenset[str]  # requests added in the step
+    finished: frozenset[str]  # requests reported finished in the step
+    voided: frozenset[str]  # scheduled sequences whose outcome committed nothing (``DraftDecision.empty``)
+
+
+_FACTS = "_step_facts"
+
+
+def step_facts(record: StepRecord) -> StepFacts:
+    """`StepFacts` of ``record``, kept on the record itself (outside its fields, like the derived
+    views of a snapshot)."""
+    kept = record.__dict__.get(_FACTS)
+    if kept is not None:
+        return kept
+    scheduled: dict[str, ScheduledSeq] = {}
+    tokens: dict[str, int] = {}
+    drafts: dict[str, int] = {}
+    for item in record.output.scheduled:
+        scheduled[item.seq_id] = item
+        tokens[item.seq_id] = tokens.get(item.seq_id, 0) + item.num_tokens
+        if item.num_drafts:
+            drafts[item.seq_id] = item.num_drafts
+    facts = StepFacts(
+        scheduled, tokens, drafts,
+        frozenset(item.request_id for item in record.output.scheduled if item.is_prefill),
+        frozenset(r.request_id for r in record.added),
+        frozenset(f.request_id for f in record.finished),
+        frozenset(sid for sid, d in record.drafts.items() if d.empty and sid in scheduled),
+    )
+    record.__dict__[_FACTS] = facts
+    return facts

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import admitted, freed_by_their_last_step, fresh_mid, views_of
+from spec.invariants._views import admitted, freed_by_their_last_step, views_of, waiting_holders
+from spec.invariants.triggers import (
+    admits_beside_running_under_watermark,
+    admits_or_waiting_holds,
+    admits_under_watermark,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
-from spec.status import Status
+from spec.rules import SCHEDULE, CheckContext, invariant
+
+
+def _waiting_holders(rec: StepRecord) -> Iterator[str]:
+    assert rec.mid is not None
+    for sid in sorted(waiting_holders(rec.mid)):
+        yield f"{sid} is still waiting after schedule() but holds blocks {list(rec.mid.seqs[sid].blocks)}"
 
 
 @invariant(
@@ -22,6 +32,7 @@ from spec.status import Status
     allocate; a scheduler that reserves prompt + max_tokens at admission takes more, all at once.
     Safety keeps the atomic part (ADM-003, RES-003).""",
     (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=admits_or_waiting_holds,
 )
 def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -37,9 +48,7 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 need = -(-((v.num_computed or 0) + chunk.get(v.seq_id, 0)) // bs)
             if len(v.blocks or ()) != need:
                 yield f"{rid} admitted with {len(v.blocks or ())} of the {need} blocks of {v.seq_id}"
-    for sid, v in fresh_mid(ctx, rec):
-        if v.status is Status.WAITING and v.blocks:
-            yield f"{sid} is still waiting after schedule() but holds blocks {list(v.blocks)}"
+    yield from _waiting_holders(rec)
 
 
 @invariant(
@@ -52,6 +61,7 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     the watermark is vLLM's hedge against preempting at once; a scheduler that reserves a whole
     request at admission never preempts and needs none, and vLLM V1 and nano-vllm have none.""",
     (C.MID_STEP, C.FREE_COUNTS, C.QUEUES),
+    about=SCHEDULE, when=admits_under_watermark,
 )
 def watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.gpu_free is not None
@@ -71,6 +81,7 @@ def watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     watermark for the running requests' decodes. ADM-002 is V0's stricter rule (every admission),
     which V1 does not follow; the vllm-v1 profile checks this one instead.""",
     (C.MID_STEP, C.FREE_COUNTS, C.QUEUES),
+    about=SCHEDULE, when=admits_beside_running_under_watermark,
 )
 def v1_watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.gpu_free is not None
@@ -95,6 +106,7 @@ def v1_watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     max_tokens=1 request admitted, prefilled and finished in one step is the early free of
     RES-001 (tokasaurus: admitted, scheduled and freed within one schedule()).""",
     (C.MID_STEP, C.BLOCK_TABLES, C.STATUSES, C.SEQ_LENGTHS),
+    about=SCHEDULE, when=admits_or_waiting_holds,
 )
 def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -113,6 +125,4 @@ def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str
             need = -(-tokens // bs)
             if len(v.blocks or ()) < need or (need and v.device != "gpu"):
                 yield f"{rid} admitted with {len(v.blocks or ())} {v.device} blocks, {v.seq_id}'s prefill needs {need} on gpu"
-    for sid, v in fresh_mid(ctx, rec):
-        if v.status is Status.WAITING and v.blocks:
-            yield f"{sid} is still waiting after schedule() but holds blocks {list(v.blocks)}"
+    yield from _waiting_holders(rec)

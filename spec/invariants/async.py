@@ -14,10 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import fresh_in_snapshots, fresh_tokens_in_snapshots, views_of
+from spec.invariants._evaluation import SeqAt, before_is_new, finish_length, first_unread_token
+from spec.invariants.triggers import (
+    finishes_delivered,
+    finishes_delivered_in_flight,
+    has_generated,
+    in_flight_observed,
+    of_finished_request,
+    pipelined_writes,
+)
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepFailure, StepRecord
+from spec.rules import OUTCOME, SEQUENCE, STEP, CheckContext, invariant
 from spec.status import Status
 from spec.types import generated_token
 
@@ -36,19 +44,18 @@ _DELIVERED = (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED)
     tokens are a fixed function of the position (`spec.types.generated_token`), which every
     implementation and engine host uses, so the stream a synchronous run delivers is known.""",
     (C.PREFIX_CACHE, C.SEQ_LENGTHS),
+    about=SEQUENCE, when=has_generated,
 )
-def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, v, unread in fresh_tokens_in_snapshots(ctx, rec):
-        request = ctx.requests.get(v.request_id)
-        if request is None or v.token_ids is None:
-            continue
-        index = int(sid.rsplit("#", 1)[1]) if "#" in sid else 0
-        for position in range(max(request.prompt_len, unread), len(v.token_ids)):
-            want = generated_token(v.request_id, index, position)
-            if v.token_ids[position] != want:
-                yield (f"{label}: {sid} has token {v.token_ids[position]} at position {position}, "
-                       f"the model sampled {want} there")
-                break
+def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v, sid = seq.view, seq.id
+    request, tokens = ctx.requests[v.request_id], v.token_ids
+    assert tokens is not None
+    index = int(sid.rsplit("#", 1)[1]) if "#" in sid else 0
+    for position in range(max(request.prompt_len, first_unread_token(ctx, rec, seq)), len(tokens)):
+        want = generated_token(v.request_id, index, position)
+        if tokens[position] != want:
+            yield f"{seq.where}: {sid} has token {tokens[position]} at position {position}, the model sampled {want} there"
+            break
 
 
 @invariant(
@@ -62,19 +69,12 @@ def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     computed past the last delivered one, reads in-flight tokens the snapshot does not carry yet
     (`conformance.selftest.async_checks`).""",
     (C.SEQ_LENGTHS,),
+    about=SEQUENCE, when=of_finished_request,
 )
-def no_token_after_finish(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.after.seqs is not None
-    lengths = ctx.flow_state.setdefault("PIP-002", {})
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
-        rid = v.request_id
-        if rid in ctx.finished and sid in lengths and v.num_tokens is not None and v.num_tokens != lengths[sid]:
-            yield (f"{label}: {sid} has {v.num_tokens} tokens, {lengths[sid]} when {rid} finished "
-                   f"({ctx.finished[rid].name})")
-    for done in rec.finished:
-        for v in views_of(rec.after, done.request_id):
-            if v.num_tokens is not None:
-                lengths.setdefault(v.seq_id, v.num_tokens)
+def no_token_after_finish(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v, rid, then = seq.view, seq.view.request_id, finish_length(ctx, seq.id)
+    if then is not None and v.num_tokens is not None and v.num_tokens != then:
+        yield f"{seq.where}: {seq.id} has {v.num_tokens} tokens, {then} when {rid} finished ({ctx.finished[rid].name})"
 
 
 @invariant(
@@ -88,6 +88,7 @@ def no_token_after_finish(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     step. Latency beyond that is a queue deeper than declared or stale in-flight frames that
     delay a stop (vllm-project/vllm#49860). A policy claim: a scheduler may legitimately report
     later, but then it declares a deeper pipeline.""",
+    about=OUTCOME, when=finishes_delivered,
 )
 def finish_within_depth(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     last = ctx.flow_state.setdefault("PIP-006", {})
@@ -158,10 +159,10 @@ def _counter_problems(ctx: CheckContext, snap: Snapshot, label: str, step: int) 
     (#35755). Steps are in flight for pipeline_depth steps after they are scheduled
     (`SchedulerConfig.pipeline_depth`).""",
     (C.IN_FLIGHT, C.STATUSES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=STEP, when=in_flight_observed,
 )
 def in_flight_counters_agree(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    previous = ctx.previous
-    if previous is None or rec.before is not previous.after:
+    if before_is_new(ctx, rec):
         yield from _counter_problems(ctx, rec.before, "before", rec.step)
     last = ctx.flow_state.setdefault("PIP-003", {})
     for item in rec.output.scheduled:
@@ -261,6 +262,7 @@ def _handed_over(snap: Snapshot, label: str, pending: dict[tuple[int, str], dict
     processed frontier, mid-step).""",
     (C.IN_FLIGHT, C.BLOCK_TABLES, C.COMPUTED_TOKENS, C.MID_STEP, C.FREE_LISTS),
     unless=(C.ORDERED_STEPS,),
+    about=STEP, when=pipelined_writes,
 )
 def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     depth = ctx.config.pipeline_depth
@@ -269,7 +271,7 @@ def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     pending: dict[tuple[int, str], dict[int, str | None]] = ctx.flow_state.setdefault("PIP-004", {})
     for key in [k for k in pending if k[0] < rec.step - depth]:
         del pending[key]
-    if ctx.previous is None or rec.before is not ctx.previous.after:
+    if before_is_new(ctx, rec):
         yield from _handed_over(rec.before, "before", pending)
     for sid, blocks in _written_blocks(rec, ctx.config.block_size).items():
         pending[(rec.step, sid)] = blocks
@@ -295,6 +297,7 @@ def in_flight_writes_fenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     half of issue 16's "no token after the finish" (PIP-002 is the first); read mid-step, from the
     in-flight counters, in the step that reports the finish.""",
     (C.IN_FLIGHT, C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=OUTCOME, when=finishes_delivered_in_flight,
 )
 def computes_at_most_depth_past_the_end(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     mid = rec.mid

@@ -6,47 +6,41 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import (
-    checked_with_prior,
-    entries,
-    entry_counts,
-    equal_where_changed,
-    free_in_tables,
-    freed_by_their_last_step,
-    fresh_after,
-    fresh_in_snapshots,
-    pool_facts,
-    tables,
+from spec.invariants._evaluation import PoolAt, SeqAt, ref_counts_match
+from spec.invariants._views import entries, entry_counts, free_in_tables, freed_by_their_last_step, pool_facts, tables
+from spec.invariants.triggers import (
+    copies,
+    cpu_pool_in_use,
+    gpu_pool,
+    holds_blocks,
+    pool_in_use,
+    running_or_swapped,
+    schedules,
+    unfinished,
 )
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import AFTER_STEP, POOL, SCHEDULE, SEQUENCE, CheckContext, invariant
 from spec.status import Status
 
 _SEED_34 = "Seed 000 §3.4 counts free and allocated blocks of one 10-block pool"
 
 
-def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
-    total = ctx.config.num_gpu_blocks if device == "gpu" else ctx.config.num_cpu_blocks
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
-        free = snap.gpu_free if device == "gpu" else snap.cpu_free
-        if device == "cpu" and not refs and not free:
-            continue  # no CPU pool at all (empty or None): a scheduler that never swaps has no swap space
-        assert refs is not None and free is not None
-        if prior is not None and refs is (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) \
-                and free == (prior.gpu_free if device == "gpu" else prior.cpu_free):
-            continue  # the same counts this check passed just before
-        if len(refs) != total:
-            yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
-            continue
-        facts = pool_facts(snap, device)
-        if facts.negative:
-            negative = [b for b, r in enumerate(refs) if r < 0]
-            yield f"{label}: {device} blocks {negative[:5]} have negative reference counts"
-        in_use = sum(1 for r in refs if r > 0) if facts.negative else len(refs) - facts.unreferenced
-        if in_use + free != total:
-            yield f"{label}: {device} free {free} + in use {in_use} = {free + in_use}, expected {total}"
+def _conservation(pool: PoolAt) -> Iterator[str]:
+    label, device, refs, free, total = pool.where, pool.device, pool.refs, pool.free, pool.size
+    if device == "cpu" and not refs and not free:
+        return  # no CPU pool at all (empty or None): a scheduler that never swaps has no swap space
+    assert refs is not None and free is not None
+    if len(refs) != total:
+        yield f"{label}: {device} pool reports {len(refs)} blocks, config has {total}"
+        return
+    facts = pool_facts(pool.snap, device)
+    if facts.negative:
+        negative = [b for b, r in enumerate(refs) if r < 0]
+        yield f"{label}: {device} blocks {negative[:5]} have negative reference counts"
+    in_use = sum(1 for r in refs if r > 0) if facts.negative else len(refs) - facts.unreferenced
+    if in_use + free != total:
+        yield f"{label}: {device} free {free} + in use {in_use} = {free + in_use}, expected {total}"
 
 
 @invariant(
@@ -56,9 +50,10 @@ def _conservation(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[s
     scheduler's admission arithmetic wrong from then on (vLLM's NaiveBlockAllocator keeps a free
     list and reference counts that must agree).""",
     (C.REF_COUNTS, C.FREE_COUNTS),
+    about=POOL, when=gpu_pool,
 )
-def gpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _conservation(ctx, rec, "gpu")
+def gpu_conservation(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    yield from _conservation(pool)
 
 
 @invariant(
@@ -71,31 +66,30 @@ def gpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     keeps no such pool, whatever num_cpu_blocks says; it is held to an empty one (no CPU table,
     BLK-004).""",
     (C.REF_COUNTS, C.FREE_COUNTS),
+    about=POOL, when=cpu_pool_in_use,
 )
-def cpu_conservation(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _conservation(ctx, rec, "cpu")
+def cpu_conservation(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    yield from _conservation(pool)
 
 
-def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        refs = snap.gpu_ref_counts if device == "gpu" else snap.cpu_ref_counts
-        if refs is None and device == "cpu":
-            refs = ()  # no CPU pool: any CPU table points outside it
-        assert refs is not None
-        expected = entry_counts(snap, device, len(refs))
-        fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
-        if fenced and expected is not None:
-            expected = _with_holds(expected, fenced)
-        if expected is not None and (refs is expected or equal_where_changed(snap, prior, device, refs, expected)
-                                     or refs == expected):
-            continue  # compared where changed, or whole at C speed; explained block by block below if not
-        counted = entries(snap, device) + Counter(fenced or ())
-        for block, ref in enumerate(refs):
-            if ref != counted.get(block, 0):
-                yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
-        for block in counted:
-            if not 0 <= block < len(refs):
-                yield f"{label}: a table points at {device} block {block}, outside the pool"
+def _ref_counts(pool: PoolAt) -> Iterator[str]:
+    label, device, snap, refs = pool.where, pool.device, pool.snap, pool.refs
+    if refs is None and device == "cpu":
+        refs = ()  # no CPU pool: any CPU table points outside it
+    assert refs is not None
+    expected = entry_counts(snap, device, len(refs))
+    fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
+    if fenced and expected is not None:
+        expected = _with_holds(expected, fenced)
+    if expected is not None and ref_counts_match(pool, refs, expected):
+        return  # explained block by block below if not
+    counted = entries(snap, device) + Counter(fenced or ())
+    for block, ref in enumerate(refs):
+        if ref != counted.get(block, 0):
+            yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
+    for block in counted:
+        if not 0 <= block < len(refs):
+            yield f"{label}: a table points at {device} block {block}, outside the pool"
 
 
 def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, ...]:
@@ -116,9 +110,10 @@ def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, 
     vLLM PR #3347). An engine that defers a freed request's blocks until the steps still writing
     them return (vLLM's defer_block_free, PIP-004) holds them without a table.""",
     (C.REF_COUNTS, C.BLOCK_TABLES),
+    about=POOL, when=gpu_pool,
 )
-def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _ref_counts(ctx, rec, "gpu")
+def gpu_ref_counts(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    yield from _ref_counts(pool)
 
 
 @invariant(
@@ -127,9 +122,10 @@ def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Swapping a forked group must keep its sharing: each distinct GPU block gets one CPU block
     and the count follows the entries (vLLM's swap maps are per block, not per entry).""",
     (C.REF_COUNTS, C.BLOCK_TABLES),
+    about=POOL, when=cpu_pool_in_use,
 )
-def cpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _ref_counts(ctx, rec, "cpu")
+def cpu_ref_counts(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    yield from _ref_counts(pool)
 
 
 @invariant(
@@ -140,38 +136,32 @@ def cpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     released). A free block that a table still names is a use-after-free: the next admission
     overwrites a live sequence's KV.""",
     (C.FREE_LISTS, C.BLOCK_TABLES),
+    about=POOL, when=pool_in_use,
 )
-def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        for device, free_ids, total in (
-            ("gpu", snap.gpu_free_ids, ctx.config.num_gpu_blocks),
-            ("cpu", snap.cpu_free_ids, ctx.config.num_cpu_blocks),
-        ):
-            if free_ids is None and device == "cpu":
-                free_ids = ()  # no CPU pool
-            assert free_ids is not None
-            counts = entry_counts(snap, device, total)
-            if prior is not None and prior.seqs is not None and counts is not None \
-                    and counts is entry_counts(prior, device, total) \
-                    and free_ids is (prior.gpu_free_ids if device == "gpu" else prior.cpu_free_ids):
-                continue  # the same free list and tables this check passed just before
-            facts = pool_facts(snap, device)
-            if facts.repeated:
-                dupes = [b for b, n in Counter(free_ids).items() if n > 1]
-                yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
-            ids_valid = not free_ids or not facts.outside(total)
-            if not ids_valid:
-                bad = [b for b in free_ids if not 0 <= b < total]
-                yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
-            if counts is not None and ids_valid:
-                held = free_in_tables(snap, device, total)
-                if held:
-                    yield f"{label}: {device} blocks {sorted(held)[:5]} are free yet still in a block table"
-                continue
-            free, used = facts.free(), entries(snap, device)
-            if not free.isdisjoint(used):
-                both = sorted(free.intersection(used))
-                yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
+def free_lists_sound(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    label, device, snap, total = pool.where, pool.device, pool.snap, pool.size
+    free_ids = pool.free_ids
+    if free_ids is None and device == "cpu":
+        free_ids = ()  # no CPU pool
+    assert free_ids is not None
+    counts = entry_counts(snap, device, total)
+    facts = pool_facts(snap, device)
+    if facts.repeated:
+        dupes = [b for b, n in Counter(free_ids).items() if n > 1]
+        yield f"{label}: {device} free list holds blocks {dupes[:5]} more than once"
+    ids_valid = not free_ids or not facts.outside(total)
+    if not ids_valid:
+        bad = [b for b in free_ids if not 0 <= b < total]
+        yield f"{label}: {device} free list holds invalid ids {bad[:5]}"
+    if counts is not None and ids_valid:
+        held = free_in_tables(snap, device, total)
+        if held:
+            yield f"{label}: {device} blocks {sorted(held)[:5]} are free yet still in a block table"
+        return
+    free, used = facts.free(), entries(snap, device)
+    if not free.isdisjoint(used):
+        both = sorted(free.intersection(used))
+        yield f"{label}: {device} blocks {both[:5]} are free yet still in a block table"
 
 
 @invariant(
@@ -181,12 +171,12 @@ def free_lists_sound(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     §3.2: the block table maps logical blocks to physical blocks); naming it twice means two
     logical blocks overwrite each other's KV.""",
     (C.BLOCK_TABLES,),
-    reads=("blocks",),
+    reads=("blocks",), about=SEQUENCE, when=holds_blocks,
 )
-def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, view in fresh_in_snapshots(ctx, rec):
-        if view.blocks and len(set(view.blocks)) != len(view.blocks):
-            yield f"{label}: {sid} table {list(view.blocks)} repeats a block"
+def no_repeated_block(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    blocks = seq.view.blocks
+    if len(set(blocks)) != len(blocks):
+        yield f"{seq.where}: {seq.id} table {list(blocks)} repeats a block"
 
 
 @invariant(
@@ -201,18 +191,15 @@ def no_repeated_block(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     whole prompt + max_tokens at admission, holds more and is correct; safety keeps the range
     (CAP-004: at least; CAP-006: at most what it declares).""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
-    synchronous=True,
+    synchronous=True, about=SEQUENCE, when=running_or_swapped, at=(AFTER_STEP,),
 )
-def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.after.seqs is not None
-    bs = ctx.config.block_size
-    for sid, v in fresh_after(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED):
-            need = -(-(v.num_computed or 0) // bs)
-            have = len(v.blocks or ())
-            k = ctx.config.num_speculative_tokens  # vLLM frees no block when drafts are rejected
-            if have != need and not (k and need <= have <= -(-((v.num_tokens or 0) + k) // bs)):
-                yield f"{sid} ({v.status.value}) holds {have} blocks for {v.num_computed} computed tokens, needs {need}"
+def capacity_between_steps(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v, bs = seq.view, ctx.config.block_size
+    need = -(-(v.num_computed or 0) // bs)
+    have = len(v.blocks or ())
+    k = ctx.config.num_speculative_tokens  # vLLM frees no block when drafts are rejected
+    if have != need and not (k and need <= have <= -(-((v.num_tokens or 0) + k) // bs)):
+        yield f"{seq.id} ({v.status.value}) holds {have} blocks for {v.num_computed} computed tokens, needs {need}"
 
 
 @invariant(
@@ -226,7 +213,7 @@ def capacity_between_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     reserved earlier holds more. Safety keeps the missing-block half (CAP-005) and bounds the
     extra (CAP-006).""",
     (C.MID_STEP, C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
-    synchronous=True,
+    synchronous=True, about=SCHEDULE, when=schedules,
 )
 def capacity_for_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for item, v, need in scheduled_tables(ctx, rec):
@@ -259,16 +246,15 @@ def scheduled_tables(ctx: CheckContext, rec: StepRecord) -> Iterator[tuple[Any, 
     that computes later (chunked prefill, a pipelined step), not a safety problem; BUD-004 and
     CHK-004 say how much each step computes.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
-    synchronous=True,
+    synchronous=True, about=SEQUENCE, when=unfinished, at=(AFTER_STEP,),
 )
-def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.after.seqs is not None
-    for sid, v in fresh_after(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED):
-            if (v.num_computed or 0) > (v.num_tokens or 0) - 1:
-                yield f"{sid} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
-        elif v.status is Status.WAITING and v.num_computed != 0:
-            yield f"{sid} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
+def computed_lag(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v = seq.view
+    if v.status in (Status.RUNNING, Status.SWAPPED):
+        if (v.num_computed or 0) > (v.num_tokens or 0) - 1:
+            yield f"{seq.id} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
+    elif v.status is Status.WAITING and v.num_computed != 0:
+        yield f"{seq.id} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
 
 
 @invariant(
@@ -279,14 +265,13 @@ def computed_lag(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     that has lost KV the next decode attends to (or will write past its end). Engine-neutral half
     of CAP-001: whatever a scheduler reserves early, it never holds less than this.""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
+    about=SEQUENCE, when=running_or_swapped, at=(AFTER_STEP,),
 )
-def covers_computed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    bs = ctx.config.block_size
-    for sid, v in fresh_after(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED):
-            need = -(-(v.num_computed or 0) // bs)
-            if len(v.blocks or ()) < need:
-                yield f"{sid} ({v.status.value}) holds {len(v.blocks or ())} blocks for {v.num_computed} computed tokens, needs {need}"
+def covers_computed(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v = seq.view
+    need = -(-(v.num_computed or 0) // ctx.config.block_size)
+    if len(v.blocks or ()) < need:
+        yield f"{seq.id} ({v.status.value}) holds {len(v.blocks or ())} blocks for {v.num_computed} computed tokens, needs {need}"
 
 
 @invariant(
@@ -302,6 +287,7 @@ def covers_computed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     why): tokasaurus frees a finishing sequence's blocks in schedule(), after it has built the
     step's tables; the blocks are reused only by a later step, which runs after this one.""",
     (C.MID_STEP, C.BLOCK_TABLES, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=schedules,
 )
 def covers_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     excused = freed_by_their_last_step(ctx, rec)
@@ -325,15 +311,16 @@ def covers_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     states its own reservation (spec.reservation), so reserving early is allowed and declared,
     and anything past the declaration is found.""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.STATUSES),
+    about=SEQUENCE, when=running_or_swapped,
 )
-def holds_no_more_than_declared(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    bs, reservation = ctx.config.block_size, ctx.reservation
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED) and v.blocks:
-            most = -(-reservation.max_tokens_held(v.num_tokens or 0, ctx.requests.get(v.request_id)) // bs)
-            if len(v.blocks) > most:
-                yield (f"{label}: {sid} ({v.status.value}) holds {len(v.blocks)} blocks for {v.num_tokens} tokens, "
-                       f"at most {most} with {reservation}")
+def holds_no_more_than_declared(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v, bs, reservation = seq.view, ctx.config.block_size, ctx.reservation
+    if not v.blocks:
+        return
+    most = -(-reservation.max_tokens_held(v.num_tokens or 0, ctx.requests.get(v.request_id)) // bs)
+    if len(v.blocks) > most:
+        yield (f"{seq.where}: {seq.id} ({v.status.value}) holds {len(v.blocks)} blocks for {v.num_tokens} tokens, "
+               f"at most {most} with {reservation}")
 
 
 def _same_prefix_holders(rec: StepRecord, block: int, index: int, bs: int) -> bool:
@@ -366,6 +353,7 @@ def _written_blocks(num_computed: int, num_tokens: int, bs: int) -> range:
     """Forked sequences share the prompt's last, partly filled block; the first to decode must
     copy it (copy-on-write, vLLM's CopyOnWriteTracker) or its token overwrites its siblings' KV.""",
     (C.MID_STEP, C.BLOCK_TABLES, C.REF_COUNTS, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=schedules,
 )
 def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None and rec.mid.gpu_ref_counts is not None
@@ -392,6 +380,7 @@ def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     into a shared or foreign block corrupts another sequence, a copy from a free block copies
     garbage.""",
     (C.MID_STEP, C.BLOCK_TABLES),
+    about=SCHEDULE, when=copies,
 )
 def copy_targets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None

@@ -5,10 +5,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_requests_between, fresh_after, running_seq_count, snapshots
+from spec.invariants._evaluation import SeqAt
+from spec.invariants._views import running_seq_count, snapshots, with_status
+from spec.invariants.triggers import (
+    finishes_or_ignores,
+    names_requests,
+    running_or_named,
+    running_or_swapped,
+    runs,
+    schedules,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import AFTER_STEP, OUTCOME, SCHEDULE, SEQUENCE, STEP, CheckContext, invariant
 from spec.status import PreemptionMode, Status
 
 
@@ -18,6 +27,7 @@ from spec.status import PreemptionMode, Status
     """Seed 003 §2.1 (SchedulingBudget.can_schedule: used_tokens + new_tokens <= token_budget)
     and seed 000 §3.3 step 1; the budget bounds the batch the model must hold in one forward pass
     (vLLM PR #7391: decodes slipping past the budget).""",
+    about=SCHEDULE, when=schedules,
 )
 def token_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     total = rec.output.num_batched_tokens
@@ -30,6 +40,7 @@ def token_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "The sequences scheduled in one step never exceed max_num_seqs.",
     """Seed 000 §3.4 step 2 (max_num_seqs=2 bounds what runs together) and seed 003 §2.1
     (seq_budget); the batch's sequence dimension is sized by it.""",
+    about=SCHEDULE, when=schedules,
 )
 def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     count = len({s.seq_id for s in rec.output.scheduled})
@@ -49,6 +60,7 @@ def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     run every running sequence each step, so for them the two coincide, and their profiles
     keep it.""",
     (C.STATUSES,),
+    about=STEP, when=runs,
 )
 def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
@@ -67,7 +79,7 @@ def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (token_chunk_size); scheduling fewer leaves KV holes, more recomputes what is cached. Not
     checked with chunked prefill; with prefix caching a prefill may start after a cache hit.""",
     (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
-    synchronous=True,
+    synchronous=True, about=SCHEDULE, when=schedules,
 )
 def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -100,22 +112,20 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     sample, never by two: a sequence whose in-flight tokens reach the limit is not scheduled
     again (vllm/v1/core/sched/scheduler.py:800-815).""",
     (C.SEQ_LENGTHS, C.STATUSES),
-    synchronous=True,
+    synchronous=True, about=SEQUENCE, when=running_or_swapped, at=(AFTER_STEP,),
 )
-def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.after.seqs is not None
+def max_model_len(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
     # Planned (depth > 0): the sample in flight may be the one past the limit that finishes the
     # sequence (synchronously appended and finished in one step), but never a second one.
-    limit = ctx.config.max_model_len + (2 if ctx.config.pipeline_depth else 0)
-    for sid, v in fresh_after(ctx, rec):
-        if v.status in (Status.RUNNING, Status.SWAPPED) and (v.num_tokens or 0) >= limit:
-            request = ctx.requests.get(v.request_id)
-            # planned (depth > 0), the final chunk's sample may be in flight too
-            prompt_only = () if request is None else range(
-                request.prompt_len, request.prompt_len + (2 if ctx.config.pipeline_depth else 1))
-            if ctx.config.enable_chunked_prefill and v.num_tokens in prompt_only:
-                continue  # a prompt of exactly max_model_len tokens, still being prefilled in chunks
-            yield f"{sid} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
+    v, limit = seq.view, ctx.config.max_model_len + (2 if ctx.config.pipeline_depth else 0)
+    if (v.num_tokens or 0) >= limit:
+        request = ctx.requests.get(v.request_id)
+        # planned (depth > 0), the final chunk's sample may be in flight too
+        prompt_only = () if request is None else range(
+            request.prompt_len, request.prompt_len + (2 if ctx.config.pipeline_depth else 1))
+        if ctx.config.enable_chunked_prefill and v.num_tokens in prompt_only:
+            return  # a prompt of exactly max_model_len tokens, still being prefilled in chunks
+        yield f"{seq.id} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
 
 
 @invariant(
@@ -124,6 +134,7 @@ def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Seed 003 §2.2 (check the prompt length first: over the limit is FINISHED_IGNORED) and
     vLLM's _get_prompt_limit: without chunked prefill such a prompt can never be computed in one
     step.""",
+    about=SCHEDULE, when=schedules,
 )
 def over_long_never_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.prompt_limit
@@ -144,6 +155,7 @@ def over_long_never_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     Relaxed for engines that refuse an unservable request at the door: add_request returning
     its Finished is an answer too (vLLM V1's input processor likewise rejects a prompt longer
     than max_model_len before the scheduler sees it).""",
+    about=OUTCOME, when=finishes_or_ignores,
 )
 def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.prompt_limit
@@ -166,6 +178,7 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "Within one step a sequence is scheduled at most once, and only sequences of known, unfinished requests are scheduled, preempted or swapped in.",
     """The batch is built from the output (seed 000 §3.3 step 4); a duplicate entry computes a
     token twice and writes its KV twice.""",
+    about=SCHEDULE, when=names_requests,
 )
 def output_well_formed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     counts = Counter(s.seq_id for s in rec.output.scheduled)
@@ -190,6 +203,7 @@ def output_well_formed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """A preempted request left in running (HabanaAI vllm-fork PR #2247) or one moved silently
     keeps blocks the engine thinks are free; vLLM reports victims in preempted / blocks_to_swap_out.""",
     (C.MID_STEP, C.STATUSES),
+    about=SCHEDULE, when=running_or_named,
 )
 def output_matches_state(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.statuses is not None and rec.before.statuses is not None
@@ -205,9 +219,6 @@ def output_matches_state(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         ignored = mid.get(rid) is Status.FINISHED_IGNORED and rid in rec.output.ignored
         if mid.get(rid) is not want and not readmitted and not ignored:
             yield f"{rid} preempted by {mode.value} but {mid.get(rid)} after schedule()"
-    changed = changed_requests_between(rec.mid, rec.before)  # only a request whose status changed can have left running
-    before = rec.before.statuses
-    for rid in before if changed is None else sorted(changed):
-        status = before.get(rid)
-        if status is Status.RUNNING and mid.get(rid) in (Status.WAITING, Status.SWAPPED) and rid not in preempted:
+    for rid in sorted(with_status(rec.before, Status.RUNNING)):
+        if mid.get(rid) in (Status.WAITING, Status.SWAPPED) and rid not in preempted:
             yield f"{rid} left running for {mid[rid].value} without being reported preempted"

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import changed_between, drops_unseen_tokens, fresh_in_snapshots, returned_step, views_of
+from spec.invariants._evaluation import SeqAt
+from spec.invariants._views import drops_unseen_tokens, returned_step, step_facts, views_of
+from spec.invariants.triggers import (
+    long_prefill_contended,
+    partial_prefills_limited,
+    preempts_by_recompute,
+    schedules,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import AFTER_SCHEDULE, AFTER_STEP, SCHEDULE, SEQUENCE, STEP, CheckContext, invariant
 from spec.status import PreemptionMode, Status
 
 
@@ -24,6 +31,7 @@ from spec.status import PreemptionMode, Status
     attention metadata, and a scheduler that counts it as progress never computes anything
     (nano-vllm can schedule a prefill of zero tokens when the prefix cache covers the whole
     prompt).""",
+    about=SCHEDULE, when=schedules,
 )
 def at_least_one_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for item in rec.output.scheduled:
@@ -39,19 +47,17 @@ def at_least_one_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     tokens catch up with the tokens); computing past the end reads token ids that do not exist
     and writes KV slots no block was sized for.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SEQUENCE,
 )
-def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
-        if v.num_computed is not None and v.num_tokens is not None and v.num_computed > v.num_tokens:
-            yield f"{label}: {sid} has {v.num_computed} computed of {v.num_tokens} tokens"
-    if rec.mid is not None and rec.mid.seqs is not None:
-        for item in rec.output.scheduled:
-            v = rec.mid.seqs.get(item.seq_id)
-            if v is None or v.num_computed is None or v.num_tokens is None:
-                continue
-            if v.num_computed + item.num_tokens - item.num_drafts > v.num_tokens:  # drafts lie past them
-                yield (f"{item.seq_id} is scheduled for {item.num_tokens} tokens with {v.num_computed} of "
-                       f"{v.num_tokens} computed")
+def computed_within_tokens(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    v = seq.view
+    if v.num_computed is None or v.num_tokens is None:
+        return
+    if v.num_computed > v.num_tokens:
+        yield f"{seq.where}: {seq.id} has {v.num_computed} computed of {v.num_tokens} tokens"
+    item = step_facts(rec).scheduled.get(seq.id) if seq.where == AFTER_SCHEDULE else None
+    if item is not None and v.num_computed + item.num_tokens - item.num_drafts > v.num_tokens:  # drafts lie past them
+        yield f"{item.seq_id} is scheduled for {item.num_tokens} tokens with {v.num_computed} of {v.num_tokens} computed"
 
 
 @invariant(
@@ -65,6 +71,7 @@ def computed_within_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     engine that answers only at the finish has shown no client those tokens and may regenerate
     them (REQ-004 says why; tokasaurus' bump does).""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.BLOCK_TABLES),
+    about=SCHEDULE, when=preempts_by_recompute,
 )
 def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None
@@ -100,41 +107,35 @@ def recompute_resets(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     and no less: counting a partial chunk as the whole prompt leaves KV holes that later steps
     read, counting less recomputes (and re-writes) KV.""",
     (C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
-    synchronous=True,
+    synchronous=True, about=SEQUENCE, at=(AFTER_STEP,),
 )
-def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.mid is not None and rec.mid.seqs is not None and rec.after.seqs is not None
-    given = {s.seq_id: s.num_tokens for s in rec.output.scheduled}
-    drafts = {s.seq_id: s.num_drafts for s in rec.output.scheduled if s.num_drafts}
-    voided = {sid for sid, d in rec.drafts.items() if d.empty}
+def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    assert rec.mid is not None and rec.mid.seqs is not None
+    sid, a, m = seq.id, seq.view, rec.mid.seqs.get(seq.id)
+    if m is None or m.status.is_finished or m.num_computed is None or a.num_computed is None:
+        return
+    facts = step_facts(rec)
+    given = facts.tokens.get(sid)
+    if given is not None:
+        want = m.num_computed + given
+    elif m.status is Status.RUNNING or m.status is Status.SWAPPED:
+        want = m.num_computed
+    else:
+        return
     k = ctx.config.num_speculative_tokens
     lagged = bool(k and ctx.config.pipeline_depth)
-    returned = returned_step(ctx, rec)
-    # pipelined, an empty outcome also voids the sequence's later steps in flight (this one included)
-    voided_late = set() if returned is None or not lagged else {
-        sid for sid in returned.scheduled if returned.decision(sid).empty}
-    changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
-    for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
-        m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
-        if m is None:
-            continue
-        if a is None or m.status.is_finished or m.num_computed is None or a.num_computed is None:
-            continue
-        if sid in given:
-            want = m.num_computed + given[sid]
-        elif m.status is Status.RUNNING or m.status is Status.SWAPPED:
-            want = m.num_computed
-        else:
-            continue
-        if sid in drafts or sid in voided or lagged:  # SPD-005 says how many roll back
-            # (pipelined, the outcome processed now is an earlier step's: up to k + 1 of its tokens)
-            slack = k + 1 if lagged else drafts.get(sid, 0) + (sid in voided)
-            if sid in voided_late:
-                slack = (k + 1) * (ctx.config.pipeline_depth + 1)
-            if want - slack <= a.num_computed <= want:
-                continue
-        if a.num_computed != want and not (a.status.is_finished and sid not in given):
-            yield f"{sid} went from {m.num_computed} to {a.num_computed} computed tokens, given {given.get(sid, 0)}"
+    voided = sid in rec.drafts and rec.drafts[sid].empty
+    if sid in facts.drafts or voided or lagged:  # SPD-005 says how many roll back
+        # (pipelined, the outcome processed now is an earlier step's: up to k + 1 of its tokens)
+        slack = k + 1 if lagged else facts.drafts.get(sid, 0) + voided
+        returned = returned_step(ctx, rec)
+        # pipelined, an empty outcome also voids the sequence's later steps in flight (this one included)
+        if lagged and returned is not None and sid in returned.scheduled and returned.decision(sid).empty:
+            slack = (k + 1) * (ctx.config.pipeline_depth + 1)
+        if want - slack <= a.num_computed <= want:
+            return
+    if a.num_computed != want and not (a.status.is_finished and given is None):
+        yield f"{sid} went from {m.num_computed} to {a.num_computed} computed tokens, given {given or 0}"
 
 
 @invariant(
@@ -145,6 +146,7 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
     whole budget from the decodes and shorter prompts behind it (V1 applies it only when another
     request could use the budget).""",
     (C.QUEUES,),
+    about=SCHEDULE, when=long_prefill_contended,
 )
 def long_prefill_capped(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     threshold = ctx.config.long_prefill_token_threshold
@@ -165,6 +167,7 @@ def long_prefill_capped(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     half-computed prompts do not pile up holding blocks while none of them finishes; 0 means no
     limit (vLLM V1 does not apply one).""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.STATUSES),
+    about=STEP, when=partial_prefills_limited,
 )
 def partial_prefills_bounded(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.max_num_partial_prefills

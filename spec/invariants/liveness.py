@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
+from spec.invariants.triggers import only_waiting, requests_added, runnable_work
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import SCHEDULE, STEP, CheckContext, invariant
 
 
 @invariant(
@@ -18,6 +19,7 @@ from spec.observation import StepRecord
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
     (C.QUEUES,),
+    about=STEP, when=runnable_work,
 )
 def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     queued = any(rec.before.queue(q) for q in ("waiting", "running", "swapped"))
@@ -43,6 +45,7 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     run, so each generated token costs at most a bounded number of steps; the bound used is
     (R + 2) * (sum of n * max_tokens + R + 2) for R requests.""",
     at_end=True,
+    when=requests_added,
 )
 def bounded_completion(ctx: CheckContext) -> Iterator[str]:
     if ctx.drained:
@@ -79,6 +82,7 @@ def completion_bound_for(ctx: CheckContext) -> int:
     first, SGLang's ``SchedulePolicy.calc_priority``), so the queue before the step names no head:
     an idle engine must then admit or ignore some waiting request.""",
     (C.QUEUES,),
+    about=SCHEDULE, when=only_waiting,
 )
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
+from spec.invariants.triggers import preempts, schedules
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import SCHEDULE, CheckContext, invariant
 
 
 @invariant(
@@ -22,6 +23,7 @@ from spec.observation import StepRecord
     and admits only with budget left: a running request holds blocks and has a client waiting on
     its stream, a new one has neither.""",
     (C.QUEUES, C.TOKEN_BUDGET_FLOW),
+    about=SCHEDULE, when=schedules,
 )
 def running_first(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     fresh = admitted(rec)
@@ -40,6 +42,7 @@ def running_first(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     in decode steps: blocks freed by a victim go to the running requests that needed them, not to
     a newcomer that would be the next victim.""",
     (C.QUEUES, C.TOKEN_BUDGET_FLOW),
+    about=SCHEDULE, when=preempts,
 )
 def no_admission_when_preempting(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     fresh = admitted(rec)
@@ -56,6 +59,7 @@ def no_admission_when_preempting(ctx: CheckContext, rec: StepRecord) -> Iterator
     arrival_time)) under priority; nano-vllm pops the running tail. The running queue is in
     admission order there (a resumed request re-joins at the tail), not in arrival order.""",
     (C.QUEUES, C.TOKEN_BUDGET_FLOW),
+    about=SCHEDULE, when=preempts,
 )
 def victims_from_tail(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     victims = [p.request_id for p in rec.output.preempted]

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import (
-    changed_between,
-    changed_requests_between,
-    checked_with_prior,
-    finished_holders,
-    freed_by_their_last_step,
-    fresh_in_snapshots,
-    queue_moves,
-    queue_set,
-    seq_ids_by_request,
-)
+from spec.invariants._evaluation import RequestAt, SeqAt
+from spec.invariants._views import freed_by_their_last_step, tables
+from spec.invariants.triggers import finished, finished_holders_at_start, known_or_queued, running, swapped, waiting
 from spec.observation import Capability as C
-from spec.observation import Snapshot, StepRecord
-from spec.status import QUEUES, Status
+from spec.observation import StepRecord
+from spec.rules import AFTER_SCHEDULE, OUTCOME, REQUEST, SEQUENCE, CheckContext, invariant
 
 
-def _residency(ctx: CheckContext, rec: StepRecord, wanted: Status, device: str | None,
-               excused: frozenset[str] = frozenset()) -> Iterator[str]:
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
-        if v.status is not wanted or (not v.blocks and label == "after schedule" and sid in excused):
-            continue
-        if device is None and v.blocks:
-            yield f"{label}: {sid} is {wanted.value} but holds {v.device} blocks {list(v.blocks)}"
-        elif device is not None and (v.device != device or not v.blocks):
-            yield f"{label}: {sid} is {wanted.value} but its blocks are {list(v.blocks or ())} on {v.device}"
+def _residency(seq: SeqAt, device: str | None) -> Iterator[str]:
+    v = seq.view
+    if device is None and v.blocks:
+        yield f"{seq.where}: {seq.id} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
+    elif device is not None and (v.device != device or not v.blocks):
+        yield f"{seq.where}: {seq.id} is {v.status.value} but its blocks are {list(v.blocks or ())} on {v.device}"
 
 
 @invariant(
@@ -47,10 +35,12 @@ def _residency(ctx: CheckContext, rec: StepRecord, wanted: Status, device: str |
     this one where steps run in order on one stream. Without that claim (a scheduler whose model
     reads tables after schedule(), like vLLM V0's) an empty running table is a missing KV write.""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"),
+    reads=("status", "blocks", "device"), about=SEQUENCE, when=running,
 )
-def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(ctx, rec, Status.RUNNING, "gpu", freed_by_their_last_step(ctx, rec))
+def running_on_gpu(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    if not seq.view.blocks and seq.where == AFTER_SCHEDULE and seq.id in freed_by_their_last_step(ctx, rec):
+        return
+    yield from _residency(seq, "gpu")
 
 
 @invariant(
@@ -60,10 +50,10 @@ def running_on_gpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     'temporarily moved out for lack of resources'): a swapped sequence keeps its KV, on CPU only,
     so its GPU blocks are free for others.""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"),
+    reads=("status", "blocks", "device"), about=SEQUENCE, when=swapped,
 )
-def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(ctx, rec, Status.SWAPPED, "cpu")
+def swapped_on_cpu(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    yield from _residency(seq, "cpu")
 
 
 @invariant(
@@ -72,10 +62,10 @@ def swapped_on_cpu(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """vLLM allocates a prompt's blocks when it is admitted, all at once, and a recompute victim
     gives back all of its blocks (vLLM PR #10013 fixed a recompute that kept a second table).""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"),
+    reads=("status", "blocks", "device"), about=SEQUENCE, when=waiting,
 )
-def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    yield from _residency(ctx, rec, Status.WAITING, None)
+def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    yield from _residency(seq, None)
 
 
 @invariant(
@@ -87,24 +77,10 @@ def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     aborts) a sequence is vLLM's timing; a scheduler that frees finished requests lazily, at
     its next schedule(), is correct. Safety keeps the bound (RES-005).""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"),
+    reads=("status", "blocks", "device"), about=SEQUENCE, when=finished,
 )
-def finished_holds_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, sid, v in fresh_in_snapshots(ctx, rec):
-        if v.status.is_finished and v.blocks:
-            yield f"{label}: {sid} is {v.status.value} but holds {v.device} blocks {list(v.blocks)}"
-
-
-def _moved_or_changed(snap: Snapshot, prior: Snapshot | None) -> set[str] | None:
-    """Requests whose status or queue membership may differ from ``prior`` (None: unknown)."""
-    moved = queue_moves(snap, prior)
-    changed = changed_requests_between(snap, prior) if prior is not None else None
-    return None if moved is None or changed is None else moved | changed
-
-
-def _same_queues(snap: Snapshot, prior: Snapshot | None) -> bool:
-    return (prior is not None and snap.statuses is prior.statuses and snap.waiting is prior.waiting
-            and snap.running is prior.running and snap.swapped is prior.swapped)
+def finished_holds_nothing(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    yield from _residency(seq, None)
 
 
 @invariant(
@@ -114,39 +90,16 @@ def _same_queues(snap: Snapshot, prior: Snapshot | None) -> bool:
     """Seed 003 §1 names the three queues and moves requests between them; a request in two
     queues is scheduled twice, one in none is lost (TensorRT-LLM #9931: a request paused twice).""",
     (C.QUEUES, C.STATUSES),
+    about=REQUEST, when=known_or_queued,
 )
-def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        assert snap.statuses is not None
-        if _same_queues(snap, prior):
-            continue  # the same queues and statuses this check passed just before
-        candidates = _moved_or_changed(snap, prior)
-        if candidates is not None:
-            sets = {name: queue_set(snap, name) for name in QUEUES}
-            if not any(q.repeats for q in sets.values()):
-                sets = {name: q.members for name, q in sets.items()}
-                for rid in sorted(candidates):
-                    where = [name for name in QUEUES if rid in sets[name]]
-                    status = snap.statuses.get(rid)
-                    if status is None and where:
-                        yield f"{label}: unknown request {rid} in {where}"
-                    elif status is not None and status.is_finished and where:
-                        yield f"{label}: {rid} is {status.value} yet in {where}"
-                    elif status is not None and not status.is_finished and len(where) != 1:
-                        yield f"{label}: {rid} is unfinished and in {len(where)} queues {where}"
-                continue  # every other request is where it was, with the status it had
-        seen: dict[str, list[str]] = {}
-        for name in QUEUES:
-            for rid in snap.queue(name) or ():
-                seen.setdefault(rid, []).append(name)
-        for rid, status in snap.statuses.items():
-            where = seen.pop(rid, [])
-            if status.is_finished and where:
-                yield f"{label}: {rid} is {status.value} yet in {where}"
-            elif not status.is_finished and len(where) != 1:
-                yield f"{label}: {rid} is unfinished and in {len(where)} queues {where}"
-        for rid, where in seen.items():
-            yield f"{label}: unknown request {rid} in {where}"
+def queue_partition(ctx: CheckContext, rec: StepRecord, req: RequestAt) -> Iterator[str]:
+    label, rid, status, where = req.where, req.id, req.status, list(req.queues)
+    if status is None:
+        yield f"{label}: unknown request {rid} in {where}"
+    elif status.is_finished and where:
+        yield f"{label}: {rid} is {status.value} yet in {where}"
+    elif not status.is_finished and len(where) != 1:
+        yield f"{label}: {rid} is unfinished and in {len(where)} queues {where}"
 
 
 @invariant(
@@ -156,38 +109,18 @@ def queue_partition(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     decisions from sequence statuses (get_seqs(status=RUNNING)), so a status that disagrees with
     the queue makes it skip or double-count sequences.""",
     (C.QUEUES, C.STATUSES),
-    reads=("request_id", "status"),
+    about=REQUEST, when=known_or_queued,
 )
-def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        assert snap.statuses is not None and snap.seqs is not None
-        if _same_queues(snap, prior) and snap.seqs is prior.seqs:
-            continue  # the same queues, statuses and sequences this check passed just before
-        candidates = _moved_or_changed(snap, prior)
-        changed_seqs = changed_between(snap, prior, ctx.reads) if prior is not None else None
-        sets = {name: queue_set(snap, name) for name in QUEUES}
-        for name in QUEUES:
-            if candidates is None or sets[name].repeats:
-                members = snap.queue(name) or ()
-            else:  # every other request is where it was, with the status it had
-                members = sorted(sets[name].members.intersection(candidates))
-            for rid in members:
-                if candidates is not None and rid not in candidates:
-                    continue
-                status = snap.statuses.get(rid)
-                if status is None or status.queue != name:
-                    yield f"{label}: {rid} is in {name} with status {status.value if status else None}"
-        if candidates is None or changed_seqs is None:
-            views = list(snap.seqs.items())
-        else:  # a sequence whose status and whose request's status are unchanged still agrees
-            by_request = seq_ids_by_request(snap)
-            sids = set(changed_seqs)
-            sids.update(sid for rid in candidates for sid in by_request.get(rid, ()))
-            views = [(sid, snap.seqs[sid]) for sid in sorted(sids) if sid in snap.seqs]
-        for sid, v in views:
-            group = snap.statuses.get(v.request_id)
-            if group is not None and not group.is_finished and not v.status.is_finished and v.status is not group:
-                yield f"{label}: sequence {sid} is {v.status.value} in a {group.value} request"
+def status_matches_queue(ctx: CheckContext, rec: StepRecord, req: RequestAt) -> Iterator[str]:
+    label, rid, status = req.where, req.id, req.status
+    for name in req.queues:
+        if status is None or status.queue != name:
+            yield f"{label}: {rid} is in {name} with status {status.value if status else None}"
+    if status is None or status.is_finished or req.snap.seqs is None:
+        return
+    for v in req.views():
+        if not v.status.is_finished and v.status is not status:
+            yield f"{label}: sequence {v.seq_id} is {v.status.value} in a {status.value} request"
 
 
 @invariant(
@@ -201,15 +134,13 @@ def status_matches_queue(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     until the prefill ends; its request is live until then and finished only once it is let go
     of (docs/ADAPTERS.md), so this statement, QUE-001 and OUT-002 need no relaxing for it.""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"),
+    about=OUTCOME, when=finished_holders_at_start,
 )
 def finished_freed_by_next_step(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     before, after = rec.before.seqs, rec.after.seqs
     assert before is not None and after is not None
-    changed = changed_between(rec.after, rec.before, ctx.reads)
-    # Finished when the step began: those that held blocks then, and any whose view changed since.
-    candidates = before if changed is None else finished_holders(rec.before) | changed
-    for sid in sorted(candidates):
-        old, new = before.get(sid), after.get(sid)
-        if old is not None and old.status.is_finished and new is not None and new.blocks:
+    holders = tables(rec.after, "gpu").keys() | tables(rec.after, "cpu").keys()
+    for sid in sorted(holders):
+        old, new = before.get(sid), after[sid]
+        if old is not None and old.status.is_finished:
             yield f"{sid} was {old.status.value} when the step began and still holds {new.device} blocks {list(new.blocks)}"

@@ -7,10 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
+from spec.invariants.triggers import (
+    a_queue_holds_two,
+    others_wait,
+    preempts,
+    preempts_by_recompute,
+    prefills_beside_running,
+    some_swapped,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import SCHEDULE, STEP, CheckContext, invariant
 from spec.status import QUEUES, PreemptionMode
 
 
@@ -22,6 +30,7 @@ from spec.status import QUEUES, PreemptionMode
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
     requests pass a skipped one.""",
     (C.QUEUES,),
+    about=SCHEDULE, when=others_wait,
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = list(rec.before.waiting or ())
@@ -42,6 +51,7 @@ def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     _schedule_default (prefills only `if not self.swapped`): a swapped request already holds CPU
     space and has produced output; starving it behind new arrivals (vLLM #5578) wastes both.""",
     (C.QUEUES,),
+    about=SCHEDULE, when=some_swapped,
 )
 def swapped_first(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if rec.before.swapped:
@@ -57,6 +67,7 @@ def swapped_first(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Seed 000 §3.4 step 5 preempts the later request B for A; vLLM pops victims from the tail
     of the running queue (running_queue.pop()), which policy order makes the least urgent.""",
     (C.QUEUES,),
+    about=SCHEDULE, when=preempts,
 )
 def victim_choice(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     victims = [p.request_id for p in rec.output.preempted]
@@ -75,6 +86,7 @@ def victim_choice(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Seed 003 §3 (`self.waiting.extendleft(preempted)`) and vLLM's _schedule_default: a
     recomputed request has already waited once; putting it behind new arrivals starves it.""",
     (C.QUEUES,),
+    about=SCHEDULE, when=preempts_by_recompute,
 )
 def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = list(rec.after.waiting or ())
@@ -92,6 +104,7 @@ def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "Prefills and decodes never share a step (no chunked prefill): a step that admits prompts schedules no decode.",
     """vLLM V0's _schedule_default skips _schedule_running when prefills were scheduled ('Don't
     schedule decodes if prefills are scheduled'): prompt and decode kernels are separate passes.""",
+    about=SCHEDULE, when=prefills_beside_running,
 )
 def no_mixed_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     kinds = {s.is_prefill for s in rec.output.scheduled}
@@ -105,6 +118,7 @@ def no_mixed_steps(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """The order of waiting decides admission, the order of running decides victims, the order of
     swapped decides swap-ins; seed 003 §5 adds priority as the sort key.""",
     (C.QUEUES,),
+    about=STEP, when=a_queue_holds_two,
 )
 def queues_in_order(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for name in QUEUES:

@@ -9,13 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
+from spec.invariants._evaluation import PoolAt
 from spec.invariants._views import (
     admitted,
     chained_keys,
-    changed_items,
-    checked_with_prior,
-    fresh_views,
     keyed_blocks,
     shared_blocks,
     snapshots,
@@ -23,8 +20,10 @@ from spec.invariants._views import (
     views_of,
     void_outcomes,
 )
+from spec.invariants.triggers import admits, gpu_pool, keyed, resets_prefix_cache, shares_blocks
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
+from spec.rules import POOL, SCHEDULE, STEP, CheckContext, invariant
 
 _NEEDS = (C.PREFIX_CACHE, C.BLOCK_TABLES, C.SEQ_LENGTHS)
 
@@ -55,22 +54,23 @@ def _allowance(scheduled: dict[str, int], label: str, sid: str, num_computed: in
     block keyed over it when the step was scheduled (kv_cache_manager.py:616-625) holds the KV
     its key names; the recompute writes the same KV again.""",
     (*_NEEDS, C.COMPUTED_TOKENS),
-    synchronous=True,
+    synchronous=True, about=STEP, when=keyed,
 )
 def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
     scheduled: dict[str, int] = {}
     for item in rec.output.scheduled:
         scheduled[item.seq_id] = scheduled.get(item.seq_id, 0) + item.num_tokens
-    void = void_outcomes(ctx, rec)  # every step, before any early return
-    for label, snap, prior in checked_with_prior(ctx, rec):
+    void = void_outcomes(ctx, rec)
+    for label, snap in snapshots(rec):
         keys = snap.gpu_block_keys
         assert keys is not None and snap.seqs is not None
-        keyed = keyed_blocks(snap)
-        if not keyed:
+        cached = keyed_blocks(snap)
+        if not cached:
             continue  # no block is cached: no key to match
-        for sid, v in _key_holders_to_check(snap, prior, scheduled):
-            if v.device != "gpu" or not v.blocks or v.token_ids is None or keyed.isdisjoint(v.blocks):
+        for sid, table in sorted(tables(snap, "gpu").items()):
+            v = snap.seqs[sid]
+            if v.token_ids is None or cached.isdisjoint(table):
                 continue
             limit = _allowance(scheduled, label, sid, v.num_computed or 0,
                                void.before if label == "after schedule" else void.after)
@@ -85,18 +85,6 @@ def key_matches_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                     yield f"{label}: {sid} block {j} (gpu {block}) has key {key}, its tokens' key is {expected[j]}"
 
 
-def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: dict[str, int]):
-    """The views whose keys PFX-001 must look at in ``snap``: every one when no block's key is
-    known to be unchanged since ``prior`` (a snapshot it passed); else the views changed since
-    then and the scheduled ones (whose allowance moves with the step)."""
-    if prior is None or changed_items(snap.gpu_block_keys, prior.gpu_block_keys) != []:
-        return snap.seqs.items()
-    seqs = snap.seqs
-    views = dict(fresh_views(snap, prior))
-    views.update((sid, seqs[sid]) for sid in scheduled if sid in seqs and sid not in views)
-    return sorted(views.items())
-
-
 @invariant(
     "PFX-002", "safety",
     """Two sequences share a block only at the same position and only if their tokens up to the
@@ -106,12 +94,13 @@ def _key_holders_to_check(snap: Snapshot, prior: Snapshot | None, scheduled: dic
     lookup by the block's own tokens alone, as nano-vllm's stale index entries allow) holds the
     wrong KV for its new holder.""",
     (C.PREFIX_CACHE, C.BLOCK_TABLES),
+    about=STEP, when=shares_blocks,
 )
 def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     bs = ctx.config.block_size
-    for label, snap, prior in checked_with_prior(ctx, rec):
+    for label, snap in snapshots(rec):
         assert snap.seqs is not None
-        shared = _shared_blocks_to_check(ctx, snap, prior)
+        shared = shared_blocks(snap, "gpu", ctx.config.num_gpu_blocks)  # None: a block outside the pool, read all
         if shared is not None and not shared:
             continue
         holders: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = {}
@@ -134,23 +123,6 @@ def sharing_needs_equal_prefix(ctx: CheckContext, rec: StepRecord) -> Iterator[s
                     yield f"{label}: {sid0} and {sid} share gpu block {block} (block {j}) without equal full prefixes"
 
 
-def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot | None) -> set[int] | None:
-    """The GPU blocks PFX-002 must look at in ``snap``: the shared blocks (two or more table
-    entries) of the views changed since ``prior``, a snapshot it passed. A pair of holders
-    neither of which changed is the pair that passed there. None: every block."""
-    if prior is None:
-        return None
-    every = shared_blocks(snap, "gpu", ctx.config.num_gpu_blocks)
-    if every is None:
-        return None
-    shared: set[int] = set()
-    if every:
-        for _, view in fresh_views(snap, prior):
-            if view.device == "gpu" and view.blocks:
-                shared.update(every.intersection(view.blocks))
-    return shared
-
-
 @invariant(
     "PFX-003", "safety",
     """The cache index and the blocks' keys agree: a lookup of a key finds only blocks that carry
@@ -160,29 +132,26 @@ def _shared_blocks_to_check(ctx: CheckContext, snap: Snapshot, prior: Snapshot |
     pops it from cached_block_hash_to_block and resets its hash). An index entry left behind
     returns a block now holding other tokens; a key without an index entry leaks cache capacity.""",
     (C.PREFIX_CACHE,),
+    about=POOL, when=gpu_pool,
 )
-def index_matches_keys(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        keys, index = snap.gpu_block_keys, snap.cache_index
-        assert keys is not None and index is not None
-        if prior is not None and keys is prior.gpu_block_keys and index is prior.cache_index:
-            continue  # the same keys and index this check passed just before
-        listed: set[int] = set()
-        for key, blocks in index.items():
-            if not blocks:
-                yield f"{label}: key {key} is in the index with no block"
-            for dupe in [b for b, n in Counter(blocks).items() if n > 1]:
-                yield f"{label}: key {key} lists gpu block {dupe} twice"
-            for block in blocks:
-                listed.add(block)
-                if not 0 <= block < len(keys):
-                    yield f"{label}: key {key} finds gpu block {block}, outside the pool"
-                elif keys[block] != key:
-                    yield f"{label}: a lookup of {key} finds gpu block {block}, whose key is {keys[block]}"
-        for block in sorted(keyed_blocks(snap)):
-            key = keys[block]
-            if block not in index.get(key, ()):
-                yield f"{label}: gpu block {block} has key {key} but a lookup cannot find it"
+def index_matches_keys(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    label, snap = pool.where, pool.snap
+    keys, index = snap.gpu_block_keys, snap.cache_index
+    assert keys is not None and index is not None
+    for key, blocks in index.items():
+        if not blocks:
+            yield f"{label}: key {key} is in the index with no block"
+        for dupe in [b for b, n in Counter(blocks).items() if n > 1]:
+            yield f"{label}: key {key} lists gpu block {dupe} twice"
+        for block in blocks:
+            if not 0 <= block < len(keys):
+                yield f"{label}: key {key} finds gpu block {block}, outside the pool"
+            elif keys[block] != key:
+                yield f"{label}: a lookup of {key} finds gpu block {block}, whose key is {keys[block]}"
+    for block in sorted(keyed_blocks(snap)):
+        key = keys[block]
+        if block not in index.get(key, ()):
+            yield f"{label}: gpu block {block} has key {key} but a lookup cannot find it"
 
 
 def _cached_free(snap: Snapshot) -> list[int]:
@@ -199,17 +168,18 @@ def _cached_free(snap: Snapshot) -> list[int]:
     evicted) and counts them as free; counting them apart as well (free and cached, or free twice)
     makes admission promise blocks that do not exist, counting them as used starves it.""",
     (C.PREFIX_CACHE, C.REF_COUNTS, C.FREE_LISTS, C.FREE_COUNTS),
+    about=POOL, when=gpu_pool,
 )
-def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap in snapshots(rec):
-        assert snap.gpu_free_ids is not None and snap.gpu_free is not None
-        if snap.gpu_free != len(snap.gpu_free_ids):
-            yield f"{label}: {snap.gpu_free} GPU blocks reported free, the free list holds {len(snap.gpu_free_ids)}"
-        cached_free = _cached_free(snap)
-        counts = Counter(snap.gpu_free_ids) if cached_free else {}
-        for block in cached_free:
-            if counts[block] != 1:
-                yield f"{label}: cached-free gpu block {block} is on the free list {counts[block]} times"
+def cached_free_counted_once(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    label, snap = pool.where, pool.snap
+    assert snap.gpu_free_ids is not None and snap.gpu_free is not None
+    if snap.gpu_free != len(snap.gpu_free_ids):
+        yield f"{label}: {snap.gpu_free} GPU blocks reported free, the free list holds {len(snap.gpu_free_ids)}"
+    cached_free = _cached_free(snap)
+    counts = Counter(snap.gpu_free_ids) if cached_free else {}
+    for block in cached_free:
+        if counts[block] != 1:
+            yield f"{label}: cached-free gpu block {block} is on the free list {counts[block]} times"
 
 
 @invariant(
@@ -224,6 +194,7 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     slots) ends a hit anywhere; a full hit that stalls a request is what liveness (LIV-*)
     catches for every engine.""",
     (C.PREFIX_CACHE, C.MID_STEP, C.SEQ_LENGTHS, C.COMPUTED_TOKENS, C.QUEUES),
+    about=SCHEDULE, when=admits,
 )
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
@@ -248,6 +219,7 @@ def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (PFX-007): a design that un-keys blocks still in use and answers true is correct, since a block
     without a key can be hit by no one.""",
     (C.PREFIX_CACHE, C.REF_COUNTS),
+    about=STEP, when=resets_prefix_cache,
 )
 def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     snap = rec.before  # taken after the step's admin calls; a reset moves no reference count
@@ -270,6 +242,7 @@ def reset_empties_cache(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     every correct reset guarantees); but an engine that refuses an idle cache leaves the old
     weights' KV in place for a caller who has no other way to drop it.""",
     (C.PREFIX_CACHE, C.REF_COUNTS),
+    about=STEP, when=resets_prefix_cache,
 )
 def reset_when_idle(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     snap = rec.before

@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import (
-    changed_between,
-    changed_requests_between,
-    drops_unseen_tokens,
-    fresh_views,
-    seq_ids_by_request,
-)
+from spec.invariants._evaluation import RequestAt, SeqAt
+from spec.invariants._views import drops_unseen_tokens, step_facts
+from spec.invariants.triggers import added, finishes, finishes_stopped, names_requests, reported_finished
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import AFTER_STEP, OUTCOME, REQUEST, SCHEDULE, SEQUENCE, CheckContext, invariant
 from spec.status import Status
 from spec.types import request_of
 
@@ -24,6 +20,7 @@ from spec.types import request_of
     "A request is reported finished at most once, and only a request that was added.",
     """Every request ends in exactly one finished state (DESIGN: no request is lost); a second
     finish frees its blocks twice (SGLang-JAX PR #982: release on two paths).""",
+    about=OUTCOME, when=finishes,
 )
 def finished_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     counts = Counter(f.request_id for f in rec.finished)
@@ -43,23 +40,17 @@ def finished_once(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """A request dropped from every queue without a finish report hangs its client forever;
     one finished silently never returns its output.""",
     (C.STATUSES,),
+    about=REQUEST, when=added, at=(AFTER_STEP,),
 )
-def none_lost(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.after.statuses is not None
-    reported = set(ctx.finished) | {f.request_id for f in rec.finished}
-    prior = ctx.previous.after if ctx.previous is not None else None
-    changed = changed_requests_between(rec.after, prior)
-    # A request whose status and report are as at the last passed step still passes.
-    candidates = ctx.requests if changed is None else sorted(
-        (changed | {f.request_id for f in rec.finished} | {r.request_id for r in rec.added}) & ctx.requests.keys())
-    for rid in candidates:
-        status = rec.after.statuses.get(rid)
-        if status is None:
-            yield f"{rid} was added but the scheduler no longer knows it"
-        elif status.is_finished and rid not in reported:
-            yield f"{rid} is {status.value} but was never reported finished"
-        elif not status.is_finished and rid in reported:
-            yield f"{rid} was reported finished but is {status.value}"
+def none_lost(ctx: CheckContext, rec: StepRecord, req: RequestAt) -> Iterator[str]:
+    rid, status = req.id, req.status
+    reported = req.reported is not None or rid in step_facts(rec).finished
+    if status is None:
+        yield f"{rid} was added but the scheduler no longer knows it"
+    elif status.is_finished and not reported:
+        yield f"{rid} is {status.value} but was never reported finished"
+    elif not status.is_finished and reported:
+        yield f"{rid} was reported finished but is {status.value}"
 
 
 @invariant(
@@ -67,6 +58,7 @@ def none_lost(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "A finished request is never scheduled, preempted or swapped in again.",
     """Finished statuses are final (the lifecycle graph has no edge out of them); scheduling a
     finished request computes into blocks it already gave back.""",
+    about=SCHEDULE, when=names_requests,
 )
 def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     named = {s.request_id for s in rec.output.scheduled} | {p.request_id for p in rec.output.preempted}
@@ -93,41 +85,31 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
+    about=SEQUENCE, at=(AFTER_STEP,),
 )
-def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.before.seqs is not None and rec.after.seqs is not None
-    scheduled = {s.seq_id for s in rec.output.scheduled}
-    drafted = {s.seq_id: s.num_drafts for s in rec.output.scheduled if s.num_drafts}
-    voided = {sid for sid, d in rec.drafts.items() if d.empty and sid in scheduled}
-    forked_from = {request_of(s.seq_id) for s in rec.output.scheduled if s.is_prefill}
-    changed = changed_between(rec.after, rec.before)
-    # A view that is the same object before and after did not grow: only a scheduled one can be wrong.
-    candidates = rec.after.seqs if changed is None else sorted(changed | scheduled)
-    for sid in candidates:
-        new = rec.after.seqs.get(sid)
-        old = rec.before.seqs.get(sid)
-        if old is None or new is None:
-            continue
-        if old.status.is_finished:
-            continue
-        grow = 1 if sid in scheduled else 0
-        if sid in drafted or sid in voided:  # SPD-005/SPD-006 say how many
-            low = 0 if sid in voided else 1
-            if not low <= (new.num_tokens or 0) - (old.num_tokens or 0) <= 1 + drafted.get(sid, 0):
-                yield (f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens "
-                       f"(scheduled with {drafted.get(sid, 0)} drafts)")
-            continue
-        if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
-            if not _partial_chunk_ok(rec, sid, old, new) and not drops_unseen_tokens(ctx, rec, old, new, grow):
-                yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"
-            continue
-        if (new.num_tokens or 0) != (old.num_tokens or 0) + grow and not drops_unseen_tokens(ctx, rec, old, new, grow):
-            yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
-    for sid in rec.after.seqs if changed is None else sorted(changed):
-        if sid in rec.after.seqs and sid not in rec.before.seqs and request_of(sid) not in forked_from and request_of(sid) not in {
-            r.request_id for r in rec.added
-        }:
+def tokens_kept(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
+    assert rec.before.seqs is not None
+    sid, new, old = seq.id, seq.view, rec.before.seqs.get(seq.id)
+    facts = step_facts(rec)
+    if old is None:
+        if request_of(sid) not in facts.prefilled and request_of(sid) not in facts.added:
             yield f"{sid} appeared without its request being added or prefilled"
+        return
+    if old.status.is_finished:
+        return
+    grow = 1 if sid in facts.scheduled else 0
+    if sid in facts.drafts or sid in facts.voided:  # SPD-005/SPD-006 say how many
+        low = 0 if sid in facts.voided else 1
+        if not low <= (new.num_tokens or 0) - (old.num_tokens or 0) <= 1 + facts.drafts.get(sid, 0):
+            yield (f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens "
+                   f"(scheduled with {facts.drafts.get(sid, 0)} drafts)")
+        return
+    if grow and ctx.config.enable_chunked_prefill:  # a chunk that leaves tokens uncomputed samples nothing
+        if not _partial_chunk_ok(rec, sid, old, new) and not drops_unseen_tokens(ctx, rec, old, new, grow):
+            yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled, chunked)"
+        return
+    if (new.num_tokens or 0) != (old.num_tokens or 0) + grow and not drops_unseen_tokens(ctx, rec, old, new, grow):
+        yield f"{sid} went from {old.num_tokens} to {new.num_tokens} tokens (scheduled: {bool(grow)})"
 
 
 def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
@@ -152,6 +134,7 @@ def _partial_chunk_ok(rec: StepRecord, sid: str, old, new) -> bool:
     (StepOutcome.stopped). A stop applied to the wrong request cuts off a client whose output
     was not done and lets the stopped one run on to its length cap: both clients get wrong
     answers, and every count stays consistent, so nothing else notices.""",
+    about=OUTCOME, when=finishes_stopped,
 )
 def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for f in rec.finished:
@@ -171,29 +154,16 @@ def stopped_only_when_told(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     the sequence left behind holds its blocks for good: nothing will ever schedule or free it.
     One step of grace, as RES-005 gives: a scheduler may free at its next schedule().""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("request_id", "status", "blocks", "device"),
+    about=REQUEST, when=reported_finished, at=(AFTER_STEP,),
 )
-def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    after = rec.after
-    assert after.seqs is not None
-    prior = ctx.previous
-    # Requests first seen finished at this step's start: all their sequences. Other finished
-    # requests passed at the last step: only their sequences whose views changed since.
-    if prior is None:
-        fresh = set(ctx.finished)
-    else:
-        fresh = {f.request_id for f in prior.finished} & ctx.finished.keys()
-    by_request = seq_ids_by_request(after)
-    sids = {sid for rid in fresh for sid in by_request.get(rid, ())}
-    sids.update(sid for sid, v in fresh_views(after, prior.after if prior is not None else None, ctx.reads)
-                if v.request_id in ctx.finished)
-    for sid in sorted(sids):
-        view = after.seqs.get(sid)
-        if view is None:
-            continue
-        rid = view.request_id
+def finished_request_is_done(ctx: CheckContext, rec: StepRecord, req: RequestAt) -> Iterator[str]:
+    if req.snap.seqs is None:
+        return
+    rid, reported = req.id, req.reported
+    assert reported is not None
+    for view in req.views():
         if not view.status.is_finished:
-            yield f"{sid} is {view.status.value} but its request {rid} was reported {ctx.finished[rid].value} before this step"
+            yield f"{view.seq_id} is {view.status.value} but its request {rid} was reported {reported.value} before this step"
         elif view.blocks:
-            yield (f"{sid} of {rid} (reported {ctx.finished[rid].value} before this step) still holds "
+            yield (f"{view.seq_id} of {rid} (reported {reported.value} before this step) still holds "
                    f"{view.device} blocks {list(view.blocks)}")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
+from spec.invariants.triggers import preempts
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import SCHEDULE, CheckContext, invariant
 
 
 @invariant(
@@ -25,6 +26,7 @@ from spec.observation import StepRecord
     smallest, and a long prompt frees the most slots. vLLM picks its victim by arrival or priority
     instead (ORD-003, POL-003).""",
     (C.SEQ_LENGTHS, C.SGLANG_FLOW),
+    about=SCHEDULE, when=preempts,
 )
 def retracts_fewest_generated(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not rec.output.preempted or not rec.before.seqs:

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import returned_step, void_outcomes
+from spec.invariants.triggers import drafts, returns_speculative, speculative, speculative_keys
 from spec.observation import Capability as C
 from spec.observation import SeqView, StepRecord
+from spec.rules import OUTCOME, SCHEDULE, CheckContext, invariant
 from spec.status import Status
 
 
@@ -48,6 +49,7 @@ def _drafted(rec: StepRecord) -> Iterator[tuple[object, SeqView]]:
     reservation and the batch exceeded max_num_tokens under chunked prefill, killing requests
     (NVIDIA/TensorRT-LLM#16101); writing past the table corrupts another request's block.""",
     (C.MID_STEP, C.BLOCK_TABLES, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=drafts,
 )
 def drafts_paid_for(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not any(item.num_drafts for item in rec.output.scheduled):
@@ -83,6 +85,7 @@ def drafts_paid_for(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     correct scheduler guarantees, drafts at most k and right after the last known token, is
     SPD-009.""",
     (C.SEQ_LENGTHS,),
+    about=SCHEDULE, when=drafts,
 )
 def drafts_only_on_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for item, _v in _drafted(rec):
@@ -105,6 +108,7 @@ def drafts_only_on_a_decode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     than k drafts is more than the verifying kernels and the reservation were sized for. A final
     prefill chunk with drafts right after it (SPD-002, a policy) keeps this.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=drafts,
 )
 def drafts_after_the_known_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     k = ctx.config.num_speculative_tokens
@@ -138,6 +142,7 @@ def drafts_after_the_known_tokens(ctx: CheckContext, rec: StepRecord) -> Iterato
     (vllm/v1/core/sched/scheduler.py:851-857); vllm-project/vllm#53812 is the engine-killing
     assert ("Sampled token IDs exceed the max model length") where a padded path forgot it.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=SCHEDULE, when=drafts,
 )
 def drafts_within_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     limit = ctx.config.max_model_len
@@ -158,6 +163,7 @@ def drafts_within_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     running loop (vllm/v1/core/sched/scheduler.py:838-857; check_stop trims the excess), and the
     output is still right.""",
     (C.SEQ_LENGTHS,),
+    about=SCHEDULE, when=drafts,
 )
 def drafts_within_max_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for item, v in _drafted(rec):
@@ -185,6 +191,7 @@ def drafts_within_max_tokens(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     after an outcome: it was sampled, not computed. At depth > 0 the steps still in flight have
     computed further, but the snapshot's frontier leaves them out, so the bound is the same.""",
     (C.SEQ_LENGTHS, C.COMPUTED_TOKENS),
+    about=OUTCOME, when=returns_speculative,
 )
 def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     returned = returned_step(ctx, rec)
@@ -220,6 +227,7 @@ def rejected_drafts_roll_back(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     exactly that outcome's tokens (steps return in order, one per step), so the bound is the
     synchronous one.""",
     (C.SEQ_LENGTHS,),
+    about=OUTCOME, when=returns_speculative,
 )
 def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     returned = returned_step(ctx, rec)
@@ -268,6 +276,7 @@ def stop_truncates_run(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     that one position counts as written until the next outcome (`void_outcomes`).
     At depth > 0 an adapter that shows no in-flight counters is not checked.""",
     (C.BLOCK_TABLES, C.COMPUTED_TOKENS),
+    about=OUTCOME, when=speculative_keys,
 )
 def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     returned = returned_step(ctx, rec)
@@ -314,6 +323,7 @@ def no_key_over_rejected_kv(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     full width for CUDA graphs (scheduler.py:1306-1330). An outcome of a request that left the
     running set while it was in flight is PIP-001's business.""",
     (C.SEQ_LENGTHS,),
+    about=OUTCOME, when=speculative,
 )
 def drafts_were_proposed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     returned = returned_step(ctx, rec)

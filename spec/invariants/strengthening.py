@@ -9,17 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
-from spec.invariants._views import (
-    changed_between,
-    changed_requests_between,
-    checked_with_prior,
-    pool_facts,
-    seq_ids_by_request,
-    with_status,
-)
+from spec.invariants._evaluation import PoolAt
+from spec.invariants._views import pool_facts, seq_ids_by_request, snapshots, with_status
+from spec.invariants.triggers import pool_in_use, runs
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.rules import POOL, STEP, CheckContext, invariant
 from spec.status import Status
 
 
@@ -32,27 +27,21 @@ from spec.status import Status
     next decref to zero frees a block twice. Per-block agreement is what makes conservation
     inductive (vLLM's allocator keeps the free list and ref counts in one structure for this).""",
     (C.REF_COUNTS, C.FREE_LISTS),
+    about=POOL, when=pool_in_use,
 )
-def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
-        for device, refs, free_ids in (
-            ("gpu", snap.gpu_ref_counts, snap.gpu_free_ids),
-            ("cpu", snap.cpu_ref_counts, snap.cpu_free_ids),
-        ):
-            if device == "cpu" and refs is None and free_ids is None:
-                continue  # no CPU pool: nothing to agree
-            assert refs is not None and free_ids is not None
-            if prior is not None and refs is getattr(prior, f"{device}_ref_counts") \
-                    and free_ids is getattr(prior, f"{device}_free_ids"):
-                continue  # the same counts and free list this check passed just before
-            facts = pool_facts(snap, device)
-            if facts.free_count == facts.unreferenced and not facts.outside(len(refs)) and not facts.referenced_free:
-                continue  # every free block is unreferenced and there are as many: the sets are equal
-            free = facts.free()
-            unreferenced = {b for b, r in enumerate(refs) if r == 0}
-            if free != unreferenced:
-                odd = sorted(free ^ unreferenced)
-                yield f"{label}: {device} blocks {odd[:5]} are free without being unreferenced or the reverse"
+def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
+    refs, free_ids = pool.refs, pool.free_ids
+    if pool.device == "cpu" and refs is None and free_ids is None:
+        return  # no CPU pool: nothing to agree
+    assert refs is not None and free_ids is not None
+    facts = pool_facts(pool.snap, pool.device)
+    if facts.free_count == facts.unreferenced and not facts.outside(len(refs)) and not facts.referenced_free:
+        return  # every free block is unreferenced and there are as many: the sets are equal
+    free = facts.free()
+    unreferenced = {b for b, r in enumerate(refs) if r == 0}
+    if free != unreferenced:
+        odd = sorted(free ^ unreferenced)
+        yield f"{pool.where}: {pool.device} blocks {odd[:5]} are free without being unreferenced or the reverse"
 
 
 @invariant(
@@ -66,12 +55,11 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     same reason: it bounds the resident set, which only engines that batch every running
     sequence (vLLM, nano-vllm) tie to max_num_seqs.""",
     (C.STATUSES,),
+    about=STEP, when=runs,
 )
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    for label, snap, prior in checked_with_prior(ctx, rec):
+    for label, snap in snapshots(rec):
         assert snap.statuses is not None and snap.seqs is not None
-        if _same_statuses(snap, prior):
-            continue  # the seats are those this check passed just before
         seqs, by_request = snap.seqs, seq_ids_by_request(snap)
         seats = 0
         for rid in with_status(snap, Status.RUNNING):
@@ -84,15 +72,3 @@ def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if seats > ctx.config.max_num_seqs:
             yield f"{label}: running requests take {seats} seats, max_num_seqs {ctx.config.max_num_seqs}"
 
-
-def _same_statuses(snap, prior) -> bool:
-    """Whether no request and no sequence changed status between ``prior`` and ``snap`` (a decode
-    changes a view's counts, not its status)."""
-    if prior is None or prior.seqs is None:
-        return False
-    requests, seqs = changed_requests_between(snap, prior), changed_between(snap, prior)
-    if requests is None or seqs is None or requests:
-        return False
-    old_seqs, new_seqs = prior.seqs, snap.seqs
-    return all((old := old_seqs.get(sid)) is not None and (new := new_seqs.get(sid)) is not None
-               and old.status is new.status for sid in seqs)

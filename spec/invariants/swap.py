@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import tables
+from spec.invariants.triggers import swaps, swaps_in, swaps_out
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
+from spec.rules import SCHEDULE, CheckContext, invariant
 from spec.status import PreemptionMode
 from spec.types import request_of
 
@@ -41,6 +42,7 @@ def _live_blocks(snap: Snapshot, device: str, request_ids: set[str]) -> set[int]
     scheduler that frees lazily may free a finished request's CPU blocks in the same schedule()
     and swap into them.""",
     (C.BLOCK_TABLES,),
+    about=SCHEDULE, when=swaps_out,
 )
 def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     pairs = rec.output.swap_out
@@ -67,6 +69,7 @@ def swap_out_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block. Judged when the swap happens: a block the swapped-in request frees later in the step
     (it finished) may go to another request at once.""",
     (C.BLOCK_TABLES,),
+    about=SCHEDULE, when=swaps_in,
 )
 def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     pairs = rec.output.swap_in
@@ -92,6 +95,7 @@ def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     transfers, recompute costs compute); a table that is not the image of the old one resumes
     with someone else's KV, and forked sequences must keep sharing their blocks.""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS),
+    about=SCHEDULE, when=swaps,
 )
 def swap_preserves(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.before.seqs is not None and rec.after.seqs is not None
