@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from conformance.runner.expectations import load_expectations, parse_skip, targe
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import AdapterInfo, ChildRunner, Limits
 from spec.errors import InputError
+from spec.safe_write import open_folder_no_links
 
 # A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
 MAX_EXAMPLES = 10**6
@@ -38,7 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (printed; reuse it to repeat a run)")
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
-    p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database")
+    p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database; "
+                        "nothing is written outside it")
+    p.add_argument("--db", type=Path, default=None, metavar="DIR",
+                   help="Hypothesis' storage folder (its example database and caches; default: OUT/.hypothesis)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds an adapter call may take before it counts as hung")
     p.add_argument("--skip", help="invariant IDs (or LOCKSTEP) not to check, comma-separated")
     expect = p.add_mutually_exclusive_group()
@@ -78,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
     check_output_dir(args.out, "--out")
+    # Absolute before the adapter starts: nothing it does (changing folder, planting links) moves what
+    # is written (`spec.safe_write`).
+    args.out = args.out.resolve()
+    if args.db is not None:
+        check_output_dir(args.db, "--db")
+    args.db = (args.db or args.out / ".hypothesis").resolve()
     check_output_file(args.json, "--json")
     check_output_file(args.junit, "--junit")
     limits = Limits(timeout=args.timeout, max_memory_mb=args.max_memory, max_output_mb=args.max_output)
@@ -98,17 +111,22 @@ def run(args: argparse.Namespace) -> int:
         runner = RayRunner(args.adapter, limits)
     else:
         args.workers = args.workers or 1
-        runner = ChildRunner(args.adapter, limits)
+        runner = ChildRunner(args.adapter, limits, storage=args.db)
     # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    previous_home = _hypothesis_home(args.db)
     try:
         info = runner.start()  # an adapter that does not load raises InputError naming --adapter
-        args.out.mkdir(parents=True, exist_ok=True)
-        runner.keep_log(args.out / "adapter-output.log")
+        os.close(open_folder_no_links(args.out))
+        try:
+            runner.keep_log(args.out / "adapter-output.log")
+        except OSError:
+            pass  # a link where the log goes (planted while the adapter loaded): no log, the run goes on
         return _conform(args, runner, expectations, info, database)
     finally:
         runner.close()
         signal.signal(signal.SIGTERM, previous_term)
+        _hypothesis_home(previous_home)
         if args.ray is not None:
             from conformance.cluster.ray_search import disconnect
 
@@ -117,6 +135,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _hypothesis_home(folder: Path | None) -> Path | None:
+    """Point Hypothesis' storage (the example database, its caches) at ``folder`` in this process
+    and return where it pointed before (None: its default, ``./.hypothesis``, which a run must not
+    create). The adapter's process gets the same folder (`ChildRunner`'s ``storage``)."""
+    from hypothesis import configuration
+
+    previous = getattr(configuration, "__hypothesis_home_directory", None)
+    configuration.set_hypothesis_home_dir(folder)
+    return previous
 
 
 def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
@@ -160,6 +189,10 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
         if progress is not None:
             progress.stop()
     print_terminal(result)
+    for problem, finding in sorted(result.findings.items()):
+        if finding.unsaved:  # the finding stands; its trace goes where it can still be read
+            print(json.dumps({"version": 1, "problem": problem, "unsaved": finding.unsaved,
+                              "trace": finding.trace.to_dict()}), file=sys.stderr)
     if args.json:
         write_json(result, args.json)
     if args.junit:

@@ -1,9 +1,12 @@
 """``kvsched replay``: run a saved trace through an adapter and show what happens at each step.
 
 A trace the runner saved names the adapter (``meta.adapter_spec``, a spec loadable from any
-folder) and the profile it was found with; replay uses both unless told otherwise, so
-``kvsched replay TRACE`` alone reproduces a finding. The built-in reference runs only a trace
-that names no adapter.
+folder) and the profile it was found with. Replay runs only what its command line names: a trace
+found on a built-in or an installed target replays with ``kvsched replay TRACE`` alone, but one
+that names a file or a module (``path/to/file.py:factory``, ``module:factory``) is code the
+trace's author chose, so it runs only when ``--adapter`` names it too; without it, replay refuses
+(exit 2) and prints the command that would run it. A trace that names no adapter replays on the
+built-in reference.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     trace = Trace.load(args.trace)
     # The adapter runs in a child process, as under `kvsched conform`: a replayed hang, exit or
     # crash is reported as the FAULT it is, and never ends or hangs this command.
-    runner = ChildRunner(args.adapter or _trace_adapter(trace), Limits(timeout=args.timeout))
+    runner = ChildRunner(args.adapter or _trace_adapter(trace, args.trace), Limits(timeout=args.timeout))
     try:
         info = runner.start()
         name = args.profile or trace.meta.get("profile") or (info.profiles[0] if info.profiles else "safety")
@@ -66,11 +69,22 @@ def run(args: argparse.Namespace) -> int:
     return 1 if view["failed"] else 0
 
 
-def _trace_adapter(trace: Trace) -> str:
-    """The adapter the trace was found with (``meta.adapter_spec``), else the reference."""
+def _trace_adapter(trace: Trace, path: Path) -> str:
+    """The adapter the trace was found with (``meta.adapter_spec``) when it is a built-in or an
+    installed target, the reference when it names none; a file or module adapter is refused
+    (the trace does not choose what code runs), with the command that runs it."""
+    import shlex
+
+    from conformance.runner.adapter import BUILTIN
+    from conformance.targets import TARGETS
+
     spec = trace.meta.get("adapter_spec")
     if spec is None:
         return "reference"
     if not isinstance(spec, str) or not spec:
         raise InputError("trace.meta.adapter_spec", f"must be an adapter spec string, got {spec!r}")
-    return spec
+    if spec in BUILTIN or spec in TARGETS:
+        return spec
+    command = f"kvsched replay {shlex.quote(str(path))} --adapter {shlex.quote(spec)}"
+    raise InputError("--adapter", f"not given, and the trace names a file or module adapter (code the trace chose), "
+                                  f"which replay runs only when named; to run it: {command}")

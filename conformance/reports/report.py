@@ -209,6 +209,10 @@ def print_terminal(result: FuzzResult) -> None:
         hint = _domain_hint(problem, finding)
         if hint:
             console.print(f"  hint: {hint}", highlight=False, markup=False, soft_wrap=True)
+        if getattr(finding, "unsaved", None):
+            console.print(f"  not saved ({finding.unsaved}): the trace is on stderr, as JSON", highlight=False,
+                          markup=False, soft_wrap=True)
+            continue
         shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
         # One line however long, so the command can be copied and run as printed.
         console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False,

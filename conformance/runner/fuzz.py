@@ -63,6 +63,9 @@ class Finding:
     html: Path | None = None
     location: str | None = None  # FAULT-*: the adapter's file:line, where known
     shrunk: bool = True
+    # Why the trace could not be written to ``path`` (``--out`` gone, replaced by a file, a link
+    # planted in it): the finding stands all the same, and the command prints the trace instead.
+    unsaved: str | None = None
 
 
 @dataclass
@@ -142,6 +145,10 @@ def fuzz(
     always off (each problem is shrunk on its own afterwards).
     """
     del hypothesis_shrink
+    # Absolute from here on (the adapter's process may change its folder; `spec.safe_write` needs
+    # a path whose folders were resolved before anything the adapter does).
+    out_dir = Path(out_dir).resolve()
+    unsaved: dict[str, str] = {}  # problem -> why its trace could not be written
     runner = _runner_for(make_adapter, timeout)
     info = runner.info or runner.start()
     domain = _domain_of(runner)
@@ -186,7 +193,7 @@ def fuzz(
             if problem not in best or key < best[problem][0]:
                 first = problem not in best
                 best[problem] = (key, trace, summary)
-                saved = _save_unshrunk(trace, result, problem, summary, out_dir, first)
+                saved = _save_unshrunk(trace, result, problem, summary, out_dir, first, unsaved)
                 if shared is not None:
                     shared.found(problem, saved)
 
@@ -234,7 +241,7 @@ def fuzz(
             def shrink_one(on: Any, item: tuple[str, tuple[Any, Trace, TraceSummary]]) -> Finding:
                 problem, (_, trace, summary) = item
                 finding = _shrunk_finding(problem, trace, summary, lambda t, **kw: run_on(on, t, **kw), result,
-                                          out_dir, domain)
+                                          out_dir, domain, unsaved)
                 if shared is not None:
                     shared.shrunk(problem, finding.trace)
                 return finding
@@ -249,7 +256,7 @@ def fuzz(
             found = summary.problems[problem]
             result.findings[problem] = Finding(problem, found.message, trace, found.step + 1,
                                                out_dir / "counterexamples" / _file_name(problem), None, found.location,
-                                               shrunk=False)
+                                               shrunk=False, unsaved=unsaved.get(problem))
     result.seconds = time.monotonic() - started
     for extra in runners[1:]:
         extra.close()
@@ -385,17 +392,29 @@ def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: i
 
 
 def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,
-                   first: bool) -> Trace:
+                   first: bool, unsaved: dict[str, str]) -> Trace:
     found = summary.problems[problem]
     saved = _meta(trace, result, problem, found.message, found.step + 1, False, found.location)
     if first:
-        saved.save(out_dir / "found" / _file_name(problem))  # the first failing trace, kept as found
-    saved.save(out_dir / "counterexamples" / _file_name(problem))  # replaced by the shrunk one later
+        _save(saved, out_dir / "found" / _file_name(problem), problem, unsaved)  # the first failing trace, as found
+    _save(saved, out_dir / "counterexamples" / _file_name(problem), problem, unsaved)  # replaced by the shrunk one
     return saved
 
 
+def _save(trace: Trace, path: Path, problem: str, unsaved: dict[str, str]) -> None:
+    """Write ``trace`` to ``path`` in ``--out`` through no link; a write that fails is noted in
+    ``unsaved`` (the finding is still reported, its trace printed by the command) instead of
+    ending the run. A later write that succeeds clears the note."""
+    try:
+        trace.save(path, no_links=True)
+    except OSError as err:
+        unsaved[problem] = f"{path}: {err.strerror or err}"
+    else:
+        unsaved.pop(problem, None)
+
+
 def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,
-                    out_dir: Path, domain: ConfigDomain | None = None) -> Finding:
+                    out_dir: Path, domain: ConfigDomain | None = None, unsaved: dict[str, str] | None = None) -> Finding:
     def failing(candidate: Trace) -> int | None:
         return run(candidate, stop_on=problem).step_of(problem)
 
@@ -409,6 +428,7 @@ def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, resu
     final = run(small, html=path.with_suffix(".html"))
     found = final.problems.get(problem) or summary.problems[problem]
     saved = _meta(small, result, problem, found.message, step + 1, True, found.location)
-    saved.save(path)
+    unsaved = {} if unsaved is None else unsaved
+    _save(saved, path, problem, unsaved)
     return Finding(problem, found.message, saved, step + 1, path, Path(final.html) if final.html else None,
-                   found.location)
+                   found.location, unsaved=unsaved.get(problem))

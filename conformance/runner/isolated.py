@@ -40,6 +40,7 @@ from conformance.runner.channel import ChannelClosed, Stamp, receive, send
 from conformance.runner.guard import AdapterFault, adapter_location
 from conformance.runner.summary import Problem, TraceSummary
 from spec.errors import InputError
+from spec.safe_write import open_append_no_links
 from spec.trace import Trace
 
 POLL = 0.01  # seconds between the watchdog's looks
@@ -66,6 +67,9 @@ class Limits:
     start_timeout: float = 300.0  # seconds loading the adapter may take (vLLM imports for ~30 s)
     max_memory_mb: int = 8192  # the child's resident memory
     max_output_mb: int = 16  # what the adapter may print per trace
+    # Seconds checking one trace may take, the adapter's own calls not counted (`run_checked`'s
+    # check_budget): far above any honest trace's checks, far below "never ends".
+    check_budget_s: float = 300.0
 
 
 @dataclass
@@ -111,8 +115,9 @@ class _Output:
     def attach(self, log: Path) -> None:
         """Write the head to ``log`` from now on, starting with what was held in memory."""
         with self.lock:
+            out = os.fdopen(open_append_no_links(Path(os.path.abspath(log))), "ab")  # closed when the pipe ends
             held, self.held, self.written = bytes(self.held), bytearray(), 0
-            self.log, self.out = log, open(log, "ab")  # noqa: SIM115 - closed when the pipe ends
+            self.log, self.out = log, out
             self._keep(held)
 
     def _keep(self, chunk: bytes) -> None:
@@ -159,10 +164,14 @@ def _stack_location(dump: Path, start: int) -> str | None:
 class ChildRunner:
     """One adapter in one child process, reused across traces until a fault ends it."""
 
-    def __init__(self, spec: str, limits: Limits | None = None, *, log: Path | None = None) -> None:
+    def __init__(self, spec: str, limits: Limits | None = None, *, log: Path | None = None,
+                 storage: Path | None = None) -> None:
         self.spec = spec
         self.limits = limits or Limits()
         self.log = log
+        # Hypothesis' storage folder for the child (HYPOTHESIS_STORAGE_DIRECTORY): where its draws
+        # keep their caches, inside --out, never ./.hypothesis. None: the environment's.
+        self.storage = storage
         self.info: AdapterInfo | None = None
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None  # this child's stamp and stack dump; removed when it ends
@@ -182,6 +191,8 @@ class ChildRunner:
         env = {**os.environ, "KVSCHED_PARENT_PATH": os.pathsep.join(p for p in sys.path if p),
                "KVSCHED_FROM_MAIN_THREAD": "1" if threading.current_thread() is threading.main_thread() else "0",
                "PYTHONUNBUFFERED": "1"}
+        if self.storage is not None:
+            env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(self.storage)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "conformance.runner.worker", "--adapter", self.spec, "--requests", str(req_r),
              "--answers", str(ans_w), "--stamp", str(stamp_path), "--dump", str(self._dump)],
@@ -208,7 +219,7 @@ class ChildRunner:
         """Another child of the same adapter and limits (a parallel worker), logging beside this
         one's log as ``<name>-<index><suffix>``."""
         log = self.log.with_name(f"{self.log.stem}-{index}{self.log.suffix}") if self.log else None
-        return ChildRunner(self.spec, self.limits, log=log)
+        return ChildRunner(self.spec, self.limits, log=log, storage=self.storage)
 
     def keep_log(self, log: Path) -> None:
         """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
@@ -252,7 +263,8 @@ class ChildRunner:
             stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
         answer = self._ask({"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
                             "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
-                            "stop_on": stop_on, "html": str(html) if html else None})
+                            "stop_on": stop_on, "html": str(html) if html else None,
+                            "check_budget": self.limits.check_budget_s})
         if isinstance(answer, Problem):
             return TraceSummary(answer.step + 1, {answer.id: answer})
         return TraceSummary.from_dict(answer["summary"])
@@ -262,7 +274,8 @@ class ChildRunner:
         """Every step of one trace as `conformance.reports.replay_view` tells it, or the fault that ended the
         child. ``reference``: the lockstep reference, "module:attr" (None: the V0 reference)."""
         answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
-                            "lockstep": lockstep, "reference": reference, "html": str(html) if html else None})
+                            "lockstep": lockstep, "reference": reference, "html": str(html) if html else None,
+                            "check_budget": self.limits.check_budget_s})
         return answer if isinstance(answer, Problem) else answer["replay"]
 
     def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,
@@ -279,7 +292,8 @@ class ChildRunner:
         self._output.mark()
         try:
             send(self._requests, {"op": "search", "seed": seed_value, "count": count, "start": start,
-                                  "invariants": list(invariants), "lockstep": lockstep, "reference": reference})
+                                  "invariants": list(invariants), "lockstep": lockstep, "reference": reference,
+                                  "check_budget": self.limits.check_budget_s})
         except OSError:
             pass  # the child is gone: _wait says how
         received, stop_sent = start, False

@@ -143,7 +143,7 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any 
         factory = getattr(importlib.import_module(module), attr)
     result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
                          stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
-                         stop_on=request.get("stop_on"))
+                         stop_on=request.get("stop_on"), check_budget=request.get("check_budget"))
     html = None
     if request.get("html"):
         from conformance.reports.html_view import write_run_view
