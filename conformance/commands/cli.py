@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from conformance.reports.printable import printable
 from spec.errors import InputError
 
 COMMANDS = (
@@ -33,8 +34,9 @@ MAX_LINE = 400
 
 
 def one_line(message: str) -> str:
-    """``message`` as one line of at most `MAX_LINE` characters."""
-    text = " ".join(str(message).split("\n"))
+    """``message`` as one line of at most `MAX_LINE` characters, safe to print (`printable`:
+    escape sequences, NUL and lone surrogates from an adapter or a file are shown, never obeyed)."""
+    text = printable(" ".join(str(message).split("\n")))
     return text if len(text) <= MAX_LINE else f"{text[: MAX_LINE - 20]} ... ({len(text)} characters)"
 
 
@@ -52,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a name no encoding can print is escaped, never a crash (exit 3)
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -20,10 +20,12 @@ from conformance.commands.arguments import (
     parse_workers,
 )
 from conformance.flows.profiles import PROFILES, get_profile
+from conformance.reports.printable import printable
 from conformance.reports.report import conforming, print_terminal, write_json, write_junit
 from conformance.runner.expectations import load_expectations, parse_skip, target_expectations
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import AdapterInfo, ChildRunner, Limits
+from conformance.runner.signals import SignalRouter
 from spec.errors import InputError
 from spec.safe_write import open_folder_no_links
 
@@ -115,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     previous_home = _hypothesis_home(args.db)
+    # A signal from the adapter's tree is its FAULT, not a stop (conformance.runner.signals); Ray's own
+    # processes are the cluster's, so under --ray signals act as before.
+    router = SignalRouter() if args.ray is None else None
+    if router is not None:
+        router.install()
     try:
         info = runner.start()  # an adapter that does not load raises InputError naming --adapter
         os.close(open_folder_no_links(args.out))
@@ -125,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         return _conform(args, runner, expectations, info, database)
     finally:
         runner.close()
+        if router is not None:
+            router.uninstall()
         signal.signal(signal.SIGTERM, previous_term)
         _hypothesis_home(previous_home)
         if args.ray is not None:
@@ -154,7 +163,7 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
     profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     max_examples = args.max_examples or (10**6 if args.time_budget else 200)
-    print(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}", flush=True)
+    print(printable(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}"), flush=True)
     if expectations.source:
         print(f"expectations: {expectations.source} ({len(expectations.expected)} expected, {len(expectations.skip)} "
               "skipped; --no-expect counts every failure)", flush=True)
