@@ -102,6 +102,10 @@ class _HugeTokens(SchedulerAdapter):
         self.capabilities = Scheduler.capabilities
         self._steps = 0
 
+    def reset(self, config):
+        self._steps = 0  # per trace: a fault that depends on the trace alone, not on what ran before
+        return super().reset(config)
+
     def schedule(self):
         self._steps += 1
         return super().schedule()
@@ -289,6 +293,20 @@ CORPUS: dict[str, tuple[object, str]] = {
     "setsid_sleeper_then_exit": (lambda: _Hostile("setsid-then-exit", _setsid_sleeper_then_exit), "FAULT-exit"),
     "grandchild_memory": (lambda: _Hostile("grandchild-memory", _grandchild_memory), "FAULT-memory"),
 }
+# -- wire hosts: the same attacks from a host the adapter's process starts (tests/wire_hosts) --------
+def _host(factory: str):
+    def make():
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire_hosts"))
+        import helper_host
+
+        return getattr(helper_host, factory)()
+    return make
+
+
+CORPUS.update({
+    "host_setsid_helper": (_host("setsid_helper_at_step_3"), ""),
+    "host_signals_runner": (_host("signals_runner_at_step_3"), "FAULT-signal"),
+})
 # Run through `kvsched conform` (they act on the run's folders): name -> the problem.
 FILE_CORPUS: dict[str, tuple[object, str]] = {
     "chdir_away": (lambda: _Hostile("chdir-away", _chdir_away), "FAULT-raised"),

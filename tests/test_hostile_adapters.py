@@ -1,5 +1,5 @@
-"""Issue 35, second round: 22 hostile adapters (`tests/hostile_adapters.py`), none of which may pass,
-hang, or leave a process behind.
+"""Issue 35, second round: 24 hostile adapters (`tests/hostile_adapters.py`, two of them wire hosts
+of `tests/wire_hosts/helper_host.py`), none of which may pass, hang, or leave a process behind.
 
 The corpus runs in a process of its own (``python tests/hostile_adapters.py``), four adapters at a
 time, each in the child process the runner owns, under the signal router, as ``kvsched conform``
@@ -24,8 +24,8 @@ from hostile_adapters import CORPUS  # noqa: E402
 BOUND_S = 30.0
 
 
-def test_all_22_hostile_adapters_get_their_verdict_promptly_and_leave_no_process(tmp_path):
-    assert len(CORPUS) == 22
+def test_all_24_hostile_adapters_get_their_verdict_promptly_and_leave_no_process(tmp_path):
+    assert len(CORPUS) == 24
     pids = tmp_path / "pids"
     env = {**os.environ, "KVSCHED_TEST_PIDS": str(pids),
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
@@ -42,11 +42,12 @@ def test_all_22_hostile_adapters_get_their_verdict_promptly_and_leave_no_process
         if got["seconds"] > BOUND_S:
             wrong[name] = {**got, "why": "too slow: a hang"}
     assert not wrong, wrong
-    assert report["recorded"] == 5, report  # the process attacks ran (a trigger that never held is no pass)
+    assert report["recorded"] == 6, report  # the process attacks ran (a trigger that never held is no pass)
     assert report["left"] == [], report
     assert "SIGTERM" in results["sigterm_to_runner"]["message"]
     assert "SIGUSR1" in results["sigusr1_to_runner"]["message"]
     assert "of the adapter's tree sent the runner SIGTERM" in results["grandchild_signals_runner"]["message"]
     assert "2 processes" in results["grandchild_memory"]["message"]
+    assert "of the adapter's tree sent the runner SIGTERM" in results["host_signals_runner"]["message"]
     assert "str() and repr() raise" in results["str_raises"]["message"]
     assert "expected 2 (the step asked for)" in results["step_as_string"]["message"]
