@@ -51,3 +51,21 @@ def test_all_24_hostile_adapters_get_their_verdict_promptly_and_leave_no_process
     assert "of the adapter's tree sent the runner SIGTERM" in results["host_signals_runner"]["message"]
     assert "str() and repr() raise" in results["str_raises"]["message"]
     assert "expected 2 (the step asked for)" in results["step_as_string"]["message"]
+
+
+def test_checks_past_their_budget_end_the_trace_in_a_fault_budget():
+    """The time half of item 1's budget: checks (not the adapter's calls) that take longer than
+    ``check_budget`` end the trace in FAULT-budget; without a budget the same trace passes."""
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import load_adapter
+    from conformance.runner.driver import run_checked
+    from spec.trace import Trace
+
+    trace = Trace.from_dict({"version": 1, "config": {}, "requests": [{"id": "r0", "prompt_len": 3, "max_tokens": 4}],
+                             "max_steps": 20})
+    checks = get_profile("safety").invariants()
+    spent = run_checked(load_adapter("reference"), trace, checks, timeout=None, stop_at_first=False, check_budget=0.0)
+    assert spent.fault is not None and spent.fault.kind == "budget" and spent.fault_step == 0, spent.fault
+    assert "past the budget of 0 s" in spent.fault.message
+    plain = run_checked(load_adapter("reference"), trace, checks, timeout=None, stop_at_first=False)
+    assert plain.fault is None and not plain.violations and plain.drained
