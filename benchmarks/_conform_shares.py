@@ -20,6 +20,7 @@ from conformance.commands import cli  # noqa: E402,F401 - what `kvsched conform`
 from conformance.flows.profiles import get_profile  # noqa: E402
 from conformance.runner.adapter import load_adapter  # noqa: E402
 from conformance.runner.fuzz import fuzz  # noqa: E402
+from conformance.runner.plan import RunPlan  # noqa: E402
 from conformance.runner.isolated import LocalRunner  # noqa: E402
 
 imported = time.process_time() - start
@@ -41,7 +42,7 @@ def main() -> None:
     runner.run = timed  # type: ignore[method-assign]
     t = time.process_time()
     with tempfile.TemporaryDirectory() as out:
-        result = fuzz(runner, get_profile("safety"), max_examples=examples, seed_value=0, out_dir=Path(out))
+        result = fuzz(runner, RunPlan(get_profile("safety"), Path(out), max_examples=examples, seed=0))
     searched = time.process_time() - t
     print(json.dumps({"examples": result.examples, "steps": result.steps_checked, "imports": imported,
                       "generation": searched - inside[0], "run_and_check": inside[0]}))

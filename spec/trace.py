@@ -171,11 +171,17 @@ class Trace:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, no_links: bool = False) -> Path:
         """Write the trace whole or not at all: a temporary file beside ``path``, then a rename,
         so that a run interrupted mid-write (Ctrl-C, SIGTERM) or a reader polling for the file
-        never sees half a trace, and an earlier trace at ``path`` survives a failed write."""
+        never sees half a trace, and an earlier trace at ``path`` survives a failed write.
+        ``no_links``: ``path`` is absolute and no folder on it, nor the name, is followed if it is
+        a link (`spec.safe_write`: a folder the code under test can reach)."""
         path = Path(path)
+        if no_links:
+            from spec.safe_write import write_no_links
+
+            return write_no_links(path, (self.to_json() + "\n").encode())
         path.parent.mkdir(parents=True, exist_ok=True)
         text = self.to_json() + "\n"
         fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -45,6 +45,15 @@ def generated_token(request_id: str, index: int, position: int) -> int:
     return zlib.crc32(f"{request_id}#{index}@{position}".encode()) % VOCAB_SIZE
 
 
+MAX_ID_CHARS = 256  # far past any id an engine or a trace uses
+
+
+def shown_id(value: Any) -> str:
+    """``value`` as a short, printable repr (``ascii``: escapes what a terminal would act on)."""
+    text = ascii(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(value) if isinstance(value, str) else len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class Request:
     """A request (vLLM's sequence group) as the client submits it.
@@ -61,9 +70,15 @@ class Request:
     prompt_tokens: tuple[int, ...] | None = None  # token ids; None: `default_prompt_tokens`
 
     def __post_init__(self) -> None:
-        where = f"request {self.request_id!r}"
         if not isinstance(self.request_id, str) or not self.request_id or "#" in self.request_id:
-            raise InputError("request.id", f"must be a non-empty string without '#', got {self.request_id!r}")
+            raise InputError("request.id", f"must be a non-empty string without '#', got {shown_id(self.request_id)}")
+        # An id is printed in reports, written to HTML and JSON, and sent to engines: printable text
+        # of a bounded length (no control or format characters, no lone surrogates, which no
+        # encoding can write).
+        if len(self.request_id) > MAX_ID_CHARS or not self.request_id.isprintable():
+            raise InputError("request.id", f"must be printable text of at most {MAX_ID_CHARS} characters (no control "
+                                           f"or format characters, no lone surrogates), got {shown_id(self.request_id)}")
+        where = f"request {self.request_id!r}"
         for name, minimum in (("prompt_len", 1), ("max_tokens", 1), ("n", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -102,6 +102,10 @@ class _NoneInSnapshot(SchedulerAdapter):
         self.capabilities = Scheduler.capabilities
         self._steps = 0
 
+    def reset(self, config):
+        self._steps = 0  # per trace: a fault that depends on the trace alone, not on what ran before
+        return super().reset(config)
+
     def schedule(self):
         self._steps += 1
         return super().schedule()

@@ -83,11 +83,14 @@ def test_printed_commands_run_as_printed_and_traces_remember_their_adapter(examp
     for command in replays:
         again = _sh(command, example)
         assert again.returncode == 1 and "VIOLATION" in again.stdout, f"{command}\n{again.stdout}{again.stderr}"
-    # From another folder, with nothing but the trace: the adapter and profile come from its meta.
+    # From another folder, with nothing but the trace: a file adapter the trace names is not run
+    # (exit 2, nothing loaded); the refusal prints the command that runs it, whose profile comes from the meta.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     alone = _sh(f"kvsched replay {example / 'out' / 'counterexamples' / 'QUE-002.json'}", elsewhere)
-    assert alone.returncode == 1 and "on myengine (profile safety)" in alone.stdout and "QUE-002" in alone.stdout
+    assert alone.returncode == 2 and "NOISE-FROM-ADAPTER" not in alone.stdout + alone.stderr, alone.stderr
+    named = _sh(alone.stderr.split("to run it: ", 1)[1].strip(), elsewhere)
+    assert named.returncode == 1 and "on myengine (profile safety)" in named.stdout and "QUE-002" in named.stdout
     # A rerun replays what was saved first and still counts no more than --max-examples new traces.
     rerun = _sh("kvsched conform --adapter broken_adapter:make --max-examples 3 --quiet --out out --json r.json", example)
     again = json.loads((example / "r.json").read_text())

@@ -107,12 +107,13 @@ def test_the_page_is_self_contained_and_deterministic() -> None:
 def test_hostile_request_ids_cannot_break_out_of_the_data() -> None:
     config = SchedulerConfig(block_size=4, num_gpu_blocks=8, num_cpu_blocks=4, max_num_seqs=2,
                              max_num_batched_tokens=16, max_model_len=16)
-    rid = "</script><script>alert(1)</script><!--&\u2028"
-    trace = Trace(config, (Arrival(0, Request(rid, prompt_len=3, max_tokens=2)),), meta={"name": "<b>x</b>"})
+    rid = "</script><script>alert(1)</script><!--&"  # a U+2028 (a JS line break) is no request id: it is not printable
+    trace = Trace(config, (Arrival(0, Request(rid, prompt_len=3, max_tokens=2)),), meta={"name": "<b>x</b>\u2028"})
     run = run_trace(trace)
     page = render_html(trace, run.records, [])
     assert page.count("</script>") == 2  # the data block's and the script's own
-    assert "<title>kvsched · &lt;b&gt;x&lt;/b&gt;</title>" in page
+    assert "<title>kvsched · &lt;b&gt;x&lt;/b&gt;\u2028</title>" in page
+    assert embedded_data(page)["title"] == "<b>x</b>\u2028"
     assert embedded_data(page)["requests"][0]["id"] == rid
 
 

@@ -30,6 +30,7 @@ view the adapter's process writes is written on its node, then sent back and wri
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -172,15 +173,21 @@ class RayRunner:
             yield index, TraceSummary.from_dict(summary), Trace.from_dict(trace) if trace is not None else None
 
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
-            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
-        options = {"lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first, "stop_on": stop_on}
+            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None,
+            fresh: bool = False) -> TraceSummary:
+        options = {"lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first, "stop_on": stop_on,
+                   "fresh": fresh}
         data, page = self._call("run", trace.to_dict(), list(invariants), options, html is not None)
         summary = TraceSummary.from_dict(data)
         summary.html = None
         if html is not None and page is not None:
-            Path(html).parent.mkdir(parents=True, exist_ok=True)
-            Path(html).write_text(page)
-            summary.html = str(html)
+            from spec.safe_write import write_no_links
+
+            try:
+                write_no_links(Path(os.path.abspath(html)), page.encode("utf-8", "backslashreplace"))
+                summary.html = str(html)
+            except OSError:
+                pass  # the page is a convenience: the JSON trace is the evidence
         return summary
 
     def _call(self, method: str, *args: Any) -> Any:

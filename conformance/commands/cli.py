@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from conformance.reports.printable import printable
 from spec.errors import InputError
 
 COMMANDS = (
@@ -34,8 +35,9 @@ MAX_LINE = 400
 
 
 def one_line(message: str) -> str:
-    """``message`` as one line of at most `MAX_LINE` characters."""
-    text = " ".join(str(message).split("\n"))
+    """``message`` as one line of at most `MAX_LINE` characters, safe to print (`printable`:
+    escape sequences, NUL and lone surrogates from an adapter or a file are shown, never obeyed)."""
+    text = printable(" ".join(str(message).split("\n")))
     return text if len(text) <= MAX_LINE else f"{text[: MAX_LINE - 20]} ... ({len(text)} characters)"
 
 
@@ -53,9 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a name no encoding can print is escaped, never a crash (exit 3)
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_encodable(args)
         return int(args.handler(args))
     except InputError as err:
         print(f"kvsched: error: {one_line(str(err))}", file=sys.stderr)
@@ -75,6 +83,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvsched: internal error in {args.command}: {one_line(f'{type(err).__name__}: {err}')} "
               "(a kvsched bug: set KVSCHED_TRACEBACK=1 for the traceback and report it)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _check_encodable(args: argparse.Namespace) -> None:
+    """Every text argument can be carried on (to a file name, a child's command line): a lone
+    surrogate (``\ud800``; not one Python made from an undecodable byte, which goes back as that
+    byte) or a NUL cannot, and is refused here, naming its flag, rather than failing deep inside a
+    command."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str | os.PathLike):
+                try:
+                    carried = "\x00" not in os.fsdecode(os.fsencode(item))
+                except UnicodeEncodeError:
+                    carried = False
+                if not carried:
+                    flag = "--" + name.replace("_", "-")
+                    raise InputError(flag, f"holds a character no file name or command line can carry "
+                                           f"(a lone surrogate or a NUL): {ascii(os.fspath(item))[:80]}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +20,15 @@ from conformance.commands.arguments import (
     parse_workers,
 )
 from conformance.flows.profiles import PROFILES, get_profile
+from conformance.reports.printable import printable
 from conformance.reports.report import conforming, print_terminal, write_json, write_junit
 from conformance.runner.expectations import Expectations, load_expectations, parse_skip, target_expectations
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import AdapterInfo, ChildRunner, Limits
 from conformance.runner.plan import RunPlan
+from conformance.runner.signals import SignalRouter
 from spec.errors import InputError
+from spec.safe_write import open_folder_no_links
 
 # A budget, not a limit of the method: a million traces is days of fuzzing; more is a typo.
 MAX_EXAMPLES = 10**6
@@ -39,7 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (printed; reuse it to repeat a run)")
     p.add_argument("--json", type=Path, help="write the report as JSON here")
     p.add_argument("--junit", type=Path, help="write a JUnit XML report here")
-    p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database")
+    p.add_argument("--out", type=Path, default=Path("kvsched-out"), help="folder for counterexamples and the example database; "
+                        "nothing is written outside it")
+    p.add_argument("--db", type=Path, default=None, metavar="DIR",
+                   help="Hypothesis' storage folder (its example database and caches; default: OUT/.hypothesis)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds an adapter call may take before it counts as hung")
     p.add_argument("--skip", help="invariant IDs (or LOCKSTEP) not to check, comma-separated")
     expect = p.add_mutually_exclusive_group()
@@ -79,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         get_profile(args.profile)  # a bad name fails before the adapter's process starts
     check_output_dir(args.out, "--out")
+    # Absolute before the adapter starts: nothing it does (changing folder, planting links) moves what
+    # is written (`spec.safe_write`).
+    args.out = args.out.resolve()
+    if args.db is not None:
+        check_output_dir(args.db, "--db")
+    args.db = (args.db or args.out / ".hypothesis").resolve()
     check_output_file(args.json, "--json")
     check_output_file(args.junit, "--junit")
     limits = Limits(timeout=args.timeout, max_memory_mb=args.max_memory, max_output_mb=args.max_output)
@@ -99,17 +114,29 @@ def run(args: argparse.Namespace) -> int:
         runner = RayRunner(args.adapter, limits)
     else:
         args.workers = args.workers or 1
-        runner = ChildRunner(args.adapter, limits)
+        runner = ChildRunner(args.adapter, limits, storage=args.db)
     # SIGTERM stops the run like Ctrl-C: what was found is on disk, and the report says so.
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    previous_home = _hypothesis_home(args.db)
+    # A signal from the adapter's tree is its FAULT, not a stop (conformance.runner.signals); Ray's own
+    # processes are the cluster's, so under --ray signals act as before.
+    router = SignalRouter() if args.ray is None else None
+    if router is not None:
+        router.install()
     try:
         info = runner.start()  # an adapter that does not load raises InputError naming --adapter
-        args.out.mkdir(parents=True, exist_ok=True)
-        runner.keep_log(args.out / "adapter-output.log")
+        os.close(open_folder_no_links(args.out))
+        try:
+            runner.keep_log(args.out / "adapter-output.log")
+        except OSError:
+            pass  # a link where the log goes (planted while the adapter loaded): no log, the run goes on
         return _conform(args, runner, expectations, info, database)
     finally:
         runner.close()
+        if router is not None:
+            router.uninstall()
         signal.signal(signal.SIGTERM, previous_term)
+        _hypothesis_home(previous_home)
         if args.ray is not None:
             from conformance.cluster.ray_search import disconnect
 
@@ -137,12 +164,23 @@ def plan_of(args: argparse.Namespace, info: AdapterInfo, expectations: Expectati
     )
 
 
+def _hypothesis_home(folder: Path | None) -> Path | None:
+    """Point Hypothesis' storage (the example database, its caches) at ``folder`` in this process
+    and return where it pointed before (None: its default, ``./.hypothesis``, which a run must not
+    create). The adapter's process gets the same folder (`ChildRunner`'s ``storage``)."""
+    from hypothesis import configuration
+
+    previous = getattr(configuration, "__hypothesis_home_directory", None)
+    configuration.set_hypothesis_home_dir(folder)
+    return previous
+
+
 def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
     """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.ray_search.RayRunner` under
     ``--ray``), sharing failures through ``database`` (``--redis``) when given."""
     plan = plan_of(args, info, expectations)
     profile, max_examples = plan.profile, plan.max_examples
-    print(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {plan.seed}", flush=True)
+    print(printable(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {plan.seed}"), flush=True)
     if expectations.source:
         print(f"expectations: {expectations.source} ({len(expectations.expected)} expected, {len(expectations.skip)} "
               "skipped; --no-expect counts every failure)", flush=True)
@@ -173,6 +211,10 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
         if progress is not None:
             progress.stop()
     print_terminal(result)
+    for problem, finding in sorted(result.findings.items()):
+        if finding.unsaved:  # the finding stands; its trace goes where it can still be read
+            print(json.dumps({"version": 1, "problem": problem, "unsaved": finding.unsaved,
+                              "trace": finding.trace.to_dict()}), file=sys.stderr)
     if args.json:
         write_json(result, args.json)
     if args.junit:

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from conformance.reports.printable import markup_safe
 from reference_impl.engine import iter_steps
 from reference_impl.scheduler import Scheduler
 from reference_impl.workloads import BUILTIN
@@ -89,7 +90,8 @@ def _print_table(trace: Trace, records: list[StepRecord], metrics: dict, violati
 
     console = Console(width=max(Console().width, 132))
     name = trace.meta.get("name", "workload")
-    table = Table(title=f"kvsched simulate: {name} ({trace.config.num_gpu_blocks} GPU blocks of {trace.config.block_size})")
+    table = Table(title=f"kvsched simulate: {markup_safe(name)} ({trace.config.num_gpu_blocks} GPU blocks of "
+                        f"{trace.config.block_size})")
     for col in ("step", "scheduled (seq:tokens)", "preempted", "swap out/in", "CoW", "finished", "W/R/S", "free gpu/cpu"):
         table.add_column(col)
     for r in records:
@@ -99,6 +101,7 @@ def _print_table(trace: Trace, records: list[StepRecord], metrics: dict, violati
         swaps = f"{len(out.swap_out)}/{len(out.swap_in)}" if out.swap_out or out.swap_in else "-"
         fin = " ".join(f"{f.request_id}:{f.status.value.removeprefix('FINISHED_')}" for f in r.finished) or "-"
         queues = "/".join(str(len(r.after.queue(q) or ())) for q in ("waiting", "running", "swapped"))
+        sched, pre, fin = markup_safe(sched), markup_safe(pre), markup_safe(fin)  # ids are the trace author's text
         table.add_row(str(r.step), sched, pre, swaps, str(len(out.copies)) if out.copies else "-", fin, queues,
                       f"{r.after.gpu_free}/{r.after.cpu_free}")
     console.print(table)
@@ -106,14 +109,14 @@ def _print_table(trace: Trace, records: list[StepRecord], metrics: dict, violati
         for r in records:
             console.print(f"[bold]step {r.step}[/bold]")
             for reason in r.output.reasons:
-                console.print(f"  {reason.text()}", highlight=False)
+                console.print(f"  {markup_safe(reason.text())}", highlight=False)
             for f in r.finished:
                 if f.reason is not None and f.reason.kind.startswith("finished"):
-                    console.print(f"  {f.reason.text()}", highlight=False)
+                    console.print(f"  {markup_safe(f.reason.text())}", highlight=False)
     console.print("metrics: " + ", ".join(f"{k}={v}" for k, v in metrics.items()))
     if violations:
         console.print(f"[red]{len(violations)} invariant violation(s):[/red]")
         for v in violations:
-            console.print(f"  {v}")
+            console.print(f"  {markup_safe(v)}", highlight=False)
     else:
         console.print("all invariants hold")

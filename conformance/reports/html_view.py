@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -149,11 +150,13 @@ def write_html(
     violations: Iterable[Violation] = (),
     title: str | None = None,
 ) -> Path:
-    """Write the page to ``path`` (parent folders are created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(trace, records, violations, title), encoding="utf-8")
-    return path
+    """Write the page to ``path`` (parent folders are created); returns the path. The path is made
+    absolute, and no folder on it is followed if it is a link (`spec.safe_write`): the page is
+    written in the adapter's process, into a folder the adapter can reach."""
+    from spec.safe_write import write_no_links
+
+    path = Path(os.path.abspath(path))
+    return write_no_links(path, render_html(trace, records, violations, title).encode("utf-8", "backslashreplace"))
 
 
 def write_run_view(path: Path | str, trace: Trace, result: Any) -> Path | None:

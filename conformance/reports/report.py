@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.reports.printable import markup_safe, printable
 from spec.catalogue import get
 
 if TYPE_CHECKING:  # the runner's result type: reports read it, never import the runner
@@ -108,6 +109,10 @@ def rows(result: FuzzResult) -> list[dict[str, Any]]:
         out.append({"id": "LOCKSTEP", "category": "lockstep", "statement": "agrees with the reference step for step",
                     "status": _status(result, "LOCKSTEP", None), "exercised_steps": result.steps_checked, "counterexample": None, "html": None,
                     "counterexample_steps": None, "message": None, "needs": None})
+    for row in out:  # said only where it holds: a flaky finding, or one whose trace could not be written
+        finding = result.findings.get(row["id"])
+        if finding is not None and (getattr(finding, "flaky", False) or getattr(finding, "unsaved", None)):
+            row["flaky"], row["unsaved"] = bool(getattr(finding, "flaky", False)), getattr(finding, "unsaved", None)
     return out
 
 
@@ -136,6 +141,7 @@ def to_json(result: FuzzResult) -> dict[str, Any]:
         "expected_findings": sorted(result.expected_found),
         "interrupted": result.interrupted,
         "stopped_early": result.stopped_early,
+        "not_run": dict(getattr(result, "not_run", {})),  # parts of the profile that did not run, with why
         "replayed": result.replayed,
         "summary": {s: sum(1 for r in table if r["status"] == s) for s in STATUSES},
         "invariants": table,
@@ -179,13 +185,13 @@ def print_terminal(result: FuzzResult) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 120))
-    table = Table(title=f"kvsched conform: adapter {result.adapter}, profile {result.profile}")
+    table = Table(title=f"kvsched conform: adapter {markup_safe(result.adapter)}, profile {result.profile}")
     for col in ("invariant", "category", "status", "exercised", "counterexample"):
         table.add_column(col, no_wrap=col != "counterexample")
     style = {"pass": "green", "fail": "bold red", "vacuous": "yellow", "not_applicable": "yellow", "expected": "magenta",
              "unexpected_pass": "cyan", "skipped": "yellow"}
     for r in rows(result):
-        where = f"{r['counterexample']} ({r['counterexample_steps']} steps)" if r["counterexample"] else ""
+        where = f"{markup_safe(r['counterexample'])} ({r['counterexample_steps']} steps)" if r["counterexample"] else ""
         table.add_row(r["id"], r["category"], f"[{style[r['status']]}]{r['status']}[/]", str(r["exercised_steps"]), where)
     console.print(table)
     summary = to_json(result)["summary"]
@@ -197,8 +203,10 @@ def print_terminal(result: FuzzResult) -> None:
     )
     if result.reservation:
         console.print(f"the adapter declares it reserves: {escape(_reserves(result.reservation))} (CAP-006 allows it)")
+    for part, why in getattr(result, "not_run", {}).items():
+        console.print(f"[bold yellow]not run[/]: {part}: {markup_safe(why)}")
     if result.stopped_early:
-        console.print(f"[bold yellow]stopped early[/]: {escape(result.stopped_early)}")
+        console.print(f"[bold yellow]stopped early[/]: {markup_safe(result.stopped_early)}")
     if result.interrupted:
         console.print("[bold yellow]interrupted[/]: the search stopped early; findings below are unshrunk where marked")
     if result.coverage:
@@ -211,22 +219,29 @@ def print_terminal(result: FuzzResult) -> None:
         else:
             console.print("every lifecycle edge was reached")
     if result.expected_found or result.expectations_file:
-        source = f" ({escape(result.expectations_file)})" if result.expectations_file else ""
+        source = f" ({markup_safe(result.expectations_file)})" if result.expectations_file else ""
         console.print(f"[magenta]expected findings[/]{source}: {', '.join(sorted(result.expected_found)) or 'none'}; "
                       f"[bold]new findings[/]: {', '.join(sorted(result.unexpected)) or 'none'}", highlight=False)
     # New findings first: they are what the run is for; expected ones follow, marked.
     ordered = sorted(result.findings.items(), key=lambda item: (item[0] in result.expected, item[0]))
     for problem, finding in ordered:
         label = "[magenta]expected[/] " if problem in result.expected else "[bold]new[/] "
-        console.print(f"{label}[bold red]{problem}[/]: {escape(finding.message)}", highlight=False)
+        flaky = "[yellow]flaky[/] " if getattr(finding, "flaky", False) else ""
+        console.print(f"{label}{flaky}[bold red]{markup_safe(problem)}[/]: {markup_safe(finding.message)}",
+                      highlight=False)
         if finding.location:
-            console.print(f"  at {finding.location}", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"  at {printable(finding.location)}", highlight=False, markup=False, soft_wrap=True)
         hint = _domain_hint(problem, finding)
         if hint:
-            console.print(f"  hint: {hint}", highlight=False, markup=False, soft_wrap=True)
-        shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)"
+            console.print(f"  hint: {printable(hint)}", highlight=False, markup=False, soft_wrap=True)
+        if getattr(finding, "unsaved", None):
+            console.print(f"  not saved ({printable(finding.unsaved)}): the trace is on stderr, as JSON", highlight=False,
+                          markup=False, soft_wrap=True)
+            continue
+        shrunk = "" if finding.shrunk else " (not shrunk: the run was interrupted)" if result.interrupted else \
+            " (not shrunk: no smaller trace failed alone)"
         # One line however long, so the command can be copied and run as printed.
-        console.print(f"  replay: {replay_command(result, finding)}{shrunk}", highlight=False, markup=False,
+        console.print(f"  replay: {printable(replay_command(result, finding))}{shrunk}", highlight=False, markup=False,
                       soft_wrap=True)
     unexpected = len(result.unexpected)
     console.print("[green]conforming[/]" if conforming(result) else f"[red]{unexpected} problem(s) found[/]")

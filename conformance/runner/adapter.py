@@ -400,7 +400,10 @@ def load_adapter(spec: str) -> Adapter:
     try:
         adapter = factory()
     except Exception as err:  # noqa: BLE001 - a user's factory may fail in any way
-        raise InputError("--adapter", f"{spec} raised {type(err).__name__}: {err} (at {user_location(err)})") from None
+        from conformance.runner.guard import shown_text
+
+        raise InputError("--adapter", f"{spec} raised {type(err).__name__}: {shown_text(err)} "
+                                      f"(at {user_location(err)})") from None
     missing = [m for m in ("reset", "add_request", "abort_request", "schedule", "update", "snapshot") if not hasattr(adapter, m)]
     if missing:
         raise InputError("--adapter", f"{spec} returned {type(adapter).__name__}, which lacks {', '.join(missing)}")

@@ -13,7 +13,9 @@ problem's step and replayed.
 
 from __future__ import annotations
 
+import copy
 import gc
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from conformance.runner.adapter import Adapter
 from conformance.runner.guard import AdapterFault, Guard
 from conformance.runner.lockstep import Divergence, compare
-from conformance.runner.normalize import check_finished, check_output, check_snapshot
+from conformance.runner.normalize import Bounds, check_finished, check_output, check_snapshot
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -91,8 +93,16 @@ def run_checked(
     reference_factory: Callable[[SchedulerConfig], Any] | None = None,
     guard: Guard | None = None,
     stop_on: str | None = None,
+    check_budget: float | None = None,
 ) -> TraceResult:
     """Run ``trace`` through ``adapter``, checking ``invariants`` after every step.
+
+    Every value handed to the adapter is its own (a copy of the trace's request, config and
+    drafts, or an immutable value), so nothing it changes in place changes what the checks read;
+    every answer is validated whole, its sizes bounded by the trace (`normalize.Bounds`), before
+    a check reads it. ``check_budget``: seconds the checks (not the adapter's calls) may spend on
+    this trace; past it the trace ends in ``FAULT-budget`` (answers too costly to check are the
+    adapter's fault, as a hang is).
 
     ``guard`` times and wraps each adapter call (default: a `Guard` with ``timeout``); the
     isolated worker passes one that stamps each call for the watchdog in the parent instead.
@@ -109,10 +119,11 @@ def run_checked(
     invariants = list(invariants)
     guard = guard or Guard(timeout)
     try:
-        result = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on)
+        result = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on,
+                              check_budget)
         if result.fault is not None and result.fault.step_uncertain and hasattr(adapter, "exact_steps"):
             result = _replay_exactly(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory,
-                                     stop_on, result)
+                                     stop_on, result, check_budget)
         return result
     finally:
         if collecting:
@@ -121,7 +132,7 @@ def run_checked(
 
 def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], guard: Guard, lockstep: bool,
                     stop_at_first: bool, reference_factory: Callable[[SchedulerConfig], Any] | None,
-                    stop_on: str | None, first: TraceResult) -> TraceResult:
+                    stop_on: str | None, first: TraceResult, check_budget: float | None = None) -> TraceResult:
     """``first`` ended in a fault whose step the adapter could not tell (a wire host killed while it
     held the lines of its last steps: conformance/wire/client.py): run the trace again from its
     reset with every step answered at once (``adapter.exact_steps()``), so that the fault, the
@@ -129,7 +140,8 @@ def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], gua
     end without a fault, the death did not come again (a nondeterministic crash): ``first`` is
     kept, its fault at the first step whose answer was missing, and its message says so."""
     with adapter.exact_steps():
-        again = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on)
+        again = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on,
+                             check_budget)
     stopped_early = (stop_at_first and again.failed) or (stop_on is not None and stop_on in again.problem_ids)
     if again.fault is not None or stopped_early:
         return again  # what a run that wrote each line at once reports
@@ -151,15 +163,18 @@ def _run_checked(
     stop_at_first: bool,
     reference_factory: Callable[[SchedulerConfig], Any] | None,
     stop_on: str | None = None,
+    check_budget: float | None = None,
 ) -> TraceResult:
     result = TraceResult(trace)
     step = -1
     checker: Checker | None = None
+    bounds = Bounds.of(trace)
+    guard = _TimedGuard(guard, check_budget)
     aborted: tuple[str, ...] = ()
     output = None
     try:
         try:
-            guard.call("reset", adapter.reset, trace.config)
+            guard.call("reset", adapter.reset, copy.copy(trace.config))
         except AdapterFault as fault:
             if fault.kind != "raised":
                 raise
@@ -199,14 +214,16 @@ def _run_checked(
             for request in added:
                 # An adapter may refuse a request at the door: add_request returns its Finished
                 # (FINISHED_IGNORED), which is that request's one finish, reported in this step.
-                finished.extend(check_finished(guard.call("add_request", adapter.add_request, request), "add_request"))
+                finished.extend(check_finished(guard.call("add_request", adapter.add_request, copy.copy(request)),
+                                               "add_request", bounds))
                 if reference:
                     reference.add_request(request)
                 unfinished.add(request.request_id)
             refused = frozenset(f.request_id for f in finished)
             aborted = tuple(trace.aborts_at(step))
             for rid in aborted:
-                finished.extend(check_finished(guard.call("abort_request", adapter.abort_request, rid), "abort_request"))
+                finished.extend(check_finished(guard.call("abort_request", adapter.abort_request, rid), "abort_request",
+                                               bounds))
                 if reference:
                     done = reference.abort_request(rid)
                     ref_finished.extend([done] if done else [])
@@ -225,22 +242,24 @@ def _run_checked(
             # an adapter that gives whole snapshots is diffed, so checking costs what changed.
             last = result.records[-1].after if result.records and observe else None
             if observe and (added or aborted or admin or not result.records):
-                before = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last)
+                before = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds)
             else:  # nothing happened since the last step's final snapshot: it is this step's start
                 before = result.records[-1].after if result.records else _EMPTY
-            output = check_output(guard.call("schedule", adapter.schedule), step)
+            output = check_output(guard.call("schedule", adapter.schedule), step, bounds)
             if mid_step:
-                mid = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last)
+                mid = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds)
             else:
                 mid = None
             stopped = trace.stops_at(step)
             drafts = trace.drafts_at(step)
-            finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped, drafts)), "update"))
-            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last) if observe else _EMPTY
+            finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped, dict(drafts))),
+                                           "update", bounds))
+            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
                                 refused=refused, drafts=drafts, abort_batches=batches, admin=tuple(admin))
             result.records.append(record)
             result.violations.extend(checker.check_step(record))
+            guard.within_budget("checking step", step)
             if reference is not None:
                 ref_output = reference.schedule()
                 ref_finished.extend(reference.update(StepOutcome(stopped, drafts)))
@@ -260,6 +279,7 @@ def _run_checked(
         arrived = {a.request.request_id for a in trace.arrivals}
         result.drained = arrived <= set(checker.context.finished)
         result.violations.extend(checker.check_end(result.drained, not result.drained))
+        guard.within_budget("checking the trace's end", step)
     except AdapterFault as fault:
         if fault.call == "reset" and step >= 0:
             # A reset that failed in a later call: a wire adapter sends the reset with its next
@@ -274,6 +294,35 @@ def _run_checked(
             result.violations.extend(checker.check_failure(
                 StepFailure(max(step, 0), fault.call, fault.message, aborted, output)))
     return result
+
+
+class _TimedGuard:
+    """The driver's guard, timing the adapter's calls so that what is left of a trace's time is
+    the checks': `within_budget` raises ``FAULT-budget`` once they pass ``budget`` seconds. Two
+    clock readings per call, about 0.1 µs."""
+
+    def __init__(self, guard: Any, budget: float | None) -> None:
+        self.inner, self.budget = guard, budget
+        self.started, self.in_calls = time.perf_counter(), 0.0
+
+    def at_step(self, step: int) -> None:
+        self.inner.at_step(step)
+
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return self.inner.call(name, fn, *args, **kwargs)
+        finally:
+            self.in_calls += time.perf_counter() - began
+
+    def within_budget(self, doing: str, step: int) -> None:
+        if self.budget is None:
+            return
+        checking = time.perf_counter() - self.started - self.in_calls
+        if checking > self.budget:
+            raise AdapterFault("budget", "schedule", f"{doing} {step}: checking the adapter's answers took "
+                               f"{checking:.1f} s, past the budget of {self.budget:g} s a trace's checks may take: its answers "
+                               "are too large or too many to check")
 
 
 def _abort_batch(guard: Guard | None, scheduler: Any, ids: tuple[str, ...], batched: bool) -> list[Finished]:

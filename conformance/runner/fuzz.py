@@ -62,6 +62,10 @@ class Finding:
     html: Path | None = None
     location: str | None = None  # FAULT-*: the adapter's file:line, where known
     shrunk: bool = True
+    # Why the trace could not be written to ``path`` (``--out`` gone, replaced by a file, a link
+    # planted in it): the finding stands all the same, and the command prints the trace instead.
+    unsaved: str | None = None
+    flaky: bool = False  # did not fail again alone in a fresh process (`_flaky_finding`)
 
 
 @dataclass
@@ -85,6 +89,9 @@ class FuzzResult:
     interrupted: bool = False
     stopped_early: str | None = None  # why the search ended before its budget, if it did
     reservation: dict[str, Any] | None = None  # what the adapter declares it reserves (CAP-006), as reported
+    # Parts of the profile that did not run on this adapter, each with why (the report says so):
+    # a run is never silently weaker than the profile it names.
+    not_run: dict[str, str] = field(default_factory=dict)
 
     @property
     def unexpected(self) -> dict[str, Finding]:
@@ -98,7 +105,7 @@ class FuzzResult:
 
 
 # Faults that end the adapter's process: each costs a process start (and a hang a whole timeout).
-FATAL = frozenset({"FAULT-hang", "FAULT-exit", "FAULT-crash", "FAULT-memory", "FAULT-output"})
+FATAL = frozenset({"FAULT-hang", "FAULT-exit", "FAULT-crash", "FAULT-memory", "FAULT-output", "FAULT-signal"})
 FATAL_REPEATS = 5  # after this many traces ended by the same one, the search stops (and says why)
 
 
@@ -134,6 +141,10 @@ def fuzz(
     profile, out_dir, max_examples, time_budget = plan.profile, plan.out_dir, plan.max_examples, plan.time_budget
     seed_value, timeout, workers, adapter_spec = plan.seed, plan.timeout, plan.workers, plan.adapter_spec
     expectations = plan.expectations
+    # Absolute from here on (the adapter's process may change its folder; `spec.safe_write` needs
+    # a path whose folders were resolved before anything the adapter does).
+    out_dir = Path(out_dir).resolve()
+    unsaved: dict[str, str] = {}  # problem -> why its trace could not be written
     runner = _runner_for(make_adapter, timeout)
     info = runner.info or runner.start()
     domain = _domain_of(runner)
@@ -151,6 +162,8 @@ def fuzz(
                         expected=dict(expectations.expected), skipped=dict(expectations.skip),
                         expectations_file=expectations.source,
                         reservation=_declared_reservation(runner, info))
+    if profile.lockstep and not lockstep and "LOCKSTEP" not in expectations.skip:
+        result.not_run["LOCKSTEP"] = lockstep_not_run(profile.name, info.name, info.profiles)
     invariants = [inv.id for inv in profile.invariants() if inv.id not in expectations.skip]
     result.coverage = Coverage(invariants)
     # problem -> (how small its trace is, then (worker, index) to break ties the same way every run)
@@ -177,7 +190,7 @@ def fuzz(
             if problem not in best or key < best[problem][0]:
                 first = problem not in best
                 best[problem] = (key, trace, summary)
-                saved = _save_unshrunk(trace, result, problem, summary, out_dir, first)
+                saved = _save_unshrunk(trace, result, problem, summary, out_dir, first, unsaved)
                 if shared is not None:
                     shared.found(problem, saved)
 
@@ -225,7 +238,7 @@ def fuzz(
             def shrink_one(on: Any, item: tuple[str, tuple[Any, Trace, TraceSummary]]) -> Finding:
                 problem, (_, trace, summary) = item
                 finding = _shrunk_finding(problem, trace, summary, lambda t, **kw: run_on(on, t, **kw), result,
-                                          out_dir, domain)
+                                          out_dir, domain, unsaved)
                 if shared is not None:
                     shared.shrunk(problem, finding.trace)
                 return finding
@@ -240,13 +253,22 @@ def fuzz(
             found = summary.problems[problem]
             result.findings[problem] = Finding(problem, found.message, trace, found.step + 1,
                                                out_dir / "counterexamples" / _file_name(problem), None, found.location,
-                                               shrunk=False)
+                                               shrunk=False, unsaved=unsaved.get(problem))
     result.seconds = time.monotonic() - started
     for extra in runners[1:]:
         extra.close()
     if runner is not make_adapter:
         runner.close()
     return result
+
+
+def lockstep_not_run(profile: str, adapter: str, claims: Iterable[str]) -> str:
+    """Why profile ``profile``'s lockstep part does not run on ``adapter``: the reference is stepped
+    beside an adapter only when it claims the profile (it then promises the reference's exact
+    decisions); the profile's invariants are checked all the same."""
+    return (f"profile {profile} steps the reference in lockstep, but {adapter} does not claim {profile} (it claims "
+            f"{', '.join(claims) or 'nothing'}), so it cannot be put in lockstep: only the profile's invariants were "
+            "checked")
 
 
 def widest_reservation(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -376,17 +398,29 @@ def _meta(trace: Trace, result: FuzzResult, problem: str, message: str, steps: i
 
 
 def _save_unshrunk(trace: Trace, result: FuzzResult, problem: str, summary: TraceSummary, out_dir: Path,
-                   first: bool) -> Trace:
+                   first: bool, unsaved: dict[str, str]) -> Trace:
     found = summary.problems[problem]
     saved = _meta(trace, result, problem, found.message, found.step + 1, False, found.location)
     if first:
-        saved.save(out_dir / "found" / _file_name(problem))  # the first failing trace, kept as found
-    saved.save(out_dir / "counterexamples" / _file_name(problem))  # replaced by the shrunk one later
+        _save(saved, out_dir / "found" / _file_name(problem), problem, unsaved)  # the first failing trace, as found
+    _save(saved, out_dir / "counterexamples" / _file_name(problem), problem, unsaved)  # replaced by the shrunk one
     return saved
 
 
+def _save(trace: Trace, path: Path, problem: str, unsaved: dict[str, str]) -> None:
+    """Write ``trace`` to ``path`` in ``--out`` through no link; a write that fails is noted in
+    ``unsaved`` (the finding is still reported, its trace printed by the command) instead of
+    ending the run. A later write that succeeds clears the note."""
+    try:
+        trace.save(path, no_links=True)
+    except OSError as err:
+        unsaved[problem] = f"{path}: {err.strerror or err}"
+    else:
+        unsaved.pop(problem, None)
+
+
 def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,
-                    out_dir: Path, domain: ConfigDomain | None = None) -> Finding:
+                    out_dir: Path, domain: ConfigDomain | None = None, unsaved: dict[str, str] | None = None) -> Finding:
     def failing(candidate: Trace) -> int | None:
         return run(candidate, stop_on=problem).step_of(problem)
 
@@ -397,9 +431,33 @@ def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, resu
     except ValueError:  # flaky: no longer fails alone; keep what was seen
         small, step = trace, summary.problems[problem].step
     path = out_dir / "counterexamples" / _file_name(problem)
-    final = run(small, html=path.with_suffix(".html"))
-    found = final.problems.get(problem) or summary.problems[problem]
-    saved = _meta(small, result, problem, found.message, step + 1, True, found.location)
-    saved.save(path)
+    unsaved = {} if unsaved is None else unsaved
+    # Checked again in a fresh process (no history), as Hypothesis checks a failure again: a fault
+    # that needed what ran before (the 40th call of a process) is not passed off as this trace's.
+    final = run(small, html=path.with_suffix(".html"), fresh=True)
+    shrunk = True
+    if problem not in final.problems and small is not trace:
+        final, small, step, shrunk = run(trace, html=path.with_suffix(".html"), fresh=True), trace, \
+            summary.problems[problem].step, False
+    if problem not in final.problems:
+        return _flaky_finding(problem, trace, summary, result, path, unsaved)
+    found = final.problems[problem]
+    saved = _meta(small, result, problem, found.message, step + 1, shrunk, found.location)
+    _save(saved, path, problem, unsaved)
     return Finding(problem, found.message, saved, step + 1, path, Path(final.html) if final.html else None,
-                   found.location)
+                   found.location, shrunk=shrunk, unsaved=unsaved.get(problem))
+
+
+def _flaky_finding(problem: str, trace: Trace, summary: TraceSummary, result: FuzzResult, path: Path,
+                   unsaved: dict[str, str]) -> Finding:
+    """A problem that did not come again when its traces ran alone in a fresh process: flaky, in
+    Hypothesis' sense (it depends on something besides the trace: what ran before, time, chance).
+    Still a finding; its trace is the one it was found with, unshrunk, marked ``flaky``."""
+    found = summary.problems[problem]
+    message = (f"{found.message} (flaky: its trace did not fail again alone in a fresh process, so it depends on "
+               "what ran before it or on chance; the trace it was found with is kept, unshrunk)")
+    saved = _meta(trace, result, problem, message, found.step + 1, False, found.location)
+    saved = dataclasses.replace(saved, meta={**saved.meta, "flaky": True})
+    _save(saved, path, problem, unsaved)
+    return Finding(problem, message, saved, found.step + 1, path, None, found.location, shrunk=False,
+                   unsaved=unsaved.get(problem), flaky=True)

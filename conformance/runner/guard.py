@@ -57,10 +57,43 @@ def fault_from(call: str, err: BaseException) -> AdapterFault:
     otherwise in ``fault_kind`` (a wire host's exit is an ``exit`` and its death by a signal a
     ``crash``, as an isolated adapter's process's are; a wire reset sent with the next message and refused there
     is ``config-rejected``) and ``fault_call``, with its ``step_uncertain``."""
-    kind = getattr(err, "fault_kind", "raised")
-    call = getattr(err, "fault_call", None) or call
-    return AdapterFault(kind if kind in _RAISED_KINDS else "raised", call, f"{type(err).__name__}: {err}",
-                        exception_location(err), bool(getattr(err, "step_uncertain", False)))
+    kind = _attribute(err, "fault_kind", "raised")
+    named = _attribute(err, "fault_call", None)
+    call = named if isinstance(named, str) and named else call
+    kind = kind if isinstance(kind, str) and kind in _RAISED_KINDS else "raised"
+    try:
+        location = exception_location(err)
+    except Exception:  # noqa: BLE001 - a traceback the adapter doctored: no location, still its fault
+        location = None
+    return AdapterFault(kind, call, f"{_type_name(err)}: {shown_text(err)}", location,
+                        _attribute(err, "step_uncertain", False) is True)
+
+
+def shown_text(value: object, limit: int = 2000) -> str:
+    """``str(value)``, or what can be said of it when its ``__str__`` (then ``__repr__``) raises or
+    returns no string: an adapter's exception is its fault whatever its methods do, and the
+    message must never become the runner's own crash."""
+    for show in (str, repr):
+        try:
+            text = show(value)
+        except Exception:  # noqa: BLE001 - the adapter's code, failing
+            continue
+        if type(text) is str:
+            return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    return f"<{_type_name(value)} whose str() and repr() raise>"
+
+
+def _type_name(value: object) -> str:
+    name = getattr(type(value), "__name__", None)
+    return name if type(name) is str else "object"
+
+
+def _attribute(err: BaseException, name: str, default: object) -> object:
+    """``getattr(err, name, default)``, where a property that raises counts as absent."""
+    try:
+        return getattr(err, name, default)
+    except Exception:  # noqa: BLE001
+        return default
 
 
 # Frames in these folders are the runner's and the spec's, not the adapter's.
@@ -80,8 +113,9 @@ def adapter_location(frames: Iterable[tuple[str, int]]) -> str | None:
 
 
 def exception_location(err: BaseException) -> str | None:
-    if isinstance(getattr(err, "location", None), str):  # raised in another process, which said where
-        return err.location  # type: ignore[attr-defined]
+    said = _attribute(err, "location", None)
+    if type(said) is str:  # raised in another process, which said where
+        return said
     return adapter_location((f.filename, f.lineno or 0) for f in reversed(traceback.extract_tb(err.__traceback__)))
 
 

@@ -9,8 +9,13 @@ it waits, a watchdog looks, every few milliseconds, at what only the parent can 
 | an adapter call outlives ``timeout``     | ``FAULT-hang`` (stack dumped, then killed)    |
 | it exits (``sys.exit``, ``os._exit``)    | ``FAULT-exit`` with the code                  |
 | a signal kills it (a segfault, ...)      | ``FAULT-crash`` with the signal and the stack |
-| its memory passes ``max_memory_mb``      | ``FAULT-memory`` (killed)                     |
+| its tree's memory passes ``max_memory_mb`` | ``FAULT-memory`` (killed)                   |
 | it prints more than ``max_output_mb``    | ``FAULT-output`` (killed)                     |
+| it (or its tree) signals the runner      | ``FAULT-signal`` naming it (`signals`)        |
+| its answers take past ``check_budget_s`` to check | ``FAULT-budget`` (`driver.run_checked`) |
+
+Every process the adapter starts, in any session, is the runner's: counted in its memory and
+ended with it (`conformance.runner.process_tree`).
 
 Each is a problem of the trace at the step the child's stamp names, so the fuzz driver shrinks
 and saves it like any violation. A hang is reported within ``timeout`` plus the poll and the
@@ -36,14 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.runner import signals
 from conformance.runner.channel import ChannelClosed, Stamp, receive, send
 from conformance.runner.guard import AdapterFault, adapter_location
+from conformance.runner.process_tree import Tree, resident_mb, start_time
 from conformance.runner.summary import Problem, TraceSummary
 from spec.errors import InputError
+from spec.safe_write import open_append_no_links
 from spec.trace import Trace
 
 POLL = 0.01  # seconds between the watchdog's looks
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,9 @@ class Limits:
     start_timeout: float = 300.0  # seconds loading the adapter may take (vLLM imports for ~30 s)
     max_memory_mb: int = 8192  # the child's resident memory
     max_output_mb: int = 16  # what the adapter may print per trace
+    # Seconds checking one trace may take, the adapter's own calls not counted (`run_checked`'s
+    # check_budget): far above any honest trace's checks, far below "never ends".
+    check_budget_s: float = 300.0
 
 
 @dataclass
@@ -111,8 +121,9 @@ class _Output:
     def attach(self, log: Path) -> None:
         """Write the head to ``log`` from now on, starting with what was held in memory."""
         with self.lock:
+            out = os.fdopen(open_append_no_links(Path(os.path.abspath(log))), "ab")  # closed when the pipe ends
             held, self.held, self.written = bytes(self.held), bytearray(), 0
-            self.log, self.out = log, open(log, "ab")  # noqa: SIM115 - closed when the pipe ends
+            self.log, self.out = log, out
             self._keep(held)
 
     def _keep(self, chunk: bytes) -> None:
@@ -159,10 +170,14 @@ def _stack_location(dump: Path, start: int) -> str | None:
 class ChildRunner:
     """One adapter in one child process, reused across traces until a fault ends it."""
 
-    def __init__(self, spec: str, limits: Limits | None = None, *, log: Path | None = None) -> None:
+    def __init__(self, spec: str, limits: Limits | None = None, *, log: Path | None = None,
+                 storage: Path | None = None) -> None:
         self.spec = spec
         self.limits = limits or Limits()
         self.log = log
+        # Hypothesis' storage folder for the child (HYPOTHESIS_STORAGE_DIRECTORY): where its draws
+        # keep their caches, inside --out, never ./.hypothesis. None: the environment's.
+        self.storage = storage
         self.info: AdapterInfo | None = None
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None  # this child's stamp and stack dump; removed when it ends
@@ -182,6 +197,8 @@ class ChildRunner:
         env = {**os.environ, "KVSCHED_PARENT_PATH": os.pathsep.join(p for p in sys.path if p),
                "KVSCHED_FROM_MAIN_THREAD": "1" if threading.current_thread() is threading.main_thread() else "0",
                "PYTHONUNBUFFERED": "1"}
+        if self.storage is not None:
+            env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(self.storage)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "conformance.runner.worker", "--adapter", self.spec, "--requests", str(req_r),
              "--answers", str(ans_w), "--stamp", str(stamp_path), "--dump", str(self._dump)],
@@ -190,6 +207,8 @@ class ChildRunner:
         )
         os.close(req_r)
         os.close(ans_w)
+        self._tree, self._signalled = Tree(self._proc.pid), None
+        signals.register(self._proc.pid, self)
         self._output = _Output(self.log)
         threading.Thread(target=self._output.drain, args=(self._proc.stdout,), daemon=True).start()
         hello = self._wait(self.limits.start_timeout, loading=True)
@@ -208,7 +227,7 @@ class ChildRunner:
         """Another child of the same adapter and limits (a parallel worker), logging beside this
         one's log as ``<name>-<index><suffix>``."""
         log = self.log.with_name(f"{self.log.stem}-{index}{self.log.suffix}") if self.log else None
-        return ChildRunner(self.spec, self.limits, log=log)
+        return ChildRunner(self.spec, self.limits, log=log, storage=self.storage)
 
     def keep_log(self, log: Path) -> None:
         """Log the adapter's output to ``log`` from now on (this child's, held so far, included)."""
@@ -217,15 +236,37 @@ class ChildRunner:
             self._output.attach(log)
 
     def kill(self) -> None:
-        """End the child's process group now, from any thread. Unlike `close`, the pipes stay
+        """End the child's process tree now, from any thread. Unlike `close`, the pipes stay
         open: a thread waiting on this child sees it gone and returns (closing them itself),
         and no closed descriptor number can be reused under it by another thread's open()."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+        if proc is not None:
+            self._end_tree(proc)
+
+    def _end_tree(self, proc: subprocess.Popen) -> None:
+        """Kill every process of the adapter's tree (`conformance.runner.process_tree`: its descendants
+        in any session, and those it left to init), then its group. The child is not reaped here:
+        until it is, its pid cannot be reused under the tree's walk."""
+        self._tree.end()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            if proc.poll() is None:
                 proc.kill()
+
+    def signalled(self, signum: int, sender: int) -> None:
+        """The adapter's tree (process ``sender``) sent the runner ``signum``
+        (`conformance.runner.signals`): its tree is ended, and the trace in hand ends in FAULT-signal."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._signalled = (signum, sender)
+        self._end_tree(proc)
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` was seen in the adapter's tree (still the same process)."""
+        tree = getattr(self, "_tree", None)
+        return tree is not None and pid in tree.seen and start_time(pid) == tree.seen[pid]
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -236,12 +277,9 @@ class ChildRunner:
                 os.close(fd)
             except OSError:
                 pass
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
+        self._end_tree(proc)
         proc.wait()
+        signals.unregister(proc.pid)
         self._stamp.close()
         if self._dir is not None:  # a fault's location was read from the dump before close()
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -249,10 +287,16 @@ class ChildRunner:
 
     # -- one trace -------------------------------------------------------------------------------
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
-            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
+            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None,
+            fresh: bool = False) -> TraceSummary:
+        """One trace, checked in the adapter's process; ``fresh``: in a new process, with no history
+        (a fault that depends on what ran before does not come again there)."""
+        if fresh:
+            self.close()
         answer = self._ask({"op": "run", "trace": trace.to_dict(), "invariants": list(invariants),
                             "lockstep": lockstep, "reference": reference, "stop_at_first": stop_at_first,
-                            "stop_on": stop_on, "html": str(html) if html else None})
+                            "stop_on": stop_on, "html": str(html) if html else None,
+                            "check_budget": self.limits.check_budget_s})
         if isinstance(answer, Problem):
             return TraceSummary(answer.step + 1, {answer.id: answer})
         return TraceSummary.from_dict(answer["summary"])
@@ -262,7 +306,8 @@ class ChildRunner:
         """Every step of one trace as `conformance.reports.replay_view` tells it, or the fault that ended the
         child. ``reference``: the lockstep reference, "module:attr" (None: the V0 reference)."""
         answer = self._ask({"op": "replay", "trace": trace.to_dict(), "invariants": list(invariants),
-                            "lockstep": lockstep, "reference": reference, "html": str(html) if html else None})
+                            "lockstep": lockstep, "reference": reference, "html": str(html) if html else None,
+                            "check_budget": self.limits.check_budget_s})
         return answer if isinstance(answer, Problem) else answer["replay"]
 
     def search(self, seed_value: int, count: int, invariants: Sequence[str], *, lockstep: bool = False,
@@ -279,7 +324,8 @@ class ChildRunner:
         self._output.mark()
         try:
             send(self._requests, {"op": "search", "seed": seed_value, "count": count, "start": start,
-                                  "invariants": list(invariants), "lockstep": lockstep, "reference": reference})
+                                  "invariants": list(invariants), "lockstep": lockstep, "reference": reference,
+                                  "check_budget": self.limits.check_budget_s})
         except OSError:
             pass  # the child is gone: _wait says how
         received, stop_sent = start, False
@@ -360,22 +406,17 @@ class ChildRunner:
                                   dump=False)
             if now >= next_memory_look:
                 next_memory_look = now + 0.05
-                rss = self._resident_mb()
+                tree = self._tree.look(now)
+                rss = resident_mb(tree)
                 if rss > limits.max_memory_mb:
+                    whose = f" ({len(tree)} processes)" if len(tree) > 1 else ""
                     return self._kill("memory", call or "between calls",
-                                      f"resident memory {rss} MB passed the limit of {limits.max_memory_mb} MB")
+                                      f"resident memory {rss} MB{whose} passed the limit of {limits.max_memory_mb} MB")
 
     def _call_limit(self, call: str) -> float:
         """Seconds ``call`` may take: --timeout, or the adapter's declared reset time when longer."""
         declared = self.info.reset_timeout if self.info is not None and call == "reset" else None
         return max(self.limits.timeout, declared or 0.0)
-
-    def _resident_mb(self) -> int:
-        try:
-            with open(f"/proc/{self._proc.pid}/statm") as f:  # type: ignore[union-attr]
-                return int(f.read().split()[1]) * _PAGE >> 20
-        except (OSError, ValueError, IndexError):
-            return 0
 
     def _kill(self, kind: str, call: str, message: str, dump: bool = True) -> AdapterFault:
         """Take the stack (SIGUSR1 makes faulthandler write it), then kill the child's session."""
@@ -392,10 +433,7 @@ class ChildRunner:
                 time.sleep(0.005)
             time.sleep(0.01)
             location = _stack_location(self._dump, size)
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._end_tree(self._proc)
         self._proc.wait()
         return AdapterFault(kind, call, message, location)
 
@@ -404,11 +442,19 @@ class ChildRunner:
         code = self._proc.returncode
         said = self._output.last_line()
         tail = f"; its last output: {said!r}" if said else ""
+        if self._signalled is not None:
+            signum, sender = self._signalled
+            who = "the adapter's process" if sender == self._proc.pid else f"process {sender} of the adapter's tree"
+            return AdapterFault("signal", call, f"{who} sent the runner {_signal_name(signum)}; the adapter's tree was "
+                                                f"ended{tail}")
         if code < 0:
-            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-            return AdapterFault("crash", call, f"the adapter's process was killed by {name}{tail}",
+            return AdapterFault("crash", call, f"the adapter's process was killed by {_signal_name(-code)}{tail}",
                                 _stack_location(self._dump, 0))
         return AdapterFault("exit", call, f"the adapter's process exited with code {code}{tail}")
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
 
 
 class LocalRunner:
@@ -423,12 +469,15 @@ class LocalRunner:
                                 frozenset(str(c) for c in getattr(self.adapter, "capabilities", ())))
 
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
-            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
+            stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None,
+            fresh: bool = False) -> TraceSummary:
         from conformance.runner.driver import run_checked
         from conformance.runner.summary import summarize
         from spec.catalogue import get
 
         checks = [get(i) for i in invariants]
+        if fresh:
+            self.adapter = self.make_adapter()  # no history: a new adapter, as a new process would have
         factory = _import_factory(reference) if reference else None
         result = run_checked(self.adapter, trace, checks, timeout=self.timeout, lockstep=lockstep,
                              stop_at_first=stop_at_first, reference_factory=factory, stop_on=stop_on)

@@ -1,41 +1,91 @@
 """Check that what an adapter returned has the shape the spec defines, before anything reads it.
 
 A malformed observation is the adapter's fault, reported as such with the step; it must never
-crash the runner or be mistaken for an invariant violation.
+crash the runner or be mistaken for an invariant violation. "Shape" is the whole answer: every
+field's exact type (a subclass could run the adapter's code inside a check), its range
+(``SchedulerOutput.step`` is the step asked for), and its size, bounded by the trace's config
+(`Bounds`) before any check walks it, so that an answer with a million entries is refused in
+the time it takes to read its length.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, is_not
 from typing import Any
 
 from conformance.runner.guard import AdapterFault
 from spec.observation import Capability, InFlightView, SeqView, Snapshot, base_token_prefix, with_delta
+from spec.reasons import Reason
 from spec.status import PreemptionMode, Status
 from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
 _SEQ_ID, _REQUEST_ID, _NUM_TOKENS = attrgetter("seq_id"), attrgetter("request_id"), attrgetter("num_tokens")
+_IS_PREFILL, _NUM_DRAFTS = attrgetter("is_prefill"), attrgetter("num_drafts")
 
 
 def _fail(call: str, message: str) -> AdapterFault:
     return AdapterFault("malformed", call, message)
 
 
-def check_output(value: Any, step: int) -> SchedulerOutput:
-    if not isinstance(value, SchedulerOutput):
+@dataclass(frozen=True)
+class Bounds:
+    """How large an answer about one trace can be, with room to spare: no correct scheduler, nor
+    any bug worth reporting as a violation, comes near. ``entries``: the length of any list or
+    mapping (sequences, blocks, queue entries, map pairs); ``tokens``: a sequence's token ids."""
+
+    entries: int = 1 << 62
+    tokens: int = 1 << 62
+
+    @classmethod
+    def of(cls, trace: Any) -> Bounds:
+        """Four times what the trace could ever hold (every sequence of every request, every
+        block of both pools; the longest sequence the config allows), plus a constant."""
+        cfg = trace.config
+        seqs = sum(arrival.request.n for arrival in trace.arrivals)
+        entries = 4 * (seqs + cfg.num_gpu_blocks + cfg.num_cpu_blocks) + 64
+        longest = max((a.request.prompt_len + a.request.max_tokens for a in trace.arrivals), default=0)
+        tokens = 4 * (max(cfg.max_model_len, longest) + cfg.num_speculative_tokens) + 64
+        return cls(entries, tokens)
+
+
+UNBOUNDED = Bounds()
+
+
+def _too_many(name: str, value: Any, bound: int) -> str | None:
+    """Whether ``value`` (a container) is past ``bound``, said as a message; read before its entries."""
+    try:
+        n = len(value)
+    except TypeError:
+        return None  # not a container: the type checks say so
+    return f"{name} has {n} entries, more than the {bound} any scheduler could report for this trace" \
+        if n > bound else None
+
+
+def check_output(value: Any, step: int, bounds: Bounds = UNBOUNDED) -> SchedulerOutput:
+    if type(value) is not SchedulerOutput:
         raise _fail("schedule", f"returned {type(value).__name__}, expected SchedulerOutput")
+    if type(value.step) is not int or value.step != step:
+        raise _fail("schedule", f"SchedulerOutput.step is {value.step!r}, expected {step} (the step asked for)")
+    for name in _OUTPUT_LISTS:
+        problem = _too_many(f"SchedulerOutput.{name}", getattr(value, name), bounds.entries)
+        if problem:
+            raise _fail("schedule", problem)
     try:
         return _check_output(value)
     except (TypeError, AttributeError, ValueError) as err:  # a field of the wrong kind (None, a number, ...)
         raise _fail("schedule", f"malformed SchedulerOutput ({type(err).__name__}: {err})") from None
 
 
+_OUTPUT_LISTS = ("scheduled", "preempted", "swapped_in", "swap_out", "swap_in", "copies", "ignored", "reasons")
+
+
 def _check_output(value: SchedulerOutput) -> SchedulerOutput:
-    for name in ("scheduled", "preempted", "swapped_in", "swap_out", "swap_in", "copies", "ignored"):
-        if not isinstance(getattr(value, name), (tuple, list)):
+    for name in _OUTPUT_LISTS:
+        if type(getattr(value, name)) not in (tuple, list):
             raise _fail("schedule", f"SchedulerOutput.{name} is {type(getattr(value, name)).__name__}, expected a tuple")
     scheduled = value.scheduled
     # Fast path (types checked a whole column at a time, at C speed); the loop below names the
@@ -45,24 +95,52 @@ def _check_output(value: SchedulerOutput) -> SchedulerOutput:
             and set(map(type, map(_SEQ_ID, scheduled))) == {str}
             and set(map(type, map(_REQUEST_ID, scheduled))) == {str}
             and set(map(type, map(_NUM_TOKENS, scheduled))) == {int}
-            and min(map(_NUM_TOKENS, scheduled)) >= 0 and max(map(_NUM_TOKENS, scheduled)) <= _INT64)):
+            and set(map(type, map(_IS_PREFILL, scheduled))) == {bool}
+            and set(map(type, map(_NUM_DRAFTS, scheduled))) == {int}
+            and min(map(_NUM_TOKENS, scheduled)) >= 0 and max(map(_NUM_TOKENS, scheduled)) <= _INT64
+            and min(map(_NUM_DRAFTS, scheduled)) >= 0
+            and all(map(int.__ge__, map(_NUM_TOKENS, scheduled), map(_NUM_DRAFTS, scheduled))))):
         scheduled = ()
     for item in scheduled:
-        if not isinstance(item, ScheduledSeq) or not isinstance(item.seq_id, str) or not isinstance(item.request_id, str):
-            raise _fail("schedule", f"scheduled entry {item!r} is not a ScheduledSeq of strings")
-        if not _is_int(item.num_tokens) or not 0 <= item.num_tokens <= _INT64:
-            raise _fail("schedule", f"{item.seq_id} has token count {item.num_tokens!r}")
+        if type(item) is not ScheduledSeq or type(item.seq_id) is not str or type(item.request_id) is not str:
+            raise _fail("schedule", f"scheduled entry {_shown(item)} is not a ScheduledSeq of strings")
+        if type(item.num_tokens) is not int or not 0 <= item.num_tokens <= _INT64:
+            raise _fail("schedule", f"{item.seq_id} has token count {_shown(item.num_tokens)}")
+        if type(item.is_prefill) is not bool:
+            raise _fail("schedule", f"{item.seq_id} has is_prefill {_shown(item.is_prefill)}, expected True or False")
+        if type(item.num_drafts) is not int or not 0 <= item.num_drafts <= item.num_tokens:
+            raise _fail("schedule", f"{item.seq_id} has num_drafts {_shown(item.num_drafts)}, expected an int in "
+                                    f"[0, num_tokens {item.num_tokens}]")
     for p in value.preempted:
-        if not isinstance(p, Preempted) or not isinstance(p.request_id, str) or not isinstance(p.mode, PreemptionMode):
-            raise _fail("schedule", f"preempted entry {p!r} is not a Preempted with a PreemptionMode")
+        if type(p) is not Preempted or type(p.request_id) is not str or type(p.mode) is not PreemptionMode:
+            raise _fail("schedule", f"preempted entry {_shown(p)} is not a Preempted with a PreemptionMode")
     for name in ("swap_out", "swap_in", "copies"):
         for pair in getattr(value, name):
-            if not (isinstance(pair, tuple) and len(pair) == 2 and all(_is_int(b) for b in pair)):
-                raise _fail("schedule", f"{name} entry {pair!r} is not a pair of block ids")
+            if not (type(pair) is tuple and len(pair) == 2 and all(type(b) is int and _is_int(b) for b in pair)):
+                raise _fail("schedule", f"{name} entry {_shown(pair)} is not a pair of block ids")
     for rid in (*value.ignored, *value.swapped_in):
-        if not isinstance(rid, str):
-            raise _fail("schedule", f"request id {rid!r} is not a string")
+        if type(rid) is not str:
+            raise _fail("schedule", f"request id {_shown(rid)} is not a string")
+    for reason in value.reasons:
+        if type(reason) is not Reason or type(reason.kind) is not str or type(reason.request_id) is not str \
+                or type(reason.numbers) is not tuple:
+            raise _fail("schedule", f"reason {_shown(reason)} is not a spec.reasons.Reason")
     return value
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, short, and never the adapter's own code failing in the message: a value
+    of an unexpected type may have a ``__repr__`` that raises or never ends."""
+    if type(value) in (str, int, bool, float, type(None)):
+        text = repr(value)
+    else:
+        text = f"<{type(value).__name__} object>"
+        try:
+            if type(value) in (tuple, ScheduledSeq, Preempted, Reason):
+                text = repr(value)
+        except Exception:  # noqa: BLE001 - a field inside may be anything
+            pass
+    return text if len(text) <= 200 else text[:180] + f"... ({len(text)} characters)"
 
 
 # Engines count in machine integers: a number past int64 is not a count but garbage.
@@ -73,29 +151,32 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value <= _INT64
 
 
-def check_finished(value: Any, call: str) -> tuple[Finished, ...]:
+def check_finished(value: Any, call: str, bounds: Bounds = UNBOUNDED) -> tuple[Finished, ...]:
     if value is None and call in ("abort_request", "add_request"):
         return ()
-    items = (value,) if isinstance(value, Finished) else value
-    try:
-        items = tuple(items)
-    except TypeError:
-        raise _fail(call, f"returned {type(value).__name__}, expected Finished entries") from None
+    items = (value,) if type(value) is Finished else value
+    if type(items) not in (tuple, list):
+        raise _fail(call, f"returned {type(value).__name__}, expected Finished entries (a list or a tuple)")
+    problem = _too_many(f"{call}'s answer", items, bounds.entries)
+    if problem:
+        raise _fail(call, problem)
+    items = tuple(items)
     for f in items:
-        if not isinstance(f, Finished) or not isinstance(f.status, Status) or not f.status.is_finished:
-            raise _fail(call, f"entry {f!r} is not a Finished with a final status")
+        if type(f) is not Finished or type(f.request_id) is not str or type(f.status) is not Status \
+                or not f.status.is_finished:
+            raise _fail(call, f"entry {_shown(f)} is not a Finished with a final status")
     return items
 
 
 def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset(),
-                   previous: Snapshot | None = None) -> Snapshot:
+                   previous: Snapshot | None = None, bounds: Bounds = UNBOUNDED) -> Snapshot:
     """The snapshot, once every field it fills has the type the spec gives it and every field
     a ``claimed`` capability promises is filled (so no predicate can crash on it). A snapshot
     whose ``base`` passed this check before is checked only where it differs from the base: the
     fields that are new objects and the views in ``changed_seqs``. A whole snapshot (no base) is
     first made a delta on ``previous``, the adapter's snapshot just before it, when that passed
     (`spec.observation.with_delta`, a diff at C speed), so checking it costs what changed."""
-    if not isinstance(value, Snapshot):
+    if type(value) is not Snapshot:
         raise _fail("snapshot", f"returned {type(value).__name__}, expected Snapshot")
     for capability in claimed:
         for name in _PROMISED.get(capability, ()):
@@ -115,7 +196,9 @@ def check_snapshot(value: Any, claimed: frozenset[Capability] = frozenset(),
             part = getattr(value, name)
             if part is None or (base is not None and part is getattr(base, name)):
                 continue
-            problem = check(part, value, base)
+            if bounds is not UNBOUNDED and type(part) is not int and len(part) > bounds.entries:  # before any entry is read
+                raise _fail("snapshot", _too_many(f"Snapshot.{name}", part, bounds.entries))
+            problem = _seqs(part, value, base, bounds) if check is _seqs else check(part, value, base)
             if problem:
                 raise _fail("snapshot", f"Snapshot.{name}: {problem}")
     except (TypeError, AttributeError, ValueError) as err:
@@ -239,13 +322,18 @@ def _statuses(statuses: Any, snap: Snapshot, base: Snapshot | None) -> str | Non
     return None
 
 
-def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None, bounds: Bounds = UNBOUNDED) -> str | None:
     if not isinstance(seqs, Mapping):
         return f"is {type(seqs).__name__}, expected a mapping of sequence id to SeqView"
     changed = snap.changed_seqs if base is not None and snap.changed_seqs is not None else None
     items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
     checked = base.seqs if changed is not None and isinstance(base.seqs, Mapping) else {}
     for sid, view in items:
+        if type(view) is SeqView and (
+                (view.blocks is not None and len(view.blocks) > bounds.entries)
+                or (view.token_ids is not None and len(view.token_ids) > bounds.tokens)):
+            return f"{sid!r}: {len(view.blocks or ())} blocks and {len(view.token_ids or ())} token ids, more than " \
+                   f"any sequence of this trace could hold ({bounds.entries} blocks, {bounds.tokens} tokens)"
         old = checked.get(sid)
         known = base_token_prefix(snap, sid) if old is not None and snap.base is base else 0
         if _plain_view(view, sid, old, known):

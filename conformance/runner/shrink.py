@@ -42,7 +42,15 @@ def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 3
     step = failing(trace)
     if step is None:
         raise ValueError("shrink() needs a failing trace")
-    best, best_step = _cut(trace, step), step
+
+    def cut_failing(candidate: Trace, at: int) -> tuple[Trace, int]:
+        # The cut is run again: it can change the run, not only shorten it (without the arrivals
+        # after the failing step, the driver stops once the earlier requests are done).
+        cut = _cut(candidate, at)
+        again = failing(cut)
+        return (cut, again) if again is not None else (candidate, at)
+
+    best, best_step = cut_failing(trace, step)
     tries = 0
     improved = True
     while improved and tries < budget and time.monotonic() < deadline:
@@ -55,8 +63,11 @@ def shrink(trace: Trace, failing: Failing, budget: int = 400, seconds: float = 3
                 break
             got = failing(candidate)
             if got is not None and size(_cut(candidate, got), got) < size(best, best_step):
-                best, best_step, improved = _cut(candidate, got), got, True
-                break
+                tries += 1
+                kept, kept_step = cut_failing(candidate, got)
+                if size(kept, kept_step) < size(best, best_step):
+                    best, best_step, improved = kept, kept_step, True
+                    break
     return best, best_step
 
 

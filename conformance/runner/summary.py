@@ -26,8 +26,13 @@ FAULT_KINDS: dict[str, str] = {
     "config-rejected": "`reset()` raised on a trace's config (declare a config domain so that no such config is generated)",
     "exit": "the process, or a wire host, exited: `sys.exit` with any code (0 included), `os._exit`",
     "crash": "the process, or a wire host, was killed by a signal (a segfault, an abort)",
-    "memory": "resident memory passed `--max-memory`",
+    "memory": "resident memory of the adapter's process tree (every process it started, in any session) passed "
+              "`--max-memory`",
     "output": "the adapter printed more than `--max-output` in one trace",
+    "signal": "the adapter's process, or a process it started, sent the runner a signal (SIGTERM, SIGINT, ...); "
+              "its tree was ended",
+    "budget": "checking the adapter's answers to one trace took longer than the checks' budget (answers too large "
+              "or too many to check)",
     "checker": "kvsched's own checks crashed on this trace (a kvsched bug, not the adapter's: reported under category kvsched)",
 }
 

@@ -8,7 +8,9 @@ in process), checks every step, and answers with a `conformance.runner.summary.T
 
 What it does so that nothing the adapter does can pass, hang or crash the runner:
 1. It dies with the runner (``PR_SET_PDEATHSIG``) and sits in its own session, so a Ctrl-C at
-   the terminal reaches only the runner, which then ends it.
+   the terminal reaches only the runner, which then ends it. It is a child subreaper, so every
+   process the adapter starts, in any session, stays in its tree, which the runner ends with it
+   (`conformance.runner.process_tree`).
 2. Each adapter call is stamped (`conformance.runner.channel.Stamp`) so the runner's watchdog can time
    it and kill this process when it hangs, however the adapter treats signals or exceptions.
 3. ``faulthandler`` writes the Python stack to a file on a crash (SIGSEGV, ...) and on SIGUSR1,
@@ -33,7 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 from conformance.runner.channel import ChannelClosed, Stamp, receive, send
-from conformance.runner.guard import AdapterFault, exception_location, fault_from
+from conformance.runner.guard import AdapterFault, exception_location, fault_from, shown_text
+from conformance.runner.process_tree import become_subreaper, descendants
+from conformance.runner.signals import unblock_all
 
 
 class StampedGuard:
@@ -53,7 +57,8 @@ class StampedGuard:
         try:
             return fn(*args, **kwargs)
         except SystemExit as err:
-            raise AdapterFault("exit", name, f"called sys.exit({err.code!r})", exception_location(err)) from None
+            raise AdapterFault("exit", name, f"called sys.exit({shown_text(err.code)})", exception_location(err)) \
+                from None
         except BaseException as err:  # noqa: BLE001 - whatever the adapter raises is its fault
             raise fault_from(name, err) from None
         finally:
@@ -79,6 +84,11 @@ def _die_with_parent() -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
+        for pid in descendants(os.getpid()):  # the adapter's own processes go with it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="kvsched-parent-watch").start()
@@ -142,7 +152,7 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any 
         factory = getattr(importlib.import_module(module), attr)
     result = run_checked(adapter, trace, invariants, lockstep=bool(request.get("lockstep")),
                          stop_at_first=bool(request.get("stop_at_first")), reference_factory=factory, guard=guard,
-                         stop_on=request.get("stop_on"))
+                         stop_on=request.get("stop_on"), check_budget=request.get("check_budget"))
     html = None
     if request.get("html"):
         from conformance.reports.html_view import write_run_view
@@ -166,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stamp", required=True)
     parser.add_argument("--dump", required=True, help="file for faulthandler's stacks")
     args = parser.parse_args(argv)
+    unblock_all()  # the runner blocks the signals it routes (conformance.runner.signals); this process takes them
+    become_subreaper()  # every process the adapter starts stays in this tree (conformance.runner.process_tree)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when this process ends
     dump = open(args.dump, "w")  # noqa: SIM115 - open for the life of the process
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as err:  # noqa: BLE001 - a factory may fail in any way: one line for the user
         send(args.answers, {"op": "input-error", "where": "--adapter",
-                            "message": f"{args.adapter} failed to load: {type(err).__name__}: {err} "
+                            "message": f"{args.adapter} failed to load: {type(err).__name__}: {shown_text(err)} "
                                        f"(at {user_location(err)})"})
         return 0
     finally:

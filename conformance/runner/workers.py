@@ -168,7 +168,7 @@ def each_on_a_runner(runners: Sequence[Any], items: Sequence[T], work: Callable[
                 index, item = todo.pop(0)
                 runner = free.pop(0)
                 pending[pool.submit(work, runner, item)] = (index, runner)
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)  # a timeout: Ctrl-C is taken at once
             for future in done:
                 index, runner = pending.pop(future)
                 results[index] = future.result()

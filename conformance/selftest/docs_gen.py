@@ -355,8 +355,11 @@ first on `sys.path`, so modules beside it import, as when running a script) or
 runs in a child process that kvsched owns; what it prints goes to `kvsched-out/adapter-output.log`,
 never into the report. Every counterexample trace records the adapter as a spec that loads
 from any folder (`meta.adapter_spec`, an absolute path for a local file) and the profile it was
-found with, so `kvsched replay TRACE` alone runs it again; the report prints that command,
-on one line, ready to paste. A trace that names no adapter replays on the built-in reference.
+found with; the report prints the command that runs it again, on one line, ready to paste.
+`kvsched replay TRACE` alone runs a trace found on a built-in or an installed target; one that
+names a file or a module runs only when `--adapter` names it too (a trace someone sends you does
+not choose what code runs: without it, replay exits 2 and prints the command). A trace that
+names no adapter replays on the built-in reference.
 
 An engine that does not import in kvsched's Python (its own pinned torch, a GPU kernel library,
 another language) runs in its own environment as a **host** that speaks the wire protocol

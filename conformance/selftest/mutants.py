@@ -278,6 +278,19 @@ class _FinishedKeepsBlocks(Scheduler):
             seq.status = Status.FINISHED_LENGTH_CAPPED  # bug: no block_manager.free(seq)
 
 
+@mutant("caps-after-one-token", "every sequence is finished length-capped after its first generated token",
+        ("LEN-004",))
+class _CapsAfterOneToken(Scheduler):
+    def _check_stop(self, group: SequenceGroup, seq: Sequence, stopped: frozenset[str]) -> None:
+        if seq.seq_id in stopped:
+            seq.status = Status.FINISHED_STOPPED
+        elif seq.num_generated >= 1 or seq.num_tokens >= self.config.max_model_len:  # bug: max_tokens ignored
+            seq.status = Status.FINISHED_LENGTH_CAPPED
+        else:
+            return
+        self.block_manager.free(seq)
+
+
 @mutant("recompute-keeps-computed", "preemption by recompute does not reset the computed-token count",
         ("CAP-003", "BUD-004"))
 class _RecomputeKeepsComputed(Scheduler):

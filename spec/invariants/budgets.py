@@ -174,6 +174,60 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
+    "LEN-004", "safety",
+    """A request finishes as FINISHED_LENGTH_CAPPED only at a length limit: one of its sequences
+    has generated max_tokens tokens or holds max_model_len tokens.""",
+    """The client asked for max_tokens tokens; a length cap is the scheduler's word that the
+    limit, its own or the model's, was reached (vLLM stop_checker.py: maybe_stop_sequence checks
+    get_output_len() == max_tokens and get_len() >= max_model_len; SGLang's FINISH_LENGTH is
+    max_new_tokens). Cutting a request short and calling it length-capped truncates the answer
+    while every count stays consistent (tokens kept, blocks freed, one finish), so no other
+    check sees it. Safety, not policy: a correct design may generate past a limit and drop the
+    surplus (speculative drafts, pipelined samples), or stop early for a stop token, an abort or
+    a refusal, but each of those finishes under its own status; no correct design reports the
+    length cap below both limits. Not checked pipelined (the finishing sample may be in flight).""",
+    (C.SEQ_LENGTHS,),
+    synchronous=True,
+    planned=False,
+)
+def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    capped = [f.request_id for f in rec.finished if f.status is Status.FINISHED_LENGTH_CAPPED]
+    if not capped:
+        return
+    # A sequence whose view is gone after the step had at most its tokens before it plus what this step added.
+    grows = {s.seq_id: 1 + s.num_drafts for s in rec.output.scheduled}
+    after, before = rec.after.seqs or {}, rec.before.seqs or {}
+    for rid in capped:
+        request = ctx.requests.get(rid)
+        if request is None:
+            continue
+        lengths = [_length_at_finish(sid, after, before, grows) for sid in _seqs_of(rid, after, before)]
+        known = [n for n in lengths if n is not None]
+        if not known:
+            continue  # no view of any of its sequences: nothing to read the length from
+        longest = max(known)
+        generated = longest - request.prompt_len
+        if generated < request.max_tokens and longest < ctx.config.max_model_len:
+            yield (f"{rid} finished {Status.FINISHED_LENGTH_CAPPED.value} with {generated} of its max_tokens "
+                   f"{request.max_tokens} generated and {longest} tokens, max_model_len {ctx.config.max_model_len}")
+
+
+def _seqs_of(rid: str, *snapshots: dict) -> set[str]:
+    """The ids of ``rid``'s sequences in any of ``snapshots`` (sequence-id -> view mappings)."""
+    return {sid for seqs in snapshots for sid, v in seqs.items() if v.request_id == rid}
+
+
+def _length_at_finish(sid: str, after: dict, before: dict, grows: dict[str, int]) -> int | None:
+    view = after.get(sid)
+    if view is not None and view.num_tokens is not None:
+        return view.num_tokens
+    view = before.get(sid)
+    if view is not None and view.num_tokens is not None:
+        return view.num_tokens + grows.get(sid, 0)
+    return None
+
+
+@invariant(
     "OUT-001", "safety",
     "Within one step a sequence is scheduled at most once, and only sequences of known, unfinished requests are scheduled, preempted or swapped in.",
     """The batch is built from the output (seed 000 §3.3 step 4); a duplicate entry computes a

@@ -36,3 +36,19 @@ def command(schedule_at_step_3: str = "pass", refuse_block_size: int = 0,
 
 def segfault_at_step_3() -> WireAdapter:
     return WireAdapter("segfault-at-3", command(SEGV), timeout=60)
+
+
+# Issue 35's hosts: a host that starts a helper in its own session (which must not outlive the run),
+# and one that signals the runner (its grandparent: the adapter's process is its parent).
+SETSID_HELPER = ("import subprocess, os; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+                 "start_new_session=True); open(os.environ.get('KVSCHED_TEST_PIDS', os.devnull), 'a').write(f'{p.pid}\\n')")
+SIGNAL_RUNNER = ("import os, signal; runner = int(open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1]); "
+                 "os.kill(runner, signal.SIGTERM); time.sleep(30)")
+
+
+def setsid_helper_at_step_3() -> WireAdapter:
+    return WireAdapter("setsid-helper-at-3", command(SETSID_HELPER), timeout=60)
+
+
+def signals_runner_at_step_3() -> WireAdapter:
+    return WireAdapter("signals-runner-at-3", command(SIGNAL_RUNNER), timeout=60)
