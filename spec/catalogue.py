@@ -48,6 +48,9 @@ class CheckContext:
     # Requests one of whose sequences an outcome stopped while it was scheduled, this step
     # included: only those may finish as FINISHED_STOPPED (REQ-005).
     stopped: set[str] = field(default_factory=set)
+    # Requests the client asked to abort, this step included: a FINISHED_ABORTED of any other
+    # request is the engine's own decision (REQ-007, LIV-004).
+    client_aborted: set[str] = field(default_factory=set)
     # The `Invariant.reads` of the predicate being run (set by `Checker` before each call): the
     # incremental readers (spec.invariants._views.fresh_*) hand it only views where one of those
     # fields changed since it last passed. None: every field.
@@ -271,6 +274,7 @@ class Checker:
             ctx.requests[request.request_id] = request
             ctx.arrival[request.request_id] = len(ctx.arrival)
             ctx.last_arrival_step = record.step
+        ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}
             ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)

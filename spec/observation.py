@@ -60,13 +60,21 @@ class Capability(StrEnum):
     # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
     # that a preemption keeps the prompt and drops generated tokens from the end.
     OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
+    # Claims the runner makes from the adapter's config domain (`spec.domain.ConfigDomain.claims`),
+    # never set by hand: the engine has no max_model_len (LEN-001 is moot), no sequence limit
+    # (BUD-002/003 are moot), or a prefix cache that holds a reference on each block it caches
+    # (`Snapshot.gpu_cache_holds`, counted by BLK-003).
+    NO_LENGTH_LIMIT = "no_length_limit"
+    NO_SEQ_LIMIT = "no_seq_limit"
+    CACHE_HOLDS_REFS = "cache_holds_refs"
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
+    Capability.CACHE_HOLDS_REFS}
 
 
 class SeqView(NamedTuple):
@@ -132,6 +140,10 @@ class Snapshot:
     # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
     # block's reference count (BLK-003). None or empty: nothing held back.
     gpu_fenced: tuple[int, ...] | None = None
+    # GPU blocks on which a prefix cache keeps its own reference (a radix cache), one entry per
+    # hold; each counts in the block's reference count (BLK-003) when the adapter's config domain
+    # says ``cache_holds_refs`` (the claim `Capability.CACHE_HOLDS_REFS`). None: no such holds.
+    gpu_cache_holds: tuple[int, ...] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -311,7 +323,8 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
+                "gpu_cache_holds")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

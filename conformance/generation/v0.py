@@ -38,8 +38,10 @@ def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority"), m
 
 
 @st.composite
-def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig) -> int:
-    bs, limit = config.block_size, config.prompt_limit
+def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig, scale: int | None = None) -> int:
+    """``scale``: the longest prompt to favour, where it is not the config's prompt limit (an
+    engine without max_model_len has a limit no prompt should be drawn near)."""
+    bs, limit = config.block_size, min(config.prompt_limit, scale or config.prompt_limit)
     return draw(
         st.one_of(
             st.integers(1, max(1, limit)),
@@ -47,6 +49,14 @@ def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig) -> int:
             st.sampled_from(sorted({max(1, limit - 1), limit, limit + 1})),  # at the limit
         )
     )
+
+
+def output_lengths(max_output: int = 12) -> st.SearchStrategy[int]:
+    """max_tokens: 1..12 as ever, and with ``max_output`` above 12 also long outputs, which reach
+    a preemption of a request that has generated many tokens (a recompute's credit for them)."""
+    if max_output <= 12:
+        return st.integers(1, max_output)
+    return st.integers(1, 12) | st.integers(13, max_output)
 
 
 @st.composite
@@ -59,6 +69,8 @@ def traces(
     abort_odds: int = 6,
     group_limit: Callable[[SchedulerConfig], int] | None = None,
     abort_burst: bool = False,
+    prompt_scale: int | None = None,
+    max_output: int = 12,
 ) -> Trace:
     """``abort_odds``: each request is aborted with probability 1 / abort_odds, at a step drawn
     from its arrival to 12 steps later (so in whatever state it is then: waiting, running,
@@ -69,7 +81,8 @@ def traces(
     the traces also abort, at one step drawn after the first arrival, every request that has
     arrived by then (a client disconnect storm): whatever is waiting, running or swapped at that
     step is aborted together, which reaches aborts of short-lived states (a swapped group) far
-    more often than aborts drawn per request."""
+    more often than aborts drawn per request. ``prompt_scale``: see `prompt_lengths`;
+    ``max_output``: the largest max_tokens drawn (`output_lengths`)."""
     if config is None:
         config = draw(configs())
     count = draw(st.integers(1, max_requests))
@@ -79,8 +92,8 @@ def traces(
         step += draw(st.integers(0, 3))
         request = Request(
             request_id=f"r{i}",
-            prompt_len=draw(prompt_lengths(config)),
-            max_tokens=draw(st.integers(1, 12)),
+            prompt_len=draw(prompt_lengths(config, prompt_scale)),
+            max_tokens=draw(output_lengths(max_output)),
             n=draw(st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)),
             priority=draw(st.integers(0, 2)),
         )

@@ -110,6 +110,8 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
     if snap.gpu_fenced is not None:
         out["gpu_fenced"] = list(snap.gpu_fenced)
+    if snap.gpu_cache_holds is not None:
+        out["gpu_cache_holds"] = list(snap.gpu_cache_holds)
     if snap.in_flight is not None:
         out["in_flight"] = {"version": IN_FLIGHT_VERSION,
                             "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
@@ -209,6 +211,7 @@ _PARTS = {
     "gpu_ref_counts": _ints, "cpu_ref_counts": _ints, "gpu_free": _opt_int, "cpu_free": _opt_int,
     "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
     "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
+    "gpu_cache_holds": _ints,
 }
 
 

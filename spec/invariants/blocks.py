@@ -20,7 +20,7 @@ from spec.invariants._views import (
     tables,
 )
 from spec.observation import Capability as C
-from spec.observation import StepRecord
+from spec.observation import Snapshot, StepRecord
 from spec.status import Status
 
 _SEED_34 = "Seed 000 §3.4 counts free and allocated blocks of one 10-block pool"
@@ -83,7 +83,7 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
             refs = ()  # no CPU pool: any CPU table points outside it
         assert refs is not None
         expected = entry_counts(snap, device, len(refs))
-        fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
+        fenced = gpu_holds(ctx, snap) if device == "gpu" else None  # holds without a table count too
         if fenced and expected is not None:
             expected = _with_holds(expected, fenced)
         if expected is not None and (refs is expected or equal_where_changed(snap, prior, device, refs, expected)
@@ -98,6 +98,16 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
                 yield f"{label}: a table points at {device} block {block}, outside the pool"
 
 
+def gpu_holds(ctx: CheckContext, snap: Snapshot) -> tuple[int, ...] | None:
+    """The GPU holds without a block table: a pipelined engine's for in-flight writes
+    (`Snapshot.gpu_fenced`), and a radix cache's own (`Snapshot.gpu_cache_holds`) where the
+    adapter's domain says its cache holds references (`Capability.CACHE_HOLDS_REFS`)."""
+    cached = snap.gpu_cache_holds if C.CACHE_HOLDS_REFS in ctx.claims else None
+    if not cached:
+        return snap.gpu_fenced
+    return (*(snap.gpu_fenced or ()), *cached)
+
+
 def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, ...]:
     held = list(counts)
     for block in fenced:
@@ -109,12 +119,15 @@ def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, 
 @invariant(
     "BLK-003", "safety",
     """GPU reference counts equal the number of block-table entries that point at each block (plus
-    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``).""",
+    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``, and those
+    of a prefix cache that holds references, ``Snapshot.gpu_cache_holds``).""",
     """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
     BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
     the holders leaks the block; below them frees it under a live sequence (the double free of
     vLLM PR #3347). An engine that defers a freed request's blocks until the steps still writing
-    them return (vLLM's defer_block_free, PIP-004) holds them without a table.""",
+    them return (vLLM's defer_block_free, PIP-004) holds them without a table, and so does a radix
+    cache that keeps a reference on each cached block (SGLang's RadixCache; an adapter outside
+    the SGLang flow says so with ``ConfigDomain(cache_holds_refs=True)``).""",
     (C.REF_COUNTS, C.BLOCK_TABLES),
 )
 def gpu_ref_counts(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:

@@ -29,7 +29,9 @@ def token_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "BUD-002", "safety",
     "The sequences scheduled in one step never exceed max_num_seqs.",
     """Seed 000 §3.4 step 2 (max_num_seqs=2 bounds what runs together) and seed 003 §2.1
-    (seq_budget); the batch's sequence dimension is sized by it.""",
+    (seq_budget); the batch's sequence dimension is sized by it. Moot for an engine without a
+    sequence limit (its domain's ``seq_limit=False``).""",
+    unless=(C.NO_SEQ_LIMIT,),
 )
 def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     count = len({s.seq_id for s in rec.output.scheduled})
@@ -49,6 +51,7 @@ def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     run every running sequence each step, so for them the two coincide, and their profiles
     keep it.""",
     (C.STATUSES,),
+    unless=(C.NO_SEQ_LIMIT,),
 )
 def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
@@ -98,9 +101,11 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     may still be in flight (the sequence is finished when its outcome is in, as a synchronous
     step appends and finishes it at once), so planned tokens may pass max_model_len by that one
     sample, never by two: a sequence whose in-flight tokens reach the limit is not scheduled
-    again (vllm/v1/core/sched/scheduler.py:800-815).""",
+    again (vllm/v1/core/sched/scheduler.py:800-815). Moot for an engine without a length limit
+    (its domain's ``length_limit=False``).""",
     (C.SEQ_LENGTHS, C.STATUSES),
     synchronous=True,
+    unless=(C.NO_LENGTH_LIMIT,),
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.after.seqs is not None

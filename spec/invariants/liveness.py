@@ -8,6 +8,7 @@ from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
 from spec.observation import Capability as C
 from spec.observation import StepRecord
+from spec.status import Status
 
 
 @invariant(
@@ -90,3 +91,38 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 yield f"engine idle, yet no waiting request (head {head} before lpm's order) was admitted or ignored"
         elif head not in admitted(rec) and head not in rec.output.ignored:
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"
+
+
+def fits(ctx: CheckContext, request_id: str) -> bool:
+    """Whether the request can run alone to its length: its whole completion within the prompt
+    limit (so that a recompute can prefill it again) and (every sequence at its length) within the
+    GPU blocks above the watermark, and its sequences within max_num_seqs."""
+    request = ctx.requests.get(request_id)
+    if request is None:
+        return False
+    c = ctx.config
+    whole = c.blocks_for(min(request.prompt_len + request.max_tokens, c.max_model_len))
+    return (min(request.prompt_len + request.max_tokens - 1, c.max_model_len) <= c.prompt_limit and request.n * whole <= c.num_gpu_blocks - c.watermark_blocks
+            and request.n <= c.max_num_seqs)
+
+
+@invariant(
+    "LIV-004", "liveness",
+    """A request that fits (its prompt within the prompt limit, its whole completion within the
+    cache, its sequences within max_num_seqs) is never ended by an engine error.""",
+    """The liveness half of issue 34's engine-initiated ends (REQ-007 is the safety half: say so
+    when you end one). An engine that runs out of blocks and ends the requests of a pass, or
+    ignores a request it could serve alone, never completes work a correct scheduler would:
+    preemption frees the blocks any one fitting request needs. A request that does not fit may be
+    ended with an engine_error; the client's own aborts are not the engine's. Ignores and refusals
+    are left to LEN-003 and LIV-003: an engine states limits of its own there (SGLang's input
+    limit of max_req_len - 5, vLLM V0's ignore of a recomputed group past the prompt limit).""",
+)
+def fitting_requests_are_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for f in rec.finished:
+        engine_ended = f.status is Status.FINISHED_ABORTED and f.request_id not in ctx.client_aborted
+        if engine_ended and fits(ctx, f.request_id):
+            request = ctx.requests[f.request_id]
+            yield (f"{f.request_id} (prompt {request.prompt_len}, max_tokens {request.max_tokens}, n {request.n}) "
+                   f"fits the cache but the engine ended it as {f.status.value}"
+                   + (f": {f.reason.text()}" if f.reason else ""))

@@ -66,6 +66,7 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     same reason: it bounds the resident set, which only engines that batch every running
     sequence (vLLM, nano-vllm) tie to max_num_seqs.""",
     (C.STATUSES,),
+    unless=(C.NO_SEQ_LIMIT,),
 )
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap, prior in checked_with_prior(ctx, rec):
