@@ -195,7 +195,8 @@ class ConfigDomain:
         for index, text in enumerate(self.requires):
             left, op, right = _parse_precondition(text, f"domain.requires[{index}]")
             if not _OPS[op](_value(left, c), _value(right, c)):
-                return (f"config.{left[0][0] if len(left) == 1 and isinstance(left[0][0], str) else 'requires'}: "
+                terms = left[0]
+                return (f"config.{terms[0] if len(terms) == 1 and isinstance(terms[0], str) else 'requires'}: "
                         f"the domain requires {text.strip()} ({_value(left, c)} {op} {_value(right, c)} is false)")
         return None
 

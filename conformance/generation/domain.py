@@ -56,7 +56,8 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
         modes = (domain.preemption_mode,)
     config = SchedulerConfig(
         block_size=block_size,
-        num_gpu_blocks=draw(st.integers(min_blocks, max(min_blocks + 4, 24))),
+        # half the caches within a few blocks of the least: preemptions of long outputs (issue 34)
+        num_gpu_blocks=draw(st.integers(min_blocks, min_blocks + 3) | st.integers(min_blocks, max(min_blocks + 4, 24))),
         num_cpu_blocks=draw(st.integers(0, 24)) if domain.cpu_pool else 0,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
