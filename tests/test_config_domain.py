@@ -127,10 +127,10 @@ def test_shrink_never_leaves_the_domain():
 
     def failing(candidate):
         seen.append(candidate)
-        return 0 if len(candidate.arrivals) >= 1 else None  # "fails" while a request is left
+        return candidate.arrivals[0].step if candidate.arrivals else None  # "fails" while a request is left
 
     small, step = shrink(trace, failing, budget=200, seconds=20, domain=domain)
-    assert step == 0 and len(small.arrivals) == 1
+    assert step == small.arrivals[0].step and len(small.arrivals) == 1
     assert all(domain.admits(c) for c in seen) and domain.admits(small)
     assert small.config.watermark == 0.25
     assert small.config.max_num_seqs >= min(UNBOUNDED_SEQS, small.config.max_num_batched_tokens)

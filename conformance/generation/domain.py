@@ -122,7 +122,7 @@ def _flow_traces(domain: ConfigDomain, configs: st.SearchStrategy[SchedulerConfi
 
     def tokens(c: SchedulerConfig) -> st.SearchStrategy[Trace]:
         return token_traces(domain.flow, config=c, allow_aborts=domain.aborts, prompt_scale=scale_of(c),
-                            max_output=MAX_OUTPUT)
+                            max_output=MAX_OUTPUT, length_corners=True)
 
     if domain.speculative:  # the drafter's and the model's decisions too
         from conformance.generation.specdec import with_drafts
