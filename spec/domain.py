@@ -53,13 +53,13 @@ class ConfigDomain:
     max_n: int = 3  # parallel sequences per request
     seq_limit: bool = True  # False: the engine has no sequence limit (max_num_seqs >= UNBOUNDED_SEQS)
     token_budget: bool = True  # False: no per-step token budget (it never binds)
-    chunked_prefill: bool = False
+    chunked_prefill: bool = False  # chunked prefill configs (and configs without it, unless unchunked is False)
     # False: the engine always splits a prompt past the step's budget (tokasaurus), so every
     # config has chunked prefill on; only read when chunked_prefill is True.
     unchunked: bool = True
     # False: no long_prefill_token_threshold and no max_num_partial_prefills (both vLLM V1 knobs)
     prefill_caps: bool = True
-    prefix_caching: bool = False
+    prefix_caching: bool = False  # prefix caching configs (and configs without it, unless uncached is False)
     budget_covers_model_len: bool = False  # without chunked prefill, budget >= max_model_len (vLLM, nano-vllm)
     cache_holds_model_len: bool = False  # the GPU cache holds one max_model_len sequence (vLLM V1)
     pipeline_depth: int = 0  # the engine's pipeline depth (config.pipeline_depth): fixed, not drawn

@@ -82,9 +82,9 @@ class SeqView(NamedTuple):
     one per changed sequence per step, and a tuple is built about four times faster than a
     frozen dataclass, which is most of an observed step's cost on a large batch."""
 
-    seq_id: str
-    request_id: str
-    status: Status
+    seq_id: str  # "<request>#<index>"
+    request_id: str  # its request
+    status: Status  # WAITING, RUNNING, SWAPPED or a finished status
     num_tokens: int | None = None  # prompt + generated
     num_computed: int | None = None  # tokens whose KV is in the cache
     blocks: tuple[int, ...] | None = None  # physical ids, logical order
@@ -121,19 +121,19 @@ class Snapshot:
 
     statuses: Mapping[str, Status] | None = None  # request id -> status (every request ever added)
     seqs: Mapping[str, SeqView] | None = None  # seq id -> view (unfinished and finished)
-    waiting: tuple[str, ...] | None = None
-    running: tuple[str, ...] | None = None
-    swapped: tuple[str, ...] | None = None
-    gpu_ref_counts: tuple[int, ...] | None = None
-    cpu_ref_counts: tuple[int, ...] | None = None
-    gpu_free: int | None = None
-    cpu_free: int | None = None
-    gpu_free_ids: tuple[int, ...] | None = None
-    cpu_free_ids: tuple[int, ...] | None = None
+    waiting: tuple[str, ...] | None = None  # request ids in the engine's waiting order (QUEUES)
+    running: tuple[str, ...] | None = None  # request ids running, in order (QUEUES)
+    swapped: tuple[str, ...] | None = None  # request ids swapped out, in order; () with no swap (QUEUES)
+    gpu_ref_counts: tuple[int, ...] | None = None  # one count per GPU block id (REF_COUNTS)
+    cpu_ref_counts: tuple[int, ...] | None = None  # one count per CPU block id; () with no CPU pool (REF_COUNTS)
+    gpu_free: int | None = None  # free GPU blocks (FREE_COUNTS)
+    cpu_free: int | None = None  # free CPU blocks (FREE_COUNTS)
+    gpu_free_ids: tuple[int, ...] | None = None  # the free GPU block ids (FREE_LISTS)
+    cpu_free_ids: tuple[int, ...] | None = None  # the free CPU block ids (FREE_LISTS)
     # PREFIX_CACHE: per GPU block, the key (spec.prefix.block_keys) it is cached under, or None;
     # and the cache index, key -> the GPU blocks a lookup of that key can find.
     gpu_block_keys: tuple[str | None, ...] | None = None
-    cache_index: Mapping[str, tuple[int, ...]] | None = None
+    cache_index: Mapping[str, tuple[int, ...]] | None = None  # key -> the GPU blocks a lookup finds (PREFIX_CACHE)
     # IN_FLIGHT: seq id -> its in-flight counters, for every unfinished sequence (PIP-003).
     in_flight: Mapping[str, InFlightView] | None = None
     # GPU blocks held back from the free pool for the writes of in-flight steps of sequences that
@@ -149,7 +149,7 @@ class Snapshot:
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
     # object as) base's, so a check that depends on one view alone need not look at it again.
     base: Snapshot | None = field(default=None, compare=False, repr=False)
-    changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)  # with base: views new or changed
     # Likewise for requests: every request whose status is new or differs from base's.
     changed_requests: frozenset[str] | None = field(default=None, compare=False, repr=False)
     # Likewise for each pool (None: unknown, check the whole pool): every block whose reference
@@ -158,7 +158,7 @@ class Snapshot:
     # reference counts are as long as base's. Trusted as given (a block left out is read as base's
     # without looking); the built-in pools log it in their containers (reference_impl.pool_log).
     gpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
-    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)  # as gpu_block_changes
     # Likewise for token ids (None, or a sequence left out: compare them): for a sequence in
     # ``changed_seqs``, how many leading token ids of its view are those of its view in ``base``.
     # Trusted as given, like the deltas above; the token-budget references keep their tokens in
