@@ -191,6 +191,14 @@ def test_block_ids_from_one_are_shifted_down():
     assert not run_checked(make(), trace, LIVENESS, timeout=None, stop_at_first=False).problem_ids
 
 
+def test_no_length_limit_and_no_token_budget_together():
+    """A stranger's first run (docs/examples/smol_vllm): the budget of an engine with neither
+    was drawn from the length scale, so it bound, and traces fell outside the domain."""
+    domain = ConfigDomain(length_limit=False, token_budget=False, aborts=False)
+    for trace in _draw(domain, 30):
+        assert trace.config.max_num_batched_tokens >= trace.config.max_num_seqs * UNBOUNDED_LEN
+
+
 @pytest.mark.parametrize("domain", [
     ConfigDomain(length_limit=False, stops=False, preemption_mode="swap"),
     ConfigDomain(flow="v1", max_n=1, swap=False, cpu_pool=False, seq_limit=False, chunked_prefill=True,

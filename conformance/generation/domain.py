@@ -41,8 +41,9 @@ def domain_configs(draw: st.DrawFn, domain: ConfigDomain) -> SchedulerConfig:
     max_num_seqs = draw(st.integers(1, 6)) if domain.seq_limit else 1  # no limit: set from the budget below
     max_model_len = draw(st.integers(block_size * 2 if token_flow else block_size, block_size * 12))
     chunked = domain.chunked_prefill and (not domain.unchunked or draw(st.booleans() | st.just(True)))
-    if not domain.token_budget:
-        budget = (max_num_seqs if domain.seq_limit else UNBOUNDED_SEQS) * max_model_len  # never binds
+    if not domain.token_budget:  # never binds: every running sequence at full length
+        budget = (max_num_seqs if domain.seq_limit else UNBOUNDED_SEQS) * (
+            max_model_len if domain.length_limit else UNBOUNDED_LEN)
     elif chunked:
         budget = draw(st.integers(max_num_seqs, max(max_num_seqs, max_model_len * 2)))
     else:

@@ -206,7 +206,9 @@ def output_matches_state(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     scheduled = {s.request_id for s in rec.output.scheduled}
     for rid, mode in preempted.items():
         want = Status.SWAPPED if mode is PreemptionMode.SWAP else Status.WAITING
-        readmitted = want is Status.WAITING and rid in scheduled
+        # preempted and back in the same schedule(): readmitted by recompute, or swapped out and in
+        # again (a round trip: smol-vllm, kvstream swap in after they preempt, issue 34)
+        readmitted = rid in scheduled and (want is Status.WAITING or rid in rec.output.swapped_in)
         ignored = mid.get(rid) is Status.FINISHED_IGNORED and rid in rec.output.ignored
         if mid.get(rid) is not want and not readmitted and not ignored:
             yield f"{rid} preempted by {mode.value} but {mid.get(rid)} after schedule()"

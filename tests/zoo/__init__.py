@@ -27,6 +27,7 @@ child (`conformance.runner.isolated.ChildRunner`), the path `kvsched conform` ta
 | preconditions | asserts preconditions between config fields | ConfigDomain(requires=...) |
 | null_block | block ids 1..N, 0 a null block | ConfigDomain(first_block_id=1) |
 | cache_holds | a prefix cache that holds a reference on each cached block (V1 flow) | ConfigDomain(cache_holds_refs=True), `Snapshot.gpu_cache_holds` |
+| swap_round_trip | swaps a victim back in within the schedule() that swapped it out (smol-vllm, kvstream) | |
 | errors_correctly | ends a request it can never serve with an engine_error, not an ignore | |
 
 A member whose domain is declared (the rows above with a ConfigDomain) draws its traces from it
@@ -124,6 +125,8 @@ ZOO: tuple[Member, ...] = (
            "shifts its tables but not its free lists", ("BLK-005", "STR-001"), _own("null_block", "traces_of")),
     Member("cache_holds", "a prefix cache that holds a reference on each cached block",
            "leaves the cache's reference on a shared block unlisted", ("BLK-003",), _own("cache_holds")),
+    Member("swap_round_trip", "swap a victim back in within the schedule() that swapped it out",
+           "drops the swap-in map of the round trip", ("SWP-002", "SWP-003"), _default),
     Member("errors_correctly", "end an unservable request with an engine_error reason",
            "ends a preemption victim (which fits) with an engine_error", ("LIV-004",), _default),
 )
