@@ -7,6 +7,7 @@ zoo: errors_correctly and its twin (tests/test_zoo.py)."""
 from __future__ import annotations
 
 import pytest
+from zoo._adapter import zoo_adapter
 
 from conformance.generation.v0 import sample_traces, traces
 from conformance.runner.driver import run_checked
@@ -15,7 +16,6 @@ from conformance.wire.client import WireError
 from conformance.wire.codec import finished_from_json
 from spec.catalogue import get
 from spec.status import Status
-from zoo._adapter import zoo_adapter
 
 
 def test_an_engine_error_travels_over_the_wire_with_its_reason():
