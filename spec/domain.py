@@ -125,7 +125,7 @@ class ConfigDomain:
         if not isinstance(self.requires, tuple):
             raise InputError("domain.requires", f"must be a list of strings, got {type(self.requires).__name__}")
         for index, text in enumerate(self.requires):
-            _parse_precondition(text, f"domain.requires[{index}]")
+            parse_precondition(text, f"domain.requires[{index}]")
         if self.flow != "v0" and self.max_n != 1:
             raise InputError("domain.max_n", f"the {self.flow} flow's traces have one sequence per request, got {self.max_n}")
 
@@ -193,11 +193,11 @@ class ConfigDomain:
             return (f"config.num_gpu_blocks: the domain needs room for one max_model_len sequence "
                     f"({c.blocks_for(c.max_model_len)} blocks), got {c.num_gpu_blocks}")
         for index, text in enumerate(self.requires):
-            left, op, right = _parse_precondition(text, f"domain.requires[{index}]")
-            if not _OPS[op](_value(left, c), _value(right, c)):
+            left, op, right = parse_precondition(text, f"domain.requires[{index}]")
+            if not _OPS[op](precondition_value(left, c), precondition_value(right, c)):
                 terms = left[0]
                 return (f"config.{terms[0] if len(terms) == 1 and isinstance(terms[0], str) else 'requires'}: "
-                        f"the domain requires {text.strip()} ({_value(left, c)} {op} {_value(right, c)} is false)")
+                        f"the domain requires {text.strip()} ({precondition_value(left, c)} {op} {precondition_value(right, c)} is false)")
         return None
 
     def claims(self) -> frozenset[str]:
@@ -236,7 +236,7 @@ Side = tuple[tuple[str | int, ...], str]
 _OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 
 
-def _parse_precondition(text: Any, where: str) -> tuple[tuple[tuple[str | int, ...], str], str, tuple[tuple[str | int, ...], str]]:
+def parse_precondition(text: Any, where: str) -> tuple[tuple[tuple[str | int, ...], str], str, tuple[tuple[str | int, ...], str]]:
     """``"a * b >= c"`` -> ((("a", "b"), "*"), ">=", (("c",), "+")); InputError naming ``where``."""
     match = _PRECONDITION.match(text) if isinstance(text, str) else None
     if match is None:
@@ -257,7 +257,7 @@ def _side(text: str, where: str) -> tuple[tuple[str | int, ...], str]:
     return tuple(terms), joiner
 
 
-def _value(side: tuple[tuple[str | int, ...], str], config: SchedulerConfig) -> int:
+def precondition_value(side: tuple[tuple[str | int, ...], str], config: SchedulerConfig) -> int:
     terms, joiner = side
     values = [t if isinstance(t, int) else int(getattr(config, t)) for t in terms]
     if joiner == "*":

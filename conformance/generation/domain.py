@@ -24,7 +24,14 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from spec.config import SchedulerConfig
-from spec.domain import PRECONDITION_FIELDS, UNBOUNDED_LEN, UNBOUNDED_SEQS, ConfigDomain, _parse_precondition, _value
+from spec.domain import (
+    PRECONDITION_FIELDS,
+    UNBOUNDED_LEN,
+    UNBOUNDED_SEQS,
+    ConfigDomain,
+    parse_precondition,
+    precondition_value,
+)
 from spec.errors import InputError
 from spec.trace import Trace
 
@@ -80,12 +87,12 @@ def satisfied(config: SchedulerConfig, domain: ConfigDomain) -> SchedulerConfig:
     """``config`` with each precondition's left field raised until it holds, where the left side
     is one field and the operator ``>=`` or ``>`` (the rest are left to the filter)."""
     for index, text in enumerate(domain.requires):
-        left, op, right = _parse_precondition(text, f"domain.requires[{index}]")
+        left, op, right = parse_precondition(text, f"domain.requires[{index}]")
         terms, _ = left
         if op not in (">=", ">") or len(terms) != 1 or terms[0] not in PRECONDITION_FIELDS:
             continue
-        need = _value(right, config) + (op == ">")
-        if _value(left, config) < need:
+        need = precondition_value(right, config) + (op == ">")
+        if precondition_value(left, config) < need:
             try:
                 config = replace(config, **{str(terms[0]): need})
             except InputError:

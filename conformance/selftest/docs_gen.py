@@ -329,6 +329,15 @@ These are the places where writing an adapter from this page alone went wrong (f
   is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned
   as `FINISHED_IGNORED` from the same step's `update()`.
 - A finished request stays in `statuses`, and its sequences in `seqs`, with their final status.
+  The queues list unfinished requests only: an engine that drops a finished request from its
+  running list at its next step (kvstream) leaves it out of `running` from the step that reports
+  it finished; its blocks may wait until that next step (RES-005 allows one).
+- `SchedulerOutput.ignored` means finished as ignored in this step, never "not admitted this
+  step" (kvstream's own `ignored` list is the second: leave it out).
+- Report what the engine does, not what it should do: a "swap" that frees the GPU blocks without
+  copying them (smol-vllm) is a `Preempted(mode=SWAP)` with empty swap maps, and kvsched says
+  what is wrong with it. Where the engine's scheduler drops the swap maps its block manager
+  returned (kvstream), record them by wrapping the block manager's swap calls.
 - `num_computed` (capability `computed_tokens`) for an engine that does not count it: either
   leave it None and the capability out (the invariants that read it are then `not_applicable`),
   or report what vLLM's count would be (no chunked prefill): between steps a running sequence

@@ -34,8 +34,8 @@ class Smol:
                                 max_batch_size=config.max_num_seqs, enable_metrics=False)
         self.engine.model = self  # its model: prefill/decode return one token per group
         self.rid, self.gid, self.final, self.done, self.step, self.stopping = {}, {}, {}, [], 0, frozenset()
-        real = self.engine.scheduler.schedule
-        self.engine.scheduler.schedule = lambda: self._seen(real())
+        real = self.engine.scheduler.schedule  # its own SchedulerOutputs, kept for schedule() to report
+        self.engine.scheduler.schedule = lambda: setattr(self, "sched", real()) or self.sched
 
     def prefill(self, groups):
         return [STOP if f"{self.rid[g.group_id]}#0" in self.stopping else TOKEN for g in groups]
@@ -47,10 +47,6 @@ class Smol:
         self.engine.add_request([TOKEN] * request.prompt_len, max_tokens=request.max_tokens, stop_token_ids=[STOP])
         gid = self.engine.request_counter - 1
         self.rid[gid], self.gid[request.request_id] = request.request_id, gid
-
-    def _seen(self, out):  # the engine's own SchedulerOutputs, kept for schedule() to report
-        self.sched = out
-        return out
 
     def schedule(self, outcome):
         self.stopping = outcome.stopped
