@@ -420,7 +420,10 @@ another language) runs in its own environment as a **host** that speaks the wire
 `conformance.wire.client.WireAdapter` that starts it, and declares the domain as an attribute
 (`adapter.domain = ConfigDomain(...)`: `WireAdapter` takes no `domain` argument).
 `docs/examples/tokasaurus/` is such an adapter, written from these pages by someone who had not
-read kvsched's sources (its STRANGER.md logs where they fell short).
+read kvsched's sources (its STRANGER.md logs where they fell short), and so is
+`docs/examples/kvstream/`. `docs/examples/smol_vllm/` (a fused schedule-and-sample step) and
+`docs/examples/bllm/` (a whole-request reservation) are Python adapters for engines of the
+package index, each under 100 lines, each with its STRANGER.md.
 
 ## Declaring the config domain
 
