@@ -10,7 +10,7 @@ import glob
 import os
 import sys
 
-sys.path.append(os.environ.get("BLLM_SITE") or glob.glob("/tmp/i34/venvs/bllm/lib/python3*/site-packages")[0])
+sys.path.append(os.environ.get("BLLM_SITE") or glob.glob(os.path.expanduser("~/.cache/kvsched/stranger/bllm/lib/python3*/site-packages"))[0])
 from bllm.core.block_allocator import BlockAllocator  # noqa: E402
 from bllm.core.config import InferenceConfig, PagedCacheConfig  # noqa: E402
 from bllm.core.page_table import PageTable  # noqa: E402

@@ -7,7 +7,7 @@ from conformance.wire.client import WireAdapter
 from spec.domain import ConfigDomain
 
 HOST = Path(__file__).resolve().parent / "kvstream_host.py"
-PYTHON = os.environ.get("KVSTREAM_PYTHON", "/tmp/i34/venvs/kvstream/bin/python")
+PYTHON = os.environ.get("KVSTREAM_PYTHON", os.path.expanduser("~/.cache/kvsched/stranger/kvstream/bin/python"))
 # No max_model_len, no token budget, FCFS, one sequence per request; "auto" means recompute (n = 1).
 DOMAIN = ConfigDomain(length_limit=False, token_budget=False, priority=False, max_n=1, watermark=0.0)
 

@@ -9,7 +9,7 @@ import glob
 import os
 import sys
 
-sys.path.append(os.environ.get("SMOL_VLLM_SITE") or glob.glob("/tmp/i34/venvs/smol/lib/python3*/site-packages")[0])
+sys.path.append(os.environ.get("SMOL_VLLM_SITE") or glob.glob(os.path.expanduser("~/.cache/kvsched/stranger/smol/lib/python3*/site-packages"))[0])
 from smol_vllm.engine import LLMEngine  # noqa: E402
 from smol_vllm.sequence import SequenceStatus  # noqa: E402
 
