@@ -20,8 +20,8 @@ from conformance.commands import cli  # noqa: E402,F401 - what `kvsched conform`
 from conformance.flows.profiles import get_profile  # noqa: E402
 from conformance.runner.adapter import load_adapter  # noqa: E402
 from conformance.runner.fuzz import fuzz  # noqa: E402
-from conformance.runner.plan import RunPlan  # noqa: E402
 from conformance.runner.isolated import LocalRunner  # noqa: E402
+from conformance.runner.plan import RunPlan  # noqa: E402
 
 imported = time.process_time() - start
 

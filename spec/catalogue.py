@@ -161,6 +161,7 @@ class Checker:
             ctx.requests[request.request_id] = request
             ctx.arrival[request.request_id] = len(ctx.arrival)
             ctx.last_arrival_step = record.step
+        ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}
             ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)

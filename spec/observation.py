@@ -60,13 +60,21 @@ class Capability(StrEnum):
     # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
     # that a preemption keeps the prompt and drops generated tokens from the end.
     OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
+    # Claims the runner makes from the adapter's config domain (`spec.domain.ConfigDomain.claims`),
+    # never set by hand: the engine has no max_model_len (LEN-001 is moot), no sequence limit
+    # (BUD-002/003 are moot), or a prefix cache that holds a reference on each block it caches
+    # (`Snapshot.gpu_cache_holds`, counted by BLK-003).
+    NO_LENGTH_LIMIT = "no_length_limit"
+    NO_SEQ_LIMIT = "no_seq_limit"
+    CACHE_HOLDS_REFS = "cache_holds_refs"
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
+    Capability.CACHE_HOLDS_REFS}
 
 
 class SeqView(NamedTuple):
@@ -74,9 +82,9 @@ class SeqView(NamedTuple):
     one per changed sequence per step, and a tuple is built about four times faster than a
     frozen dataclass, which is most of an observed step's cost on a large batch."""
 
-    seq_id: str
-    request_id: str
-    status: Status
+    seq_id: str  # "<request>#<index>"
+    request_id: str  # its request
+    status: Status  # WAITING, RUNNING, SWAPPED or a finished status
     num_tokens: int | None = None  # prompt + generated
     num_computed: int | None = None  # tokens whose KV is in the cache
     blocks: tuple[int, ...] | None = None  # physical ids, logical order
@@ -113,31 +121,35 @@ class Snapshot:
 
     statuses: Mapping[str, Status] | None = None  # request id -> status (every request ever added)
     seqs: Mapping[str, SeqView] | None = None  # seq id -> view (unfinished and finished)
-    waiting: tuple[str, ...] | None = None
-    running: tuple[str, ...] | None = None
-    swapped: tuple[str, ...] | None = None
-    gpu_ref_counts: tuple[int, ...] | None = None
-    cpu_ref_counts: tuple[int, ...] | None = None
-    gpu_free: int | None = None
-    cpu_free: int | None = None
-    gpu_free_ids: tuple[int, ...] | None = None
-    cpu_free_ids: tuple[int, ...] | None = None
+    waiting: tuple[str, ...] | None = None  # request ids in the engine's waiting order (QUEUES)
+    running: tuple[str, ...] | None = None  # request ids running, in order (QUEUES)
+    swapped: tuple[str, ...] | None = None  # request ids swapped out, in order; () with no swap (QUEUES)
+    gpu_ref_counts: tuple[int, ...] | None = None  # one count per GPU block id (REF_COUNTS)
+    cpu_ref_counts: tuple[int, ...] | None = None  # one count per CPU block id; () with no CPU pool (REF_COUNTS)
+    gpu_free: int | None = None  # free GPU blocks (FREE_COUNTS)
+    cpu_free: int | None = None  # free CPU blocks (FREE_COUNTS)
+    gpu_free_ids: tuple[int, ...] | None = None  # the free GPU block ids (FREE_LISTS)
+    cpu_free_ids: tuple[int, ...] | None = None  # the free CPU block ids (FREE_LISTS)
     # PREFIX_CACHE: per GPU block, the key (spec.prefix.block_keys) it is cached under, or None;
     # and the cache index, key -> the GPU blocks a lookup of that key can find.
     gpu_block_keys: tuple[str | None, ...] | None = None
-    cache_index: Mapping[str, tuple[int, ...]] | None = None
+    cache_index: Mapping[str, tuple[int, ...]] | None = None  # key -> the GPU blocks a lookup finds (PREFIX_CACHE)
     # IN_FLIGHT: seq id -> its in-flight counters, for every unfinished sequence (PIP-003).
     in_flight: Mapping[str, InFlightView] | None = None
     # GPU blocks held back from the free pool for the writes of in-flight steps of sequences that
     # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
     # block's reference count (BLK-003). None or empty: nothing held back.
     gpu_fenced: tuple[int, ...] | None = None
+    # GPU blocks on which a prefix cache keeps its own reference (a radix cache), one entry per
+    # hold; each counts in the block's reference count (BLK-003) when the adapter's config domain
+    # says ``cache_holds_refs`` (the claim `Capability.CACHE_HOLDS_REFS`). None: no such holds.
+    gpu_cache_holds: tuple[int, ...] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
     # object as) base's, so a check that depends on one view alone need not look at it again.
     base: Snapshot | None = field(default=None, compare=False, repr=False)
-    changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    changed_seqs: frozenset[str] | None = field(default=None, compare=False, repr=False)  # with base: views new or changed
     # Likewise for requests: every request whose status is new or differs from base's.
     changed_requests: frozenset[str] | None = field(default=None, compare=False, repr=False)
     # Likewise for each pool (None: unknown, check the whole pool): every block whose reference
@@ -146,7 +158,7 @@ class Snapshot:
     # reference counts are as long as base's. Trusted as given (a block left out is read as base's
     # without looking); the built-in pools log it in their containers (reference_impl.pool_log).
     gpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
-    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    cpu_block_changes: Mapping[int, int] | None = field(default=None, compare=False, repr=False)  # as gpu_block_changes
     # Likewise for token ids (None, or a sequence left out: compare them): for a sequence in
     # ``changed_seqs``, how many leading token ids of its view are those of its view in ``base``.
     # Trusted as given, like the deltas above; the token-budget references keep their tokens in
@@ -311,7 +323,8 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
+                "gpu_cache_holds")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

@@ -42,6 +42,9 @@ TEMPLATES: dict[str, str] = {
     "finished_stopped": "{request} finished: every sequence stopped or hit its limit",
     "finished_length_capped": "{request} finished: length limit (max_tokens {max_tokens} or max_model_len {max_model_len})",
     "finished_aborted": "{request} aborted by the client",
+    # An engine that ends a request on its own (out of memory, a failed step) says why: a
+    # FINISHED_ABORTED the client did not ask for carries this reason (REQ-007, LIV-004).
+    "engine_error": "{request} ended by the engine: {error}",
     # today's engines (reference_impl.v1_scheduler, reference_impl.nano_scheduler)
     "prefill_chunk": "{request} prefills {tokens} token(s) of {remaining} uncomputed ({cached} served by the prefix cache)",
     "wait_partial_prefills": "{request} waits: {partial} request(s) are mid-prefill, limit {limit}",

@@ -71,6 +71,9 @@ class CheckContext:
     # Requests one of whose sequences an outcome stopped while it was scheduled, this step
     # included: only those may finish as FINISHED_STOPPED (REQ-005).
     stopped: set[str] = field(default_factory=set)
+    # Requests the client asked to abort, this step included: a FINISHED_ABORTED of any other
+    # request is the engine's own decision (REQ-007, LIV-004).
+    client_aborted: set[str] = field(default_factory=set)
     # What one family's predicates carry from step to step, by invariant id (PIP-002, PIP-006).
     flow_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The steps that scheduled each request, the last MAX_PIPELINE_DEPTH + 1 of them (the steps

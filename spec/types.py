@@ -62,11 +62,11 @@ class Request:
     starts with one sequence and forks ``n - 1`` more after its prompt is computed.
     """
 
-    request_id: str
-    prompt_len: int
-    max_tokens: int = 16
-    n: int = 1
-    priority: int = 0
+    request_id: str  # unique in the trace, no '#' (sequence ids are "<request>#<index>")
+    prompt_len: int  # prompt tokens, >= 1
+    max_tokens: int = 16  # the most tokens each sequence generates (a stop token included)
+    n: int = 1  # parallel sequences (the v1 and nano flows: 1)
+    priority: int = 0  # lower is more urgent (the priority policy only)
     prompt_tokens: tuple[int, ...] | None = None  # token ids; None: `default_prompt_tokens`
 
     def __post_init__(self) -> None:
@@ -120,10 +120,10 @@ class Request:
 class ScheduledSeq:
     """One sequence in this step's batch: how many tokens it computes, prefill or decode."""
 
-    seq_id: str
-    request_id: str
-    num_tokens: int
-    is_prefill: bool
+    seq_id: str  # "<request>#<index>"
+    request_id: str  # its request
+    num_tokens: int  # tokens it computes in this step (a whole prompt, a chunk, or 1 for a decode)
+    is_prefill: bool  # true while it computes prompt tokens (a recompute's prefill too)
     # Of ``num_tokens``, the draft tokens it verifies (speculative decoding, spec/speculative.py):
     # the last ``num_drafts`` positions, past the sequence's known tokens.
     num_drafts: int = 0
@@ -131,8 +131,8 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class Preempted:
-    request_id: str
-    mode: PreemptionMode
+    request_id: str  # the victim
+    mode: PreemptionMode  # RECOMPUTE (back to waiting) or SWAP (its blocks to CPU)
 
 
 @dataclass(frozen=True)
@@ -144,15 +144,15 @@ class SchedulerOutput:
     then decodes in running-queue order, then swapped-in groups.
     """
 
-    step: int
-    scheduled: tuple[ScheduledSeq, ...] = ()
-    preempted: tuple[Preempted, ...] = ()
-    swapped_in: tuple[str, ...] = ()
-    swap_out: tuple[tuple[int, int], ...] = ()
-    swap_in: tuple[tuple[int, int], ...] = ()
-    copies: tuple[tuple[int, int], ...] = ()
-    ignored: tuple[str, ...] = ()
-    reasons: tuple[Reason, ...] = ()
+    step: int  # schedule() calls before this one (0, 1, 2, ...; the adapter counts if the engine does not)
+    scheduled: tuple[ScheduledSeq, ...] = ()  # the batch, in batch order
+    preempted: tuple[Preempted, ...] = ()  # victims of this step
+    swapped_in: tuple[str, ...] = ()  # request ids swapped back in this step
+    swap_out: tuple[tuple[int, int], ...] = ()  # (GPU block, CPU block) pairs copied out
+    swap_in: tuple[tuple[int, int], ...] = ()  # (CPU block, GPU block) pairs copied in
+    copies: tuple[tuple[int, int], ...] = ()  # (GPU source, GPU destination) copy-on-write copies
+    ignored: tuple[str, ...] = ()  # request ids ignored this step (each also FINISHED_IGNORED from update())
+    reasons: tuple[Reason, ...] = ()  # why (spec.reasons), optional: replay and the HTML view show them
 
     @property
     def num_batched_tokens(self) -> int:
@@ -208,7 +208,7 @@ class StepOutcome:
     scheduler's to apply.
     """
 
-    stopped: frozenset[str] = field(default_factory=frozenset)
+    stopped: frozenset[str] = field(default_factory=frozenset)  # seq ids whose sampled token is a stop token
     # Speculative decoding: the trace's decision per sequence (`spec.speculative.DraftDecision`);
     # a sequence not named gets the default (k proposed, none accepted).
     drafts: Mapping[str, DraftDecision] = field(default_factory=dict)
@@ -218,6 +218,6 @@ class StepOutcome:
 class Finished:
     """A request reached a final status (once, ever)."""
 
-    request_id: str
-    status: Status
-    reason: Reason | None = None
+    request_id: str  # the request that finished
+    status: Status  # FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED or FINISHED_IGNORED
+    reason: Reason | None = None  # why; an abort the client did not ask for needs kind engine_error (REQ-007)

@@ -332,7 +332,14 @@ def test_stepping_through_a_counterexample_in_chromium(browser: Browser, tmp_pat
     browser.events.clear()
     browser.open(page.as_uri())
 
+    # it opens at the first violating step, the invariant's own line beside the step number
+    assert _label(browser) == str(first)
+    beside = browser.js("(function(){var s=document.getElementById('step-violation');"
+                        "return {hidden: s.hidden, text: s.textContent};})()")
+    assert not beside["hidden"] and beside["text"].startswith("BLK-003: GPU reference counts equal")
+    browser.press("Home", "Home", 36)
     assert _label(browser) == "0"
+    assert browser.js("document.getElementById('step-violation').hidden") is True
     assert browser.js("document.getElementById('violation-panel').hidden") is True
     browser.press("ArrowRight", "ArrowRight", 39)  # the keyboard steps forward
     assert _label(browser) == "1"

@@ -39,16 +39,18 @@ def configs(draw: st.DrawFn, policies: tuple[str, ...] = ("fcfs", "priority"), m
 
 
 @st.composite
-def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig) -> int:
-    return draw(_prompt_lengths(config))
+def prompt_lengths(draw: st.DrawFn, config: SchedulerConfig, scale: int | None = None) -> int:
+    """``scale``: the longest prompt to favour, where it is not the config's prompt limit (an
+    engine without max_model_len has a limit no prompt should be drawn near)."""
+    return draw(_prompt_lengths(config, scale))
 
 
 @functools.lru_cache(maxsize=64)
-def _prompt_lengths(config: SchedulerConfig) -> st.SearchStrategy[int]:
+def _prompt_lengths(config: SchedulerConfig, scale: int | None = None) -> st.SearchStrategy[int]:
     """Prompt lengths for ``config``: any up to the limit, exact block multiples, and the limit
     itself and its neighbours. Built once per config (a strategy built per request cost more than
     drawing from it)."""
-    bs, limit = config.block_size, config.prompt_limit
+    bs, limit = config.block_size, min(config.prompt_limit, scale or config.prompt_limit)
     return st.one_of(
         st.integers(1, max(1, limit)),
         st.sampled_from(sorted({max(1, k * bs) for k in range(1, 4)})),  # exact block multiples
@@ -56,8 +58,17 @@ def _prompt_lengths(config: SchedulerConfig) -> st.SearchStrategy[int]:
     )
 
 
+@functools.lru_cache(maxsize=16)
+def output_lengths(max_output: int = 12) -> st.SearchStrategy[int]:
+    """max_tokens: 1..12 as ever, and with ``max_output`` above 12 also long outputs, which reach
+    a preemption of a request that has generated many tokens (a recompute's credit for them)."""
+    if max_output <= 12:
+        return st.integers(1, max_output)
+    return st.integers(1, 12) | st.integers(13, max_output)
+
+
 # Drawn once per request: built once (the same draws as building them per request).
-_GAPS, _MAX_TOKENS, _PRIORITIES = st.integers(0, 3), st.integers(1, 12), st.integers(0, 2)
+_GAPS, _PRIORITIES = st.integers(0, 3), st.integers(0, 2)
 
 
 @st.composite
@@ -70,6 +81,8 @@ def traces(
     abort_odds: int = 6,
     group_limit: Callable[[SchedulerConfig], int] | None = None,
     abort_burst: bool = False,
+    prompt_scale: int | None = None,
+    max_output: int = 12,
 ) -> Trace:
     """``abort_odds``: each request is aborted with probability 1 / abort_odds, at a step drawn
     from its arrival to 12 steps later (so in whatever state it is then: waiting, running,
@@ -80,7 +93,8 @@ def traces(
     the traces also abort, at one step drawn after the first arrival, every request that has
     arrived by then (a client disconnect storm): whatever is waiting, running or swapped at that
     step is aborted together, which reaches aborts of short-lived states (a swapped group) far
-    more often than aborts drawn per request."""
+    more often than aborts drawn per request. ``prompt_scale``: see `prompt_lengths`;
+    ``max_output``: the largest max_tokens drawn (`output_lengths`)."""
     if config is None:
         config = draw(configs())
     count = draw(st.integers(1, max_requests))
@@ -91,8 +105,8 @@ def traces(
         step += draw(_GAPS)
         request = Request(
             request_id=f"r{i}",
-            prompt_len=draw(prompt_lengths(config)),
-            max_tokens=draw(_MAX_TOKENS),
+            prompt_len=draw(prompt_lengths(config, prompt_scale)),
+            max_tokens=draw(output_lengths(max_output)),
             n=draw(group_sizes),
             priority=draw(_PRIORITIES),
         )

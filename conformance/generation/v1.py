@@ -60,15 +60,26 @@ def token_traces(
     allow_aborts: bool = True,
     batch_aborts: bool = False,
     resets: bool = False,
+    prompt_scale: int | None = None,
+    max_output: int = 12,
+    length_corners: bool = False,
 ) -> Trace:
     """Traces of ``family``'s engines. ``batch_aborts``: also batched aborts (`with_abort_batches`);
     ``resets``: with prefix caching, ``reset_prefix_cache`` admin calls and a prompt sent again
     after one (`with_resets`). Both off by default: an engine needs the optional calls
-    (spec/protocol.py) for the second."""
+    (spec/protocol.py) for the second. ``prompt_scale``: the longest prompt drawn (default:
+    max_model_len, and one over it); ``max_output``: the largest max_tokens drawn
+    (`conformance.generation.v0.output_lengths`). ``length_corners`` (declared domains, issue 34
+    item 3): short prompts a third of the time, so that long outputs fit under max_model_len and
+    get preempted, and stops for half the requests, early ones favoured, so that some land on a
+    step that runs a partial prefill chunk."""
+    from conformance.generation.v0 import output_lengths
+
     if config is None:
         config = draw(token_configs(family))
+    longest = prompt_scale or config.max_model_len + 1
     vocab = draw(st.sampled_from([2, 3, 50]))
-    stems = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=config.max_model_len),
+    stems = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=prompt_scale or config.max_model_len),
                           min_size=1, max_size=3))
     count = draw(st.integers(min(3, max_requests), max_requests) | st.integers(1, max_requests))
     arrivals = []
@@ -76,7 +87,10 @@ def token_traces(
     for i in range(count):
         step += draw(st.sampled_from([0, 0, 1, 3]))
         stem = draw(st.sampled_from(stems))
-        length = draw(st.integers(1, config.max_model_len + 1))
+        lengths = st.integers(1, longest)
+        if length_corners:
+            lengths = lengths | lengths | st.integers(1, max(1, longest // 3))
+        length = draw(lengths)
         tail = draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=4))
         tokens = (list(stem[: length]) + tail)[:length]
         while len(tokens) < length:
@@ -84,7 +98,7 @@ def token_traces(
         request = Request(
             request_id=f"r{i}",
             prompt_len=length,
-            max_tokens=draw(st.integers(1, 12)),
+            max_tokens=draw(output_lengths(max_output)),
             priority=draw(st.integers(0, 2)),
             prompt_tokens=tuple(tokens),
         )
@@ -96,9 +110,10 @@ def token_traces(
             if draw(st.integers(0, 6)) == 0:
                 aborts.append((a.step + draw(st.integers(0, 12)), a.request.request_id))
     stops = []
+    odds, when = (1, st.integers(1, 3) | st.integers(1, 14)) if length_corners else (4, st.integers(1, 14))
     for a in arrivals:
-        if draw(st.integers(0, 4)) == 0:
-            stops.append((a.step + draw(st.integers(1, 14)), seq_id(a.request.request_id, 0)))
+        if draw(st.integers(0, odds)) == 0:
+            stops.append((a.step + draw(when), seq_id(a.request.request_id, 0)))
     trace = Trace(config, tuple(arrivals), tuple(sorted(aborts)), tuple(sorted(stops)))
     admin: tuple[tuple[int, str], ...] = ()
     if resets and config.enable_prefix_caching:

@@ -3,7 +3,8 @@
 `explain_step` turns a `SchedulerOutput` (and, optionally, the requests that finished in the
 step) into lines: every structured reason the scheduler attached, rendered with its numbers,
 plus a plain statement of each decision that carries no reason (an adapter around a
-third-party scheduler reports what it did but rarely why). The lockstep divergence report
+third-party scheduler reports what it did but rarely why): the decision alone, with no remark
+about the reason it lacks, since most adapters give none and the remark would be every line. The lockstep divergence report
 prints these lines for the reference beside those for the target; the HTML trace view shows
 the same sentences.
 """
@@ -45,23 +46,23 @@ def explain_step(output: SchedulerOutput, finished: Iterable[Finished] = ()) -> 
     admitted = _explained(reasons, _ADMISSION)
     for rid, tokens in prefill.items():
         if rid not in admitted:
-            lines.append(f"{rid} prefills {tokens} token(s) (no reason given)")
+            lines.append(f"{rid} prefills {tokens} token(s)")
     decoded = _explained(reasons, _DECODE) | _explained(reasons, _SWAP_IN)
     for rid, tokens in decode.items():
         if rid not in decoded:
-            lines.append(f"{rid} decodes {tokens} token(s) (no reason given)")
+            lines.append(f"{rid} decodes {tokens} token(s)")
     preempted = _explained(reasons, _PREEMPTION)
     for p in output.preempted:
         if p.request_id not in preempted:
-            lines.append(f"{p.request_id} preempted by {p.mode.value} (no reason given)")
+            lines.append(f"{p.request_id} preempted by {p.mode.value}")
     swapped_in = _explained(reasons, _SWAP_IN)
     for rid in output.swapped_in:
         if rid not in swapped_in:
-            lines.append(f"{rid} swapped in (no reason given)")
+            lines.append(f"{rid} swapped in")
     ignored = {r.request_id for r in reasons if r.kind.startswith("ignored_")}
     for rid in output.ignored:
         if rid not in ignored:
-            lines.append(f"{rid} ignored (no reason given)")
+            lines.append(f"{rid} ignored")
     if output.swap_out:
         lines.append("swap out (GPU→CPU): " + _pairs(output.swap_out))
     if output.swap_in:
@@ -75,7 +76,7 @@ def explain_step(output: SchedulerOutput, finished: Iterable[Finished] = ()) -> 
         if f.reason is not None:
             lines.append(f.reason.text())
         else:
-            lines.append(f"{f.request_id} finished: {f.status.value} (no reason given)")
+            lines.append(f"{f.request_id} finished: {f.status.value}")
     if not lines:
         lines.append("nothing scheduled")
     return lines

@@ -12,7 +12,8 @@ violated invariant highlighted at its step with its statement and message; for a
 (``pipeline_depth`` > 0), which step's outcome each step processes, which steps are still in
 flight, and which outcome each finish came from. Step through it
 with the arrow keys (Home / End, ``v`` for the next violation, ``s`` for the snapshot phase)
-or with the buttons; ``page.html#step=N`` opens it at step N.
+or with the buttons; ``page.html#step=N`` opens it at step N, and otherwise it opens at the
+first violating step, with the violated invariants' statements beside the step number.
 
 The page is a pure function of its inputs; `write_html` writes it.
 """
@@ -190,6 +191,7 @@ _TEMPLATE = """<!DOCTYPE html>
   <button id="btn-first" title="first step (Home)">&#xAB; first</button>
   <button id="btn-prev" title="previous step (&#x2190;)">&#x25C0; prev</button>
   <span id="step-label" class="step-label" aria-live="polite"></span>
+  <span id="step-violation" class="step-violation" hidden></span>
   <button id="btn-next" title="next step (&#x2192;)">next &#x25B6;</button>
   <button id="btn-last" title="last step (End)">last &#xBB;</button>
   <button id="btn-violation" class="warn" title="next violation (v)">&#x26A0; next violation</button>
@@ -280,6 +282,7 @@ button:disabled { opacity:.4; cursor:default; }
 .tick.has-prefill { background:#dbe4ff; }
 .tick.has-preempt { background:#ffe7c2; }
 .tick.violating { background:var(--bad); color:#fff; font-weight:700; }
+.step-violation { color:var(--bad); font-weight:600; max-width:48em; overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
 .tick.current { outline:2px solid var(--ink); outline-offset:1px; color:var(--ink); font-weight:700; }
 .tick.violating.current { color:#fff; }
 main { padding:14px 20px 40px; }
@@ -323,7 +326,6 @@ th { color:var(--muted); font-weight:600; font-size:12px; }
 td.mono, .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 .reasons { margin:0; padding-left:18px; }
 .reasons li { margin:2px 0; }
-.reasons li.flag { color:var(--bad); font-weight:600; }
 .events div { margin:2px 0; }
 .tag { display:inline-block; font-size:11px; padding:0 6px; border-radius:8px; background:#eef1f6; color:#3b4252; margin-right:4px; }
 .tag.prefill { background:#dbe4ff; }
@@ -640,7 +642,7 @@ _JS = r"""
     var ul = $("reasons");
     clear(ul);
     s.explain.forEach(function (text) {
-      var li = el("li", text.indexOf("no reason given") >= 0 ? "flag" : "", text);
+      var li = el("li", "", text);
       ul.appendChild(li);
     });
   }
@@ -682,6 +684,13 @@ _JS = r"""
     label.dataset.step = s.step;
     var bad = violationsAt(i).length > 0;
     label.classList.toggle("violating", bad);
+    var named = $("step-violation");  // the violated invariants' own lines, next to the step
+    var seen = [];
+    named.textContent = violationsAt(i).filter(function (v) {
+      if (seen.indexOf(v.id) >= 0) { return false; } seen.push(v.id); return true;
+    }).map(function (v) { return v.id + ": " + (v.statement || ""); }).join("  \u2022  ");
+    named.title = named.textContent;
+    named.hidden = !bad;
     document.body.dataset.step = s.step;
     document.body.classList.toggle("at-violation", bad);
     ticks.forEach(function (t, k) { t.classList.toggle("current", k === i); });
@@ -770,7 +779,7 @@ _JS = r"""
     var i = fromFragment();
     if (i >= 0 && i !== state.i) { go(i); }
   });
-  var start = fromFragment();
-  go(start >= 0 ? start : 0);
+  var start = fromFragment();  // else the first violating step: what the page is opened to see
+  go(start >= 0 ? start : (violatingIdx.length ? violatingIdx[0] : 0));
 })();
 """

@@ -24,6 +24,16 @@ def replay_view(result: TraceResult) -> dict[str, Any]:
     }
 
 
+def _statement(invariant_id: str) -> str:
+    """`` (the invariant's one-line statement)`` beside a violation, where the catalogue has it."""
+    from spec.catalogue import get
+
+    try:
+        return f"\n      {invariant_id}: {' '.join(get(invariant_id).statement.split())}"
+    except KeyError:
+        return ""  # FAULT-*, LOCKSTEP: no statement
+
+
 def _lines(result: TraceResult) -> list[str]:
     from conformance.reports.explain import explain_step
 
@@ -37,8 +47,8 @@ def _lines(result: TraceResult) -> list[str]:
         lines.append(f"step {record.step}: scheduled {sched}")
         lines.extend(f"    {line}" for line in explain_step(out))
         lines.extend(f"    finished {f.request_id}: {f.status.value}" for f in record.finished)
-        lines.extend(f"  VIOLATION {v}" for v in by_step.get(record.step, []))
-    lines.extend(f"VIOLATION {v}" for v in by_step.get(None, []))
+        lines.extend(f"  VIOLATION {v}{_statement(v.invariant_id)}" for v in by_step.get(record.step, []))
+    lines.extend(f"VIOLATION {v}{_statement(v.invariant_id)}" for v in by_step.get(None, []))
     if result.fault:
         lines.append(f"ADAPTER FAULT at step {result.fault_step}: {result.fault}")
     if result.divergence:

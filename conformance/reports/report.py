@@ -210,7 +210,8 @@ def print_terminal(result: FuzzResult) -> None:
     if result.interrupted:
         console.print("[bold yellow]interrupted[/]: the search stopped early; findings below are unshrunk where marked")
     if result.coverage:
-        unreached_inv = [i for i in result.active if not result.coverage.steps[i]]
+        # a failed invariant was exercised, whatever its counted steps (a violation stops a trace)
+        unreached_inv = [i for i in result.active if not result.coverage.steps[i] and i not in result.findings]
         unreached = result.coverage.unreached_edges()
         if unreached_inv:
             console.print(f"[yellow]never exercised:[/] {', '.join(unreached_inv)}")

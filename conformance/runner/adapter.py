@@ -46,7 +46,7 @@ class Adapter(Protocol):
     profiles: tuple[str, ...]
     capabilities: frozenset[Capability]
 
-    def reset(self, config: SchedulerConfig) -> None: ...
+    def reset(self, config: SchedulerConfig) -> SchedulerConfig | None: ...
     def add_request(self, request: Request) -> None: ...
     def abort_request(self, request_id: str) -> Finished | None: ...
     def schedule(self) -> SchedulerOutput: ...
@@ -83,12 +83,16 @@ class SchedulerAdapter:
         self._fixed_capabilities = capabilities is not None
         self.capabilities = capabilities if capabilities is not None else frozenset({Capability.OUTPUT})
 
-    def reset(self, config: SchedulerConfig) -> None:
+    def reset(self, config: SchedulerConfig) -> SchedulerConfig | None:
+        """Build a fresh scheduler. Returns the config as the engine runs it, when the scheduler
+        says (a ``config`` attribute that is a SchedulerConfig and its domain's ``engine_pool``)."""
         self._scheduler = self._make(config)
         if not self._fixed_reservation:  # a scheduler whose reservation depends on the config (its k)
             self.reservation = getattr(self._scheduler, "reservation", None)
         if not self._fixed_capabilities and hasattr(self._scheduler, "capabilities"):
             self.capabilities = frozenset(self._scheduler.capabilities)
+        sized = getattr(self._scheduler, "engine_config", None)
+        return sized if self.domain is not None and self.domain.engine_pool else None
 
     def add_request(self, request: Request) -> Finished | None:
         return self._scheduler.add_request(request)  # a Finished: refused at the door
@@ -96,8 +100,9 @@ class SchedulerAdapter:
     def abort_request(self, request_id: str) -> Finished | None:
         return self._scheduler.abort_request(request_id)
 
-    def schedule(self) -> SchedulerOutput:
-        return self._scheduler.schedule()
+    def schedule(self, *outcome: StepOutcome) -> SchedulerOutput:
+        """``outcome``: the step's outcome, given only to a fused step (its domain's ``fused_step``)."""
+        return self._scheduler.schedule(*outcome)
 
     def update(self, outcome: StepOutcome) -> Sequence[Finished]:
         return self._scheduler.update(outcome)

@@ -14,13 +14,15 @@ problem's step and replayed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.runner.adapter import Adapter
+from conformance.runner.adapter import Adapter, adapter_domain
+from conformance.runner.block_ids import shift_output, shift_snapshot
 from conformance.runner.guard import AdapterFault, Guard
 from conformance.runner.lockstep import Divergence, compare
 from conformance.runner.normalize import Bounds, check_finished, check_output, check_snapshot
@@ -173,22 +175,28 @@ def _run_checked(
     aborted: tuple[str, ...] = ()
     output = None
     try:
+        domain = adapter_domain(adapter)
         try:
-            guard.call("reset", adapter.reset, copy.copy(trace.config))
+            sized = guard.call("reset", adapter.reset, copy.copy(trace.config))
         except AdapterFault as fault:
             if fault.kind != "raised":
                 raise
             # An engine that refuses a config is not the same finding as one that crashes on a
             # trace: the shrinker must not trade one for the other.
             raise AdapterFault("config-rejected", "reset", fault.message) from fault
-        caps = frozenset(adapter.capabilities)
+        config = engine_config(trace.config, sized, domain.engine_pool)
+        # What the domain says the engine lacks or always does decides some invariants too.
+        caps = frozenset(adapter.capabilities) | {Capability(c) for c in domain.claims()}
+        if domain.fused_step:
+            caps -= {Capability.MID_STEP}  # schedule() has sampled already: there is no instant between
+        shift = domain.first_block_id
         for index, (_, op) in enumerate(trace.admin):
             if not supports(adapter, op):  # refused up front: there is nothing to run it with
                 raise InputError(f"admin[{index}].op", f"the trace calls {op} but "
                                  f"{getattr(adapter, 'name', 'the adapter')} has no such call")
         batched = bool(trace.abort_batches) and supports(adapter, "abort_requests")
         result.reservation = getattr(adapter, "reservation", None)
-        checker = Checker(trace.config, caps, invariants, reservation=result.reservation)
+        checker = Checker(config, caps, invariants, reservation=result.reservation)
         result.active, result.not_applicable = checker.active, checker.not_applicable
         result.checker = checker
         needs = set().union(*(inv.needs for inv in checker.active)) if checker.active else set()
@@ -242,19 +250,26 @@ def _run_checked(
             # an adapter that gives whole snapshots is diffed, so checking costs what changed.
             last = result.records[-1].after if result.records and observe else None
             if observe and (added or aborted or admin or not result.records):
-                before = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds)
+                before = last = check_snapshot(shift_snapshot(guard.call("snapshot", adapter.snapshot), shift), caps, last,
+                                               bounds)
             else:  # nothing happened since the last step's final snapshot: it is this step's start
                 before = result.records[-1].after if result.records else _EMPTY
-            output = check_output(guard.call("schedule", adapter.schedule), step, bounds)
-            if mid_step:
-                mid = last = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds)
-            else:
-                mid = None
             stopped = trace.stops_at(step)
             drafts = trace.drafts_at(step)
+            if domain.fused_step:  # the engine samples inside schedule(): it is told the outcome there
+                output = guard.call("schedule", adapter.schedule, StepOutcome(stopped, dict(drafts)))
+            else:
+                output = guard.call("schedule", adapter.schedule)
+            output = check_output(shift_output(output, shift), step, bounds)
+            if mid_step:
+                mid = last = check_snapshot(shift_snapshot(guard.call("snapshot", adapter.snapshot), shift), caps, last,
+                                            bounds)
+            else:
+                mid = None
             finished.extend(check_finished(guard.call("update", adapter.update, StepOutcome(stopped, dict(drafts))),
                                            "update", bounds))
-            after = check_snapshot(guard.call("snapshot", adapter.snapshot), caps, last, bounds) if observe else _EMPTY
+            after = check_snapshot(shift_snapshot(guard.call("snapshot", adapter.snapshot), shift), caps, last,
+                                   bounds) if observe else _EMPTY
             record = StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after,
                                 refused=refused, drafts=drafts, abort_batches=batches, admin=tuple(admin))
             result.records.append(record)
@@ -323,6 +338,20 @@ class _TimedGuard:
             raise AdapterFault("budget", "schedule", f"{doing} {step}: checking the adapter's answers took "
                                f"{checking:.1f} s, past the budget of {self.budget:g} s a trace's checks may take: its answers "
                                "are too large or too many to check")
+
+
+def engine_config(config: SchedulerConfig, sized: Any, engine_pool: bool) -> SchedulerConfig:
+    """The config the checks read: the trace's, or, for an engine that sizes its own pool (its
+    domain's ``engine_pool``), the one reset() returned, which may differ only in num_gpu_blocks."""
+    if not engine_pool:
+        return config
+    if not isinstance(sized, SchedulerConfig):
+        raise AdapterFault("malformed", "reset", "the domain says engine_pool, so reset() must return the "
+                           f"config with the engine's num_gpu_blocks, got {type(sized).__name__}")
+    if dataclasses.replace(sized, num_gpu_blocks=config.num_gpu_blocks) != config:
+        raise AdapterFault("malformed", "reset", "reset() returned a config that differs from the trace's in "
+                           "more than num_gpu_blocks")
+    return sized
 
 
 def _abort_batch(guard: Guard | None, scheduler: Any, ids: tuple[str, ...], batched: bool) -> list[Finished]:

@@ -438,4 +438,5 @@ _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str |
     ("cache_index", _index),
     ("in_flight", _in_flight),
     ("gpu_fenced", lambda v, s, b: _ints(v)),
+    ("gpu_cache_holds", lambda v, s, b: _ints(v)),
 )

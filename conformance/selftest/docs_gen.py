@@ -170,13 +170,29 @@ def render_adapters() -> str:
     caps = "".join(f"| `{c.value}` | {_CAPABILITY_TEXT[c]} | {_CAPABILITY_FIELDS.get(c, '')} |\n" for c in Capability)
     profiles = "".join(f"| `{p.name}` | {', '.join(p.categories)} | {'yes' if p.lockstep else 'no'} | {p.description} |\n"
                        for p in PROFILES.values())
+    from dataclasses import fields
+
+    from conformance.selftest.field_docs import field_comments, field_table
+    from spec.observation import SeqView, Snapshot
+    from spec.types import Finished, Preempted, Request, ScheduledSeq, SchedulerOutput, StepOutcome
+
     defaults = ConfigDomain()
-    domain_fields = "".join(f"| `{name}` | `{getattr(defaults, name)!r}` | {text} |\n" for name, text in _DOMAIN_TEXT.items())
+    declared = [f.name for f in fields(ConfigDomain)]
+    if sorted(declared) != sorted(_DOMAIN_TEXT):  # drift: a field without its line here, or a line for none
+        raise ValueError(f"docs_gen._DOMAIN_TEXT and ConfigDomain's fields differ: "
+                         f"{sorted(set(declared) ^ set(_DOMAIN_TEXT))}")
+    kinds = field_comments(ConfigDomain)
+    domain_fields = "".join(f"| `{name}` | `{kinds[name][0].replace('|', chr(92) + '|')}` | "
+                            f"`{getattr(defaults, name)!r}` | {_DOMAIN_TEXT[name]} |\n" for name in declared)
+    types = "".join(f"### `{cls.__module__}.{cls.__name__}`\n\n{(cls.__doc__ or '').strip().splitlines()[0]}\n\n"
+                    f"{field_table(cls)}\n"
+                    for cls in (Request, ScheduledSeq, Preempted, SchedulerOutput, StepOutcome, Finished, SeqView,
+                                Snapshot))
     fault_rows = "".join(f"| `FAULT-{kind}` | {text} |\n" for kind, text in FAULT_KINDS.items())
     example = (EXAMPLES / "myengine" / "myengine_adapter.py").read_text()
     return HEADER + _ADAPTERS_TEXT.format(capabilities=caps, profiles=profiles, example_adapter=example,
                                           example_commands="".join(c + "\n" for c in EXAMPLE_COMMANDS),
-                                          domain_fields=domain_fields, fault_rows=fault_rows)
+                                          domain_fields=domain_fields, fault_rows=fault_rows, types=types)
 
 
 _DOMAIN_TEXT = {
@@ -188,7 +204,9 @@ _DOMAIN_TEXT = {
     "lpm": "SGLang's lpm policy (the longest cached prefix first)",
     "aborts": "`abort_request` is called",
     "max_n": "parallel sequences per request (the `v1` and `nano` flows: 1, which their traces have; set it)",
-    "seq_limit": "false: no sequence limit (configs get `max_num_seqs` of at least 64, which no trace reaches)",
+    "seq_limit": "false: no sequence limit. Budgets are drawn as for any engine (so prompts are split into chunks), "
+                 "`max_num_seqs` is the budget (at most 64, the most a config may say), and BUD-002, BUD-003 and "
+                 "STR-002 are not applicable",
     "token_budget": "false: no per-step token budget (configs get `max_num_seqs * max_model_len`, which never binds)",
     "chunked_prefill": "chunked prefill configs (as well as configs without it, unless `unchunked` is false)",
     "unchunked": "with `chunked_prefill`, configs without chunked prefill too; false: an engine that always splits a prompt past the step's budget (tokasaurus) gets chunked-prefill configs only",
@@ -196,6 +214,36 @@ _DOMAIN_TEXT = {
     "prefix_caching": "prefix caching configs (and configs without it)",
     "budget_covers_model_len": "without chunked prefill the token budget is at least `max_model_len` (vLLM, nano-vllm)",
     "cache_holds_model_len": "the GPU cache holds one `max_model_len` sequence (vLLM V1 checks it at start-up)",
+    "pipeline_depth": "the engine's pipeline depth (`config.pipeline_depth`: how many steps late outcomes come back; "
+                      "vLLM's AsyncScheduler runs at 1): fixed, never drawn",
+    "speculative": "the engine schedules draft tokens: configs get `num_speculative_tokens` 1..4 and traces the "
+                   "model's accept decisions (`StepOutcome.drafts`)",
+    "length_limit": "false: the engine has no `max_model_len`. Configs get one no trace reaches (65536), prompts are "
+                    "drawn on the scale a limit would have had and outputs from `max_tokens` alone; LEN-001 is "
+                    "not applicable (LEN-002/003 still hold the prompt limit the token budget sets without chunked "
+                    "prefill). Do not refuse over-long prompts or cap `max_tokens` in the adapter",
+    "uncached": "with `prefix_caching`, configs without prefix caching too; false: an engine that always caches gets "
+                "`enable_prefix_caching` on in every config",
+    "preemption_mode": "`None`: every mode `swap` allows (`auto` is vLLM V0's: recompute for a one-sequence group, "
+                       "swap for a larger one); `\"recompute\"`, `\"swap\"` or `\"auto\"`: that mode only",
+    "cache_holds_refs": "a prefix cache that keeps its own reference on each block it caches (a radix cache): list "
+                        "those holds in `Snapshot.gpu_cache_holds` (one entry per hold), and BLK-003 counts them as "
+                        "holders (outside the SGLang flow too)",
+    "fused_step": "the engine schedules and samples in one call: the runner calls `schedule(outcome)` with the step's "
+                  "`StepOutcome` (then `update(outcome)`, which returns what the step finished) and takes no "
+                  "snapshot in between (`mid_step` is dropped). Python adapters only",
+    "stops": "false: a count-only engine that cannot be told a stop token; traces have no stops, so every request "
+             "ends by its length, an abort or an ignore",
+    "engine_pool": "the engine sizes its own GPU pool: `reset()` returns the config as the engine runs it (the "
+                   "trace's, with the engine's `num_gpu_blocks`; `SchedulerAdapter` returns the scheduler's "
+                   "`engine_config` attribute), and the checks read that one. Python adapters only",
+    "requires": "preconditions between config fields that the engine asserts, each `\"<fields> <op> <fields>\"` with "
+                "a side a sum (`+`) or a product (`*`) of config fields and integers and op one of `>= <= == > <`, "
+                "e.g. `\"max_num_batched_tokens >= max_num_seqs\"` or `\"num_gpu_blocks * block_size >= max_num_seqs "
+                "* max_model_len\"`. Generation raises a lone left field until it holds and filters the rest out",
+    "first_block_id": "1 for an engine whose block ids run 1..N with 0 a null block it never hands out: report its "
+                      "ids as they are (tables, free lists, swap and copy maps, holds, cache index; per-block lists "
+                      "such as `gpu_ref_counts` without the null block) and the runner shifts them to 0..N-1",
 }
 
 
@@ -222,6 +270,12 @@ _CAPABILITY_TEXT = {
     Capability.OUTPUT_AT_FINISH: "a claim, not an observation: a request's output reaches its client only when it "
                                  "finishes (no streaming), so a recompute may drop the generated tokens no client has "
                                  "seen (REQ-004, CHK-003 keep only the prompt)",
+    Capability.NO_LENGTH_LIMIT: "a claim the runner makes from the domain (`length_limit=False`), never set by hand: "
+                                "LEN-001 is moot",
+    Capability.NO_SEQ_LIMIT: "a claim the runner makes from the domain (`seq_limit=False`), never set by hand: "
+                             "BUD-002, BUD-003 and STR-002 are moot",
+    Capability.CACHE_HOLDS_REFS: "a claim the runner makes from the domain (`cache_holds_refs=True`), never set by "
+                                 "hand: BLK-003 counts `Snapshot.gpu_cache_holds`",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -244,6 +298,9 @@ _CAPABILITY_FIELDS = {
                               "`Snapshot.gpu_fenced`)",
     Capability.SGLANG_FLOW: "none",
     Capability.OUTPUT_AT_FINISH: "none",
+    Capability.NO_LENGTH_LIMIT: "none",
+    Capability.NO_SEQ_LIMIT: "none",
+    Capability.CACHE_HOLDS_REFS: "`gpu_cache_holds`",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -253,10 +310,10 @@ engine loop, in six calls, plus the profiles it claims and the observations it e
 
 | call | what the adapter does |
 | --- | --- |
-| `reset(config)` | build a fresh scheduler for a `SchedulerConfig` (called before every trace) |
+| `reset(config)` | build a fresh scheduler for a `SchedulerConfig` (called before every trace); return None, or with the domain's `engine_pool` the config as the engine sized it |
 | `add_request(request)` | submit a `Request` (id, prompt_len, max_tokens, n, priority) |
 | `abort_request(request_id)` | abort it in any state; return a `Finished` or `None` |
-| `schedule()` | run one scheduling step; return a `SchedulerOutput` (scheduled sequences with token counts and prefill/decode, preempted with mode, swap and copy maps, ignored) |
+| `schedule()` | run one scheduling step; return a `SchedulerOutput` (scheduled sequences with token counts and prefill/decode, preempted with mode, swap and copy maps, ignored); with the domain's `fused_step`, `schedule(outcome)` also samples |
 | `update(StepOutcome)` | feed back one token per scheduled sequence; `outcome.stopped` names sequences that sampled a stop token; return the requests that finished |
 | `snapshot()` | return a `Snapshot` with whatever the scheduler exposes (every field optional) |
 
@@ -292,6 +349,15 @@ These are the places where writing an adapter from this page alone went wrong (f
   is either refused at the door or listed in that step's `SchedulerOutput.ignored` and returned
   as `FINISHED_IGNORED` from the same step's `update()`.
 - A finished request stays in `statuses`, and its sequences in `seqs`, with their final status.
+  The queues list unfinished requests only: an engine that drops a finished request from its
+  running list at its next step (kvstream) leaves it out of `running` from the step that reports
+  it finished; its blocks may wait until that next step (RES-005 allows one).
+- `SchedulerOutput.ignored` means finished as ignored in this step, never "not admitted this
+  step" (kvstream's own `ignored` list is the second: leave it out).
+- Report what the engine does, not what it should do: a "swap" that frees the GPU blocks without
+  copying them (smol-vllm) is a `Preempted(mode=SWAP)` with empty swap maps, and kvsched says
+  what is wrong with it. Where the engine's scheduler drops the swap maps its block manager
+  returned (kvstream), record them by wrapping the block manager's swap calls.
 - `num_computed` (capability `computed_tokens`) for an engine that does not count it: either
   leave it None and the capability out (the invariants that read it are then `not_applicable`),
   or report what vLLM's count would be (no chunked prefill): between steps a running sequence
@@ -299,6 +365,16 @@ These are the places where writing an adapter from this page alone went wrong (f
   after `schedule()` it is still the count from before this step (0 for a sequence being
   prefilled from scratch, `num_tokens - 1` for a decode); a waiting sequence (new or preempted by
   recompute) has 0; a finished one keeps the count it reached.
+- The stop token's id is yours to choose: a stop is the trace's decision, delivered by sequence
+  id in `outcome.stopped`, so feed the engine whatever id it stops on (its EOS). What the
+  snapshot shows must still be the model's sample: a sequence's `SeqView.token_ids` past its
+  prompt hold `spec.types.generated_token(request, index, position)` at every position, the
+  stopping one included (PIP-001 reads them), never the EOS id you fed the engine.
+- A request the client did not abort ends by its stop, its length, a refusal or an ignore. An
+  engine that ends one itself (out of blocks, a failed step) returns `Finished(id,
+  FINISHED_ABORTED, Reason.of("engine_error", id, error="..."))`: without that reason it is a
+  safety finding (REQ-007); ending a request that fits the cache at all is a liveness finding
+  (LIV-004).
 - A capability is a promise: claim only what `snapshot()` fills (table below).
 
 ## Capabilities
@@ -367,7 +443,10 @@ another language) runs in its own environment as a **host** that speaks the wire
 `conformance.wire.client.WireAdapter` that starts it, and declares the domain as an attribute
 (`adapter.domain = ConfigDomain(...)`: `WireAdapter` takes no `domain` argument).
 `docs/examples/tokasaurus/` is such an adapter, written from these pages by someone who had not
-read kvsched's sources (its STRANGER.md logs where they fell short).
+read kvsched's sources (its STRANGER.md logs where they fell short), and so is
+`docs/examples/kvstream/`. `docs/examples/smol_vllm/` (a fused schedule-and-sample step) and
+`docs/examples/bllm/` (a whole-request reservation) are Python adapters for engines of the
+package index, each under 100 lines, each with its STRANGER.md.
 
 ## Declaring the config domain
 
@@ -377,11 +456,23 @@ attribute on your own adapter class); the runner then generates only traces insi
 shrinker never leaves it, so a counterexample is always something your engine can be given.
 The default is the whole space. Fields:
 
-| field | default | meaning |
-| --- | --- | --- |
+| field | type | default | meaning |
+| --- | --- | --- | --- |
 {domain_fields}
 `domain.why_not(config_or_trace)` says in one line which field a config or trace breaks.
 
+**The escape hatch: `trace_strategy`.** An adapter may define `trace_strategy()`, a Hypothesis
+strategy of `spec.trace.Trace`s; its own process then draws from it instead of the domain (the
+shrinker still keeps to the declared domain, if any). The built-ins and targets use it for
+lockstep campaigns that need traces of one family; an adapter should need it only for a space
+no domain field can say, and then the gap is worth an issue.
+
+## The types an adapter builds
+
+Read from the code (`conformance/selftest/field_docs.py`: each field's own comment), so these
+tables cannot fall behind it.
+
+{types}
 ## When the adapter misbehaves: faults and limits
 
 The runner never trusts the adapter's process. Whatever happens in it becomes a counterexample

@@ -600,3 +600,40 @@ from conformance.selftest import (  # noqa: E402,F401  (register the mutants of 
     mutants_specdec,
     mutants_v1,
 )
+
+
+# ---------------------------------------------------------------------- engine-initiated ends
+class _EndsVictims(Scheduler):
+    """Ends a preemption victim instead of preempting it (issue 34's engine, which aborts every
+    request of a pass when its pool runs out)."""
+
+    with_reason = False
+
+    def _preempt(self, victim: SequenceGroup, step: _StepBuilder, *, needed_by: str, need: int, free: int) -> None:
+        self.running.remove(victim)
+        self._finish(victim, Status.FINISHED_ABORTED)
+        reason = Reason.of("engine_error", victim.request_id, error="out of KV blocks") if self.with_reason else None
+        self._ignored.append(Finished(victim.request_id, Status.FINISHED_ABORTED, reason))
+
+
+@mutant("aborts-victims", "ends a preemption victim as aborted, though the client never aborted it",
+        ("REQ-007", "LIV-004"))
+class _AbortsVictims(_EndsVictims):
+    with_reason = False
+
+
+@mutant("errors-victims", "ends a preemption victim with an engine_error though it fits the cache",
+        ("LIV-004",))
+class _ErrorsVictims(_EndsVictims):
+    with_reason = True
+
+
+@mutant("caps-one-early", "finishes a sequence as length-capped one token before max_tokens", ("LEN-004",))
+class _CapsOneEarly(Scheduler):
+    def _check_stop(self, group: SequenceGroup, seq: Sequence, stopped: frozenset[str]) -> None:
+        if seq.seq_id not in stopped and seq.num_generated >= group.request.max_tokens - 1 \
+                and group.request.max_tokens > 1:
+            seq.status = Status.FINISHED_LENGTH_CAPPED  # bug: one token short
+            self.block_manager.free(seq)
+            return
+        super()._check_stop(group, seq, stopped)

@@ -12,6 +12,7 @@ from typing import Any
 from spec import observation
 from spec.config import SchedulerConfig
 from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
+from spec.reasons import Reason
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
 
@@ -78,7 +79,21 @@ def _status(value: Any, where: str) -> Status:
 def finished_from_json(data: Any, where: str) -> Finished:
     if not isinstance(data, Mapping) or not isinstance(data.get("request"), str):
         raise WireError(f"{where}: expected {{request, status}}, got {data!r}")
-    return Finished(data["request"], _status(data.get("status"), f"{where}.status"))
+    return Finished(data["request"], _status(data.get("status"), f"{where}.status"),
+                    _reason(data.get("reason"), data["request"], f"{where}.reason"))
+
+
+def _reason(value: Any, request_id: str, where: str) -> Reason | None:
+    """An optional ``{"kind": str, "numbers": {name: int or str}}`` (spec.reasons): an engine that
+    ends a request on its own says why with ``{"kind": "engine_error", "numbers": {"error": ...}}``."""
+    if value is None:
+        return None
+    numbers = value.get("numbers", {}) if isinstance(value, Mapping) else None
+    if not isinstance(value, Mapping) or not isinstance(value.get("kind"), str) or not isinstance(numbers, Mapping) \
+            or not all(isinstance(k, str) and isinstance(v, (int, str)) and not isinstance(v, bool)
+                       for k, v in numbers.items()):
+        raise WireError(f"{where}: expected {{kind: str, numbers: {{name: int or str}}}}, got {value!r}")
+    return Reason(value["kind"], request_id, tuple(sorted(numbers.items())))
 
 
 def finished_list_from_json(data: Any, where: str) -> list[Finished]:
@@ -110,6 +125,8 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
         out["gpu_block_keys"] = list(snap.gpu_block_keys)
     if snap.gpu_fenced is not None:
         out["gpu_fenced"] = list(snap.gpu_fenced)
+    if snap.gpu_cache_holds is not None:
+        out["gpu_cache_holds"] = list(snap.gpu_cache_holds)
     if snap.in_flight is not None:
         out["in_flight"] = {"version": IN_FLIGHT_VERSION,
                             "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
@@ -209,6 +226,7 @@ _PARTS = {
     "gpu_ref_counts": _ints, "cpu_ref_counts": _ints, "gpu_free": _opt_int, "cpu_free": _opt_int,
     "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
     "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
+    "gpu_cache_holds": _ints,
 }
 
 

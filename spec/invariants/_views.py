@@ -943,7 +943,7 @@ def equal_where_changed(snap: Snapshot, prior: Snapshot | None, device: str, ref
     wherever a pipelined engine's holds (`Snapshot.gpu_fenced`) add to the expected counts."""
     if prior is None or snap.base is not prior or not observation.INCREMENTAL:
         return False
-    if device == "gpu" and (snap.gpu_fenced or prior.gpu_fenced):
+    if device == "gpu" and (snap.gpu_fenced or prior.gpu_fenced or snap.gpu_cache_holds or prior.gpu_cache_holds):
         return False
     old_refs = (prior.gpu_ref_counts if device == "gpu" else prior.cpu_ref_counts) or ()
     size = len(refs)

@@ -19,7 +19,7 @@ from spec.invariants.triggers import (
     unfinished,
 )
 from spec.observation import Capability as C
-from spec.observation import StepRecord
+from spec.observation import Snapshot, StepRecord
 from spec.rules import AFTER_STEP, POOL, SCHEDULE, SEQUENCE, CheckContext, invariant
 from spec.status import Status
 
@@ -72,13 +72,13 @@ def cpu_conservation(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterat
     yield from _conservation(pool)
 
 
-def _ref_counts(pool: PoolAt) -> Iterator[str]:
+def _ref_counts(ctx: CheckContext, pool: PoolAt) -> Iterator[str]:
     label, device, snap, refs = pool.where, pool.device, pool.snap, pool.refs
     if refs is None and device == "cpu":
         refs = ()  # no CPU pool: any CPU table points outside it
     assert refs is not None
     expected = entry_counts(snap, device, len(refs))
-    fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
+    fenced = gpu_holds(ctx, snap) if device == "gpu" else None  # holds without a table count too
     if fenced and expected is not None:
         expected = _with_holds(expected, fenced)
     if expected is not None and ref_counts_match(pool, refs, expected):
@@ -92,6 +92,16 @@ def _ref_counts(pool: PoolAt) -> Iterator[str]:
             yield f"{label}: a table points at {device} block {block}, outside the pool"
 
 
+def gpu_holds(ctx: CheckContext, snap: Snapshot) -> tuple[int, ...] | None:
+    """The GPU holds without a block table: a pipelined engine's for in-flight writes
+    (`Snapshot.gpu_fenced`), and a radix cache's own (`Snapshot.gpu_cache_holds`) where the
+    adapter's domain says its cache holds references (`Capability.CACHE_HOLDS_REFS`)."""
+    cached = snap.gpu_cache_holds if C.CACHE_HOLDS_REFS in ctx.claims else None
+    if not cached:
+        return snap.gpu_fenced
+    return (*(snap.gpu_fenced or ()), *cached)
+
+
 def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, ...]:
     held = list(counts)
     for block in fenced:
@@ -103,17 +113,20 @@ def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, 
 @invariant(
     "BLK-003", "safety",
     """GPU reference counts equal the number of block-table entries that point at each block (plus
-    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``).""",
+    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``, and those
+    of a prefix cache that holds references, ``Snapshot.gpu_cache_holds``).""",
     """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
     BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
     the holders leaks the block; below them frees it under a live sequence (the double free of
     vLLM PR #3347). An engine that defers a freed request's blocks until the steps still writing
-    them return (vLLM's defer_block_free, PIP-004) holds them without a table.""",
+    them return (vLLM's defer_block_free, PIP-004) holds them without a table, and so does a radix
+    cache that keeps a reference on each cached block (SGLang's RadixCache; an adapter outside
+    the SGLang flow says so with ``ConfigDomain(cache_holds_refs=True)``).""",
     (C.REF_COUNTS, C.BLOCK_TABLES),
     about=POOL, when=gpu_pool,
 )
 def gpu_ref_counts(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
-    yield from _ref_counts(pool)
+    yield from _ref_counts(ctx, pool)
 
 
 @invariant(
@@ -125,7 +138,7 @@ def gpu_ref_counts(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator
     about=POOL, when=cpu_pool_in_use,
 )
 def cpu_ref_counts(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> Iterator[str]:
-    yield from _ref_counts(pool)
+    yield from _ref_counts(ctx, pool)
 
 
 @invariant(

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from spec.invariants._evaluation import SeqAt
 from spec.invariants._views import running_seq_count, snapshots, with_status
 from spec.invariants.triggers import (
+    finishes_length_capped,
     finishes_or_ignores,
     names_requests,
     running_or_named,
@@ -39,7 +40,9 @@ def token_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "BUD-002", "safety",
     "The sequences scheduled in one step never exceed max_num_seqs.",
     """Seed 000 §3.4 step 2 (max_num_seqs=2 bounds what runs together) and seed 003 §2.1
-    (seq_budget); the batch's sequence dimension is sized by it.""",
+    (seq_budget); the batch's sequence dimension is sized by it. Moot for an engine without a
+    sequence limit (its domain's ``seq_limit=False``).""",
+    unless=(C.NO_SEQ_LIMIT,),
     about=SCHEDULE, when=schedules,
 )
 def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
@@ -61,6 +64,7 @@ def scheduled_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     keep it.""",
     (C.STATUSES,),
     about=STEP, when=runs,
+    unless=(C.NO_SEQ_LIMIT,),
 )
 def running_seq_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):
@@ -110,9 +114,11 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     may still be in flight (the sequence is finished when its outcome is in, as a synchronous
     step appends and finishes it at once), so planned tokens may pass max_model_len by that one
     sample, never by two: a sequence whose in-flight tokens reach the limit is not scheduled
-    again (vllm/v1/core/sched/scheduler.py:800-815).""",
+    again (vllm/v1/core/sched/scheduler.py:800-815). Moot for an engine without a length limit
+    (its domain's ``length_limit=False``).""",
     (C.SEQ_LENGTHS, C.STATUSES),
     synchronous=True, about=SEQUENCE, when=running_or_swapped, at=(AFTER_STEP,),
+    unless=(C.NO_LENGTH_LIMIT,),
 )
 def max_model_len(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
     # Planned (depth > 0): the sample in flight may be the one past the limit that finishes the
@@ -189,6 +195,7 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,
+    about=OUTCOME, when=finishes_length_capped,
 )
 def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     capped = [f.request_id for f in rec.finished if f.status is Status.FINISHED_LENGTH_CAPPED]
@@ -269,7 +276,9 @@ def output_matches_state(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     scheduled = {s.request_id for s in rec.output.scheduled}
     for rid, mode in preempted.items():
         want = Status.SWAPPED if mode is PreemptionMode.SWAP else Status.WAITING
-        readmitted = want is Status.WAITING and rid in scheduled
+        # preempted and back in the same schedule(): readmitted by recompute, or swapped out and in
+        # again (a round trip: smol-vllm, kvstream swap in after they preempt, issue 34)
+        readmitted = rid in scheduled and (want is Status.WAITING or rid in rec.output.swapped_in)
         ignored = mid.get(rid) is Status.FINISHED_IGNORED and rid in rec.output.ignored
         if mid.get(rid) is not want and not readmitted and not ignored:
             yield f"{rid} preempted by {mode.value} but {mid.get(rid)} after schedule()"

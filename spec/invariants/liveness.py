@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.invariants._views import admitted
-from spec.invariants.triggers import only_waiting, requests_added, runnable_work
+from spec.invariants.triggers import finishes_aborted, only_waiting, requests_added, runnable_work
 from spec.observation import Capability as C
 from spec.observation import StepRecord
-from spec.rules import SCHEDULE, STEP, CheckContext, invariant
+from spec.rules import OUTCOME, SCHEDULE, STEP, CheckContext, invariant
+from spec.status import Status
 
 
 @invariant(
     "LIV-001", "liveness",
     """Every step with unfinished requests makes progress: it schedules a token, ignores a request,
-    or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
+    ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
     earlier scheduled one, whose outcome is still in flight.""",
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
@@ -31,7 +32,7 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         seen["last"] = rec.step
     in_flight = ctx.config.pipeline_depth and rec.step - seen.get("last", -1 - ctx.config.pipeline_depth) <= \
         ctx.config.pipeline_depth
-    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight):
+    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight or engine_ended(ctx, rec)):
         yield (
             f"nothing scheduled, ignored or preempted with waiting={list(rec.before.waiting or ())} "
             f"running={list(rec.before.running or ())} swapped={list(rec.before.swapped or ())}"
@@ -72,7 +73,7 @@ def completion_bound_for(ctx: CheckContext) -> int:
 
 @invariant(
     "LIV-003", "liveness",
-    "An idle engine never leaves its waiting head waiting: with nothing running or swapped, the head is admitted or ignored.",
+    "An idle engine never leaves its waiting head waiting: with nothing running or swapped, the head is admitted or ignored (or ended with an engine error).",
     """With nothing running, every block is free, so a head that does not fit now never will: it
     must be ignored, not left to block the queue forever (vLLM PR #2163 and the AllocStatus.NEVER
     rule). An engine that holds blocks back for in-flight writes (``Snapshot.gpu_fenced``,
@@ -90,7 +91,51 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight:
         head = waiting[0]
         if ctx.config.policy == "lpm":
-            if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored)):
+            if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored) | engine_ended(ctx, rec)):
                 yield f"engine idle, yet no waiting request (head {head} before lpm's order) was admitted or ignored"
-        elif head not in admitted(rec) and head not in rec.output.ignored:
+        elif head not in admitted(rec) and head not in rec.output.ignored and head not in engine_ended(ctx, rec):
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"
+
+
+def engine_ended(ctx: CheckContext, rec: StepRecord) -> set[str]:
+    """The requests the engine itself ended in this step: finished as aborted, unasked (REQ-007)."""
+    return {f.request_id for f in rec.finished
+            if f.status is Status.FINISHED_ABORTED and f.request_id not in ctx.client_aborted}
+
+
+def fits(ctx: CheckContext, request_id: str) -> bool:
+    """Whether the request can run alone to its length: its whole completion, every sequence of
+    it, within the prompt limit (so that a recompute can prefill the group again: vLLM V0 counts
+    all its sequences' tokens against the limit) and (every sequence at its length) within the
+    GPU blocks above the watermark, and its sequences within max_num_seqs."""
+    request = ctx.requests.get(request_id)
+    if request is None:
+        return False
+    c = ctx.config
+    whole = c.blocks_for(min(request.prompt_len + request.max_tokens, c.max_model_len))
+    return (request.prompt_len <= c.prompt_limit
+            and request.n * min(request.prompt_len + request.max_tokens - 1, c.max_model_len) <= c.prompt_limit and request.n * whole <= c.num_gpu_blocks - c.watermark_blocks
+            and request.n <= c.max_num_seqs)
+
+
+@invariant(
+    "LIV-004", "liveness",
+    """A request that fits (its prompt within the prompt limit, its whole completion within the
+    cache, its sequences within max_num_seqs) is never ended by an engine error.""",
+    """The liveness half of issue 34's engine-initiated ends (REQ-007 is the safety half: say so
+    when you end one). An engine that runs out of blocks and ends the requests of a pass, or
+    ignores a request it could serve alone, never completes work a correct scheduler would:
+    preemption frees the blocks any one fitting request needs. A request that does not fit may be
+    ended with an engine_error; the client's own aborts are not the engine's. Ignores and refusals
+    are left to LEN-003 and LIV-003: an engine states limits of its own there (SGLang's input
+    limit of max_req_len - 5, vLLM V0's ignore of a recomputed group past the prompt limit).""",
+    about=OUTCOME, when=finishes_aborted,
+)
+def fitting_requests_are_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for f in rec.finished:
+        unasked = f.status is Status.FINISHED_ABORTED and f.request_id not in ctx.client_aborted
+        if unasked and fits(ctx, f.request_id):
+            request = ctx.requests[f.request_id]
+            yield (f"{f.request_id} (prompt {request.prompt_len}, max_tokens {request.max_tokens}, n {request.n}) "
+                   f"fits the cache but the engine ended it as {f.status.value}"
+                   + (f": {f.reason.text()}" if f.reason else ""))

@@ -7,7 +7,14 @@ from collections.abc import Iterator
 
 from spec.invariants._evaluation import RequestAt, SeqAt
 from spec.invariants._views import drops_unseen_tokens, step_facts
-from spec.invariants.triggers import added, finishes, finishes_stopped, names_requests, reported_finished
+from spec.invariants.triggers import (
+    added,
+    finishes,
+    finishes_aborted,
+    finishes_stopped,
+    names_requests,
+    reported_finished,
+)
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.rules import AFTER_STEP, OUTCOME, REQUEST, SCHEDULE, SEQUENCE, CheckContext, invariant
@@ -167,3 +174,22 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord, req: RequestAt)
         elif view.blocks:
             yield (f"{view.seq_id} of {rid} (reported {reported.value} before this step) still holds "
                    f"{view.device} blocks {list(view.blocks)}")
+
+
+@invariant(
+    "REQ-007", "safety",
+    """A request the client did not abort is finished FINISHED_ABORTED only as an engine error
+    with its reason (a Finished whose reason is ``engine_error``).""",
+    """A request ends by its stop, its length, a refusal or an ignore, or by the client's abort.
+    An engine that ends one on its own (one engine aborts every request of a pass when its pool
+    runs out, issue 34) and reports it as aborted tells its client a lie about who ended it: the
+    client retries nothing, since it thinks it asked. An engine error stated as such (the reason
+    ``engine_error``, with what failed) is the truth; whether it was needed is LIV-004's question.""",
+    about=OUTCOME, when=finishes_aborted,
+)
+def engine_ends_say_why(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    for f in rec.finished:
+        if f.status is Status.FINISHED_ABORTED and f.request_id not in ctx.client_aborted \
+                and (f.reason is None or f.reason.kind != "engine_error"):
+            yield (f"{f.request_id} finished as {f.status.value} but the client never aborted it, and no "
+                   f"engine_error reason says why ({f.reason.kind if f.reason else 'no reason'})")

@@ -56,6 +56,7 @@ def free_iff_unreferenced(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -> I
     sequence (vLLM, nano-vllm) tie to max_num_seqs.""",
     (C.STATUSES,),
     about=STEP, when=runs,
+    unless=(C.NO_SEQ_LIMIT,),
 )
 def running_seats(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     for label, snap in snapshots(rec):

@@ -78,6 +78,12 @@ def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         return  # nothing swapped in: the empty map is the bijection
     yield from _bijection(pairs, "swap-in")
     expected = _live_blocks(rec.before, "cpu", group)
+    # a request swapped out and back in within this schedule() brings back the CPU blocks the
+    # swap-out just gave it (a round trip)
+    trip = group & {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
+    if trip:
+        sources = _live_blocks(rec.before, "gpu", trip)
+        expected |= {cpu for gpu, cpu in rec.output.swap_out if gpu in sources}
     if {a for a, _ in pairs} != expected:
         yield f"swap-in sources {sorted(a for a, _ in pairs)} != the swapped-in CPU blocks {sorted(expected)}"
     seen = rec.mid if rec.mid is not None and rec.mid.seqs is not None else rec.after
@@ -90,7 +96,8 @@ def swap_in_bijection(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "SWP-003", "safety",
     """Swapping out preserves a sequence: its new table is its old table mapped through the swap
-    map, entry by entry, and its token counts do not change.""",
+    map, entry by entry, and its token counts do not change (swapped back in within the same
+    schedule(), its table starts with the image through both maps, and it may run on).""",
     """Swap exists to keep KV instead of recomputing it (seed 000 §3.5: swap costs PCIe
     transfers, recompute costs compute); a table that is not the image of the old one resumes
     with someone else's KV, and forked sequences must keep sharing their blocks.""",
@@ -103,6 +110,7 @@ def swap_preserves(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     victims = {p.request_id for p in rec.output.preempted if p.mode is PreemptionMode.SWAP}
     if not victims:
         return
+    back, returning = dict(rec.output.swap_in), set(rec.output.swapped_in)
     for sid, old in rec.before.seqs.items():
         if old.request_id not in victims or old.status.is_finished:
             continue
@@ -113,5 +121,10 @@ def swap_preserves(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         image = tuple(mapping.get(b, -1) for b in old.blocks or ())
         if new.device == "cpu" and new.blocks != image:
             yield f"{sid} swapped out: table {list(old.blocks or ())} became {list(new.blocks or ())}, expected {list(image)}"
+        if old.request_id in returning:  # swapped out and in again: the round trip's image, then one step on
+            trip = tuple(back.get(b, -1) for b in image)
+            if new.device == "gpu" and new.blocks[: len(trip)] != trip:
+                yield f"{sid} swapped out and in: table {list(old.blocks or ())} became {list(new.blocks or ())}, expected {list(trip)} first"
+            continue
         if (new.num_tokens, new.num_computed) != (old.num_tokens, old.num_computed):
             yield f"{sid} swapped out: tokens/computed {old.num_tokens}/{old.num_computed} became {new.num_tokens}/{new.num_computed}"

@@ -235,6 +235,11 @@ def finishes_length_capped(ctx: CheckContext, rec: StepRecord) -> bool:
     return any(f.status is Status.FINISHED_LENGTH_CAPPED for f in rec.finished)
 
 
+def finishes_aborted(ctx: CheckContext, rec: StepRecord) -> bool:
+    """the step reports a request finished as aborted"""
+    return any(f.status is Status.FINISHED_ABORTED for f in rec.finished)
+
+
 def ignores_or_refuses(ctx: CheckContext, rec: StepRecord) -> bool:
     """the step ignores a request, or one is refused at add_request"""
     return bool(rec.output.ignored or rec.refused)

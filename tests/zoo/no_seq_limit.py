@@ -2,21 +2,24 @@
 
 The engine reads every setting of its config but max_num_seqs, which it does not have: running
 requests are bounded by the token budget alone (each running request takes at least one token
-per step, and admission stops when the budget is spent). Its traces set max_num_seqs to the
-token budget, the most a config may say, so the declared limits (BUD-002/003) still speak for
-this engine while the budget binds. (`spec.domain.ConfigDomain(seq_limit=False)` would give it
-max_num_seqs = 64, and so budgets of 64 and more that these small traces never reach.)
+per step, and admission stops when the budget is spent). Its domain says so
+(``ConfigDomain(seq_limit=False)``): budgets are drawn as for any engine, so prompts are split
+into chunks of every size, max_num_seqs is the budget (the most a config may say), and the
+sequence limits (BUD-002/003, STR-002) are not applicable.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from typing import Any
 
 from reference_impl.v1_scheduler import CAPABILITIES, V1Scheduler
 from spec.config import SchedulerConfig
+from spec.domain import ConfigDomain
 from zoo._adapter import zoo_adapter
+
+DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, max_n=1, seq_limit=False, chunked_prefill=True,
+                      prefix_caching=True, budget_covers_model_len=True, cache_holds_model_len=True)
 
 
 class _WithoutSeqLimit:
@@ -45,19 +48,14 @@ class OverBudget(TokenBudgetOnly):
 
 
 def traces() -> Any:
-    from conformance.generation.v1 import token_configs, token_traces
+    from conformance.generation.domain import traces_in
 
-    configs = token_configs("v1").map(lambda c: replace(c, max_num_seqs=c.max_num_batched_tokens))
-    return configs.flatmap(lambda c: token_traces("v1", config=c))
+    return traces_in(DOMAIN)
 
 
 def make():
-    adapter = zoo_adapter("zoo-no-seq-limit", TokenBudgetOnly, capabilities=CAPABILITIES)
-    adapter.trace_strategy = traces  # type: ignore[attr-defined]
-    return adapter
+    return zoo_adapter("zoo-no-seq-limit", TokenBudgetOnly, capabilities=CAPABILITIES, domain=DOMAIN)
 
 
 def make_broken():
-    adapter = zoo_adapter("zoo-no-seq-limit-broken", OverBudget, capabilities=CAPABILITIES)
-    adapter.trace_strategy = traces  # type: ignore[attr-defined]
-    return adapter
+    return zoo_adapter("zoo-no-seq-limit-broken", OverBudget, capabilities=CAPABILITIES, domain=DOMAIN)
