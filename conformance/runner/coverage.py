@@ -1,5 +1,7 @@
-"""What a run reached: lifecycle edges taken, and for each invariant how many steps had
-something for it to check (a swap for the swap maps, a fork for copy-on-write, ...).
+"""What a run reached: lifecycle edges taken, for each invariant how many steps had
+something for it to check (a swap for the swap maps, a fork for copy-on-write, ...), and how
+many steps had each of a few scheduler events (`EVENTS`: a fork, a copy-on-write, a swap-in) that
+a coverage gate can hold a campaign to a rate of (`conformance.targets.reach.Reach.least_steps`).
 
 An invariant that passed but was never exercised is not evidence; the report shows these so a
 user sees what the run did not reach.
@@ -59,11 +61,32 @@ def exercised(invariant_id: str) -> Exercised:
     return _BY_ID.get(invariant_id) or _BY_FAMILY.get(family) or (lambda r: True)
 
 
+def _forked(r: StepRecord) -> bool:
+    """A sequence past a request's first (``<request>#1`` on) appeared in this step."""
+    before, after = r.before.seqs or {}, r.after.seqs or {}
+    return any(sid not in before and not sid.endswith("#0") for sid in after)
+
+
+# Scheduler events counted per step, by lower-case name (never an invariant id's shape).
+EVENTS: dict[str, Exercised] = {
+    "fork": _forked,
+    "copy_on_write": lambda r: bool(r.output.copies),
+    "swap_in": lambda r: bool(r.output.swap_in),
+}
+
+
+def step_tests(invariant_ids: Iterable[str]) -> dict[str, Exercised]:
+    """What a run counts per step: each invariant's `exercised` test and every event of `EVENTS`
+    (the worker and the isolated runner send the counts back in `TraceSummary.exercised`)."""
+    return {**{i: exercised(i) for i in invariant_ids}, **EVENTS}
+
+
 class Coverage:
     def __init__(self, invariant_ids: Iterable[str]) -> None:
         self.ids = list(invariant_ids)
         self.steps: Counter[str] = Counter()
         self.edges: Counter[tuple[str, str, str]] = Counter()
+        self.events: Counter[str] = Counter()  # event name (EVENTS) -> steps it happened in
         self._tests = {i: exercised(i) for i in self.ids}
 
     def add(self, records: list[StepRecord]) -> None:
@@ -71,12 +94,16 @@ class Coverage:
             for i, test in self._tests.items():
                 if test(record):
                     self.steps[i] += 1
+            for name, test in EVENTS.items():
+                if test(record):
+                    self.events[name] += 1
         for edge, n in lifecycle_coverage(records).items():
             self.edges[edge] += n
 
     def add_counts(self, steps: Counter[str], edges: Counter[tuple[str, str, str]]) -> None:
         """Add what a run counted elsewhere (an isolated adapter's process: `TraceSummary`)."""
         self.steps.update({i: n for i, n in steps.items() if i in self._tests})
+        self.events.update({name: n for name, n in steps.items() if name in EVENTS})
         self.edges.update(edges)
 
     def unreached_edges(self) -> list[tuple[str, str, str]]:
@@ -85,6 +112,7 @@ class Coverage:
     def to_dict(self) -> dict[str, object]:
         return {
             "invariant_steps": {i: self.steps[i] for i in self.ids},
+            "event_steps": {name: self.events[name] for name in EVENTS},
             "lifecycle_edges": [{"from": a, "to": b, "action": c, "count": self.edges[(a, b, c)]}
                                 for (a, b, c) in lifecycle_coverage([])],
         }

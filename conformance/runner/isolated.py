@@ -424,7 +424,7 @@ class LocalRunner:
 
     def run(self, trace: Trace, invariants: Sequence[str], *, lockstep: bool = False, reference: str | None = None,
             stop_at_first: bool = False, stop_on: str | None = None, html: Path | None = None) -> TraceSummary:
-        from conformance.runner.coverage import exercised
+        from conformance.runner.coverage import step_tests
         from conformance.runner.driver import run_checked
         from conformance.runner.summary import summarize
         from spec.catalogue import get
@@ -435,7 +435,7 @@ class LocalRunner:
                              stop_at_first=stop_at_first, reference_factory=factory, stop_on=stop_on)
         if result.fault is not None and result.fault.kind == "hang":
             self.adapter = self.make_adapter()  # a hung adapter is abandoned, never reused
-        summary = summarize(result, {i.id: exercised(i.id) for i in checks})
+        summary = summarize(result, step_tests(i.id for i in checks))
         if html is not None:
             from conformance.reports.html_view import write_run_view
 

@@ -126,7 +126,7 @@ def _seconds(value: Any) -> float | None:
 
 def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any = None) -> dict[str, Any]:
     """One trace, checked here; the answer is the verdict (``run``) or the whole story (``replay``)."""
-    from conformance.runner.coverage import exercised
+    from conformance.runner.coverage import step_tests
     from conformance.runner.driver import run_checked
     from conformance.runner.summary import summarize
     from spec.catalogue import get
@@ -154,7 +154,7 @@ def _run(adapter: Any, request: dict[str, Any], guard: StampedGuard, trace: Any 
         from conformance.reports.replay_view import replay_view
 
         return {"op": "result", "replay": replay_view(result), "html": html}
-    summary = summarize(result, {i.id: exercised(i.id) for i in invariants})
+    summary = summarize(result, step_tests(i.id for i in invariants))
     summary.html = html
     return {"op": "result", "summary": summary.to_dict()}
 
