@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance.selftest.mutation import descriptors as desc  # noqa: E402
 from conformance.selftest.mutation import workspace  # noqa: E402
+from conformance.selftest.mutation.equivalence import review  # noqa: E402
 from conformance.selftest.mutation.forks import ForkServer  # noqa: E402
 from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
 from conformance.selftest.mutation.pytest_judge import PytestJudge  # noqa: E402
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if reread:
         print(f"area or equivalence changed for {len(reread)} mutants: {' '.join(reread)}", flush=True)
         desc.save(doc, args.descriptors)
+    review_file = args.descriptors.with_name("equivalence-review.md")
+    if not review_file.exists() or review_file.read_text() != review(doc):
+        review_file.write_text(review(doc))
     mutants = chosen(doc, args)
     counts = {"vllm-v1": args.traces, "vllm-v1-async": args.async_traces, "vllm-v1-async+specdec": args.specdec_traces}
     names = [n for n in KVSCHED_JUDGES if counts[n]]
