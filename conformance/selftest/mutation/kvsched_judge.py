@@ -14,7 +14,8 @@ same problem at another step or place, or more often (`new_findings`). Findings 
 Verdicts: ``killed`` with a ``kind``: ``oracle`` (a new invariant violation, lockstep divergence
 or state mismatch), ``crash`` (only new exceptions raised inside the engine) or ``timeout`` (a
 hang, confirmed on a fresh host with ten times the cap); a crash does not end the judge, which
-goes on to look for an oracle kill on the next traces and judges. ``crash-at-import`` (the host
+goes on to look for an oracle kill on the next traces (until the engine has raised on
+`CRASH_TRACES` of them) and judges. ``crash-at-import`` (the host
 never said hello: the mutated module does not import), ``survived`` (nothing new on any trace),
 ``survived-budget`` (the time cap ended the run first).
 """
@@ -37,6 +38,9 @@ V1_PATHS = ("default", "chunked", "prefix", "chunked+prefix")
 # A judge name -> the target whose host it drives. ``vllm-v1-async+specdec``: the async scheduler
 # with speculative decoding (conformance/selftest/campaigns/lockstep_specdec.py, path ``async``), the only
 # campaign that reaches a stale step's draft rollback (vLLM's output_is_stale).
+# A judge that has seen the engine raise on this many traces stops looking for an oracle kill in
+# its suite (the next judge still looks in its own): each crashed trace costs a fresh host.
+CRASH_TRACES = 5
 TARGET_OF = {"vllm-v1": "vllm-v1", "vllm-v1-async": "vllm-v1-async", "vllm-v1-async+specdec": "vllm-v1-async"}
 
 
@@ -202,6 +206,9 @@ class KvschedJudge:
                         return {**verdict(index, new, kind, describe(outcome)), **({"crash": crash} if crash else {})}
                     if crash is None:
                         crash = verdict(index, new, kind, describe(outcome))
+                    crash["crash_traces"] = crash.get("crash_traces", 0) + 1
+                    if crash["crash_traces"] >= CRASH_TRACES:  # the crash is all this suite shows of it
+                        return {**crash, "traces_run": index + 1, "seconds": round(time.monotonic() - started, 1)}
                     close(adapter)  # the engine raised: the next trace gets a fresh host
                     adapter = self.adapter(overlay)
                 if time.monotonic() - started > seconds:

@@ -9,7 +9,8 @@ best kind any of them found (oracle before timeout before crash). A mutant that 
 (``crash-at-import``) is killed by both judges as a crash: it is in the population like any other.
 Mutants read as equivalent (a descriptor's ``equivalent`` reason, `equivalence.EQUIVALENT`) are
 listed with their reason and left out of the population, unless a judge kills one: then the claim
-is refuted, listed as such, and the mutant counts. Nothing else is left out: a mutant in a feature
+is refuted, listed as such, and the mutant counts. Also apart: a descriptor whose operator leaves
+the source unchanged (``not-applied``: no mutant at all). Nothing else is left out: a mutant in a feature
 kvsched does not model is a survivor for kvsched. `by_area` gives the same counts per feature
 area (`descriptors.area_of`).
 """
@@ -73,11 +74,14 @@ def _counts(rows: list[tuple[dict, str | None, str | None]]) -> dict[str, Any]:
 
 def summarize(descriptors: list[dict[str, Any]], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rows, equivalent, refuted = [], {}, {}
-    not_judged = []
+    not_judged, not_applied = [], []
     for d in descriptors:
         entry = results.get(d["id"])
         if entry is None or not judged(entry):
             not_judged.append(d["id"])
+            continue
+        if entry["pytest"].get("verdict") == "not-applied":  # the operator left the source as it was: no mutant
+            not_applied.append(d["id"])
             continue
         kk, pk = kvsched_kind(entry), pytest_kind(entry)
         if d.get("equivalent"):
@@ -93,7 +97,7 @@ def summarize(descriptors: list[dict[str, Any]], results: dict[str, dict[str, An
     for row in rows:
         files[row[0]["file"]].append(row)
     return {"descriptors": len(descriptors), "judged": len(rows) + len(equivalent),
-            "not_judged": not_judged, "equivalent": equivalent, "equivalence_refuted": refuted,
+            "not_judged": not_judged, "not_applied": not_applied, "equivalent": equivalent, "equivalence_refuted": refuted,
             "population": _counts(rows),
             "by_area": {a: _counts(r) for a, r in sorted(areas.items(), key=lambda kv: (-len(kv[1]), kv[0]))},
             "by_file": {f: _counts(r) for f, r in sorted(files.items())}}
@@ -112,7 +116,7 @@ def render(summary: dict[str, Any]) -> str:
     lines = [
         f"population: {n} mutants ({len(summary['equivalent'])} equivalent left out, "
         f"{len(summary['equivalence_refuted'])} equivalence claims refuted by a kill, "
-        f"{len(summary['not_judged'])} not judged)",
+        f"{len(summary.get('not_applied', []))} not applied, {len(summary['not_judged'])} not judged)",
         "",
         "| population | kvsched: all kills | kvsched: oracle kills | vLLM's tests | union |",
         "| ---: | ---: | ---: | ---: | ---: |",
