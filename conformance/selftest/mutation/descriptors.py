@@ -29,6 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from conformance.selftest.mutation.equivalence import equivalence_of
 from spec.errors import InputError
 
 VERSION = 2
@@ -230,16 +231,6 @@ def area_of(file: str, line: str, definition: str | None, context: list[str] | t
     if line.strip().startswith(("assert ", "raise ", "logger.", "log")):
         return "assertions/logging"
     return CORE_AREAS.get(file, "scheduling core")
-
-
-def equivalence_of(mutant: dict) -> str:
-    """The reason ``mutant`` is equivalent (`equivalence.EQUIVALENT`), or ``""``."""
-    from conformance.selftest.mutation.equivalence import EQUIVALENT
-
-    known = EQUIVALENT.get((mutant["file"], mutant["line"], mutant["col"], mutant["operator"]))
-    if known is None or not mutant.get("source_line", "").startswith(known[0]):
-        return ""
-    return known[1]
 
 
 def reread(doc: dict[str, Any], site: Path) -> list[str]:

@@ -71,11 +71,17 @@ NOT_EQUIVALENT: dict[tuple[str, int, int, str], str] = {
 }
 
 
+def equivalence_of(mutant: dict) -> str:
+    """The reason ``mutant`` is equivalent (`EQUIVALENT`), or ``""``."""
+    known = EQUIVALENT.get((mutant["file"], mutant["line"], mutant["col"], mutant["operator"]))
+    if known is None or not mutant.get("source_line", "").startswith(known[0]):
+        return ""
+    return known[1]
+
+
 def review(doc: dict) -> str:
     """docs/results/mutation-vllm/equivalence-review.md: every mutant of the population with its
     verdict (equivalent with the reason, or not, with the reason where it was a candidate)."""
-    from conformance.selftest.mutation.descriptors import equivalence_of
-
     rows = []
     claimed = 0
     for m in doc["mutants"]:
