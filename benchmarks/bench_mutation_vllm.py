@@ -141,7 +141,9 @@ def machine() -> dict:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (the judges' hosts and pytest runs)."""
+    """CPU time of this process and the children it waited for: the runner's side (traces, checks,
+    the reference). The judged hosts and pytest runs are the fork server's children, which it does
+    not wait for, so their CPU time is not in it."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
@@ -285,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     run.update({"ended": machine(), "wall_seconds": round(time.monotonic() - wall, 1),
-                "cpu_seconds": round(cpu_seconds() - cpu, 1)})
+                "runner_cpu_seconds": round(cpu_seconds() - cpu, 1)})
     results.setdefault("runs", []).append(run)
     results["summary"] = summarize(population, results["mutants"])
     save_results(results, args.out)
-    print(f"judged {len(todo)} mutants in {run['wall_seconds']:.0f} s wall, {run['cpu_seconds']:.0f} s CPU "
+    print(f"judged {len(todo)} mutants in {run['wall_seconds']:.0f} s wall, {run['runner_cpu_seconds']:.0f} s runner CPU "
           f"(load {run['started']['load_1m']} -> {run['ended']['load_1m']})")
     print(render(results["summary"]))
     return 0
