@@ -1,22 +1,30 @@
-"""Mutation benchmark (issue 21, item 5): seeded bugs in vLLM 0.33.0's V1 scheduler, judged by
-kvsched and by vLLM's own tests on the same mutants.
+"""Mutation benchmark (issues 21 and 29): seeded bugs in vLLM 0.33.0's whole V1 scheduler stack,
+judged by kvsched and by vLLM's own tests on the same mutants, over one population.
 
-    nice -n 10 python benchmarks/bench_mutation_vllm.py [--sample 160] [--seed 20261201] [--jobs 1]
-        [--traces 100] [--async-traces 40] [--limit N] [--only m001,m002] [--judges kvsched,pytest]
+    nice -n 10 python benchmarks/bench_mutation_vllm.py --jobs 2              # all 320: the full run
+    nice -n 10 python benchmarks/bench_mutation_vllm.py --jobs 2 --sample 36  # a seeded quick look
 
-1. Descriptors: Cosmic Ray's operators over the four files of the installed package
-   (`conformance.selftest.mutation.descriptors`), a seeded site-first sample of ``--sample`` mutants, kept
-   in ``docs/results/mutation-vllm/descriptors.json`` (regenerated only for another sample/seed).
-2. Each mutant's file is written to a scratch overlay (never the installed package).
-3. A fork server imports vLLM once; each judge of each mutant is a forked child with the overlay.
-4. Baselines on the unmutated package: the fixed trace suites' outcomes (kvsched), and which
-   tests pass and what lines each runs (vLLM's tests). Cached in the results file.
-5. Judges per mutant: kvsched's lockstep campaign on ``vllm-v1`` (``--traces``) and, unless that
-   kills it, on ``vllm-v1-async`` (``--async-traces``); vLLM's ``tests/v1/core`` (the tests that
-   run the mutated line). Results are written after every mutant: an interrupted run resumes.
+1. Descriptors: Cosmic Ray's operators over the eight files of the stack
+   (`conformance.selftest.mutation.descriptors.FILES`), a seeded sample of ``--population``
+   mutants, each file's share by its statements, site first inside a file; kept in
+   ``docs/results/mutation-vllm/descriptors.json`` (regenerated only for another size or seed),
+   with each mutant's feature area and, where read so, its equivalence (`equivalence.py`).
+2. ``--sample N``: judge a seeded subsample of N of them (each file's share by its mutants), into
+   ``sample-results.json``; without it every mutant is judged, into ``results.json``.
+3. Each mutant's file is written to a scratch overlay (never the installed package); a fork server
+   imports vLLM once, and each judge of each mutant is a forked child with the overlay.
+4. Baselines on the unmutated package, cached in the results file: what kvsched's fixed trace
+   suites find on each trace, with its where (the expectations a mutant is judged against), and
+   which of vLLM's tests pass and what lines each runs.
+5. Judges per mutant: kvsched's lockstep campaigns on ``vllm-v1`` (``--traces``, synchronous),
+   ``vllm-v1-async`` (``--async-traces``, pipelined) and ``vllm-v1-async`` with speculative
+   decoding (``--specdec-traces``), in that order until one kills it with an oracle kill or a
+   timeout (a crash kill goes on to the next); vLLM's ``tests/v1/core`` (the tests that run the
+   mutated line). Results are written after every mutant: an interrupted run resumes.
 
 Needs ``kvsched targets install vllm-v1``; fetches Cosmic Ray, pytest and the sdist's tests into
-``~/.cache/kvsched/mutation`` on first use. Prints one line per mutant and the summary at the end.
+``~/.cache/kvsched/mutation`` on first use. Prints one line per mutant and the summary (the
+headline table and the per-area table, `summary.render`) at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import argparse
 import json
 import os
 import platform
+import resource
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,34 +45,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance.selftest.mutation import descriptors as desc  # noqa: E402
 from conformance.selftest.mutation import workspace  # noqa: E402
+from conformance.selftest.mutation.equivalence import review  # noqa: E402
 from conformance.selftest.mutation.forks import ForkServer  # noqa: E402
 from conformance.selftest.mutation.kvsched_judge import KvschedJudge, suite  # noqa: E402
 from conformance.selftest.mutation.pytest_judge import PytestJudge  # noqa: E402
-from conformance.selftest.mutation.summary import render, summarize  # noqa: E402
+from conformance.selftest.mutation.summary import kill_kind, render, summarize  # noqa: E402
 from conformance.targets import get_target  # noqa: E402
 
-RESULTS_VERSION = 1
-SPECDEC = "kvsched:vllm-v1-async+specdec"
+RESULTS_VERSION = 2
 OUT_DIR = Path("docs/results/mutation-vllm")
+KVSCHED_JUDGES = ("vllm-v1", "vllm-v1-async", "vllm-v1-async+specdec")  # synchronous, pipelined, speculative
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sample", type=int, default=160, help="mutants in the seeded sample")
-    ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--population", type=int, default=desc.POPULATION, help="mutants in the seeded population")
+    ap.add_argument("--seed", type=int, default=desc.SEED)
+    ap.add_argument("--sample", type=int, default=0,
+                    help="judge only a seeded subsample of this many mutants (a quick look; 0: all)")
     ap.add_argument("--jobs", type=int, default=1, help="mutants judged at once")
-    ap.add_argument("--traces", type=int, default=100, help="kvsched traces on vllm-v1 per mutant")
-    ap.add_argument("--async-traces", type=int, default=40, help="kvsched traces on vllm-v1-async per mutant")
-    ap.add_argument("--specdec-traces", type=int, default=0,
-                    help="kvsched traces on vllm-v1-async with speculative decoding per mutant (0: none)")
+    ap.add_argument("--traces", type=int, default=100, help="kvsched synchronous traces (vllm-v1) per mutant")
+    ap.add_argument("--async-traces", type=int, default=40, help="kvsched pipelined traces (vllm-v1-async) per mutant")
+    ap.add_argument("--specdec-traces", type=int, default=20,
+                    help="kvsched speculative-decoding traces (vllm-v1-async) per mutant")
     ap.add_argument("--kvsched-seconds", type=float, default=180.0, help="time cap of one kvsched judge")
     ap.add_argument("--pytest-seconds", type=float, default=300.0, help="time cap of one pytest judge")
     ap.add_argument("--limit", type=int, default=0, help="judge at most this many new mutants (a pilot)")
     ap.add_argument("--only", default="", help="comma-separated mutant ids")
     ap.add_argument("--judges", default="kvsched,pytest")
-    ap.add_argument("--rebaseline", nargs="+", default=None, metavar="TEST_FILE",
-                    help="rerun the pytest baseline of these test files (relative to the sdist), merge it, and "
-                         "re-judge with their tests every judged mutant vLLM's tests let survive; then stop")
     ap.add_argument("--redo", default="", metavar="VERDICTS",
                     help="judge again the mutants kvsched gave one of these verdicts (comma-separated)")
     ap.add_argument("--rejudge-kvsched", action="store_true",
@@ -70,8 +80,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "vLLM's tests' verdicts are kept")
     ap.add_argument("--summary-only", action="store_true", help="recompute and print the summary, judge nothing")
     ap.add_argument("--descriptors", type=Path, default=OUT_DIR / "descriptors.json")
-    ap.add_argument("--out", type=Path, default=OUT_DIR / "results.json")
-    return ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results file (default: results.json, or sample-results.json with --sample)")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = OUT_DIR / ("sample-results.json" if args.sample else "results.json")
+    for name in ("population", "jobs", "traces"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    return args
 
 
 def lines_file() -> Path:
@@ -92,7 +109,7 @@ def load_results(path: Path, key: dict) -> dict:
                     pytest_baseline["lines"] = json.loads(lines_file().read_text())
             return doc
         print(f"{path}: made with other settings; starting afresh", flush=True)
-    return {"version": RESULTS_VERSION, "key": key, "baselines": {}, "mutants": {}}
+    return {"version": RESULTS_VERSION, "key": key, "baselines": {}, "mutants": {}, "runs": []}
 
 
 def save_results(doc: dict, path: Path) -> None:
@@ -107,9 +124,45 @@ def save_results(doc: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def machine() -> dict:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
             "cpus": os.cpu_count(), "platform": platform.platform(), "load_1m": round(os.getloadavg()[0], 2)}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and the children it waited for: the runner's side (traces, checks,
+    the reference). The judged hosts and pytest runs are the fork server's children, which it does
+    not wait for, so their CPU time is not in it."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def chosen(doc: dict, args: argparse.Namespace) -> list[dict]:
+    mutants = doc["mutants"]
+    if args.sample:
+        mutants = desc.subsample(mutants, args.sample, args.seed)
+    if args.only:
+        wanted = set(args.only.split(","))
+        mutants = [m for m in mutants if m["id"] in wanted]
+    return mutants
+
+
+def done_with_kvsched(entry: dict, names: list[str]) -> bool:
+    """kvsched has its verdict: an oracle kill or a timeout by one judge, or every judge has run."""
+    kinds = [kill_kind(entry[f"kvsched:{n}"]) for n in names if f"kvsched:{n}" in entry]
+    return any(k in ("oracle", "timeout") for k in kinds) or all(f"kvsched:{n}" in entry for n in names) \
+        or entry.get("kvsched:vllm-v1", {}).get("verdict") in ("crash-at-import", "not-applied")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,25 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     tool = workspace.ensure_tool()
     site = desc.site_packages(target.root / "venv")
     doc = desc.load(args.descriptors) if args.descriptors.exists() else None
-    if doc is None or doc["seed"] != args.seed or len(doc["mutants"]) != args.sample:
-        print(f"generating {args.sample} descriptors (seed {args.seed})", flush=True)
-        doc = desc.generate(tool, target.root / "venv", args.sample, args.seed)
+    if doc is None or doc["seed"] != args.seed or len(doc["mutants"]) != args.population:
+        print(f"generating {args.population} descriptors (seed {args.seed})", flush=True)
+        doc = desc.generate(tool, target.root / "venv", args.population, args.seed)
         desc.save(doc, args.descriptors)
     desc.check_installed(doc, site)
-    rescoped = desc.rescope(doc, site)  # today's scope rules and equivalence verdicts, same sample
-    if rescoped:
-        print(f"scope or equivalence changed for {len(rescoped)} mutants: {' '.join(rescoped)}", flush=True)
+    reread = desc.reread(doc, site)  # today's area rules and equivalence verdicts, same sample
+    if reread:
+        print(f"area or equivalence changed for {len(reread)} mutants: {' '.join(reread)}", flush=True)
         desc.save(doc, args.descriptors)
-    mutants = doc["mutants"]
-    if args.only:
-        wanted = set(args.only.split(","))
-        mutants = [m for m in mutants if m["id"] in wanted]
-
-    key = {"descriptors_seed": args.seed, "sample": args.sample, "traces": args.traces,
-           "async_traces": args.async_traces}
+    review_file = args.descriptors.with_name("equivalence-review.md")
+    if not review_file.exists() or review_file.read_text() != review(doc):
+        review_file.write_text(review(doc))
+    mutants = chosen(doc, args)
+    counts = {"vllm-v1": args.traces, "vllm-v1-async": args.async_traces, "vllm-v1-async+specdec": args.specdec_traces}
+    names = [n for n in KVSCHED_JUDGES if counts[n]]
+    key = {"descriptors_seed": args.seed, "population": args.population, "sample": args.sample,
+           "traces": counts, "findings": "v2: expectations with their where; runs go on past a violation"}
     results = load_results(args.out, key)
+    population = [m for m in doc["mutants"] if m["id"] in {c["id"] for c in chosen(doc, args)}] \
+        if args.sample else doc["mutants"]
     if args.summary_only:
-        results["summary"] = summarize(doc["mutants"], results["mutants"])
+        results["summary"] = summarize(population, results["mutants"])
         save_results(results, args.out)
         print(render(results["summary"]))
         return 0
@@ -155,15 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         for entry in results["mutants"].values():
             for name in [k for k in entry if k.startswith("kvsched:")]:
                 entry.pop(name)
-        results["kvsched_rejudged"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     redo = set(filter(None, args.redo.split(",")))
     if redo:  # e.g. hangs judged before they were confirmed on a fresh host (kvsched_judge)
         for entry in results["mutants"].values():
             for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
                 entry.pop(name)
-    todo = [m for m in mutants if not all(j in results["mutants"].get(m["id"], {}) for j in _judge_keys(judges))
-            or _needs_specdec(results["mutants"].get(m["id"], {}), judges, args.specdec_traces)]
-    todo.sort(key=lambda m: (m["scope"] != "in", m["id"]))  # in scope first: a capped run still compares them
+    todo = [m for m in mutants
+            if ("kvsched" in judges and not done_with_kvsched(results["mutants"].get(m["id"], {}), names))
+            or ("pytest" in judges and "pytest" not in results["mutants"].get(m["id"], {}))]
     if args.limit:
         todo = todo[:args.limit]
     overlays = desc.materialize(tool, site, todo, workspace.scratch())
@@ -172,25 +227,21 @@ def main(argv: list[str] | None = None) -> int:
                         pytest_path=workspace.ensure_pytest(target.python) if "pytest" in judges else None)
     workspace.ensure_tests()
     print("starting the fork server (imports vLLM once)", flush=True)
+    run = {"commit": commit(), "started": machine(), "mutants_to_judge": len(todo), "jobs": args.jobs}
+    wall, cpu = time.monotonic(), cpu_seconds()
     server.start()
     lock = Lock()
     try:
         kv = {}
         if "kvsched" in judges:
-            if results.get("specdec_traces") != args.specdec_traces:  # not in the key: the other verdicts stay
-                results["baselines"].pop(SPECDEC, None)
-                for entry in results["mutants"].values():
-                    entry.pop(SPECDEC, None)
-                results["specdec_traces"] = args.specdec_traces
-            for name, count in (("vllm-v1", args.traces), ("vllm-v1-async", args.async_traces),
-                                ("vllm-v1-async+specdec", args.specdec_traces)):
-                if not count:
-                    continue
-                kv[name] = KvschedJudge(server, name, suite(name, count, args.seed))
+            for name in names:
+                kv[name] = KvschedJudge(server, name, suite(name, counts[name], args.seed))
                 if f"kvsched:{name}" not in results["baselines"]:
                     started = time.monotonic()
                     results["baselines"][f"kvsched:{name}"] = kv[name].baseline()
-                    print(f"baseline {name}: {count} traces in {time.monotonic() - started:.0f} s", flush=True)
+                    found = sum(bool(b["findings"]) for b in results["baselines"][f"kvsched:{name}"])
+                    print(f"baseline {name}: {counts[name]} traces in {time.monotonic() - started:.0f} s, "
+                          f"{found} with expected findings", flush=True)
                     save_results(results, args.out)
         pj = PytestJudge(server, workspace.sdist_root(), workspace.root() / "pytest-runs")
         if "pytest" in judges and "pytest" not in results["baselines"]:
@@ -200,10 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baseline pytest: {len(b['passing'])} passing, {len(b['failing_unmutated'])} failing unmutated, "
                   f"{len(b['unusable'])} unusable files, {b['seconds']} s", flush=True)
             save_results(results, args.out)
-
-        if args.rebaseline:
-            rebaseline(args, doc, results, pj, tool, site)
-            return 0
+        run["baselines_seconds"] = round(time.monotonic() - wall, 1)
 
         def judge(m: dict) -> None:
             overlay = {desc.module_name(m["file"]): str(overlays[m["id"]])} if m["id"] in overlays else None
@@ -214,11 +262,11 @@ def main(argv: list[str] | None = None) -> int:
                 known = dict(results["mutants"].get(m["id"], {}))  # verdicts kept from an earlier run
                 if "kvsched" in judges:
                     seen = {k: v for k, v in known.items() if k.startswith("kvsched:")}
-                    for name in ("vllm-v1", "vllm-v1-async", "vllm-v1-async+specdec"):  # until one kills it
-                        if any(v["verdict"] in ("killed", "timeout", "crash-at-import") for v in seen.values()):
+                    for name in names:  # until one kills it with an oracle kill or a timeout
+                        if done_with_kvsched(seen, names):
                             break
                         key = f"kvsched:{name}"
-                        if key in seen or name not in kv:
+                        if key in seen:
                             continue
                         seen[key] = entry[key] = kv[name].judge(overlay, results["baselines"][key],
                                                                 args.kvsched_seconds)
@@ -227,54 +275,26 @@ def main(argv: list[str] | None = None) -> int:
                     entry["pytest"] = pj.judge(m["id"], overlay, tests, args.pytest_seconds)
             with lock:
                 results["mutants"].setdefault(m["id"], {}).update(entry)
-                results["machine"] = machine()
                 save_results(results, args.out)
-                done = len(results["mutants"])
-                verdicts = " ".join(f"{k}={v['verdict']}" for k, v in sorted(entry.items()))
-                print(f"[{done}/{len(doc['mutants'])}] {m['id']} {m['scope']:3} {m['file'].split('/')[-1]}:{m['line']} "
-                      f"{m['operator'].split('/')[-1]}: {verdicts}", flush=True)
+                verdicts = " ".join(f"{k}={v['verdict']}{'/' + v['kind'] if v.get('kind') else ''}"
+                                    for k, v in sorted(entry.items()))
+                print(f"[{sum(1 for c in mutants if c['id'] in results['mutants'])}/{len(mutants)}] {m['id']} "
+                      f"{m['file'].split('/')[-1]}:{m['line']} {m['operator'].split('/')[-1]} ({m['area']}): {verdicts}",
+                      flush=True)
 
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             list(pool.map(judge, todo))
     finally:
         server.stop()
-    results["summary"] = summarize(doc["mutants"], results["mutants"])
+    run.update({"ended": machine(), "wall_seconds": round(time.monotonic() - wall, 1),
+                "runner_cpu_seconds": round(cpu_seconds() - cpu, 1)})
+    results.setdefault("runs", []).append(run)
+    results["summary"] = summarize(population, results["mutants"])
     save_results(results, args.out)
+    print(f"judged {len(todo)} mutants in {run['wall_seconds']:.0f} s wall, {run['runner_cpu_seconds']:.0f} s runner CPU "
+          f"(load {run['started']['load_1m']} -> {run['ended']['load_1m']})")
     print(render(results["summary"]))
     return 0
-
-
-def rebaseline(args: argparse.Namespace, doc: dict, results: dict, pj: PytestJudge, tool: Path, site: Path) -> None:
-    """Add test files to the pytest baseline (`--rebaseline`) and give vLLM's tests their chance
-    on the mutants they had let survive."""
-    from conformance.selftest.mutation.pytest_judge import merge_baselines
-    from conformance.selftest.mutation.summary import KILLS
-
-    files = list(args.rebaseline)
-    new = pj.baseline(files=files, tag="rebaseline")
-    print(f"rebaseline {files}: {len(new['passing'])} passing, {len(new['failing_unmutated'])} failing, "
-          f"{new['seconds']} s", flush=True)
-    merged = merge_baselines(results["baselines"]["pytest"], new, files)
-    results["baselines"]["pytest"] = merged
-    save_results(results, args.out)
-    again = [m for m in doc["mutants"] if results["mutants"].get(m["id"], {}).get("pytest", {}).get("verdict")
-             in ("survived", "survived-budget")]
-    chosen = {m["id"]: [t for t in pj.select(merged, m) if t.split("::")[0] in files] for m in again}
-    again = [m for m in again if chosen[m["id"]]]
-    overlays = desc.materialize(tool, site, again, workspace.scratch())
-    for m in again:
-        overlay = {desc.module_name(m["file"]): str(overlays[m["id"]])}
-        verdict = pj.judge(m["id"], overlay, chosen[m["id"]], args.pytest_seconds)
-        entry = results["mutants"][m["id"]]["pytest"]
-        if verdict["verdict"] in KILLS:
-            entry.update({**verdict, "rejudged_with": files, "not_reached": False})
-        else:
-            entry["also_ran"] = {"files": files, "tests": len(chosen[m["id"]]), "verdict": verdict["verdict"]}
-        save_results(results, args.out)
-        print(f"rejudged {m['id']}: pytest={verdict['verdict']} ({len(chosen[m['id']])} tests)", flush=True)
-    results["summary"] = summarize(doc["mutants"], results["mutants"])
-    save_results(results, args.out)
-    print(render(results["summary"]))
 
 
 def _single_run():
@@ -291,17 +311,6 @@ def _single_run():
         handle.close()
         return None
     return handle
-
-
-def _needs_specdec(entry: dict, judges: set[str], count: int) -> bool:
-    """A mutant every other kvsched judge let survive, not yet judged with speculative decoding."""
-    verdicts = [v.get("verdict") for k, v in entry.items() if k.startswith("kvsched:")]
-    return ("kvsched" in judges and bool(count) and SPECDEC not in entry and bool(verdicts)
-            and not any(v in ("killed", "timeout", "crash-at-import", "not-applied") for v in verdicts))
-
-
-def _judge_keys(judges: set[str]) -> list[str]:
-    return [*(["kvsched:vllm-v1"] if "kvsched" in judges else []), *(["pytest"] if "pytest" in judges else [])]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The mutation benchmark on vLLM 0.33.0 (conformance/selftest/mutation, benchmarks/bench_mutation_vllm.py):
-descriptors are deterministic, scope rules read as documented, and one mutant is applied through
-an overlay and killed by kvsched end to end (needs the vllm-v1 target and Cosmic Ray's venv)."""
+descriptors are deterministic and cover the whole stack in proportion to its statements, areas
+label without excluding, one population with kill kinds, baselines as expectations with their
+where, and one mutant is applied through an overlay and killed by kvsched end to end (needs the
+vllm-v1 target and Cosmic Ray's venv)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 from conformance.selftest.mutation import descriptors as desc
 from conformance.selftest.mutation import workspace
-from conformance.selftest.mutation.summary import summarize
+from conformance.selftest.mutation.summary import render, summarize
 from conformance.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,66 +31,155 @@ def _points() -> tuple[list[dict], dict[str, list[str]]]:
     return points, lines
 
 
-def test_sample_is_deterministic_and_site_first():
+def test_sample_is_deterministic_site_first_and_in_proportion_to_statements():
     points, lines = _points()
+    lines["b.py"] = lines["b.py"] * 3  # three times the statements (the points stay on its first 40 lines)
     one = desc.sample(points, lines, 20, seed=5)
     assert one == desc.sample(points, lines, 20, seed=5)
     assert one != desc.sample(points, lines, 20, seed=6)
     sites = {(m["file"], m["line"], m["col"]) for m in one}
     assert len(sites) == len(one) == 20  # one mutant per site
-    assert {m["file"] for m in one} == {"a.py", "b.py"}  # every file keeps its minimum
+    assert [sum(m["file"] == f for m in one) for f in ("a.py", "b.py")] == [5, 15]
     assert [m["id"] for m in one] == [f"m{i:03d}" for i in range(20)]
 
 
-def test_scope_rules():
-    assert desc.scope_of("if kv_transfer_config is not None:", "__init__") == ("out", "kv-connector")
-    assert desc.scope_of("x = 1", "_update_waiting_for_remote_kv") == ("out", "kv-connector")
-    assert desc.scope_of("assert block.ref_cnt == 0", "get_new_blocks") == ("out", "assertion/logging")
-    assert desc.scope_of("block.ref_cnt += 1", "touch") == ("in", "")
+def test_shares_are_proportional_with_at_least_one_each():
+    assert desc.shares({"big": 1514, "tiny": 28, "mid": 361}, 320) == {"big": 254, "tiny": 5, "mid": 61}
+    assert desc.shares({"a": 1000, "b": 1}, 10) == {"a": 9, "b": 1}
+    assert sum(desc.shares({"a": 3, "b": 3, "c": 3}, 10).values()) == 10
+
+
+def test_areas_label_a_mutant_and_never_leave_it_out():
+    sched = "vllm/v1/core/sched/scheduler.py"
+    assert desc.area_of(sched, "if kv_transfer_config is not None:", "__init__") == "kv-connector"
+    assert desc.area_of(sched, "x = 1", "_update_waiting_for_remote_kv") == "kv-connector"
+    assert desc.area_of("vllm/v1/core/block_pool.py", "assert block.ref_cnt == 0", "get_new_blocks") \
+        == "assertions/logging"
+    assert desc.area_of("vllm/v1/core/block_pool.py", "block.ref_cnt += 1", "touch") == "block pool"
+    assert desc.area_of("vllm/v1/core/sched/request_queue.py", "return self._heap[0]", "peek_request") \
+        == "request queues (FCFS / priority)"
+    assert desc.area_of("vllm/v1/core/encoder_cache_manager.py", "return True", "can_allocate") == "encoder/multimodal"
     # a condition that guards only feature code belongs to the feature; one that guards more does not
     src = ["def f():", "    if total > 0:", "        self.num_executed_steps += 1", "    x = 1"]
     assert desc.guarded_body(src, 2) == ["self.num_executed_steps += 1"]
-    assert desc.scope_of(src[1], "f", (), desc.guarded_body(src, 2)) == ("out", "parallelism")
-    assert desc.scope_of("if total > 0:", "f", (), ["self.num_executed_steps += 1", "y = 2"]) == ("in", "")
-    # the admission loop runs under `!= PAUSED_ALL`: only code that runs in a paused state is out
-    assert desc.scope_of("x = 1", "schedule", ["if not preempted and self._pause_state != PauseState.PAUSED_ALL:"]) \
-        == ("in", "")
-    assert desc.scope_of("return 0", "get_num_unfinished_requests",
-                         ["if self._pause_state == PauseState.PAUSED_ALL:"]) == ("out", "engine pause")
+    assert desc.area_of(sched, src[1], "f", (), desc.guarded_body(src, 2)) == "parallelism"
+    assert desc.area_of(sched, "if total > 0:", "f", (), ["self.num_executed_steps += 1", "y = 2"]) == "scheduling core"
+    assert desc.area_of(sched, "x = 1", "schedule", ["if not preempted and self._pause_state != PauseState.PAUSED_ALL:"]) \
+        == "scheduling core"
+    assert desc.area_of(sched, "return 0", "get_num_unfinished_requests",
+                        ["if self._pause_state == PauseState.PAUSED_ALL:"]) == "engine pause"
 
 
-def test_equivalent_mutants_are_named_by_source_and_left_out_of_both_denominators():
-    m = {"id": "e", "file": "vllm/v1/core/sched/scheduler.py", "line": 2751, "operator": "core/ReplaceFalseWithTrue",
-         "source_line": "stopped = False", "scope": "in"}
+def _mutant(i: str, area: str = "scheduling core", **kw) -> dict:
+    return {"id": i, "file": "f.py", "area": area, **kw}
+
+
+def test_one_population_equivalence_refuted_by_a_kill_and_crashes_counted():
+    m = {"id": "e", "file": "vllm/v1/core/sched/request_queue.py", "line": 181, "col": 41, "operator": "core/AddNot",
+         "source_line": "requests_to_remove = requests if isinstance(requests, set) else set(requests)"}
     assert desc.equivalence_of(m)
-    assert not desc.equivalence_of({**m, "source_line": "stopped = True"})  # another build: no inherited verdict
-    mutants = [{**m, "equivalent": desc.equivalence_of(m)}, {"id": "k", "scope": "in"}]
-    results = {i: {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"},
-                   "pytest": {"verdict": "killed"}} for i in ("e", "k")}
-    s = summarize(mutants, results)["in"]
-    assert (s["judged"], s["pytest_kills"], list(s["equivalent"])) == (1, 1, ["e"])
+    assert not desc.equivalence_of({**m, "source_line": "requests_to_remove = set(requests)"})  # another build
+    mutants = [_mutant("e", equivalent="read so"), _mutant("r", equivalent="read so"), _mutant("k", "kv-connector"),
+               _mutant("c"), _mutant("s", "kv-connector")]
+    survived = {"verdict": "survived"}
+    results = {"e": {"kvsched:vllm-v1": survived, "pytest": survived},
+               "r": {"kvsched:vllm-v1": survived, "pytest": {"verdict": "killed", "kind": "oracle"}},
+               "k": {"kvsched:vllm-v1": {"verdict": "killed", "kind": "crash"},
+                     "kvsched:vllm-v1-async": {"verdict": "killed", "kind": "oracle"}, "pytest": survived},
+               "c": {"kvsched:vllm-v1": {"verdict": "crash-at-import"}, "pytest": {"verdict": "crash-at-import"}},
+               "s": {"kvsched:vllm-v1": survived, "pytest": survived}}
+    s = summarize(mutants, results)
+    assert list(s["equivalent"]) == ["e"] and list(s["equivalence_refuted"]) == ["r"]
+    pop = s["population"]
+    assert (pop["mutants"], pop["kvsched_kills"], pop["kvsched_oracle"], pop["kvsched_crash"]) == (4, 2, 1, 1)
+    assert (pop["pytest_kills"], pop["union"], pop["neither"]) == (2, 3, ["s"])
+    assert s["by_area"]["kv-connector"]["mutants"] == 2 and s["by_area"]["kv-connector"]["kvsched_oracle"] == 1
+    assert "| 4 | 2 (50%) | 1 (25%) | 2 (50%) | 3 (75%) |" in render(s)
 
 
-def test_committed_descriptors_are_versioned_and_hold_no_source_files():
+def test_committed_descriptors_cover_the_whole_stack_in_proportion():
     doc = desc.load(COMMITTED)
     assert doc["version"] == desc.VERSION and doc["package"] == desc.PACKAGE
-    assert len(doc["mutants"]) >= 150
-    assert set(doc["files"]) == set(desc.FILES)
-    assert all({"file", "operator", "occurrence", "line", "col", "scope"} <= set(m) for m in doc["mutants"])
+    assert len(doc["mutants"]) == desc.POPULATION >= 300 and doc["seed"] == desc.SEED
+    assert set(doc["files"]) == set(desc.FILES) and len(desc.FILES) == 8
+    shares = desc.shares({f: meta["statements"] for f, meta in doc["files"].items()}, desc.POPULATION)
+    assert {f: meta["mutants"] for f, meta in doc["files"].items()} == shares
+    assert {f: sum(m["file"] == f for m in doc["mutants"]) for f in desc.FILES} == shares
+    assert all({"file", "operator", "occurrence", "line", "col", "area"} <= set(m) for m in doc["mutants"])
+    assert not any("scope" in m for m in doc["mutants"])  # areas label; nothing is out of scope
+    assert all(m["equivalent"] == desc.equivalence_of(m) for m in doc["mutants"] if "equivalent" in m)
 
 
-def test_summary_counts_each_side_and_leaves_crashes_out():
-    mutants = [{"id": i, "scope": "in"} for i in ("a", "b", "c", "d")]
-    results = {"a": {"kvsched:vllm-v1": {"verdict": "killed"}, "pytest": {"verdict": "survived"}},
-               "b": {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "timeout"},
-                     "pytest": {"verdict": "killed"}},
-               "c": {"kvsched:vllm-v1": {"verdict": "crash-at-import"}, "pytest": {"verdict": "crash-at-import"}},
-               "d": {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"},
-                     "pytest": {"verdict": "survived", "not_reached": True}}}
-    s = summarize(mutants, results)["in"]
-    assert (s["judged"], s["crash_at_import"], s["kvsched_kills"], s["pytest_kills"], s["either"]) == (3, 1, 2, 1, 2)
-    assert s["kvsched_only"] == ["a"] and s["pytest_only"] == [] and s["neither"] == ["d"]
-    assert s["pytest_not_reached"] == ["d"]
+def test_the_equivalence_review_covers_every_mutant_and_is_current():
+    from conformance.selftest.mutation.equivalence import EQUIVALENT, NOT_EQUIVALENT, review
+
+    doc = desc.load(COMMITTED)
+    keys = {(m["file"], m["line"], m["col"], m["operator"]) for m in doc["mutants"]}
+    assert set(EQUIVALENT) <= keys and set(NOT_EQUIVALENT) <= keys and not set(EQUIVALENT) & set(NOT_EQUIVALENT)
+    text = review(doc)
+    assert text.count("\n| m") == len(doc["mutants"]) and text.count("**equivalent**") == len(EQUIVALENT)
+    assert (COMMITTED.parent / "equivalence-review.md").read_text() == text
+
+
+def test_a_sample_is_seeded_and_reaches_every_file():
+    doc = desc.load(COMMITTED)
+    one = desc.subsample(doc["mutants"], 36, desc.SEED)
+    assert one == desc.subsample(doc["mutants"], 36, desc.SEED) and len(one) == 36
+    assert {m["file"] for m in one} == set(desc.FILES)
+
+
+def test_findings_the_baseline_has_are_expected_with_their_where():
+    """The async judge's unmutated baseline fails CAP-006 on most traces: a mutant that fails it at
+    another step, or more often, is killed; one that fails it less is not; kinds follow the new
+    findings."""
+    from conformance.selftest.mutation.kvsched_judge import kind_of, new_findings
+
+    base = {"findings": [["CAP-006", 3, ""], ["CAP-006", 3, ""]], "steps": 9}
+    assert not new_findings({"findings": [["CAP-006", 3, ""], ["CAP-006", 3, ""]], "steps": 9}, base)
+    assert not new_findings({"findings": [["CAP-006", 3, ""]], "steps": 4}, base)  # less: no kill
+    assert new_findings({"findings": [["CAP-006", 5, ""]], "steps": 9}, base) == [["CAP-006", 5, ""]]
+    assert new_findings({"findings": [["CAP-006", 3, ""]] * 3, "steps": 9}, base) == [["CAP-006", 3, ""]]
+    assert kind_of([["FAULT-raised", 2, "block_pool.py:305 in cache_full_blocks"]]) == "crash"
+    assert kind_of([["FAULT-raised", 2, "x"], ["LOCKSTEP", 1, "scheduled"]]) == "oracle"
+    assert kind_of([["FAULT-hang", 2, ""]]) == "timeout"
+    assert kind_of([["STATE", 4, "num_computed_tokens"]]) == "oracle"
+
+
+def test_a_test_failure_is_an_oracle_kill_when_the_test_s_own_check_fails():
+    from conformance.selftest.mutation.pytest_judge import failure_kind
+
+    own = "E   assert 3 == 4\n\ntests/v1/core/test_scheduler.py:120: AssertionError\n=== short test summary info ==="
+    inside = ("E   AttributeError: 'NoneType' object has no attribute 'append'\n\n"
+              "/x/site-packages/vllm/v1/core/block_pool.py:305: AttributeError\n=== short test summary info ===")
+    assert failure_kind(own) == "oracle" and failure_kind(inside) == "crash"
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench_mutation_vllm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_judges_at_full_strength_by_default():
+    """Synchronous, pipelined and speculative traces all on; a crash kill goes on to the next
+    judge, an oracle kill or a timeout ends kvsched's turn."""
+    from conformance.selftest.mutation.kvsched_judge import TARGET_OF, flavour
+
+    bench = _bench()
+    args = bench.parse([])
+    assert args.traces > 0 and args.async_traces > 0 and args.specdec_traces > 0
+    assert args.out.name == "results.json" and bench.parse(["--sample", "36"]).out.name == "sample-results.json"
+    assert TARGET_OF["vllm-v1-async+specdec"] == "vllm-v1-async" and flavour("vllm-v1-async+specdec").paths == ("async",)
+    names = list(bench.KVSCHED_JUDGES)
+    crash = {"kvsched:vllm-v1": {"verdict": "killed", "kind": "crash"}}
+    assert not bench.done_with_kvsched(crash, names)
+    assert bench.done_with_kvsched({**crash, "kvsched:vllm-v1-async": {"verdict": "killed", "kind": "oracle"}}, names)
+    assert bench.done_with_kvsched({"kvsched:vllm-v1": {"verdict": "timeout"}}, names)
+    survived = {"verdict": "survived"}
+    assert bench.done_with_kvsched({f"kvsched:{n}": survived for n in names}, names)
 
 
 needs_target = pytest.mark.skipif(
@@ -112,14 +203,16 @@ def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
 
     target = get_target("vllm-v1")
     site = desc.site_packages(target.root / "venv")
-    doc = desc.load(COMMITTED)
-    desc.check_installed(doc, site)
+    file = "vllm/v1/core/block_pool.py"
+    lines = (site / file).read_text().splitlines()
     # block_pool.py, BlockPool.touch: `block.ref_cnt += 1` becomes `+= 2` (a leaked reference)
-    mutant = next(m for m in doc["mutants"] if m["source_line"] == "block.ref_cnt += 1")
-    before = desc.sha256(site / mutant["file"])
+    point = next(p for p in desc.enumerate_points(workspace.tool_python(), site, (file,))
+                 if p["operator"] == "core/NumberReplacer" and lines[p["start"][0] - 1].strip() == "block.ref_cnt += 1")
+    mutant = {"id": "touch", "file": file, "operator": point["operator"], "occurrence": point["occurrence"]}
+    before = desc.sha256(site / file)
     overlays = desc.materialize(workspace.tool_python(), site, [mutant], tmp_path / "scratch")
-    overlay = {desc.module_name(mutant["file"]): str(overlays[mutant["id"]])}
-    assert overlays[mutant["id"]].read_text() != (site / mutant["file"]).read_text()
+    overlay = {desc.module_name(file): str(overlays["touch"])}
+    assert overlays["touch"].read_text() != (site / file).read_text()
     server = ForkServer(target.python, tmp_path / "fork.sock").start()
     try:
         judge = KvschedJudge(server, "vllm-v1", suite("vllm-v1", 24, 20261201))
@@ -128,8 +221,8 @@ def test_one_mutant_applied_through_an_overlay_and_killed_by_kvsched(tmp_path):
         verdict = judge.judge(overlay, baseline, 120)
     finally:
         server.stop()
-    assert verdict["verdict"] == "killed", json.dumps(verdict)
-    assert desc.sha256(site / mutant["file"]) == before  # the installed package is untouched
+    assert verdict["verdict"] == "killed" and verdict["kind"] == "oracle", json.dumps(verdict)
+    assert desc.sha256(site / file) == before  # the installed package is untouched
 
 
 def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
@@ -144,23 +237,7 @@ def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
            "    )"]
     headers = desc.enclosing_headers(src, 6)
     assert headers[1].startswith("if ( self.num_spec_tokens > 0")
-    assert desc.scope_of(src[5], "f", headers[:-1]) == ("out", "spec-decode")
+    sched = "vllm/v1/core/sched/scheduler.py"
+    assert desc.area_of(sched, src[5], "f", headers[:-1]) == "spec-decode"
     assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
-    assert desc.scope_of(src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == ("in", "")
-
-
-def test_the_specdec_judge_drives_the_async_target_and_runs_only_on_survivors():
-    import importlib.util
-
-    from conformance.selftest.mutation.kvsched_judge import TARGET_OF, flavour
-
-    assert TARGET_OF["vllm-v1-async+specdec"] == "vllm-v1-async"
-    assert flavour("vllm-v1-async+specdec").paths == ("async",)
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "benchmarks" / "bench_mutation_vllm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    survived = {"kvsched:vllm-v1": {"verdict": "survived"}, "kvsched:vllm-v1-async": {"verdict": "survived"}}
-    assert bench._needs_specdec(survived, {"kvsched"}, 40)
-    assert not bench._needs_specdec(survived, {"kvsched"}, 0)  # off by default
-    assert not bench._needs_specdec({"kvsched:vllm-v1": {"verdict": "killed"}}, {"kvsched"}, 40)
-    assert not bench._needs_specdec({**survived, bench.SPECDEC: {"verdict": "survived"}}, {"kvsched"}, 40)
+    assert desc.area_of(sched, src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == "scheduling core"

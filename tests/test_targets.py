@@ -8,6 +8,7 @@ missing target is a failure: CI never passes silently without them.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -238,12 +239,49 @@ def test_the_gate_names_the_spec_s_lifecycle_edges():
     assert {"vllm-v0", "vllm-v1", "nano-vllm"} <= set(GATED)
 
 
+def test_the_gate_holds_a_campaign_to_its_event_rates():
+    """A rate (`Reach.least_steps`) is per 100 examples: 49 copy-on-write steps in 100 examples is
+    a gap, 50 is not, and 30 in 50 examples is 60 per 100."""
+    from types import SimpleNamespace
+
+    from conformance.runner.coverage import Coverage
+    from conformance.selftest.campaigns.coverage_gate import gaps
+    from conformance.targets.reach import Reach
+
+    reach = Reach((), least_steps={"copy_on_write": 50})
+    for examples, steps, gap in ((100, 49, True), (100, 50, False), (50, 30, False), (50, 24, True)):
+        coverage = Coverage([])
+        coverage.add_counts(Counter({"copy_on_write": steps}), Counter())
+        found = gaps(SimpleNamespace(coverage=coverage, active=[], examples=examples), reach)
+        assert bool(found) == gap, (examples, steps, found)
+    assert TARGET_SPECS["vllm-v0"].reach.least_steps == {"fork": 50, "copy_on_write": 50, "swap_in": 50}
+    with pytest.raises(AssertionError, match="unknown events"):
+        Reach((), least_steps={"forks": 1})
+
+
+def test_the_v0_strategy_draws_forks_that_copy_on_write_and_pools_that_swap():
+    """Of 60 drawn vllm-v0 traces, most have an n > 1 group whose prompt ends in a partly filled
+    block with two or more tokens to generate (so a copy on write follows its fork), and some have
+    a GPU pool at most 3 blocks over one max_model_len sequence with a CPU pool twice its size."""
+    from conformance.generation.v0 import sample_traces
+
+    traces = sample_traces(get_target("vllm-v0").strategy(), 60, 7)
+    forks = [t for t in traces if any(a.request.n > 1 and a.request.prompt_len % t.config.block_size
+                                      and a.request.max_tokens >= 2 for a in t.arrivals)]
+    assert all(a.request.prompt_len % t.config.block_size
+               for t in traces if t.config.block_size > 1 for a in t.arrivals if a.request.n > 1)
+    pressed = [t for t in traces if t.config.num_cpu_blocks >= 2 * t.config.num_gpu_blocks
+               and t.config.num_gpu_blocks <= -(-t.config.max_model_len // t.config.block_size) + 3]
+    assert len(forks) >= 30 and len(pressed) >= 20, (len(forks), len(pressed))
+
+
 @pytest.mark.parametrize("name", GATED)
 def test_a_small_campaign_reaches_every_path_the_engine_has(name, tmp_path):
     """100 traces of the target's own strategy, run as `kvsched conform --adapter NAME` runs them
     (its own process, seeded batches), with its expectations file: every applicable invariant is
     exercised, every lifecycle edge its engine takes is taken, and nothing but its known
-    deviations is found. (vllm-v0 met no gap at seeds 20261130, 1, 2 and 3.)"""
+    deviations is found, at the rates the target asks for (vllm-v0: fork, copy-on-write and swap-in
+    on at least 50 steps per 100 examples; it met 74-219 at seeds 20261130, 1 and 3)."""
     from conformance.runner.expectations import target_expectations
     from conformance.runner.isolated import ChildRunner, Limits
     from conformance.selftest.campaigns.coverage_gate import gaps

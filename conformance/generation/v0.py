@@ -83,6 +83,8 @@ def traces(
     abort_burst: bool = False,
     prompt_scale: int | None = None,
     max_output: int = 12,
+    forks_copy_on_write: bool = False,
+    min_requests: int = 1,
 ) -> Trace:
     """``abort_odds``: each request is aborted with probability 1 / abort_odds, at a step drawn
     from its arrival to 12 steps later (so in whatever state it is then: waiting, running,
@@ -94,22 +96,28 @@ def traces(
     arrived by then (a client disconnect storm): whatever is waiting, running or swapped at that
     step is aborted together, which reaches aborts of short-lived states (a swapped group) far
     more often than aborts drawn per request. ``prompt_scale``: see `prompt_lengths`;
-    ``max_output``: the largest max_tokens drawn (`output_lengths`)."""
+    ``max_output``: the largest max_tokens drawn (`output_lengths`). ``forks_copy_on_write``: a
+    request with ``n > 1`` gets a prompt whose last block is partly filled and at least two tokens to generate, so its
+    forks share that block and the first decode after the fork copies it on write (an exact
+    block multiple puts the first generated token in a fresh block, and nothing is copied; with
+    blocks of one slot every block is full, and nothing changes)."""
     if config is None:
         config = draw(configs())
-    count = draw(st.integers(1, max_requests))
+    count = draw(st.integers(min(min_requests, max_requests), max_requests))
     arrivals = []
     step = 0
     group_sizes = st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)
     for i in range(count):
         step += draw(_GAPS)
-        request = Request(
-            request_id=f"r{i}",
-            prompt_len=draw(prompt_lengths(config, prompt_scale)),
-            max_tokens=draw(output_lengths(max_output)),
-            n=draw(group_sizes),
-            priority=draw(_PRIORITIES),
-        )
+        prompt_len = draw(prompt_lengths(config, prompt_scale))
+        max_tokens = draw(output_lengths(max_output))
+        n = draw(group_sizes)
+        if forks_copy_on_write and n > 1:
+            if config.block_size > 1 and prompt_len % config.block_size == 0:  # then prompt_len > 1
+                prompt_len -= 1  # still within the limit; now its last block is shared partly filled
+            max_tokens = max(max_tokens, 2)
+        request = Request(request_id=f"r{i}", prompt_len=prompt_len, max_tokens=max_tokens, n=n,
+                          priority=draw(_PRIORITIES))
         arrivals.append(Arrival(step, request))
     horizon = step + 30
     aborts: list[tuple[int, str]] = []

@@ -119,6 +119,11 @@ def summarize(result: TraceResult) -> TraceSummary:
         problems[f"FAULT-{result.fault.kind}"] = Problem(
             f"FAULT-{result.fault.kind}", step, f"step {step}: {result.fault}", getattr(result.fault, "location", None))
     exercised = Counter({inv_id: n for inv_id, n in result.exercised.items() if n})
+    from conformance.runner.coverage import EVENTS
+
+    for name, happened in EVENTS.items():  # the events ride with the counts, under lower-case names
+        exercised[name] = sum(1 for record in result.records if happened(record))
+    exercised = +exercised  # only what happened
     return TraceSummary(
         len(result.records), problems, [i.id for i in result.active], [i.id for i in result.not_applicable],
         exercised, Counter(lifecycle_coverage(result.records)),

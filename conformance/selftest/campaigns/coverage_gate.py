@@ -7,7 +7,9 @@ sequence per request, no ignore path); `gaps` lists what a campaign left out of 
 applicable invariant with zero exercised steps, or a declared edge never taken. The target
 tests run a small campaign per target and fail on any gap (tests/test_targets.py), so a
 strategy that stops drawing n > 1, swaps or aborts is caught the day it does (issue 21: the
-vllm-v0 strategy had drawn n = 1 only, and fork, copy-on-write and swap-in went unchecked).
+vllm-v0 strategy had drawn n = 1 only, and fork, copy-on-write and swap-in went unchecked). A
+target may also ask for a rate (`Reach.least_steps`): vllm-v0 must fork, copy on write and swap
+in on at least 50 steps per 100 examples (issue 29: its campaign had copied on write on 2).
 """
 
 from __future__ import annotations
@@ -25,4 +27,8 @@ def gaps(result: Any, reach: Reach) -> list[str]:
            if not coverage.steps[i] and i not in reach.unexercised]
     taken = {edge_name(e) for e, n in coverage.edges.items() if n}
     out += [f"{e}: the engine takes this edge, the campaign never did" for e in reach.edges if e not in taken]
+    examples = max(result.examples, 1)
+    out += [f"{event}: on {coverage.events[event]} steps of {examples} examples, expected at least "
+            f"{least} per 100" for event, least in reach.least_steps.items()
+            if coverage.events[event] * 100 < least * examples]
     return out

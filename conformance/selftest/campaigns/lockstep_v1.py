@@ -232,16 +232,21 @@ class Outcome:
         return "; ".join(str(v) for v in self.result.violations[:2])
 
 
-def run_one(adapter, trace: Trace, invariants, reference: type = RecordingV1, timeout: float = 60) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, reference: type = RecordingV1, timeout: float = 60,
+            stop_at_first: bool = True) -> Outcome:
     """One lockstep run: decisions by the driver against ``reference`` (a scheduler that keeps its
-    snapshot after every step, `conformance.selftest.campaigns.recording`), then the state after every step."""
+    snapshot after every step, `conformance.selftest.campaigns.recording`), then the state after every step.
+    ``stop_at_first=False`` runs on past an invariant violation (a divergence or a fault still ends
+    the run): the mutation benchmark's baselines expect what the unmutated engine finds, where it
+    finds it, and look for anything else."""
     holder: list = []
 
     def factory(config: SchedulerConfig):
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
+                         stop_at_first=stop_at_first)
     state = compare_state(result, holder[0]) if holder else None
     return Outcome(result, state)
 

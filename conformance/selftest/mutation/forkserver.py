@@ -3,7 +3,7 @@
 Importing ``vllm.config`` costs 15-30 s of wall time here; a mutation run starts a fresh process
 for each mutant and each judge (a mutated module must be imported from scratch), which would
 spend most of the run importing. The server imports everything the judges need *except* the
-mutable modules (`MUTABLE`: the V1 scheduler, KV cache manager, block pool and their importers),
+mutable modules (`MUTABLE_PREFIXES`: the eight files of the scheduler stack and their importers),
 then waits on a Unix socket. Each job forks a child that serves the mutated file in place of its
 module through a meta-path finder (an overlay: the installed package is not touched), takes the
 client's stdin/stdout/stderr (passed over the socket, SCM_RIGHTS) and runs either a host script
@@ -35,15 +35,15 @@ import time
 # and every module that imports one of them. Found by importing the preloads below and checking
 # that none of these is in sys.modules (`preload` asserts it).
 MUTABLE_PREFIXES = (
-    "vllm.v1.core.sched.scheduler", "vllm.v1.core.sched.async_scheduler", "vllm.v1.core.kv_cache_manager",
-    "vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_coordinator", "vllm.v1.core.single_type_kv_cache_manager",
-    "vllm.v1.engine.",
+    "vllm.v1.core.sched.scheduler", "vllm.v1.core.sched.async_scheduler", "vllm.v1.core.sched.request_queue",
+    "vllm.v1.core.kv_cache_manager", "vllm.v1.core.block_pool", "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager", "vllm.v1.core.encoder_cache_manager", "vllm.v1.engine.",
 )
 PRELOAD = (
     "torch", "vllm.config", "vllm.sampling_params", "vllm.utils.hashing", "vllm.v1.kv_cache_interface",
     "vllm.v1.outputs", "vllm.v1.request", "vllm.v1.structured_output", "vllm.v1.core.kv_cache_utils",
     "vllm.multimodal.inputs", "vllm.lora.request", "vllm.distributed.kv_events", "vllm.v1.core.sched.output",
-    "vllm.v1.core.sched.request_queue", "vllm.v1.core.sched.utils",
+    "vllm.v1.core.sched.utils",
 )
 
 

@@ -6,7 +6,9 @@ there; a file that does not collect (it needs a server, a GPU or a package the t
 not have) is recorded with the reason and left out. A mutant then runs only the usable tests
 that run its line (all of them when the line runs at import), stopping at the first failure.
 
-Verdicts: ``killed`` (a test failed), ``survived`` (all selected tests passed, or none runs the
+Verdicts: ``killed`` (a test failed) with a ``kind`` (`failure_kind`: ``oracle`` when the failing
+frame is the test's own assertion, ``crash`` when the exception was raised inside vLLM, ``timeout``
+for a hang), ``survived`` (all selected tests passed, or none runs the
 line: ``not_reached`` says which), ``timeout`` (one test ran past `TEST_SECONDS`: a hang),
 ``survived-budget`` (the judge's time cap ended the run with no failure), ``crash-at-import``
 (collection failed: the mutated module does not import).
@@ -112,23 +114,21 @@ class PytestJudge:
         failed = re.findall(r"^FAILED (\S+)", text, re.M)
         if failed:
             out["failed"] = failed[:3]
+        if verdict in ("killed", "timeout"):
+            out["kind"] = "timeout" if verdict == "timeout" else failure_kind(text)
         return out
 
 
-def merge_baselines(old: dict[str, Any], new: dict[str, Any], files: list[str]) -> dict[str, Any]:
-    """``old`` with the results of ``files`` replaced by ``new``'s (a rerun of some files)."""
-    def keep(t: str) -> bool:
-        return t.split("::")[0] not in files
-
-    merged = dict(old)
-    for key in ("passing", "failing_unmutated", "skipped"):
-        merged[key] = sorted({*filter(keep, old[key]), *new[key]})
-    merged["lines"] = {**{t: v for t, v in old["lines"].items() if keep(t)},
-                       **{t: v for t, v in new["lines"].items() if t != "<import>"}}
-    merged["files"] = {**{f: c for f, c in old["files"].items() if f not in files}, **new["files"]}
-    merged["unusable"] = {**{f: r for f, r in old["unusable"].items() if f not in files}, **new["unusable"]}
-    merged["seconds"] = round(old["seconds"] + new["seconds"], 1)
-    return merged
+def failure_kind(log: str) -> str:
+    """``oracle`` or ``crash`` for a pytest log with one failure: where the exception was raised,
+    from the last ``path:line: Error`` line of its traceback (pytest's long format ends each
+    traceback so). A frame in the test files (``tests/...``) is the test's own check; one in vLLM
+    is an exception inside the engine."""
+    body = log.split("short test summary info", 1)[0]
+    frames = re.findall(r"^(\S+\.py):\d+: \w+", body, re.M)
+    if not frames:
+        return "crash"
+    return "oracle" if frames[-1].startswith(("tests/", "./tests/")) or "/tests/" in frames[-1] else "crash"
 
 
 def _collection_reason(text: str, nodeid: str) -> str:

@@ -1,77 +1,136 @@
-"""Kill rates from a mutation results file: each judge's, the mutants each alone kills, and both.
+"""Kill rates from a mutation results file, over one population: every mutant that is not
+equivalent counts (issue 29).
 
-A judge *kills* a mutant with a ``killed`` or ``timeout`` verdict (a hang is a finding: the
-kvsched runner reports it as FAULT-hang, pytest's time cap as a failed run). Mutants that crash
-at import are counted apart and left out of every rate (any judge "kills" them by importing the
-module). The kvsched judge kills when either target (``vllm-v1``, ``vllm-v1-async``) does.
-Mutants read as equivalent (a descriptor's ``equivalent`` reason, `descriptors.EQUIVALENT`) are
-listed with their reason and left out of both judges' denominators, like crashes: no judge can
-kill them, and counting them would only lower both rates alike.
+A judge *kills* a mutant with a ``killed`` or ``timeout`` verdict, of one kind: ``oracle`` (an
+invariant, a lockstep divergence, a state mismatch; for vLLM's tests, the test's own assertion),
+``crash`` (an exception raised inside the engine, which any driver would see) or ``timeout`` (a
+hang). kvsched kills when any of its judges (synchronous, pipelined, speculative) does, with the
+best kind any of them found (oracle before timeout before crash). A mutant that does not import
+(``crash-at-import``) is killed by both judges as a crash: it is in the population like any other.
+Mutants read as equivalent (a descriptor's ``equivalent`` reason, `equivalence.EQUIVALENT`) are
+listed with their reason and left out of the population, unless a judge kills one: then the claim
+is refuted, listed as such, and the mutant counts. Also apart: a descriptor whose operator leaves
+the source unchanged (``not-applied``: no mutant at all). Nothing else is left out: a mutant in a feature
+kvsched does not model is a survivor for kvsched. `by_area` gives the same counts per feature
+area (`descriptors.area_of`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
-KILLS = ("killed", "timeout")
+KILLS = ("killed", "timeout", "crash-at-import")
+_KIND_ORDER = ("oracle", "timeout", "crash")
 
 
-def kvsched_verdict(entry: dict[str, Any]) -> str:
-    verdicts = [v["verdict"] for k, v in entry.items() if k.startswith("kvsched:")]
-    for wanted in ("crash-at-import", "killed", "timeout", "survived-budget", "survived"):
-        if wanted in verdicts:
-            return wanted
-    return "not-run"
+def kill_kind(verdict: dict[str, Any]) -> str | None:
+    """The kind of one judge's kill, or None when it did not kill."""
+    v = verdict.get("verdict")
+    if v == "crash-at-import":
+        return "crash"
+    if v == "timeout":
+        return "timeout"
+    if v == "killed":
+        return verdict.get("kind", "oracle")
+    return None
 
 
-def pytest_verdict(entry: dict[str, Any]) -> str:
-    return entry.get("pytest", {}).get("verdict", "not-run")
+def kvsched_kind(entry: dict[str, Any]) -> str | None:
+    kinds = {kill_kind(v) for k, v in entry.items() if k.startswith("kvsched:")} - {None}
+    return next((k for k in _KIND_ORDER if k in kinds), None)
+
+
+def pytest_kind(entry: dict[str, Any]) -> str | None:
+    return kill_kind(entry["pytest"]) if "pytest" in entry else None
+
+
+def judged(entry: dict[str, Any]) -> bool:
+    """Both judges gave a verdict (kvsched: at least its synchronous judge)."""
+    return "pytest" in entry and any(k.startswith("kvsched:") for k in entry)
+
+
+def _counts(rows: list[tuple[dict, str | None, str | None]]) -> dict[str, Any]:
+    k = {d["id"] for d, kk, _ in rows if kk}
+    p = {d["id"] for d, _, pk in rows if pk}
+    n = len(rows)
+    return {
+        "mutants": n,
+        "kvsched_kills": len(k), "kvsched_oracle": sum(kk == "oracle" for _, kk, _ in rows),
+        "kvsched_crash": sum(kk == "crash" for _, kk, _ in rows),
+        "kvsched_timeout": sum(kk == "timeout" for _, kk, _ in rows),
+        "pytest_kills": len(p), "pytest_oracle": sum(pk == "oracle" for _, _, pk in rows),
+        "pytest_crash": sum(pk == "crash" for _, _, pk in rows),
+        "pytest_timeout": sum(pk == "timeout" for _, _, pk in rows),
+        "both": len(k & p), "union": len(k | p),
+        "kvsched_rate": round(len(k) / n, 3) if n else None,
+        "kvsched_oracle_rate": round(sum(kk == "oracle" for _, kk, _ in rows) / n, 3) if n else None,
+        "pytest_rate": round(len(p) / n, 3) if n else None,
+        "union_rate": round(len(k | p) / n, 3) if n else None,
+        "kvsched_only": sorted(k - p), "pytest_only": sorted(p - k),
+        "neither": sorted(d["id"] for d, kk, pk in rows if not kk and not pk),
+    }
 
 
 def summarize(descriptors: list[dict[str, Any]], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    rows = []
+    rows, equivalent, refuted = [], {}, {}
+    not_judged, not_applied = [], []
     for d in descriptors:
         entry = results.get(d["id"])
-        if entry is None:
+        if entry is None or not judged(entry):
+            not_judged.append(d["id"])
             continue
-        rows.append((d, kvsched_verdict(entry), pytest_verdict(entry)))
-    out: dict[str, Any] = {"mutants_run": len(rows)}
-    for scope in ("all", "in"):
-        chosen = [r for r in rows if scope == "all" or r[0]["scope"] == "in"]
-        crashed = [r for r in chosen if "crash-at-import" in (r[1], r[2])]
-        equivalent = [r for r in chosen if r[0].get("equivalent") and r not in crashed]
-        judged = [r for r in chosen if r not in crashed and r not in equivalent
-                  and r[1] != "not-run" and r[2] != "not-run"]
-        k = {r[0]["id"] for r in judged if r[1] in KILLS}
-        p = {r[0]["id"] for r in judged if r[2] in KILLS}
-        n = len(judged)
-        out[scope] = {
-            "mutants": len(chosen), "crash_at_import": len(crashed), "judged": n,
-            "equivalent": {r[0]["id"]: r[0]["equivalent"] for r in equivalent},
-            "kvsched_kills": len(k), "pytest_kills": len(p), "both": len(k & p), "either": len(k | p),
-            "kvsched_rate": round(len(k) / n, 3) if n else None,
-            "pytest_rate": round(len(p) / n, 3) if n else None,
-            "together_rate": round(len(k | p) / n, 3) if n else None,
-            "kvsched_only": sorted(k - p), "pytest_only": sorted(p - k),
-            "neither": sorted(r[0]["id"] for r in judged if r[0]["id"] not in k | p),
-            "kvsched_timeouts": sorted(r[0]["id"] for r in judged if r[1] == "timeout"),
-            "pytest_timeouts": sorted(r[0]["id"] for r in judged if r[2] == "timeout"),
-            "pytest_not_reached": sorted(r[0]["id"] for r in judged
-                                         if results[r[0]["id"]].get("pytest", {}).get("not_reached")),
-        }
-    return out
+        if entry["pytest"].get("verdict") == "not-applied":  # the operator left the source as it was: no mutant
+            not_applied.append(d["id"])
+            continue
+        kk, pk = kvsched_kind(entry), pytest_kind(entry)
+        if d.get("equivalent"):
+            if not kk and not pk:
+                equivalent[d["id"]] = d["equivalent"]
+                continue
+            refuted[d["id"]] = d["equivalent"]  # killed: not equivalent, whatever the reading said
+        rows.append((d, kk, pk))
+    areas: dict[str, list] = defaultdict(list)
+    for row in rows:
+        areas[row[0].get("area", "?")].append(row)
+    files: dict[str, list] = defaultdict(list)
+    for row in rows:
+        files[row[0]["file"]].append(row)
+    return {"descriptors": len(descriptors), "judged": len(rows) + len(equivalent),
+            "not_judged": not_judged, "not_applied": not_applied, "equivalent": equivalent, "equivalence_refuted": refuted,
+            "population": _counts(rows),
+            "by_area": {a: _counts(r) for a, r in sorted(areas.items(), key=lambda kv: (-len(kv[1]), kv[0]))},
+            "by_file": {f: _counts(r) for f, r in sorted(files.items())}}
+
+
+def _pct(n: int, of: int) -> str:
+    return f"{n} ({n / of:.0%})" if of else str(n)
 
 
 def render(summary: dict[str, Any]) -> str:
-    lines = []
-    for scope, title in (("all", "all sampled mutants"), ("in", "in-scope mutants")):
-        s = summary.get(scope)
-        if not s or not s["judged"]:
-            continue
-        lines.append(f"{title}: {s['judged']} judged ({s['crash_at_import']} crash at import, "
-                     f"{len(s.get('equivalent', {}))} equivalent, left out); "
-                     f"kvsched kills {s['kvsched_kills']} ({s['kvsched_rate']:.0%}), vLLM tests kill "
-                     f"{s['pytest_kills']} ({s['pytest_rate']:.0%}), together {s['either']} "
-                     f"({s['together_rate']:.0%}); kvsched alone {len(s['kvsched_only'])}, tests alone "
-                     f"{len(s['pytest_only'])}, neither {len(s['neither'])}")
+    """The headline line and the per-area table, as Markdown (what BENCHMARKS.md shows)."""
+    s = summary["population"]
+    n = s["mutants"]
+    if not n:
+        return "no mutant judged by both judges yet"
+    lines = [
+        f"population: {n} mutants ({len(summary['equivalent'])} equivalent left out, "
+        f"{len(summary['equivalence_refuted'])} equivalence claims refuted by a kill, "
+        f"{len(summary.get('not_applied', []))} not applied, {len(summary['not_judged'])} not judged)",
+        "",
+        "| population | kvsched: all kills | kvsched: oracle kills | vLLM's tests | union |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+        f"| {n} | {_pct(s['kvsched_kills'], n)} | {_pct(s['kvsched_oracle'], n)} | {_pct(s['pytest_kills'], n)} "
+        f"| {_pct(s['union'], n)} |",
+        "",
+        f"kvsched's kills: {s['kvsched_oracle']} oracle, {s['kvsched_crash']} crash, {s['kvsched_timeout']} timeout; "
+        f"vLLM's tests': {s['pytest_oracle']} oracle, {s['pytest_crash']} crash, {s['pytest_timeout']} timeout; "
+        f"kvsched alone {len(s['kvsched_only'])}, tests alone {len(s['pytest_only'])}, neither {len(s['neither'])}",
+        "",
+        "| area | mutants | kvsched kills (oracle) | vLLM's tests' kills | union |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for area, a in summary["by_area"].items():
+        lines.append(f"| {area} | {a['mutants']} | {a['kvsched_kills']} ({a['kvsched_oracle']}) | {a['pytest_kills']} "
+                     f"| {a['union']} |")
     return "\n".join(lines)
