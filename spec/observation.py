@@ -60,13 +60,17 @@ class Capability(StrEnum):
     # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
     # that a preemption keeps the prompt and drops generated tokens from the end.
     OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
+    # Hybrid KV cache groups (spec/kv_groups.py, docs/HYBRID.md): Snapshot.group_tables holds the
+    # tables of every group but group 0 (whose table is SeqView.blocks), and the config's kv_groups
+    # says what each group is. A one-group engine has nothing to show and reports as before.
+    KV_GROUPS = "kv_groups"  # Snapshot.group_tables: the block tables of groups 1.. per sequence
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.KV_GROUPS}
 
 
 class SeqView(NamedTuple):
@@ -97,6 +101,8 @@ class InFlightView(NamedTuple):
 
 # The version of the ``in_flight`` snapshot field on the wire (docs/PROTOCOL.md).
 IN_FLIGHT_VERSION = 1
+# The version of the ``group_tables`` snapshot field (KV_GROUPS; spec/kv_groups.py).
+GROUP_TABLES_VERSION = 1
 
 
 # KVSCHED_FULL_CHECK=1 turns incremental checking off: snapshots are built whole and every
@@ -132,6 +138,11 @@ class Snapshot:
     # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
     # block's reference count (BLK-003). None or empty: nothing held back.
     gpu_fenced: tuple[int, ...] | None = None
+    # KV_GROUPS: seq id -> the block tables of KV cache groups 1 .. n-1, in group order (group 0's
+    # is SeqView.blocks), each position a GPU block id or spec.kv_groups.NULL_BLOCK; a shared
+    # group has an empty table. Only sequences holding a block in some group are listed. None: a
+    # one-group engine (or one that does not show them).
+    group_tables: Mapping[str, tuple[tuple[int, ...], ...]] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same

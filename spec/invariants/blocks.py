@@ -19,6 +19,7 @@ from spec.invariants._views import (
     pool_facts,
     tables,
 )
+from spec.kv_groups import real_entries
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -84,12 +85,15 @@ def _ref_counts(ctx: CheckContext, rec: StepRecord, device: str) -> Iterator[str
         assert refs is not None
         expected = entry_counts(snap, device, len(refs))
         fenced = snap.gpu_fenced if device == "gpu" else None  # holds for in-flight writes count too
-        if fenced and expected is not None:
-            expected = _with_holds(expected, fenced)
-        if expected is not None and (refs is expected or equal_where_changed(snap, prior, device, refs, expected)
+        grouped = real_entries(snap.group_tables) if device == "gpu" else ()  # KV cache groups 1.. (spec/kv_groups.py)
+        holds = (*(fenced or ()), *grouped)
+        if holds and expected is not None:
+            expected = _with_holds(expected, holds)
+        if expected is not None and (refs is expected or (not grouped and equal_where_changed(snap, prior, device, refs,
+                                                                                              expected))
                                      or refs == expected):
             continue  # compared where changed, or whole at C speed; explained block by block below if not
-        counted = entries(snap, device) + Counter(fenced or ())
+        counted = entries(snap, device) + Counter(holds)
         for block, ref in enumerate(refs):
             if ref != counted.get(block, 0):
                 yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
@@ -108,8 +112,9 @@ def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, 
 
 @invariant(
     "BLK-003", "safety",
-    """GPU reference counts equal the number of block-table entries that point at each block (plus
-    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``).""",
+    """GPU reference counts equal the number of block-table entries that point at each block, in the
+    tables of every KV cache group (``Snapshot.group_tables``), plus the holds a pipelined engine
+    keeps for in-flight writes (``Snapshot.gpu_fenced``).""",
     """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
     BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
     the holders leaks the block; below them frees it under a live sequence (the double free of
