@@ -205,3 +205,72 @@ class _HitsNotTouched(GroupTables):
 class SharedHitNotCounted(_with_tables(_HitsNotTouched)):  # type: ignore[misc]
     """BLK-003 over every group: a sliding-window or Mamba hit shared without touch()."""
 
+
+
+# -- the museum's hybrid exhibits (conformance/selftest/museum/exhibits.py) --------------------------
+def eagle_mamba_traces():  # type: ignore[no-untyped-def]
+    """Full + Mamba traces under an EAGLE/MTP drafter's block drop (drop_eagle_block)."""
+    from dataclasses import replace
+
+    from conformance.generation.hybrid import hybrid_configs
+    from conformance.generation.v1 import token_traces
+
+    return hybrid_configs("mamba").filter(lambda c: c.enable_prefix_caching).map(
+        lambda c: replace(c, drop_eagle_block=True)).flatmap(lambda c: token_traces("v1", config=c))
+
+
+_EAGLE = {**_HYBRID, "trace_strategy": eagle_mamba_traces}
+
+
+@mutant("hybrid-mamba-ignores-eagle-drop", "with an EAGLE drafter the hybrid hit takes full attention's chain "
+        "without dropping its last block when a Mamba state is cached there: MambaManager.find_longest_cache_hit "
+        "never reads drop_eagle_block (vllm-project/vllm#50630, #43650)", ("HYB-006",), **_EAGLE)
+class MambaIgnoresEagleDrop(HybridV1Scheduler):
+    """The coordinator gives the Mamba group the EAGLE margin (one block past the candidate) and the
+    Mamba finder returns a state there without dropping it, so the reconciled hit is full attention's
+    undropped chain (#43650's log: full attention 2k safe tokens, Mamba 3k, the hit 3k)."""
+
+    def _cache_hits(self, tracked: TrackedRequest) -> list[int]:
+        hits = super()._cache_hits(tracked)
+        config = self.config
+        chain = []
+        for key in block_keys(tracked.tokens, config.block_size, limit=tracked.num_tokens - 1):
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            chain.append(block)
+        if len(chain) == len(hits) + 1:
+            tables = self.kv.hit_tables(tracked.tokens, len(chain) * config.block_size)
+            if tables is not None:  # bug: the Mamba state at the undropped length is taken
+                self._group_hits[tracked.request_id] = tables
+                return chain
+        return hits
+
+
+@mutant("hybrid-unaligned-chunks-under-eagle", "under an EAGLE/MTP drafter the Mamba-aligned split is skipped, so "
+        "a prefill chunk ends inside a block and its state is cached for the boundary (vllm-project/vllm#53912, "
+        "#47861)", ("HYB-007",), **_EAGLE)
+class UnalignedChunksUnderEagle(HybridV1Scheduler):
+    """#47861's second fix for #43559 / #53912: non-final "align" prefill chunks must end on Mamba
+    block boundaries with MTP too; here the split is left out when the drafter drops a block."""
+
+    def _aligned_chunk(self, tracked: TrackedRequest, computed: int, tokens: int) -> int:
+        if self.config.drop_eagle_block:
+            return tokens  # bug: no alignment on the EAGLE path
+        return super()._aligned_chunk(tracked, computed, tokens)
+
+
+@mutant("hybrid-state-slot-leaks-on-failed-admission", "a waiting request's Mamba state slot is taken (copied from "
+        "its prefix hit) before the attention blocks are checked, and not given back when admission then fails "
+        "(sgl-project/sglang#16067)", ("BLK-003",), **_MAMBA)
+class StateSlotLeaks(HybridV1Scheduler):
+    """SGLang's match_prefix copies the matched Mamba state into a fresh slot (COW); when add_one_req
+    then fails for lack of KV (NO_TOKEN), the slot stayed allocated and nobody held it. Here the
+    state slot is taken when the admission check fails and never given back."""
+
+    def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
+        fits = super()._whole_sequence_fits(tracked, hits)
+        mamba = any(g.kind == "mamba" for g in self.config.kv_groups)
+        if not fits and mamba and tracked.status.name == "WAITING" and self.pool.num_free:
+            self.pool.allocate(1)  # bug: the state slot taken for the failed admission is never given back
+        return fits
