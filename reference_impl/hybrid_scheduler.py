@@ -16,9 +16,11 @@ attention), all over its one pool, by overriding the hooks where V1 touches bloc
    v1/core/kv_cache_manager.py:548-626); the whole-sequence admission check counts each group
    with vLLM's per-request cap (`GroupTables.admission_cap`).
 3. With a Mamba "align" group, a prefill chunk that does not reach the end of the prefill ends on
-   a block boundary, at the next boundary if it starts inside a block, and never runs past the
-   last cacheable boundary (`Scheduler._mamba_block_aligned_split`, v1/core/sched/scheduler.py:
-   546-662); a running request whose chunk rounds to nothing is skipped this step, a waiting head
+   a block boundary, at the next boundary if it starts inside a block, never runs past the last
+   cacheable boundary, and stops at the shared-prefix junction of its last lookup, floored to a
+   block (the prefix full attention had cached beyond the hit, so that the state there is cached
+   for the next request: Marconi-style; `Scheduler._mamba_block_aligned_split`,
+   v1/core/sched/scheduler.py:546-662); a running request whose chunk rounds to nothing is skipped this step, a waiting head
    stops admission (scheduler.py:891-909, 1351-1355).
 4. Freeing a request frees every group's table, group 0 first (`KVCacheCoordinator.free`).
 
@@ -55,6 +57,9 @@ class KVGroupsMixin:
         self.kv = GroupTables(config, self.pool)  # type: ignore[attr-defined]
         self._group_hits: dict[str, list[list[int]]] = {}  # a waiting request's hit, per group 1 ..
         self._aligns = any(g.kind == "mamba" and g.mode == "align" for g in config.kv_groups)
+        # request id -> the shared-prefix junction of its last prefix lookup (vLLM's
+        # Request.shared_prefix_boundary): full attention's hit, where another group's was shorter
+        self._junction: dict[str, int] = {}
 
     # -- the step ----------------------------------------------------------------------------
     def schedule(self):  # type: ignore[no-untyped-def]
@@ -80,6 +85,9 @@ class KVGroupsMixin:
             tables = self.kv.hit_tables(tracked.tokens, n * config.block_size)
             if tables is not None:
                 self._group_hits[tracked.request_id] = tables
+                # KVCacheManager.get_computed_blocks (kv_cache_manager.py:320-326): the hit plus the
+                # prefix full attention has cached and another group not, when there is one
+                self._junction[tracked.request_id] = longest * config.block_size if longest > n else 0
                 return chain[:n]
         raise AssertionError("a hit of 0 tokens is served by every group")
 
@@ -174,7 +182,10 @@ class KVGroupsMixin:
             aligned = end // block_size * block_size
             if aligned > start or block_size <= max_prefill:
                 end = aligned
-        stops = ((start // block_size + 1) * block_size if start % block_size else 0, last_cache)
+        junction = self._junction.get(tracked.request_id, 0)
+        floored = start + (junction - start) // block_size * block_size  # a sub-block junction is not cacheable
+        stops = ((start // block_size + 1) * block_size if start % block_size else 0, last_cache,
+                 floored if start < junction < end else 0)
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
 
