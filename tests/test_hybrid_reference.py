@@ -72,3 +72,14 @@ def test_bad_groups_name_the_field(groups, where: str) -> None:
     with pytest.raises(InputError) as err:
         SchedulerConfig(enable_chunked_prefill=True, enable_prefix_caching=True, kv_groups=groups)
     assert err.value.where == where
+
+
+def test_group_tables_cross_the_wire_and_are_checked_whole() -> None:
+    from conformance.runner.normalize import check_snapshot
+    from conformance.wire.codec import snapshot_from_json, snapshot_to_json
+    from spec.observation import Capability, Snapshot
+
+    snap = Snapshot(group_tables={"a#0": ((3, -1, 4), ())})
+    assert snapshot_from_json(snapshot_to_json(snap)).group_tables == snap.group_tables
+    with pytest.raises(Exception, match="group_tables"):
+        check_snapshot(Snapshot(group_tables={"a#0": ([1, 2],)}), frozenset({Capability.KV_GROUPS}))

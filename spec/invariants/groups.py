@@ -15,6 +15,9 @@ states the rest, each for groups 1 .. n-1 (group 0 is held by BLK, CAP and PFX a
 
 Every predicate is vacuous for a config without groups besides the full one, and needs the
 ``kv_groups`` observation, so a one-group engine is not checked by it (not_applicable, never pass).
+HYB-003..008 state what one synchronous step reads, writes and frees, from the computed tokens
+before it; with outcomes in flight (``pipeline_depth`` > 0) vLLM frees on the processed tokens
+while it allocates past the in-flight ones, so they are stated for synchronous steps only.
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ def one_group_one_content(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     the step. A null block there reads zeros (vLLM's null block) or another request's KV: the
     model computes garbage and nothing raises. Full attention's coverage is CAP-005.""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS),
+    synchronous=True, planned=False,
 )
 def step_blocks_real(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
@@ -156,6 +160,7 @@ def step_blocks_real(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     outcome, or when the request finishes) serves the same KV and only holds more blocks (HYB-003
     is the safety half).""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS),
+    synchronous=True, planned=False,
 )
 def window_frees_behind(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
@@ -186,6 +191,7 @@ def _state_positions(group: KVGroup, computed: int, end: int, block_size: int) -
     a design that keeps more checkpoints for prefix hits is correct, only larger; one that keeps
     fewer than it reads breaks HYB-003.""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS),
+    synchronous=True, planned=False,
 )
 def state_blocks_by_mode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
@@ -219,6 +225,7 @@ def state_blocks_by_mode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     ignores drop_eagle_block grew the hybrid hit past it and served corrupt output
     (vllm-project/vllm#50630, #53912, #43650).""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS, C.PREFIX_CACHE),
+    synchronous=True, planned=False,
 )
 def hit_served_by_every_group(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if not ctx.config.is_hybrid or rec.mid is None or rec.mid.seqs is None:
@@ -259,6 +266,7 @@ def hit_served_by_every_group(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     to block boundaries for this, Scheduler._mamba_block_aligned_split; unaligned chunks of
     resumed requests cached wrong states, vllm-project/vllm#33706; #47861 for MTP, #53912).""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS, C.PREFIX_CACHE),
+    synchronous=True, planned=False,
 )
 def state_at_its_boundary(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
@@ -291,6 +299,7 @@ def state_at_its_boundary(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     again. vLLM's guard applies the rounding only when a whole block fits a chunk, and a chunk
     starting inside a block stops at its end instead.""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS, C.QUEUES),
+    synchronous=True, planned=False,
 )
 def alignment_keeps_prefills_going(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     config = ctx.config
