@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.kv_groups import GroupTables
 from reference_impl.v1_scheduler import CAPABILITIES, EngineWatermarkV1, TrackedRequest, V1Scheduler
 from spec.config import SchedulerConfig
@@ -127,7 +128,7 @@ class KVGroupsMixin:
         rid = tracked.request_id
         computed = tracked.num_computed + len(hits) * config.block_size
         group_hits = self._hits_of(tracked)
-        self.kv.remove_skipped(rid, computed)
+        self.kv.remove_skipped(rid, self._processed(tracked, computed))
         need = self._blocks_needed(tracked, tokens, hits)
         if need + (self._admission_watermark() if watermark else 0) > self.pool.num_free:  # type: ignore[attr-defined]
             return False
@@ -144,6 +145,12 @@ class KVGroupsMixin:
         self.kv.allocate(rid, computed + tokens)
         self._cache_full_blocks(tracked, computed + tokens)  # type: ignore[attr-defined]
         return True
+
+    def _processed(self, tracked: TrackedRequest, computed: int) -> int:
+        """The computed tokens whose steps have returned: what skipped blocks are freed on (vLLM
+        frees on ``total_computed_tokens - num_in_flight_tokens``, kv_cache_manager.py:556-568,
+        since in-flight steps still read the window). All of them in a synchronous flow."""
+        return computed
 
     def _cache_full_blocks(self, tracked: TrackedRequest, upto: int) -> None:
         super()._cache_full_blocks(tracked, upto)  # type: ignore[misc]
@@ -205,3 +212,19 @@ class HybridV1Scheduler(KVGroupsMixin, V1Scheduler):
 
 class EngineHybridV1(KVGroupsMixin, EngineWatermarkV1):
     """The hybrid reference with vLLM 0.33.0's own watermark rule, for lockstep against the engine."""
+
+
+class HybridAsyncScheduler(KVGroupsMixin, AsyncV1Scheduler):
+    """The pipelined reference (`reference_impl.async_scheduler`) over hybrid KV cache groups:
+    skipped blocks are freed on the tokens of the steps that returned (`_processed`), and a
+    preempted request whose stale steps are in flight waits, as in the async reference."""
+
+    capabilities = AsyncV1Scheduler.capabilities | {Capability.KV_GROUPS}
+
+    def _processed(self, tracked: TrackedRequest, computed: int) -> int:
+        return max(computed - self.counters[tracked.request_id].num_in_flight, 0)
+
+    def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
+        if self.counters[tracked.request_id].num_stale:
+            return False
+        return super()._whole_sequence_fits(tracked, hits)

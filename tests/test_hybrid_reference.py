@@ -83,3 +83,25 @@ def test_group_tables_cross_the_wire_and_are_checked_whole() -> None:
     assert snapshot_from_json(snapshot_to_json(snap)).group_tables == snap.group_tables
     with pytest.raises(Exception, match="group_tables"):
         check_snapshot(Snapshot(group_tables={"a#0": ([1, 2],)}), frozenset({Capability.KV_GROUPS}))
+
+
+def _pipelined(trace: Trace) -> Trace:
+    return dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=1, watermark=0.0))
+
+
+@settings(max_examples=30, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(v1_traces())
+def test_pipelined_one_group_is_the_async_reference_step_for_step(trace: Trace) -> None:
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    trace = _pipelined(trace)
+    assert _steps(HybridAsyncScheduler, trace) == _steps(AsyncV1Scheduler, trace)
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(hybrid_traces())
+def test_pipelined_reference_holds_the_async_profile(trace: Trace) -> None:
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()

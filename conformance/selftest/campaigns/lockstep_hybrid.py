@@ -1,6 +1,7 @@
 """Strict lockstep: the hybrid reference against vLLM 0.33.0's V1 scheduler with hybrid KV cache groups.
 
-    python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|all]
+    python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
+        async-swa|async-swa+prefix|async-mamba-none|async-mamba-align|async-local|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -18,7 +19,11 @@ on and off where vLLM allows it:
 * ``mamba-align``: full + Mamba in mode "align" (prefix caching and chunked prefill on);
 * ``local``: full + chunked local attention, prefix caching drawn.
 
-(vLLM 0.33.0 has no Mamba "all" mode, so no path draws it.) A trace runs to its first divergence,
+(vLLM 0.33.0 has no Mamba "all" mode, so no path draws it.) Each ``async-<path>`` is the same at
+``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
+`RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
+driver runs those traces whole, since at depth 1 some synchronous safety statements fire on
+both sides (docs/ASYNC.md). A trace runs to its first divergence,
 which is listed by field; `CLASSES` explains each class found, with vLLM source lines. Needs
 ``kvsched targets install vllm-v1``.
 """
@@ -41,15 +46,18 @@ from conformance.runner.adapter import load_adapter
 from conformance.runner.driver import run_checked
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_async import compare_tokens
 from conformance.selftest.campaigns.lockstep_v1 import Outcome, state_of
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
-from reference_impl.hybrid_scheduler import EngineHybridV1
+from reference_impl.hybrid_scheduler import EngineHybridV1, HybridAsyncScheduler
 from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local")
+SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local")
+# The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
+PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {}
@@ -58,6 +66,15 @@ CLASSES: dict[str, tuple[str, str]] = {}
 class RecordingHybrid(GenerateDoor, RecordsSnapshots, EngineHybridV1):
     """The hybrid reference behind V1's front door, with V1's watermark rule, keeping its snapshot
     after every step's update."""
+
+
+class RecordingHybridAsync(GenerateDoor, RecordsSnapshots, HybridAsyncScheduler):
+    """The pipelined hybrid reference at depth 1 (the host runs vLLM at depth 1) behind V1's front
+    door, keeping its snapshot after every step. The async paths draw no watermark (the async
+    reference keeps the spec's every-admission rule, as `lockstep_async` does)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
 
 
 def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
@@ -69,6 +86,9 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
+    if path.startswith("async-"):
+        return path_strategy(path.removeprefix("async-")).map(
+            lambda t: dataclasses.replace(t, config=dataclasses.replace(t.config, pipeline_depth=1, watermark=0.0)))
     layout = {"swa": "swa", "swa+prefix": "swa", "mamba-none": "mamba", "mamba-align": "mamba", "local": "local"}[path]
     if path == "mamba-none":
         configs = hybrid_configs(layout).filter(lambda c: not c.enable_prefix_caching)
@@ -102,14 +122,24 @@ def compare_state(result, reference: RecordingHybrid) -> tuple[int, str, Any, An
 
 
 def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
+    """One lockstep run; a config with ``pipeline_depth`` 1 runs beside `RecordingHybridAsync` (the
+    adapter must then be the vllm-v1-async host's) and also compares the delivered tokens."""
     holder: list = []
+    pipelined = trace.config.pipeline_depth > 0
+    reference = RecordingHybridAsync if pipelined else RecordingHybrid
 
     def factory(config: SchedulerConfig):
-        holder.append(RecordingHybrid(config))
+        holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
-    return Outcome(result, compare_state(result, holder[0]) if holder else None)
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
+                         stop_at_first=not pipelined)
+    state = compare_state(result, holder[0]) if holder else None
+    if pipelined and holder:
+        tokens = compare_tokens(result, holder[0])
+        if tokens is not None and (state is None or tokens[0] < state[0]):
+            state = tokens
+    return Outcome(result, state)
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
@@ -141,16 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter = load_adapter("vllm-v1")
+    adapters = {"vllm-v1": load_adapter("vllm-v1"), "vllm-v1-async": load_adapter("vllm-v1-async")}
     invariants = get_profile("safety").invariants()
-    report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
+    report: dict[str, Any] = {"version": 1, "targets": {"sync": "vllm-v1", "async-*": "vllm-v1-async"},
+                              "package": get_target("vllm-v1").version,
                               "reference": "conformance.selftest.campaigns.lockstep_hybrid:RecordingHybrid",
                               "seed": args.seed, "paths": {}, "classes": {}, "first_divergences": {}}
     if args.out.exists():
         keep_other_paths(report, json.loads(args.out.read_text()), paths)
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
-        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
+        pipelined = path.startswith("async-")
+        adapter = adapters["vllm-v1-async" if pipelined else "vllm-v1"]
+        checked = get_profile("async").invariants() if pipelined else invariants
+        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, checked)
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, field), (trace, outcome) in sorted(first.items()):
         report["first_divergences"][f"{path}:{field}"] = {"message": outcome.describe(), "trace": trace.to_dict()}
