@@ -28,7 +28,19 @@ def mamba_traces():  # type: ignore[no-untyped-def]
     return hybrid_traces("mamba")
 
 
+def swa_prefix_traces():  # type: ignore[no-untyped-def]
+    """Full + sliding window with prefix caching on (the hit paths)."""
+    from dataclasses import replace
+
+    from conformance.generation.hybrid import hybrid_configs
+    from conformance.generation.v1 import token_traces
+
+    return hybrid_configs("swa").map(lambda c: replace(c, enable_prefix_caching=True)).flatmap(
+        lambda c: token_traces("v1", config=c))
+
+
 _SWA = {**_HYBRID, "trace_strategy": swa_traces}
+_SWA_PREFIX = {**_HYBRID, "trace_strategy": swa_prefix_traces}
 _MAMBA = {**_HYBRID, "trace_strategy": mamba_traces}
 
 
@@ -137,7 +149,7 @@ class StateKept(_with_tables(_KeepsOldStates)):  # type: ignore[misc]
 
 @mutant("hybrid-hit-from-full-only", "the prefix hit is full attention's longest, not checked against the other "
         "groups, so a group that evicted its window or has no state at that length serves nothing there",
-        ("HYB-006",), **_HYBRID)
+        ("HYB-006",), **_SWA_PREFIX)
 class HitFromFullOnly(HybridV1Scheduler):
     """A coordinator that takes full attention's hit for every group (the fixed-point search left
     out): the other groups' tables get whatever they hold at those positions, often nothing."""
