@@ -46,6 +46,12 @@ def hybrid_groups(draw: st.DrawFn, config: SchedulerConfig, layout: str | None =
     return tuple(groups)
 
 
+def fitting_pool(config: SchedulerConfig) -> SchedulerConfig:
+    """``config`` with at least the pool one max_model_len request needs across its groups (at its
+    pipeline depth: in-flight tokens widen a window's cap), as vLLM checks at start-up."""
+    return dataclasses.replace(config, num_gpu_blocks=max(config.num_gpu_blocks, _min_blocks(config)))
+
+
 def _min_blocks(config: SchedulerConfig) -> int:
     """The blocks one max_model_len request holds across every group at its peak."""
     from reference_impl.hybrid_scheduler import HybridV1Scheduler  # the reference's own count

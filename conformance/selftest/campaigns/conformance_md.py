@@ -574,6 +574,8 @@ def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
         lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {fields} | {p['seconds']} |")
     for key, first in data.get("first_divergences", {}).items():
         lines.append(f"\nFirst divergence `{key}`: {first['message'][:300]}")
+    for cls, c in data.get("classes", {}).items():
+        lines.append(f"\n`{cls}` ({c['kind']}): {c['explanation']}")
     lines.append(run_line(data))
     if hunt.exists():
         h = json.loads(hunt.read_text())

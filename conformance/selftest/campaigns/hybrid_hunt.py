@@ -37,7 +37,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.flows.profiles import invariants_of
-from conformance.generation.hybrid import hybrid_configs
+from conformance.generation.hybrid import fitting_pool, hybrid_configs
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.driver import run_checked
@@ -70,7 +70,7 @@ def _async_57562_configs(draw: st.DrawFn) -> SchedulerConfig:
         config = dataclasses.replace(config, kv_groups=(), enable_prefix_caching=True, enable_chunked_prefill=True)
         config = dataclasses.replace(config, kv_groups=groups, max_num_seqs=seats,
                                      max_num_batched_tokens=max(seats, draw(st.integers(seats, seats * 3))))
-    return dataclasses.replace(config, watermark=0.0, pipeline_depth=1)
+    return fitting_pool(dataclasses.replace(config, watermark=0.0, pipeline_depth=1))
 
 
 def async_strategy() -> st.SearchStrategy:
