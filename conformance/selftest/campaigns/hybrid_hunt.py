@@ -95,6 +95,7 @@ def hunt(target_name: str, strategy: st.SearchStrategy, invariants, count: int, 
     adapter = _with_groups(target.adapter())
     problems: Counter[str] = Counter()
     first: dict[str, Any] = {}
+    active: set[str] = set()  # invariants applicable on the target (with kv_groups claimed)
     stats = {"traces": 0, "steps": 0, "clean_traces": 0, "preemptions": 0, "prefix_caching_on": 0,
              "chunked_prefill_on": 0, "layouts": Counter()}
     started = time.monotonic()
@@ -102,6 +103,7 @@ def hunt(target_name: str, strategy: st.SearchStrategy, invariants, count: int, 
         result = run_checked(adapter, trace, invariants, timeout=TIMEOUT, stop_at_first=False)
         stats["traces"] += 1
         stats["steps"] += len(result.records)
+        active |= {inv.id for inv in result.active}
         stats["preemptions"] += sum(len(r.output.preempted) for r in result.records)
         stats["prefix_caching_on"] += trace.config.enable_prefix_caching
         stats["chunked_prefill_on"] += trace.config.enable_chunked_prefill
@@ -119,7 +121,7 @@ def hunt(target_name: str, strategy: st.SearchStrategy, invariants, count: int, 
             print(f"{target_name}: {stats['traces']} traces, {stats['steps']} steps, {dict(problems)}", flush=True)
     adapter.close()
     stats["layouts"] = dict(sorted(stats["layouts"].items()))
-    return {"target": target_name, "package": target.version, "invariants": sorted(inv.id for inv in invariants),
+    return {"target": target_name, "package": target.version, "invariants": sorted(active),
             **stats, "problems": dict(sorted(problems.items())), "first": first,
             "seconds": round(time.monotonic() - started, 1)}
 

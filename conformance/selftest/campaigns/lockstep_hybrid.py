@@ -70,6 +70,20 @@ CLASSES: dict[str, tuple[str, str]] = {
         "free queues agree until then, so the difference is in which sliding-window blocks carry a hash (not "
         "compared: the host's keys are vLLM's hashes); not yet traced to a source line.",
     ),
+    "async-chunked-local-admission": (
+        "open",
+        "async-local with prefix caching (3 of 150 traces): as async-sliding-window-hit-missing, vLLM's AsyncScheduler "
+        "admits a waiting request beside a decoding one where the pipelined hybrid reference counts one block more "
+        "than is free (chunked local window 4, block 2, budget 10); both are windowed groups under prefix caching at "
+        "depth 1, and the synchronous paths (1000 traces each, prefix caching drawn) agree. Not yet traced to a line.",
+    ),
+    "host-reset-timeout": (
+        "harness",
+        "async-local, 4 of 150 traces: FAULT-hang in reset (no answer within 60 s) while the machine's load average "
+        "was about 17 on two cores; a fresh host's first reset builds vLLM's configs (about 40 s wall on a quiet "
+        "machine). Read as the harness's timeout, not an engine hang, because each fault is in reset, before any "
+        "step; not rerun.",
+    ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
         "The first async-swa run drew pools sized for depth 0; at depth 1 a window's admission cap grows by a batch "
