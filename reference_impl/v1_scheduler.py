@@ -503,7 +503,10 @@ class V1Scheduler(TrackedScheduler):
             if not config.enable_chunked_prefill and tokens > budget:
                 reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=tokens, left=budget))
                 break
-            tokens = min(tokens, budget)
+            tokens = self._aligned_chunk(tracked, computed, min(tokens, budget))
+            if tokens == 0:  # only a hybrid cache's alignment rounds a chunk to nothing (HybridV1Scheduler)
+                reasons.append(Reason.of("wait_token_budget", tracked.request_id, tokens=0, left=budget))
+                break
             limit = config.max_num_partial_prefills
             if limit and computed + tokens < tracked.num_tokens - 1:
                 partial = sum(1 for r in self.running if self._mid_prefill_after(r, scheduled))
@@ -548,8 +551,8 @@ class V1Scheduler(TrackedScheduler):
         if tracked.request.prompt_len > config.prompt_limit:
             reasons.append(Reason.of("ignored_too_long", tracked.request_id, tokens=tracked.request.prompt_len,
                                      limit=config.prompt_limit))
-        elif config.blocks_for(tracked.num_tokens) > self._never_fits_capacity():
-            reasons.append(Reason.of("ignored_never_fits", tracked.request_id, blocks=config.blocks_for(tracked.num_tokens),
+        elif self._blocks_for_whole(tracked) > self._never_fits_capacity():
+            reasons.append(Reason.of("ignored_never_fits", tracked.request_id, blocks=self._blocks_for_whole(tracked),
                                      capacity=self._never_fits_capacity()))
         else:
             return False
@@ -558,6 +561,16 @@ class V1Scheduler(TrackedScheduler):
         ignored.append(tracked.request_id)
         self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
         return True
+
+    def _blocks_for_whole(self, tracked: TrackedRequest) -> int:
+        """The blocks a request's whole sequence ever holds at once (what never-fits compares with
+        the capacity): one table of its tokens here; a hybrid cache adds its other groups'."""
+        return self.config.blocks_for(tracked.num_tokens)
+
+    def _aligned_chunk(self, tracked: TrackedRequest, computed: int, tokens: int) -> int:
+        """The chunk an admitted request gets from ``computed`` tokens (its hit included): ``tokens``
+        here; a hybrid cache with a Mamba "align" group ends it on a block boundary."""
+        return tokens
 
     def _mid_prefill_after(self, tracked: TrackedRequest, scheduled: dict[str, int]) -> bool:
         """Whether a running request will still be mid-prefill after this step's chunk: more than

@@ -52,7 +52,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "PIP", "POL", "ORD", "LIV",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP", "POL", "ORD", "LIV",
 )
 
 
@@ -84,6 +84,7 @@ def _load() -> None:
         blocks,
         budgets,
         chunked,
+        groups,
         liveness,
         order,
         placement,

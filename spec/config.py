@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from spec.errors import InputError, shown
+from spec.kv_groups import KVGroup, check_with_config, parse_groups
 
 # Upper limits on the sizes a config may ask for. The reference keeps a Python object per block
 # and the torch twin a tensor row per block and per sequence, so an absurd count (10**12 blocks)
@@ -67,6 +68,13 @@ class SchedulerConfig:
     # Speculative decoding (spec/speculative.py): draft tokens a running request may be scheduled
     # with besides its next token; 0 is today's one-token decode.
     num_speculative_tokens: int = 0
+    # Hybrid KV cache groups (spec/kv_groups.py, docs/HYBRID.md): group 0 is full attention (the
+    # sequence's blocks), the others sliding window, chunked local, Mamba or shared, all over the
+    # one GPU pool; () is today's one full-attention group.
+    kv_groups: tuple[KVGroup, ...] = ()
+    # An EAGLE/MTP drafter reads the hidden states of the block before the first new token, so a
+    # prefix hit leaves the last matched block to be recomputed (vLLM ``use_eagle``; HYB-006).
+    drop_eagle_block: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -99,6 +107,10 @@ class SchedulerConfig:
         _positive_int("config.pipeline_depth", self.pipeline_depth, minimum=0, maximum=MAX_PIPELINE_DEPTH)
         _positive_int("config.num_speculative_tokens", self.num_speculative_tokens, minimum=0,
                       maximum=MAX_SPECULATIVE_TOKENS)
+        object.__setattr__(self, "kv_groups", parse_groups(self.kv_groups))
+        check_with_config(self.kv_groups, self.enable_prefix_caching, self.enable_chunked_prefill)
+        if not isinstance(self.drop_eagle_block, bool):
+            raise InputError("config.drop_eagle_block", f"must be true or false, got {shown(self.drop_eagle_block)}")
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -124,6 +136,11 @@ class SchedulerConfig:
             return self.max_model_len
         return min(self.max_model_len, self.max_num_batched_tokens)
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the config names KV cache groups besides the one full-attention group."""
+        return len(self.kv_groups) > 1
+
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens of KV."""
         return -(-num_tokens // self.block_size)
@@ -132,6 +149,7 @@ class SchedulerConfig:
         """Every field; the newer optional ones only when they differ from their defaults, so a
         V0 config reads and writes exactly as before they existed."""
         data = asdict(self)
+        data["kv_groups"] = [g.to_dict() for g in self.kv_groups]
         for name, default in _OPTIONAL_DEFAULTS.items():
             if data[name] == default:
                 del data[name]
@@ -161,6 +179,8 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "enable_prefix_caching": False,
     "pipeline_depth": 0,
     "num_speculative_tokens": 0,
+    "kv_groups": [],
+    "drop_eagle_block": False,
 }
 
 

@@ -67,6 +67,10 @@ class Capability(StrEnum):
     NO_LENGTH_LIMIT = "no_length_limit"
     NO_SEQ_LIMIT = "no_seq_limit"
     CACHE_HOLDS_REFS = "cache_holds_refs"
+    # Hybrid KV cache groups (spec/kv_groups.py, docs/HYBRID.md): Snapshot.group_tables holds the
+    # tables of every group but group 0 (whose table is SeqView.blocks), and the config's kv_groups
+    # says what each group is. A one-group engine has nothing to show and reports as before.
+    KV_GROUPS = "kv_groups"  # Snapshot.group_tables: the block tables of groups 1.. per sequence
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -74,7 +78,7 @@ class Capability(StrEnum):
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
-    Capability.CACHE_HOLDS_REFS}
+    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS}
 
 
 class SeqView(NamedTuple):
@@ -105,6 +109,8 @@ class InFlightView(NamedTuple):
 
 # The version of the ``in_flight`` snapshot field on the wire (docs/PROTOCOL.md).
 IN_FLIGHT_VERSION = 1
+# The version of the ``group_tables`` snapshot field (KV_GROUPS; spec/kv_groups.py).
+GROUP_TABLES_VERSION = 1
 
 
 # KVSCHED_FULL_CHECK=1 turns incremental checking off: snapshots are built whole and every
@@ -144,6 +150,11 @@ class Snapshot:
     # hold; each counts in the block's reference count (BLK-003) when the adapter's config domain
     # says ``cache_holds_refs`` (the claim `Capability.CACHE_HOLDS_REFS`). None: no such holds.
     gpu_cache_holds: tuple[int, ...] | None = None
+    # KV_GROUPS: seq id -> the block tables of KV cache groups 1 .. n-1, in group order (group 0's
+    # is SeqView.blocks), each position a GPU block id or spec.kv_groups.NULL_BLOCK; a shared
+    # group has an empty table. Only sequences holding a block in some group are listed. None: a
+    # one-group engine (or one that does not show them).
+    group_tables: Mapping[str, tuple[tuple[int, ...], ...]] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -324,7 +335,7 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
                 "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
-                "gpu_cache_holds")
+                "gpu_cache_holds", "group_tables")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

@@ -190,6 +190,8 @@ class _WholeSnapshots:
                                                              "cpu_free_ids", "gpu_block_keys", "gpu_fenced")},
             cache_index={k: fresh(v) for k, v in snap.cache_index.items()} if snap.cache_index is not None else None,
             in_flight=dict(snap.in_flight) if snap.in_flight is not None else None,
+            group_tables={k: tuple(map(fresh, v)) for k, v in snap.group_tables.items()}
+            if snap.group_tables is not None else None,
         )
 
 

@@ -106,6 +106,13 @@ PROFILES: dict[str, Profile] = {
         # bound the table instead.
         exclude=(*_V0_ONLY, *_SGLANG_ONLY, "CAP-002"), reference="reference_impl.specdec_scheduler:SpecDecScheduler",
     ),
+    "hybrid": Profile(
+        "hybrid", ("safety", "liveness", "policy"), True,
+        "vLLM V1's flow over hybrid KV cache groups (sliding window, chunked local, Mamba, shared beside full "
+        "attention): the vllm-v1 claims plus vLLM's window freeing (HYB-004) and state blocks per mode (HYB-005); "
+        "lockstep with reference_impl.hybrid_scheduler",
+        exclude=(*_V0_ONLY, *_SGLANG_ONLY, "ADM-002"), reference="reference_impl.hybrid_scheduler:HybridV1Scheduler",
+    ),
 }
 
 

@@ -219,6 +219,7 @@ _PROMISED: dict[Capability, tuple[str, ...]] = {
     Capability.FREE_COUNTS: ("gpu_free",),
     Capability.FREE_LISTS: ("gpu_free_ids",),
     Capability.IN_FLIGHT: ("in_flight",),
+    Capability.KV_GROUPS: ("group_tables",),
 }
 
 
@@ -419,6 +420,20 @@ def _in_flight(counters: Any, snap: Snapshot, base: Snapshot | None) -> str | No
     return None
 
 
+def _group_tables(tables: Any, snap: Snapshot, base: Snapshot | None) -> str | None:
+    """Seq id -> a tuple of block tables (KV cache groups 1 .. n-1), each a tuple of ints."""
+    if not isinstance(tables, Mapping):
+        return f"is {type(tables).__name__}, expected a mapping of seq id to tables"
+    for sid, group in tables.items():
+        if not isinstance(sid, str) or not isinstance(group, tuple):
+            return f"{sid!r}: expected a tuple of tables"
+        for table in group:
+            problem = _ints(table)
+            if problem:
+                return f"{sid!r}: a table {problem}"
+    return None
+
+
 _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str | None]], ...] = (
     ("statuses", _statuses),
     ("seqs", _seqs),
@@ -439,4 +454,5 @@ _FIELD_CHECKS: tuple[tuple[str, Callable[[Any, Snapshot, Snapshot | None], str |
     ("in_flight", _in_flight),
     ("gpu_fenced", lambda v, s, b: _ints(v)),
     ("gpu_cache_holds", lambda v, s, b: _ints(v)),
+    ("group_tables", _group_tables),
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 from spec import observation
 from spec.config import SchedulerConfig
-from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
+from spec.observation import GROUP_TABLES_VERSION, IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.reasons import Reason
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -130,6 +130,28 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
     if snap.in_flight is not None:
         out["in_flight"] = {"version": IN_FLIGHT_VERSION,
                             "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
+    if snap.group_tables is not None:
+        out["group_tables"] = {"version": GROUP_TABLES_VERSION,
+                               "seqs": {sid: [list(t) for t in tables] for sid, tables in snap.group_tables.items()}}
+    return out
+
+
+def _group_tables(value: Any) -> dict[str, tuple[tuple[int, ...], ...]] | None:
+    """``{"version": 1, "seqs": {seq: [[block or -1, ...], ...]}}``: the tables of KV cache groups
+    1 .. n-1 per sequence (docs/PROTOCOL.md, spec/kv_groups.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != GROUP_TABLES_VERSION:
+        raise WireError(f"snapshot.group_tables.version: expected {GROUP_TABLES_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    seqs = value.get("seqs")
+    if not isinstance(seqs, Mapping):
+        raise WireError("snapshot.group_tables.seqs: expected an object")
+    out = {}
+    for sid, tables in seqs.items():
+        if type(tables) is not list:
+            raise WireError(f"snapshot.group_tables.seqs.{sid}: expected a list of tables")
+        out[str(sid)] = tuple(_ints(t, f"group_tables.seqs.{sid}[{i}]") or () for i, t in enumerate(tables))
     return out
 
 
@@ -227,6 +249,7 @@ _PARTS = {
     "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
     "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
     "gpu_cache_holds": _ints,
+    "group_tables": lambda value, _name: _group_tables(value),
 }
 
 

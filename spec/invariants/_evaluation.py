@@ -128,7 +128,8 @@ def _same_pool(snap: Snapshot, older: Snapshot | None, device: str, size: int) -
     if device == "gpu":
         same = (snap.gpu_ref_counts is older.gpu_ref_counts and snap.gpu_free_ids is older.gpu_free_ids
                 and snap.gpu_free == older.gpu_free and snap.gpu_block_keys is older.gpu_block_keys
-                and snap.cache_index is older.cache_index and snap.gpu_fenced is older.gpu_fenced)
+                and snap.cache_index is older.cache_index and snap.gpu_fenced is older.gpu_fenced
+                and snap.group_tables is older.group_tables)
     else:
         same = (snap.cpu_ref_counts is older.cpu_ref_counts and snap.cpu_free_ids is older.cpu_free_ids
                 and snap.cpu_free == older.cpu_free)

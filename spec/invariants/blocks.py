@@ -18,6 +18,7 @@ from spec.invariants.triggers import (
     schedules,
     unfinished,
 )
+from spec.kv_groups import real_entries
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
 from spec.rules import AFTER_STEP, POOL, SCHEDULE, SEQUENCE, CheckContext, invariant
@@ -79,11 +80,14 @@ def _ref_counts(ctx: CheckContext, pool: PoolAt) -> Iterator[str]:
     assert refs is not None
     expected = entry_counts(snap, device, len(refs))
     fenced = gpu_holds(ctx, snap) if device == "gpu" else None  # holds without a table count too
-    if fenced and expected is not None:
-        expected = _with_holds(expected, fenced)
-    if expected is not None and ref_counts_match(pool, refs, expected):
+    grouped = real_entries(snap.group_tables) if device == "gpu" else ()  # KV cache groups 1.. (spec/kv_groups.py)
+    holds = (*(fenced or ()), *grouped)
+    if holds and expected is not None:
+        expected = _with_holds(expected, holds)
+    # a group's table changes beside the views the evaluation layer tracks: with groups, compare whole
+    if expected is not None and (refs == expected if grouped else ref_counts_match(pool, refs, expected)):
         return  # explained block by block below if not
-    counted = entries(snap, device) + Counter(fenced or ())
+    counted = entries(snap, device) + Counter(holds)
     for block, ref in enumerate(refs):
         if ref != counted.get(block, 0):
             yield f"{label}: {device} block {block} has ref count {ref} but {counted.get(block, 0)} table entries"
@@ -112,9 +116,10 @@ def _with_holds(counts: tuple[int, ...], fenced: tuple[int, ...]) -> tuple[int, 
 
 @invariant(
     "BLK-003", "safety",
-    """GPU reference counts equal the number of block-table entries that point at each block (plus
-    the holds a pipelined engine keeps for in-flight writes, ``Snapshot.gpu_fenced``, and those
-    of a prefix cache that holds references, ``Snapshot.gpu_cache_holds``).""",
+    """GPU reference counts equal the number of block-table entries that point at each block, in the
+    tables of every KV cache group (``Snapshot.group_tables``), plus the holds a pipelined engine
+    keeps for in-flight writes (``Snapshot.gpu_fenced``) and those of a prefix cache that holds
+    references (``Snapshot.gpu_cache_holds``).""",
     """Parallel sampling forks sequences that share the prompt's blocks (vLLM's
     BlockSpaceManager.fork); freeing a sequence drops one reference per entry. A count above
     the holders leaks the block; below them frees it under a live sequence (the double free of

@@ -204,6 +204,7 @@ def build(results: Path) -> str:
     lines += _vidur_lockstep(results / "lockstep-vidur-vllm.json")
     lines += _async_hunt(results)
     lines += _specdec(results / "specdec-lockstep.json", results / "specdec-hunt.json")
+    lines += _hybrid(results / "lockstep-vllm-v1-hybrid.json", results / "hybrid-hunt-0.33.0.json")
     lines += ["", "## Search strength: what a campaign reaches (issue 21)", "",
               "Each target declares the lifecycle edges its engine takes and the invariants it can never exercise "
               "(`Target.reach`, `conformance/selftest/campaigns/coverage_gate.py`); tests/test_targets.py runs 100 traces per "
@@ -554,6 +555,49 @@ def _specdec(lockstep: Path, hunt: Path) -> list[str]:
             found = "; ".join(f"{k}: {v}" for k, v in p["violations"].items()) or "none"
             lines.append(f"\nvllm-project/vllm#42722 probe, {path}: drained {p['drained']} in {p['steps']} steps; "
                          f"{found}")
+    return lines
+
+
+def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
+    """Hybrid KV cache groups on vLLM 0.33.0 (docs/HYBRID.md): the lockstep campaign
+    (`conformance.selftest.campaigns.lockstep_hybrid`) and the hunt (`conformance.selftest.campaigns.hybrid_hunt`)."""
+    if not lockstep.exists():
+        return []
+    data = json.loads(lockstep.read_text())
+    lines = ["", "## Hybrid KV cache groups: the hybrid reference vs vLLM 0.33.0 (sync and async)", "",
+             "`python -m conformance.selftest.campaigns.lockstep_hybrid --path PATH --traces N` (docs/HYBRID.md): the host "
+             "builds the trace's `kv_groups` as vLLM `KVCacheGroupSpec`s over one pool "
+             "(`conformance/targets/hosts/vllm_hybrid_groups.py`); every decision and the state after every step are "
+             "compared, every group's block tables (null positions included) and the free queue in order among them. "
+             "`async-*` paths run the same layouts at pipeline depth 1 on vLLM's AsyncScheduler beside the pipelined "
+             "hybrid reference, comparing the delivered tokens too.", "",
+             "| path | traces | steps | agree | divergent (first field) | seconds |", "| --- | --- | --- | --- | --- | --- |"]
+    for path, p in data["paths"].items():
+        fields = "; ".join(f"{k} x{n}" for k, n in p["divergent_by_field"].items()) or "none"
+        lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {fields} | {p['seconds']} |")
+    for key, first in data.get("first_divergences", {}).items():
+        lines.append(f"\nFirst divergence `{key}`: {first['message'][:300]}")
+    for cls, c in data.get("classes", {}).items():
+        lines.append(f"\n`{cls}` ({c['kind']}): {c['explanation']}")
+    lines.append(run_line(data))
+    if hunt.exists():
+        h = json.loads(hunt.read_text())
+        lines += ["", "Hunt (`python -m conformance.selftest.campaigns.hybrid_hunt`, no lockstep, every trace run whole): "
+                  "`sync` is vllm-v1 under safety, liveness and vLLM's own hybrid policy (HYB-004/005); `async` is "
+                  "vllm-v1-async at depth 1 under the async profile and liveness, with vllm-project/vllm#57562's shape "
+                  "weighted in (Mamba align with prefix caching, chunked prefill, a few tokens per seat, up to 8 "
+                  "requests); PIP-003 reads the host's in-flight counters (#57562's placeholder underflow) and PIP-005 "
+                  "any failure of the engine on an in-flight outcome.", "",
+                  "| run | target | traces | steps | preemptions | prefix caching on | chunked prefill on | clean | problems |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in h["runs"].items():
+            problems = "; ".join(f"{k} x{n}" for k, n in r["problems"].items()) or "none"
+            lines.append(f"| {name} | {r['target']} | {r['traces']} | {r['steps']} | {r['preemptions']} | "
+                         f"{r['prefix_caching_on']} | {r['chunked_prefill_on']} | {r['clean_traces']} | {problems} |")
+        for name, r in h["runs"].items():
+            for problem, first in r.get("first", {}).items():
+                lines.append(f"\n`{name}` {problem}: {first['message'][:300]}")
+        lines.append(run_line(h))
     return lines
 
 

@@ -23,9 +23,11 @@ from conformance.generation.specdec import specdec_traces, specdec_traces_with_e
 from conformance.generation.v0 import configs, traces
 from conformance.selftest import mutants as lib
 from conformance.selftest import mutants_async as async_mutants
+from conformance.selftest import mutants_hybrid as hybrid_mutants
 from conformance.selftest import mutants_specdec as specdec_mutants
 from conformance.selftest.museum import mutants as new
 from reference_impl.async_scheduler import AsyncV1Scheduler
+from reference_impl.hybrid_scheduler import HybridV1Scheduler
 from reference_impl.scheduler import Scheduler
 from reference_impl.specdec_scheduler import SpecDecScheduler
 from spec.config import SchedulerConfig
@@ -629,6 +631,69 @@ EXHIBITS += (
         minimal_change="update() gives a request k drafts where the drafter proposed none.",
         note="A policy invariant: vLLM's own placeholder and CUDA-graph padding drafts break it by design.",
         strategy=specdec_traces, **_SPECDEC,
+    ),
+)
+
+_HYBRID = {"profile": "hybrid", "reference": HybridV1Scheduler, "reused": True}
+EXHIBITS += (
+    Exhibit(
+        id="hybrid-aligned-split-zero",
+        title="The Mamba-aligned split rounds a capped prefill chunk to 0 tokens on every step",
+        source_id="hybrid-aligned-split-zero",
+        bug_class="A chunk that a cap holding every step keeps below one block is floored to a block boundary, "
+        "which is its start: the request is scheduled nothing, for ever.",
+        expected=("HYB-008", "LIV-001", "LIV-002"),
+        factory=hybrid_mutants.AlignedSplitToZero,
+        mutant="hybrid-aligned-split-to-zero",
+        code=(hybrid_mutants.AlignedSplitToZero._aligned_chunk,),
+        minimal_change="_aligned_chunk floors every non-final chunk without vLLM's guard.",
+        note="The encoder cache is not modelled; a long-prefill threshold below the block size is the cap that "
+        "holds on every step.",
+        strategy=hybrid_mutants.mamba_traces, **_HYBRID,
+    ),
+    Exhibit(
+        id="hybrid-mamba-eagle-drop",
+        title="MambaManager.find_longest_cache_hit ignores drop_eagle_block: the hybrid hit serves the EAGLE block",
+        source_id="hybrid-mamba-eagle-drop",
+        bug_class="The reconciled prefix hit is full attention's undropped chain because the Mamba finder returns a "
+        "state there, so the block the EAGLE/MTP drafter must recompute is served from the cache.",
+        expected=("HYB-006",),
+        factory=hybrid_mutants.MambaIgnoresEagleDrop,
+        mutant="hybrid-mamba-ignores-eagle-drop",
+        code=(hybrid_mutants.MambaIgnoresEagleDrop._cache_hits,),
+        minimal_change="_cache_hits takes the undropped chain when the Mamba group has a state at that length.",
+        note="vLLM 0.33.0 keeps the margin away from Mamba groups (kv_cache_coordinator.py:870-874), so the hit "
+        "stays at full attention's dropped length; the parameter is still unread in MambaManager.",
+        strategy=hybrid_mutants.eagle_mamba_traces, **_HYBRID,
+    ),
+    Exhibit(
+        id="hybrid-mtp-unaligned-state",
+        title="Prefix caching with MTP on a hybrid model caches a Mamba state that is not at its block boundary",
+        source_id="hybrid-mtp-unaligned-state",
+        bug_class="Under the EAGLE/MTP path a prefill chunk ends inside a Mamba block; the state block is cached under "
+        "its boundary's key while it holds the state after the chunk.",
+        expected=("HYB-007",),
+        factory=hybrid_mutants.UnalignedChunksUnderEagle,
+        mutant="hybrid-unaligned-chunks-under-eagle",
+        code=(hybrid_mutants.UnalignedChunksUnderEagle._aligned_chunk,),
+        minimal_change="_aligned_chunk skips the aligned split when drop_eagle_block is set.",
+        note="#53912's scheduler/manager part only; the model's MTP state handling is not modelled.",
+        strategy=hybrid_mutants.eagle_mamba_traces, **_HYBRID,
+    ),
+    Exhibit(
+        id="sglang-mamba-slot-leak",
+        title="A Mamba state slot leaks when admission fails with the radix cache",
+        source_id="sglang-mamba-slot-leak",
+        bug_class="The state slot taken for a request whose admission then fails is never released: a block is held "
+        "by nobody.",
+        expected=("BLK-003", "BLK-001"),
+        factory=hybrid_mutants.StateSlotLeaks,
+        mutant="hybrid-state-slot-leaks-on-failed-admission",
+        code=(hybrid_mutants.StateSlotLeaks._whole_sequence_fits,),
+        minimal_change="A failed whole-sequence admission check takes a state block and keeps it.",
+        note="SGLang's flow, page size 1 and radix tree are not modelled; the V1 hybrid reference plays the "
+        "scheduler and its one pool the Mamba pool.",
+        strategy=hybrid_mutants.mamba_traces, **_HYBRID,
     ),
 )
 

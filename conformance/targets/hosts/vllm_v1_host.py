@@ -135,8 +135,16 @@ class V1Engine:
         cc.num_gpu_blocks = G + 1
         kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
             ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        self.hybrid = len(config.get("kv_groups") or ()) > 1  # KV cache groups (vllm_hybrid_groups.py)
+        block_sizes = {"block_size": bs}
+        if self.hybrid:
+            import vllm_hybrid_groups
+
+            cc.mamba_cache_mode = vllm_hybrid_groups.mamba_mode(config) or cc.mamba_cache_mode
+            kv = vllm_hybrid_groups.kv_cache_config(config)
+            block_sizes = vllm_hybrid_groups.scheduler_block_sizes(kv, vc)
         self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
-                               block_size=bs, log_stats=False)
+                               log_stats=False, **block_sizes)
         self.block_hasher = None
         if caching:  # as vllm/v1/engine/core.py: EngineCore.__init__ builds it
             hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
@@ -296,7 +304,14 @@ class V1Engine:
             "gpu_block_keys": [None if pool.blocks[i].block_hash is None else bytes(pool.blocks[i].block_hash).hex()
                                for i in range(1, G + 1)],
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
+            **({"group_tables": {"version": 1, "seqs": self._group_tables()}} if self.hybrid else {}),
         }
+
+    def _group_tables(self) -> dict:
+        import vllm_hybrid_groups
+
+        live = {rid: r for rid, r in self.reqs.items() if not r.is_finished()}
+        return vllm_hybrid_groups.group_tables(self.sched, self.cfg, live)
 
 
 def v1_watermark(watermark: float, num_gpu_blocks: int) -> float:

@@ -1,0 +1,107 @@
+"""The hybrid reference (`reference_impl.hybrid_scheduler`): with one full-attention group it is the
+V1 reference step for step; with groups it holds its own profile; configs with groups are checked
+and read back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from conformance.flows.profiles import get_profile
+from conformance.generation.hybrid import hybrid_traces
+from conformance.generation.v1 import v1_traces
+from conformance.selftest.mutants import violated
+from reference_impl.engine import iter_steps
+from reference_impl.hybrid_scheduler import HybridV1Scheduler
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.kv_groups import KVGroup
+from spec.trace import Trace
+
+SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
+
+
+def _steps(factory, trace: Trace) -> list[tuple]:
+    out = []
+    for rec in iter_steps(trace, factory(trace.config)):
+        seqs = {sid: (v.status, v.num_computed, v.blocks) for sid, v in (rec.after.seqs or {}).items()}
+        out.append((rec.output.scheduled, rec.output.preempted, rec.output.ignored, rec.finished, seqs,
+                    rec.after.gpu_free_ids, rec.after.gpu_block_keys, rec.after.group_tables or None))
+    return out
+
+
+@SETTINGS
+@given(v1_traces())
+def test_one_full_group_is_the_v1_reference_step_for_step(trace: Trace) -> None:
+    """The V1 flow's own traces, on the hybrid reference with no groups and with one full group:
+    the same outputs, tables, free queues and keys at every step."""
+    plain = _steps(V1Scheduler, trace)
+    assert _steps(HybridV1Scheduler, trace) == plain
+    one = dataclasses.replace(trace, config=dataclasses.replace(trace.config, kv_groups=(KVGroup("full"),)))
+    assert _steps(HybridV1Scheduler, one) == plain
+
+
+@SETTINGS
+@given(hybrid_traces())
+def test_reference_holds_its_profile(trace: Trace) -> None:
+    assert violated(HybridV1Scheduler, trace, invariants=get_profile("hybrid").invariants()) == set()
+
+
+def test_config_reads_back_and_one_group_writes_as_before() -> None:
+    config = SchedulerConfig(enable_chunked_prefill=True, enable_prefix_caching=True,
+                             kv_groups=[{"kind": "full"}, {"kind": "sliding_window", "window": 7},
+                                        {"kind": "mamba", "mode": "align"}, {"kind": "shared", "source": 0}])
+    assert SchedulerConfig.from_dict(config.to_dict()) == config
+    assert "kv_groups" not in SchedulerConfig().to_dict()
+
+
+@pytest.mark.parametrize("groups, where", [
+    ([{"kind": "sliding_window", "window": 4}], "config.kv_groups[0].kind"),
+    ([{"kind": "full"}, {"kind": "sliding_window"}], "config.kv_groups[1].window"),
+    ([{"kind": "full"}, {"kind": "mamba", "mode": "some"}], "config.kv_groups[1].mode"),
+    ([{"kind": "full"}, {"kind": "shared", "source": 1}], "config.kv_groups[1].source"),
+    ([{"kind": "full"}, {"kind": "full", "colour": 1}], "config.kv_groups[1].colour"),
+    ([{"kind": "full"}, {"kind": "mamba", "mode": "none"}], "config.kv_groups[1].mode"),  # with prefix caching
+    ("full", "config.kv_groups"),
+])
+def test_bad_groups_name_the_field(groups, where: str) -> None:
+    with pytest.raises(InputError) as err:
+        SchedulerConfig(enable_chunked_prefill=True, enable_prefix_caching=True, kv_groups=groups)
+    assert err.value.where == where
+
+
+def test_group_tables_cross_the_wire_and_are_checked_whole() -> None:
+    from conformance.runner.normalize import check_snapshot
+    from conformance.wire.codec import snapshot_from_json, snapshot_to_json
+    from spec.observation import Capability, Snapshot
+
+    snap = Snapshot(group_tables={"a#0": ((3, -1, 4), ())})
+    assert snapshot_from_json(snapshot_to_json(snap)).group_tables == snap.group_tables
+    with pytest.raises(Exception, match="group_tables"):
+        check_snapshot(Snapshot(group_tables={"a#0": ([1, 2],)}), frozenset({Capability.KV_GROUPS}))
+
+
+def _pipelined(trace: Trace) -> Trace:
+    return dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=1, watermark=0.0))
+
+
+@settings(max_examples=30, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(v1_traces())
+def test_pipelined_one_group_is_the_async_reference_step_for_step(trace: Trace) -> None:
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    trace = _pipelined(trace)
+    assert _steps(HybridAsyncScheduler, trace) == _steps(AsyncV1Scheduler, trace)
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(hybrid_traces())
+def test_pipelined_reference_holds_the_async_profile(trace: Trace) -> None:
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
