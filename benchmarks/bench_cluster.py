@@ -21,6 +21,7 @@ from conformance.cluster.ray_search import RayRunner, connect, disconnect
 from conformance.flows.profiles import get_profile
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import ChildRunner
+from conformance.runner.plan import RunPlan
 
 
 def one_round(spec: str, examples: int, workers: int, on_ray: bool, seed_value: int) -> float:
@@ -30,8 +31,7 @@ def one_round(spec: str, examples: int, workers: int, on_ray: bool, seed_value: 
     try:
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
-            result = fuzz(runner, profile, max_examples=examples, seed_value=seed_value, out_dir=Path(out),
-                          workers=workers)
+            result = fuzz(runner, RunPlan(profile, max_examples=examples, seed=seed_value, out_dir=Path(out), workers=workers))
             elapsed = time.perf_counter() - started
     finally:
         runner.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 from conformance.flows.profiles import get_profile
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import ChildRunner
+from conformance.runner.plan import RunPlan
 from conformance.selftest.museum.exhibits import EXHIBITS
 from conformance.selftest.museum.run import MAX_EXAMPLES, SEED
 
@@ -57,8 +58,7 @@ def time_to_first(exhibit, workers: int) -> tuple[float, bool]:
         return False
 
     with tempfile.TemporaryDirectory() as out:
-        fuzz(runner, get_profile(exhibit.profile), max_examples=MAX_EXAMPLES, seed_value=SEED, out_dir=Path(out),
-             stop_when=stop_when, workers=workers, timeout=60)
+        fuzz(runner, RunPlan(get_profile(exhibit.profile), max_examples=MAX_EXAMPLES, seed=SEED, out_dir=Path(out), workers=workers, timeout=60), stop_when=stop_when)
     return (found[0], True) if found else (time.monotonic() - started, False)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from conformance.flows.profiles import get_profile
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import ChildRunner
+from conformance.runner.plan import RunPlan
 
 
 def one_round(spec: str, examples: int, workers: int, seed_value: int) -> float:
@@ -28,8 +29,7 @@ def one_round(spec: str, examples: int, workers: int, seed_value: int) -> float:
     profile = get_profile(info.profiles[0])
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        result = fuzz(runner, profile, max_examples=examples, seed_value=seed_value, out_dir=Path(out),
-                      workers=workers)
+        result = fuzz(runner, RunPlan(profile, max_examples=examples, seed=seed_value, out_dir=Path(out), workers=workers))
         elapsed = time.perf_counter() - started
     return result.steps_checked / elapsed
 

@@ -146,9 +146,9 @@ def test_safety_holds_for_a_correct_pipelined_scheduler(tmp_path):
     from conformance.flows.profiles import get_profile
     from conformance.runner.adapter import load_adapter
     from conformance.runner.fuzz import fuzz
+    from conformance.runner.plan import RunPlan
 
-    result = fuzz(lambda: load_adapter("reference-async"), get_profile("safety"), max_examples=60, seed_value=4,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: load_adapter("reference-async"), RunPlan(get_profile("safety"), max_examples=60, seed=4, out_dir=tmp_path))
     assert result.examples == 60 and not result.findings, {p: f.message for p, f in result.findings.items()}
     assert "REQ-004" in result.not_applicable
     assert not {"BUD-004", "CAP-001", "CAP-002", "CAP-003", "CHK-004", "LEN-001", "PFX-001"} & set(result.not_applicable)

@@ -90,9 +90,9 @@ def test_registered_target_conforms_to_the_async_profile(tmp_path) -> None:
     from conformance.flows.profiles import get_profile
     from conformance.runner.adapter import load_adapter
     from conformance.runner.fuzz import fuzz
+    from conformance.runner.plan import RunPlan
 
-    result = fuzz(lambda: load_adapter("vllm-v1-async"), get_profile("async"), max_examples=20, seed_value=16,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: load_adapter("vllm-v1-async"), RunPlan(get_profile("async"), max_examples=20, seed=16, out_dir=tmp_path))
     assert result.examples == 20
     # PIP-001 reads token ids, which come with the prefix-cache capability the host does not declare.
     assert {"PIP-002", "PIP-003", "PIP-005", "PIP-006"} <= set(result.active), result.active

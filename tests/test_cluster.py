@@ -230,15 +230,14 @@ def test_fuzz_feeds_and_replays_a_shared_database_without_a_cluster(tmp_path):
 
     from conformance.flows.profiles import get_profile
     from conformance.runner.fuzz import fuzz
+    from conformance.runner.plan import RunPlan
 
     database = InMemoryExampleDatabase()
-    first = fuzz(broken_adapters.fork_without_incref, get_profile("safety"), max_examples=24, seed_value=11,
-                 out_dir=tmp_path / "a", shared=SharedExamples(database, "x", "safety"))
+    first = fuzz(broken_adapters.fork_without_incref, RunPlan(get_profile("safety"), max_examples=24, seed=11, out_dir=tmp_path / "a"), shared=SharedExamples(database, "x", "safety"))
     stored = {t.meta["problem"]: t for t in SharedExamples(database, "x", "safety").traces()}
     assert "BLK-003" in first.findings and set(stored) == set(first.findings)
     assert stored["BLK-003"].to_json() == (tmp_path / "a" / "counterexamples" / "BLK-003.json").read_text().strip()
-    again = fuzz(broken_adapters.fork_without_incref, get_profile("safety"), max_examples=1, seed_value=99,
-                 out_dir=tmp_path / "b", shared=SharedExamples(database, "x", "safety"))
+    again = fuzz(broken_adapters.fork_without_incref, RunPlan(get_profile("safety"), max_examples=1, seed=99, out_dir=tmp_path / "b"), shared=SharedExamples(database, "x", "safety"))
     assert again.replayed == len(stored) and "BLK-003" in again.findings
     found = Trace.load(tmp_path / "b" / "found" / "BLK-003.json")
     assert found.to_dict()["requests"] == stored["BLK-003"].to_dict()["requests"]

@@ -17,6 +17,7 @@ from conformance.commands.cli import main
 from conformance.flows.profiles import get_profile
 from conformance.runner.adapter import load_adapter
 from conformance.runner.fuzz import fuzz
+from conformance.runner.plan import RunPlan
 
 TESTS = Path(__file__).parent
 
@@ -24,8 +25,7 @@ TESTS = Path(__file__).parent
 def _fuzz(spec: str, profile: str, tmp_path: Path, examples: int = 150, **kw):
     sys.path.insert(0, str(TESTS))
     try:
-        return fuzz(lambda: load_adapter(spec), get_profile(profile), max_examples=examples, seed_value=7,
-                    out_dir=tmp_path, **kw)
+        return fuzz(lambda: load_adapter(spec), RunPlan(get_profile(profile), max_examples=examples, seed=7, out_dir=tmp_path, **kw))
     finally:
         sys.path.remove(str(TESTS))
 

@@ -18,6 +18,7 @@ from conformance.flows.profiles import get_profile
 from conformance.generation.v1 import token_configs, token_traces
 from conformance.runner.adapter import load_adapter
 from conformance.runner.fuzz import fuzz
+from conformance.runner.plan import RunPlan
 from gpu_impl.adapter_v1 import make
 from gpu_impl.batched_v1 import BatchedV1Scheduler
 from gpu_impl.lockstep_v1 import V1TraceBatch, run_lockstep_v1
@@ -188,8 +189,7 @@ def test_builtin_adapter_says_prefix_caching_is_left_out():
 def test_gpu_v1_conforms_to_the_vllm_v1_profile(tmp_path):
     """The built-in adapter through the runner: every invariant of the ``vllm-v1`` profile and the
     lockstep with the V1 reference hold; only what reads token ids is not applicable."""
-    result = fuzz(lambda: load_adapter("gpu-v1"), get_profile("vllm-v1"), max_examples=examples(25), seed_value=7,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: load_adapter("gpu-v1"), RunPlan(get_profile("vllm-v1"), max_examples=examples(25), seed=7, out_dir=tmp_path))
     assert result.findings == {}
     assert result.lockstep
     # Only what reads token ids (the prefix cache, PIP-001) or in-flight counters (the twin is synchronous) is not

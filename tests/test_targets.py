@@ -15,6 +15,7 @@ import pytest
 from conformance.flows.profiles import get_profile
 from conformance.runner.driver import run_checked
 from conformance.runner.fuzz import fuzz
+from conformance.runner.plan import RunPlan
 from conformance.targets import TARGET_SPECS, engine_configs, engine_traces, get_target
 from spec.trace import Trace
 
@@ -76,8 +77,7 @@ def test_sglang_scheduler_modules_import_without_a_gpu_stack():
 def test_nano_vllm_overfills_the_running_seats_and_ignores_max_model_len(name, tmp_path):
     # nano-vllm's Scheduler.schedule counts only this step's admissions against max_num_seqs,
     # and nothing in scheduler.py / postprocess checks max_model_len.
-    result = fuzz(lambda: need(name).adapter(), get_profile("safety"), max_examples=60, seed_value=20261130,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: need(name).adapter(), RunPlan(get_profile("safety"), max_examples=60, seed=20261130, out_dir=tmp_path))
     known = {"BUD-003", "STR-002", "LEN-001", "LEN-002", "LEN-003", "BUD-004", "FAULT-raised", "QUE-001", "QUE-002"}
     assert {"LEN-002", "LEN-003"} <= set(result.findings) <= known
     seats = replay(name, DOCS / "nano-vllm" / "handmade" / "seats-overfilled.json", profile="nano-vllm")
@@ -124,16 +124,14 @@ def test_vllm_v0_raises_when_swap_space_runs_out():
 
 
 def test_vllm_v1_conforms_to_safety_on_its_default_path(tmp_path):
-    result = fuzz(lambda: need("vllm-v1").adapter(), get_profile("safety"), max_examples=25, seed_value=20261130,
-                  out_dir=tmp_path, timeout=60)  # reset builds a ModelConfig per max_model_len: slow on a busy machine
+    result = fuzz(lambda: need("vllm-v1").adapter(), RunPlan(get_profile("safety"), max_examples=25, seed=20261130, out_dir=tmp_path, timeout=60))  # reset builds a ModelConfig per max_model_len: slow on a busy machine
     assert result.examples == 25 and not result.findings, sorted(result.findings)
 
 
 @pytest.mark.parametrize("profile", ["safety", "liveness"])
 def test_sglang_conforms_on_its_page_size_one_path(profile, tmp_path):
     # docs/results/sglang.json and sglang-liveness.json: 300 traces each, no failure
-    result = fuzz(lambda: need("sglang").adapter(), get_profile(profile), max_examples=25, seed_value=20261130,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: need("sglang").adapter(), RunPlan(get_profile(profile), max_examples=25, seed=20261130, out_dir=tmp_path))
     assert result.examples == 25 and not result.findings, sorted(result.findings)
 
 
@@ -153,8 +151,7 @@ LMDEPLOY_KNOWN = {"REQ-004", "RES-003", "CAP-003", "CHK-003"}  # conformance/tar
 def test_lmdeploy_conforms_but_for_its_known_deviations(tmp_path):
     # docs/results/lmdeploy.json: the empty finish (engine.py:477-481: a prompt that fills max_session_len gets
     # max_new_tokens 0 and finishes after its prefill without a token) and the lazy recompute eviction
-    result = fuzz(lambda: need("lmdeploy").adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: need("lmdeploy").adapter(), RunPlan(get_profile("liveness"), max_examples=25, seed=20261201, out_dir=tmp_path))
     assert result.examples == 25 and set(result.findings) <= LMDEPLOY_KNOWN, sorted(result.findings)
     empty = replay("lmdeploy", DOCS / "lmdeploy" / "counterexamples" / "REQ-004.json")
     assert empty.problem_ids == {"REQ-004"}
@@ -179,8 +176,7 @@ def test_lmdeploy_preempts_keeps_the_blocks_then_reclaims_them_safely():
 
 def test_aphrodite_conforms_on_its_default_path(tmp_path):
     # docs/results/aphrodite.json and aphrodite-liveness.json: 300 traces each, no failure
-    result = fuzz(lambda: need("aphrodite").adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: need("aphrodite").adapter(), RunPlan(get_profile("liveness"), max_examples=25, seed=20261201, out_dir=tmp_path))
     assert result.examples == 25 and not result.findings, sorted(result.findings)
 
 
@@ -209,8 +205,7 @@ VIDUR_KNOWN = {"LEN-001", "LEN-002", "LEN-003", "FAULT-raised", "LIV-001", "LIV-
 @pytest.mark.parametrize("name", ["vidur-vllm", "vidur-sarathi", "vidur-orca"])
 def test_vidur_schedulers_fail_only_as_documented(name, tmp_path):
     # docs/CONFORMANCE.md: no length limits, never-fitting prompts wait for ever, the restart assertion
-    result = fuzz(lambda: need(name).adapter(), get_profile("liveness"), max_examples=25, seed_value=20261201,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: need(name).adapter(), RunPlan(get_profile("liveness"), max_examples=25, seed=20261201, out_dir=tmp_path))
     assert result.examples == 25 and set(result.findings) <= VIDUR_KNOWN, sorted(result.findings)
 
 
@@ -254,8 +249,7 @@ def test_a_small_campaign_reaches_every_path_the_engine_has(name, tmp_path):
     from conformance.selftest.campaigns.coverage_gate import gaps
 
     target = need(name)
-    result = fuzz(ChildRunner(name, Limits(timeout=60)), get_profile(target.profiles[0]), max_examples=100,
-                  seed_value=20261130, out_dir=tmp_path, timeout=60, expectations=target_expectations(name))
+    result = fuzz(ChildRunner(name, Limits(timeout=60)), RunPlan(get_profile(target.profiles[0]), max_examples=100, seed=20261130, out_dir=tmp_path, timeout=60, expectations=target_expectations(name)))
     assert result.examples == 100
     assert not gaps(result, target.reach), gaps(result, target.reach)
     assert not result.unexpected, {p: f.message for p, f in result.unexpected.items()}

@@ -13,6 +13,7 @@ from conformance.flows.profiles import get_profile
 from conformance.generation.v0 import traces
 from conformance.runner.driver import run_checked
 from conformance.runner.fuzz import fuzz
+from conformance.runner.plan import RunPlan
 from conformance.wire import WireAdapter, WireError, snapshot_from_json, snapshot_to_json
 from reference_impl.scheduler import Scheduler
 from spec.config import SchedulerConfig
@@ -33,14 +34,13 @@ def _trace() -> Trace:
 
 
 def test_raw_host_conforms_to_safety(tmp_path):
-    result = fuzz(lambda: raw(), get_profile("safety"), max_examples=30, seed_value=3, out_dir=tmp_path)
+    result = fuzz(lambda: raw(), RunPlan(get_profile("safety"), max_examples=30, seed=3, out_dir=tmp_path))
     assert result.examples == 30 and not result.findings
     assert "QUE-001" in result.active and "BLK-001" in result.not_applicable  # what it exposes, and not
 
 
 def test_raw_host_overbudget_is_caught_and_shrunk(tmp_path):
-    result = fuzz(lambda: raw("--bug", "overbudget"), get_profile("safety"), max_examples=20, seed_value=1,
-                  out_dir=tmp_path)
+    result = fuzz(lambda: raw("--bug", "overbudget"), RunPlan(get_profile("safety"), max_examples=20, seed=1, out_dir=tmp_path))
     assert "BUD-001" in result.findings
     assert result.findings["BUD-001"].path.exists()
 
@@ -119,8 +119,7 @@ def test_a_host_can_refuse_a_request_at_the_door(tmp_path):
     assert adapter.add_request(Request("short", 4, 2)) is None
     adapter.close()
     for profile in ("safety", "liveness"):
-        result = fuzz(lambda: raw("--bug", "door"), get_profile(profile), max_examples=40, seed_value=5,
-                      out_dir=tmp_path / profile)
+        result = fuzz(lambda: raw("--bug", "door"), RunPlan(get_profile(profile), max_examples=40, seed=5, out_dir=tmp_path / profile))
         assert result.examples == 40 and not result.findings, {p: f.message for p, f in result.findings.items()}
 
 

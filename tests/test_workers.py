@@ -124,6 +124,7 @@ def test_the_first_worker_searches_while_the_others_start(tmp_path, monkeypatch)
     from conformance.flows.profiles import get_profile
     from conformance.runner.fuzz import fuzz
     from conformance.runner.isolated import ChildRunner
+    from conformance.runner.plan import RunPlan
 
     monkeypatch.setenv("KVSCHED_TEST_FIRST_LOAD", str(tmp_path / "first-load"))
     monkeypatch.setenv("KVSCHED_TEST_SLOW_START", "30")
@@ -139,8 +140,7 @@ def test_the_first_worker_searches_while_the_others_start(tmp_path, monkeypatch)
         return bool(problems)
 
     try:
-        result = fuzz(runner, get_profile("safety"), max_examples=200, seed_value=3, out_dir=tmp_path / "out",
-                      stop_when=stop_when, workers=2, timeout=60)
+        result = fuzz(runner, RunPlan(get_profile("safety"), max_examples=200, seed=3, out_dir=tmp_path / "out", workers=2, timeout=60), stop_when=stop_when)
     finally:
         runner.close()
     assert result.findings and found and found[0] < 20, (found, result.findings.keys())

@@ -22,9 +22,10 @@ from conformance.commands.arguments import (
 from conformance.flows.profiles import PROFILES, get_profile
 from conformance.reports.printable import printable
 from conformance.reports.report import conforming, print_terminal, write_json, write_junit
-from conformance.runner.expectations import load_expectations, parse_skip, target_expectations
+from conformance.runner.expectations import Expectations, load_expectations, parse_skip, target_expectations
 from conformance.runner.fuzz import fuzz
 from conformance.runner.isolated import AdapterInfo, ChildRunner, Limits
+from conformance.runner.plan import RunPlan
 from conformance.runner.signals import SignalRouter
 from spec.errors import InputError
 from spec.safe_write import open_folder_no_links
@@ -157,13 +158,29 @@ def _hypothesis_home(folder: Path | None) -> Path | None:
     return previous
 
 
+def plan_of(args: argparse.Namespace, info: AdapterInfo, expectations: Expectations) -> RunPlan:
+    """The run ``kvsched conform``'s arguments describe, made once: the profile (the adapter's first
+    declared one by default), a drawn seed when none is given (printed, so the run can be repeated),
+    and the example budget (200, or unbounded under ``--time-budget``)."""
+    return RunPlan(
+        profile=get_profile(args.profile or (info.profiles[0] if info.profiles else "safety")),
+        out_dir=args.out,
+        max_examples=args.max_examples or (10**6 if args.time_budget else 200),
+        time_budget=args.time_budget,
+        seed=args.seed if args.seed is not None else random.randrange(2**31),
+        timeout=args.timeout,
+        workers=args.workers,
+        adapter_spec=args.adapter,
+        expectations=expectations,
+    )
+
+
 def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterInfo, database: Any = None) -> int:
     """One campaign on ``runner`` (a `ChildRunner`, or a `conformance.cluster.ray_search.RayRunner` under
     ``--ray``), sharing failures through ``database`` (``--redis``) when given."""
-    profile = get_profile(args.profile or (info.profiles[0] if info.profiles else "safety"))
-    seed = args.seed if args.seed is not None else random.randrange(2**31)
-    max_examples = args.max_examples or (10**6 if args.time_budget else 200)
-    print(printable(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {seed}"), flush=True)
+    plan = plan_of(args, info, expectations)
+    profile, max_examples = plan.profile, plan.max_examples
+    print(printable(f"kvsched conform: adapter {info.name}, profile {profile.name}, seed {plan.seed}"), flush=True)
     if expectations.source:
         print(f"expectations: {expectations.source} ({len(expectations.expected)} expected, {len(expectations.skip)} "
               "skipped; --no-expect counts every failure)", flush=True)
@@ -189,11 +206,7 @@ def _conform(args: argparse.Namespace, runner: Any, expectations, info: AdapterI
             progress.update(task, completed=result.examples, found=f"{result.steps_checked} steps")
 
     try:
-        result = fuzz(
-            runner, profile, max_examples=max_examples, time_budget=args.time_budget, seed_value=seed,
-            out_dir=args.out, timeout=args.timeout, on_example=progress_cb, expectations=expectations,
-            adapter_spec=args.adapter, workers=args.workers, shared=shared,
-        )
+        result = fuzz(runner, plan, on_example=progress_cb, shared=shared)
     finally:
         if progress is not None:
             progress.stop()

@@ -77,11 +77,12 @@ class _Run:
     def result(self):
         if self._result is None:
             from conformance.runner.fuzz import fuzz
+            from conformance.runner.plan import RunPlan
 
             try:
-                self._result = fuzz(self.runner, self.profile, max_examples=self.examples, seed_value=self.seed,
-                                    out_dir=self.out, adapter_spec=self.spec, workers=self.workers,
-                                    expectations=self.expectations)
+                plan = RunPlan(self.profile, self.out, max_examples=self.examples, seed=self.seed,
+                               workers=self.workers, adapter_spec=self.spec, expectations=self.expectations)
+                self._result = fuzz(self.runner, plan)
             finally:
                 self.runner.close()
         return self._result

@@ -96,7 +96,7 @@ def load_expectations(path: Path | None) -> Expectations:
     return replace(loaded, source=str(path))
 
 
-TARGET_EXPECTATIONS_DIR = Path(__file__).parent / "targets" / "expectations"
+TARGET_EXPECTATIONS_DIR = Path(__file__).parents[1] / "targets" / "expectations"
 
 
 def target_expectations_path(adapter: str) -> Path | None:

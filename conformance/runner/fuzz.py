@@ -41,11 +41,10 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
-from conformance.flows.profiles import Profile
 from conformance.runner.coverage import Coverage
 from conformance.runner.example_db import SharedExamples
-from conformance.runner.expectations import Expectations
 from conformance.runner.isolated import LocalRunner
+from conformance.runner.plan import RunPlan
 from conformance.runner.shrink import shrink, size
 from conformance.runner.summary import TraceSummary
 from spec.domain import ConfigDomain
@@ -120,35 +119,28 @@ def _runner_for(make_adapter: Any, timeout: float) -> Any:
 
 def fuzz(
     make_adapter: Callable[[], Any] | Any,
-    profile: Profile,
+    plan: RunPlan,
     *,
-    max_examples: int = 100,
-    time_budget: float | None = None,
-    seed_value: int = 0,
-    out_dir: Path,
-    timeout: float = 10.0,
     strategy: st.SearchStrategy | None = None,
     on_example: Callable[[FuzzResult], None] | None = None,
     stop_when: Callable[[frozenset[str]], bool] | None = None,
-    hypothesis_shrink: bool = False,
-    expectations: Expectations | None = None,
-    adapter_spec: str | None = None,
-    workers: int = 1,
     shared: SharedExamples | None = None,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
-    ``make_adapter`` is a runner (`conformance.runner.isolated.ChildRunner`) or a callable returning an
+    ``plan`` says what to search (`conformance.runner.plan.RunPlan`). ``make_adapter`` is a runner (`conformance.runner.isolated.ChildRunner`) or a callable returning an
     adapter, run in this process. ``stop_when(problems)``, if given, ends the search early once
     it returns true for the set of problems found so far (the bug museum stops at an exhibit's
     expected invariant). A runner with its own process draws the traces there, in seeded batches
     (`conformance.runner.workers`); ``workers`` > 1 runs that many copies of it, each its own search
     (ignored for an in-process runner or a caller's ``strategy``, which only this process has).
     ``shared`` is an example database beside ``out_dir`` (`conformance.runner.example_db`): replayed
-    first, fed every failure found. ``hypothesis_shrink`` is kept for callers; Hypothesis' own shrinking is
-    always off (each problem is shrunk on its own afterwards).
+    first, fed every failure found. Hypothesis' own shrinking is always off (each problem is shrunk on
+    its own afterwards).
     """
-    del hypothesis_shrink
+    profile, out_dir, max_examples, time_budget = plan.profile, plan.out_dir, plan.max_examples, plan.time_budget
+    seed_value, timeout, workers, adapter_spec = plan.seed, plan.timeout, plan.workers, plan.adapter_spec
+    expectations = plan.expectations
     # Absolute from here on (the adapter's process may change its folder; `spec.safe_write` needs
     # a path whose folders were resolved before anything the adapter does).
     out_dir = Path(out_dir).resolve()
@@ -162,7 +154,6 @@ def fuzz(
         from conformance.runner.adapter import canonical_spec
 
         adapter_spec = canonical_spec(adapter_spec)
-    expectations = expectations or Expectations()
     drawn_by_runner = strategy is None and hasattr(runner, "search")  # the child draws from the same strategy
     if strategy is None:
         strategy = _strategy_for(runner)

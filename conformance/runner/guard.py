@@ -97,7 +97,7 @@ def _attribute(err: BaseException, name: str, default: object) -> object:
 
 
 # Frames in these folders are the runner's and the spec's, not the adapter's.
-_RUNNER_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) + os.sep for d in ("conformance", "spec"))
+_RUNNER_DIRS = tuple(str(Path(__file__).resolve().parents[2] / d) + os.sep for d in ("conformance", "spec"))
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 

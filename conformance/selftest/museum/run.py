@@ -20,6 +20,7 @@ from conformance.flows.profiles import get_profile
 from conformance.runner.adapter import SchedulerAdapter
 from conformance.runner.driver import run_checked
 from conformance.runner.fuzz import Finding, fuzz
+from conformance.runner.plan import RunPlan
 from conformance.selftest.museum.exhibits import EXHIBITS, Exhibit
 from reference_impl.scheduler import Scheduler
 
@@ -82,17 +83,9 @@ def run_exhibit(
 ) -> ExhibitResult:
     expected = set(exhibit.expected)
     started = time.monotonic()
-    result = fuzz(
-        lambda: make_adapter(exhibit),
-        get_profile(exhibit.profile),
-        max_examples=max_examples,
-        seed_value=seed,
-        out_dir=out_dir / exhibit.id,
-        strategy=exhibit.strategy() if exhibit.strategy else None,
-        stop_when=lambda problems: bool(problems & expected),
-        hypothesis_shrink=False,
-        timeout=None,  # the mutants are in-process Python: no worker thread per call
-    )
+    plan = RunPlan(get_profile(exhibit.profile), out_dir / exhibit.id, max_examples=max_examples, seed=seed, timeout=None)
+    result = fuzz(lambda: make_adapter(exhibit), plan, strategy=exhibit.strategy() if exhibit.strategy else None,
+                  stop_when=lambda problems: bool(problems & expected))
     problems = {p: f.steps for p, f in result.findings.items()}
     hits = sorted((f.steps, exhibit.expected.index(p), p) for p, f in result.findings.items() if p in expected)
     caught_by = hits[0][2] if hits else None
