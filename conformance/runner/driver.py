@@ -125,7 +125,7 @@ def run_checked(
                               check_budget)
         if result.fault is not None and result.fault.step_uncertain and hasattr(adapter, "exact_steps"):
             result = _replay_exactly(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory,
-                                     stop_on, result, check_budget)
+                                     stop_on, check_budget, result)
         return result
     finally:
         if collecting:
@@ -134,7 +134,7 @@ def run_checked(
 
 def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], guard: Guard, lockstep: bool,
                     stop_at_first: bool, reference_factory: Callable[[SchedulerConfig], Any] | None,
-                    stop_on: str | None, first: TraceResult, check_budget: float | None = None) -> TraceResult:
+                    stop_on: str | None, check_budget: float | None, first: TraceResult) -> TraceResult:
     """``first`` ended in a fault whose step the adapter could not tell (a wire host killed while it
     held the lines of its last steps: conformance/wire/client.py): run the trace again from its
     reset with every step answered at once (``adapter.exact_steps()``), so that the fault, the

@@ -182,7 +182,8 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 @invariant(
     "LEN-004", "safety",
     """A request finishes as FINISHED_LENGTH_CAPPED only at a length limit: one of its sequences
-    has generated max_tokens tokens or holds max_model_len tokens.""",
+    has generated max_tokens tokens, or holds max_model_len tokens, or holds all but at most two
+    blocks' worth of the GPU pool's tokens.""",
     """The client asked for max_tokens tokens; a length cap is the scheduler's word that the
     limit, its own or the model's, was reached (vLLM stop_checker.py: maybe_stop_sequence checks
     get_output_len() == max_tokens and get_len() >= max_model_len; SGLang's FINISH_LENGTH is
@@ -191,7 +192,12 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     check sees it. Safety, not policy: a correct design may generate past a limit and drop the
     surplus (speculative drafts, pipelined samples), or stop early for a stop token, an abort or
     a refusal, but each of those finishes under its own status; no correct design reports the
-    length cap below both limits. Not checked pipelined (the finishing sample may be in flight).""",
+    length cap below the limits. The third limit is the pool's: an engine may cap a sequence at
+    what its KV cache can hold, less the slots it keeps back (SGLang's max_req_len is
+    min(context_len - 1, max_total_num_tokens - 1), and max_new_tokens is clipped to max_req_len
+    - prompt - 1 at the door: tp_worker.py:568-572, reference_impl/sglang_scheduler.py); two
+    blocks of slack cover that and keep the rule's point, that a request far from every limit is
+    never called length-capped. Not checked pipelined (the finishing sample may be in flight).""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,
@@ -214,9 +220,11 @@ def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterato
             continue  # no view of any of its sequences: nothing to read the length from
         longest = max(known)
         generated = longest - request.prompt_len
-        if generated < request.max_tokens and longest < ctx.config.max_model_len:
+        pool = (ctx.config.num_gpu_blocks - 2) * ctx.config.block_size  # what the pool holds, less two blocks
+        if generated < request.max_tokens and longest < ctx.config.max_model_len and longest < pool:
             yield (f"{rid} finished {Status.FINISHED_LENGTH_CAPPED.value} with {generated} of its max_tokens "
-                   f"{request.max_tokens} generated and {longest} tokens, max_model_len {ctx.config.max_model_len}")
+                   f"{request.max_tokens} generated and {longest} tokens, max_model_len {ctx.config.max_model_len}, "
+                   f"the pool {pool} tokens but two blocks")
 
 
 def _seqs_of(rid: str, *snapshots: dict) -> set[str]:
