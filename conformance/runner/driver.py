@@ -232,10 +232,10 @@ def _run_checked(
             drafts = trace.drafts_at(step)
             outcome = StepOutcome(stopped, drafts)
             if domain.fused_step:  # the engine samples inside schedule(): it is told the outcome there
-                output = guard.call("schedule", adapter.schedule, outcome)
+                answer = guard.call("schedule", adapter.schedule, outcome)
             else:
-                output = guard.call("schedule", adapter.schedule)
-            output = check_output(shift_output(output, shift), step)
+                answer = guard.call("schedule", adapter.schedule)
+            output = check_output(shift_output(answer, shift), step)  # ``output`` stays None if malformed
             if mid_step:
                 mid = last = check_snapshot(shift_snapshot(guard.call("snapshot", adapter.snapshot), shift), caps, last)
             else:
