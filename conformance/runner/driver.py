@@ -257,10 +257,10 @@ def _run_checked(
             stopped = trace.stops_at(step)
             drafts = trace.drafts_at(step)
             if domain.fused_step:  # the engine samples inside schedule(): it is told the outcome there
-                output = guard.call("schedule", adapter.schedule, StepOutcome(stopped, dict(drafts)))
+                answer = guard.call("schedule", adapter.schedule, StepOutcome(stopped, dict(drafts)))
             else:
-                output = guard.call("schedule", adapter.schedule)
-            output = check_output(shift_output(output, shift), step, bounds)
+                answer = guard.call("schedule", adapter.schedule)
+            output = check_output(shift_output(answer, shift), step, bounds)  # ``output`` stays None if malformed
             if mid_step:
                 mid = last = check_snapshot(shift_snapshot(guard.call("snapshot", adapter.snapshot), shift), caps, last,
                                             bounds)
