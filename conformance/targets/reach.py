@@ -30,6 +30,11 @@ EAGER_FREE = {"RES-005": "frees a finished request's blocks in the step that fin
                          "holds blocks when a step begins"}
 NO_DRAFTS = {f"SPD-00{n}": "no speculative decoding: the engine, as hosted, schedules no draft tokens"
              for n in range(1, 10)}
+# The campaigns' configs never set a prefill cap (CHK-005's long_prefill_token_threshold) or a limit
+# on requests mid-prefill (CHK-006's max_num_partial_prefills): the rules' triggers never hold there.
+NO_PREFILL_CAP = {"CHK-005": "the campaign's configs set no long_prefill_token_threshold"}
+NO_PARTIAL_LIMIT = {"CHK-006": "the campaign's configs set no max_num_partial_prefills (vLLM has no such limit)"}
+NO_ABORTS = {"REQ-007": "no abort API in the host: nothing finishes aborted, so no end is unasked"}
 NO_RESET = {i: "the campaign's traces call no reset_prefix_cache" for i in ("PFX-006", "PFX-007")}
 
 
@@ -48,7 +53,7 @@ class Reach:
         merged = dict(self.unexercised)
         for more in reasons:
             merged.update(more)
-        return Reach(self.edges, merged)
+        return Reach(self.edges, merged, self.least_steps)
 
     def __post_init__(self) -> None:
         unknown = [e for e in self.edges if e not in ALL_EDGES]
