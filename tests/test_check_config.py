@@ -83,8 +83,10 @@ def _json_run(capsys, *argv):
 def _non_default(f) -> list[str]:
     """argv that sets field ``f`` to a valid value other than its default."""
     flag = "--" + f.name.replace("_", "-")
-    if f.name in ("enable_chunked_prefill", "enable_prefix_caching"):
+    if f.name in ("enable_chunked_prefill", "enable_prefix_caching", "drop_eagle_block"):
         return [flag]
+    if f.name == "kv_groups":  # full attention beside a sliding window of 8 tokens (spec/kv_groups.py)
+        return [flag, '[{"kind": "full"}, {"kind": "sliding_window", "window": 8}]']
     if f.name in ("max_num_partial_prefills", "long_prefill_token_threshold"):
         return ["--enable-chunked-prefill", flag, "3"]
     other = {"watermark": "0.05", "preemption_mode": "swap", "policy": "priority", "pipeline_depth": "1"}

@@ -39,7 +39,8 @@ def test_reference_conforms_to_its_own_profile(tmp_path):
     from spec.catalogue import get
     from spec.observation import Capability
 
-    assert all(get(i).needs & {Capability.PREFIX_CACHE, Capability.IN_FLIGHT} for i in result.not_applicable), \
+    assert all(get(i).needs & {Capability.PREFIX_CACHE, Capability.IN_FLIGHT, Capability.KV_GROUPS}
+               for i in result.not_applicable), \
         result.not_applicable
     assert result.steps_checked > 500
 

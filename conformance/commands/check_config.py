@@ -25,7 +25,7 @@ from spec.errors import InputError
 from spec.json_input import read_json
 from spec.trace import Trace
 
-SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")
+SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "drop_eagle_block")
 
 
 def flag_of(name: str) -> str:
@@ -40,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if f.name in SWITCHES:
             p.add_argument(flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=help_text)
+        elif f.name == "kv_groups":  # a JSON list of groups (spec/kv_groups.py), checked by SchedulerConfig
+            p.add_argument(flag_of(f.name), dest=f.name, type=_json_list, default=None, metavar="JSON", help=help_text)
         elif f.name in ("preemption_mode", "policy"):
             choices = PREEMPTION_MODES if f.name == "preemption_mode" else POLICIES
             p.add_argument(flag_of(f.name), dest=f.name, choices=choices, default=None, help=help_text)
@@ -117,3 +119,14 @@ def _config(args: argparse.Namespace) -> tuple[SchedulerConfig, dict[str, str]]:
 
 def _all_fields(config: SchedulerConfig) -> dict[str, object]:
     return {f.name: getattr(config, f.name) for f in fields(SchedulerConfig)}
+
+
+def _json_list(text: str) -> list:
+    """A flag's JSON list (``--kv-groups '[{"kind": "full"}, ...]'``); argparse names the flag if it is not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a JSON list, got {text[:40]!r}") from None
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError(f"must be a JSON list, got {text[:40]!r}")
+    return value

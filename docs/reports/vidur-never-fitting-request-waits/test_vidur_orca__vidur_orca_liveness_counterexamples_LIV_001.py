@@ -14,8 +14,8 @@ steps are replayed as kvsched's driver runs them (arrivals, aborts, schedule(), 
 outcome), the model played here.
 
 Asserts LIV-001: Every step with unfinished requests makes progress: it schedules a token, ignores a
-request, or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
-earlier scheduled one, whose outcome is still in flight.
+request, ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth
+> 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight.
 """
 
 import logging
@@ -170,7 +170,7 @@ DRAFTS = {}  # step -> request id -> the drafter's and rejection sampler's decis
 MAX_STEPS = 1
 PIPELINE_DEPTH = 0
 PROPERTY = 'LIV-001'
-STATEMENT = 'Every step with unfinished requests makes progress: it schedules a token, ignores a request, or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight.'
+STATEMENT = 'Every step with unfinished requests makes progress: it schedules a token, ignores a request, ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight.'
 
 
 # -- the property ---------------------------------------------------------------------------------
