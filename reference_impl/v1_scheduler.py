@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
+from reference_impl.kv_connector import ConnectorFlow
 from reference_impl.prefix_cache import CachingBlockPool
 from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
@@ -173,7 +174,7 @@ class TrackedScheduler:
         tracked = self.requests.get(request_id)
         if tracked is None or tracked.status.is_finished:
             return None
-        (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
+        (self.waiting if tracked.status.queue == "waiting" else self.running).remove(tracked)
         self._finish(tracked, Status.FINISHED_ABORTED)
         return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
 
@@ -284,7 +285,7 @@ class TrackedScheduler:
         }
 
 
-class V1Scheduler(TrackedScheduler):
+class V1Scheduler(ConnectorFlow, TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
@@ -327,6 +328,7 @@ class V1Scheduler(TrackedScheduler):
         self._placeholder_drafts: set[str] = set()  # this step's padded admissions (pads_new_decode_drafts)
 
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
+        self._init_connector()  # KV connector (reference_impl.kv_connector): only with config.kv_connector
 
     @property
     def reservation(self) -> Reservation | None:
@@ -365,6 +367,8 @@ class V1Scheduler(TrackedScheduler):
 
     def schedule(self) -> SchedulerOutput:
         self._placeholder_drafts = set()
+        if self.connector is not None:
+            self._kv_begin_step()
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -479,6 +483,8 @@ class V1Scheduler(TrackedScheduler):
     def _admit(
         self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
     ) -> None:
+        if self.connector is not None:  # the waiting pass with a connector: reference_impl.kv_connector
+            return self._kv_admit(budget, threshold, scheduled, reasons, ignored)
         config = self.config
         running_loop = tuple(self.requests[rid] for rid in scheduled)  # what the running loop scheduled
         while budget > 0 and self.waiting:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from spec.connector import check_config as check_connector_config
 from spec.errors import InputError, shown
 
 # Upper limits on the sizes a config may ask for. The reference keeps a Python object per block
@@ -67,6 +68,10 @@ class SchedulerConfig:
     # Speculative decoding (spec/speculative.py): draft tokens a running request may be scheduled
     # with besides its next token; 0 is today's one-token decode.
     num_speculative_tokens: int = 0
+    # KV connectors (spec/connector.py, docs/CONNECTORS.md): a connector supplies external KV per
+    # the trace's script; a load that fails is recomputed or fails its request, as the policy says.
+    kv_connector: bool = False
+    kv_load_failure_policy: str = "recompute"
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -99,6 +104,7 @@ class SchedulerConfig:
         _positive_int("config.pipeline_depth", self.pipeline_depth, minimum=0, maximum=MAX_PIPELINE_DEPTH)
         _positive_int("config.num_speculative_tokens", self.num_speculative_tokens, minimum=0,
                       maximum=MAX_SPECULATIVE_TOKENS)
+        check_connector_config(self.kv_connector, self.kv_load_failure_policy)
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -161,6 +167,8 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "enable_prefix_caching": False,
     "pipeline_depth": 0,
     "num_speculative_tokens": 0,
+    "kv_connector": False,
+    "kv_load_failure_policy": "recompute",
 }
 
 

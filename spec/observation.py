@@ -16,6 +16,7 @@ from itertools import compress
 from operator import ne
 from typing import NamedTuple
 
+from spec.connector import TransferView
 from spec.speculative import DraftDecision
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -60,13 +61,17 @@ class Capability(StrEnum):
     # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
     # that a preemption keeps the prompt and drops generated tokens from the end.
     OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
+    # KV connectors (spec/connector.py): the transfers in flight (``Snapshot.kv_transfers``) and the
+    # ones the connector reported finished in the step's outcome (``Snapshot.kv_reported``), what the
+    # KVC-* invariants read. Shown by a scheduler driven with a connector (the V1 reference, the vLLM hosts).
+    KV_TRANSFERS = "kv_transfers"  # Snapshot.kv_transfers / kv_reported: connector loads and sends
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.KV_TRANSFERS}
 
 
 class SeqView(NamedTuple):
@@ -132,6 +137,12 @@ class Snapshot:
     # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
     # block's reference count (BLK-003). None or empty: nothing held back.
     gpu_fenced: tuple[int, ...] | None = None
+    # KV_TRANSFERS (spec/connector.py): request id -> its connector transfer in flight (a load into
+    # its blocks, or a finished request's send out of them); and, in the snapshot after an outcome,
+    # the transfers that outcome reported finished (a load with its failed blocks, a send). None:
+    # not observed; empty: none.
+    kv_transfers: Mapping[str, TransferView] | None = None
+    kv_reported: Mapping[str, TransferView] | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -311,7 +322,8 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
+                "kv_transfers", "kv_reported")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

@@ -47,6 +47,9 @@ TEMPLATES: dict[str, str] = {
     "wait_partial_prefills": "{request} waits: {partial} request(s) are mid-prefill, limit {limit}",
     "wait_running_first": "{request} waits: running requests are served first and a preemption happened this step",
     "wait_seats": "{request} waits: {running} running, max_num_seqs {limit}",
+    # KV connectors (reference_impl.kv_connector)
+    "wait_remote_kv": "{request} waits for its KV load from the connector",
+    "finished_error": "{request} finished with an error: its KV load failed (kv_load_failure_policy fail)",
     # SGLang's flow (reference_impl.sglang_scheduler)
     "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
     "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "

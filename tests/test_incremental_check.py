@@ -27,6 +27,7 @@ RARE_ON_THESE_TRACES = {
     "specdec-empty-outcome-keeps-drafts",  # needs an empty outcome on a step that verified drafts
     "v1-admission-ignores-watermark",  # needs a watermark > 0 and a tight admission beside a running request
     "v1-reset-refuses-idle-cache", "v1-reset-keeps-keys",  # need reset_prefix_cache calls (trace `admin`)
+    "connector-holder-behind-head",  # needs a head that cannot fit in front of a landed load, with nothing running
     "specdec-async-accepts-placeholders",  # needs an acceptance beyond a proposal of fewer than k
     "specdec-async-delivers-past-stop",  # as specdec-delivers-past-stop, a step late
     "specdec-async-empty-outcome-keeps-drafts",  # as specdec-empty-outcome-keeps-drafts, a step late

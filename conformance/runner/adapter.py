@@ -116,6 +116,12 @@ class SchedulerAdapter:
     def reset_prefix_cache(self) -> bool:
         return self._scheduler.reset_prefix_cache()
 
+    def kv_connector_scripts(self, scripts: Any) -> None:
+        """The trace's KV connector scripts (spec/connector.py), for a scheduler that runs a connector."""
+        attach = getattr(self._scheduler, "kv_connector_scripts", None)
+        if attach is not None:
+            attach(scripts)
+
     @property
     def scheduler(self) -> Any:
         return self._scheduler

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import changed_between, drops_unseen_tokens, fresh_in_snapshots, returned_step, views_of
+from spec.invariants.connector import load_failed
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import PreemptionMode, Status
@@ -114,9 +115,10 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterat
     voided_late = set() if returned is None or not lagged else {
         sid for sid in returned.scheduled if returned.decision(sid).empty}
     changed = changed_between(rec.after, rec.mid)  # an unscheduled view unchanged since mid kept its count
+    failed = load_failed(rec)  # a failed KV load cuts the computed tokens (KVC-005 says where)
     for sid in rec.mid.seqs if changed is None else sorted(changed | given.keys()):
         m, a = rec.mid.seqs.get(sid), rec.after.seqs.get(sid)
-        if m is None:
+        if m is None or m.request_id in failed:
             continue
         if a is None or m.status.is_finished or m.num_computed is None or a.num_computed is None:
             continue

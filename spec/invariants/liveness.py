@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
+from spec.invariants.connector import admitted_or_loading, held_by_transfer
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 
@@ -14,7 +15,8 @@ from spec.observation import StepRecord
     "LIV-001", "liveness",
     """Every step with unfinished requests makes progress: it schedules a token, ignores a request,
     or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
-    earlier scheduled one, whose outcome is still in flight.""",
+    earlier scheduled one, whose outcome is still in flight, or a KV connector's transfer is in
+    flight (or started) in it.""",
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
     (C.QUEUES,),
@@ -29,7 +31,9 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         seen["last"] = rec.step
     in_flight = ctx.config.pipeline_depth and rec.step - seen.get("last", -1 - ctx.config.pipeline_depth) <= \
         ctx.config.pipeline_depth
-    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight):
+    # A KV connector's transfer in flight (or started by the step) is work the step waits on.
+    transfer = held_by_transfer(rec.before, rec.mid)
+    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight or transfer):
         yield (
             f"nothing scheduled, ignored or preempted with waiting={list(rec.before.waiting or ())} "
             f"running={list(rec.before.running or ())} swapped={list(rec.before.swapped or ())}"
@@ -83,10 +87,12 @@ def completion_bound_for(ctx: CheckContext) -> int:
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
-    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight:
+    busy = held_by_transfer(rec.before)  # a KV connector's transfer in flight may still free blocks
+    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight \
+            and not busy:
         head = waiting[0]
         if ctx.config.policy == "lpm":
             if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored)):
                 yield f"engine idle, yet no waiting request (head {head} before lpm's order) was admitted or ignored"
-        elif head not in admitted(rec) and head not in rec.output.ignored:
+        elif head not in admitted_or_loading(rec) and head not in rec.output.ignored:
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"

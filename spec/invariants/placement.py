@@ -16,6 +16,7 @@ from spec.invariants._views import (
     queue_set,
     seq_ids_by_request,
 )
+from spec.invariants.connector import held_by_transfer
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
 from spec.status import QUEUES, Status
@@ -209,7 +210,8 @@ def finished_freed_by_next_step(ctx: CheckContext, rec: StepRecord) -> Iterator[
     changed = changed_between(rec.after, rec.before, ctx.reads)
     # Finished when the step began: those that held blocks then, and any whose view changed since.
     candidates = before if changed is None else finished_holders(rec.before) | changed
+    held = held_by_transfer(rec.before, rec.after)  # a KV connector's transfer holds them (KVC-007)
     for sid in sorted(candidates):
         old, new = before.get(sid), after.get(sid)
-        if old is not None and old.status.is_finished and new is not None and new.blocks:
+        if old is not None and old.status.is_finished and new is not None and new.blocks and new.request_id not in held:
             yield f"{sid} was {old.status.value} when the step began and still holds {new.device} blocks {list(new.blocks)}"

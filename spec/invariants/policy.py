@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 from spec.catalogue import CheckContext, invariant
 from spec.invariants._views import admitted
+from spec.invariants.connector import loading
 from spec.observation import Capability as C
 from spec.observation import StepRecord
-from spec.status import QUEUES, PreemptionMode
+from spec.status import QUEUES, PreemptionMode, Status
 
 
 @invariant(
@@ -24,8 +25,9 @@ from spec.status import QUEUES, PreemptionMode
     (C.QUEUES,),
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    waiting = list(rec.before.waiting or ())
-    taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
+    busy = loading(rec.before, rec.mid)  # a request waiting for its KV load is passed over (KVC-008)
+    waiting = [rid for rid in rec.before.waiting or () if rid not in busy]
+    taken = (set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))) - busy
     prefix = waiting[: len(taken)]
     if set(prefix) != taken:
         yield f"took {sorted(taken, key=waiting.index)} out of waiting {waiting}: not a prefix"
@@ -82,7 +84,10 @@ def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if p.mode is not PreemptionMode.RECOMPUTE or p.request_id not in waiting:
             continue
         position = waiting.index(p.request_id)
+        statuses = rec.after.statuses or {}
         for ahead in waiting[:position]:
+            if statuses.get(ahead) is Status.WAITING_FOR_REMOTE_KV:
+                continue  # a request holding its loaded KV is served first (vLLM's kv_holding_waiting)
             if ctx.key(ahead) > ctx.key(p.request_id):
                 yield f"recompute victim {p.request_id} is behind the less urgent {ahead} in waiting {waiting}"
 

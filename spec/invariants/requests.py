@@ -13,6 +13,7 @@ from spec.invariants._views import (
     fresh_views,
     seq_ids_by_request,
 )
+from spec.invariants.connector import held_by_transfer, load_failed
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.status import Status
@@ -103,10 +104,11 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     changed = changed_between(rec.after, rec.before)
     # A view that is the same object before and after did not grow: only a scheduled one can be wrong.
     candidates = rec.after.seqs if changed is None else sorted(changed | scheduled)
+    failed = load_failed(rec)  # a step whose KV load failed samples nothing for the request
     for sid in candidates:
         new = rec.after.seqs.get(sid)
         old = rec.before.seqs.get(sid)
-        if old is None or new is None:
+        if old is None or new is None or new.request_id in failed:
             continue
         if old.status.is_finished:
             continue
@@ -194,6 +196,6 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str
         rid = view.request_id
         if not view.status.is_finished:
             yield f"{sid} is {view.status.value} but its request {rid} was reported {ctx.finished[rid].value} before this step"
-        elif view.blocks:
+        elif view.blocks and rid not in held_by_transfer(after):  # a connector transfer holds them (KVC-007)
             yield (f"{sid} of {rid} (reported {ctx.finished[rid].value} before this step) still holds "
                    f"{view.device} blocks {list(view.blocks)}")
