@@ -11,6 +11,7 @@ from typing import Any
 
 from spec import observation
 from spec.config import SchedulerConfig
+from spec.connector import KV_TRANSFERS_VERSION, TransferView
 from spec.observation import IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -113,6 +114,12 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
     if snap.in_flight is not None:
         out["in_flight"] = {"version": IN_FLIGHT_VERSION,
                             "seqs": {sid: v._asdict() for sid, v in snap.in_flight.items()}}
+    for name in ("kv_transfers", "kv_reported"):
+        transfers = getattr(snap, name)
+        if transfers is not None:
+            out[name] = {"version": KV_TRANSFERS_VERSION,
+                         "transfers": {rid: {**t._asdict(), "blocks": list(t.blocks), "failed": list(t.failed)}
+                                       for rid, t in transfers.items()}}
     return out
 
 
@@ -203,12 +210,34 @@ def _seqs_from_json(raw: Any) -> dict[str, SeqView]:
     return seqs
 
 
+def _kv_transfers(value: Any, name: str) -> dict[str, TransferView] | None:
+    """``{"version": 1, "transfers": {request: {kind, blocks, tokens, load_async, failed}}}`` (spec/connector.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != KV_TRANSFERS_VERSION:
+        raise WireError(f"snapshot.{name}.version: expected {KV_TRANSFERS_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    transfers = value.get("transfers")
+    if not isinstance(transfers, Mapping):
+        raise WireError(f"snapshot.{name}.transfers: expected an object")
+    out = {}
+    for rid, t in transfers.items():
+        where = f"{name}.transfers.{rid}"
+        if not isinstance(t, Mapping) or t.get("kind") not in ("load", "send"):
+            raise WireError(f"snapshot.{where}: expected an object with kind load or send")
+        out[str(rid)] = TransferView(t["kind"], _ints(t.get("blocks"), f"{where}.blocks") or (),
+                                     _opt_int(t.get("tokens", 0), f"{where}.tokens") or 0,
+                                     bool(t.get("load_async", False)), _ints(t.get("failed"), f"{where}.failed") or ())
+    return out
+
+
 # Each part besides statuses and seqs: its decoder.
 _PARTS = {
     "waiting": _strs, "running": _strs, "swapped": _strs,
     "gpu_ref_counts": _ints, "cpu_ref_counts": _ints, "gpu_free": _opt_int, "cpu_free": _opt_int,
     "gpu_free_ids": _ints, "cpu_free_ids": _ints, "gpu_block_keys": _keys,
     "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
+    "kv_transfers": _kv_transfers, "kv_reported": _kv_transfers,
 }
 
 
