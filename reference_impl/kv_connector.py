@@ -134,7 +134,7 @@ class ConnectorFlow:
     connector: ScriptedConnector | None = None
     # vLLM 0.33.0 keeps the blocks a synchronous load failed to fill (and those after them) in the
     # prefix cache under the recompute policy, expecting their request to rewrite them
-    # (``_handle_invalid_blocks``, scheduler.py:3667-3671). Off: the spec's reference drops their
+    # (``_handle_invalid_blocks``, scheduler.py:3759-3760). Off: the spec's reference drops their
     # keys (PFX-001: a cached block's key matches what it holds); on in lockstep against vLLM.
     keeps_failed_blocks_cached: bool = False
     # vLLM 0.33.0 keeps a request in ``_inflight_prefills`` from its first asynchronous load until it
@@ -151,6 +151,7 @@ class ConnectorFlow:
             self.capabilities = type(self).capabilities | {Capability.KV_TRANSFERS}  # type: ignore[attr-defined]
         self._kv_queue: set[str] = set()  # vLLM's kv_holding_waiting: the front of waiting
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
+        self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
 
     def _to_visit(self, base):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
@@ -370,7 +371,7 @@ class ConnectorFlow:
         if failed_sync:
             # The failed blocks and every block after them leave the prefix cache: their KV is
             # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
-            # keeps them findable under ``recompute`` (scheduler.py:3667-3671): the knob below.
+            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob below.
             if policy_fails or not self.keeps_failed_blocks_cached:
                 for block in sorted(evict):
                     self.pool.forget(block)  # type: ignore[attr-defined]
@@ -391,20 +392,47 @@ class ConnectorFlow:
         return finished
 
     def _kv_truncate_async(self, reported: list[Transfer], invalid: set[int]) -> set[str]:
-        """Landed asynchronous loads of unfinished requests: their computed tokens become the
-        load's, cut at the first failed block; the ones cut are returned."""
-        failed = set()
-        bs = self.config.block_size  # type: ignore[attr-defined]
+        """The requests waiting for their KV (vLLM's WAITING_FOR_REMOTE_KVS, not yet promoted): a
+        load landing now counts its tokens as computed (or up to an earlier cut); then each is cut
+        at its first failed block among the blocks its load reaches (vLLM
+        ``_update_requests_with_invalid_blocks`` over ``kv_holding_waiting``: also a block it hit
+        that another request's load failed to fill). A load still in flight keeps its cut for
+        when it lands. The ones cut are returned."""
+        connector, bs = self.connector, self.config.block_size  # type: ignore[attr-defined]
+        assert connector is not None
         for t in reported:
             tracked = self.requests[t.request_id]  # type: ignore[attr-defined]
-            if t.kind != "load" or not t.load_async or tracked.status is not Status.WAITING_FOR_REMOTE_KV:
-                continue
-            tracked.num_computed = t.tokens
-            for index, block in enumerate(tracked.blocks[: self.config.blocks_for(t.tokens)]):  # type: ignore[attr-defined]
-                if block in invalid:
+            if t.kind == "load" and t.load_async and tracked.status is Status.WAITING_FOR_REMOTE_KV:
+                tracked.num_computed = min(t.tokens, self._kv_cut.pop(t.request_id, t.tokens))
+        failed: set[str] = set()
+        if not invalid:
+            return failed
+        landing = {t.request_id for t in reported if t.kind == "load" and t.load_async}
+        marked: set[int] = set()
+        for tracked in self.waiting:  # type: ignore[attr-defined]
+            rid = tracked.request_id
+            in_flight = connector.transfers.get(rid)
+            if tracked.status is not Status.WAITING_FOR_REMOTE_KV or not (
+                    in_flight is not None or rid in landing or rid in self._kv_landed):
+                continue  # promoted already: vLLM's status is WAITING again, and no pass looks at it
+            count = in_flight.tokens if in_flight is not None else tracked.num_computed
+            cut = hit = False
+            for index, block in enumerate(tracked.blocks[: self.config.blocks_for(count)]):  # type: ignore[attr-defined]
+                if block not in invalid:
+                    continue
+                hit = True
+                if block in marked:
+                    continue
+                marked.add(block)
+                if cut:
+                    continue
+                cut = True
+                if in_flight is not None:
+                    self._kv_cut[rid] = index * bs
+                else:
                     tracked.num_computed = index * bs
-                    failed.add(t.request_id)
-                    break
+            if hit:
+                failed.add(rid)
         return failed
 
     def _kv_truncate_running(self, invalid: set[int]) -> tuple[set[str], set[int]]:

@@ -5,6 +5,8 @@ changes on a worked example (docs/CONNECTORS.md, section 5)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
@@ -17,6 +19,7 @@ from reference_impl.kv_connector_scheduler import ConnectorScheduler, EngineConn
 from spec.trace import Trace
 
 CONNECTOR = get_profile("connector").invariants()
+STALL = Path(__file__).resolve().parent.parent / "docs" / "traces" / "connector" / "own-reservation-stall.json"
 SEARCH = settings(max_examples=2000, database=None, derandomize=True, phases=[Phase.generate, Phase.shrink],
                   suppress_health_check=list(HealthCheck), deadline=None)
 
@@ -49,14 +52,8 @@ def _first_violation(make, trace, invariant):
 
 def _retried_load() -> Trace:
     """One request whose asynchronous load fails on its first block, so nothing of it is valid and
-    it is retried, in a pool of four blocks (bs 1) for its three tokens."""
-    return Trace.from_dict({
-        "version": 1, "max_steps": 30,
-        "config": {"block_size": 1, "num_gpu_blocks": 4, "num_cpu_blocks": 0, "max_num_seqs": 1,
-                   "max_num_batched_tokens": 4, "max_model_len": 4, "watermark": 0.0, "kv_connector": True},
-        "requests": [{"id": "A", "prompt_len": 3, "max_tokens": 1}],
-        "connector": {"version": 1, "requests": [{"request": "A", "external_tokens": 3, "load_async": True,
-                                                  "failed_blocks": [0]}]}})
+    it is retried, in a pool of four blocks (bs 1) for its three tokens (the hunt's finding)."""
+    return Trace.load(STALL)
 
 
 def test_own_reservation_stalls_a_retried_load_in_vllm_mode_only():

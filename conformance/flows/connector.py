@@ -19,5 +19,10 @@ FLOW = Flow(
     profile="connector",
     invariant_families=("spec.invariants.connector",),
     mutants="conformance.selftest.mutants_connector",
-    tests=("tests/test_connector_reference.py", "tests/test_connector_mutants.py"),
+    # vLLM 0.33.0 with a scripted KVConnectorBase_V1 through the same host (the config turns it on)
+    targets=("vllm-v1",),
+    lockstep="conformance.selftest.campaigns.lockstep_connector:main",
+    deviations="conformance.selftest.campaigns.lockstep_connector:CLASSES",
+    tests=("tests/test_connector_reference.py", "tests/test_connector_mutants.py", "tests/test_connector_target.py"),
+    extra={"hunt": "conformance.selftest.campaigns.connector_hunt:main"},
 )

@@ -42,6 +42,7 @@ def with_connector(draw: st.DrawFn, trace: Trace) -> Trace:
     """``trace`` with a connector in its config and scripts for some of its requests."""
     # max_num_partial_prefills: V1 has no such limit (0), and the connector's waiting pass models V1.
     config = dataclasses.replace(trace.config, kv_connector=True, max_num_partial_prefills=0,
+                                 long_prefill_token_threshold=_threshold(trace.config),
                                  kv_load_failure_policy=draw(st.sampled_from(["recompute", "fail"])))
     chosen = {}
     for a in trace.arrivals:
@@ -50,10 +51,15 @@ def with_connector(draw: st.DrawFn, trace: Trace) -> Trace:
     return dataclasses.replace(trace, config=config, connector=chosen)
 
 
+def _threshold(config: SchedulerConfig) -> int:
+    """vLLM refuses a long_prefill_token_threshold above max_model_len (SchedulerConfig validation)."""
+    return min(config.long_prefill_token_threshold, config.max_model_len)
+
+
 def connector_configs() -> st.SearchStrategy:
     """The flow's configs: V1's with a connector, either failure policy."""
     return st.builds(lambda c, p: dataclasses.replace(c, kv_connector=True, kv_load_failure_policy=p,
-                                                      max_num_partial_prefills=0),
+                                                      max_num_partial_prefills=0, long_prefill_token_threshold=_threshold(c)),
                      token_configs("v1"), st.sampled_from(["recompute", "fail"]))
 
 

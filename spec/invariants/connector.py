@@ -114,7 +114,7 @@ def loading_blocks_unkeyed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     blocks: its table covers the load's tokens and ends with the load's blocks.""",
     """vLLM allocates nothing past the external tokens before the load lands: no slot for the
     first token to compute and no speculative lookahead (``limit_lookahead_tokens``,
-    scheduler.py:1396-1401, the fix of vllm-project/vllm#57104, whose promoted request then
+    scheduler.py:1400-1405, the fix of vllm-project/vllm#57104, whose promoted request then
     needed its lookahead blocks under KV pressure). Policy: a design that reserves the whole
     sequence up front while loading is correct and only holds more.""",
     (C.KV_TRANSFERS, C.BLOCK_TABLES),

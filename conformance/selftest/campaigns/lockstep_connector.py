@@ -20,7 +20,9 @@ scripts shaped to one connector behaviour:
 The reference is `EngineConnectorV1` (vLLM's watermark rule, failed blocks kept cached under
 recompute, a retried load's own blocks in its reservation) behind V1's door, and each step compares
 the decisions and then the state (lockstep_v1's `compare_state`). A divergence is classified by
-`CLASSES` (none yet: every divergence found is listed unclassified with its trace).
+`classify` into `CLASSES`; a trace on which the engine breaks an invariant while agreeing with the
+reference (which models vLLM) is counted as agreeing, and its violations are listed: those are the
+hunt's findings (docs/CONNECTORS.md, section 6).
 """
 
 from __future__ import annotations
@@ -47,7 +49,18 @@ from spec.connector import ConnectorScript
 from spec.trace import Trace
 
 PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
-CLASSES: dict[str, tuple[str, str]] = {}
+# class -> (kind, explanation with the vLLM source location)
+CLASSES: dict[str, tuple[str, str]] = {
+    "error-finishes-in-set-order": (
+        "engine-deviation (nondeterministic)",
+        "Under kv_load_failure_policy fail, vLLM 0.33.0 finishes the requests a failed load touched with "
+        "`finish_requests(error_req_ids, FINISHED_ERROR)` (vllm/v1/core/sched/scheduler.py:2557-2575), which makes "
+        "them a set (`request_ids = set(request_ids)`, :2983) and frees them in its iteration order, which follows "
+        "the string hashes of the ids (PYTHONHASHSEED): two failed requests free their blocks in an order that "
+        "changes from run to run. The reference frees them in id order; the free blocks are the same, their order "
+        "in the free queue (the eviction order) is not.",
+    ),
+}
 
 
 class RecordingConnectorV1(GenerateDoor, RecordsSnapshots, EngineConnectorV1):
@@ -85,6 +98,7 @@ def path_strategy(path: str) -> st.SearchStrategy:
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = 0
     started = time.monotonic()
@@ -95,14 +109,34 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
         steps += len(outcome.result.records)
         for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
-        if outcome.divergence_step is None:
+        cls = classify(outcome)
+        if cls is None:
             agreeing += 1
             continue
         by_field[outcome.field or "?"] += 1
-        first.setdefault((path, outcome.field or "?"), (trace, outcome))
+        by_class[cls] += 1
+        first.setdefault((path, cls), (trace, outcome))
     return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
-            "divergent_by_field": dict(sorted(by_field.items())), "violations": dict(sorted(violations.items())),
-            "seconds": round(time.monotonic() - started, 1)}
+            "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
+            "violations": dict(sorted(violations.items())), "seconds": round(time.monotonic() - started, 1)}
+
+
+def classify(outcome: Outcome) -> str | None:
+    """None when the engine and the reference agree on every decision and every state (the
+    engine's own invariant violations, which the reference in vLLM's terms shares, are findings,
+    not divergences); else the divergence's class, or ``unclassified``."""
+    result = outcome.result
+    if result.divergence is None and outcome.state is None and result.fault is None:
+        return None
+    if result.divergence is None and result.fault is None and outcome.state is not None:
+        step, field, want, got = outcome.state
+        record = result.records[step]
+        errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
+        if field == "gpu_free_ids" and errors >= 2 and sorted(want) == sorted(got):
+            return "error-finishes-in-set-order"
+    if result.fault is not None and result.fault.kind == "config-rejected":
+        return "config-rejected"
+    return "unclassified"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
         print(json.dumps({"path": path, **entry}), flush=True)
-    for (path, field), (trace, outcome) in sorted(first.items()):
-        meta = {"adapter": "vllm-v1", "profile": "connector", "path": path, "class": "unclassified",
-                "field": field, "message": outcome.describe(), "steps": len(outcome.result.records)}
-        keep_class_trace(report, args.traces_dir, path, f"unclassified-{field}", "open", "not yet explained", trace,
-                         meta, outcome.describe(), name=f"{path}-{field.replace('.', '-').replace('+', '-')}.json")
+    for (path, cls), (trace, outcome) in sorted(first.items()):
+        kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        meta = {"adapter": "vllm-v1", "profile": "connector", "path": path, "class": cls, "kind": kind,
+                "field": outcome.field, "message": outcome.describe(), "steps": len(outcome.result.records)}
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe(),
+                         name=f"{path}-{cls}.json")
     write_report(report, args.out, started=started)
-    return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
+    unexplained = any(c not in CLASSES for p in paths for c in report["paths"][p]["by_class"])
+    return 1 if unexplained else 0
 
 
 if __name__ == "__main__":
