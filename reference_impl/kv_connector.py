@@ -303,7 +303,10 @@ class ConnectorFlow:
 
     def _kv_hold(self, tracked, pos: int) -> int:  # type: ignore[no-untyped-def]
         """A request that started an asynchronous load joins the KV-holding front of waiting (vLLM
-        re-queues it in ``kv_holding_waiting``); returns where the pass goes on."""
+        re-queues it in ``kv_holding_waiting``); returns where the pass goes on. One already there (a
+        retried load) keeps its place, and the pass goes on with the next."""
+        if tracked.request_id in self._kv_queue:
+            return pos + 1
         self.waiting.pop(pos)  # type: ignore[attr-defined]
         self._kv_queue.add(tracked.request_id)
         self._insert(tracked, 0, self._kv_members(), front=False)

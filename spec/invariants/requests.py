@@ -181,7 +181,7 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord) -> Iterator[str
     prior = ctx.previous
     # Requests first seen finished at this step's start: all their sequences. Other finished
     # requests passed at the last step: only their sequences whose views changed since.
-    if prior is None:
+    if prior is None or after.kv_transfers or prior.after.kv_transfers:  # a transfer's hold may just have ended
         fresh = set(ctx.finished)
     else:
         fresh = {f.request_id for f in prior.finished} & ctx.finished.keys()

@@ -51,14 +51,16 @@ from spec.trace import Trace
 PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
 # class -> (kind, explanation with the vLLM source location)
 CLASSES: dict[str, tuple[str, str]] = {
-    "error-finishes-in-set-order": (
+    "frees-in-set-order": (
         "engine-deviation (nondeterministic)",
-        "Under kv_load_failure_policy fail, vLLM 0.33.0 finishes the requests a failed load touched with "
-        "`finish_requests(error_req_ids, FINISHED_ERROR)` (vllm/v1/core/sched/scheduler.py:2557-2575), which makes "
-        "them a set (`request_ids = set(request_ids)`, :2983) and frees them in its iteration order, which follows "
-        "the string hashes of the ids (PYTHONHASHSEED): two failed requests free their blocks in an order that "
-        "changes from run to run. The reference frees them in id order; the free blocks are the same, their order "
-        "in the free queue (the eviction order) is not.",
+        "vLLM 0.33.0 frees several requests of one step in the iteration order of a Python set, which follows the "
+        "string hashes of their ids (PYTHONHASHSEED) and so changes from run to run: the requests a failed load "
+        "touched under kv_load_failure_policy fail (`finish_requests(error_req_ids, FINISHED_ERROR)`, "
+        "vllm/v1/core/sched/scheduler.py:2557-2575, which makes them `set(request_ids)`, :2983), and the requests the "
+        "workers report in `KVConnectorOutput.finished_recving` / `finished_sending`, both sets "
+        "(`_update_from_kv_xfer_finished`, :3556-3582; vllm/v1/outputs.py:215-218). The reference frees them in a "
+        "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
+        "order in the free queue (the eviction order) is not.",
     ),
 }
 
@@ -132,8 +134,9 @@ def classify(outcome: Outcome) -> str | None:
         step, field, want, got = outcome.state
         record = result.records[step]
         errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
-        if field == "gpu_free_ids" and errors >= 2 and sorted(want) == sorted(got):
-            return "error-finishes-in-set-order"
+        reported = len(record.after.kv_reported or {})
+        if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got):
+            return "frees-in-set-order"
     if result.fault is not None and result.fault.kind == "config-rejected":
         return "config-rejected"
     return "unclassified"
