@@ -67,6 +67,12 @@ class SchedulerConfig:
     # Speculative decoding (spec/speculative.py): draft tokens a running request may be scheduled
     # with besides its next token; 0 is today's one-token decode.
     num_speculative_tokens: int = 0
+    # Multimodal and LoRA budgets (spec/encoder.py): encoder embeddings computed per step, encoder
+    # outputs cached at once, distinct LoRA adapters per step. 0: the engine has no encoder (no
+    # LoRA), and a trace with encoder inputs (LoRA ids) is refused.
+    encoder_compute_budget: int = 0
+    encoder_cache_size: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -99,6 +105,12 @@ class SchedulerConfig:
         _positive_int("config.pipeline_depth", self.pipeline_depth, minimum=0, maximum=MAX_PIPELINE_DEPTH)
         _positive_int("config.num_speculative_tokens", self.num_speculative_tokens, minimum=0,
                       maximum=MAX_SPECULATIVE_TOKENS)
+        for name in ("encoder_compute_budget", "encoder_cache_size"):
+            _positive_int(f"config.{name}", getattr(self, name), minimum=0, maximum=MAX_TOKENS)
+        if bool(self.encoder_compute_budget) != bool(self.encoder_cache_size):
+            raise InputError("config.encoder_cache_size", "an encoder needs both encoder_compute_budget and "
+                             f"encoder_cache_size (got {self.encoder_compute_budget} and {self.encoder_cache_size})")
+        _positive_int("config.max_loras", self.max_loras, minimum=0, maximum=MAX_SEQS)
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -161,6 +173,9 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "enable_prefix_caching": False,
     "pipeline_depth": 0,
     "num_speculative_tokens": 0,
+    "encoder_compute_budget": 0,
+    "encoder_cache_size": 0,
+    "max_loras": 0,
 }
 
 

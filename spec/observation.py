@@ -16,6 +16,7 @@ from itertools import compress
 from operator import ne
 from typing import NamedTuple
 
+from spec.encoder import EncoderEntry
 from spec.speculative import DraftDecision
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -60,13 +61,19 @@ class Capability(StrEnum):
     # recompute may drop and regenerate them (tokasaurus' bump). REQ-004 and CHK-003 then ask only
     # that a preemption keeps the prompt and drops generated tokens from the end.
     OUTPUT_AT_FINISH = "output_at_finish"  # a claim: no token reaches a client before its request finishes
+    # Multimodal engines (spec/encoder.py): each output names the encoder inputs it computes
+    # (SchedulerOutput.encoder_inputs) and each snapshot shows the encoder cache (Snapshot.encoder_cache,
+    # encoder_free). Without it the ENC-* invariants are not applicable.
+    ENCODER = "encoder"  # SchedulerOutput.encoder_inputs and Snapshot.encoder_cache / encoder_free
+    # A claim: the scheduler honours Request.lora_id and config.max_loras (LORA-* apply).
+    LORA = "lora"  # a claim: LoRA adapters are scheduled within max_loras
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.ENCODER, Capability.LORA}
 
 
 class SeqView(NamedTuple):
@@ -132,6 +139,10 @@ class Snapshot:
     # no longer hold them (vLLM's defer_block_free), one entry per hold; each hold counts in the
     # block's reference count (BLK-003). None or empty: nothing held back.
     gpu_fenced: tuple[int, ...] | None = None
+    # ENCODER: the encoder cache, content hash -> entry (its size and the requests holding it), and
+    # its free embeddings; capacity is config.encoder_cache_size (spec/encoder.py).
+    encoder_cache: Mapping[str, EncoderEntry] | None = None
+    encoder_free: int | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -311,7 +322,8 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
-                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced")
+                "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
+                "encoder_cache", "encoder_free")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:
