@@ -102,9 +102,14 @@ class EncoderCache:
             self._hold(request_id, item.content_hash)
 
     def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
-        """Step 3: let go of every input whose last position is computed (vLLM's _free_encoder_inputs)."""
+        """Step 3: let go of every output whose inputs' last positions are all computed (vLLM's
+        _free_encoder_inputs). Where this differs from vLLM 0.33.0: vLLM lets go of a content hash at
+        the first of a request's inputs with it that is consumed (encoder_cache_manager.py
+        free_encoder_input, ``cached[mm_hash].discard(req_id)``), while a later input with the same
+        hash still needs it: the spec keeps it held (ENC-003, a policy)."""
+        pending = {item.content_hash for item in inputs if item.end > computed}
         for item in inputs:
-            if item.end <= computed:
+            if item.end <= computed and item.content_hash not in pending:
                 self._let_go(request_id, item.content_hash)
 
     def release(self, request_id: str, inputs: tuple[EncoderInput, ...]) -> None:

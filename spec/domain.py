@@ -53,6 +53,8 @@ class ConfigDomain:
     cache_holds_model_len: bool = False  # the GPU cache holds one max_model_len sequence (vLLM V1)
     pipeline_depth: int = 0  # the engine's pipeline depth (config.pipeline_depth): fixed, not drawn
     speculative: bool = False  # the engine schedules draft tokens (config.num_speculative_tokens > 0)
+    encoder: bool = False  # encoder inputs under an encoder budget and cache (spec/encoder.py)
+    lora: bool = False  # LoRA requests under max_loras (spec/encoder.py)
 
     def __post_init__(self) -> None:
         if self.flow not in FLOWS:
@@ -99,6 +101,10 @@ class ConfigDomain:
             return f"config.pipeline_depth: the domain's engine runs at depth {self.pipeline_depth}, got {c.pipeline_depth}"
         if not self.speculative and c.num_speculative_tokens:
             return f"config.num_speculative_tokens: the domain has no speculative decoding, got {c.num_speculative_tokens}"
+        if not self.encoder and c.encoder_cache_size:
+            return f"config.encoder_cache_size: the domain has no encoder, got {c.encoder_cache_size}"
+        if not self.lora and c.max_loras:
+            return f"config.max_loras: the domain has no LoRA, got {c.max_loras}"
         if not self.swap and c.preemption_mode != "recompute":
             return f"config.preemption_mode: the domain has no swap, got {c.preemption_mode!r}"
         if not self.cpu_pool and c.num_cpu_blocks:
