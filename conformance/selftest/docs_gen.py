@@ -207,6 +207,10 @@ _CAPABILITY_TEXT = {
     Capability.OUTPUT_AT_FINISH: "a claim, not an observation: a request's output reaches its client only when it "
                                  "finishes (no streaming), so a recompute may drop the generated tokens no client has "
                                  "seen (REQ-004, CHK-003 keep only the prompt)",
+    Capability.ENCODER: "each output names the encoder inputs it computes and each snapshot shows the encoder cache, "
+                        "so the ENC-* invariants apply (spec/encoder.py)",
+    Capability.LORA: "a claim, not an observation: the scheduler honours each request's lora_id and max_loras, so "
+                     "LORA-001 applies",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -229,6 +233,9 @@ _CAPABILITY_FIELDS = {
                               "`Snapshot.gpu_fenced`)",
     Capability.SGLANG_FLOW: "none",
     Capability.OUTPUT_AT_FINISH: "none",
+    Capability.ENCODER: "`SchedulerOutput.encoder_inputs` ((request id, input index) per encoder input computed), "
+                        "`Snapshot.encoder_cache` (content hash -> `EncoderEntry(size, users)`) and `encoder_free`",
+    Capability.LORA: "none",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

@@ -84,7 +84,7 @@ class EncoderWaitingHoldsSpace(V1Scheduler):
     def _encoder_plan(self, tracked: TrackedRequest, computed: int, tokens: int) -> tuple[int, EncoderPlan | None]:
         tokens, plan = super()._encoder_plan(tracked, computed, tokens)
         if plan is not None and tracked.status is Status.WAITING:
-            self._encoder_commit(tracked, plan)  # bug: held before the admission is sure, and never given back
+            self.encoder.commit(tracked.request_id, tracked.request.encoder_inputs, plan)  # bug: held before admission
             return tokens, None
         return tokens, plan
 
