@@ -29,7 +29,20 @@ _BY_FAMILY: dict[str, Exercised] = {
     "OUT": lambda r: bool(r.output.scheduled),
     "LIV": lambda r: True,
 }
+def _encoder_held(r: StepRecord) -> bool:
+    """Some encoder output is held after the step (the ENC-* invariants have a holder to check)."""
+    return any(e.users for e in (r.after.encoder_cache or {}).values())
+
+
 _BY_ID: dict[str, Exercised] = {
+    # Issue 32 (spec/invariants/encoder.py): steps with encoder work or held encoder outputs; for LoRA,
+    # a step whose reasons say max_loras bound (a request passed over for its adapter).
+    "ENC-001": lambda r: bool(r.output.encoder_inputs),
+    "ENC-002": lambda r: bool(r.after.encoder_cache) or bool(r.output.encoder_inputs),
+    "ENC-003": _encoder_held,
+    "ENC-004": lambda r: bool(r.output.encoder_inputs) or _encoder_held(r),
+    "ENC-005": lambda r: not r.output.scheduled and bool(r.after.encoder_cache),
+    "LORA-001": lambda r: any(x.kind == "wait_lora_slots" for x in r.output.reasons),
     "BLK-002": lambda r: bool(r.output.swap_out or r.output.swap_in),
     "BLK-004": lambda r: bool(r.output.swap_out),
     "RES-002": lambda r: bool(r.output.swap_out or (r.before.swapped or ())),
