@@ -69,7 +69,6 @@ from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
 from spec import observation
 from spec.config import SchedulerConfig
-from spec.encoder import EncoderEntry
 from spec.errors import InputError
 from spec.observation import ALL_CAPABILITIES, Capability, SeqView, Snapshot
 from spec.prefix import block_keys
@@ -238,7 +237,7 @@ class TrackedScheduler:
     def snapshot(self) -> Snapshot:
         base = self._last_snapshot
         snap = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool, base,
-                           self._to_visit(base), self._encoder_view())
+                           self._to_visit(base), self._extra_parts())
         if snap.changed_seqs is None:
             self._finished_holding = set()
         seqs = snap.seqs
@@ -251,9 +250,9 @@ class TrackedScheduler:
         self._last_snapshot = snap
         return snap
 
-    def _encoder_view(self) -> tuple[Mapping[str, EncoderEntry], int] | None:
-        """The encoder cache and its free embeddings, for a flow that has one (None: none)."""
-        return None
+    def _extra_parts(self) -> dict[str, object]:
+        """Snapshot parts of a flow's own features (a `Snapshot` field name -> its value); none here."""
+        return {}
 
     def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
         """The requests whose views may differ from ``base``'s (None: every request): the running
@@ -295,7 +294,7 @@ class V1Scheduler(TrackedScheduler):
 
     # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
     # max_loras (reference_impl/encoder_budget.py; the hooks are the `_encoder_*` and `_lora_*` methods).
-    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA}
+    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE}
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
     # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
@@ -338,6 +337,7 @@ class V1Scheduler(TrackedScheduler):
 
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
         self.encoder = EncoderCache(config.encoder_cache_size)
+        self.pause_state = "unpaused"  # spec.observation.PAUSE_STATES (the pause calls set it)
         self._encoder_left = 0  # this step's encoder budget left
         self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
 
@@ -396,9 +396,9 @@ class V1Scheduler(TrackedScheduler):
             self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
         self._rejected = []
 
-        # 1. running requests first
+        # 1. running requests first (none while paused_all: vLLM scheduler.py:723)
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget > 0 and self.pause_state != "paused_all":
             tracked = self.running[index]
             tokens, plan = self._encoder_plan(tracked, tracked.num_computed, self._running_chunk(tracked, budget, threshold))
             if tokens == 0:  # never here (a running request has a token left); a variant's cap may say 0
@@ -439,11 +439,11 @@ class V1Scheduler(TrackedScheduler):
             kind = "prefill_chunk" if tracked.in_prefill else "decode"
             reasons.append(self._reason(kind, tracked, tokens, cached=0))
 
-        # 2. then waiting requests, unless this step preempted
+        # 2. then waiting requests, unless this step preempted or the engine is paused
         if preempted:
             if self.waiting:
                 reasons.append(Reason.of("wait_running_first", self.waiting[0].request_id))
-        else:
+        elif self.pause_state == "unpaused":  # paused: requests added meanwhile wait for the resume
             self._admit(budget, threshold, scheduled, reasons, ignored)
 
         output = SchedulerOutput(
@@ -595,8 +595,24 @@ class V1Scheduler(TrackedScheduler):
             self._encoder_left += item.length
             self.encoder.forget(victim.request_id, item.content_hash)
 
-    def _encoder_view(self) -> tuple[Mapping[str, EncoderEntry], int] | None:
-        return self.encoder.view(), self.encoder.num_free
+    def _extra_parts(self) -> dict[str, object]:
+        return {"encoder_cache": self.encoder.view(), "encoder_free": self.encoder.num_free,
+                "pause_state": self.pause_state}
+
+    # ---------------------------------------------------------------- pause (issue 32)
+    def pause_new(self) -> bool:
+        """Admit nothing from waiting until `resume` (vLLM PauseState.PAUSED_NEW)."""
+        self.pause_state = "paused_new"
+        return True
+
+    def pause_all(self) -> bool:
+        """Schedule nothing until `resume` (vLLM PauseState.PAUSED_ALL)."""
+        self.pause_state = "paused_all"
+        return True
+
+    def resume(self) -> bool:
+        self.pause_state = "unpaused"
+        return True
 
     def _lora_slots_taken(self) -> set[int]:
         """The adapters of every running request, scheduled in this step or not (vLLM's
@@ -749,13 +765,15 @@ def snapshot_of(
     pool: CachingBlockPool,
     base: Snapshot | None = None,
     visit: Iterable[TrackedRequest] | None = None,
-    encoder: tuple[Mapping[str, EncoderEntry], int] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Snapshot:
     """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
     as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
     rebuilt only when a field of it changed (its tokens only ever grow), every unchanged part is
     base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt.
-    ``visit``: the requests that may have changed since ``base`` (default: every request)."""
+    ``visit``: the requests that may have changed since ``base`` (default: every request); ``extra``:
+    further Snapshot parts by field name (the encoder cache, the pause state), each base's own object
+    when equal."""
     if not observation.INCREMENTAL:
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
@@ -822,8 +840,7 @@ def snapshot_of(
         cpu_free_ids=same(tuple(range(config.num_cpu_blocks)), prior.cpu_free_ids),
         gpu_block_keys=same(pool.observed("keys"), prior.gpu_block_keys),
         cache_index=same(pool.observed("cache_index"), prior.cache_index),
-        encoder_cache=None if encoder is None else same(encoder[0], prior.encoder_cache),
-        encoder_free=None if encoder is None else encoder[1],
+        **{name: same(value, getattr(prior, name)) for name, value in (extra or {}).items()},
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,

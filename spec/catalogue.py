@@ -176,7 +176,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "PIP", "POL", "ORD", "LIV",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "PIP", "POL", "ORD", "LIV",
 )
 
 
@@ -211,6 +211,7 @@ def _load() -> None:
         encoder,
         liveness,
         order,
+        pause,
         placement,
         policy,
         prefix_cache,

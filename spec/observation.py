@@ -67,13 +67,20 @@ class Capability(StrEnum):
     ENCODER = "encoder"  # SchedulerOutput.encoder_inputs and Snapshot.encoder_cache / encoder_free
     # A claim: the scheduler honours Request.lora_id and config.max_loras (LORA-* apply).
     LORA = "lora"  # a claim: LoRA adapters are scheduled within max_loras
+    # The engine can be paused (spec/protocol.py pause_new / pause_all / resume) and each snapshot
+    # says whether it is (Snapshot.pause_state, one of PAUSE_STATES). PAU-001 reads it.
+    PAUSE = "pause"  # Snapshot.pause_state, and the pause calls
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
 # TOKEN_BUDGET_FLOW are not in it: a V0 scheduler has no keys to show and follows the V0 flow.
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
-    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.ENCODER, Capability.LORA}
+    Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.ENCODER, Capability.LORA,
+    Capability.PAUSE}
+
+# Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
+PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
 
 
 class SeqView(NamedTuple):
@@ -143,6 +150,8 @@ class Snapshot:
     # its free embeddings; capacity is config.encoder_cache_size (spec/encoder.py).
     encoder_cache: Mapping[str, EncoderEntry] | None = None
     encoder_free: int | None = None
+    # PAUSE: one of PAUSE_STATES.
+    pause_state: str | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -323,7 +332,7 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
                 "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
-                "encoder_cache", "encoder_free")
+                "encoder_cache", "encoder_free", "pause_state")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

@@ -27,7 +27,8 @@ that are unknown or already finished are skipped, the others are aborted as by s
 ``"admin": [{"step": 5, "op": "reset_prefix_cache"}]``, engine admin calls (`ADMIN_OPS`):
 ``reset_prefix_cache`` empties the prefix cache's hash map if no block is in use and refuses
 (answers false) otherwise (vLLM's ``Scheduler.reset_prefix_cache()`` without
-``reset_running_requests``). Within a step: arrivals, aborts, abort batches, admin calls, then
+``reset_running_requests``). ``pause_new`` stops admissions from waiting, ``pause_all`` stops all
+scheduling, ``resume`` undoes either (vLLM's ``PauseState``); each answers true. Within a step: arrivals, aborts, abort batches, admin calls, then
 ``schedule()``.
 
 A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
@@ -65,7 +66,9 @@ MAX_STEPS = 100_000
 MAX_REQUESTS = 100_000
 MAX_ID_CHARS = 200
 MAX_PRIORITY = 2**31
-ADMIN_OPS = ("reset_prefix_cache",)  # engine admin calls a trace may make between steps
+# Engine admin calls a trace may make between steps. pause_new / pause_all / resume: vLLM 0.33.0's
+# Scheduler.set_pause_state(PauseState.PAUSED_NEW / PAUSED_ALL / UNPAUSED) (issue 32; spec/protocol.py).
+ADMIN_OPS = ("reset_prefix_cache", "pause_new", "pause_all", "resume")
 MAX_BATCH = 1000  # ids in one batched abort
 
 

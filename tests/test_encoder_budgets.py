@@ -1,4 +1,4 @@
-"""Issue 32: the encoder budget and cache and LoRA slots, in the spec and the V1 reference.
+"""Issue 32: the encoder budget and cache, LoRA slots and pause, in the spec and the V1 reference.
 
 The reference with none of the new config fields set is the V1 reference of before, step for step
 (tests/data/v1_unchanged_runs.json: 40 V1 traces and the digests of their outputs, recorded at
@@ -101,4 +101,19 @@ def test_max_loras_skips_a_third_adapter_until_a_slot_frees():
     first = run.records[0]
     assert [s.request_id for s in first.output.scheduled] == ["r0", "r1"]
     assert any(r.kind == "wait_lora_slots" for r in first.output.reasons)
+    assert run.drained and _violations(trace) == set()
+
+
+def test_pause_holds_new_work_and_resume_runs_it():
+    cfg = _config()
+    arrivals = (Arrival(0, Request("a", 4, 4)), Arrival(1, Request("b", 4, 2)), Arrival(3, Request("c", 4, 2)))
+    admin = ((1, "pause_new"), (3, "pause_all"), (4, "resume"))
+    trace = Trace(cfg, arrivals, admin=admin, max_steps=40)
+    assert Trace.from_dict(json.loads(trace.to_json())).admin == admin
+    run = run_trace(trace, V1Scheduler)
+    by_step = {r.step: {s.request_id for s in r.output.scheduled} for r in run.records}
+    assert by_step[1] == {"a"} and by_step[2] == {"a"}  # paused_new: a runs on, b waits
+    assert by_step[3] == set()  # paused_all: nothing
+    assert by_step[4] == {"a", "b", "c"}  # resumed: the held requests run beside a
+    assert run.records[1].before.pause_state == "paused_new" and run.records[4].before.pause_state == "unpaused"
     assert run.drained and _violations(trace) == set()

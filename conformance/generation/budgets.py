@@ -11,7 +11,9 @@ inputs and adapter ids. What is drawn, and why:
   (``kv_cache_utils.generate_block_hash_extra_keys``), the reference's keys are tokens only;
 - a few content hashes per trace, each with one length, so that requests share encoder outputs;
   lengths up to 6 positions and a cache of one to three of the largest, so that it fills;
-- adapter ids 1-3 (0: the base model) and max_loras 1-2, so that the slots bind.
+- adapter ids 1-3 (0: the base model) and max_loras 1-2, so that the slots bind;
+- a third of the time a pause (``pause_new`` or ``pause_all``) at a step up to two after the last
+  arrival and its ``resume`` one to five steps later, so that requests arrive, wait and run across it.
 """
 
 from __future__ import annotations
@@ -63,7 +65,11 @@ def with_budgets(draw: st.DrawFn, trace: Trace) -> Trace:
             position = start + lengths[digest]
         lora = draw(st.integers(0, 3)) if config.max_loras else 0
         arrivals.append(Arrival(arrival.step, replace(request, encoder_inputs=tuple(inputs), lora_id=lora)))
-    return replace(trace, arrivals=tuple(arrivals))
+    admin = list(trace.admin)
+    if draw(st.integers(0, 2)) == 0:
+        at = draw(st.integers(0, trace.last_arrival_step + 2))
+        admin += [(at, draw(st.sampled_from(["pause_new", "pause_all"]))), (at + draw(st.integers(1, 5)), "resume")]
+    return replace(trace, arrivals=tuple(arrivals), admin=tuple(sorted(admin)))
 
 
 def budget_traces() -> st.SearchStrategy:

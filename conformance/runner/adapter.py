@@ -116,6 +116,15 @@ class SchedulerAdapter:
     def reset_prefix_cache(self) -> bool:
         return self._scheduler.reset_prefix_cache()
 
+    def pause_new(self) -> bool:
+        return self._scheduler.pause_new()
+
+    def pause_all(self) -> bool:
+        return self._scheduler.pause_all()
+
+    def resume(self) -> bool:
+        return self._scheduler.resume()
+
     @property
     def scheduler(self) -> Any:
         return self._scheduler

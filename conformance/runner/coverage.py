@@ -43,6 +43,7 @@ _BY_ID: dict[str, Exercised] = {
     "ENC-004": lambda r: bool(r.output.encoder_inputs) or _encoder_held(r),
     "ENC-005": lambda r: not r.output.scheduled and bool(r.after.encoder_cache),
     "LORA-001": lambda r: any(x.kind == "wait_lora_slots" for x in r.output.reasons),
+    "PAU-001": lambda r: r.before.pause_state not in (None, "unpaused"),
     "BLK-002": lambda r: bool(r.output.swap_out or r.output.swap_in),
     "BLK-004": lambda r: bool(r.output.swap_out),
     "RES-002": lambda r: bool(r.output.swap_out or (r.before.swapped or ())),

@@ -1,4 +1,4 @@
-"""Mutants of the V1 reference's encoder budget and cache and of its LoRA slots (issue 32).
+"""Mutants of the V1 reference's encoder budget and cache, its LoRA slots and its pause (issue 32).
 
 Each breaks one rule of `reference_impl.encoder_budget` or of the V1 reference's `_encoder_*` /
 `_lora_*` hooks and names the invariants (spec/invariants/encoder.py) that catch it. Their traces
@@ -16,6 +16,7 @@ from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
 from spec.config import SchedulerConfig
 from spec.encoder import EncoderInput
 from spec.status import Status
+from spec.types import Request, SchedulerOutput
 
 BUDGETS = {**get_flow("v1").mutant_fields(), "trace_strategy": budget_traces}
 
@@ -96,3 +97,25 @@ class LoraMissesCarriedChunk(V1Scheduler):
     def _lora_slots_taken(self) -> set[int]:
         return {r.request.lora_id for r in self.running
                 if r.request.lora_id and not r.in_prefill}  # bug: the chunk carried over is not counted
+
+
+@mutant("v1-admits-while-paused", "pause_new is reported but admission goes on", ("PAU-001",), **BUDGETS)
+class AdmitsWhilePaused(V1Scheduler):
+    def schedule(self) -> SchedulerOutput:
+        shown = self.pause_state
+        if shown == "paused_new":
+            self.pause_state = "unpaused"  # bug: the pause is not consulted
+        try:
+            return super().schedule()
+        finally:
+            self.pause_state = shown
+
+
+@mutant("v1-pause-forgets-arrivals", "requests added while paused are held aside and the resume forgets them "
+        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"), **BUDGETS)
+class PauseForgetsArrivals(V1Scheduler):
+    def add_request(self, request: Request) -> None:
+        if self.pause_state == "unpaused":
+            super().add_request(request)
+            return
+        self._track(request)  # bug: tracked as WAITING but queued nowhere, and never after the resume
