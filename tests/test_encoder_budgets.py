@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,17 @@ def test_pause_holds_new_work_and_resume_runs_it():
     assert by_step[4] == {"a", "b", "c"}  # resumed: the held requests run beside a
     assert run.records[1].before.pause_state == "paused_new" and run.records[4].before.pause_state == "unpaused"
     assert run.drained and _violations(trace) == set()
+
+
+@pytest.mark.parametrize("op", ["reset_prefix_cache", "pause_new", "pause_all"])
+def test_admin_calls_replay_through_the_isolated_adapter(tmp_path, capsys, op):
+    """The isolation stamp names every optional call (conformance/runner/channel.py CALLS): before,
+    an admin call made the adapter's child raise ``tuple.index(x): x not in tuple``."""
+    from conformance.commands.cli import main
+
+    cfg = replace(_config(), enable_prefix_caching=True)
+    trace = Trace(cfg, (Arrival(0, Request("a", 4, 3, prompt_tokens=(1, 2, 3, 4))),),
+                  admin=((1, op), (2, "resume")) if op != "reset_prefix_cache" else ((1, op),), max_steps=20)
+    path = trace.save(tmp_path / "admin.json")
+    assert main(["replay", str(path), "--adapter", "reference-v1", "--profile", "vllm-v1"]) == 0
+    assert "no violation" in capsys.readouterr().out
