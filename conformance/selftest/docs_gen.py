@@ -244,6 +244,9 @@ _DOMAIN_TEXT = {
     "first_block_id": "1 for an engine whose block ids run 1..N with 0 a null block it never hands out: report its "
                       "ids as they are (tables, free lists, swap and copy maps, holds, cache index; per-block lists "
                       "such as `gpu_ref_counts` without the null block) and the runner shifts them to 0..N-1",
+    "encoder": "multimodal requests: encoder inputs under `encoder_compute_budget` and `encoder_cache_size` "
+               "(spec/encoder.py; the ENC-* invariants read `Capability.ENCODER`'s observations)",
+    "lora": "LoRA requests (`Request.lora_id`) under `max_loras` (LORA-001)",
 }
 
 
