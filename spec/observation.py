@@ -171,7 +171,7 @@ class Snapshot:
     # ENCODER: the encoder cache, content hash -> entry (its size and the requests holding it), and
     # its free embeddings; capacity is config.encoder_cache_size (spec/encoder.py).
     encoder_cache: Mapping[str, EncoderEntry] | None = None
-    encoder_free: int | None = None
+    encoder_free: int | None = None  # ENCODER: free encoder-cache space, in embeddings
     # PAUSE: one of PAUSE_STATES.
     pause_state: str | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the

@@ -26,18 +26,18 @@ def computes_encoder_inputs(ctx: CheckContext, rec: StepRecord) -> bool:
 
 
 def encoder_cache_in_use(ctx: CheckContext, rec: StepRecord) -> bool:
-    """the encoder cache holds an entry or the step computes an encoder input"""
-    return bool(rec.after.encoder_cache) or bool(rec.output.encoder_inputs)
+    """the engine has an encoder cache"""
+    return ctx.config.encoder_cache_size > 0
 
 
 def encoder_output_held(ctx: CheckContext, rec: StepRecord) -> bool:
-    """an encoder output is held after the step"""
-    return any(e.users for e in (rec.after.encoder_cache or {}).values())
+    """a request with encoder inputs is unfinished"""
+    return any(r.encoder_inputs and rid not in ctx.finished for rid, r in ctx.requests.items())
 
 
 def encoder_output_read(ctx: CheckContext, rec: StepRecord) -> bool:
-    """the step computes an encoder input or an encoder output is held"""
-    return bool(rec.output.encoder_inputs) or any(e.users for e in (rec.after.encoder_cache or {}).values())
+    """a request with encoder inputs is unfinished"""
+    return any(r.encoder_inputs and rid not in ctx.finished for rid, r in ctx.requests.items())
 
 
 def nothing_scheduled_beside_encoder_entries(ctx: CheckContext, rec: StepRecord) -> bool:
