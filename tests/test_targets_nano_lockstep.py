@@ -7,16 +7,16 @@ Skipped when the ``nano-vllm`` target is not installed, unless KVSCHED_REQUIRE_T
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
 from conformance.generation.v0 import sample_traces
 from conformance.selftest.campaigns import lockstep_nano as L
+from conformance.targets import HOSTS_DIR
 from spec.types import generated_token
 from tests.test_targets import need
 
-HOST = Path(L.__file__).parent / "hosts" / "nano_vllm_host.py"
+HOST = HOSTS_DIR / "nano_vllm_host.py"
 
 
 @pytest.fixture(scope="module")
