@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
+from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.prefix_cache import CachingBlockPool
 from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
@@ -236,7 +237,7 @@ class TrackedScheduler:
     def snapshot(self) -> Snapshot:
         base = self._last_snapshot
         snap = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool, base,
-                           self._to_visit(base))
+                           self._to_visit(base), self._extra_parts())
         if snap.changed_seqs is None:
             self._finished_holding = set()
         seqs = snap.seqs
@@ -248,6 +249,10 @@ class TrackedScheduler:
                 self._finished_holding.discard(view.request_id)
         self._last_snapshot = snap
         return snap
+
+    def _extra_parts(self) -> dict[str, object]:
+        """Snapshot parts of a flow's own features (a `Snapshot` field name -> its value); none here."""
+        return {}
 
     def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
         """The requests whose views may differ from ``base``'s (None: every request): the running
@@ -286,6 +291,10 @@ class TrackedScheduler:
 
 class V1Scheduler(TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
+
+    # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
+    # max_loras (reference_impl/encoder_budget.py; the hooks are the `_encoder_*` and `_lora_*` methods).
+    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE}
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
     # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
@@ -327,6 +336,10 @@ class V1Scheduler(TrackedScheduler):
         self._placeholder_drafts: set[str] = set()  # this step's padded admissions (pads_new_decode_drafts)
 
         self._rejected: list[TrackedRequest] = []  # over max_model_len: refused on arrival
+        self.encoder = EncoderCache(config.encoder_cache_size)
+        self.pause_state = "unpaused"  # spec.observation.PAUSE_STATES (the pause calls set it)
+        self._encoder_left = 0  # this step's encoder budget left
+        self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
 
     @property
     def reservation(self) -> Reservation | None:
@@ -361,10 +374,15 @@ class V1Scheduler(TrackedScheduler):
                 d = decisions.get(sid, NO_DECISION)
                 decisions[sid] = DraftDecision(d.proposed, 0, d.stop_at, d.empty)
             outcome = StepOutcome(outcome.stopped, decisions)
-        return super().update(outcome)
+        scheduled = [tracked for tracked, _ in self._scheduled if tracked.request.encoder_inputs]
+        finished = super().update(outcome)
+        for tracked in scheduled:  # inputs computed past are let go (finished ones by `_finish`)
+            self.encoder.release_consumed(tracked.request_id, tracked.request.encoder_inputs, tracked.num_computed)
+        return finished
 
     def schedule(self) -> SchedulerOutput:
         self._placeholder_drafts = set()
+        self._encoder_left, self._encoder_computed = self.config.encoder_compute_budget, []
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -378,11 +396,11 @@ class V1Scheduler(TrackedScheduler):
             self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
         self._rejected = []
 
-        # 1. running requests first
+        # 1. running requests first (none while paused_all: vLLM scheduler.py:723)
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget > 0 and self.pause_state != "paused_all":
             tracked = self.running[index]
-            tokens = self._running_chunk(tracked, budget, threshold)
+            tokens, plan = self._encoder_plan(tracked, tracked.num_computed, self._running_chunk(tracked, budget, threshold))
             if tokens == 0:  # never here (a running request has a token left); a variant's cap may say 0
                 index += 1
                 continue
@@ -395,6 +413,7 @@ class V1Scheduler(TrackedScheduler):
                     index -= 1
                 if victim.request_id in scheduled:  # priority: it gives its tokens back
                     budget += scheduled.pop(victim.request_id)
+                    self._encoder_unschedule(victim)
                     self._scheduled_drafts.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted.append(victim)
@@ -410,6 +429,7 @@ class V1Scheduler(TrackedScheduler):
                     continue  # the victim was this request; the next ones may still fit
                 break
             scheduled[tracked.request_id] = tokens
+            self._encoder_commit(tracked, plan)
             budget -= tokens
             index += 1
             if tracked.num_proposed:  # its drafts are spent on this step, however many fitted
@@ -419,11 +439,11 @@ class V1Scheduler(TrackedScheduler):
             kind = "prefill_chunk" if tracked.in_prefill else "decode"
             reasons.append(self._reason(kind, tracked, tokens, cached=0))
 
-        # 2. then waiting requests, unless this step preempted
+        # 2. then waiting requests, unless this step preempted or the engine is paused
         if preempted:
             if self.waiting:
                 reasons.append(Reason.of("wait_running_first", self.waiting[0].request_id))
-        else:
+        elif self.pause_state == "unpaused":  # paused: requests added meanwhile wait for the resume
             self._admit(budget, threshold, scheduled, reasons, ignored)
 
         output = SchedulerOutput(
@@ -436,6 +456,7 @@ class V1Scheduler(TrackedScheduler):
             preempted=tuple(Preempted(v.request_id, PreemptionMode.RECOMPUTE) for v in preempted),
             ignored=tuple(ignored),
             reasons=tuple(reasons),
+            encoder_inputs=tuple(self._encoder_computed),
         )
         self._scheduled = [(self.requests[rid], n) for rid, n in scheduled.items()]
         self._step += 1
@@ -481,6 +502,8 @@ class V1Scheduler(TrackedScheduler):
     ) -> None:
         config = self.config
         running_loop = tuple(self.requests[rid] for rid in scheduled)  # what the running loop scheduled
+        skipped: list[TrackedRequest] = []  # passed over for this step only, back at the head after it
+        loras = self._lora_slots_taken()
         while budget > 0 and self.waiting:
             tracked = self.waiting[0]
             if self._ignore_if_infeasible(tracked, reasons, ignored):
@@ -489,6 +512,10 @@ class V1Scheduler(TrackedScheduler):
                 reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
                                          limit=config.max_num_seqs))
                 break
+            if not self._lora_fits(tracked, loras):
+                reasons.append(Reason.of("wait_lora_slots", tracked.request_id, loras=len(loras), limit=config.max_loras))
+                skipped.append(self.waiting.pop(0))
+                continue
             hits = self._cache_hits(tracked)
             computed = len(hits) * config.block_size
             remaining = tracked.num_tokens - computed
@@ -513,6 +540,12 @@ class V1Scheduler(TrackedScheduler):
                 if partial >= limit:
                     reasons.append(Reason.of("wait_partial_prefills", tracked.request_id, partial=partial, limit=limit))
                     break
+            tokens, plan = self._encoder_plan(tracked, computed, tokens)
+            if tokens == 0:  # its next encoder input fits neither the budget nor the cache: the next may
+                reasons.append(Reason.of("wait_encoder", tracked.request_id, left=self._encoder_left,
+                                         free=self.encoder.num_free))
+                skipped.append(self.waiting.pop(0))
+                continue
             if not self._whole_sequence_fits(tracked, hits):
                 need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
@@ -526,11 +559,83 @@ class V1Scheduler(TrackedScheduler):
             tracked.in_prefill = True
             self.running.append(tracked)
             scheduled[tracked.request_id] = tokens
+            self._encoder_commit(tracked, plan)
+            if tracked.request.lora_id:
+                loras.add(tracked.request.lora_id)
             budget -= tokens
             if tokens > remaining:  # padded with placeholder drafts (pads_new_decode_drafts)
                 self._scheduled_drafts[tracked.request_id] = tokens - remaining
                 self._placeholder_drafts.add(tracked.request_id)
             reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))
+        self.waiting[0:0] = skipped  # vLLM: waiting.prepend_requests(step_skipped_waiting)
+
+    # ---------------------------------------------------------------- encoder and LoRA (issue 32)
+    def _encoder_plan(self, tracked: TrackedRequest, computed: int, tokens: int) -> tuple[int, EncoderPlan | None]:
+        """The tokens a chunk from ``computed`` on may compute given its encoder inputs, and the plan
+        to commit if it is scheduled (`EncoderCache.plan`); a text request's chunk is unchanged."""
+        inputs = tracked.request.encoder_inputs
+        if not inputs or not tokens:
+            return tokens, None
+        plan = self.encoder.plan(tracked.request_id, inputs, computed, tokens, self._encoder_left)
+        return plan.tokens, plan
+
+    def _encoder_commit(self, tracked: TrackedRequest, plan: EncoderPlan | None) -> None:
+        if plan is None:
+            return
+        self.encoder.commit(tracked.request_id, tracked.request.encoder_inputs, plan)
+        self._encoder_left -= plan.cost
+        self._encoder_computed.extend((tracked.request_id, i) for i in plan.compute)
+
+    def _encoder_unschedule(self, victim: TrackedRequest) -> None:
+        """A victim scheduled earlier in this step gives its encoder work back (vLLM restores the
+        budget, scheduler.py:955-968); its never-computed outputs leave the cache."""
+        mine = [i for rid, i in self._encoder_computed if rid == victim.request_id]
+        if not mine:
+            return
+        self._encoder_computed = [(rid, i) for rid, i in self._encoder_computed if rid != victim.request_id]
+        for i in mine:
+            item = victim.request.encoder_inputs[i]
+            self._encoder_left += item.length
+            self.encoder.forget(victim.request_id, item.content_hash)
+
+    def _extra_parts(self) -> dict[str, object]:
+        return {"encoder_cache": self.encoder.view(), "encoder_free": self.encoder.num_free,
+                "pause_state": self.pause_state}
+
+    # ---------------------------------------------------------------- pause (issue 32)
+    def pause_new(self) -> bool:
+        """Admit nothing from waiting until `resume` (vLLM PauseState.PAUSED_NEW)."""
+        self.pause_state = "paused_new"
+        return True
+
+    def pause_all(self) -> bool:
+        """Schedule nothing until `resume` (vLLM PauseState.PAUSED_ALL)."""
+        self.pause_state = "paused_all"
+        return True
+
+    def resume(self) -> bool:
+        self.pause_state = "unpaused"
+        return True
+
+    def _lora_slots_taken(self) -> set[int]:
+        """The adapters of every running request, scheduled in this step or not (vLLM's
+        ``scheduled_loras``, scheduler.py:1040-1047)."""
+        if not self.config.max_loras:
+            return set()
+        return {r.request.lora_id for r in self.running if r.request.lora_id}
+
+    def _lora_fits(self, tracked: TrackedRequest, loras: set[int]) -> bool:
+        """Whether admitting it keeps max_loras (vLLM skips the request otherwise, scheduler.py:1090-1102)."""
+        lora = tracked.request.lora_id
+        return not lora or lora in loras or len(loras) < self.config.max_loras
+
+    def _preempt(self, victim: TrackedRequest) -> None:
+        self.encoder.release(victim.request_id, victim.request.encoder_inputs)
+        super()._preempt(victim)
+
+    def _finish(self, tracked: TrackedRequest, status: Status) -> None:
+        self.encoder.release(tracked.request_id, tracked.request.encoder_inputs)
+        super()._finish(tracked, status)
 
     def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int,
                           running_loop: tuple[TrackedRequest, ...], budget: int) -> int | None:
@@ -673,12 +778,15 @@ def snapshot_of(
     pool: CachingBlockPool,
     base: Snapshot | None = None,
     visit: Iterable[TrackedRequest] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Snapshot:
     """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
     as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
     rebuilt only when a field of it changed (its tokens only ever grow), every unchanged part is
     base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt.
-    ``visit``: the requests that may have changed since ``base`` (default: every request)."""
+    ``visit``: the requests that may have changed since ``base`` (default: every request); ``extra``:
+    further Snapshot parts by field name (the encoder cache, the pause state), each base's own object
+    when equal."""
     if not observation.INCREMENTAL:
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
@@ -745,6 +853,7 @@ def snapshot_of(
         cpu_free_ids=same(tuple(range(config.num_cpu_blocks)), prior.cpu_free_ids),
         gpu_block_keys=same(pool.observed("keys"), prior.gpu_block_keys),
         cache_index=same(pool.observed("cache_index"), prior.cache_index),
+        **{name: same(value, getattr(prior, name)) for name, value in (extra or {}).items()},
         base=base,
         changed_seqs=frozenset(fresh) if base is not None else None,
         changed_requests=frozenset(changed_status) if base is not None else None,

@@ -52,7 +52,8 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP", "POL", "ORD", "LIV",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
+    "POL", "ORD", "LIV",
 )
 
 
@@ -84,9 +85,11 @@ def _load() -> None:
         blocks,
         budgets,
         chunked,
+        encoder,
         groups,
         liveness,
         order,
+        pause,
         placement,
         policy,
         prefix_cache,

@@ -75,6 +75,12 @@ class SchedulerConfig:
     # An EAGLE/MTP drafter reads the hidden states of the block before the first new token, so a
     # prefix hit leaves the last matched block to be recomputed (vLLM ``use_eagle``; HYB-006).
     drop_eagle_block: bool = False
+    # Multimodal and LoRA budgets (spec/encoder.py): encoder embeddings computed per step, encoder
+    # outputs cached at once, distinct LoRA adapters per step. 0: the engine has no encoder (no
+    # LoRA), and a trace with encoder inputs (LoRA ids) is refused.
+    encoder_compute_budget: int = 0
+    encoder_cache_size: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -111,6 +117,12 @@ class SchedulerConfig:
         check_with_config(self.kv_groups, self.enable_prefix_caching, self.enable_chunked_prefill)
         if not isinstance(self.drop_eagle_block, bool):
             raise InputError("config.drop_eagle_block", f"must be true or false, got {shown(self.drop_eagle_block)}")
+        for name in ("encoder_compute_budget", "encoder_cache_size"):
+            _positive_int(f"config.{name}", getattr(self, name), minimum=0, maximum=MAX_TOKENS)
+        if bool(self.encoder_compute_budget) != bool(self.encoder_cache_size):
+            raise InputError("config.encoder_cache_size", "an encoder needs both encoder_compute_budget and "
+                             f"encoder_cache_size (got {self.encoder_compute_budget} and {self.encoder_cache_size})")
+        _positive_int("config.max_loras", self.max_loras, minimum=0, maximum=MAX_SEQS)
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -181,6 +193,9 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "num_speculative_tokens": 0,
     "kv_groups": [],
     "drop_eagle_block": False,
+    "encoder_compute_budget": 0,
+    "encoder_cache_size": 0,
+    "max_loras": 0,
 }
 
 

@@ -92,6 +92,8 @@ class ConfigDomain:
     # The engine's first block id: 1 where block 0 is a null block that is never handed out. The
     # runner shifts every block id the adapter reports down by this much, so the checks see 0..N-1.
     first_block_id: int = 0
+    encoder: bool = False  # encoder inputs under an encoder budget and cache (spec/encoder.py)
+    lora: bool = False  # LoRA requests under max_loras (spec/encoder.py)
 
     def __post_init__(self) -> None:
         if self.flow not in FLOWS:
@@ -158,6 +160,10 @@ class ConfigDomain:
             return f"config.num_speculative_tokens: the domain has no speculative decoding, got {c.num_speculative_tokens}"
         if self.preemption_mode is not None and c.preemption_mode != self.preemption_mode:
             return f"config.preemption_mode: the domain preempts by {self.preemption_mode!r} only, got {c.preemption_mode!r}"
+        if not self.encoder and c.encoder_cache_size:
+            return f"config.encoder_cache_size: the domain has no encoder, got {c.encoder_cache_size}"
+        if not self.lora and c.max_loras:
+            return f"config.max_loras: the domain has no LoRA, got {c.max_loras}"
         if not self.swap and c.preemption_mode != "recompute":
             return f"config.preemption_mode: the domain has no swap, got {c.preemption_mode!r}"
         if not self.cpu_pool and c.num_cpu_blocks:

@@ -16,6 +16,7 @@ from itertools import compress
 from operator import ne
 from typing import NamedTuple
 
+from spec.encoder import EncoderEntry
 from spec.speculative import DraftDecision
 from spec.status import Status
 from spec.types import Finished, Request, SchedulerOutput
@@ -71,6 +72,15 @@ class Capability(StrEnum):
     # tables of every group but group 0 (whose table is SeqView.blocks), and the config's kv_groups
     # says what each group is. A one-group engine has nothing to show and reports as before.
     KV_GROUPS = "kv_groups"  # Snapshot.group_tables: the block tables of groups 1.. per sequence
+    # Multimodal engines (spec/encoder.py): each output names the encoder inputs it computes
+    # (SchedulerOutput.encoder_inputs) and each snapshot shows the encoder cache (Snapshot.encoder_cache,
+    # encoder_free). Without it the ENC-* invariants are not applicable.
+    ENCODER = "encoder"  # SchedulerOutput.encoder_inputs and Snapshot.encoder_cache / encoder_free
+    # A claim: the scheduler honours Request.lora_id and config.max_loras (LORA-* apply).
+    LORA = "lora"  # a claim: LoRA adapters are scheduled within max_loras
+    # The engine can be paused (spec/protocol.py pause_new / pause_all / resume) and each snapshot
+    # says whether it is (Snapshot.pause_state, one of PAUSE_STATES). PAU-001 reads it.
+    PAUSE = "pause"  # Snapshot.pause_state, and the pause calls
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -78,7 +88,10 @@ class Capability(StrEnum):
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
-    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS}
+    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE}
+
+# Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
+PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
 
 
 class SeqView(NamedTuple):
@@ -155,6 +168,12 @@ class Snapshot:
     # group has an empty table. Only sequences holding a block in some group are listed. None: a
     # one-group engine (or one that does not show them).
     group_tables: Mapping[str, tuple[tuple[int, ...], ...]] | None = None
+    # ENCODER: the encoder cache, content hash -> entry (its size and the requests holding it), and
+    # its free embeddings; capacity is config.encoder_cache_size (spec/encoder.py).
+    encoder_cache: Mapping[str, EncoderEntry] | None = None
+    encoder_free: int | None = None  # ENCODER: free encoder-cache space, in embeddings
+    # PAUSE: one of PAUSE_STATES.
+    pause_state: str | None = None
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -335,7 +354,7 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
                 "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
-                "gpu_cache_holds", "group_tables")
+                "gpu_cache_holds", "group_tables", "encoder_cache", "encoder_free", "pause_state")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

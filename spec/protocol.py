@@ -46,7 +46,11 @@ class SchedulerLike(Protocol):
 #         Empty the prefix cache's hash map if no block is in use and answer True; otherwise change
 #         nothing and answer False (vLLM's Scheduler.reset_prefix_cache(), without
 #         reset_running_requests). A trace with this call cannot run on a scheduler without it.
-OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache")
+#     pause_new() / pause_all() / resume() -> bool
+#         vLLM's Scheduler.set_pause_state: while paused_new no waiting request is admitted, while
+#         paused_all nothing is scheduled; resume lifts either. Requests added meanwhile wait and
+#         run after the resume (PAU-001; nothing is lost: REQ-002, LIV-002).
+OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache", "pause_new", "pause_all", "resume")
 
 
 def supports(scheduler: object, call: str) -> bool:

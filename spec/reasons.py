@@ -50,6 +50,10 @@ TEMPLATES: dict[str, str] = {
     "wait_partial_prefills": "{request} waits: {partial} request(s) are mid-prefill, limit {limit}",
     "wait_running_first": "{request} waits: running requests are served first and a preemption happened this step",
     "wait_seats": "{request} waits: {running} running, max_num_seqs {limit}",
+    # encoder and LoRA budgets (spec/encoder.py): passed over for this step, back at the head after it
+    "wait_encoder": "{request} waits: its next encoder input needs more than the {left} embeddings of encoder budget "
+    "left or the {free} free in the cache",
+    "wait_lora_slots": "{request} waits: its LoRA adapter would be one more than the {loras} in use, max_loras {limit}",
     # SGLang's flow (reference_impl.sglang_scheduler)
     "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
     "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "

@@ -27,7 +27,8 @@ that are unknown or already finished are skipped, the others are aborted as by s
 ``"admin": [{"step": 5, "op": "reset_prefix_cache"}]``, engine admin calls (`ADMIN_OPS`):
 ``reset_prefix_cache`` empties the prefix cache's hash map if no block is in use and refuses
 (answers false) otherwise (vLLM's ``Scheduler.reset_prefix_cache()`` without
-``reset_running_requests``). Within a step: arrivals, aborts, abort batches, admin calls, then
+``reset_running_requests``). ``pause_new`` stops admissions from waiting, ``pause_all`` stops all
+scheduling, ``resume`` undoes either (vLLM's ``PauseState``); each answers true. Within a step: arrivals, aborts, abort batches, admin calls, then
 ``schedule()``.
 
 A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from spec.config import MAX_SEQS, MAX_SPECULATIVE_TOKENS, MAX_TOKENS, SchedulerConfig
+from spec.encoder import EncoderInput
 from spec.errors import InputError, shown
 from spec.json_input import read_json
 from spec.speculative import NO_DECISION, DraftDecision
@@ -64,7 +66,9 @@ MAX_STEPS = 100_000
 MAX_REQUESTS = 100_000
 MAX_ID_CHARS = 200
 MAX_PRIORITY = 2**31
-ADMIN_OPS = ("reset_prefix_cache",)  # engine admin calls a trace may make between steps
+# Engine admin calls a trace may make between steps. pause_new / pause_all / resume: vLLM 0.33.0's
+# Scheduler.set_pause_state(PauseState.PAUSED_NEW / PAUSED_ALL / UNPAUSED) (issue 32; spec/protocol.py).
+ADMIN_OPS = ("reset_prefix_cache", "pause_new", "pause_all", "resume")
 MAX_BATCH = 1000  # ids in one batched abort
 
 
@@ -218,7 +222,8 @@ class Trace:
             where = f"requests[{i}]"
             if not isinstance(raw, Mapping):
                 raise InputError(where, "must be an object")
-            allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens"}
+            allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens",
+                       "encoder_inputs", "lora_id"}
             for key in raw:
                 if key not in allowed:
                     raise InputError(f"{where}.{str(key)[:40]}", f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -230,6 +235,10 @@ class Trace:
             _int(raw.get("max_tokens", 16), f"{where}.max_tokens", 1, MAX_TOKENS)
             _int(raw.get("n", 1), f"{where}.n", 1, MAX_SEQS)
             _int(raw.get("priority", 0), f"{where}.priority", -MAX_PRIORITY, MAX_PRIORITY)
+            encoder_inputs = _encoder_inputs(raw, config, where)
+            lora_id = _int(raw.get("lora_id", 0), f"{where}.lora_id", 0, MAX_PRIORITY)
+            if lora_id and not config.max_loras:
+                raise InputError(f"{where}.lora_id", f"needs config.max_loras > 0, got lora_id {lora_id}")
             try:
                 request = Request(
                     request_id=raw["id"],
@@ -238,6 +247,8 @@ class Trace:
                     n=raw.get("n", 1),
                     priority=raw.get("priority", 0),
                     prompt_tokens=raw.get("prompt_tokens"),
+                    encoder_inputs=encoder_inputs,
+                    lora_id=lora_id,
                 )
             except InputError as err:
                 field_name = err.where.rsplit(".", 1)[-1]
@@ -305,6 +316,26 @@ def _draft(raw: Any, where: str) -> tuple[int, str, DraftDecision]:
     if not isinstance(empty, bool):
         raise InputError(f"{where}.empty", f"must be true or false, got {shown(empty)}")
     return step, seq, DraftDecision(proposed, accepted, stop_at, empty)
+
+
+def _encoder_inputs(raw: Mapping[str, Any], config: SchedulerConfig, where: str) -> tuple[EncoderInput, ...]:
+    """A request's optional ``encoder_inputs`` (spec/encoder.py). The config must have an encoder,
+    and each input must fit one step's encoder budget and the cache (vLLM sizes both to the largest
+    item, ``compute_mm_encoder_budget``; a larger one could never be computed)."""
+    items = raw.get("encoder_inputs", [])
+    if not isinstance(items, list):
+        raise InputError(f"{where}.encoder_inputs", "must be a list")
+    if items and not config.encoder_cache_size:
+        raise InputError(f"{where}.encoder_inputs", "needs config.encoder_cache_size and encoder_compute_budget > 0")
+    limit = min(config.encoder_compute_budget, config.encoder_cache_size)
+    out = []
+    for j, item in enumerate(items):
+        parsed = EncoderInput.from_dict(item, f"{where}.encoder_inputs[{j}]")
+        if parsed.length > limit:
+            raise InputError(f"{where}.encoder_inputs[{j}].length", f"must be at most {limit} (the encoder budget "
+                             f"and cache size), got {parsed.length}")
+        out.append(parsed)
+    return tuple(out)
 
 
 def _batch(raw: Any, where: str) -> tuple[int, tuple[str, ...]]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spec.encoder import EncoderInput, encoder_inputs_problem
 from spec.errors import InputError
 from spec.reasons import Reason
 from spec.speculative import DraftDecision
@@ -68,6 +69,9 @@ class Request:
     n: int = 1  # parallel sequences (the v1 and nano flows: 1)
     priority: int = 0  # lower is more urgent (the priority policy only)
     prompt_tokens: tuple[int, ...] | None = None  # token ids; None: `default_prompt_tokens`
+    # Multimodal inputs whose encoder outputs fill prompt positions (spec/encoder.py); () for text.
+    encoder_inputs: tuple[EncoderInput, ...] = ()
+    lora_id: int = 0  # the LoRA adapter it runs with (spec/encoder.py); 0: the base model
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id or "#" in self.request_id:
@@ -98,6 +102,13 @@ class Request:
                     f"{where}.prompt_tokens", f"has {len(tokens)} ids but prompt_len is {self.prompt_len}"
                 )
             object.__setattr__(self, "prompt_tokens", tokens)
+        if self.encoder_inputs:
+            object.__setattr__(self, "encoder_inputs", tuple(self.encoder_inputs))
+            problem = encoder_inputs_problem(self.encoder_inputs, self.prompt_len)
+            if problem is not None:
+                raise InputError(f"{where}.encoder_inputs", problem)
+        if isinstance(self.lora_id, bool) or not isinstance(self.lora_id, int) or self.lora_id < 0:
+            raise InputError(f"{where}.lora_id", f"must be an integer >= 0, got {self.lora_id!r}")
 
     def prompt_token_ids(self) -> tuple[int, ...]:
         """The prompt's token ids: the given ones, or the deterministic default."""
@@ -113,6 +124,10 @@ class Request:
         }
         if self.prompt_tokens is not None:
             data["prompt_tokens"] = list(self.prompt_tokens)
+        if self.encoder_inputs:
+            data["encoder_inputs"] = [item.to_dict() for item in self.encoder_inputs]
+        if self.lora_id:
+            data["lora_id"] = self.lora_id
         return data
 
 
@@ -153,6 +168,9 @@ class SchedulerOutput:
     copies: tuple[tuple[int, int], ...] = ()  # (GPU source, GPU destination) copy-on-write copies
     ignored: tuple[str, ...] = ()  # request ids ignored this step (each also FINISHED_IGNORED from update())
     reasons: tuple[Reason, ...] = ()  # why (spec.reasons), optional: replay and the HTML view show them
+    # The encoder inputs computed in this step, as (request id, index into its encoder_inputs), in
+    # the order computed (spec/encoder.py; Capability.ENCODER). Left out of to_dict when empty.
+    encoder_inputs: tuple[tuple[str, int], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -177,6 +195,7 @@ class SchedulerOutput:
             "copies": [list(p) for p in self.copies],
             "ignored": list(self.ignored),
             "reasons": [r.to_dict() for r in self.reasons],
+            **({"encoder_inputs": [[rid, i] for rid, i in self.encoder_inputs]} if self.encoder_inputs else {}),
         }
 
     @classmethod
@@ -196,6 +215,7 @@ class SchedulerOutput:
             copies=tuple((int(a), int(b)) for a, b in data.get("copies", ())),
             ignored=tuple(data.get("ignored", ())),
             reasons=tuple(Reason.from_dict(r) for r in data.get("reasons", ())),
+            encoder_inputs=tuple((str(rid), int(i)) for rid, i in data.get("encoder_inputs", ())),
         )
 
 

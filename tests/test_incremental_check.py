@@ -32,6 +32,10 @@ RARE_ON_THESE_TRACES = {
     "specdec-async-empty-outcome-keeps-drafts",  # as specdec-empty-outcome-keeps-drafts, a step late
     "specdec-async-caches-rejected-kv",  # needs prefix caching and a block filled by the bonus token
     "sglang-retract-most-generated",  # needs a retraction (a few in a hundred of the flow's traces)
+    # issue 32: need encoder inputs under a binding budget or a full cache, or two requests sharing one
+    # (conformance.generation.budgets.budget_traces: tests/test_mutants.py finds each within its search)
+    "v1-encoder-chunk-without-output", "v1-encoder-frees-begun-input", "v1-encoder-ignores-budget",
+    "v1-encoder-shared-counted-twice",
 }
 
 
@@ -192,6 +196,8 @@ class _WholeSnapshots:
             in_flight=dict(snap.in_flight) if snap.in_flight is not None else None,
             group_tables={k: tuple(map(fresh, v)) for k, v in snap.group_tables.items()}
             if snap.group_tables is not None else None,
+            encoder_cache=dict(snap.encoder_cache) if snap.encoder_cache is not None else None,
+            encoder_free=snap.encoder_free, pause_state=snap.pause_state,
         )
 
 

@@ -121,6 +121,15 @@ class SchedulerAdapter:
     def reset_prefix_cache(self) -> bool:
         return self._scheduler.reset_prefix_cache()
 
+    def pause_new(self) -> bool:
+        return self._scheduler.pause_new()
+
+    def pause_all(self) -> bool:
+        return self._scheduler.pause_all()
+
+    def resume(self) -> bool:
+        return self._scheduler.resume()
+
     @property
     def scheduler(self) -> Any:
         return self._scheduler
@@ -133,7 +142,7 @@ _V1_DOMAIN = ConfigDomain(flow="v1", swap=False, cpu_pool=False, max_n=1, chunke
 BUILTIN_DOMAINS: dict[str, ConfigDomain] = {
     "reference": ConfigDomain(),
     "gpu": ConfigDomain(),
-    "reference-v1": _V1_DOMAIN,
+    "reference-v1": replace(_V1_DOMAIN, encoder=True, lora=True),  # conformance.generation.budgets too
     "reference-nano": ConfigDomain(flow="nano", swap=False, cpu_pool=False, max_n=1, priority=False,
                                    prefix_caching=True, budget_covers_model_len=True, cache_holds_model_len=True),
     "gpu-v1": replace(_V1_DOMAIN, prefix_caching=False),  # the V1 twin leaves prefix caching out
@@ -234,6 +243,10 @@ def _builtin_strategy(spec: str) -> Any:
     from conformance.generation.v0 import traces
     from conformance.generation.v1 import token_configs, token_traces
 
+    if spec == "reference-v1":  # the V1 flow's traces and, a third of them, with encoder inputs and LoRA ids
+        from conformance.generation.budgets import v1_traces_with_budgets
+
+        return v1_traces_with_budgets()
     for flow in FLOWS.values():
         if spec in flow.adapters and not spec.startswith("gpu"):
             return flow.trace_strategy()

@@ -29,6 +29,8 @@ import struct
 import time
 from typing import Any
 
+from spec.protocol import OPTIONAL_CALLS
+
 _LENGTH = struct.Struct(">I")
 MAX_FRAME = 64 << 20  # a summary is a few KB; anything near this is a broken peer
 
@@ -70,7 +72,9 @@ def receive(fd: int) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the call stamp
-CALLS = ("", "reset", "add_request", "abort_request", "schedule", "update", "snapshot", "load")
+# The calls a stamp can name; the optional ones (spec/protocol.py) too, or a trace with an admin call
+# (reset_prefix_cache, pause_new, ...) made the stamp raise in the child.
+CALLS = ("", "reset", "add_request", "abort_request", "schedule", "update", "snapshot", "load", *OPTIONAL_CALLS)
 _BEGUN = struct.Struct("<q")  # writes begun: the first word
 _STAMP = struct.Struct("<qdiiq")  # calls started, start time (monotonic), step, call index (0: none), writes ended
 _SIZE = _BEGUN.size + _STAMP.size

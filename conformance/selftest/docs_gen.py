@@ -244,6 +244,9 @@ _DOMAIN_TEXT = {
     "first_block_id": "1 for an engine whose block ids run 1..N with 0 a null block it never hands out: report its "
                       "ids as they are (tables, free lists, swap and copy maps, holds, cache index; per-block lists "
                       "such as `gpu_ref_counts` without the null block) and the runner shifts them to 0..N-1",
+    "encoder": "multimodal requests: encoder inputs under `encoder_compute_budget` and `encoder_cache_size` "
+               "(spec/encoder.py; the ENC-* invariants read `Capability.ENCODER`'s observations)",
+    "lora": "LoRA requests (`Request.lora_id`) under `max_loras` (LORA-001)",
 }
 
 
@@ -276,6 +279,12 @@ _CAPABILITY_TEXT = {
                              "BUD-002, BUD-003 and STR-002 are moot",
     Capability.CACHE_HOLDS_REFS: "a claim the runner makes from the domain (`cache_holds_refs=True`), never set by "
                                  "hand: BLK-003 counts `Snapshot.gpu_cache_holds`",
+    Capability.ENCODER: "each output names the encoder inputs it computes and each snapshot shows the encoder cache, "
+                        "so the ENC-* invariants apply (spec/encoder.py)",
+    Capability.LORA: "a claim, not an observation: the scheduler honours each request's lora_id and max_loras, so "
+                     "LORA-001 applies",
+    Capability.PAUSE: "the engine takes the pause_new / pause_all / resume calls (spec/protocol.py) and says in "
+                      "each snapshot whether it is paused, so PAU-001 applies",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -301,6 +310,10 @@ _CAPABILITY_FIELDS = {
     Capability.NO_LENGTH_LIMIT: "none",
     Capability.NO_SEQ_LIMIT: "none",
     Capability.CACHE_HOLDS_REFS: "`gpu_cache_holds`",
+    Capability.ENCODER: "`SchedulerOutput.encoder_inputs` ((request id, input index) per encoder input computed), "
+                        "`Snapshot.encoder_cache` (content hash -> `EncoderEntry(size, users)`) and `encoder_free`",
+    Capability.LORA: "none",
+    Capability.PAUSE: "`Snapshot.pause_state` (one of `spec.observation.PAUSE_STATES`)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler

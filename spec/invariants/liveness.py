@@ -15,8 +15,9 @@ from spec.status import Status
 @invariant(
     "LIV-001", "liveness",
     """Every step with unfinished requests makes progress: it schedules a token, ignores a request,
-    ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps
-    earlier scheduled one, whose outcome is still in flight.""",
+    ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most
+    pipeline_depth steps earlier scheduled one, whose outcome is still in flight; or the engine is paused (a
+    paused_all snapshot before schedule(), or paused_new with nothing running).""",
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
     (C.QUEUES,),
@@ -24,6 +25,9 @@ from spec.status import Status
 )
 def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     queued = any(rec.before.queue(q) for q in ("waiting", "running", "swapped"))
+    pause = rec.before.pause_state
+    if pause == "paused_all" or (pause == "paused_new" and not rec.before.running):
+        queued = False  # the caller stopped the work (PAU-001)
     out = rec.output
     # The async flow: a step may wait for an in-flight outcome (every running request's tokens are
     # in flight up to its limit); a step scheduled within pipeline_depth steps is still progress.
@@ -81,14 +85,17 @@ def completion_bound_for(ctx: CheckContext) -> int:
     preempted request's that must return first), is not idle until they are back. Under the
     ``lpm`` policy the waiting order is decided in the step itself (the longest cached prefix
     first, SGLang's ``SchedulePolicy.calc_priority``), so the queue before the step names no head:
-    an idle engine must then admit or ignore some waiting request.""",
+    an idle engine must then admit or ignore some waiting request. A paused engine (Snapshot.pause_state)
+    is not idle but stopped by its caller (PAU-001).""",
     (C.QUEUES,),
     about=SCHEDULE, when=only_waiting,
 )
 def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
-    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight:
+    paused = rec.before.pause_state not in (None, "unpaused")
+    if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight \
+            and not paused:
         head = waiting[0]
         if ctx.config.policy == "lpm":
             if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored) | engine_ended(ctx, rec)):

@@ -21,19 +21,28 @@ from spec.observation import StepRecord
 from spec.rules import SCHEDULE, STEP, CheckContext, invariant
 from spec.status import QUEUES, PreemptionMode
 
+# Reasons that let a later request overtake this one in FCFS admission (POL-001): budgets that bind
+# one request and not the next (spec/encoder.py).
+PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
+
 
 @invariant(
     "POL-001", "policy",
     """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
-    prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted.""",
+    prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted,
+    except one the step's reasons pass over for a budget of its own (its LoRA adapter or its next
+    encoder input: `PASSED_OVER`).""",
     """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
-    requests pass a skipped one.""",
+    requests pass a skipped one. vLLM 0.33.0 does pass over (skip_request) a request whose adapter
+    would exceed max_loras or whose encoder input fits neither the encoder budget nor its cache
+    (scheduler.py:1090-1102, 1394-1398): the requests behind it need neither.""",
     (C.QUEUES,),
     about=SCHEDULE, when=others_wait,
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    waiting = list(rec.before.waiting or ())
+    passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER}
+    waiting = [rid for rid in rec.before.waiting or () if rid not in passed]
     taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
     prefix = waiting[: len(taken)]
     if set(prefix) != taken:

@@ -23,6 +23,7 @@ from conformance.generation.specdec import specdec_traces, specdec_traces_with_e
 from conformance.generation.v0 import configs, traces
 from conformance.selftest import mutants as lib
 from conformance.selftest import mutants_async as async_mutants
+from conformance.selftest import mutants_budgets as budget_mutants
 from conformance.selftest import mutants_hybrid as hybrid_mutants
 from conformance.selftest import mutants_specdec as specdec_mutants
 from conformance.selftest.museum import mutants as new
@@ -30,6 +31,7 @@ from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.hybrid_scheduler import HybridV1Scheduler
 from reference_impl.scheduler import Scheduler
 from reference_impl.specdec_scheduler import SpecDecScheduler
+from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.reservation import Reservation
 from spec.trace import Trace
@@ -694,6 +696,51 @@ EXHIBITS += (
         note="SGLang's flow, page size 1 and radix tree are not modelled; the V1 hybrid reference plays the "
         "scheduler and its one pool the Mamba pool.",
         strategy=hybrid_mutants.mamba_traces, **_HYBRID,
+    ),
+)
+
+
+def _budget_traces(name: str) -> Callable[[], st.SearchStrategy]:
+    def strategy() -> st.SearchStrategy:
+        from conformance.generation import budgets
+
+        return getattr(budgets, name)()
+
+    return strategy
+
+
+# Issue 32: the encoder cache and LoRA slots of the V1 flow (conformance/selftest/mutants_budgets.py).
+_BUDGETS = {"profile": "vllm-v1", "reference": V1Scheduler, "reused": True}
+EXHIBITS += (
+    Exhibit(
+        id="vllm-encoder-cache-waiting-leak",
+        title="Waiting requests hold the encoder cache: no step schedules a token",
+        source_id="vllm-encoder-cache-waiting-leak",
+        bug_class="A waiting request keeps the encoder cache space its failed admission took; the running request "
+        "whose next chunk needs an encoder output gets 0 tokens, and the waiting one waits for its KV blocks.",
+        expected=("ENC-005",),
+        factory=budget_mutants.EncoderWaitingHoldsSpace,
+        mutant="v1-encoder-waiting-holds-space",
+        code=(budget_mutants.EncoderWaitingHoldsSpace._encoder_plan,),
+        minimal_change="_encoder_plan commits a waiting request's encoder plan before its KV blocks are allocated.",
+        note="The encoder-decoder variant (#55733) and the EC connector are not modelled. Traces of the deadlock's "
+        "shape: conformance.generation.budgets.encoder_deadlock_traces.",
+        strategy=_budget_traces("encoder_deadlock_traces"), **_BUDGETS,
+    ),
+    Exhibit(
+        id="sglang-lora-carried-chunk",
+        title="LoRA admission misses the chunked request carried over: max_loras + 1 adapters in a batch",
+        source_id="sglang-lora-carried-chunk",
+        bug_class="Admission counts the adapters of running requests that decode, not the one mid-prefill that is "
+        "carried into the step, and admits one adapter too many.",
+        expected=("LORA-001",),
+        factory=budget_mutants.LoraMissesCarriedChunk,
+        mutant="v1-lora-misses-carried-chunk",
+        code=(budget_mutants.LoraMissesCarriedChunk._lora_slots_taken,),
+        minimal_change="_lora_slots_taken leaves out running requests still mid-prefill.",
+        note="Transferred from SGLang to the V1 reference, which counts every running request's adapter as vLLM "
+        "0.33.0 does (scheduler.py:1040-1047). Traces: conformance.generation.budgets.carried_chunk_lora_traces.",
+        strategy=_budget_traces("carried_chunk_lora_traces"), **_BUDGETS,
     ),
 )
 

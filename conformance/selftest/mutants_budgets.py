@@ -1,0 +1,121 @@
+"""Mutants of the V1 reference's encoder budget and cache, its LoRA slots and its pause (issue 32).
+
+Each breaks one rule of `reference_impl.encoder_budget` or of the V1 reference's `_encoder_*` /
+`_lora_*` hooks and names the invariants (spec/invariants/encoder.py) that catch it. Their traces
+are `conformance.generation.budgets`' (the deadlock and the carried-over chunk have traces of their
+own shape, which random budget traces reach rarely).
+"""
+
+from __future__ import annotations
+
+from conformance.flows import get_flow
+from conformance.generation.budgets import budget_traces, carried_chunk_lora_traces, encoder_deadlock_traces
+from conformance.selftest.mutant_record import mutant
+from reference_impl.encoder_budget import EncoderCache, EncoderPlan
+from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
+from spec.config import SchedulerConfig
+from spec.encoder import EncoderInput
+from spec.status import Status
+from spec.types import Request, SchedulerOutput
+
+BUDGETS = {**get_flow("v1").mutant_fields(), "trace_strategy": budget_traces}
+
+
+@mutant("v1-encoder-ignores-budget", "encoder inputs are planned against the cache only, never the step's "
+        "encoder budget", ("ENC-001",), **BUDGETS)
+class EncoderIgnoresBudget(V1Scheduler):
+    def _encoder_plan(self, tracked: TrackedRequest, computed: int, tokens: int) -> tuple[int, EncoderPlan | None]:
+        self._encoder_left = 10**9  # bug: the budget never binds
+        return super()._encoder_plan(tracked, computed, tokens)
+
+
+class _SharedCountedTwice(EncoderCache):
+    def _hold(self, request_id: str, digest: str) -> None:
+        if self.users[digest] and request_id not in self.users[digest]:
+            self.capacity -= self.sizes[digest]  # bug: a second holder pays for the shared output again
+        super()._hold(request_id, digest)
+
+    @property
+    def num_free(self) -> int:
+        return self.capacity - sum(self.sizes.values())
+
+
+@mutant("v1-encoder-shared-counted-twice", "an encoder output shared by two requests takes its space once per "
+        "holder", ("ENC-002",), **BUDGETS)
+class EncoderSharedCountedTwice(V1Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = _SharedCountedTwice(config.encoder_cache_size)
+
+
+class _LetsGoAtFirstPosition(EncoderCache):
+    def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
+        for item in inputs:
+            if item.position < computed:  # bug: begun is taken for consumed
+                self._let_go(request_id, item.content_hash)
+
+
+@mutant("v1-encoder-frees-begun-input", "a request lets go of an encoder output once its chunk has begun to read it",
+        ("ENC-003",), **BUDGETS)
+class EncoderFreesBegunInput(V1Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = _LetsGoAtFirstPosition(config.encoder_cache_size)
+
+
+class _NeverCuts(EncoderCache):
+    def plan(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int, tokens: int,
+             budget: int) -> EncoderPlan:
+        plan = super().plan(request_id, inputs, computed, tokens, budget)
+        return EncoderPlan(tokens, plan.compute, plan.cached, plan.cost)  # bug: the chunk is not cut
+
+
+@mutant("v1-encoder-chunk-without-output", "a chunk is not cut before an encoder input that fits neither the "
+        "budget nor the cache: it runs without the input's output", ("ENC-004",), **BUDGETS)
+class EncoderChunkWithoutOutput(V1Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = _NeverCuts(config.encoder_cache_size)
+
+
+@mutant("v1-encoder-waiting-holds-space", "a waiting request holds the encoder outputs its failed admission "
+        "planned (vllm-project/vllm PR #31857)", ("ENC-005",),
+        **{**BUDGETS, "trace_strategy": encoder_deadlock_traces})
+class EncoderWaitingHoldsSpace(V1Scheduler):
+    def _encoder_plan(self, tracked: TrackedRequest, computed: int, tokens: int) -> tuple[int, EncoderPlan | None]:
+        tokens, plan = super()._encoder_plan(tracked, computed, tokens)
+        if plan is not None and tracked.status is Status.WAITING:
+            self.encoder.commit(tracked.request_id, tracked.request.encoder_inputs, plan)  # bug: held before admission
+            return tokens, None
+        return tokens, plan
+
+
+@mutant("v1-lora-misses-carried-chunk", "LoRA admission counts the adapters of running requests but not that of "
+        "the chunked prefill carried over into the step (sgl-project/sglang #25865, #23141)", ("LORA-001",),
+        **{**BUDGETS, "trace_strategy": carried_chunk_lora_traces})
+class LoraMissesCarriedChunk(V1Scheduler):
+    def _lora_slots_taken(self) -> set[int]:
+        return {r.request.lora_id for r in self.running
+                if r.request.lora_id and not r.in_prefill}  # bug: the chunk carried over is not counted
+
+
+@mutant("v1-admits-while-paused", "pause_new is reported but admission goes on", ("PAU-001",), **BUDGETS)
+class AdmitsWhilePaused(V1Scheduler):
+    def schedule(self) -> SchedulerOutput:
+        shown = self.pause_state
+        if shown == "paused_new":
+            self.pause_state = "unpaused"  # bug: the pause is not consulted
+        try:
+            return super().schedule()
+        finally:
+            self.pause_state = shown
+
+
+@mutant("v1-pause-forgets-arrivals", "requests added while paused are held aside and the resume forgets them "
+        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"), **BUDGETS)
+class PauseForgetsArrivals(V1Scheduler):
+    def add_request(self, request: Request) -> None:
+        if self.pause_state == "unpaused":
+            super().add_request(request)
+            return
+        self._track(request)  # bug: tracked as WAITING but queued nowhere, and never after the resume
