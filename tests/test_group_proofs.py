@@ -4,16 +4,17 @@ made of those micro-ops (the part Z3 does not prove)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
 from conformance.commands.cli import main
-from conformance.generation.hybrid import hybrid_traces
+from conformance.generation.hybrid import fitting_pool, hybrid_traces
 from conformance.selftest.mutants import MUTANTS
 from reference_impl.engine import StepFailed, iter_steps
-from reference_impl.hybrid_scheduler import HybridV1Scheduler
+from reference_impl.hybrid_scheduler import HybridAsyncScheduler, HybridV1Scheduler
 from spec.kv_groups import NULL_BLOCK
 from spec.observation import Snapshot
 from spec.proofs import groups as G
@@ -100,6 +101,15 @@ def _check_run(factory, trace: Trace) -> None:  # type: ignore[no-untyped-def]
 @given(hybrid_traces())
 def test_each_hybrid_step_is_group_micro_ops(trace: Trace) -> None:
     _check_run(HybridV1Scheduler, trace)
+
+
+@settings(max_examples=20, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(hybrid_traces())
+def test_each_pipelined_hybrid_step_is_group_micro_ops(trace: Trace) -> None:
+    """At depth 1 (`HybridAsyncScheduler`: skipped blocks freed on the returned steps' tokens, a
+    processed outcome that finishes a request drops its tables) the same micro-ops."""
+    pipelined = dataclasses.replace(trace.config, pipeline_depth=1, watermark=0.0)
+    _check_run(HybridAsyncScheduler, dataclasses.replace(trace, config=fitting_pool(pipelined)))
 
 
 @pytest.mark.parametrize("name", ["hybrid-evicted-still-named"])

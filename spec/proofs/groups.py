@@ -44,8 +44,9 @@ names it], so ``ref == holders`` (BLK-003 over every group) holds for every size
 What this does not prove: that a reference action is such a sequence (checked on the hybrid
 reference by tests/test_group_proofs.py), the rest of HYB-002 (a key is its content's: no flow's
 encoding models token contents), and the step rules HYB-003..008 (what one step reads, writes,
-frees and schedules: not state invariants). The actions are the synchronous V1 flow's; the
-pipelined one frees on processed tokens, which changes when ``skip`` runs, not what it does.
+frees and schedules: not state invariants). The actions are the synchronous V1 flow's and the
+pipelined one's ``process``; the pipelined reference frees on processed tokens, which changes when
+``skip`` runs, not what it does (the test replays it too).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ B = z3.BoolSort()
 NULL = -1  # spec.kv_groups.NULL_BLOCK
 
 GROUP_OPS = ("append", "touch", "pad", "skip", "drop", "run", "wait")
-# The hybrid flow's actions (V1's, over every group) as micro-op sequences (add touches no block).
+# The hybrid flow's actions (V1's, over every group) as micro-op sequences (add touches no block);
+# ``process`` is the pipelined reference's (HybridAsyncScheduler): a processed outcome that finishes
+# a request drops its tables (its ``skip`` runs on the returned steps' tokens, in ``chunk``).
 GROUP_ACTION_OPS: dict[str, tuple[str, ...]] = {
     "add": (),
     "admit": ("run", "touch", "pad", "append", "drop"),
@@ -71,6 +74,7 @@ GROUP_ACTION_OPS: dict[str, tuple[str, ...]] = {
     "preempt_recompute": ("drop", "wait"),
     "abort": ("drop",),
     "ignore": ("drop",),
+    "process": ("drop",),
 }
 GROUP_FACTS = ("counts", "range", "named-not-free", "distinct", "group-owned", "waiting-empty")
 # The rows and the facts each needs (``partition``: parametric.prove_partition).
