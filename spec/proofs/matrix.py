@@ -37,6 +37,7 @@ FLOW_NAMES = ("v0", "v1", "async", "specdec")
 # KV cache groups over one pool (spec/proofs/groups.py): no bounded encoding, every cell by the
 # parametric group-layer argument; proved by `prove_hybrid`, not by `prove`
 HYBRID_FLOW = "hybrid"
+HYBRID_SIZE = "every size (no bounded encoding: spec/proofs/groups.py)"
 
 
 @dataclass(frozen=True)
@@ -132,13 +133,20 @@ class Matrix:
         return next(c for c in self.cells if c.invariant == invariant and c.action == action
                      and (flow is None or c.flow == flow))
 
+    def _bound_text(self) -> Any:
+        """The bound per flow (merged) or this flow's; the hybrid flow has none (every size)."""
+        if len(self.bounds) > 1:
+            return {name: HYBRID_SIZE if name == HYBRID_FLOW else str(b) for name, b in self.bounds.items()}
+        return HYBRID_SIZE if self.flow == HYBRID_FLOW else self.bound.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": MATRIX_VERSION,
             "flow": self.flow,
             # merged flows: one text per flow (what `kvsched docs` prints as the bound of a row)
-            "bound": {name: str(b) for name, b in self.bounds.items()} if len(self.bounds) > 1 else self.bound.to_dict(),
-            "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()},
+            "bound": self._bound_text(),
+            "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()
+                       if name != HYBRID_FLOW},
             "mutant": self.mutant,
             "strengthened": self.strengthened,
             "hypothesis": "each invariant alone (plus WF)" if self.alone else "conjunction of the state invariants",
