@@ -56,3 +56,22 @@ def test_hunt_checks_apply_on_the_target_and_pass() -> None:
     finally:
         adapter.close()
     assert {"HYB-001", "HYB-003", "HYB-004", "HYB-005", "BLK-003"} <= active  # checked on the target, not vacuous
+
+
+def test_async_admission_cap_counts_two_batches(adapters) -> None:
+    """The trace of the first run's async-sliding-window-hit-missing class: the AsyncScheduler host's
+    VllmConfig keeps async scheduling on (the CPU platform turns it off), so a sliding window's
+    admission cap counts the two batches in flight as the reference does; with one batch vLLM
+    admitted r4 at step 16 where the reference waited."""
+    import json
+    from pathlib import Path
+
+    from spec.trace import Trace
+
+    if "vllm-v1-async" not in adapters:
+        adapters["vllm-v1-async"] = need("vllm-v1-async").adapter()
+    data = json.loads(Path("docs/traces/lockstep-hybrid/async-swa-prefix-admission-cap.json").read_text())
+    trace = Trace.from_dict(data.get("trace", data))
+    outcome = L.run_one(adapters["vllm-v1-async"], trace, get_profile("async").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert len(outcome.result.records) > 16

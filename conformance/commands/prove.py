@@ -7,9 +7,11 @@ counterexample, a version-1 JSON trace that replays it on the reference.
 ``--flow``: ``v0`` (vLLM V0's flow, reference_impl/scheduler.py), ``v1`` (vLLM V1's flow with
 chunked prefill, reference_impl/v1_scheduler.py, spec/proofs/chunked.py), ``async`` (the pipelined
 V1 flow, reference_impl/async_scheduler.py, spec/proofs/encoding_async.py), ``specdec`` (V1 with
-speculative decoding, reference_impl/specdec_scheduler.py, spec/proofs/encoding_specdec.py) or
-``all`` (default: every flow, one table each; ``--bound`` then applies to v0, the others keep
-their own bound).
+speculative decoding, reference_impl/specdec_scheduler.py, spec/proofs/encoding_specdec.py),
+``hybrid`` (V1's actions over KV cache groups in one pool, reference_impl/hybrid_scheduler.py: the
+per-group block rows for every size by spec/proofs/groups.py; no bounded encoding, so ``--bound``
+does not apply) or ``all`` (default: every flow, one table each; ``--bound`` then applies to v0,
+the others keep their own bound).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from spec.proofs.chunked import V1_ACTIONS, V1_BOUND, V1_MUTANTS
 from spec.proofs.encoding import ACTIONS, MUTANTS
 from spec.proofs.encoding_async import ASYNC_ACTIONS, ASYNC_BOUND, ASYNC_MUTANTS
 from spec.proofs.encoding_specdec import SPECDEC_ACTIONS, SPECDEC_BOUND, SPECDEC_MUTANTS
-from spec.proofs.matrix import FLOW_NAMES, PROVED, flow, merge, prove
+from spec.proofs.groups import GROUP_ACTION_OPS, GROUP_MUTANTS, GROUP_ROW_FACTS
+from spec.proofs.matrix import FLOW_NAMES, HYBRID_FLOW, PROVED, flow, merge, prove, prove_hybrid
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,16 +37,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bound", default="default",
                    help=f"size of the symbolic state: a preset ({', '.join(PRESETS)}) or name=value pairs, "
                         f"e.g. gpu_blocks=6,seqs=4 (default: {DEFAULT})")
-    p.add_argument("--flow", choices=[*FLOW_NAMES, "all"], default="all",
+    p.add_argument("--flow", choices=[*FLOW_NAMES, HYBRID_FLOW, "all"], default="all",
                    help=f"which scheduler flow: v0 (vLLM V0), v1 (vLLM V1, chunked prefill; bound {V1_BOUND}), "
                         f"async (pipelined V1; bound {ASYNC_BOUND}), specdec (V1 with speculative decoding; "
-                        f"bound {SPECDEC_BOUND}) or all (default)")
+                        f"bound {SPECDEC_BOUND}), hybrid (KV cache groups; every size) or all (default)")
     p.add_argument("--json", action="store_true", help="print the matrix as JSON (version 1)")
-    p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS, *SPECDEC_ACTIONS])),
+    p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS, *SPECDEC_ACTIONS,
+                                                             *GROUP_ACTION_OPS])),
                    help="only these actions (repeatable)")
     p.add_argument("--invariant", action="append", help="only these invariants (repeatable)")
     p.add_argument("--alone", action="store_true", help="assume each invariant alone (shows which are inductive alone)")
-    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS, *SPECDEC_MUTANTS}),
+    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS, *SPECDEC_MUTANTS, *GROUP_MUTANTS}),
                    help="prove against a deliberately broken transition (selects its flow)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before it is 'unknown' (default 60)")
@@ -56,21 +60,30 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     if args.timeout <= 0:
         raise InputError("--timeout", f"must be > 0, got {args.timeout}")
-    names = list(FLOW_NAMES) if args.flow == "all" else [args.flow]
+    names = [*FLOW_NAMES, HYBRID_FLOW] if args.flow == "all" else [args.flow]
     if args.mutant:
         by_flow = {**{m: "v1" for m in V1_MUTANTS}, **{m: "async" for m in ASYNC_MUTANTS},
-                   **{m: "specdec" for m in SPECDEC_MUTANTS}}
+                   **{m: "specdec" for m in SPECDEC_MUTANTS}, **{m: HYBRID_FLOW for m in GROUP_MUTANTS}}
         names = [by_flow.get(args.mutant, "v0")]
         if args.flow not in ("all", names[0]):
             raise InputError("--mutant", f"{args.mutant!r} is a mutant of the {names[0]} flow, not of {args.flow}")
     explicit_bound = args.bound != "default"
     bound = Bound.parse(args.bound)
-    known = list(dict.fromkeys(i for n in FLOW_NAMES for i in [*flow(n).state_invariants, *flow(n).transition_properties]))
+    known = list(dict.fromkeys([*(i for n in FLOW_NAMES for i in [*flow(n).state_invariants, *flow(n).transition_properties]),
+                                *GROUP_ROW_FACTS]))
     for iid in args.invariant or ():
         if iid not in known:
             raise InputError("--invariant", f"{iid!r} is not in the matrix (known: {', '.join(known)})")
     matrices = []
     for name in names:
+        if name == HYBRID_FLOW:
+            rows = [i for i in args.invariant or () if i in GROUP_ROW_FACTS]
+            columns = [a for a in args.action or () if a in GROUP_ACTION_OPS]
+            if (args.invariant and not rows) or (args.action and not columns):
+                continue
+            matrices.append(prove_hybrid(mutant=args.mutant, invariants=rows or None, actions=columns or None,
+                                         timeout_ms=int(args.timeout * 1000)))
+            continue
         fl = flow(name)
         invariants = [i for i in args.invariant or () if i in fl.state_invariants or i in fl.transition_properties]
         actions = [a for a in args.action or () if a in fl.actions]
@@ -167,8 +180,10 @@ def _table(cells, flow_name: str, bound, mutant: str | None):
     mark = {PROVED: "[green]proved[/]", "counterexample": "[red]cex[/]", "unknown": "[yellow]unknown[/]"}
     what = {"v0": "vLLM V0 flow", "v1": "vLLM V1 flow, chunked prefill",
             "async": "pipelined V1 flow (outcomes pipeline_depth steps late)",
-            "specdec": "V1 flow with speculative decoding (drafts verified, rolled back)"}.get(flow_name, flow_name)
-    table = Table(title=f"kvsched prove: {what}, bound {bound}" + (f", mutant {mutant}" if mutant else ""))
+            "specdec": "V1 flow with speculative decoding (drafts verified, rolled back)",
+            HYBRID_FLOW: "V1 flow over KV cache groups in one pool"}.get(flow_name, flow_name)
+    size = "every size (no bounded encoding)" if flow_name == HYBRID_FLOW else f"bound {bound}"
+    table = Table(title=f"kvsched prove: {what}, {size}" + (f", mutant {mutant}" if mutant else ""))
     table.add_column("invariant", no_wrap=True)
     for a in actions:
         table.add_column(a)

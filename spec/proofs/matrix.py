@@ -34,6 +34,10 @@ from spec.proofs.properties import (
 )
 
 FLOW_NAMES = ("v0", "v1", "async", "specdec")
+# KV cache groups over one pool (spec/proofs/groups.py): no bounded encoding, every cell by the
+# parametric group-layer argument; proved by `prove_hybrid`, not by `prove`
+HYBRID_FLOW = "hybrid"
+HYBRID_SIZE = "every size (no bounded encoding: spec/proofs/groups.py)"
 
 
 @dataclass(frozen=True)
@@ -129,13 +133,20 @@ class Matrix:
         return next(c for c in self.cells if c.invariant == invariant and c.action == action
                      and (flow is None or c.flow == flow))
 
+    def _bound_text(self) -> Any:
+        """The bound per flow (merged) or this flow's; the hybrid flow has none (every size)."""
+        if len(self.bounds) > 1:
+            return {name: HYBRID_SIZE if name == HYBRID_FLOW else str(b) for name, b in self.bounds.items()}
+        return HYBRID_SIZE if self.flow == HYBRID_FLOW else self.bound.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": MATRIX_VERSION,
             "flow": self.flow,
             # merged flows: one text per flow (what `kvsched docs` prints as the bound of a row)
-            "bound": {name: str(b) for name, b in self.bounds.items()} if len(self.bounds) > 1 else self.bound.to_dict(),
-            "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()},
+            "bound": self._bound_text(),
+            "bounds": {name: b.to_dict() for name, b in (self.bounds or {self.flow: self.bound}).items()
+                       if name != HYBRID_FLOW},
             "mutant": self.mutant,
             "strengthened": self.strengthened,
             "hypothesis": "each invariant alone (plus WF)" if self.alone else "conjunction of the state invariants",
@@ -381,3 +392,60 @@ def _prove_action(task: tuple[Any, ...]) -> list[dict[str, Any]]:
 
 def _result(r: Any) -> str:
     return PROVED if r == z3.unsat else COUNTEREXAMPLE if r == z3.sat else UNKNOWN
+
+
+HYBRID_VIA = "spec/proofs/groups.py: the per-group block layer for every size (no bounded encoding)"
+HYBRID_SCOPE = {
+    "HYB-002": "its table half is the row HYB-002/tables; its key half (a keyed block carries its group's key "
+               "of its own tokens) needs token contents, which no flow's encoding models",
+    "HYB-003": "a step property: what one step reads and writes after schedule()",
+    "HYB-004": "policy over one step: where a windowed group is null after schedule()",
+    "HYB-005": "policy over one step: which states a Mamba group keeps after schedule()",
+    "HYB-006": "a step property over a prefix hit's keys and contents",
+    "HYB-007": "a step property over a cached state's content",
+    "HYB-008": "liveness (not safety); check-config covers feasibility",
+}
+
+
+def prove_hybrid(*, mutant: str | None = None, invariants: Iterable[str] | None = None,
+                 actions: Iterable[str] | None = None, timeout_ms: int = 20_000) -> Matrix:
+    """The hybrid flow's matrix (V1's actions over KV cache groups): each cell is proved for every
+    size when every micro-op of its action keeps every group fact (spec/proofs/groups.py). With a
+    group-layer mutant, the cells of the rows that need the fact its micro-op breaks, in the actions
+    made of that op, are counterexamples (Z3's witness in ``parametric``); the other cells of those
+    actions are unknown (each fact is a hypothesis of the others)."""
+    from spec.proofs import groups as G
+
+    started = time.perf_counter()
+    rows = list(invariants) if invariants is not None else list(G.GROUP_ROW_FACTS)
+    for iid in rows:
+        if iid not in G.GROUP_ROW_FACTS:
+            raise ValueError(f"unknown invariant {iid!r} for the hybrid matrix")
+    columns = ["init", *(actions if actions is not None else G.GROUP_ACTION_OPS)]
+    proof = G.prove_groups(timeout_ms=min(timeout_ms, 20_000))
+    proved = proof.cells()
+    broken: set[tuple[str, str]] = set()
+    doubtful: set[str] = set()
+    matrix = Matrix(DEFAULT, mutant, True, flow=HYBRID_FLOW, out_of_scope=dict(HYBRID_SCOPE),
+                    parametric=proof.to_dict())
+    if mutant is not None:
+        found = G.mutant_breaks(mutant, timeout_ms=min(timeout_ms, 20_000))
+        op = G.GROUP_MUTANTS[mutant][0]
+        doubtful = {a for a, ops in G.GROUP_ACTION_OPS.items() if op in ops}
+        broken = {tuple(c) for c in found["cells"]} if found else set()
+        matrix.parametric = {"mutant": mutant, "cells": sorted(list(c) for c in broken),
+                             "witness": {k: v for k, v in (found or {}).items() if k != "cells"} or None}
+    share = proof.seconds / max(len(proved), 1)
+    for iid in rows:
+        for action in columns:
+            if (iid, action) in broken:
+                result = COUNTEREXAMPLE
+            elif action in doubtful or (iid, action) not in proved:
+                result = UNKNOWN
+            else:
+                result = PROVED
+            matrix.cells.append(Cell(iid, action, result, share, scope="unbounded" if result == PROVED else "bounded",
+                                     flow=HYBRID_FLOW, via=HYBRID_VIA))
+    matrix.seconds = time.perf_counter() - started
+    return matrix
+

@@ -446,8 +446,9 @@ ASYNC_HUNT_NOTES = [
     "assert at `:63`; 0.33.0 moved them into `Scheduler`), and the placeholder is skipped for a request whose "
     "step leaves it mid-prompt (`async_scheduler.py:28`, `is_prefill_chunk` set in `scheduler.py:1466-1468` as "
     "`num_computed_tokens < num_tokens + num_output_placeholders`); the same rule as 0.33.0, and both agree with "
-    "the reference here. Out of the host's reach, and so not tried: the report's hybrid Gated DeltaNet + "
-    "attention model (the Mamba-aligned chunk split, `_mamba_block_aligned_split`), data-parallel prefill "
+    "the reference here. The report's hybrid Gated DeltaNet + attention model (the Mamba-aligned chunk split, "
+    "`_mamba_block_aligned_split`) was out of this hunt's reach and is tried in the hybrid hunt below (KV cache "
+    "groups built in the host: not reproduced either). Out of the host's reach, and so not tried: data-parallel prefill "
     "throttling (`defer_prefills`, 0.29.0 `scheduler.py:545-548` and `:579-583`: an in-progress prefill chunk "
     "is skipped on a throttled step), speculative decoding and streaming input (#35755).",
 ]
@@ -597,6 +598,20 @@ def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
         for name, r in h["runs"].items():
             for problem, first in r.get("first", {}).items():
                 lines.append(f"\n`{name}` {problem}: {first['message'][:300]}")
+        pipelined = h["runs"].get("async")
+        if pipelined is not None:
+            aligned = sum(n for layout, n in pipelined.get("layouts", {}).items() if "mamba-align" in layout)
+            found = "reproduced" if pipelined["problems"] else "not reproduced"
+            lines.append(
+                f"\n**vllm-project/vllm#57562 with a hybrid model** (placeholder underflow on a hybrid Gated DeltaNet + "
+                f"attention model under async scheduling): {found} on 0.33.0. Tried: {pipelined['traces']} traces at "
+                f"depth 1 on the AsyncScheduler with KV cache groups built in the host, {aligned} of them with a Mamba "
+                f"\"align\" group and prefix caching (the report's model's mode with prefix caching), chunked prefill on "
+                f"in {pipelined['chunked_prefill_on']}, {pipelined['preemptions']} preemptions, aborts and stops; "
+                "PIP-003 read the host's `num_output_placeholders` and in-flight counters after every step and PIP-005 "
+                "watched for a failure on an in-flight outcome. Not tried: vLLM 0.29.0 (the reported version) with "
+                "groups, the GDN kernels, multimodal inputs, speculative decoding with a state group (docs/HYBRID.md "
+                "section 7).")
         lines.append(run_line(h))
     return lines
 

@@ -62,27 +62,31 @@ PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
     "async-sliding-window-hit-missing": (
-        "open",
-        "async-swa+prefix only (2 of 150 traces before the pools were sized for depth 1): vLLM's AsyncScheduler admits "
-        "a waiting request with a prefix hit on a sliding-window block at position 0 that the pipelined hybrid "
-        "reference no longer has cached, so the reference waits for blocks where vLLM admits "
-        "(docs/traces/lockstep-hybrid/async-swa-prefix-open-sliding-window-hit.json: step 16, r3 and r4). Tables and "
-        "free queues agree until then, so the difference is in which sliding-window blocks carry a hash (not "
-        "compared: the host's keys are vLLM's hashes); not yet traced to a source line.",
+        "harness (fixed)",
+        "async-swa+prefix, 2 of 150 traces of the first run (docs/traces/lockstep-hybrid/"
+        "async-swa-prefix-admission-cap.json, step 16: vLLM admits r4 with a 2-token hit, the reference "
+        "counts 23 blocks for its whole sequence against 22 free). Not a hit: the whole-sequence check "
+        "(kv_cache_manager.py:531-548, apply_admission_cap) caps a sliding-window group at "
+        "SlidingWindowSpec.max_admission_blocks_per_request (kv_cache_interface.py:918-945) over "
+        "VllmConfig.max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens (config/vllm.py:588-609), "
+        "and the CPU platform turns async scheduling off (platforms/cpu.py:346-348), so the host's AsyncScheduler got "
+        "one batch (cap 9 blocks) where a GPU engine at depth 1 has two (cap 14, the reference's). The host now keeps "
+        "async_scheduling on in its VllmConfig (vllm_v1_host.py, V1Engine.reset); the trace agrees.",
     ),
     "async-chunked-local-admission": (
-        "open",
-        "async-local with prefix caching (3 of 150 traces): as async-sliding-window-hit-missing, vLLM's AsyncScheduler "
-        "admits a waiting request beside a decoding one where the pipelined hybrid reference counts one block more "
-        "than is free (chunked local window 4, block 2, budget 10); both are windowed groups under prefix caching at "
-        "depth 1, and the synchronous paths (1000 traces each, prefix caching drawn) agree. Not yet traced to a line.",
+        "harness (fixed)",
+        "async-local with prefix caching, 3 of 150 traces of the first run: the same cause as "
+        "async-sliding-window-hit-missing for the chunked local group "
+        "(ChunkedLocalAttentionSpec.max_admission_blocks_per_request, kv_cache_interface.py:864-881, over the same "
+        "max_in_flight_tokens): vLLM counted one block fewer than the reference for a waiting request's whole "
+        "sequence. Fixed in the host with it; 0 of 1000 async-local traces diverge since.",
     ),
     "host-reset-timeout": (
         "harness",
-        "async-local, 4 of 150 traces: FAULT-hang in reset (no answer within 60 s) while the machine's load average "
-        "was about 17 on two cores; a fresh host's first reset builds vLLM's configs (about 40 s wall on a quiet "
-        "machine). Read as the harness's timeout, not an engine hang, because each fault is in reset, before any "
-        "step; not rerun.",
+        "async-local, 4 of 150 traces of the first run: FAULT-hang in reset (no answer within 60 s) while the "
+        "machine's load average was about 17 on two cores; a fresh host's first reset builds vLLM's configs (about "
+        "40 s wall on a quiet machine). Read as the harness's timeout, not an engine hang, because each fault is in "
+        "reset, before any step; the 1000-trace run (load average 7.5-15.7) had none.",
     ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",

@@ -6,7 +6,10 @@ Run with the target venv's Python (VLLM_TARGET_DEVICE=cpu):  python vllm_v1_asyn
 
 Everything but the engine loop is `vllm_v1_host.V1Engine` (same CPU-only set-up, same token
 scheme, same snapshot translation), with ``SchedulerConfig.async_scheduling=True`` and the
-``AsyncScheduler`` class (vllm/config/scheduler.py:231 ``get_scheduler_cls``).
+``AsyncScheduler`` class (vllm/config/scheduler.py:231 ``get_scheduler_cls``). The CPU platform
+turns ``async_scheduling`` off while building the ``VllmConfig`` (platforms/cpu.py:346-348); the host
+sets it back, so that ``max_concurrent_batches`` is 2 and ``max_in_flight_tokens`` two batches as on
+a GPU engine (config/vllm.py:588-609): a windowed KV cache group's admission cap reads it.
 
 The engine loop, as ``step_with_batch_queue`` runs it with ``batch_queue_size`` 2
 (vllm/config/vllm.py:588 ``max_concurrent_batches``: async scheduling without PP keeps two

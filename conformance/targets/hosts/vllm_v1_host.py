@@ -132,6 +132,11 @@ class V1Engine:
                                  prompt_lookup_min=1) if self.k else None
         vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc,
                         speculative_config=spec)
+        # The CPU platform turns async scheduling off (vllm/platforms/cpu.py:346-348), which would
+        # leave VllmConfig.max_concurrent_batches at 1 (config/vllm.py:588-598) while the host runs
+        # the AsyncScheduler at depth 1 as a GPU engine does; max_in_flight_tokens (two batches,
+        # config/vllm.py:600-609) sets a windowed group's admission cap (kv_cache_interface.py:864-945).
+        vc.scheduler_config.async_scheduling = self.async_scheduling
         cc.num_gpu_blocks = G + 1
         kv = KVCacheConfig(num_blocks=G + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
             ["layer0"], FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
