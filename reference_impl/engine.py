@@ -44,6 +44,10 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
     caps = scheduler.capabilities
     mid_step = observe and Capability.MID_STEP in caps
     unfinished: set[str] = set()
+    if trace.connector:  # the KV connector's script (spec/connector.py), for a scheduler that has one
+        attach = getattr(scheduler, "kv_connector_scripts", None)
+        if attach is not None:
+            attach(trace.connector)
     for step in range(trace.max_steps):
         added = tuple(trace.arrivals_at(step))
         for request in added:
@@ -77,8 +81,17 @@ def iter_steps(trace: Trace, scheduler: SchedulerLike, observe: bool = True) -> 
             unfinished.discard(f.request_id)
         yield StepRecord(step, added, aborted, before, output, mid, stopped, tuple(finished), after, drafts=drafts,
                          abort_batches=batches, admin=admin)
-        if step >= trace.last_arrival_step and not unfinished:
+        if step >= trace.last_arrival_step and not unfinished and not transfers_in_flight(scheduler, after):
             return
+
+
+def transfers_in_flight(scheduler: SchedulerLike, after: Snapshot) -> bool:
+    """Whether a KV connector still holds blocks for a transfer (spec/connector.py): a run goes on
+    until the connector has reported each one done, so that what it held is seen freed."""
+    if after.kv_transfers is not None:
+        return bool(after.kv_transfers)
+    connector = getattr(scheduler, "connector", None)
+    return bool(getattr(connector, "transfers", None))
 
 
 def run_trace(

@@ -132,6 +132,13 @@ class CachingBlockPool:
         self.keys[block] = key
         self.index.setdefault(key, []).append(block)
 
+    def forget(self, block: int) -> None:
+        """Drop ``block``'s key, holders unchanged (vLLM ``BlockPool.evict_blocks``: a KV load
+        failed to fill it, so nobody may find it by its key)."""
+        if self.keys[block] is not None:
+            self.key_changes += 1
+            self._evict(block)
+
     def release(self, blocks: Iterable[int]) -> None:
         """Drop one reference per listed block, in the order given (callers pass a table in
         reverse); blocks that reach zero go back to the free queue as `ORDERS` describes."""

@@ -64,6 +64,7 @@ from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, is_not
 
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
+from reference_impl.kv_connector import ConnectorFlow
 from reference_impl.prefix_cache import CachingBlockPool
 from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
@@ -174,7 +175,7 @@ class TrackedScheduler:
         tracked = self.requests.get(request_id)
         if tracked is None or tracked.status.is_finished:
             return None
-        (self.waiting if tracked.status is Status.WAITING else self.running).remove(tracked)
+        (self.waiting if tracked.status.queue == "waiting" else self.running).remove(tracked)
         self._finish(tracked, Status.FINISHED_ABORTED)
         return Finished(request_id, Status.FINISHED_ABORTED, Reason.of("finished_aborted", request_id))
 
@@ -289,7 +290,7 @@ class TrackedScheduler:
         }
 
 
-class V1Scheduler(TrackedScheduler):
+class V1Scheduler(ConnectorFlow, TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
     # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
@@ -340,6 +341,7 @@ class V1Scheduler(TrackedScheduler):
         self.pause_state = "unpaused"  # spec.observation.PAUSE_STATES (the pause calls set it)
         self._encoder_left = 0  # this step's encoder budget left
         self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
+        self._init_connector()  # KV connector (reference_impl.kv_connector): only with config.kv_connector
 
     @property
     def reservation(self) -> Reservation | None:
@@ -383,6 +385,8 @@ class V1Scheduler(TrackedScheduler):
     def schedule(self) -> SchedulerOutput:
         self._placeholder_drafts = set()
         self._encoder_left, self._encoder_computed = self.config.encoder_compute_budget, []
+        if self.connector is not None:
+            self._kv_begin_step()
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -500,6 +504,8 @@ class V1Scheduler(TrackedScheduler):
     def _admit(
         self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
     ) -> None:
+        if self.connector is not None:  # the waiting pass with a connector: reference_impl.kv_connector
+            return self._kv_admit(budget, threshold, scheduled, reasons, ignored)
         config = self.config
         running_loop = tuple(self.requests[rid] for rid in scheduled)  # what the running loop scheduled
         skipped: list[TrackedRequest] = []  # passed over for this step only, back at the head after it

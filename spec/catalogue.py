@@ -53,7 +53,7 @@ def get(invariant_id: str) -> Invariant:
 
 _FAMILY_ORDER = (
     "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
-    "POL", "ORD", "LIV",
+    "KVC", "POL", "ORD", "LIV",
 )
 
 
@@ -85,6 +85,7 @@ def _load() -> None:
         blocks,
         budgets,
         chunked,
+        connector,
         encoder,
         groups,
         liveness,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from spec.connector import check_config as check_connector_config
 from spec.errors import InputError, shown
 from spec.kv_groups import KVGroup, check_with_config, parse_groups
 
@@ -81,6 +82,10 @@ class SchedulerConfig:
     encoder_compute_budget: int = 0
     encoder_cache_size: int = 0
     max_loras: int = 0
+    # KV connectors (spec/connector.py, docs/CONNECTORS.md): a connector supplies external KV per
+    # the trace's script; a load that fails is recomputed or fails its request, as the policy says.
+    kv_connector: bool = False
+    kv_load_failure_policy: str = "recompute"
 
     def __post_init__(self) -> None:
         _positive_int("config.block_size", self.block_size, maximum=MAX_TOKENS)
@@ -123,6 +128,12 @@ class SchedulerConfig:
             raise InputError("config.encoder_cache_size", "an encoder needs both encoder_compute_budget and "
                              f"encoder_cache_size (got {self.encoder_compute_budget} and {self.encoder_cache_size})")
         _positive_int("config.max_loras", self.max_loras, minimum=0, maximum=MAX_SEQS)
+        check_connector_config(self.kv_connector, self.kv_load_failure_policy)
+        if self.kv_connector and (self.encoder_compute_budget or self.max_loras or self.kv_groups):
+            # the connector's waiting pass (reference_impl/kv_connector.py) plans no encoder input,
+            # adapter or extra KV group: refused rather than checked against a flow it does not follow
+            raise InputError("config.kv_connector", "a KV connector beside an encoder, LoRA or hybrid KV groups is not "
+                             "modelled (set encoder_compute_budget, max_loras to 0 and kv_groups to [])")
         # vLLM's SchedulerConfig refuses this too: a decode step schedules one token per running
         # sequence, so a token budget below the sequence budget could not be honoured.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -196,6 +207,8 @@ _OPTIONAL_DEFAULTS: dict[str, Any] = {
     "encoder_compute_budget": 0,
     "encoder_cache_size": 0,
     "max_loras": 0,
+    "kv_connector": False,
+    "kv_load_failure_policy": "recompute",
 }
 
 

@@ -32,6 +32,17 @@ EDGES: tuple[tuple[Status, Status, str], ...] = (
     (S.SWAPPED, S.FINISHED_IGNORED, "ignore"),
     (S.SWAPPED, S.FINISHED_ABORTED, "abort"),
 )
+# KV connectors (spec/connector.py): an asynchronous load waits holding its blocks, then runs;
+# a load that fails is recomputed or fails its request. Only a config with a connector takes them.
+CONNECTOR_EDGES: tuple[tuple[Status, Status, str], ...] = (
+    (S.WAITING, S.WAITING_FOR_REMOTE_KV, "load_async"),
+    (S.WAITING_FOR_REMOTE_KV, S.RUNNING, "admit_loaded"),
+    (S.WAITING_FOR_REMOTE_KV, S.WAITING, "load_failed_recompute"),
+    (S.WAITING_FOR_REMOTE_KV, S.FINISHED_ERROR, "load_failed"),
+    (S.WAITING_FOR_REMOTE_KV, S.FINISHED_ABORTED, "abort"),
+    (S.RUNNING, S.FINISHED_ERROR, "load_failed"),
+)
+EDGES += CONNECTOR_EDGES
 
 INITIAL = S.WAITING
 

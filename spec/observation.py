@@ -16,6 +16,7 @@ from itertools import compress
 from operator import ne
 from typing import NamedTuple
 
+from spec.connector import TransferView
 from spec.encoder import EncoderEntry
 from spec.speculative import DraftDecision
 from spec.status import Status
@@ -81,6 +82,10 @@ class Capability(StrEnum):
     # The engine can be paused (spec/protocol.py pause_new / pause_all / resume) and each snapshot
     # says whether it is (Snapshot.pause_state, one of PAUSE_STATES). PAU-001 reads it.
     PAUSE = "pause"  # Snapshot.pause_state, and the pause calls
+    # KV connectors (spec/connector.py): the transfers in flight (``Snapshot.kv_transfers``) and the
+    # ones the connector reported finished in the step's outcome (``Snapshot.kv_reported``), what the
+    # KVC-* invariants read. Shown by a scheduler driven with a connector (the V1 reference, the vLLM hosts).
+    KV_TRANSFERS = "kv_transfers"  # Snapshot.kv_transfers / kv_reported: connector loads and sends
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -88,7 +93,8 @@ class Capability(StrEnum):
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
-    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE}
+    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE,
+    Capability.KV_TRANSFERS}
 
 # Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
 PAUSE_STATES = ("unpaused", "paused_new", "paused_all")
@@ -174,6 +180,12 @@ class Snapshot:
     encoder_free: int | None = None  # ENCODER: free encoder-cache space, in embeddings
     # PAUSE: one of PAUSE_STATES.
     pause_state: str | None = None
+    # KV_TRANSFERS (spec/connector.py): request id -> its connector transfer in flight (a load into
+    # its blocks, or a finished request's send out of them); and, in the snapshot after an outcome,
+    # the transfers that outcome reported finished (a load with its failed blocks, a send). None:
+    # not observed; empty: none.
+    kv_transfers: Mapping[str, TransferView] | None = None  # KV_TRANSFERS: request id -> its connector transfer in flight
+    kv_reported: Mapping[str, TransferView] | None = None  # KV_TRANSFERS: the transfers this step's outcome reported done
     # Optional delta (for incremental checking; an adapter may leave both None). ``base`` is the
     # snapshot the adapter took before this one; ``changed_seqs`` names every sequence whose view
     # is new, gone, or differs from ``base``'s. Every other sequence's view *is* (the same
@@ -354,7 +366,8 @@ def with_delta(snap: Snapshot, previous: Snapshot | None) -> Snapshot:
 
 _TUPLE_PARTS = ("waiting", "running", "swapped", "gpu_ref_counts", "cpu_ref_counts", "gpu_free", "cpu_free",
                 "gpu_free_ids", "cpu_free_ids", "gpu_block_keys", "cache_index", "in_flight", "gpu_fenced",
-                "gpu_cache_holds", "group_tables", "encoder_cache", "encoder_free", "pause_state")
+                "gpu_cache_holds", "group_tables", "encoder_cache", "encoder_free", "pause_state",
+                "kv_transfers", "kv_reported")
 
 
 def _changed_keys(new: Mapping, old: Mapping) -> set:

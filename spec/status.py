@@ -12,17 +12,24 @@ class Status(StrEnum):
     WAITING = "WAITING"
     RUNNING = "RUNNING"
     SWAPPED = "SWAPPED"
+    # KV connectors (spec/connector.py, docs/CONNECTORS.md): waiting, holding the blocks a
+    # connector loads external KV into (vLLM's WAITING_FOR_REMOTE_KVS), or loaded into and not yet
+    # admitted. Lives in the waiting queue; only a config with ``kv_connector`` reaches it.
+    WAITING_FOR_REMOTE_KV = "WAITING_FOR_REMOTE_KV"
     FINISHED_STOPPED = "FINISHED_STOPPED"
     FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
     FINISHED_ABORTED = "FINISHED_ABORTED"
     FINISHED_IGNORED = "FINISHED_IGNORED"
+    # A KV load failed under ``kv_load_failure_policy = "fail"`` (vLLM's FINISHED_ERROR).
+    FINISHED_ERROR = "FINISHED_ERROR"
 
     # Read on every check of every step: plain attributes, set once below, not properties.
     is_finished: bool
     queue: str | None  # the queue that holds a request in this status (None once finished)
 
 
-_QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped"}
+_QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped",
+             Status.WAITING_FOR_REMOTE_KV: "waiting"}
 
 for _status in Status:
     _status.is_finished = _status.value.startswith("FINISHED_")

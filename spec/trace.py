@@ -31,6 +31,11 @@ that are unknown or already finished are skipped, the others are aborted as by s
 scheduling, ``resume`` undoes either (vLLM's ``PauseState``); each answers true. Within a step: arrivals, aborts, abort batches, admin calls, then
 ``schedule()``.
 
+A trace whose config has ``kv_connector`` may carry ``"connector": {"version": 1, "requests":
+[{"request": "A", "external_tokens": 32, "load_async": true, "load_steps": 2, "failed_blocks": [1],
+"send_steps": 3}]}``, the KV connector's script per request (`spec.connector.ConnectorScript`;
+a request not named gets none of it: nothing external, no delayed free). Left out when empty.
+
 A pipelined trace (``config.pipeline_depth`` d > 0, docs/ASYNC.md) also carries
 ``"pipeline": {"version": 1, "depth": d}``, so that a reader of the file knows the outcomes lag:
 a stop at step N is the sample of step N (the outcome belongs to step N), and the engine processes
@@ -50,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from spec.config import MAX_SEQS, MAX_SPECULATIVE_TOKENS, MAX_TOKENS, SchedulerConfig
+from spec.connector import NO_SCRIPT, ConnectorScript, scripts_from_dict, scripts_to_dict
 from spec.encoder import EncoderInput
 from spec.errors import InputError, shown
 from spec.json_input import read_json
@@ -89,6 +95,7 @@ class Trace:
     drafts: tuple[tuple[int, str, DraftDecision], ...] = ()  # (step, seq id, decision): spec/speculative.py
     abort_batches: tuple[tuple[int, tuple[str, ...]], ...] = ()  # (step, ids): one batched abort call
     admin: tuple[tuple[int, str], ...] = ()  # (step, op in ADMIN_OPS), after the aborts, before schedule()
+    connector: Mapping[str, ConnectorScript] = field(default_factory=dict)  # request id -> script (spec/connector.py)
 
     def __post_init__(self) -> None:
         index: dict[int, list[Request]] = defaultdict(list)
@@ -139,6 +146,10 @@ class Trace:
         """The step's speculative decisions by sequence; a sequence not named gets `NO_DECISION`."""
         return self._drafts.get(step, _NO_DRAFTS)  # type: ignore[attr-defined]
 
+    def connector_script(self, request_id: str) -> ConnectorScript:
+        """The KV connector's script for a request (`spec.connector.NO_SCRIPT` when not named)."""
+        return self.connector.get(request_id, NO_SCRIPT)
+
     @property
     def last_arrival_step(self) -> int:
         return self._last_arrival_step  # type: ignore[attr-defined]
@@ -161,6 +172,7 @@ class Trace:
             **({"abort_batches": [{"step": s, "requests": list(ids)} for s, ids in self.abort_batches]}
                if self.abort_batches else {}),
             **({"admin": [{"step": s, "op": op} for s, op in self.admin]} if self.admin else {}),
+            **({"connector": scripts_to_dict(self.connector)} if self.connector else {}),
         }
         if self.config.pipeline_depth:
             data["pipeline"] = {"version": PIPELINE_VERSION, "depth": self.config.pipeline_depth}
@@ -206,7 +218,7 @@ class Trace:
         if type(version) is not int or version != TRACE_VERSION:  # true == 1 and 1.0 == 1 in Python
             raise InputError("version", f"must be {TRACE_VERSION}, got {shown(version)}")
         known = {"version", "config", "requests", "aborts", "stops", "max_steps", "meta", "pipeline", "drafts",
-                 "abort_batches", "admin"}
+                 "abort_batches", "admin", "connector"}
         for key in data:
             if key not in known:
                 raise InputError(str(key)[:40], f"unknown field (known: {', '.join(sorted(known))})")
@@ -277,7 +289,9 @@ class Trace:
         drafts = tuple(_draft(raw, f"drafts[{i}]") for i, raw in enumerate(_list(data, "drafts")))
         batches = tuple(_batch(raw, f"abort_batches[{i}]") for i, raw in enumerate(_list(data, "abort_batches")))
         admin = tuple(_admin(raw, f"admin[{i}]") for i, raw in enumerate(_list(data, "admin")))
-        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta), drafts, batches, admin)
+        connector = (scripts_from_dict(data["connector"], seen, config.kv_connector) if "connector" in data else {})
+        return cls(config, tuple(arrivals), tuple(aborts), tuple(stops), max_steps, dict(meta), drafts, batches, admin,
+                   connector)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:

@@ -27,6 +27,10 @@ RARE_ON_THESE_TRACES = {
     "specdec-empty-outcome-keeps-drafts",  # needs an empty outcome on a step that verified drafts
     "v1-admission-ignores-watermark",  # needs a watermark > 0 and a tight admission beside a running request
     "v1-reset-refuses-idle-cache", "v1-reset-keeps-keys",  # need reset_prefix_cache calls (trace `admin`)
+    "connector-holder-behind-head",  # needs a head that cannot fit in front of a landed load, with nothing running
+    "connector-ignores-fail-policy",  # needs kv_load_failure_policy fail and a load that fails
+    "connector-keeps-failed-tokens",  # needs an asynchronous load that fails under recompute
+    "connector-loading-takes-a-seat",  # needs a load in flight that fills max_num_seqs beside a request that fits
     "specdec-async-accepts-placeholders",  # needs an acceptance beyond a proposal of fewer than k
     "specdec-async-delivers-past-stop",  # as specdec-delivers-past-stop, a step late
     "specdec-async-empty-outcome-keeps-drafts",  # as specdec-empty-outcome-keeps-drafts, a step late
@@ -198,6 +202,8 @@ class _WholeSnapshots:
             if snap.group_tables is not None else None,
             encoder_cache=dict(snap.encoder_cache) if snap.encoder_cache is not None else None,
             encoder_free=snap.encoder_free, pause_state=snap.pause_state,
+            kv_transfers=dict(snap.kv_transfers) if snap.kv_transfers is not None else None,
+            kv_reported=dict(snap.kv_reported) if snap.kv_reported is not None else None,
         )
 
 

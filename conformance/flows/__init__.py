@@ -12,7 +12,7 @@ import importlib
 from conformance.flows.record import Flow, resolve
 from spec.errors import InputError
 
-FLOW_IDS = ("v0", "v1", "nano", "async", "specdec", "sglang", "hybrid")
+FLOW_IDS = ("v0", "v1", "nano", "async", "specdec", "sglang", "hybrid", "connector")
 # conformance/flows/async.py: `async` is a keyword, so the modules are imported by name.
 FLOWS: dict[str, Flow] = {fid: importlib.import_module(f"conformance.flows.{fid}").FLOW for fid in FLOW_IDS}
 

@@ -113,6 +113,19 @@ PROFILES: dict[str, Profile] = {
         "lockstep with reference_impl.hybrid_scheduler",
         exclude=(*_V0_ONLY, *_SGLANG_ONLY, "ADM-002"), reference="reference_impl.hybrid_scheduler:HybridV1Scheduler",
     ),
+    "connector": Profile(
+        "connector", ("safety", "liveness", "policy"), True,
+        "vLLM V1's flow with a KV connector: the vllm-v1 claims, the KVC family (remote and offloaded loads, "
+        "load failures, delayed frees), and lockstep with reference_impl.kv_connector_scheduler",
+        # RES-004 (a finished request holds nothing after its step): a delayed free keeps a finished
+        # request's blocks while its send is in flight, by design (KVC-002, KVC-007 bound it).
+        # CAP-001 / CAP-002 (tables exactly the computed tokens): a load that failed keeps the blocks
+        # past its first failed block for the recompute (vLLM frees nothing there; KVC-005 bounds
+        # what counts as computed, CAP-005 that the blocks cover it).
+        # ADM-001 (an admission holds exactly its chunk's blocks): a landed load that failed keeps them too.
+        exclude=(*_V0_ONLY, *_SGLANG_ONLY, "ADM-002", "RES-004", "CAP-001", "CAP-002", "ADM-001"),
+        reference="reference_impl.kv_connector_scheduler:ConnectorScheduler",
+    ),
 }
 
 

@@ -129,6 +129,11 @@ class SchedulerAdapter:
 
     def resume(self) -> bool:
         return self._scheduler.resume()
+    def kv_connector_scripts(self, scripts: Any) -> None:
+        """The trace's KV connector scripts (spec/connector.py), for a scheduler that runs a connector."""
+        attach = getattr(self._scheduler, "kv_connector_scripts", None)
+        if attach is not None:
+            attach(scripts)
 
     @property
     def scheduler(self) -> Any:

@@ -210,6 +210,11 @@ def _run_checked(
             from reference_impl.scheduler import Scheduler
 
             reference = (reference_factory or Scheduler)(trace.config)  # a profile may name its own
+        if trace.connector:  # the KV connector's script (spec/connector.py), to whoever runs one
+            for side in (adapter, reference):
+                attach = getattr(side, "kv_connector_scripts", None)
+                if attach is not None:
+                    attach(dict(trace.connector))
         unfinished: set[str] = set()
         aborted: tuple[str, ...] = ()
         output = None
@@ -289,7 +294,8 @@ def _run_checked(
                 return result
             for f in finished:
                 unfinished.discard(f.request_id)
-            if step >= trace.last_arrival_step and not unfinished:
+            # a KV connector's transfer in flight still holds blocks: the run goes on until it reports
+            if step >= trace.last_arrival_step and not unfinished and not after.kv_transfers:
                 break
         arrived = {a.request.request_id for a in trace.arrivals}
         result.drained = arrived <= set(checker.context.finished)

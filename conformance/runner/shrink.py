@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from spec.config import SchedulerConfig
+from spec.connector import ConnectorScript
 from spec.domain import ConfigDomain
 from spec.errors import InputError
 from spec.trace import Arrival, Trace
@@ -83,7 +84,23 @@ def _cut(trace: Trace, step: int) -> Trace:
         drafts=tuple(x for x in trace.drafts if x[0] <= step),
         abort_batches=tuple(x for x in trace.abort_batches if x[0] <= step),
         admin=tuple(x for x in trace.admin if x[0] <= step),
+        connector=trace.connector,
     )
+
+
+def connector_simplifications(script: ConnectorScript) -> Iterator[ConnectorScript]:
+    """One-step simpler scripts: fewer external tokens, synchronous, one step, no failure, no send."""
+    for tokens in sorted({0, script.external_tokens // 2, script.external_tokens - 1}):
+        if 0 <= tokens < script.external_tokens:
+            yield dataclasses.replace(script, external_tokens=tokens)
+    if script.load_async:
+        yield dataclasses.replace(script, load_async=False)
+    if script.load_steps > 1:
+        yield dataclasses.replace(script, load_steps=1)
+    if script.failed_blocks:
+        yield dataclasses.replace(script, failed_blocks=())
+    if script.send_steps:
+        yield dataclasses.replace(script, send_steps=0)
 
 
 def _replace(trace: Trace, **changes) -> Trace:
@@ -114,9 +131,14 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
             aborts=tuple(x for x in trace.aborts if x[1] != rid),
             stops=tuple(x for x in trace.stops if not x[1].startswith(rid + "#")),
             drafts=tuple(x for x in trace.drafts if not x[1].startswith(rid + "#")),
+            connector={k: v for k, v in trace.connector.items() if k != rid},
         )
     for i in range(len(trace.drafts)):  # drop one draft decision (the default takes its place)
         yield _replace(trace, drafts=trace.drafts[:i] + trace.drafts[i + 1:])
+    for rid, script in trace.connector.items():  # a KV connector's script, towards none (spec/connector.py)
+        for simpler_script in connector_simplifications(script):
+            yield _replace(trace, connector={**trace.connector, rid: simpler_script})
+        yield _replace(trace, connector={k: v for k, v in trace.connector.items() if k != rid})
     for i in range(len(trace.aborts)):
         yield _replace(trace, aborts=trace.aborts[:i] + trace.aborts[i + 1:])
     for i in range(len(trace.abort_batches)):

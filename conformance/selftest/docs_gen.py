@@ -285,6 +285,8 @@ _CAPABILITY_TEXT = {
                      "LORA-001 applies",
     Capability.PAUSE: "the engine takes the pause_new / pause_all / resume calls (spec/protocol.py) and says in "
                       "each snapshot whether it is paused, so PAU-001 applies",
+    Capability.KV_TRANSFERS: "a KV connector's transfers: the loads and sends in flight and those each outcome "
+                             "reported done, so the KVC-* invariants apply (spec/connector.py, docs/CONNECTORS.md)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an
@@ -314,6 +316,8 @@ _CAPABILITY_FIELDS = {
                         "`Snapshot.encoder_cache` (content hash -> `EncoderEntry(size, users)`) and `encoder_free`",
     Capability.LORA: "none",
     Capability.PAUSE: "`Snapshot.pause_state` (one of `spec.observation.PAUSE_STATES`)",
+    Capability.KV_TRANSFERS: "`Snapshot.kv_transfers` and `kv_reported` (request id -> `TransferView`); on the wire "
+                             "`kv_transfers` / `kv_reported` (conformance/wire/codec.py)",
 }
 
 _ADAPTERS_TEXT = """# Adapters: checking your scheduler
@@ -569,6 +573,9 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
     v1 = results / "lockstep-vllm-v1.json"
     if v1.exists():
         lines.append(_v1_lockstep(json.loads(v1.read_text())))
+    kv = results / "lockstep-connector.json"
+    if kv.exists():
+        lines.append(_connector_lockstep(json.loads(kv.read_text())))
     lines += ["\n\n## Built-in adapters\n\n",
              "The references and their torch twins, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
@@ -662,6 +669,42 @@ def _v1_lockstep(data: dict[str, Any]) -> str:
         "V1, async and speculative campaigns), so those traces are compared to their end.\n"
     )
     return intro + "".join(rows) + notes
+
+
+def _connector_lockstep(data: dict[str, Any]) -> str:
+    """The KV-connector lockstep section (`conformance.selftest.campaigns.lockstep_connector`, docs/CONNECTORS.md)."""
+    from conformance.selftest.campaigns.campaign_args import run_line
+    from conformance.selftest.campaigns.lockstep_connector import CLASSES
+
+    rows = ["\n\n## KV connectors: the reference's `connector` flow vs vLLM 0.33.0's V1 scheduler with a scripted "
+            "connector\n\n",
+            f"`python -m conformance.selftest.campaigns.lockstep_connector --path all` (seed {data['seed']}). vLLM's own "
+            "`Scheduler` builds a `KVConnectorBase_V1` registered through `KVConnectorFactory` whose answers come from "
+            "the trace (conformance/targets/hosts/vllm_kv_connector.py); the host reports the workers' "
+            "`finished_recving`, `finished_sending` and `invalid_block_ids`. Decisions and the state after every step "
+            "are compared with `EngineConnectorV1` behind V1's door. A trace on which the engine breaks an invariant "
+            "while agreeing with the reference in vLLM's terms counts as agreeing; its violations are the findings "
+            "(docs/CONNECTORS.md, section 6).\n", run_line(data),
+            "\n| path | traces | steps | agree | diverge | by class | engine violations (traces) |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n"]
+    for path, m in data["paths"].items():
+        by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items()) or "-"
+        found = "; ".join(f"{k} x{v}" for k, v in m.get("violations", {}).items()) or "-"
+        rows.append(f"| {path} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
+                    f"{m['traces'] - m['agreeing_traces']} | {by} | {found} |\n")
+    if data.get("classes"):
+        rows.append("\n| class | kind | explanation (vLLM source) | traces |\n| --- | --- | --- | --- |\n")
+        for cls, c in data["classes"].items():
+            kind, explanation = CLASSES.get(cls, (c["kind"], c["explanation"]))
+            links = ", ".join(f"[{path}]({_rel_docs(p['trace'])})" for path, p in c["paths"].items())
+            rows.append(f"| {cls} | {kind} | {explanation} | {links} |\n")
+    rows.append("\nThe finding: a request whose asynchronous load failed entirely is retried asynchronously and counts "
+                "its own remaining blocks in the reservation its retry must fit beside "
+                "(vllm/v1/core/sched/scheduler.py:1420-1430, 3432-3436; it stays in `_inflight_prefills`, discarded only "
+                "at :1871 and :3038), so with fewer than twice its blocks free it waits for ever (KVC-009, LIV-003, "
+                "LIV-001); smallest case [connector/own-reservation-stall.json](traces/connector/own-reservation-stall.json). "
+                "The spec's reference leaves a request out of its own reservation.\n")
+    return "".join(rows)
 
 
 def _rel_docs(path: str) -> str:

@@ -597,6 +597,7 @@ __all__ = ["MUTANTS", "Mutant", "violated"]
 from conformance.selftest import (  # noqa: E402,F401  (register the mutants of today's engines)
     mutants_async,
     mutants_budgets,
+    mutants_connector,
     mutants_hybrid,
     mutants_sglang,
     mutants_specdec,

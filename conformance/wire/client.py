@@ -339,6 +339,8 @@ class WireAdapter:
         self.flush_ms = _FLUSH_MS  # how long the host may hold step lines (0 within `exact_steps`)
         self._pending_reset: dict[str, Any] | None = None  # a reset to send with the next message
         self.optional_calls: frozenset[str] = frozenset()  # from hello (`start`)
+        self._hello_capabilities: frozenset[Capability] = self.capabilities
+        self._kv_scripts: dict[str, Any] = {}  # the trace's KV connector scripts, sent with each request
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
 
@@ -353,6 +355,7 @@ class WireAdapter:
                 except ValueError:
                     continue  # a capability this runner does not know is simply not used
             self.capabilities = frozenset(caps) | {Capability.OUTPUT}
+            self._hello_capabilities = self.capabilities
             # optional calls the host answers (spec/protocol.py OPTIONAL_CALLS); a host that does not
             # list them has none: batched aborts then go one id at a time, admin calls are refused
             self.optional_calls = frozenset(c for c in self.hello.get("optional_calls", ()) if isinstance(c, str))
@@ -380,6 +383,10 @@ class WireAdapter:
         self.start()
         lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
+        # A host shows the KV connector's record only when the config has one (spec/connector.py).
+        self.capabilities = self._hello_capabilities if config.kv_connector else \
+            self._hello_capabilities - {Capability.KV_TRANSFERS}
+        self._kv_scripts = {}
         params = {"config": config_to_json(config)}
         if _FOLD_RESET and getattr(self.host, "folds_reset", False):
             # Sent with the trace's first `steps` message (or before the next call of its own): one
@@ -411,9 +418,20 @@ class WireAdapter:
         finally:
             self.flush_ms = saved
 
+    def kv_connector_scripts(self, scripts: Mapping[str, Any]) -> None:
+        """The trace's KV connector scripts (spec/connector.py): each goes with its request as ``kv``."""
+        self._kv_scripts = dict(scripts)
+
+    def _request_json(self, request: Request) -> dict[str, Any]:
+        data = request_to_json(request)
+        script = self._kv_scripts.get(request.request_id)
+        if script is not None:
+            data["kv"] = script.to_dict()
+        return data
+
     def add_request(self, request: Request) -> Finished | None:
         """None, or the host's refusal at the door (``{"request", "status": "FINISHED_IGNORED"}``)."""
-        result = self._answer("add_request", {"request": request_to_json(request)})
+        result = self._answer("add_request", {"request": self._request_json(request)})
         return None if result is None else finished_from_json(result, "add_request")
 
     def abort_request(self, request_id: str) -> Finished | None:
@@ -480,7 +498,7 @@ class WireAdapter:
         if batch.ended or first >= last:
             raise WireError("steps: the runner called past the end of the trace the host ran")
         batched = "abort_requests" in self.optional_calls
-        steps = [{"step": k, "add": [request_to_json(r) for r in trace.arrivals_at(k)],
+        steps = [{"step": k, "add": [self._request_json(r) for r in trace.arrivals_at(k)],
                   "abort": list(trace.aborts_at(k)) + ([] if batched else  # one id at a time (conformance/runner/driver.py)
                                                        [rid for ids in trace.abort_batches_at(k) for rid in ids]),
                   "stopped": sorted(trace.stops_at(k)),

@@ -11,6 +11,7 @@ from typing import Any
 
 from spec import observation
 from spec.config import SchedulerConfig
+from spec.connector import KV_TRANSFERS_VERSION, TransferView
 from spec.observation import GROUP_TABLES_VERSION, IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.reasons import Reason
 from spec.status import Status
@@ -133,6 +134,12 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
     if snap.group_tables is not None:
         out["group_tables"] = {"version": GROUP_TABLES_VERSION,
                                "seqs": {sid: [list(t) for t in tables] for sid, tables in snap.group_tables.items()}}
+    for name in ("kv_transfers", "kv_reported"):
+        transfers = getattr(snap, name)
+        if transfers is not None:
+            out[name] = {"version": KV_TRANSFERS_VERSION,
+                         "transfers": {rid: {**t._asdict(), "blocks": list(t.blocks), "failed": list(t.failed)}
+                                       for rid, t in transfers.items()}}
     return out
 
 
@@ -242,6 +249,27 @@ def _seqs_from_json(raw: Any) -> dict[str, SeqView]:
     return seqs
 
 
+def _kv_transfers(value: Any, name: str) -> dict[str, TransferView] | None:
+    """``{"version": 1, "transfers": {request: {kind, blocks, tokens, load_async, failed}}}`` (spec/connector.py)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != KV_TRANSFERS_VERSION:
+        raise WireError(f"snapshot.{name}.version: expected {KV_TRANSFERS_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    transfers = value.get("transfers")
+    if not isinstance(transfers, Mapping):
+        raise WireError(f"snapshot.{name}.transfers: expected an object")
+    out = {}
+    for rid, t in transfers.items():
+        where = f"{name}.transfers.{rid}"
+        if not isinstance(t, Mapping) or t.get("kind") not in ("load", "send"):
+            raise WireError(f"snapshot.{where}: expected an object with kind load or send")
+        out[str(rid)] = TransferView(t["kind"], _ints(t.get("blocks"), f"{where}.blocks") or (),
+                                     _opt_int(t.get("tokens", 0), f"{where}.tokens") or 0,
+                                     bool(t.get("load_async", False)), _ints(t.get("failed"), f"{where}.failed") or ())
+    return out
+
+
 # Each part besides statuses and seqs: its decoder.
 _PARTS = {
     "waiting": _strs, "running": _strs, "swapped": _strs,
@@ -250,6 +278,7 @@ _PARTS = {
     "in_flight": lambda value, _name: _in_flight(value), "gpu_fenced": _ints,
     "gpu_cache_holds": _ints,
     "group_tables": lambda value, _name: _group_tables(value),
+    "kv_transfers": _kv_transfers, "kv_reported": _kv_transfers,
 }
 
 

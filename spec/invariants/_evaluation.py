@@ -353,6 +353,11 @@ def _touched_requests(ctx: CheckContext, rec: StepRecord, base: Snapshot | None)
             if view is not None:
                 touched.add(view.request_id)
         older = snap
+    # A connector's transfer that starts, ends or is reported changes what a request may hold
+    # (REQ-006) with none of its views changing.
+    for snap in (base, *(s for _, s in snapshots(rec))):
+        touched.update(snap.kv_transfers or ())
+        touched.update(snap.kv_reported or ())
     touched.update(r.request_id for r in rec.added)
     touched.update(f.request_id for f in rec.finished)
     if ctx.previous is not None:

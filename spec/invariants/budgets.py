@@ -96,8 +96,8 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         uncomputed = v.num_tokens - v.num_computed
         if item.num_tokens - item.num_drafts != uncomputed or item.num_tokens < 1:  # drafts lie past the tokens
             yield f"{item.seq_id} scheduled {item.num_tokens} token(s) with {uncomputed} uncomputed"
-        if ctx.config.enable_prefix_caching:
-            continue  # a prefill after a cache hit starts with computed tokens
+        if ctx.config.enable_prefix_caching or ctx.config.kv_connector:
+            continue  # a prefill after a cache hit (or a KV connector's load) starts with computed tokens
         if item.is_prefill != (v.num_computed == 0):
             kind = "prefill" if item.is_prefill else "decode"
             yield f"{item.seq_id} scheduled as {kind} with {v.num_computed} computed tokens"
@@ -129,8 +129,9 @@ def max_model_len(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[st
         # planned (depth > 0), the final chunk's sample may be in flight too
         prompt_only = () if request is None else range(
             request.prompt_len, request.prompt_len + (2 if ctx.config.pipeline_depth else 1))
-        if ctx.config.enable_chunked_prefill and v.num_tokens in prompt_only:
-            return  # a prompt of exactly max_model_len tokens, still being prefilled in chunks
+        if (ctx.config.enable_chunked_prefill or ctx.config.kv_connector) and v.num_tokens in prompt_only:
+            return  # a prompt of exactly max_model_len tokens, still being prefilled (in chunks, or again
+            # after a KV load that failed)
         yield f"{seq.id} has {v.num_tokens} tokens, max_model_len {ctx.config.max_model_len}"
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from spec.invariants._evaluation import SeqAt
 from spec.invariants._views import drops_unseen_tokens, returned_step, step_facts, views_of
+from spec.invariants.connector import load_failed
 from spec.invariants.triggers import (
     long_prefill_contended,
     partial_prefills_limited,
@@ -113,6 +114,8 @@ def computed_advances_by_scheduled(ctx: CheckContext, rec: StepRecord, seq: SeqA
     assert rec.mid is not None and rec.mid.seqs is not None
     sid, a, m = seq.id, seq.view, rec.mid.seqs.get(seq.id)
     if m is None or m.status.is_finished or m.num_computed is None or a.num_computed is None:
+        return
+    if m.request_id in load_failed(rec):  # a failed KV load cuts the computed tokens (KVC-005 says where)
         return
     facts = step_facts(rec)
     given = facts.tokens.get(sid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.invariants._views import admitted
+from spec.invariants.connector import admitted_or_loading, held_by_transfer
 from spec.invariants.triggers import finishes_aborted, only_waiting, requests_added, runnable_work
 from spec.observation import Capability as C
 from spec.observation import StepRecord
@@ -16,8 +17,9 @@ from spec.status import Status
     "LIV-001", "liveness",
     """Every step with unfinished requests makes progress: it schedules a token, ignores a request,
     ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most
-    pipeline_depth steps earlier scheduled one, whose outcome is still in flight; or the engine is paused (a
-    paused_all snapshot before schedule(), or paused_new with nothing running).""",
+    pipeline_depth steps earlier scheduled one, whose outcome is still in flight, or a KV connector's transfer is in
+    flight (or started) in it; or the engine is paused (a paused_all snapshot before schedule(), or paused_new with
+    nothing running).""",
     """Seed 000 §3.1: 'you cannot leave the 4 tables empty while guests wait'. A step that does
     nothing with work queued repeats forever, since nothing changes before the next one.""",
     (C.QUEUES,),
@@ -36,7 +38,9 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         seen["last"] = rec.step
     in_flight = ctx.config.pipeline_depth and rec.step - seen.get("last", -1 - ctx.config.pipeline_depth) <= \
         ctx.config.pipeline_depth
-    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight or engine_ended(ctx, rec)):
+    # A KV connector's transfer in flight (or started by the step) is work the step waits on.
+    transfer = held_by_transfer(rec.before, rec.mid)
+    if queued and not (out.scheduled or out.ignored or out.preempted or in_flight or transfer or engine_ended(ctx, rec)):
         yield (
             f"nothing scheduled, ignored or preempted with waiting={list(rec.before.waiting or ())} "
             f"running={list(rec.before.running or ())} swapped={list(rec.before.swapped or ())}"
@@ -86,7 +90,9 @@ def completion_bound_for(ctx: CheckContext) -> int:
     ``lpm`` policy the waiting order is decided in the step itself (the longest cached prefix
     first, SGLang's ``SchedulePolicy.calc_priority``), so the queue before the step names no head:
     an idle engine must then admit or ignore some waiting request. A paused engine (Snapshot.pause_state)
-    is not idle but stopped by its caller (PAU-001).""",
+    is not idle but stopped by its caller (PAU-001), and one with a KV connector's transfer in flight
+    (``Snapshot.kv_transfers``) is not idle until it reports; a head that starts an asynchronous load
+    is served (KVC-009 says it then progresses).""",
     (C.QUEUES,),
     about=SCHEDULE, when=only_waiting,
 )
@@ -94,13 +100,14 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     waiting = rec.before.waiting or ()
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
     paused = rec.before.pause_state not in (None, "unpaused")
+    busy = held_by_transfer(rec.before)  # a KV connector's transfer in flight may still free blocks
     if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight \
-            and not paused:
+            and not paused and not busy:
         head = waiting[0]
         if ctx.config.policy == "lpm":
             if not set(waiting) & (set(admitted(rec)) | set(rec.output.ignored) | engine_ended(ctx, rec)):
                 yield f"engine idle, yet no waiting request (head {head} before lpm's order) was admitted or ignored"
-        elif head not in admitted(rec) and head not in rec.output.ignored and head not in engine_ended(ctx, rec):
+        elif head not in admitted_or_loading(rec) and head not in rec.output.ignored and head not in engine_ended(ctx, rec):
             yield f"engine idle, yet waiting head {head} was neither admitted nor ignored"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.invariants._views import admitted
+from spec.invariants.connector import loading
 from spec.invariants.triggers import (
     a_queue_holds_two,
     others_wait,
@@ -19,7 +20,7 @@ from spec.invariants.triggers import (
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.rules import SCHEDULE, STEP, CheckContext, invariant
-from spec.status import QUEUES, PreemptionMode
+from spec.status import QUEUES, PreemptionMode, Status
 
 # Reasons that let a later request overtake this one in FCFS admission (POL-001): budgets that bind
 # one request and not the next (spec/encoder.py).
@@ -31,7 +32,7 @@ PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
     """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
     prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted,
     except one the step's reasons pass over for a budget of its own (its LoRA adapter or its next
-    encoder input: `PASSED_OVER`).""",
+    encoder input: `PASSED_OVER`) and one whose KV load is in flight (KVC-008).""",
     """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
     requests pass a skipped one. vLLM 0.33.0 does pass over (skip_request) a request whose adapter
@@ -42,8 +43,9 @@ PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER}
-    waiting = [rid for rid in rec.before.waiting or () if rid not in passed]
-    taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
+    busy = loading(rec.before, rec.mid)  # a request waiting for its KV load is passed over (KVC-008)
+    waiting = [rid for rid in rec.before.waiting or () if rid not in passed and rid not in busy]
+    taken = (set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))) - busy
     prefix = waiting[: len(taken)]
     if set(prefix) != taken:
         yield f"took {sorted(taken, key=waiting.index)} out of waiting {waiting}: not a prefix"
@@ -103,7 +105,10 @@ def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if p.mode is not PreemptionMode.RECOMPUTE or p.request_id not in waiting:
             continue
         position = waiting.index(p.request_id)
+        statuses = rec.after.statuses or {}
         for ahead in waiting[:position]:
+            if statuses.get(ahead) is Status.WAITING_FOR_REMOTE_KV:
+                continue  # a request holding its loaded KV is served first (vLLM's kv_holding_waiting)
             if ctx.key(ahead) > ctx.key(p.request_id):
                 yield f"recompute victim {p.request_id} is behind the less urgent {ahead} in waiting {waiting}"
 

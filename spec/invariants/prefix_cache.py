@@ -20,6 +20,7 @@ from spec.invariants._views import (
     views_of,
     void_outcomes,
 )
+from spec.invariants.connector import loaded_by_connector
 from spec.invariants.triggers import admits, gpu_pool, keyed, resets_prefix_cache, shares_blocks
 from spec.observation import Capability as C
 from spec.observation import Snapshot, StepRecord
@@ -198,7 +199,10 @@ def cached_free_counted_once(ctx: CheckContext, rec: StepRecord, pool: PoolAt) -
 )
 def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None and rec.mid.seqs is not None
+    loaded = loaded_by_connector(rec)  # external tokens a KV connector supplied are no cache hit
     for rid in admitted(rec):
+        if rid in loaded:
+            continue
         for v in views_of(rec.mid, rid):
             if v.status.is_finished or v.num_computed is None or v.num_tokens is None:
                 continue

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from spec.invariants._evaluation import RequestAt, SeqAt
 from spec.invariants._views import drops_unseen_tokens, step_facts
+from spec.invariants.connector import held_by_transfer, load_failed
 from spec.invariants.triggers import (
     added,
     finishes,
@@ -102,7 +103,7 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]
         if request_of(sid) not in facts.prefilled and request_of(sid) not in facts.added:
             yield f"{sid} appeared without its request being added or prefilled"
         return
-    if old.status.is_finished:
+    if old.status.is_finished or new.request_id in load_failed(rec):  # a failed KV load samples nothing
         return
     grow = 1 if sid in facts.scheduled else 0
     if sid in facts.drafts or sid in facts.voided:  # SPD-005/SPD-006 say how many
@@ -171,7 +172,7 @@ def finished_request_is_done(ctx: CheckContext, rec: StepRecord, req: RequestAt)
     for view in req.views():
         if not view.status.is_finished:
             yield f"{view.seq_id} is {view.status.value} but its request {rid} was reported {reported.value} before this step"
-        elif view.blocks:
+        elif view.blocks and rid not in held_by_transfer(req.snap):  # a connector transfer holds them (KVC-007)
             yield (f"{view.seq_id} of {rid} (reported {reported.value} before this step) still holds "
                    f"{view.device} blocks {list(view.blocks)}")
 

@@ -24,11 +24,13 @@ from conformance.generation.v0 import configs, traces
 from conformance.selftest import mutants as lib
 from conformance.selftest import mutants_async as async_mutants
 from conformance.selftest import mutants_budgets as budget_mutants
+from conformance.selftest import mutants_connector as connector_mutants
 from conformance.selftest import mutants_hybrid as hybrid_mutants
 from conformance.selftest import mutants_specdec as specdec_mutants
 from conformance.selftest.museum import mutants as new
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.hybrid_scheduler import HybridV1Scheduler
+from reference_impl.kv_connector_scheduler import ConnectorScheduler
 from reference_impl.scheduler import Scheduler
 from reference_impl.specdec_scheduler import SpecDecScheduler
 from reference_impl.v1_scheduler import V1Scheduler
@@ -741,6 +743,60 @@ EXHIBITS += (
         note="Transferred from SGLang to the V1 reference, which counts every running request's adapter as vLLM "
         "0.33.0 does (scheduler.py:1040-1047). Traces: conformance.generation.budgets.carried_chunk_lora_traces.",
         strategy=_budget_traces("carried_chunk_lora_traces"), **_BUDGETS,
+    ),
+)
+
+
+def _pressure_traces() -> st.SearchStrategy:
+    from conformance.generation.connector import pressure_traces
+
+    return pressure_traces()
+
+
+_CONNECTOR = {"profile": "connector", "reference": ConnectorScheduler, "reused": True, "strategy": _pressure_traces}
+EXHIBITS += (
+    Exhibit(
+        id="connector-lookahead-after-load",
+        title="A landed KV load needs lookahead blocks it never gets",
+        source_id="connector-lookahead-after-load",
+        bug_class="A request promoted out of WAITING_FOR_REMOTE_KV needs blocks past what its load holds; under KV "
+        "pressure the allocation fails every step and nothing changes.",
+        expected=("KVC-009", "LIV-003"),
+        factory=connector_mutants.LookaheadAfterLoad,
+        mutant="connector-lookahead-after-load",
+        code=(connector_mutants.LookaheadAfterLoad._kv_whole_need,),
+        minimal_change="_kv_whole_need asks one block more for a promoted request (the lookahead).",
+        note="Upstream the lookahead was MTP's speculative slots; the model has no drafts with a connector, so the "
+        "extra need is one block. vLLM 0.33.0 allocates no lookahead while loading (KVC-004 states that policy).",
+        **_CONNECTOR,
+    ),
+    Exhibit(
+        id="connector-holder-behind-head",
+        title="A request holding loaded KV waits behind a head that cannot fit",
+        source_id="connector-holder-behind-head",
+        bug_class="The waiting scan stops at a head that needs more blocks than are free while a request behind it "
+        "holds loaded KV and needs only a few: nothing runs, for ever.",
+        expected=("KVC-009", "LIV-003"),
+        factory=connector_mutants.HolderBehindHead,
+        mutant="connector-holder-behind-head",
+        code=(connector_mutants.HolderBehindHead._kv_hold, connector_mutants.HolderBehindHead._kv_members),
+        minimal_change="_kv_hold leaves a loading request in arrival order instead of the KV-holding front of waiting.",
+        note="vLLM 0.33.0 drains kv_holding_waiting before waiting (scheduler.py:1062-1068), the reference's order.",
+        **_CONNECTOR,
+    ),
+    Exhibit(
+        id="connector-loading-takes-a-seat",
+        title="Requests waiting for their KV count against max_num_seqs",
+        source_id="connector-loading-takes-a-seat",
+        bug_class="Requests whose KV load is in flight take seats, so admission stops with the KV cache mostly free.",
+        expected=("KVC-008",),
+        factory=connector_mutants.LoadingTakesASeat,
+        mutant="connector-loading-takes-a-seat",
+        code=(connector_mutants.LoadingTakesASeat._kv_seats_taken,),
+        minimal_change="_kv_seats_taken counts requests whose load is in flight as running.",
+        note="In #53130 the deferred requests stay deferred; here the loads land, so the stall lasts while they are in "
+        "flight, which KVC-008 names at once. vLLM 0.33.0 counts running requests only (scheduler.py:1070-1073).",
+        **_CONNECTOR,
     ),
 )
 

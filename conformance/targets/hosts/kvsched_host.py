@@ -296,7 +296,8 @@ class _Steps:
                 return {"ended": False}
             send_line({"calls": calls})
             self.unfinished.difference_update(finished)
-            if step["step"] >= last_arrival and not self.unfinished:
+            pending = getattr(self.engine, "transfers_in_flight", None)  # a KV connector's, still holding blocks
+            if step["step"] >= last_arrival and not self.unfinished and not (pending is not None and pending()):
                 return {"ended": True}
         return {"ended": False}
 

@@ -85,6 +85,8 @@ STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_a
     RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
     RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
     RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
+    # a KV connector's (vllm_kv_connector.py, only with config kv_connector)
+    RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KV", RequestStatus.FINISHED_ERROR: "FINISHED_ERROR",
 }
 
 
@@ -130,8 +132,13 @@ class V1Engine:
         self.k = int(config.get("num_speculative_tokens", 0))
         spec = SpeculativeConfig(method=self.spec_method, num_speculative_tokens=self.k, prompt_lookup_max=self.k,
                                  prompt_lookup_min=1) if self.k else None
+        kv = None
+        if config.get("kv_connector"):  # a scripted KV connector (vllm_kv_connector.py), registered in vLLM's factory
+            import vllm_kv_connector
+
+            kv = vllm_kv_connector.transfer_config(config)
         vc = VllmConfig(model_config=self._model_configs[mml], scheduler_config=sc, cache_config=cc,
-                        speculative_config=spec)
+                        speculative_config=spec, kv_transfer_config=kv)
         # The CPU platform turns async scheduling off (vllm/platforms/cpu.py:346-348), which would
         # leave VllmConfig.max_concurrent_batches at 1 (config/vllm.py:588-598) while the host runs
         # the AsyncScheduler at depth 1 as a GPU engine does; max_in_flight_tokens (two batches,
@@ -162,6 +169,7 @@ class V1Engine:
         self.arrivals = 0
         self.step_no = 0
         self.pending = None
+        self.kv = self.sched.connector  # the scripted KV connector, or None
 
     def add_request(self, request: dict) -> dict | None:
         rid = request["id"]
@@ -177,6 +185,8 @@ class V1Engine:
             return {"request": rid, "status": "FINISHED_IGNORED"}
         sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
         tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
+        if self.kv is not None and request.get("kv") is not None:  # its KV connector script (spec/connector.py)
+            self.kv.scripts[rid] = dict(request["kv"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
                     arrival_time=float(self.arrivals), priority=request.get("priority", 0),
                     block_hasher=self.block_hasher)
@@ -207,6 +217,8 @@ class V1Engine:
         return bool(self.sched.reset_prefix_cache())
 
     def schedule(self) -> dict:
+        if self.kv is not None:
+            self.kv.step, self.kv.reported = self.step_no, {}
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
         spec = out.scheduled_spec_decode_tokens
@@ -219,6 +231,8 @@ class V1Engine:
                   "preempted": [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())],
                   "swapped_in": [], "swap_out": [], "swap_in": [], "copies": [], "ignored": ignored}
         self.step_no += 1
+        if self.kv is not None:
+            self.kv.next_step = self.step_no
         return result
 
     def update(self, stopped: list, drafts: dict | None = None) -> list:
@@ -243,7 +257,15 @@ class V1Engine:
                 sampled.append([])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
+        grown = {rid: self.reqs[rid].num_tokens for rid in req_ids}
+        if self.kv is not None:  # the workers' transfer reports for this step (vllm_kv_connector.py)
+            self.kv.ran.update(req_ids)
+            mro.kv_connector_output = self.kv.report(self.step_no - 1)
         self.sched.update_from_output(out, mro)
+        if self.kv is not None:
+            # a request whose KV load failed sampled nothing (vLLM skips it): still a prefill
+            self.decoding -= {rid for rid in req_ids if self.reqs[rid].num_tokens == grown[rid]}
+            req_ids = list(dict.fromkeys([*req_ids, *self.reqs]))  # FINISHED_ERROR reaches unscheduled ones too
         if self.k:  # the drafter proposes for every request that sampled (EngineCore.post_step)
             proposing = [(rid, toks) for rid, toks in zip(req_ids, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
             proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
@@ -294,7 +316,7 @@ class V1Engine:
                                  "num_computed": r.num_computed_tokens - mid.get(rid, 0),
                                  "blocks": blocks, "device": "gpu" if blocks else None}
         G = self.cfg["num_gpu_blocks"]
-        return {
+        snap = {
             "statuses": statuses, "seqs": views,
             "waiting": [r.request_id for r in sched.waiting],
             "running": [r.request_id for r in sched.running],
@@ -311,6 +333,15 @@ class V1Engine:
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
             **({"group_tables": {"version": 1, "seqs": self._group_tables()}} if self.hybrid else {}),
         }
+        if self.kv is not None:
+            import vllm_kv_connector
+
+            vllm_kv_connector.snapshot_parts(sched, snap, tables)
+        return snap
+
+    def transfers_in_flight(self) -> bool:
+        """A KV connector's transfer still holds blocks (kvsched_host's steps loop runs on until it reports)."""
+        return bool(self.kv is not None and self.kv.transfers)
 
     def _group_tables(self) -> dict:
         import vllm_hybrid_groups
@@ -329,7 +360,7 @@ def v1_watermark(watermark: float, num_gpu_blocks: int) -> float:
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
-                "seq_lengths", "computed_tokens", "mid_step"]
+                "seq_lengths", "computed_tokens", "mid_step", "kv_transfers"]  # kv_transfers: with a KV connector
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), CAPABILITIES))

@@ -1,0 +1,177 @@
+"""Strict lockstep: the reference's KV-connector flow against vLLM 0.33.0's V1 scheduler with a
+scripted KV connector (conformance/targets/hosts/vllm_kv_connector.py, docs/CONNECTORS.md).
+
+    python -m conformance.selftest.campaigns.lockstep_connector [--path remote-sync|remote-async|offload|
+        fail-recompute|fail-fail|delayed-free|all] [--traces 1000] [--seed 20261202]
+        [--out docs/results/lockstep-connector.json] [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
+
+Each path is the connector generator's traces (`conformance.generation.connector`) with the
+scripts shaped to one connector behaviour:
+
+* ``remote-sync`` / ``remote-async``: the decode side of disaggregated prefill, every script a load
+  of external tokens, synchronous or asynchronous (1-4 steps), nothing failing, nothing sent;
+* ``offload``: an offloading connector's scheduler side: asynchronous loads past the local prefix
+  hit (prefix caching on), also after a preemption, and stores that keep a finished request's
+  blocks (delayed frees), in a small pool;
+* ``fail-recompute`` / ``fail-fail``: loads, synchronous and asynchronous, of which some blocks
+  fail, under each ``kv_load_failure_policy``;
+* ``delayed-free``: no loads, finished requests' blocks held for a send of 1-4 steps, with aborts.
+
+The reference is `EngineConnectorV1` (vLLM's watermark rule, failed blocks kept cached under
+recompute, a retried load's own blocks in its reservation) behind V1's door, and each step compares
+the decisions and then the state (lockstep_v1's `compare_state`). A divergence is classified by
+`classify` into `CLASSES`; a trace on which the engine breaks an invariant while agreeing with the
+reference (which models vLLM) is counted as agreeing, and its violations are listed: those are the
+hunt's findings (docs/CONNECTORS.md, section 6).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.flows.profiles import get_profile
+from conformance.generation.connector import connector_traces
+from conformance.generation.v0 import sample_traces
+from conformance.runner.adapter import load_adapter
+from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, provenance, write_report
+from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_v1 import Outcome, run_one
+from conformance.selftest.campaigns.recording import RecordsSnapshots
+from conformance.targets import get_target
+from reference_impl.kv_connector_scheduler import EngineConnectorV1
+from spec.connector import ConnectorScript
+from spec.trace import Trace
+
+PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+# class -> (kind, explanation with the vLLM source location)
+CLASSES: dict[str, tuple[str, str]] = {
+    "frees-in-set-order": (
+        "engine-deviation (nondeterministic)",
+        "vLLM 0.33.0 frees several requests of one step in the iteration order of a Python set, which follows the "
+        "string hashes of their ids (PYTHONHASHSEED) and so changes from run to run: the requests a failed load "
+        "touched under kv_load_failure_policy fail (`finish_requests(error_req_ids, FINISHED_ERROR)`, "
+        "vllm/v1/core/sched/scheduler.py:2557-2575, which makes them `set(request_ids)`, :2983), and the requests the "
+        "workers report in `KVConnectorOutput.finished_recving` / `finished_sending`, both sets "
+        "(`_update_from_kv_xfer_finished`, :3556-3582; vllm/v1/outputs.py:215-218). The reference frees them in a "
+        "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
+        "order in the free queue (the eviction order) is not.",
+    ),
+}
+
+
+class RecordingConnectorV1(GenerateDoor, RecordsSnapshots, EngineConnectorV1):
+    """The connector reference in vLLM's terms behind V1's door, keeping its snapshot after every step."""
+
+
+def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
+    r = dataclasses.replace
+    if path == "remote-sync":
+        return r(script, load_async=False, failed_blocks=(), send_steps=0)
+    if path == "remote-async":
+        return r(script, load_async=True, failed_blocks=(), send_steps=0)
+    if path == "offload":
+        return r(script, load_async=True, failed_blocks=())
+    if path in ("fail-recompute", "fail-fail"):
+        return r(script, failed_blocks=script.failed_blocks or (0,), send_steps=0)
+    return r(script, external_tokens=0, load_async=False, failed_blocks=(), send_steps=script.send_steps or 2)
+
+
+def _shaped(path: str, trace: Trace) -> Trace:
+    config = trace.config
+    if path == "offload":
+        config = dataclasses.replace(config, enable_prefix_caching=True)
+    if path.startswith("fail-"):
+        config = dataclasses.replace(config, kv_load_failure_policy=path.removeprefix("fail-"))
+    aborts = trace.aborts if path in ("delayed-free", "remote-async", "offload") else ()
+    return dataclasses.replace(trace, config=config, aborts=aborts,
+                               connector={rid: _shape(path, s) for rid, s in trace.connector.items()})
+
+
+def path_strategy(path: str) -> st.SearchStrategy:
+    return connector_traces().map(lambda t: _shaped(path, t))
+
+
+def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
+    traces = sample_traces(path_strategy(path), count, seed_value)
+    by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
+    violations: collections.Counter[str] = collections.Counter()
+    steps = agreeing = 0
+    started = time.monotonic()
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 1 and done > 1:
+            print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
+        outcome = run_one(adapter, trace, invariants, reference=RecordingConnectorV1)
+        steps += len(outcome.result.records)
+        for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
+            violations[problem] += 1
+        cls = classify(outcome)
+        if cls is None:
+            agreeing += 1
+            continue
+        by_field[outcome.field or "?"] += 1
+        by_class[cls] += 1
+        first.setdefault((path, cls), (trace, outcome))
+    return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
+            "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
+            "violations": dict(sorted(violations.items())), "seconds": round(time.monotonic() - started, 1)}
+
+
+def classify(outcome: Outcome) -> str | None:
+    """None when the engine and the reference agree on every decision and every state (the
+    engine's own invariant violations, which the reference in vLLM's terms shares, are findings,
+    not divergences); else the divergence's class, or ``unclassified``."""
+    result = outcome.result
+    if result.divergence is None and outcome.state is None and result.fault is None:
+        return None
+    if result.divergence is None and result.fault is None and outcome.state is not None:
+        step, field, want, got = outcome.state
+        record = result.records[step]
+        errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
+        reported = len(record.after.kv_reported or {})
+        if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got):
+            return "frees-in-set-order"
+    if result.fault is not None and result.fault.kind == "config-rejected":
+        return "config-rejected"
+    return "unclassified"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/lockstep-connector.json",
+                             traces_dir="docs/traces/lockstep-connector")
+    args = parser.parse_args(argv)
+    started = provenance()
+    paths = PATHS if args.path == "all" else (args.path,)
+    adapter, profile = load_adapter("vllm-v1"), get_profile("connector")
+    invariants = profile.invariants()
+    report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
+                              "reference": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorV1",
+                              "seed": args.seed, "paths": {}, "classes": {}}
+    if args.out.exists():
+        old = json.loads(args.out.read_text())
+        if old.get("version") == 1:
+            report["paths"] = {p: v for p, v in old.get("paths", {}).items() if p not in paths}
+            report["classes"] = {k: v for k, v in old.get("classes", {}).items() if v.get("path") not in paths}
+    first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
+    for path in paths:
+        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
+        print(json.dumps({"path": path, **entry}), flush=True)
+    for (path, cls), (trace, outcome) in sorted(first.items()):
+        kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        meta = {"adapter": "vllm-v1", "profile": "connector", "path": path, "class": cls, "kind": kind,
+                "field": outcome.field, "message": outcome.describe(), "steps": len(outcome.result.records)}
+        keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe(),
+                         name=f"{path}-{cls}.json")
+    write_report(report, args.out, started=started)
+    unexplained = any(c not in CLASSES for p in paths for c in report["paths"][p]["by_class"])
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,483 @@
+"""The V1 reference's KV connector: external KV loads, delayed frees (docs/CONNECTORS.md).
+
+Two parts, kept apart as the engine keeps them apart:
+
+* `ScriptedConnector` is the environment: a connector whose answers come from the trace's script
+  (`spec.connector.ConnectorScript`). It records each transfer it starts (a load into a request's
+  blocks, a finished request's send out of them) and reports each one done in the outcome of the
+  step its script names. It is what the vLLM host's scripted ``KVConnectorBase_V1`` does too.
+* `ConnectorFlow` is the scheduler's side, a mixin of `reference_impl.v1_scheduler.V1Scheduler`
+  active only with ``config.kv_connector``; without it every method hands over to the plain flow.
+
+The waiting pass with a connector (vLLM 0.33.0 ``Scheduler.schedule``, scheduler.py:1044-1610), in
+order, while budget is left:
+
+1. Requests that hold KV blocks in waiting (vLLM's ``kv_holding_waiting``: those that started an
+   asynchronous load) are served before the rest; the waiting queue keeps them as its prefix.
+2. A request whose load is in flight is skipped (it keeps its place; it is never scheduled). One
+   whose load was reported done is promoted: its loaded blocks are cached up to its valid
+   tokens, or, after a failure that left nothing valid, freed (``_update_waiting_for_remote_kv``).
+3. A request with no computed tokens looks up the prefix cache, then asks the connector for the
+   tokens past the hit (``get_num_new_matched_tokens``).
+4. An asynchronous load allocates the hit and the blocks of the external tokens, nothing to
+   compute, and waits (``WAITING_FOR_REMOTE_KV``): only if the whole sequence fits above the
+   watermark and the load's blocks fit in what the other in-flight prefills have not reserved
+   (``_inflight_prefill_reserved_blocks``, scheduler.py:1420-1430); its blocks are cached only
+   when it lands.
+5. Otherwise the request is admitted as in the plain flow, a synchronous load's tokens counted
+   as computed (the load lands before the step's forward pass).
+
+The outcome (``update_from_output``, scheduler.py:2259-2585): blocks a reported load failed to fill
+truncate the computed tokens of their request at the first failed block (a running request that
+loaded synchronously skips the step; vLLM ``_update_requests_with_invalid_blocks``); under the
+``fail`` policy those requests finish as FINISHED_ERROR and the failed blocks leave the prefix
+cache. Finished loads are marked done; a finished request's blocks go back to the pool when its
+transfer is reported done (``_update_from_kv_xfer_finished``), not before.
+
+Where this differs from vLLM 0.33.0: no spec decode, no pipelining with a connector (the
+generators draw neither), a priority policy orders each of the two waiting segments by priority
+as vLLM's two heaps do; the connector's own prefix-cache stats and events are not modelled.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from spec.connector import NO_SCRIPT, ConnectorScript, TransferView
+from spec.observation import Capability
+from spec.reasons import Reason
+from spec.status import Status
+from spec.types import Finished, StepOutcome
+
+
+@dataclass
+class Transfer:
+    """One transfer the connector started: what it touches and the step whose outcome reports it."""
+
+    request_id: str
+    kind: str  # "load" or "send"
+    blocks: tuple[int, ...]
+    tokens: int  # a load: where its request's KV reaches once it lands
+    load_async: bool
+    failed: tuple[int, ...]  # of the blocks, those the load fails to fill
+    due: int  # the step whose outcome reports it done
+
+    def view(self) -> TransferView:
+        return TransferView(self.kind, self.blocks, self.tokens, self.load_async, self.failed)
+
+
+class ScriptedConnector:
+    """A KV connector that answers from the trace's scripts (the environment, not the scheduler)."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[str, ConnectorScript] = {}
+        self.transfers: dict[str, Transfer] = {}  # in flight, by request, in the order started
+        self.reported: dict[str, Transfer] = {}  # reported in the last outcome
+        self.loaded: set[str] = set()  # requests whose first load was started (a later one never fails)
+        self.ran: set[str] = set()  # requests ever scheduled: they computed KV a send or store could carry
+
+    def script(self, request_id: str) -> ConnectorScript:
+        return self.scripts.get(request_id, NO_SCRIPT)
+
+    def matched(self, request_id: str, num_tokens: int, local_hit_tokens: int) -> tuple[int, bool]:
+        """``get_num_new_matched_tokens``: (external tokens past the hit, whether the load is async)."""
+        script = self.script(request_id)
+        tokens = script.matched_tokens(num_tokens, local_hit_tokens)
+        return tokens, bool(tokens) and script.load_async
+
+    def start_load(self, request_id: str, table: list[int], first: int, tokens: int, load_async: bool,
+                   step: int) -> None:
+        """``update_state_after_alloc``: load into ``table[first:]``; the first load of a request
+        fails on its script's ``failed_blocks`` (indices into the table)."""
+        script = self.script(request_id)
+        blocks = tuple(table[first:])
+        failed = () if request_id in self.loaded else tuple(
+            table[i] for i in script.failed_blocks if first <= i < len(table))
+        self.loaded.add(request_id)
+        due = step + script.load_steps - 1 if load_async else step
+        self.transfers[request_id] = Transfer(request_id, "load", blocks, tokens, load_async, failed, due)
+
+    def request_finished(self, request_id: str, table: list[int], next_step: int) -> bool:
+        """``request_finished``: whether the finished request's blocks stay held for a send (or an
+        offloading store) its script asks for; only a request that ran has KV of its own to send."""
+        if request_id in self.transfers:
+            return True  # a load in flight still writes them (vLLM: finish_requests, delay_free_blocks)
+        steps = self.script(request_id).send_steps
+        if not steps or request_id not in self.ran or not table:
+            return False
+        self.transfers[request_id] = Transfer(request_id, "send", tuple(table), 0, False, (), next_step + steps - 1)
+        return True
+
+    def report(self, step: int) -> list[Transfer]:
+        """The transfers step ``step``'s outcome reports done: loads first, then sends (vLLM reads
+        ``finished_recving`` before ``finished_sending``), each in the order they started."""
+        due = [t for t in self.transfers.values() if t.due <= step]
+        due.sort(key=lambda t: t.kind != "load")
+        for t in due:
+            del self.transfers[t.request_id]
+        self.reported = {t.request_id: t for t in due}
+        return due
+
+    def views(self) -> dict[str, TransferView]:
+        return {rid: t.view() for rid, t in self.transfers.items()}
+
+    def reported_views(self) -> dict[str, TransferView]:
+        return {rid: t.view() for rid, t in self.reported.items()}
+
+
+class ConnectorFlow:
+    """The connector's side of `V1Scheduler` (see the module docstring). Mixed in before
+    `TrackedScheduler`; every method is the plain flow's when ``self.connector`` is None."""
+
+    connector: ScriptedConnector | None = None
+    # vLLM 0.33.0 keeps the blocks a synchronous load failed to fill (and those after them) in the
+    # prefix cache under the recompute policy, expecting their request to rewrite them
+    # (``_handle_invalid_blocks``, scheduler.py:3759-3760). Off: the spec's reference drops their
+    # keys (PFX-001: a cached block's key matches what it holds); on in lockstep against vLLM.
+    keeps_failed_blocks_cached: bool = False
+    # vLLM 0.33.0 keeps a request in ``_inflight_prefills`` from its first asynchronous load until it
+    # is scheduled, so when a load that failed entirely is retried asynchronously, the request's own
+    # remaining blocks count in the reservation its retry must fit beside (scheduler.py:1420-1430,
+    # 3432-3436): with fewer than twice its blocks free it waits for ever. Off: the spec's reference
+    # reserves for the other prefills only; on in lockstep against vLLM (a finding, docs/CONNECTORS.md).
+    reserves_own_blocks: bool = False
+
+    def _init_connector(self) -> None:
+        """Called by the scheduler's constructor: a connector only with ``config.kv_connector``."""
+        self.connector = ScriptedConnector() if self.config.kv_connector else None  # type: ignore[attr-defined]
+        if self.connector is not None:  # it shows the connector's record (Snapshot.kv_transfers)
+            self.capabilities = type(self).capabilities | {Capability.KV_TRANSFERS}  # type: ignore[attr-defined]
+        self._kv_queue: set[str] = set()  # vLLM's kv_holding_waiting: the front of waiting
+        self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
+        self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
+
+    def _to_visit(self, base):  # type: ignore[no-untyped-def]
+        """Also the requests in the KV-holding front of waiting: a promoted request whose failed
+        load left nothing valid gave its blocks back without leaving the queue."""
+        visit = super()._to_visit(base)  # type: ignore[misc]
+        if visit is None or self.connector is None or not self._kv_queue:
+            return visit
+        return list({r.request_id: r for r in (*visit, *(self.requests[rid] for rid in sorted(self._kv_queue)))}.values())  # type: ignore[attr-defined]
+
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        snap = super().snapshot()  # type: ignore[misc]
+        if self.connector is None:
+            return snap
+        snap = replace(snap, kv_transfers=self.connector.views(), kv_reported=self.connector.reported_views())
+        self._last_snapshot = snap
+        return snap
+
+    def kv_connector_scripts(self, scripts: Mapping[str, ConnectorScript]) -> None:
+        """Take the trace's connector scripts (the engine loops call it before the first step)."""
+        if self.connector is not None:
+            self.connector.scripts = dict(scripts)
+
+    # ------------------------------------------------------------------ the waiting queue
+    def _kv_members(self) -> int:
+        """How many requests at the front of waiting are vLLM's ``kv_holding_waiting``."""
+        n = 0
+        for r in self.waiting:  # type: ignore[attr-defined]
+            if r.request_id not in self._kv_queue:
+                break
+            n += 1
+        return n
+
+    def _to_waiting(self, tracked, *, front: bool) -> None:  # type: ignore[no-untyped-def]
+        if self.connector is None:
+            return super()._to_waiting(tracked, front=front)  # type: ignore[misc]
+        self._insert(tracked, self._kv_members(), len(self.waiting), front)  # type: ignore[attr-defined]
+
+    def _insert(self, tracked, low: int, high: int, front: bool) -> None:  # type: ignore[no-untyped-def]
+        """Insert into ``waiting[low:high]``: by policy key under priority, else at its front or end."""
+        waiting = self.waiting  # type: ignore[attr-defined]
+        if self.config.policy == "priority":  # type: ignore[attr-defined]
+            keys = [r.key("priority") for r in waiting[low:high]]
+            waiting.insert(low + bisect.bisect_right(keys, tracked.key("priority")), tracked)
+        else:
+            waiting.insert(low if front else high, tracked)
+
+    def abort_request(self, request_id: str) -> Finished | None:
+        done = super().abort_request(request_id)  # type: ignore[misc]
+        if self.connector is not None and done is not None:
+            self._kv_queue.discard(request_id)
+        return done
+
+    def _finish(self, tracked, status: Status) -> None:  # type: ignore[no-untyped-def]
+        """A finished request keeps its blocks while the connector holds them (a load in flight, a
+        send); they go back when the connector reports the transfer done (`_kv_outcome`)."""
+        if self.connector is not None:
+            self._kv_queue.discard(tracked.request_id)
+            if self.connector.request_finished(tracked.request_id, list(tracked.blocks), self._step):  # type: ignore[attr-defined]
+                tracked.status = status
+                return
+        super()._finish(tracked, status)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ admission
+    def _kv_reserved_blocks(self, tracked) -> int:  # type: ignore[no-untyped-def]
+        """Blocks the other in-flight prefills still need for their whole sequence (vLLM
+        ``_inflight_prefill_reserved_blocks``): running requests mid-prefill and requests that
+        started an asynchronous load and were not scheduled since. ``tracked`` itself is left out
+        unless `reserves_own_blocks`."""
+        config = self.config  # type: ignore[attr-defined]
+        holders = [r for r in self.running if r.in_prefill and r.num_computed < r.num_tokens]  # type: ignore[attr-defined]
+        holders += [r for r in self.waiting if r.request_id in self._kv_queue  # type: ignore[attr-defined]
+                    and (r is not tracked or self.reserves_own_blocks)]
+        return sum(max(config.blocks_for(min(r.num_tokens, config.max_model_len)) - len(r.blocks), 0) for r in holders)
+
+    def _kv_promote(self, tracked) -> None:  # type: ignore[no-untyped-def]
+        """A landed load: cache its valid blocks, or free them all when nothing is valid."""
+        if tracked.num_computed:
+            self._cache_full_blocks(tracked, tracked.num_computed)  # type: ignore[attr-defined]
+        else:
+            self._free_blocks(tracked)  # type: ignore[attr-defined]
+            tracked.status = Status.WAITING
+
+    def _kv_admit(self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason],
+                  ignored: list[str]) -> None:
+        config, connector = self.config, self.connector  # type: ignore[attr-defined]
+        assert connector is not None
+        bs = config.block_size
+        pos = 0
+        waiting = self.waiting  # type: ignore[attr-defined]
+        while budget > 0 and pos < len(waiting):
+            tracked = waiting[pos]
+            rid = tracked.request_id
+            if self._ignore_if_infeasible(tracked, reasons, ignored):  # type: ignore[attr-defined]
+                continue
+            if self._kv_seats_taken() >= config.max_num_seqs:
+                reasons.append(Reason.of("wait_seats", rid, running=self._kv_seats_taken(), limit=config.max_num_seqs))
+                break
+            if self._kv_load_pending(tracked):  # its load is in flight: skipped, keeps its place
+                reasons.append(Reason.of("wait_remote_kv", rid))
+                pos += 1
+                continue
+            if tracked.status is Status.WAITING_FOR_REMOTE_KV and rid in self._kv_landed:
+                self._kv_landed.discard(rid)
+                self._kv_promote(tracked)
+            if tracked.num_computed == 0:
+                hits = self._cache_hits(tracked)  # type: ignore[attr-defined]
+                local = len(hits) * bs
+                external, load_async = connector.matched(rid, tracked.num_tokens, local)
+            else:
+                hits, local, external, load_async = [], tracked.num_computed, 0, False
+            if not self._kv_whole_sequence_fits(tracked, hits):
+                reasons.append(Reason.of("wait_blocks", rid, blocks=self._kv_whole_need(tracked, hits),
+                                         free=self.pool.num_free))  # type: ignore[attr-defined]
+                break
+            if load_async:
+                if not self._kv_allocate(tracked, external, hits, reserved=self._kv_reserved_blocks(tracked), cache=False):
+                    reasons.append(Reason.of("wait_blocks", rid, blocks=self._blocks_needed(tracked, external, hits),  # type: ignore[attr-defined]
+                                             free=self.pool.num_free))  # type: ignore[attr-defined]
+                    break
+                connector.start_load(rid, list(tracked.blocks), len(hits), local + external, True, self._step)  # type: ignore[attr-defined]
+                tracked.status = Status.WAITING_FOR_REMOTE_KV
+                pos = self._kv_hold(tracked, pos)
+                reasons.append(Reason.of("wait_remote_kv", rid))
+                continue
+            computed = local + external
+            tokens = tracked.num_tokens - computed
+            if 0 < threshold < tokens:
+                tokens = threshold
+            if not config.enable_chunked_prefill and tokens > budget:
+                reasons.append(Reason.of("wait_token_budget", rid, tokens=tokens, left=budget))
+                break
+            tokens = min(tokens, budget)
+            if not self._kv_allocate(tracked, external + tokens, hits, reserved=0):
+                reasons.append(Reason.of("wait_blocks", rid, blocks=self._blocks_needed(tracked, tokens, hits),  # type: ignore[attr-defined]
+                                         free=self.pool.num_free))  # type: ignore[attr-defined]
+                break
+            if external:  # a synchronous load: done before this step's forward pass
+                connector.start_load(rid, list(tracked.blocks[: config.blocks_for(computed)]), len(hits), computed,
+                                     False, self._step)  # type: ignore[attr-defined]
+            tracked.num_computed = computed
+            waiting.pop(pos)
+            self._kv_queue.discard(rid)
+            tracked.status = Status.RUNNING
+            tracked.in_prefill = True
+            self.running.append(tracked)  # type: ignore[attr-defined]
+            scheduled[rid] = tokens
+            budget -= tokens
+            reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))  # type: ignore[attr-defined]
+
+    def _kv_hold(self, tracked, pos: int) -> int:  # type: ignore[no-untyped-def]
+        """A request that started an asynchronous load joins the KV-holding front of waiting (vLLM
+        re-queues it in ``kv_holding_waiting``); returns where the pass goes on. One already there (a
+        retried load) keeps its place, and the pass goes on with the next."""
+        if tracked.request_id in self._kv_queue:
+            return pos + 1
+        self.waiting.pop(pos)  # type: ignore[attr-defined]
+        self._kv_queue.add(tracked.request_id)
+        self._insert(tracked, 0, self._kv_members(), front=False)
+        return self._kv_members()
+
+    def _kv_seats_taken(self) -> int:
+        """Seats ``max_num_seqs`` counts: the running requests only (a loading one takes none)."""
+        return len(self.running)  # type: ignore[attr-defined]
+
+    def _kv_load_pending(self, tracked) -> bool:  # type: ignore[no-untyped-def]
+        """Whether the request's load is still in flight (it is skipped, and keeps its place)."""
+        return tracked.request_id in self.connector.transfers  # type: ignore[union-attr]
+
+    def _kv_release(self, tracked) -> None:  # type: ignore[no-untyped-def]
+        """A finished request's transfer was reported done: its blocks go back to the pool."""
+        self._free_blocks(tracked)  # type: ignore[attr-defined]
+
+    def _kv_whole_need(self, tracked, hits: list[int]) -> int:  # type: ignore[no-untyped-def]
+        """Free blocks the whole sequence still needs: beyond its table and the hits, plus each
+        hit on the free queue (``allocate_slots``' ``full_sequence_must_fit`` check)."""
+        config, pool = self.config, self.pool  # type: ignore[attr-defined]
+        full = config.blocks_for(min(tracked.num_tokens, config.max_model_len))
+        return max(full - len(tracked.blocks) - len(hits), 0) + sum(1 for b in hits if pool.is_evictable(b))
+
+    def _kv_whole_sequence_fits(self, tracked, hits: list[int]) -> bool:  # type: ignore[no-untyped-def]
+        return self._kv_whole_need(tracked, hits) + self._admission_watermark() <= self.pool.num_free  # type: ignore[attr-defined]
+
+    def _kv_allocate(self, tracked, tokens: int, hits: list[int], *, reserved: int,  # type: ignore[no-untyped-def]
+                     cache: bool = True) -> bool:
+        """Take the hits and the blocks ``tokens`` past them need, if they fit above the watermark
+        in what ``reserved`` leaves, or nothing; with ``cache``, key the full blocks they complete
+        (an asynchronous load's blocks are keyed when it lands: vLLM ``delay_cache_blocks``)."""
+        pool = self.pool  # type: ignore[attr-defined]
+        need = self._blocks_needed(tracked, tokens, hits)  # type: ignore[attr-defined]
+        if need + self._admission_watermark() > pool.num_free - reserved:  # type: ignore[attr-defined]
+            return False
+        for block in hits:
+            pool.touch(block)
+        tracked.blocks.extend(hits)
+        if hits:
+            tracked.num_computed = len(hits) * self.config.block_size  # type: ignore[attr-defined]
+            tracked.num_keyed = len(hits)
+        fresh = self.config.blocks_for(tracked.num_computed + tokens) - len(tracked.blocks)  # type: ignore[attr-defined]
+        tracked.blocks.extend(pool.allocate(max(fresh, 0)))
+        if cache:
+            self._cache_full_blocks(tracked, tracked.num_computed + tokens)  # type: ignore[attr-defined]
+        return True
+
+    # ------------------------------------------------------------------ outcome
+    def _kv_begin_step(self) -> None:
+        """schedule() starts: the last outcome's reports are no longer news."""
+        assert self.connector is not None
+        self.connector.reported = {}
+
+    def update(self, outcome: StepOutcome) -> list[Finished]:
+        if self.connector is None:
+            return super().update(outcome)  # type: ignore[misc]
+        step = self._step - 1  # type: ignore[attr-defined]
+        self.connector.ran.update(r.request_id for r, _ in self._scheduled)  # type: ignore[attr-defined]
+        reported = self.connector.report(step)
+        invalid = {b for t in reported if t.kind == "load" for b in t.failed}
+        failed_async = self._kv_truncate_async(reported, invalid)
+        failed_sync, evict = self._kv_truncate_running(invalid) if invalid else (set(), set())
+        policy_fails = self.config.kv_load_failure_policy == "fail"  # type: ignore[attr-defined]
+        if failed_sync:
+            # The failed blocks and every block after them leave the prefix cache: their KV is
+            # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
+            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob below.
+            if policy_fails or not self.keeps_failed_blocks_cached:
+                for block in sorted(evict):
+                    self.pool.forget(block)  # type: ignore[attr-defined]
+                for tracked in self.running:  # type: ignore[attr-defined]
+                    if tracked.request_id in failed_sync:
+                        tracked.num_keyed = min(tracked.num_keyed, tracked.num_computed // self.config.block_size)  # type: ignore[attr-defined]
+            self._scheduled = [(r, n) for r, n in self._scheduled if r.request_id not in failed_sync]  # type: ignore[attr-defined]
+        finished = super().update(outcome)  # type: ignore[misc]
+        if policy_fails:
+            for rid in sorted(failed_async | failed_sync):
+                finished += self._kv_fail(self.requests[rid])  # type: ignore[attr-defined]
+        for t in reported:
+            tracked = self.requests[t.request_id]  # type: ignore[attr-defined]
+            if tracked.status.is_finished and t.request_id not in self.connector.transfers:  # (not now sending)
+                self._kv_release(tracked)
+            elif t.kind == "load" and t.load_async:
+                self._kv_landed.add(t.request_id)
+        return finished
+
+    def _kv_truncate_async(self, reported: list[Transfer], invalid: set[int]) -> set[str]:
+        """The requests waiting for their KV (vLLM's WAITING_FOR_REMOTE_KVS, not yet promoted): a
+        load landing now counts its tokens as computed (or up to an earlier cut); then each is cut
+        at its first failed block among the blocks its load reaches (vLLM
+        ``_update_requests_with_invalid_blocks`` over ``kv_holding_waiting``: also a block it hit
+        that another request's load failed to fill). A load still in flight keeps its cut for
+        when it lands. The ones cut are returned."""
+        connector, bs = self.connector, self.config.block_size  # type: ignore[attr-defined]
+        assert connector is not None
+        for t in reported:
+            tracked = self.requests[t.request_id]  # type: ignore[attr-defined]
+            if t.kind == "load" and t.load_async and tracked.status is Status.WAITING_FOR_REMOTE_KV:
+                tracked.num_computed = min(t.tokens, self._kv_cut.pop(t.request_id, t.tokens))
+        failed: set[str] = set()
+        if not invalid:
+            return failed
+        landing = {t.request_id for t in reported if t.kind == "load" and t.load_async}
+        marked: set[int] = set()
+        for tracked in self.waiting:  # type: ignore[attr-defined]
+            rid = tracked.request_id
+            in_flight = connector.transfers.get(rid)
+            if tracked.status is not Status.WAITING_FOR_REMOTE_KV or not (
+                    in_flight is not None or rid in landing or rid in self._kv_landed):
+                continue  # promoted already: vLLM's status is WAITING again, and no pass looks at it
+            count = in_flight.tokens if in_flight is not None else tracked.num_computed
+            cut = hit = False
+            for index, block in enumerate(tracked.blocks[: self.config.blocks_for(count)]):  # type: ignore[attr-defined]
+                if block not in invalid:
+                    continue
+                hit = True
+                if block in marked:
+                    continue
+                marked.add(block)
+                if cut:
+                    continue
+                cut = True
+                if in_flight is not None:
+                    self._kv_cut[rid] = index * bs
+                else:
+                    tracked.num_computed = index * bs
+            if hit:
+                failed.add(rid)
+        return failed
+
+    def _kv_truncate_running(self, invalid: set[int]) -> tuple[set[str], set[int]]:
+        """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
+        its first failed block within its computed tokens; a block already cut for an earlier
+        request is left to that one (the later request keeps it as computed and redoes its step).
+        Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
+        bs = self.config.block_size  # type: ignore[attr-defined]
+        affected: set[str] = set()
+        marked: set[int] = set()
+        evict: set[int] = set()
+        for tracked in self.running:  # type: ignore[attr-defined]
+            computed = tracked.num_computed
+            cut = False
+            hit = False
+            for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]
+                if block not in invalid:
+                    continue
+                hit = True
+                if block in marked:
+                    continue
+                marked.add(block)
+                if cut:
+                    continue
+                cut = True
+                tracked.num_computed = index * bs
+                evict.update(tracked.blocks[index:])
+            if hit:
+                affected.add(tracked.request_id)
+        return affected, evict
+
+    def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]
+        """Finish a request whose load failed under the ``fail`` policy."""
+        if tracked.status.is_finished:
+            return []
+        queue = self.waiting if tracked.status.queue == "waiting" else self.running  # type: ignore[attr-defined]
+        queue.remove(tracked)
+        self._kv_landed.discard(tracked.request_id)
+        self._finish(tracked, Status.FINISHED_ERROR)
+        return [Finished(tracked.request_id, Status.FINISHED_ERROR, Reason.of("finished_error", tracked.request_id))]
+
+    # ------------------------------------------------------------------ observation
+    def kv_views(self) -> tuple[dict[str, TransferView], dict[str, TransferView]]:
+        assert self.connector is not None
+        return self.connector.views(), self.connector.reported_views()

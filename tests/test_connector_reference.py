@@ -1,0 +1,166 @@
+"""The KV-connector flow's reference (reference_impl/kv_connector.py, docs/CONNECTORS.md).
+
+* With no connector configured, the V1 and async references run every committed trace exactly
+  as they did before the connector existed (digests taken before the change).
+* The connector's trace field round-trips, and bad input names its field.
+* On drawn connector traces the reference passes its profile, and the paths the KVC family is
+  about were exercised (asynchronous loads, failures under both policies, delayed frees, aborts
+  during a load).
+* Worked examples pin the moves one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from conformance.flows.profiles import get_profile
+from conformance.generation.connector import connector_traces
+from conformance.selftest.mutants import violated
+from reference_impl.async_scheduler import AsyncV1Scheduler
+from reference_impl.engine import run_trace
+from reference_impl.kv_connector_scheduler import ConnectorScheduler
+from reference_impl.v1_scheduler import V1Scheduler
+from spec.config import SchedulerConfig
+from spec.errors import InputError
+from spec.status import Status
+from spec.trace import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGESTS = json.loads((Path(__file__).parent / "data" / "connector_off_digests.json").read_text())["digests"]
+
+
+def _digest(trace: Trace, make) -> str:  # the same digest as the one the fixture was made with
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        run = run_trace(trace, make)
+    except (InputError, ValueError) as err:
+        return f"refused: {type(err).__name__}"
+    for r in run.records:
+        s = r.after
+        h.update(repr((r.step, r.output.scheduled, r.output.preempted, r.output.ignored,
+                       tuple(sorted((f.request_id, f.status.value) for f in r.finished)),
+                       s.waiting, s.running, s.gpu_free_ids,
+                       tuple(sorted((k, v.status.value, v.num_tokens, v.num_computed, v.blocks)
+                                    for k, v in s.seqs.items())))).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("path", sorted(DIGESTS))
+def test_no_connector_runs_unchanged(path):
+    trace = Trace.load(ROOT / path)
+    assert not trace.config.kv_connector
+    assert _digest(trace, V1Scheduler) == DIGESTS[path]["v1"]
+    assert _digest(trace, lambda c: AsyncV1Scheduler(c, c.pipeline_depth)) == DIGESTS[path]["async"]
+
+
+def _trace(connector: list, **config) -> Trace:
+    base = {"kv_connector": True, "block_size": 4, "num_gpu_blocks": 16, "max_num_seqs": 4,
+            "max_num_batched_tokens": 32, "max_model_len": 64, "watermark": 0.0, "enable_chunked_prefill": True}
+    return Trace.from_dict({"version": 1, "config": {**base, **config},
+                            "requests": [{"id": "A", "prompt_len": 20, "max_tokens": 3},
+                                         {"id": "B", "prompt_len": 10, "max_tokens": 2, "arrival_step": 1}],
+                            "connector": {"version": 1, "requests": connector}})
+
+
+def test_trace_field_round_trips():
+    trace = _trace([{"request": "A", "external_tokens": 16, "load_async": True, "load_steps": 2,
+                     "failed_blocks": [1], "send_steps": 3}])
+    again = Trace.from_dict(json.loads(trace.to_json()))
+    assert again.connector == trace.connector and again.config == trace.config
+    assert "connector" not in Trace(SchedulerConfig()).to_dict()  # left out when empty: old traces unchanged
+
+
+@pytest.mark.parametrize(("connector", "config", "where"), [
+    ([{"request": "Z"}], {}, "connector.requests[0].request"),
+    ([{"request": "A", "load_steps": 0}], {}, "connector.requests[0].load_steps"),
+    ([{"request": "A", "failed_blocks": "1"}], {}, "connector.requests[0].failed_blocks"),
+    ([{"request": "A", "colour": 1}], {}, "connector.requests[0].colour"),
+    ([{"request": "A"}], {"kv_connector": False}, "connector"),
+    ([], {"kv_load_failure_policy": "retry"}, "config.kv_load_failure_policy"),
+    ([], {"max_loras": 2}, "config.kv_connector"),  # the connector's waiting pass plans no adapter
+    ([], {"encoder_compute_budget": 64, "encoder_cache_size": 64}, "config.kv_connector"),
+])
+def test_bad_connector_input_names_the_field(connector, config, where):
+    with pytest.raises(InputError) as err:
+        _trace(connector, **config)
+    assert err.value.where == where
+
+
+def _run(trace: Trace):
+    run = run_trace(trace, ConnectorScheduler)
+    assert run.drained
+    return run
+
+
+def test_async_load_waits_then_runs():
+    run = _run(_trace([{"request": "A", "external_tokens": 16, "load_async": True, "load_steps": 3}]))
+    loading = [r.step for r in run.records if "A" in (r.after.kv_transfers or {})]
+    first_run = min(r.step for r in run.records if any(s.request_id == "A" for s in r.output.scheduled))
+    assert loading == [0, 1] and first_run == 3  # reported in step 2's outcome, promoted in step 3
+    assert run.records[0].after.statuses["A"] is Status.WAITING_FOR_REMOTE_KV
+    first = next(s for s in run.records[3].output.scheduled if s.request_id == "A")
+    assert first.num_tokens == 4  # the 16 loaded tokens count as computed: 4 left of 20
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_failed_load_cuts_or_fails(policy):
+    run = _run(_trace([{"request": "A", "external_tokens": 16, "load_async": True, "failed_blocks": [2]}],
+                      kv_load_failure_policy=policy))
+    reported = run.records[0].after
+    assert reported.kv_reported["A"].failed == (run.records[0].mid.seqs["A#0"].blocks[2],)
+    if policy == "fail":
+        assert [(f.request_id, f.status) for f in run.records[0].finished] == [("A", Status.FINISHED_ERROR)]
+        assert not reported.seqs["A#0"].blocks
+    else:
+        assert reported.seqs["A#0"].num_computed == 8  # cut at its first failed block (index 2, 4 tokens each)
+        first = next(s for r in run.records for s in r.output.scheduled if s.request_id == "A")
+        assert first.num_tokens == 12
+
+
+def test_delayed_free_returns_when_the_send_finishes():
+    run = _run(_trace([{"request": "B", "send_steps": 2}]))
+    done = next(r.step for r in run.records if any(f.request_id == "B" for f in r.finished))
+    held = [r.step for r in run.records if r.step >= done and r.after.seqs["B#0"].blocks]
+    assert held == [done, done + 1]  # reported in the outcome of the 2nd step after the finish
+    assert not run.records[-1].after.seqs["B#0"].blocks
+
+
+def test_abort_during_a_load_leaks_nothing():
+    trace = _trace([{"request": "A", "external_tokens": 16, "load_async": True, "load_steps": 4}])
+    trace = Trace.from_dict({**trace.to_dict(), "aborts": [{"step": 1, "request": "A"}]})
+    run = _run(trace)
+    assert run.records[1].after.seqs["A#0"].blocks  # the load still writes them
+    assert not run.records[3].after.seqs["A#0"].blocks and run.records[-1].after.gpu_free == 16
+
+
+CONNECTOR = get_profile("connector").invariants()
+
+
+@settings(max_examples=300, database=None, derandomize=True, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck), deadline=None)
+@given(connector_traces())
+def _reference_passes(trace: Trace) -> None:
+    assert violated(ConnectorScheduler, trace, invariants=CONNECTOR) == set()
+    for r in run_trace(trace, ConnectorScheduler).records:
+        for t in (r.after.kv_reported or {}).values():
+            _SEEN[(t.kind, t.load_async, bool(t.failed), trace.config.kv_load_failure_policy)] += 1
+        _SEEN["abort-while-loading"] += sum(1 for rid in r.aborted if rid in (r.before.kv_transfers or {}))
+
+
+_SEEN: Counter = Counter()
+
+
+def test_reference_passes_its_profile_and_reaches_every_path():
+    _reference_passes()
+    for path in [("load", True, False, "recompute"), ("load", False, False, "recompute"),
+                 ("load", True, True, "recompute"), ("load", False, True, "recompute"),
+                 ("load", True, True, "fail"), ("load", False, True, "fail"), ("send", False, False, "recompute"),
+                 "abort-while-loading"]:
+        assert _SEEN[path] > 0, f"the generator never reached {path}"
