@@ -46,8 +46,9 @@ def budget_configs(draw: st.DrawFn) -> SchedulerConfig:
 
 
 @st.composite
-def with_budgets(draw: st.DrawFn, trace: Trace) -> Trace:
-    """``trace`` with encoder inputs and adapter ids drawn for its requests (its config has the budgets)."""
+def with_budgets(draw: st.DrawFn, trace: Trace, pause: bool | None = None) -> Trace:
+    """``trace`` with encoder inputs and adapter ids drawn for its requests (its config has the budgets).
+    ``pause``: a pause and its resume always (True), never (False), or a third of the time (None)."""
     config = trace.config
     longest = min(config.encoder_compute_budget, config.encoder_cache_size)
     lengths = {f"h{i}": draw(st.integers(1, longest)) for i in range(draw(st.integers(1, 3)))} if longest else {}
@@ -66,7 +67,7 @@ def with_budgets(draw: st.DrawFn, trace: Trace) -> Trace:
         lora = draw(st.integers(0, 3)) if config.max_loras else 0
         arrivals.append(Arrival(arrival.step, replace(request, encoder_inputs=tuple(inputs), lora_id=lora)))
     admin = list(trace.admin)
-    if draw(st.integers(0, 2)) == 0:
+    if pause is True or (pause is None and draw(st.integers(0, 2)) == 0):
         at = draw(st.integers(0, trace.last_arrival_step + 2))
         admin += [(at, draw(st.sampled_from(["pause_new", "pause_all"]))), (at + draw(st.integers(1, 5)), "resume")]
     return replace(trace, arrivals=tuple(arrivals), admin=tuple(sorted(admin)))

@@ -26,6 +26,28 @@ from spec.status import QUEUES, PreemptionMode
 PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
 
 
+def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
+    """The waiting requests that admitting would have put over ``max_loras``: each one's adapter is
+    new to the running requests and the ones taken before it, which hold ``max_loras`` adapters
+    already (vLLM's ``scheduled_loras``, scheduler.py:1040-1047, 1091-1102). Read from the state, so a
+    target that gives no reasons is held to the same rule as the reference."""
+    limit = ctx.config.max_loras
+    if not limit:
+        return set()
+    taken = set(admitted(rec))
+    loras = {r.lora_id for rid in rec.before.running or () if (r := ctx.requests.get(rid)) is not None and r.lora_id}
+    passed = set()
+    for rid in rec.before.waiting or ():
+        request = ctx.requests.get(rid)
+        lora = request.lora_id if request is not None else 0
+        if rid in taken:
+            if lora:
+                loras.add(lora)
+        elif lora and lora not in loras and len(loras) >= limit:
+            passed.add(rid)
+    return passed
+
+
 @invariant(
     "POL-001", "policy",
     """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
@@ -41,7 +63,7 @@ PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
     about=SCHEDULE, when=others_wait,
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER}
+    passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER} | passed_for_adapter(ctx, rec)
     waiting = [rid for rid in rec.before.waiting or () if rid not in passed]
     taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
     prefix = waiting[: len(taken)]

@@ -55,6 +55,7 @@ import zlib
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
+import vllm_budgets  # noqa: E402
 
 logging.disable(logging.WARNING)
 
@@ -145,6 +146,7 @@ class V1Engine:
             block_sizes = vllm_hybrid_groups.scheduler_block_sizes(kv, vc)
         self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
                                log_stats=False, **block_sizes)
+        vllm_budgets.install(self.sched, config)  # the encoder budget and cache, the LoRA slots
         self.block_hasher = None
         if caching:  # as vllm/v1/engine/core.py: EngineCore.__init__ builds it
             hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
@@ -174,7 +176,7 @@ class V1Engine:
         tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
                     arrival_time=float(self.arrivals), priority=request.get("priority", 0),
-                    block_hasher=self.block_hasher)
+                    block_hasher=self.block_hasher, **vllm_budgets.request_extras(request))
         self.arrivals += 1
         self.reqs[rid] = r
         self.sched.add_request(r)
@@ -201,6 +203,16 @@ class V1Engine:
         reset_running_requests, no connector): refuses while blocks are in use."""
         return bool(self.sched.reset_prefix_cache())
 
+    # Pause and resume (vllm_budgets.py): Scheduler.set_pause_state, as EngineCore.pause_scheduler calls it.
+    def pause_new(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "pause_new")
+
+    def pause_all(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "pause_all")
+
+    def resume(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "resume")
+
     def schedule(self) -> dict:
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
@@ -213,6 +225,9 @@ class V1Engine:
         result = {"step": self.step_no, "scheduled": scheduled,
                   "preempted": [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())],
                   "swapped_in": [], "swap_out": [], "swap_in": [], "copies": [], "ignored": ignored}
+        encoder = vllm_budgets.encoder_inputs_of(out)
+        if encoder:
+            result["encoder_inputs"] = encoder
         self.step_no += 1
         return result
 
@@ -305,6 +320,7 @@ class V1Engine:
                                for i in range(1, G + 1)],
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
             **({"group_tables": {"version": 1, "seqs": self._group_tables()}} if self.hybrid else {}),
+            **vllm_budgets.snapshot_parts(sched),
         }
 
     def _group_tables(self) -> dict:
@@ -325,6 +341,9 @@ def v1_watermark(watermark: float, num_gpu_blocks: int) -> float:
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
                 "seq_lengths", "computed_tokens", "mid_step"]
+# The synchronous host's own: encoder inputs, LoRA slots and pause (vllm_budgets.py). Not in
+# CAPABILITIES, which the async host shares: its reference has not been checked against them.
+BUDGET_CAPABILITIES = ["encoder", "lora", "pause"]
 
 if __name__ == "__main__":
-    sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), CAPABILITIES))
+    sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), [*CAPABILITIES, *BUDGET_CAPABILITIES]))
