@@ -52,7 +52,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "GRM", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
     "POL", "ORD", "LIV",
 )
 
@@ -86,6 +86,7 @@ def _load() -> None:
         budgets,
         chunked,
         encoder,
+        grammar,
         groups,
         liveness,
         order,

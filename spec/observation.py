@@ -81,6 +81,9 @@ class Capability(StrEnum):
     # The engine can be paused (spec/protocol.py pause_new / pause_all / resume) and each snapshot
     # says whether it is (Snapshot.pause_state, one of PAUSE_STATES). PAU-001 reads it.
     PAUSE = "pause"  # Snapshot.pause_state, and the pause calls
+    # A claim: a request with a grammar_ready_step waits for its grammar (Status.WAITING_FOR_GRAMMAR)
+    # and samples nothing before it (spec/invariants/grammar.py). Without it GRM-* are not applicable.
+    GRAMMAR = "grammar"  # a claim: structured-output requests wait for their grammar
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -88,7 +91,8 @@ class Capability(StrEnum):
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
-    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE}
+    Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE,
+    Capability.GRAMMAR}
 
 # Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
 PAUSE_STATES = ("unpaused", "paused_new", "paused_all")

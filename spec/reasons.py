@@ -54,6 +54,7 @@ TEMPLATES: dict[str, str] = {
     "wait_encoder": "{request} waits: its next encoder input needs more than the {left} embeddings of encoder budget "
     "left or the {free} free in the cache",
     "wait_lora_slots": "{request} waits: its LoRA adapter would be one more than the {loras} in use, max_loras {limit}",
+    "wait_grammar": "{request} waits: its grammar is ready only at step {ready}",
     # SGLang's flow (reference_impl.sglang_scheduler)
     "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
     "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "

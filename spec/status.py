@@ -16,13 +16,17 @@ class Status(StrEnum):
     FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
     FINISHED_ABORTED = "FINISHED_ABORTED"
     FINISHED_IGNORED = "FINISHED_IGNORED"
+    # A structured-output request whose grammar is still compiling (vLLM 0.33.0
+    # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR): in the waiting queue, passed over until it is ready.
+    WAITING_FOR_GRAMMAR = "WAITING_FOR_GRAMMAR"
 
     # Read on every check of every step: plain attributes, set once below, not properties.
     is_finished: bool
     queue: str | None  # the queue that holds a request in this status (None once finished)
 
 
-_QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped"}
+_QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped",
+             Status.WAITING_FOR_GRAMMAR: "waiting"}
 
 for _status in Status:
     _status.is_finished = _status.value.startswith("FINISHED_")

@@ -23,6 +23,7 @@ from spec.encoder import EncoderEntry, EncoderInput
 from spec.invariants.policy import fcfs_admission
 from spec.observation import Snapshot
 from spec.rules import CheckContext
+from spec.status import Status
 from spec.trace import Arrival, Trace
 from spec.types import Request
 from tests.test_targets import need
@@ -67,12 +68,14 @@ def adapter():
 @pytest.mark.parametrize("path", L.PATHS)
 def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
     invariants = get_profile("vllm-v1").invariants()
-    encoder_steps = paused_steps = 0
+    encoder_steps = paused_steps = grammar_waits = 0
     classes = []
     for trace in sample_traces(L.path_strategy(path), 8, 20261203):
         outcome = L.run_one(adapter, trace, invariants)
         encoder_steps += sum(1 for rec in outcome.result.records if rec.output.encoder_inputs)
         paused_steps += sum(1 for rec in outcome.result.records if rec.before.pause_state not in (None, "unpaused"))
+        grammar_waits += sum(1 for rec in outcome.result.records
+                             if Status.WAITING_FOR_GRAMMAR in (rec.before.statuses or {}).values())
         cls = L.classify(adapter, trace, outcome, invariants)
         classes.append(cls)
         assert cls is None or cls in L.CLASSES, outcome.describe()
@@ -81,6 +84,8 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         assert encoder_steps > 0  # the engine computed encoder inputs
     if path == "pause":
         assert paused_steps > 0
+    if path == "grammar":
+        assert grammar_waits > 0  # vLLM showed WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
 
 def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_resume(adapter):

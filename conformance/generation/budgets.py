@@ -13,7 +13,8 @@ inputs and adapter ids. What is drawn, and why:
   lengths up to 6 positions and a cache of one to three of the largest, so that it fills;
 - adapter ids 1-3 (0: the base model) and max_loras 1-2, so that the slots bind;
 - a third of the time a pause (``pause_new`` or ``pause_all``) at a step up to two after the last
-  arrival and its ``resume`` one to five steps later, so that requests arrive, wait and run across it.
+  arrival and its ``resume`` one to five steps later, so that requests arrive, wait and run across it;
+- grammar waits (`grammar_traces`): about half the requests wait 0 to 4 steps for their grammar.
 """
 
 from __future__ import annotations
@@ -78,12 +79,30 @@ def budget_traces() -> st.SearchStrategy:
     return budget_configs().flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_budgets)
 
 
+@st.composite
+def with_grammars(draw: st.DrawFn, trace: Trace) -> Trace:
+    """``trace`` with a grammar wait drawn for about half its requests: each is ready 0 to 4 steps
+    after its arrival (0: compiled before the first step it could run in; spec/invariants/grammar.py)."""
+    arrivals = []
+    for arrival in trace.arrivals:
+        ready = draw(st.none() | st.integers(0, 4))
+        request = replace(arrival.request, grammar_ready_step=None if ready is None else arrival.step + ready)
+        arrivals.append(Arrival(arrival.step, request))
+    return replace(trace, arrivals=tuple(arrivals))
+
+
+def grammar_traces() -> st.SearchStrategy:
+    """V1 traces whose structured-output requests wait for their grammars (chunked prefill drawn)."""
+    return token_configs("v1").flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_grammars)
+
+
 def v1_traces_with_budgets() -> st.SearchStrategy:
-    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a third of the
-    time traces with the encoder and LoRA budgets (`budget_traces`)."""
+    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a quarter of the
+    time each traces with the encoder and LoRA budgets (`budget_traces`) or with grammar waits
+    (`grammar_traces`)."""
     from conformance.generation.v1 import v1_traces
 
-    return st.one_of(v1_traces(), v1_traces(), budget_traces())
+    return st.one_of(v1_traces(), v1_traces(), budget_traces(), grammar_traces())
 
 
 

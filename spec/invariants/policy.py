@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.invariants._views import admitted
+from spec.invariants.grammar import grammar_pending
 from spec.invariants.triggers import (
     a_queue_holds_two,
     others_wait,
@@ -53,7 +54,8 @@ def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
     """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
     prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted,
     except one the step's reasons pass over for a budget of its own (its LoRA adapter or its next
-    encoder input: `PASSED_OVER`).""",
+    encoder input: `PASSED_OVER`), one whose adapter would exceed max_loras, and one whose grammar
+    is not ready yet (GRM-002).""",
     """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
     requests pass a skipped one. vLLM 0.33.0 does pass over (skip_request) a request whose adapter
@@ -64,8 +66,10 @@ def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER} | passed_for_adapter(ctx, rec)
+    passed |= {rid for rid in rec.before.waiting or () if grammar_pending(ctx, rid, rec.step)}  # GRM-002
     waiting = [rid for rid in rec.before.waiting or () if rid not in passed]
-    taken = set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))
+    # one admitted although passed over breaks its own rule (GRM-002, LORA-001), not the queue order
+    taken = (set(admitted(rec)) | set(rec.output.ignored)) & set(waiting)
     prefix = waiting[: len(taken)]
     if set(prefix) != taken:
         yield f"took {sorted(taken, key=waiting.index)} out of waiting {waiting}: not a prefix"

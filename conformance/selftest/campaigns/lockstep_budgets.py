@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -18,7 +18,9 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
 * ``encoder``: encoder inputs under the encoder budget and cache, no LoRA, no pause;
 * ``lora``: adapter ids under ``max_loras``, no encoder, no pause;
 * ``pause``: a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace, encoder and LoRA drawn;
-* ``mixed``: `budget_traces` as ``kvsched conform --adapter reference-v1`` draws them.
+* ``mixed``: `budget_traces` as ``kvsched conform --adapter reference-v1`` draws them;
+* ``grammar``: `grammar_traces` (V1 token traces, prefix caching and chunked prefill drawn), about
+  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler.
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -36,7 +38,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
-from conformance.generation.budgets import budget_configs, with_budgets
+from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
@@ -53,7 +55,7 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed")
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -123,16 +125,12 @@ class EvictsWhilePlanning(EncoderCache):
 
     def plan(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int, tokens: int, budget: int):
         plan = super().plan(request_id, inputs, computed, tokens, budget)
+        for evicted in plan.evict:
+            del self.freeable[evicted], self.sizes[evicted], self.users[evicted]
         for index in plan.cached:
             self._hold(request_id, inputs[index].content_hash)
-        need = 0
-        for index in plan.compute:
-            need += inputs[index].length
-            while self.num_free < need:
-                evicted, _ = self.freeable.popitem(last=False)
-                del self.sizes[evicted], self.users[evicted]
         self.planned.add(request_id)
-        return plan
+        return dataclasses.replace(plan, evict=())
 
 
 class LetsGoAtConsumedAndEvictsWhilePlanning(LetsGoAtConsumed, EvictsWhilePlanning):
@@ -192,6 +190,8 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
+    if path == "grammar":
+        return grammar_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     configs = budget_configs()
     if path == "encoder":
         configs = configs.filter(lambda c: c.encoder_cache_size > 0)

@@ -21,6 +21,13 @@ supplied here, and nothing else changes in vLLM's scheduler:
   the engine core's own queueing of adds while paused (``_reject_add_while_paused``, core.py:1796) is
   the front end's, which the host does not run: requests reach the scheduler while it is paused.
 
+* grammar waits: a request with ``grammar_ready_step`` k gets ``StructuredOutputsParams(json_object=True)``,
+  so vLLM's ``Request`` starts as WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR (vllm/v1/request.py:116-117),
+  and the host plays the grammar compiler: before step k's ``schedule()`` it sets the request's
+  ``structured_output_request.grammar`` (what ``StructuredOutputManager.grammar_init``'s future would
+  deliver), and `ScriptedStructuredOutputs` accepts every sampled token and every draft (there is no
+  tokenizer: the grammar's mask is the model runner's, which the host plays).
+
 The snapshot shows the encoder cache as the spec does (``EncoderCacheManager.cached``: content hash
 -> the requests holding it, with ``num_embeds_by_hash``; ``num_free_slots`` is the free space) and
 the pause state by name.
@@ -91,3 +98,37 @@ def snapshot_parts(sched) -> dict:
     return {"encoder_cache": {"version": ENCODER_CACHE_VERSION, "entries": entries},
             "encoder_free": manager.num_free_slots,
             "pause_state": sched.pause_state.name.lower()}
+
+
+def structured_outputs(request: dict) -> dict:
+    """The SamplingParams keyword for a request that waits for a grammar (none for one without)."""
+    if request.get("grammar_ready_step") is None:
+        return {}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {"structured_outputs": StructuredOutputsParams(json_object=True)}
+
+
+class ScriptedGrammar:
+    """A compiled grammar as the scheduler sees it: present, not an Exception. Its mask is never
+    asked for (``get_grammar_bitmask`` is the engine core's call, not the scheduler's)."""
+
+
+def grammar_ready(request) -> None:
+    """The grammar's compilation finished (the future ``grammar_init`` started is done)."""
+    request.structured_output_request.grammar = ScriptedGrammar()
+
+
+def scripted_structured_outputs(vllm_config):
+    """A ``StructuredOutputManager`` whose grammars accept every token: the scheduler calls only
+    ``accept_tokens`` (scheduler.py:2432) and ``validate_tokens`` (2879, 2907) on it."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    class ScriptedStructuredOutputs(StructuredOutputManager):
+        def accept_tokens(self, request, new_token_ids) -> bool:
+            return True
+
+        def validate_tokens(self, request, spec_tokens):
+            return spec_tokens
+
+    return ScriptedStructuredOutputs(vllm_config)

@@ -68,7 +68,6 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 STOP_TOKEN = 1000  # outside the trace vocabulary (spec.types.VOCAB_SIZE = 50): only a trace stop samples it
 VOCAB_SIZE = 50
@@ -86,6 +85,7 @@ STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_a
     RequestStatus.WAITING: "WAITING", RequestStatus.PREEMPTED: "WAITING", RequestStatus.RUNNING: "RUNNING",
     RequestStatus.FINISHED_STOPPED: "FINISHED_STOPPED", RequestStatus.FINISHED_LENGTH_CAPPED: "FINISHED_LENGTH_CAPPED",
     RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "WAITING_FOR_GRAMMAR",
 }
 
 
@@ -144,7 +144,7 @@ class V1Engine:
             cc.mamba_cache_mode = vllm_hybrid_groups.mamba_mode(config) or cc.mamba_cache_mode
             kv = vllm_hybrid_groups.kv_cache_config(config)
             block_sizes = vllm_hybrid_groups.scheduler_block_sizes(kv, vc)
-        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
+        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=vllm_budgets.scripted_structured_outputs(vc),
                                log_stats=False, **block_sizes)
         vllm_budgets.install(self.sched, config)  # the encoder budget and cache, the LoRA slots
         self.block_hasher = None
@@ -159,6 +159,7 @@ class V1Engine:
         self.arrivals = 0
         self.step_no = 0
         self.pending = None
+        self.grammars: dict[str, int] = {}  # request -> the step its grammar is ready (vllm_budgets.py)
 
     def add_request(self, request: dict) -> dict | None:
         rid = request["id"]
@@ -172,13 +173,16 @@ class V1Engine:
             # max_model_len (no room for one output token): refused at the door.
             self.final[rid] = "FINISHED_IGNORED"
             return {"request": rid, "status": "FINISHED_IGNORED"}
-        sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
+        sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN],
+                            **vllm_budgets.structured_outputs(request))
         tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
                     arrival_time=float(self.arrivals), priority=request.get("priority", 0),
                     block_hasher=self.block_hasher, **vllm_budgets.request_extras(request))
         self.arrivals += 1
         self.reqs[rid] = r
+        if request.get("grammar_ready_step") is not None:
+            self.grammars[rid] = int(request["grammar_ready_step"])
         self.sched.add_request(r)
 
     def abort_request(self, request_id: str):
@@ -214,6 +218,10 @@ class V1Engine:
         return vllm_budgets.set_pause(self.sched, "resume")
 
     def schedule(self) -> dict:
+        for rid, ready in list(self.grammars.items()):  # the grammar compiler's futures that are done
+            if ready <= self.step_no:
+                vllm_budgets.grammar_ready(self.reqs[rid])
+                del self.grammars[rid]
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
         spec = out.scheduled_spec_decode_tokens
@@ -343,7 +351,7 @@ CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "f
                 "seq_lengths", "computed_tokens", "mid_step"]
 # The synchronous host's own: encoder inputs, LoRA slots and pause (vllm_budgets.py). Not in
 # CAPABILITIES, which the async host shares: its reference has not been checked against them.
-BUDGET_CAPABILITIES = ["encoder", "lora", "pause"]
+BUDGET_CAPABILITIES = ["encoder", "lora", "pause", "grammar"]
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), [*CAPABILITIES, *BUDGET_CAPABILITIES]))
