@@ -147,3 +147,41 @@ def carried_chunk_lora_traces(draw: st.DrawFn) -> Trace:
         arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
             f"r{i}", length, draw(st.integers(1, 4)), prompt_tokens=tuple(range(length)), lora_id=i + 1)))
     return Trace(config, tuple(arrivals), max_steps=200)
+
+
+@st.composite
+def encoder_decode_traces(draw: st.DrawFn) -> Trace:
+    """The shape of vllm-project/vllm #55733 (fix #51228): requests whose encoder inputs are consumed by
+    their prefill and that then decode for several steps, the steps in which an encoder-decoder cache
+    credited the inputs' space again."""
+    length = draw(st.integers(2, 6))
+    config = SchedulerConfig(
+        block_size=4, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=16,
+        max_model_len=32, watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True,
+        encoder_compute_budget=length, encoder_cache_size=length * draw(st.integers(1, 2)),
+    )
+    arrivals = []
+    for i in range(draw(st.integers(1, 3))):
+        position = draw(st.integers(0, 2))
+        prompt = position + length + draw(st.integers(0, 4))
+        arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
+            f"r{i}", prompt, draw(st.integers(3, 6)), prompt_tokens=tuple(range(prompt)),
+            encoder_inputs=(EncoderInput(position, length, f"img{draw(st.integers(0, 1))}"),))))
+    return Trace(config, tuple(arrivals), max_steps=60)
+
+
+@st.composite
+def paused_arrival_traces(draw: st.DrawFn) -> Trace:
+    """The shape of vllm-project/vllm #51487: requests that arrive while the engine is paused, and the
+    resume after which they must run."""
+    config = SchedulerConfig(
+        block_size=4, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=16,
+        max_model_len=32, watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True,
+    )
+    pause = draw(st.integers(0, 2))
+    arrivals = [Arrival(0, Request("r0", draw(st.integers(2, 8)), draw(st.integers(2, 8))))]
+    for i in range(1, draw(st.integers(2, 3))):
+        length = draw(st.integers(2, 8))
+        arrivals.append(Arrival(pause + draw(st.integers(0, 1)), Request(f"r{i}", length, draw(st.integers(1, 4)))))
+    admin = ((pause, draw(st.sampled_from(["pause_new", "pause_all"]))), (pause + draw(st.integers(2, 4)), "resume"))
+    return Trace(config, tuple(arrivals), admin=admin, max_steps=60)

@@ -15,7 +15,9 @@ from conformance.generation.budgets import (
     budget_traces,
     carried_chunk_lora_traces,
     encoder_deadlock_traces,
+    encoder_decode_traces,
     grammar_traces,
+    paused_arrival_traces,
 )
 from conformance.selftest.mutant_record import mutant
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
@@ -119,13 +121,42 @@ class AdmitsWhilePaused(V1Scheduler):
 
 
 @mutant("v1-pause-forgets-arrivals", "requests added while paused are held aside and the resume forgets them "
-        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"), **BUDGETS)
+        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"),
+        **{**BUDGETS, "trace_strategy": paused_arrival_traces})
 class PauseForgetsArrivals(V1Scheduler):
     def add_request(self, request: Request) -> None:
         if self.pause_state == "unpaused":
             super().add_request(request)
             return
         self._track(request)  # bug: tracked as WAITING but queued nowhere, and never after the resume
+
+
+class _CreditedEveryStep(EncoderCache):
+    """An encoder cache whose release credits a consumed input's space again on every later step."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.credit = 0
+
+    def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
+        for item in inputs:
+            holders = self.users.get(item.content_hash)
+            if item.end <= computed and holders is not None and request_id not in holders:
+                self.credit += item.length  # bug: freed again, with no check that it was freed already
+        super().release_consumed(request_id, inputs, computed)
+
+    @property
+    def num_free(self) -> int:
+        return self.capacity + self.credit - sum(self.sizes.values())
+
+
+@mutant("v1-encoder-credited-every-step", "a consumed encoder input's space is credited back to the cache on every "
+        "step its request decodes (vllm-project/vllm #55733, fix #51228: the encoder-decoder cache manager)",
+        ("ENC-002",), **{**BUDGETS, "trace_strategy": encoder_decode_traces})
+class EncoderCreditedEveryStep(V1Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = _CreditedEveryStep(config.encoder_cache_size)
 
 
 GRAMMARS = {**BUDGETS, "trace_strategy": grammar_traces}
