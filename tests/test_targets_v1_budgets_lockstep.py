@@ -100,3 +100,4 @@ def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_r
     assert [i for rec in records for i in rec.output.encoder_inputs] == [("a", 0)]  # b reads a's output
     assert not any(s.request_id == "c" for rec in records[:4] for s in rec.output.scheduled)
     assert any(s.request_id == "c" for s in records[4].output.scheduled)
+

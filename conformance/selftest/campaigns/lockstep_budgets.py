@@ -72,7 +72,7 @@ CLASSES: dict[str, tuple[str, str]] = {
         "against `LetsGoAtConsumedV1` (that release rule modelled): every decision and state agree.",
     ),
     "evicts-while-planning": (
-        "deviation (reference_impl/encoder_budget.py's claim of the same end state is wrong)",
+        "deviation (both safe; vLLM may compute an evicted output again)",
         "vLLM 0.33.0 evicts unheld encoder-cache entries while it plans a chunk: EncoderCacheManager.can_allocate "
         "pops the freeable queue until the input fits (vllm/v1/core/encoder_cache_manager.py:147-194, called from "
         "Scheduler._try_schedule_encoder_inputs, scheduler.py:2154), and check_and_update_cache holds a cached entry "
