@@ -101,3 +101,21 @@ def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_r
     assert not any(s.request_id == "c" for rec in records[:4] for s in rec.output.scheduled)
     assert any(s.request_id == "c" for s in records[4].output.scheduled)
 
+
+
+def test_each_recorded_divergence_is_its_class_again(adapter):
+    """The first trace of each (path, class) in docs/results/lockstep-vllm-v1-budgets.json diverges
+    again, and the counterfactual that named its class still makes it agree."""
+    import json
+    from pathlib import Path
+
+    results = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
+                          "lockstep-vllm-v1-budgets.json").read_text())
+    invariants = get_profile("vllm-v1").invariants()
+    assert results["first_divergences"]
+    for key, first in results["first_divergences"].items():
+        cls = key.split(":", 1)[1]
+        trace = Trace.from_dict(first["trace"])
+        outcome = L.run_one(adapter, trace, invariants)
+        assert outcome.divergence_step is not None, key
+        assert L.classify(adapter, trace, outcome, invariants) == cls, key
