@@ -11,6 +11,9 @@ scheduler gives a chunk of positions ``[computed, computed + tokens)``:
    hash are computed once) costs nothing. Any other must fit the step's encoder budget and the
    cache (free space plus what evicting unheld entries would give); the first that does not cuts
    the chunk just before the input's first position (0 tokens if the chunk starts inside it).
+   An input that fits only by evicting unheld entries names them (oldest first) in the plan, so a
+   later input of the same chunk cannot read one of them as cached: vLLM's ``can_allocate``
+   evicts as it goes (encoder_cache_manager.py:147-194), so its next input misses and is computed.
 2. Only once the chunk's KV blocks are allocated does the scheduler `commit` the plan: the request
    holds every cached input it reads and the new ones are allocated (evicting unheld entries,
    oldest first). A plan for a request that is then not scheduled changes nothing: the fix of
@@ -19,8 +22,10 @@ scheduler gives a chunk of positions ``[computed, computed + tokens)``:
    preempted or finished request lets go of all of them (`release`).
 
 Where this differs from vLLM: vLLM's plan marks cached entries held at once
-(``check_and_update_cache``) and undoes it when the KV allocation fails; a plan here is pure until
-committed, which is the same end state. Encoder-decoder models, the chunked-mm-input switch and the
+(``check_and_update_cache``) and undoes it when the KV allocation fails, and evicts while it plans
+(``can_allocate``) even when the request is then not scheduled; a plan here is pure until
+committed, so an entry vLLM evicted for a request it then did not schedule is kept here (the
+lockstep class evicts-while-planning, conformance/selftest/campaigns/lockstep_budgets.py). Encoder-decoder models, the chunked-mm-input switch and the
 EC connector are not modelled. One embedding per position (spec/encoder.py says why).
 """
 
@@ -42,6 +47,7 @@ class EncoderPlan:
     compute: tuple[int, ...] = ()
     cached: tuple[int, ...] = ()
     cost: int = 0  # encoder embeddings computed: what the step's budget pays
+    evict: tuple[str, ...] = ()  # unheld entries to evict for the computed ones, oldest first
 
 
 @dataclass
@@ -61,7 +67,9 @@ class EncoderCache:
         compute: list[int] = []
         cached: list[int] = []
         planned: set[str] = set()
-        reclaimable = sum(self.freeable.values())
+        unheld = OrderedDict(self.freeable)  # what may still be evicted, oldest first
+        evict: list[str] = []
+        free = self.num_free  # grows with each eviction; what is planned is allocated at commit
         need = 0
         for index, item in enumerate(inputs):
             if not item.overlaps(computed, computed + tokens):
@@ -69,33 +77,36 @@ class EncoderCache:
             digest = item.content_hash
             if digest in planned:
                 continue  # the same output, computed once for both (vLLM's duplicate_encoder_inputs)
-            if digest in self.sizes:
-                if digest in self.freeable:
-                    reclaimable -= self.freeable[digest]  # reading it takes it off the freeable list
+            if digest in self.sizes and digest not in evict:
+                unheld.pop(digest, None)  # reading it takes it off the freeable list
                 cached.append(index)
                 planned.add(digest)
                 continue
             fits_budget = need + item.length <= budget
-            fits_cache = need + item.length <= self.num_free + reclaimable
+            fits_cache = need + item.length <= free + sum(unheld.values())
             if not (fits_budget and fits_cache):
                 tokens = max(0, item.position - computed)  # stop before the input (0: it started already)
                 break
+            while need + item.length > free:  # evicted for this input: a later input cannot read it
+                evicted, size = unheld.popitem(last=False)
+                evict.append(evicted)
+                free += size
             need += item.length
             compute.append(index)
             planned.add(digest)
         compute = [i for i in compute if inputs[i].position < computed + tokens]
         cached = [i for i in cached if inputs[i].position < computed + tokens]
-        return EncoderPlan(tokens, tuple(compute), tuple(cached), sum(inputs[i].length for i in compute))
+        return EncoderPlan(tokens, tuple(compute), tuple(cached), sum(inputs[i].length for i in compute), tuple(evict))
 
     def commit(self, request_id: str, inputs: tuple[EncoderInput, ...], plan: EncoderPlan) -> None:
-        """Step 2 above: hold the cached inputs, allocate the computed ones."""
+        """Step 2 above: evict what the plan evicts, hold the cached inputs, allocate the computed ones."""
+        for evicted in plan.evict:
+            del self.freeable[evicted], self.sizes[evicted], self.users[evicted]
         for index in plan.cached:
             self._hold(request_id, inputs[index].content_hash)
         for index in plan.compute:
             item = inputs[index]
-            while self.num_free < item.length:
-                evicted, _ = self.freeable.popitem(last=False)
-                del self.sizes[evicted], self.users[evicted]
+            assert self.num_free >= item.length, f"{item.content_hash} planned without room"
             assert item.content_hash not in self.sizes, f"{item.content_hash} planned for computing but cached"
             self.sizes[item.content_hash] = item.length
             self.users[item.content_hash] = set()

@@ -295,7 +295,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
 
     # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
     # max_loras (reference_impl/encoder_budget.py; the hooks are the `_encoder_*` and `_lora_*` methods).
-    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE}
+    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE, Capability.GRAMMAR}
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
     # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
@@ -342,6 +342,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._encoder_left = 0  # this step's encoder budget left
         self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
         self._init_connector()  # KV connector (reference_impl.kv_connector): only with config.kv_connector
+        self._grammar_readied: set[str] = set()  # grammar waits ended since the last snapshot (`_to_visit`)
 
     @property
     def reservation(self) -> Reservation | None:
@@ -360,6 +361,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
             self._rejected.append(tracked)
             return
         self._to_waiting(tracked, front=False)
+        if request.grammar_ready_step is not None:  # vLLM v1/request.py:116-117
+            tracked.status = Status.WAITING_FOR_GRAMMAR
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on one request's chunk. vLLM V1 does not cap a request that is alone in
@@ -518,6 +521,10 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
                                          limit=config.max_num_seqs))
                 break
+            if not self._grammar_ready(tracked):
+                reasons.append(Reason.of("wait_grammar", tracked.request_id, ready=tracked.request.grammar_ready_step))
+                skipped.append(self.waiting.pop(0))
+                continue
             if not self._lora_fits(tracked, loras):
                 reasons.append(Reason.of("wait_lora_slots", tracked.request_id, loras=len(loras), limit=config.max_loras))
                 skipped.append(self.waiting.pop(0))
@@ -622,6 +629,28 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
     def resume(self) -> bool:
         self.pause_state = "unpaused"
         return True
+
+    def _grammar_ready(self, tracked: TrackedRequest) -> bool:
+        """Whether a request may be admitted as far as its grammar goes; one whose grammar is ready
+        becomes WAITING when the admission loop reaches it (vLLM _handle_blocked_waiting_request,
+        scheduler.py:3535-3545), and until then it is passed over (skip_request, 1078-1081)."""
+        if tracked.status is not Status.WAITING_FOR_GRAMMAR:
+            return True
+        if self._step < tracked.request.grammar_ready_step:
+            return False
+        tracked.status = Status.WAITING
+        self._grammar_readied.add(tracked.request_id)
+        return True
+
+    def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
+        """As the base class's, and the waiting requests whose grammar wait ended since (their status
+        changed, WAITING_FOR_GRAMMAR -> WAITING, while they stayed in the waiting queue)."""
+        visit = super()._to_visit(base)
+        readied, self._grammar_readied = self._grammar_readied, set()
+        if visit is None or not readied:
+            return visit
+        seen = {r.request_id for r in visit}
+        return visit + [self.requests[rid] for rid in sorted(readied - seen)]
 
     def _lora_slots_taken(self) -> set[int]:
         """The adapters of every running request, scheduled in this step or not (vLLM's

@@ -52,7 +52,7 @@ def get(invariant_id: str) -> Invariant:
 
 
 _FAMILY_ORDER = (
-    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
+    "BLK", "RES", "CAP", "COW", "QUE", "BUD", "ENC", "LORA", "PAU", "GRM", "LEN", "ADM", "SWP", "REQ", "OUT", "STR", "CHK", "PFX", "HYB", "PIP",
     "KVC", "POL", "ORD", "LIV",
 )
 
@@ -87,6 +87,7 @@ def _load() -> None:
         chunked,
         connector,
         encoder,
+        grammar,
         groups,
         liveness,
         order,

@@ -86,6 +86,9 @@ class Capability(StrEnum):
     # ones the connector reported finished in the step's outcome (``Snapshot.kv_reported``), what the
     # KVC-* invariants read. Shown by a scheduler driven with a connector (the V1 reference, the vLLM hosts).
     KV_TRANSFERS = "kv_transfers"  # Snapshot.kv_transfers / kv_reported: connector loads and sends
+    # A claim: a request with a grammar_ready_step waits for its grammar (Status.WAITING_FOR_GRAMMAR)
+    # and samples nothing before it (spec/invariants/grammar.py). Without it GRM-* are not applicable.
+    GRAMMAR = "grammar"  # a claim: structured-output requests wait for their grammar
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -94,7 +97,7 @@ ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
     Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE,
-    Capability.KV_TRANSFERS}
+    Capability.KV_TRANSFERS, Capability.GRAMMAR}
 
 # Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
 PAUSE_STATES = ("unpaused", "paused_new", "paused_all")

@@ -57,6 +57,7 @@ TEMPLATES: dict[str, str] = {
     # KV connectors (reference_impl.kv_connector)
     "wait_remote_kv": "{request} waits for its KV load from the connector",
     "finished_error": "{request} finished with an error: its KV load failed (kv_load_failure_policy fail)",
+    "wait_grammar": "{request} waits: its grammar is ready only at step {ready}",
     # SGLang's flow (reference_impl.sglang_scheduler)
     "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
     "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "

@@ -22,6 +22,9 @@ class Status(StrEnum):
     FINISHED_IGNORED = "FINISHED_IGNORED"
     # A KV load failed under ``kv_load_failure_policy = "fail"`` (vLLM's FINISHED_ERROR).
     FINISHED_ERROR = "FINISHED_ERROR"
+    # A structured-output request whose grammar is still compiling (vLLM 0.33.0
+    # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR): in the waiting queue, passed over until it is ready.
+    WAITING_FOR_GRAMMAR = "WAITING_FOR_GRAMMAR"
 
     # Read on every check of every step: plain attributes, set once below, not properties.
     is_finished: bool
@@ -29,7 +32,8 @@ class Status(StrEnum):
 
 
 _QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped",
-             Status.WAITING_FOR_REMOTE_KV: "waiting"}
+             Status.WAITING_FOR_REMOTE_KV: "waiting",
+             Status.WAITING_FOR_GRAMMAR: "waiting"}
 
 for _status in Status:
     _status.is_finished = _status.value.startswith("FINISHED_")

@@ -235,7 +235,7 @@ class Trace:
             if not isinstance(raw, Mapping):
                 raise InputError(where, "must be an object")
             allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens",
-                       "encoder_inputs", "lora_id"}
+                       "encoder_inputs", "lora_id", "grammar_ready_step"}
             for key in raw:
                 if key not in allowed:
                     raise InputError(f"{where}.{str(key)[:40]}", f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -261,6 +261,8 @@ class Trace:
                     prompt_tokens=raw.get("prompt_tokens"),
                     encoder_inputs=encoder_inputs,
                     lora_id=lora_id,
+                    grammar_ready_step=_int(raw["grammar_ready_step"], f"{where}.grammar_ready_step", 0, MAX_STEPS)
+                    if raw.get("grammar_ready_step") is not None else None,
                 )
             except InputError as err:
                 field_name = err.where.rsplit(".", 1)[-1]

@@ -72,6 +72,9 @@ class Request:
     # Multimodal inputs whose encoder outputs fill prompt positions (spec/encoder.py); () for text.
     encoder_inputs: tuple[EncoderInput, ...] = ()
     lora_id: int = 0  # the LoRA adapter it runs with (spec/encoder.py); 0: the base model
+    # Structured output (spec/grammar.py): its grammar is ready from this step on, and it waits
+    # (Status.WAITING_FOR_GRAMMAR) until then; None: no grammar to wait for.
+    grammar_ready_step: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id or "#" in self.request_id:
@@ -109,6 +112,9 @@ class Request:
                 raise InputError(f"{where}.encoder_inputs", problem)
         if isinstance(self.lora_id, bool) or not isinstance(self.lora_id, int) or self.lora_id < 0:
             raise InputError(f"{where}.lora_id", f"must be an integer >= 0, got {self.lora_id!r}")
+        ready = self.grammar_ready_step
+        if ready is not None and (isinstance(ready, bool) or not isinstance(ready, int) or ready < 0):
+            raise InputError(f"{where}.grammar_ready_step", f"must be an integer >= 0 or null, got {ready!r}")
 
     def prompt_token_ids(self) -> tuple[int, ...]:
         """The prompt's token ids: the given ones, or the deterministic default."""
@@ -128,6 +134,8 @@ class Request:
             data["encoder_inputs"] = [item.to_dict() for item in self.encoder_inputs]
         if self.lora_id:
             data["lora_id"] = self.lora_id
+        if self.grammar_ready_step is not None:
+            data["grammar_ready_step"] = self.grammar_ready_step
         return data
 
 

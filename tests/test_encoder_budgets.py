@@ -132,3 +132,21 @@ def test_admin_calls_replay_through_the_isolated_adapter(tmp_path, capsys, op):
     path = trace.save(tmp_path / "admin.json")
     assert main(["replay", str(path), "--adapter", "reference-v1", "--profile", "vllm-v1"]) == 0
     assert "no violation" in capsys.readouterr().out
+
+
+def test_a_grammar_wait_is_passed_over_until_its_ready_step():
+    """GRM-002: a structured-output request is WAITING_FOR_GRAMMAR, never scheduled, before its
+    grammar_ready_step, and the request behind it overtakes it (vLLM skip_request); from that step on
+    it is admitted as any other, and the field round-trips (left out when unset)."""
+    from spec.status import Status
+
+    arrivals = (Arrival(0, Request("g", 4, 3, grammar_ready_step=2)), Arrival(0, Request("b", 4, 1)))
+    trace = Trace(_config(), arrivals, max_steps=40)
+    assert Trace.from_dict(json.loads(trace.to_json())).arrivals == arrivals
+    assert "grammar_ready_step" not in Request("x", 4, 1).to_dict()
+    run = run_trace(trace, V1Scheduler)
+    by_step = {r.step: {s.request_id for s in r.output.scheduled} for r in run.records}
+    assert by_step[0] == {"b"} and by_step[1] == set() and by_step[2] == {"g"}
+    assert run.records[1].after.statuses["g"] is Status.WAITING_FOR_GRAMMAR
+    assert run.records[2].after.statuses["g"] is Status.RUNNING
+    assert run.drained and _violations(trace) == set()

@@ -13,7 +13,8 @@ inputs and adapter ids. What is drawn, and why:
   lengths up to 6 positions and a cache of one to three of the largest, so that it fills;
 - adapter ids 1-3 (0: the base model) and max_loras 1-2, so that the slots bind;
 - a third of the time a pause (``pause_new`` or ``pause_all``) at a step up to two after the last
-  arrival and its ``resume`` one to five steps later, so that requests arrive, wait and run across it.
+  arrival and its ``resume`` one to five steps later, so that requests arrive, wait and run across it;
+- grammar waits (`grammar_traces`): about half the requests wait 0 to 4 steps for their grammar.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def budget_configs(draw: st.DrawFn) -> SchedulerConfig:
 
 
 @st.composite
-def with_budgets(draw: st.DrawFn, trace: Trace) -> Trace:
-    """``trace`` with encoder inputs and adapter ids drawn for its requests (its config has the budgets)."""
+def with_budgets(draw: st.DrawFn, trace: Trace, pause: bool | None = None) -> Trace:
+    """``trace`` with encoder inputs and adapter ids drawn for its requests (its config has the budgets).
+    ``pause``: a pause and its resume always (True), never (False), or a third of the time (None)."""
     config = trace.config
     longest = min(config.encoder_compute_budget, config.encoder_cache_size)
     lengths = {f"h{i}": draw(st.integers(1, longest)) for i in range(draw(st.integers(1, 3)))} if longest else {}
@@ -66,7 +68,7 @@ def with_budgets(draw: st.DrawFn, trace: Trace) -> Trace:
         lora = draw(st.integers(0, 3)) if config.max_loras else 0
         arrivals.append(Arrival(arrival.step, replace(request, encoder_inputs=tuple(inputs), lora_id=lora)))
     admin = list(trace.admin)
-    if draw(st.integers(0, 2)) == 0:
+    if pause is True or (pause is None and draw(st.integers(0, 2)) == 0):
         at = draw(st.integers(0, trace.last_arrival_step + 2))
         admin += [(at, draw(st.sampled_from(["pause_new", "pause_all"]))), (at + draw(st.integers(1, 5)), "resume")]
     return replace(trace, arrivals=tuple(arrivals), admin=tuple(sorted(admin)))
@@ -77,12 +79,30 @@ def budget_traces() -> st.SearchStrategy:
     return budget_configs().flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_budgets)
 
 
+@st.composite
+def with_grammars(draw: st.DrawFn, trace: Trace) -> Trace:
+    """``trace`` with a grammar wait drawn for about half its requests: each is ready 0 to 4 steps
+    after its arrival (0: compiled before the first step it could run in; spec/invariants/grammar.py)."""
+    arrivals = []
+    for arrival in trace.arrivals:
+        ready = draw(st.none() | st.integers(0, 4))
+        request = replace(arrival.request, grammar_ready_step=None if ready is None else arrival.step + ready)
+        arrivals.append(Arrival(arrival.step, request))
+    return replace(trace, arrivals=tuple(arrivals))
+
+
+def grammar_traces() -> st.SearchStrategy:
+    """V1 traces whose structured-output requests wait for their grammars (chunked prefill drawn)."""
+    return token_configs("v1").flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_grammars)
+
+
 def v1_traces_with_budgets() -> st.SearchStrategy:
-    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a third of the
-    time traces with the encoder and LoRA budgets (`budget_traces`)."""
+    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a quarter of the
+    time each traces with the encoder and LoRA budgets (`budget_traces`) or with grammar waits
+    (`grammar_traces`)."""
     from conformance.generation.v1 import v1_traces
 
-    return st.one_of(v1_traces(), v1_traces(), budget_traces())
+    return st.one_of(v1_traces(), v1_traces(), budget_traces(), grammar_traces())
 
 
 
@@ -127,3 +147,41 @@ def carried_chunk_lora_traces(draw: st.DrawFn) -> Trace:
         arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
             f"r{i}", length, draw(st.integers(1, 4)), prompt_tokens=tuple(range(length)), lora_id=i + 1)))
     return Trace(config, tuple(arrivals), max_steps=200)
+
+
+@st.composite
+def encoder_decode_traces(draw: st.DrawFn) -> Trace:
+    """The shape of vllm-project/vllm #55733 (fix #51228): requests whose encoder inputs are consumed by
+    their prefill and that then decode for several steps, the steps in which an encoder-decoder cache
+    credited the inputs' space again."""
+    length = draw(st.integers(2, 6))
+    config = SchedulerConfig(
+        block_size=4, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=16,
+        max_model_len=32, watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True,
+        encoder_compute_budget=length, encoder_cache_size=length * draw(st.integers(1, 2)),
+    )
+    arrivals = []
+    for i in range(draw(st.integers(1, 3))):
+        position = draw(st.integers(0, 2))
+        prompt = position + length + draw(st.integers(0, 4))
+        arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
+            f"r{i}", prompt, draw(st.integers(3, 6)), prompt_tokens=tuple(range(prompt)),
+            encoder_inputs=(EncoderInput(position, length, f"img{draw(st.integers(0, 1))}"),))))
+    return Trace(config, tuple(arrivals), max_steps=60)
+
+
+@st.composite
+def paused_arrival_traces(draw: st.DrawFn) -> Trace:
+    """The shape of vllm-project/vllm #51487: requests that arrive while the engine is paused, and the
+    resume after which they must run."""
+    config = SchedulerConfig(
+        block_size=4, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=16,
+        max_model_len=32, watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True,
+    )
+    pause = draw(st.integers(0, 2))
+    arrivals = [Arrival(0, Request("r0", draw(st.integers(2, 8)), draw(st.integers(2, 8))))]
+    for i in range(1, draw(st.integers(2, 3))):
+        length = draw(st.integers(2, 8))
+        arrivals.append(Arrival(pause + draw(st.integers(0, 1)), Request(f"r{i}", length, draw(st.integers(1, 4)))))
+    admin = ((pause, draw(st.sampled_from(["pause_new", "pause_all"]))), (pause + draw(st.integers(2, 4)), "resume"))
+    return Trace(config, tuple(arrivals), admin=admin, max_steps=60)

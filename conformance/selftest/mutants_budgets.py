@@ -8,8 +8,17 @@ own shape, which random budget traces reach rarely).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conformance.flows import get_flow
-from conformance.generation.budgets import budget_traces, carried_chunk_lora_traces, encoder_deadlock_traces
+from conformance.generation.budgets import (
+    budget_traces,
+    carried_chunk_lora_traces,
+    encoder_deadlock_traces,
+    encoder_decode_traces,
+    grammar_traces,
+    paused_arrival_traces,
+)
 from conformance.selftest.mutant_record import mutant
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
@@ -67,7 +76,7 @@ class _NeverCuts(EncoderCache):
     def plan(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int, tokens: int,
              budget: int) -> EncoderPlan:
         plan = super().plan(request_id, inputs, computed, tokens, budget)
-        return EncoderPlan(tokens, plan.compute, plan.cached, plan.cost)  # bug: the chunk is not cut
+        return replace(plan, tokens=tokens)  # bug: the chunk is not cut
 
 
 @mutant("v1-encoder-chunk-without-output", "a chunk is not cut before an encoder input that fits neither the "
@@ -112,10 +121,74 @@ class AdmitsWhilePaused(V1Scheduler):
 
 
 @mutant("v1-pause-forgets-arrivals", "requests added while paused are held aside and the resume forgets them "
-        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"), **BUDGETS)
+        "(the shape of vllm-project/vllm #51487 / #51488)", ("QUE-001", "LIV-002"),
+        **{**BUDGETS, "trace_strategy": paused_arrival_traces})
 class PauseForgetsArrivals(V1Scheduler):
     def add_request(self, request: Request) -> None:
         if self.pause_state == "unpaused":
             super().add_request(request)
             return
         self._track(request)  # bug: tracked as WAITING but queued nowhere, and never after the resume
+
+
+class _CreditedEveryStep(EncoderCache):
+    """An encoder cache whose release credits a consumed input's space again on every later step."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.credit = 0
+
+    def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
+        for item in inputs:
+            holders = self.users.get(item.content_hash)
+            if item.end <= computed and holders is not None and request_id not in holders:
+                self.credit += item.length  # bug: freed again, with no check that it was freed already
+        super().release_consumed(request_id, inputs, computed)
+
+    @property
+    def num_free(self) -> int:
+        return self.capacity + self.credit - sum(self.sizes.values())
+
+
+@mutant("v1-encoder-credited-every-step", "a consumed encoder input's space is credited back to the cache on every "
+        "step its request decodes (vllm-project/vllm #55733, fix #51228: the encoder-decoder cache manager)",
+        ("ENC-002",), **{**BUDGETS, "trace_strategy": encoder_decode_traces})
+class EncoderCreditedEveryStep(V1Scheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = _CreditedEveryStep(config.encoder_cache_size)
+
+
+GRAMMARS = {**BUDGETS, "trace_strategy": grammar_traces}
+
+
+@mutant("v1-grammar-not-awaited", "a request waiting for its grammar is admitted as if it had none", ("GRM-001", "GRM-002"),
+        **GRAMMARS)
+class GrammarNotAwaited(V1Scheduler):
+    def _grammar_ready(self, tracked: TrackedRequest) -> bool:
+        if tracked.status is Status.WAITING_FOR_GRAMMAR:
+            tracked.status = Status.WAITING  # bug: the grammar's compilation is not waited for
+            self._grammar_readied.add(tracked.request_id)
+        return True
+
+
+@mutant("v1-grammar-wait-unreported", "a request waits for its grammar but is shown WAITING, so a client cannot "
+        "tell a grammar wait from a queue wait", ("GRM-002",), **GRAMMARS)
+class GrammarWaitUnreported(V1Scheduler):
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        tracked = self.requests[request.request_id]
+        if tracked.status is Status.WAITING_FOR_GRAMMAR:
+            tracked.status = Status.WAITING  # bug: the wait is kept aside and the status says WAITING
+            self._unreported.add(request.request_id)
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self._unreported: set[str] = set()
+
+    def _grammar_ready(self, tracked: TrackedRequest) -> bool:
+        if tracked.request_id in self._unreported:
+            if self._step < tracked.request.grammar_ready_step:
+                return False
+            self._unreported.discard(tracked.request_id)
+        return super()._grammar_ready(tracked)

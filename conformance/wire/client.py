@@ -447,6 +447,16 @@ class WireAdapter:
         """The engine's admin call (a host that lists ``reset_prefix_cache`` in ``optional_calls``)."""
         return self._answer("reset_prefix_cache")
 
+    def pause_new(self) -> bool:
+        """The engine's pause calls (a host that lists them in ``optional_calls``; spec/protocol.py)."""
+        return self._answer("pause_new")
+
+    def pause_all(self) -> bool:
+        return self._answer("pause_all")
+
+    def resume(self) -> bool:
+        return self._answer("resume")
+
     def schedule(self) -> SchedulerOutput:
         return output_from_json(self._answer("schedule"))
 

@@ -12,6 +12,7 @@ from typing import Any
 from spec import observation
 from spec.config import SchedulerConfig
 from spec.connector import KV_TRANSFERS_VERSION, TransferView
+from spec.encoder import EncoderEntry
 from spec.observation import GROUP_TABLES_VERSION, IN_FLIGHT_VERSION, InFlightView, SeqView, Snapshot
 from spec.reasons import Reason
 from spec.status import Status
@@ -140,7 +141,47 @@ def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
             out[name] = {"version": KV_TRANSFERS_VERSION,
                          "transfers": {rid: {**t._asdict(), "blocks": list(t.blocks), "failed": list(t.failed)}
                                        for rid, t in transfers.items()}}
+    if snap.encoder_cache is not None:
+        out["encoder_cache"] = {"version": ENCODER_CACHE_VERSION,
+                                "entries": {h: {"size": e.size, "users": sorted(e.users)}
+                                            for h, e in snap.encoder_cache.items()}}
+    for name in ("encoder_free", "pause_state"):
+        if getattr(snap, name) is not None:
+            out[name] = getattr(snap, name)
     return out
+
+
+ENCODER_CACHE_VERSION = 1
+
+
+def _encoder_cache(value: Any) -> dict[str, EncoderEntry] | None:
+    """``{"version": 1, "entries": {hash: {"size": n, "users": [request, ...]}}}`` (Capability.ENCODER)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("version") != ENCODER_CACHE_VERSION:
+        raise WireError(f"snapshot.encoder_cache.version: expected {ENCODER_CACHE_VERSION}, got "
+                        f"{value.get('version') if isinstance(value, Mapping) else value!r}")
+    entries = value.get("entries")
+    if not isinstance(entries, Mapping):
+        raise WireError("snapshot.encoder_cache.entries: expected an object")
+    out = {}
+    for digest, entry in entries.items():
+        where = f"encoder_cache.entries.{digest}"
+        if not isinstance(entry, Mapping):
+            raise WireError(f"snapshot.{where}: expected {{size, users}}")
+        size = _opt_int(entry.get("size"), f"{where}.size")
+        if size is None:
+            raise WireError(f"snapshot.{where}.size: expected an integer")
+        out[str(digest)] = EncoderEntry(size, frozenset(_strs(entry.get("users", []), f"{where}.users") or ()))
+    return out
+
+
+def _pause_state(value: Any, _name: str) -> str | None:
+    if value is None:
+        return None
+    if value not in observation.PAUSE_STATES:
+        raise WireError(f"snapshot.pause_state: expected one of {', '.join(observation.PAUSE_STATES)}, got {value!r}")
+    return value
 
 
 def _group_tables(value: Any) -> dict[str, tuple[tuple[int, ...], ...]] | None:
@@ -279,6 +320,9 @@ _PARTS = {
     "gpu_cache_holds": _ints,
     "group_tables": lambda value, _name: _group_tables(value),
     "kv_transfers": _kv_transfers, "kv_reported": _kv_transfers,
+    # issue 32: the encoder cache and the pause state
+    "encoder_cache": lambda value, _name: _encoder_cache(value), "encoder_free": _opt_int,
+    "pause_state": _pause_state,
 }
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from spec.invariants._views import admitted
 from spec.invariants.connector import admitted_or_loading, held_by_transfer
+from spec.invariants.grammar import grammar_pending
 from spec.invariants.triggers import finishes_aborted, only_waiting, requests_added, runnable_work
 from spec.observation import Capability as C
 from spec.observation import StepRecord
@@ -30,6 +31,9 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     pause = rec.before.pause_state
     if pause == "paused_all" or (pause == "paused_new" and not rec.before.running):
         queued = False  # the caller stopped the work (PAU-001)
+    elif queued and not rec.before.running and not rec.before.swapped and \
+            all(grammar_pending(ctx, rid, rec.step) for rid in rec.before.waiting or ()):
+        queued = False  # every waiting request waits for its grammar (GRM-002)
     out = rec.output
     # The async flow: a step may wait for an in-flight outcome (every running request's tokens are
     # in flight up to its limit); a step scheduled within pipeline_depth steps is still progress.
@@ -101,6 +105,7 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
     paused = rec.before.pause_state not in (None, "unpaused")
     busy = held_by_transfer(rec.before)  # a KV connector's transfer in flight may still free blocks
+    waiting = tuple(rid for rid in waiting if not grammar_pending(ctx, rid, rec.step))  # passed over (GRM-002)
     if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight \
             and not paused and not busy:
         head = waiting[0]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from spec.invariants._views import admitted
 from spec.invariants.connector import loading
+from spec.invariants.grammar import grammar_pending
 from spec.invariants.triggers import (
     a_queue_holds_two,
     others_wait,
@@ -27,12 +28,35 @@ from spec.status import QUEUES, PreemptionMode, Status
 PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
 
 
+def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
+    """The waiting requests that admitting would have put over ``max_loras``: each one's adapter is
+    new to the running requests and the ones taken before it, which hold ``max_loras`` adapters
+    already (vLLM's ``scheduled_loras``, scheduler.py:1040-1047, 1091-1102). Read from the state, so a
+    target that gives no reasons is held to the same rule as the reference."""
+    limit = ctx.config.max_loras
+    if not limit:
+        return set()
+    taken = set(admitted(rec))
+    loras = {r.lora_id for rid in rec.before.running or () if (r := ctx.requests.get(rid)) is not None and r.lora_id}
+    passed = set()
+    for rid in rec.before.waiting or ():
+        request = ctx.requests.get(rid)
+        lora = request.lora_id if request is not None else 0
+        if rid in taken:
+            if lora:
+                loras.add(lora)
+        elif lora and lora not in loras and len(loras) >= limit:
+            passed.add(rid)
+    return passed
+
+
 @invariant(
     "POL-001", "policy",
     """FCFS admission: the requests a step takes out of waiting (admitted or ignored) are a
     prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted,
     except one the step's reasons pass over for a budget of its own (its LoRA adapter or its next
-    encoder input: `PASSED_OVER`) and one whose KV load is in flight (KVC-008).""",
+    encoder input: `PASSED_OVER`), one whose adapter would exceed max_loras, one whose grammar
+    is not ready yet (GRM-002), and one whose KV load is in flight (KVC-008).""",
     """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
     requests pass a skipped one. vLLM 0.33.0 does pass over (skip_request) a request whose adapter
@@ -42,10 +66,12 @@ PASSED_OVER = frozenset({"wait_lora_slots", "wait_encoder"})
     about=SCHEDULE, when=others_wait,
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER}
+    passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER} | passed_for_adapter(ctx, rec)
+    passed |= {rid for rid in rec.before.waiting or () if grammar_pending(ctx, rid, rec.step)}  # GRM-002
     busy = loading(rec.before, rec.mid)  # a request waiting for its KV load is passed over (KVC-008)
     waiting = [rid for rid in rec.before.waiting or () if rid not in passed and rid not in busy]
-    taken = (set(admitted(rec)) | (set(rec.output.ignored) & set(waiting))) - busy
+    # one admitted although passed over breaks its own rule (GRM-002, LORA-001), not the queue order
+    taken = (set(admitted(rec)) | set(rec.output.ignored)) & set(waiting)
     prefix = waiting[: len(taken)]
     if set(prefix) != taken:
         yield f"took {sorted(taken, key=waiting.index)} out of waiting {waiting}: not a prefix"

@@ -42,7 +42,8 @@ STATUS_NAMES = ("NONE", "WAITING", "RUNNING", "SWAPPED", "FINISHED")
 
 def status_code(status: Status) -> int:
     """A scheduler status as the encoding's code (every finished status is FIN)."""
-    return FIN if status.is_finished else {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP}[status]
+    return FIN if status.is_finished else {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP,
+                                                    Status.WAITING_FOR_GRAMMAR: WAIT}[status]
 DEVICE_NAMES = (None, "gpu", "cpu")
 
 ACTIONS = (

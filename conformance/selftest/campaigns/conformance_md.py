@@ -205,6 +205,7 @@ def build(results: Path) -> str:
     lines += _async_hunt(results)
     lines += _specdec(results / "specdec-lockstep.json", results / "specdec-hunt.json")
     lines += _hybrid(results / "lockstep-vllm-v1-hybrid.json", results / "hybrid-hunt-0.33.0.json")
+    lines += _budgets(results / "lockstep-vllm-v1-budgets.json")
     lines += ["", "## Search strength: what a campaign reaches (issue 21)", "",
               "Each target declares the lifecycle edges its engine takes and the invariants it can never exercise "
               "(`Target.reach`, `conformance/selftest/campaigns/coverage_gate.py`); tests/test_targets.py runs 100 traces per "
@@ -613,6 +614,47 @@ def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
                 "groups, the GDN kernels, multimodal inputs, speculative decoding with a state group (docs/HYBRID.md "
                 "section 7).")
         lines.append(run_line(h))
+    return lines
+
+
+def _budgets(lockstep: Path) -> list[str]:
+    """Encoder inputs, LoRA, pause and grammar waits on vLLM 0.33.0 (issue 32): the lockstep campaign
+    (`conformance.selftest.campaigns.lockstep_budgets`) and what the hunt tried."""
+    if not lockstep.exists():
+        return []
+    data = json.loads(lockstep.read_text())
+    lines = ["", "## Encoder cache and budget, LoRA slots, pause, grammar waits: the V1 reference vs vLLM 0.33.0", "",
+             "`python -m conformance.selftest.campaigns.lockstep_budgets --path PATH --traces N`: the host "
+             "(`conformance/targets/hosts/vllm_budgets.py`) gives V1's Scheduler the config's encoder budget and an "
+             "`EncoderCacheManager` of the config's size, each request's encoder inputs as `mm_features` (content hash "
+             "as the identifier, no model), its adapter as a `LoRARequest` under `LoRAConfig.max_loras`, the trace's "
+             "pause calls as `set_pause_state`, and plays the grammar compiler (a request with `grammar_ready_step` k "
+             "gets structured outputs and its grammar before step k's `schedule()`). Every decision, the encoder "
+             "inputs computed, and the state after every step (with each encoder-cache entry's holders, the free "
+             "space and the pause state) are compared; a divergence is classified by rerunning against the reference "
+             "with vLLM's behaviour modelled. `violations` counts the vllm-v1 profile's invariants that vLLM broke.", "",
+             "| path | traces | steps | agree | by class | violations by vLLM | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path, p in data["paths"].items():
+        classes = "; ".join(f"{k} x{n}" for k, n in p.get("by_class", {}).items()) or "none"
+        violations = "; ".join(f"{k} x{n}" for k, n in p["violations"].items()) or "none"
+        lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {classes} | {violations} | "
+                     f"{p['seconds']} |")
+    for cls, c in data.get("classes", {}).items():
+        lines.append(f"\n`{cls}` ({c['kind']}): {c['explanation']}")
+    lines.append(run_line(data))
+    lines += ["", "Hunt on vLLM 0.33.0 with these features (issue 32 item 5). What was tried: every lockstep trace "
+              "above is also a hunt (the vllm-v1 profile's invariants on vLLM's own snapshots: ENC-001..005, "
+              "LORA-001, PAU-001, GRM-001/002 among them); the violations column is what it found. Found by reading "
+              "the installed source and confirmed by a probe on vLLM's own class: vllm-project/vllm #55733 (open fix "
+              "#51228) is still in 0.33.0, `EncoderDecoderCacheManager.free_encoder_input` credits `num_free_slots` "
+              "unconditionally and `get_cached_input_ids` returns every input (v1/core/encoder_cache_manager.py:429-430 "
+              "and 443-445), so the free space of a 100-embedding cache reads 0, 100, 200, 300, 400, 500 over five "
+              "decode steps: `python -m conformance.selftest.campaigns.encdec_free_slots_probe` (exit 1 while the "
+              "fault is there; the museum's vllm-encdec-encoder-slots-credited). Not reached, and why: the host builds "
+              "no encoder-decoder scheduler (cross-attention blocks need an encoder-decoder model config), no EC "
+              "connector, no streaming-input sessions (WAITING_FOR_STREAMING_REQ: the spec has no input-arrival "
+              "event yet), and SGLang's LoRA admission is not hosted."]
     return lines
 
 

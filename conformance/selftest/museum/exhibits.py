@@ -744,6 +744,39 @@ EXHIBITS += (
         "0.33.0 does (scheduler.py:1040-1047). Traces: conformance.generation.budgets.carried_chunk_lora_traces.",
         strategy=_budget_traces("carried_chunk_lora_traces"), **_BUDGETS,
     ),
+    Exhibit(
+        id="vllm-encdec-encoder-slots-credited",
+        title="Encoder cache space credited again on every decode step: the cache budget stops binding",
+        source_id="vllm-encdec-encoder-slots-credited",
+        bug_class="Releasing a consumed encoder input is not idempotent: each decode step after the input was freed "
+        "adds its embeddings to the free space again, until the cache admits more than it holds.",
+        expected=("ENC-002",),
+        factory=budget_mutants.EncoderCreditedEveryStep,
+        mutant="v1-encoder-credited-every-step",
+        code=(budget_mutants._CreditedEveryStep.release_consumed,),
+        minimal_change="release_consumed credits a consumed input's space whenever its request no longer holds it, "
+        "every step, not once.",
+        note="Transferred from the encoder-decoder manager (EncoderDecoderCacheManager, which the V1 reference does "
+        "not model) to the decoder-only cache's release path: the accounting fault is the same, a free counted on "
+        "every step. Traces: conformance.generation.budgets.encoder_decode_traces.",
+        strategy=_budget_traces("encoder_decode_traces"), **_BUDGETS,
+    ),
+    Exhibit(
+        id="vllm-pause-arrivals-invisible",
+        title="Requests added while the engine is paused are in no queue: invisible, and gone after the resume",
+        source_id="vllm-pause-arrivals-invisible",
+        bug_class="A request that arrives while the scheduler is paused is accepted but kept where neither the "
+        "queues nor the counts show it, and the resume does not bring it back.",
+        expected=("QUE-001", "LIV-002"),
+        factory=budget_mutants.PauseForgetsArrivals,
+        mutant="v1-pause-forgets-arrivals",
+        code=(budget_mutants.PauseForgetsArrivals.add_request,),
+        minimal_change="add_request tracks a request that arrives while paused but puts it in no queue.",
+        note="vLLM 0.33.0 queues such a request and schedules it after the resume; #51487 is about it being invisible "
+        "to the counts meanwhile (get_num_unfinished_requests), which kvsched shows as a request in no queue "
+        "(QUE-001). Traces: conformance.generation.budgets.paused_arrival_traces.",
+        strategy=_budget_traces("paused_arrival_traces"), **_BUDGETS,
+    ),
 )
 
 

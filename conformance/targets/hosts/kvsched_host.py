@@ -20,6 +20,7 @@ The engine object has these methods, all on plain JSON values:
     abort_requests(request_ids: list) -> list    (optional: one batched abort, [{request, status}, ...]
                                                   for the ids it aborted; unknown/finished ids skipped)
     reset_prefix_cache() -> bool                 (optional: the engine's admin call)
+    pause_new() / pause_all() / resume() -> bool (optional: the engine's pause calls, spec/protocol.py)
 
 An engine that has the optional methods is announced with them in hello's ``optional_calls``; the
 runner sends a `steps` Step ``abort_batches`` / ``admin`` only to such a host (docs/PROTOCOL.md).
@@ -44,7 +45,7 @@ import time
 import traceback
 
 PROTOCOL_VERSION = 2
-OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache")  # spec/protocol.py
+OPTIONAL_CALLS = ("abort_requests", "reset_prefix_cache", "pause_new", "pause_all", "resume")  # spec/protocol.py
 
 
 def protocol_stream():
@@ -109,8 +110,8 @@ def _serve_lines(engine, name, profiles, capabilities, inp, outbox) -> int:
                 result = engine.abort_request(params["request_id"])
             elif method == "abort_requests":
                 result = engine.abort_requests(list(params["request_ids"]))
-            elif method == "reset_prefix_cache":
-                result = engine.reset_prefix_cache()
+            elif method in ("reset_prefix_cache", "pause_new", "pause_all", "resume"):
+                result = getattr(engine, method)()
             elif method == "schedule":
                 result = engine.schedule()
             elif method == "update":
@@ -257,7 +258,7 @@ class _Steps:
     {"ended": bool}}``. Per step:
 
     1. ``add_request`` for each arrival, ``abort_request`` for each abort, ``abort_requests`` for
-       each batch, then each admin call (``reset_prefix_cache``);
+       each batch, then each admin call (``reset_prefix_cache``, ``pause_new``, ``pause_all``, ``resume``);
     2. ``snapshot`` when ``observe`` and the step did any of that, or is step 0;
     3. ``schedule``; ``snapshot`` when ``observe`` and ``mid_step``;
     4. ``update`` with the step's stopped sequences (and its ``drafts``, for an engine that takes

@@ -55,6 +55,7 @@ import zlib
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
+import vllm_budgets  # noqa: E402
 
 logging.disable(logging.WARNING)
 
@@ -67,7 +68,6 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 STOP_TOKEN = 1000  # outside the trace vocabulary (spec.types.VOCAB_SIZE = 50): only a trace stop samples it
 VOCAB_SIZE = 50
@@ -87,6 +87,7 @@ STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_a
     RequestStatus.FINISHED_ABORTED: "FINISHED_ABORTED", RequestStatus.FINISHED_IGNORED: "FINISHED_IGNORED",
     # a KV connector's (vllm_kv_connector.py, only with config kv_connector)
     RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KV", RequestStatus.FINISHED_ERROR: "FINISHED_ERROR",
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "WAITING_FOR_GRAMMAR",
 }
 
 
@@ -155,8 +156,9 @@ class V1Engine:
             cc.mamba_cache_mode = vllm_hybrid_groups.mamba_mode(config) or cc.mamba_cache_mode
             kv = vllm_hybrid_groups.kv_cache_config(config)
             block_sizes = vllm_hybrid_groups.scheduler_block_sizes(kv, vc)
-        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
+        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=vllm_budgets.scripted_structured_outputs(vc),
                                log_stats=False, **block_sizes)
+        vllm_budgets.install(self.sched, config)  # the encoder budget and cache, the LoRA slots
         self.block_hasher = None
         if caching:  # as vllm/v1/engine/core.py: EngineCore.__init__ builds it
             hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
@@ -170,6 +172,7 @@ class V1Engine:
         self.step_no = 0
         self.pending = None
         self.kv = self.sched.connector  # the scripted KV connector, or None
+        self.grammars: dict[str, int] = {}  # request -> the step its grammar is ready (vllm_budgets.py)
 
     def add_request(self, request: dict) -> dict | None:
         rid = request["id"]
@@ -183,15 +186,18 @@ class V1Engine:
             # max_model_len (no room for one output token): refused at the door.
             self.final[rid] = "FINISHED_IGNORED"
             return {"request": rid, "status": "FINISHED_IGNORED"}
-        sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN])
+        sp = SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN],
+                            **vllm_budgets.structured_outputs(request))
         tokens = request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"])
         if self.kv is not None and request.get("kv") is not None:  # its KV connector script (spec/connector.py)
             self.kv.scripts[rid] = dict(request["kv"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
                     arrival_time=float(self.arrivals), priority=request.get("priority", 0),
-                    block_hasher=self.block_hasher)
+                    block_hasher=self.block_hasher, **vllm_budgets.request_extras(request))
         self.arrivals += 1
         self.reqs[rid] = r
+        if request.get("grammar_ready_step") is not None:
+            self.grammars[rid] = int(request["grammar_ready_step"])
         self.sched.add_request(r)
 
     def abort_request(self, request_id: str):
@@ -216,9 +222,23 @@ class V1Engine:
         reset_running_requests, no connector): refuses while blocks are in use."""
         return bool(self.sched.reset_prefix_cache())
 
+    # Pause and resume (vllm_budgets.py): Scheduler.set_pause_state, as EngineCore.pause_scheduler calls it.
+    def pause_new(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "pause_new")
+
+    def pause_all(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "pause_all")
+
+    def resume(self) -> bool:
+        return vllm_budgets.set_pause(self.sched, "resume")
+
     def schedule(self) -> dict:
         if self.kv is not None:
             self.kv.step, self.kv.reported = self.step_no, {}
+        for rid, ready in list(self.grammars.items()):  # the grammar compiler's futures that are done
+            if ready <= self.step_no:
+                vllm_budgets.grammar_ready(self.reqs[rid])
+                del self.grammars[rid]
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
         spec = out.scheduled_spec_decode_tokens
@@ -230,6 +250,9 @@ class V1Engine:
         result = {"step": self.step_no, "scheduled": scheduled,
                   "preempted": [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())],
                   "swapped_in": [], "swap_out": [], "swap_in": [], "copies": [], "ignored": ignored}
+        encoder = vllm_budgets.encoder_inputs_of(out)
+        if encoder:
+            result["encoder_inputs"] = encoder
         self.step_no += 1
         if self.kv is not None:
             self.kv.next_step = self.step_no
@@ -332,6 +355,7 @@ class V1Engine:
                                for i in range(1, G + 1)],
             "cpu_free_ids": list(range(self.cfg.get("num_cpu_blocks", 0))),
             **({"group_tables": {"version": 1, "seqs": self._group_tables()}} if self.hybrid else {}),
+            **vllm_budgets.snapshot_parts(sched),
         }
         if self.kv is not None:
             import vllm_kv_connector
@@ -361,6 +385,9 @@ def v1_watermark(watermark: float, num_gpu_blocks: int) -> float:
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "free_counts", "free_lists",
                 "seq_lengths", "computed_tokens", "mid_step", "kv_transfers"]  # kv_transfers: with a KV connector
+# The synchronous host's own: encoder inputs, LoRA slots and pause (vllm_budgets.py). Not in
+# CAPABILITIES, which the async host shares: its reference has not been checked against them.
+BUDGET_CAPABILITIES = ["encoder", "lora", "pause", "grammar"]
 
 if __name__ == "__main__":
-    sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), CAPABILITIES))
+    sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), [*CAPABILITIES, *BUDGET_CAPABILITIES]))

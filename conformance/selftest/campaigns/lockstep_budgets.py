@@ -1,0 +1,310 @@
+"""Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
+adapters and pause (issue 32).
+
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|all]
+        [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
+        [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
+
+The host (`conformance/targets/hosts/vllm_v1_host.py` with `vllm_budgets.py`) gives vLLM's
+scheduler the config's encoder budget and ``EncoderCacheManager``, each request's encoder inputs as
+``mm_features`` and its adapter as a ``LoRARequest`` under ``LoRAConfig.max_loras``, and the trace's
+pause calls as ``Scheduler.set_pause_state``. Each trace runs beside `RecordingBudgets` (the V1
+reference behind V1's front door, with V1's watermark rule), comparing every decision
+(`conformance.runner.lockstep.compare`), the encoder inputs each step computes, and the state after
+every step: `lockstep_v1.state_of` plus the encoder cache (each entry's size and holders), its free
+space and the pause state. The paths, each from `conformance.generation.budgets` (chunked prefill
+on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
+
+* ``encoder``: encoder inputs under the encoder budget and cache, no LoRA, no pause;
+* ``lora``: adapter ids under ``max_loras``, no encoder, no pause;
+* ``pause``: a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace, encoder and LoRA drawn;
+* ``mixed``: `budget_traces` as ``kvsched conform --adapter reference-v1`` draws them;
+* ``grammar``: `grammar_traces` (V1 token traces, prefix caching and chunked prefill drawn), about
+  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler.
+
+A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
+reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
+lines, and a divergence no model fits is listed by its field. Needs ``kvsched targets install vllm-v1``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time
+from typing import Any
+
+from hypothesis import strategies as st
+
+from conformance.flows.profiles import get_profile
+from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
+from conformance.generation.v0 import sample_traces
+from conformance.generation.v1 import token_traces
+from conformance.runner.adapter import load_adapter
+from conformance.runner.driver import run_checked
+from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
+from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_v1 import Outcome, state_of
+from conformance.selftest.campaigns.recording import RecordsSnapshots
+from conformance.targets import get_target
+from reference_impl.encoder_budget import EncoderCache
+from reference_impl.v1_scheduler import EngineWatermarkV1
+from spec.config import SchedulerConfig
+from spec.encoder import EncoderInput
+from spec.observation import Snapshot
+from spec.trace import Trace
+
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar")
+
+# class -> (kind, explanation with the vLLM source location); filled from what the runs found.
+CLASSES: dict[str, tuple[str, str]] = {
+    "lets-go-between-same-hash-inputs": (
+        "policy (noted deviation)",
+        "A request with two encoder inputs of one content hash lets go of the output once the first is consumed "
+        "and the second not yet begun: vLLM 0.33.0 frees an input once start_pos + num_tokens <= "
+        "num_computed_tokens (vllm/v1/core/sched/scheduler.py:2828-2853, Scheduler._free_encoder_inputs, called "
+        "after each step at 2388-2389) and drops the request from cached[mm_hash] when it holds no other cached "
+        "input with that hash (vllm/v1/core/encoder_cache_manager.py:260-298, free_encoder_input: "
+        "request_hash_refs counts only inputs already scheduled); the later input takes it again, or computes it "
+        "again if it was evicted meanwhile. The reference keeps it held until every input with the hash is "
+        "consumed (reference_impl/encoder_budget.py release_consumed). ENC-003 allows both. Confirmed by rerunning "
+        "against `LetsGoAtConsumedV1` (that release rule modelled): every decision and state agree.",
+    ),
+    "evicts-while-planning": (
+        "deviation (both safe; vLLM may compute an evicted output again)",
+        "vLLM 0.33.0 evicts unheld encoder-cache entries while it plans a chunk: EncoderCacheManager.can_allocate "
+        "pops the freeable queue until the input fits (vllm/v1/core/encoder_cache_manager.py:147-194, called from "
+        "Scheduler._try_schedule_encoder_inputs, scheduler.py:2154), and check_and_update_cache holds a cached entry "
+        "at once (encoder_cache_manager.py:100-125). When the request is then not scheduled (its KV allocation "
+        "fails, scheduler.py:1453-1461, which untouches only the holds and puts them at the back of the freeable "
+        "queue), the evicted entries stay gone. The reference plans purely and evicts at commit, so it keeps an "
+        "unheld entry vLLM has dropped and a later request finds it cached there and computes it in vLLM. Both are "
+        "safe (ENC-002 and ENC-004 hold on both sides); vLLM wastes encoder compute. Confirmed by rerunning against "
+        "`EvictsWhilePlanningV1`.",
+    ),
+}
+
+
+class RecordingBudgets(GenerateDoor, RecordsSnapshots, EngineWatermarkV1):
+    """The V1 reference behind V1's front door, with V1's watermark rule, keeping its snapshot after
+    every step's update and its output of every step."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.outputs: list = []
+
+    def schedule(self, *outcome):
+        output = super().schedule(*outcome)
+        self.outputs.append(output)
+        return output
+
+
+class LetsGoAtConsumed(EncoderCache):
+    """vLLM 0.33.0's release rule: after a step, a consumed input's output is let go of unless another
+    input of the request with the same hash has begun and is not consumed (encoder_cache_manager.py:
+    260-298, request_hash_refs counts the inputs already scheduled)."""
+
+    def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
+        begun = {item.content_hash for item in inputs if item.position < computed < item.end}
+        for item in inputs:
+            if item.end <= computed and item.content_hash not in begun:
+                self._let_go(request_id, item.content_hash)
+
+
+class EvictsWhilePlanning(EncoderCache):
+    """vLLM 0.33.0's planning: ``check_and_update_cache`` holds a cached input at once and
+    ``can_allocate`` evicts unheld entries as soon as an input fits only by evicting them
+    (encoder_cache_manager.py:100-125 and 147-194), whether or not the request is then scheduled; a
+    waiting request whose KV allocation then fails lets go of what it holds (scheduler.py:1453-1461),
+    which puts those entries at the back of the freeable queue."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.planned: set[str] = set()
+
+    def plan(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int, tokens: int, budget: int):
+        plan = super().plan(request_id, inputs, computed, tokens, budget)
+        for evicted in plan.evict:
+            del self.freeable[evicted], self.sizes[evicted], self.users[evicted]
+        for index in plan.cached:
+            self._hold(request_id, inputs[index].content_hash)
+        self.planned.add(request_id)
+        return dataclasses.replace(plan, evict=())
+
+
+class LetsGoAtConsumedAndEvictsWhilePlanning(LetsGoAtConsumed, EvictsWhilePlanning):
+    """Both of vLLM's rules."""
+
+
+class EvictsWhilePlanningV1(RecordingBudgets):
+    """The reference with vLLM's planning (`EvictsWhilePlanning`); used only to classify divergences."""
+
+    cache_class: type[EncoderCache] = EvictsWhilePlanning
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = self.cache_class(config.encoder_cache_size)
+
+    def schedule(self, *outcome):
+        self.encoder.planned = set()
+        output = super().schedule(*outcome)
+        scheduled = {s.request_id for s in output.scheduled}
+        running = {t.request_id for t in self.running}
+        for rid in sorted(self.encoder.planned - scheduled - running):  # a waiting request refused its blocks
+            self.encoder.release(rid, self.requests[rid].request.encoder_inputs)
+        return output
+
+
+class LetsGoAtConsumedV1(RecordingBudgets):
+    """The reference with vLLM's release rule (`LetsGoAtConsumed`); used only to classify divergences."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.encoder = LetsGoAtConsumed(config.encoder_cache_size)
+
+
+class BothRulesV1(EvictsWhilePlanningV1):
+    cache_class = LetsGoAtConsumedAndEvictsWhilePlanning
+
+
+# the engine behaviours a divergence is tried against, smallest first (`classify`)
+MODELS: tuple[tuple[str, type[RecordingBudgets]], ...] = (
+    ("lets-go-between-same-hash-inputs", LetsGoAtConsumedV1),
+    ("evicts-while-planning", EvictsWhilePlanningV1),
+    ("lets-go-between-same-hash-inputs+evicts-while-planning", BothRulesV1),
+)
+
+
+def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
+    # V1 has no max_num_partial_prefills (lockstep_v1's partial-prefills-not-applied) and refuses a
+    # long_prefill_token_threshold over max_model_len (vllm/config/scheduler.py, SchedulerConfig checks)
+    config = dataclasses.replace(config, max_num_partial_prefills=0,
+                                 long_prefill_token_threshold=min(config.long_prefill_token_threshold,
+                                                                  config.max_model_len))
+    if path == "encoder":
+        return dataclasses.replace(config, max_loras=0)
+    if path == "lora":
+        return dataclasses.replace(config, encoder_compute_budget=0, encoder_cache_size=0)
+    return config
+
+
+def path_strategy(path: str) -> st.SearchStrategy:
+    if path == "grammar":
+        return grammar_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
+    configs = budget_configs()
+    if path == "encoder":
+        configs = configs.filter(lambda c: c.encoder_cache_size > 0)
+    elif path == "lora":
+        configs = configs.filter(lambda c: c.max_loras > 0)
+    pause = {"encoder": False, "lora": False, "pause": True, "mixed": None}[path]
+    return configs.map(lambda c: _path_config(path, c)).flatmap(
+        lambda config: token_traces("v1", config=config)).flatmap(lambda t: with_budgets(t, pause=pause))
+
+
+def budgets_state_of(snap: Snapshot, priority: bool) -> dict[str, Any]:
+    state = state_of(snap, priority)
+    state["encoder_cache"] = {h: (e.size, tuple(sorted(e.users))) for h, e in sorted((snap.encoder_cache or {}).items())}
+    state["encoder_free"] = snap.encoder_free
+    state["pause_state"] = snap.pause_state
+    return state
+
+
+def compare_state(result, reference: RecordingBudgets) -> tuple[int, str, Any, Any] | None:
+    """The first step whose encoder inputs or state after the step differ: (step, field, reference, target)."""
+    priority = result.trace.config.policy == "priority"
+    for record, ref, ref_output in zip(result.records, reference.after, reference.outputs, strict=False):
+        want, got = sorted(ref_output.encoder_inputs), sorted(record.output.encoder_inputs)
+        if want != got:
+            return record.step, "encoder_inputs", want, got
+        want_state, got_state = budgets_state_of(ref, priority), budgets_state_of(record.after, priority)
+        for key, value in want_state.items():
+            if got_state[key] != value:
+                if isinstance(value, dict):
+                    diff = sorted(k for k in set(value) | set(got_state[key]) if value.get(k) != got_state[key].get(k))
+                    return record.step, key, {k: value.get(k) for k in diff}, {k: got_state[key].get(k) for k in diff}
+                return record.step, key, value, got_state[key]
+    return None
+
+
+def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: type = RecordingBudgets) -> Outcome:
+    holder: list = []
+
+    def factory(config: SchedulerConfig):
+        holder.append(reference(config))
+        return holder[-1]
+
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
+    return Outcome(result, compare_state(result, holder[0]) if holder else None)
+
+
+def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
+    """The divergence's class (a key of `CLASSES`), the field it was found in when no model fits,
+    or None when the trace agrees. A class is confirmed by a counterfactual, as in `lockstep_v1`:
+    rerun against the reference with vLLM's behaviour modelled; it must then agree to the end."""
+    if outcome.divergence_step is None:
+        return None
+    if outcome.result.fault is not None or not any(a.request.encoder_inputs for a in trace.arrivals):
+        return outcome.field or "?"
+    for name, model in MODELS:
+        if run_one(adapter, trace, invariants, reference=model).divergence_step is None:
+            return name
+    return outcome.field or "?"
+
+
+def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
+    traces = sample_traces(path_strategy(path), count, seed_value)
+    by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
+    violations: collections.Counter[str] = collections.Counter()
+    steps = agreeing = 0
+    started = time.monotonic()
+    for done, trace in enumerate(traces, 1):
+        if done % 100 == 1 and done > 1:
+            print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
+        outcome = run_one(adapter, trace, invariants)
+        steps += len(outcome.result.records)
+        for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
+            violations[problem] += 1
+        cls = classify(adapter, trace, outcome, invariants)
+        if cls is None:
+            agreeing += 1
+            continue
+        by_field[outcome.field or "?"] += 1
+        by_class[cls] += 1
+        first.setdefault((path, cls), (trace, outcome))
+    return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
+            "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
+            "violations": dict(sorted(violations.items())),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261203,
+                             out="docs/results/lockstep-vllm-v1-budgets.json", traces_dir="docs/traces/lockstep-budgets")
+    args = parser.parse_args(argv)
+    started = provenance()
+    paths = PATHS if args.path == "all" else (args.path,)
+    adapter = load_adapter("vllm-v1")
+    invariants = get_profile("vllm-v1").invariants()
+    report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
+                              "reference": "conformance.selftest.campaigns.lockstep_budgets:RecordingBudgets",
+                              "seed": args.seed, "paths": {}, "classes": {}, "first_divergences": {}}
+    if args.out.exists():
+        old = json.loads(args.out.read_text())
+        keep_other_paths(report, old, paths)
+        report["first_divergences"] = {k: v for k, v in old.get("first_divergences", {}).items()
+                                       if k.split(":", 1)[0] not in paths}
+    first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
+    for path in paths:
+        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
+        print(json.dumps({"path": path, **entry}), flush=True)
+    for (path, cls), (trace, outcome) in sorted(first.items()):
+        report["first_divergences"][f"{path}:{cls}"] = {"message": outcome.describe(), "trace": trace.to_dict()}
+    report["classes"] = {cls: {"kind": kind, "explanation": why} for cls, (kind, why) in CLASSES.items()}
+    write_report(report, args.out, started=started)
+    return 0 if all(report["paths"][p]["agreeing_traces"] == report["paths"][p]["traces"] for p in paths) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
