@@ -5,10 +5,6 @@ UNSUPPORTED: dict[str, str] = {
               "kvsched's host replays Scheduler glue (conformance/targets/hosts/sglang_host.py), so a standalone "
               "file would be kvsched's harness, not SGLang's idiom. Replay with `kvsched replay TRACE --adapter "
               "sglang`.",
-    "lmdeploy": "not yet: LMDeploy's paging.Scheduler can be built alone, but its engine glue (inputs_maker, "
-                "engine_loop) is replayed by kvsched's host (conformance/targets/hosts/lmdeploy_host.py), and every "
-                "LMDeploy finding is a deviation by design (docs/CONFORMANCE.md). Replay with `kvsched replay TRACE "
-                "--adapter lmdeploy`.",
     "aphrodite": "not yet: Aphrodite 0.24.1's scheduler is vLLM V1's under another package name, and kvsched found no "
                  "defect in it (its lockstep classes are deviations, docs/CONFORMANCE.md); the vllm-v1 exporter would "
                  "serve with Aphrodite's module names.",
