@@ -12,7 +12,7 @@ import ast
 import textwrap
 from pathlib import Path
 
-from conformance.export import lmdeploy, nano_vllm, vidur, vllm_v0, vllm_v1
+from conformance.export import lmdeploy, nano_vllm, sglang, vidur, vllm_v0, vllm_v1
 from conformance.export.findings import finding_of
 from conformance.export.literals import trace_literals
 from conformance.export.record import Exporter
@@ -23,7 +23,7 @@ from spec.errors import InputError
 from spec.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
-EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur, lmdeploy)
+EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur, lmdeploy, sglang)
                                for e in m.EXPORTERS}
 # An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
 STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
