@@ -264,3 +264,32 @@ def test_sglang_export_fails_on_its_deviation(tmp_path):
     """One run only: importing SGLang's scheduler costs about 11 s of CPU a run (40 s wall at load 8);
     the seeded demonstration's two runs are in the both-ways record, checked above."""
     run_demonstration(get_demonstration("sglang-first-prefill-above-input-budget"), tmp_path)
+
+
+# -- tokasaurus 0.0.4: a stranger adapter (docs/examples/tokasaurus/), exported like a target ------
+TOKASAURUS_CRASH = ROOT / "docs/examples/tokasaurus/traces/FAULT-raised.json"
+
+
+def test_tokasaurus_is_exported_though_it_is_no_registry_target():
+    trace = Trace.load(TOKASAURUS_CRASH)
+    exporter = exporter_for(trace, None)
+    assert exporter.target == "tokasaurus" and trace_property(trace, exporter) == "FAULT-raised"
+    text = render_pytest(trace, exporter, "FAULT-raised", str(TOKASAURUS_CRASH.relative_to(ROOT)))
+    assert kvsched_imports(text) == [] and "tokasaurus==0.0.4" in text
+
+
+def test_tokasaurus_crash_fails_on_the_release_and_passes_with_the_fix(tmp_path):
+    from conformance.export.patching import installed_package_dir
+    from conformance.export.strangers import STRANGERS
+
+    target = STRANGERS["tokasaurus"]
+    if not target.installed():
+        pytest.skip(f"tokasaurus venv missing: {target.venv} ({target.how_to_install})")
+    path = export_to(tmp_path, TOKASAURUS_CRASH)
+    release = run_file(target.python, path, {})
+    assert release["exit"] == 1, release
+    assert "step 0: schedule_steps() raised AssertionError at scheduler.py:180" in release["line"]
+    fix = load_fix(ROOT / "docs/reports/fixes/tokasaurus-count-one-token-completion-blocks.json")
+    copy = patched_copy(fix, installed_package_dir(target.python, fix.package), tmp_path / "fixed")
+    fixed = run_file(target.python, path, {"PYTHONPATH": str(copy)})
+    assert fixed["exit"] == 0 and fixed["line"].startswith("passed"), fixed

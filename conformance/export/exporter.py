@@ -12,19 +12,19 @@ import ast
 import textwrap
 from pathlib import Path
 
-from conformance.export import lmdeploy, nano_vllm, sglang, vidur, vllm_v0, vllm_v1
+from conformance.export import lmdeploy, nano_vllm, sglang, tokasaurus, vidur, vllm_v0, vllm_v1
 from conformance.export.findings import finding_of
 from conformance.export.literals import trace_literals
 from conformance.export.record import Exporter
+from conformance.export.strangers import export_target, export_target_names
 from conformance.export.unsupported import UNSUPPORTED
-from conformance.targets import TARGET_SPECS
 from spec.catalogue import get as get_invariant
 from spec.errors import InputError
 from spec.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
-EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur, lmdeploy, sglang)
-                               for e in m.EXPORTERS}
+ENGINES = (vllm_v1, vllm_v0, nano_vllm, vidur, lmdeploy, sglang, tokasaurus)
+EXPORTERS: dict[str, Exporter] = {e.target: e for m in ENGINES for e in m.EXPORTERS}
 # An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
 STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
                    "LIV-003": "LIV-001", "CHK-003": "RES-003", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
@@ -36,7 +36,7 @@ def trace_target(trace: Trace) -> str | None:
     """The target a trace was found on (``meta.adapter``, else ``meta.adapter_spec``), if it is one."""
     for key in ("adapter", "adapter_spec"):
         name = trace.meta.get(key)
-        if isinstance(name, str) and name in TARGET_SPECS:
+        if isinstance(name, str) and export_target(name) is not None:
             return name
     return None
 
@@ -47,8 +47,8 @@ def exporter_for(trace: Trace, target: str | None) -> Exporter:
     name = target or found
     if name is None:
         raise InputError("--target", "the trace names no target (meta.adapter); pass --target NAME")
-    if name not in TARGET_SPECS:
-        raise InputError("--target", f"unknown target {name!r} (known: {', '.join(TARGET_SPECS)})")
+    if export_target(name) is None:
+        raise InputError("--target", f"unknown target {name!r} (known: {', '.join(export_target_names())})")
     if found is not None and found != name:
         raise InputError("--target", f"the trace was found on {found}, not {name}: export it with --target {found}")
     if name in UNSUPPORTED:
@@ -101,11 +101,12 @@ def statement(property_id: str) -> str:
 
 def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: str) -> str:
     """The exported file's text (``source``: the trace's path, for the docstring)."""
-    target = TARGET_SPECS[exporter.target]
+    target = export_target(exporter.target)
     finding = finding_of(trace, exporter.target)
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
         _docstring(title, target.version, exporter, property_id, source),
+        (TEMPLATES / f"{exporter.prelude}.py.in").read_text() if exporter.prelude else "",
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:

@@ -205,6 +205,33 @@ FINDINGS: tuple[Finding, ...] = (
                                 "tokens in one step")),
     ),
     Finding(
+        "tokasaurus-one-token-request-precise-onboard-assert", ("tokasaurus",),
+        "tokasaurus' manager dies on `assert additional_blocks_needed == 0` when precise onboarding considers a "
+        "max_tokens=1 request whose prompt is not cached",
+        "FAULT-raised",
+        "With precise onboarding (tokasaurus' default), a waiting request that does not fit coarsely is "
+        "soft-allocated (soft_allocate: kv_indices is its cached prefix only) and try_onboarding_seqs simulates the "
+        "block usage over time; calc_block_usage_over_time asserts that a sequence whose expected completion is one "
+        "token needs no additional blocks, but a soft-allocated prompt still needs its uncached blocks, so the "
+        "assert fails and the manager process dies (error_propogation_decorator), ending every request. max_tokens=1 "
+        "is an ordinary request (classification, scoring) and passes the server's length check.",
+        "schedule_steps onboards (or defers) the request and returns",
+        "AssertionError at tokasaurus/manager/scheduler.py:180 in calc_block_usage_over_time",
+        ("tokasaurus/manager/scheduler.py:166-180 (calc_block_usage_over_time: the additional blocks are counted, "
+         "then `else: assert additional_blocks_needed == 0` for a one-token completion)",
+         "tokasaurus/manager/manager.py:426-440 (soft_allocate: `seq.kv_indices = cached_block_ids`, the cached "
+         "prefix only)",
+         "tokasaurus/manager/scheduler.py:408-417 (try_onboarding_seqs calls calc_block_usage_over_time with the "
+         "soft-allocated candidates)"),
+        "Drop the assertion (scheduler.py:179-180): the sequence's additional blocks are already added to "
+        "num_used_decode_blocks (line 171), so a one-token completion that needs blocks is planned for like any "
+        "other; only its last-page bookkeeping is skipped, as now.",
+        "none found (searched GitHub issues for tokasaurus and the assert).",
+        problems=("FAULT-raised",), fix_patch="tokasaurus-count-one-token-completion-blocks.json",
+        reproducers=(Reproducer("docs/examples/tokasaurus/traces/FAULT-raised.json", "tokasaurus",
+                                "AssertionError at scheduler.py:180"),),
+    ),
+    Finding(
         "vllm-v0-swap-in-never-leaks-cpu-blocks", ("vllm-v0",),
         "vLLM V0 leaks a swapped group's CPU blocks for good when its swap-in can never fit",
         "RES-004",

@@ -26,3 +26,10 @@ ASYNC = Exporter("vllm-v1-async", "vllm_v1", PROPERTIES, prompt_of,
                  extra="vllm_v1_async", needs="the installed vLLM, on CPU")
 
 EXPORTERS = (SYNC, ASYNC)
+
+# Aphrodite 0.24.1 (aphrodite-engine): vLLM's V1 scheduler under the package name ``aphrodite``, as
+# conformance/targets/hosts/aphrodite_host.py drives it: ``vllm.*`` imports answered by
+# ``aphrodite.*``, ``VllmConfig`` is ``AphroditeConfig``, the scheduler's keyword ``aphrodite_config``.
+APHRODITE = Exporter("aphrodite", "vllm_v1", PROPERTIES, prompt_of,
+                     IDIOM + "; Aphrodite's modules under vLLM's names (a vLLM fork with vLLM's module paths)",
+                     extra="aphrodite", prelude="aphrodite_prelude", needs="the installed aphrodite-engine, on CPU")

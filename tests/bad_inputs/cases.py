@@ -359,7 +359,7 @@ ARGV_CASES: dict[str, list[ArgvCase]] = {
         ArgvCase("format_unknown", ("export", "{valid}", "--to", "docx"), "--to"),
         ArgvCase("no_target", ("export", "{valid}", "--to", "pytest"), "--target"),
         ArgvCase("target_unknown", ("export", "{valid}", "--to", "pytest", "--target", "nosuch"), "--target"),
-        ArgvCase("target_without_exporter", ("export", "{valid}", "--to", "pytest", "--target", "sglang"), "--target"),
+        ArgvCase("target_without_exporter", ("export", "{valid}", "--to", "pytest", "--target", "aphrodite"), "--target"),
         ArgvCase("no_property", ("export", "{valid}", "--to", "pytest", "--target", "vllm-v1"), "--property"),
         ArgvCase("property_unknown", ("export", "{valid}", "--to", "pytest", "--target", "vllm-v1", "--property",
                                       "NOPE-1"), "--property"),

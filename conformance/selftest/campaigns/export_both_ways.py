@@ -43,9 +43,9 @@ from conformance.export.demonstrations import DEMONSTRATIONS, Demonstration
 from conformance.export.findings import FINDINGS, Finding, Reproducer
 from conformance.export.patching import installed_package_dir, load_fix, patched_copy
 from conformance.export.report import REPORTS, RESULTS, ROOT, load_results
+from conformance.export.strangers import export_target
 from conformance.export.unsupported import UNSUPPORTED
 from conformance.selftest.campaigns.campaign_args import provenance
-from conformance.targets import TARGET_SPECS
 from spec.trace import Trace
 
 VERSION = 1
@@ -81,7 +81,7 @@ def reproducer_name(rep: Reproducer | Demonstration) -> str:
 
 
 def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, Path], scratch: Path) -> dict[str, Any]:
-    target = TARGET_SPECS[rep.target]
+    target = export_target(rep.target)
     trace = Trace.load(ROOT / rep.trace)
     exporter = exporter_for(trace, rep.target)
     prop = trace_property(trace, exporter, rep.property)
@@ -113,7 +113,7 @@ def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, 
 
 def check_demonstration(demo: Demonstration, scratch: Path) -> dict[str, Any]:
     """Export a demonstration's trace and run it: on the release, and for a seeded one on the seeded copy."""
-    target = TARGET_SPECS[demo.target]
+    target = export_target(demo.target)
     trace = Trace.load(ROOT / demo.trace)
     exporter = exporter_for(trace, demo.target)
     prop = trace_property(trace, exporter, demo.property)
@@ -167,7 +167,7 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
         with_fix = [r for r in runs if "fixed" in r]
         passing = (f"{sum(r['fixed']['verdict'] == 'passes' for r in with_fix)} of {len(with_fix)}"
                    + (" (upstream PR)" if finding.fix_is_upstream else " (our fix)")) if with_fix else "no fix"
-        engines = ", ".join(sorted({TARGET_SPECS[t].version for t in finding.targets}))
+        engines = ", ".join(sorted({export_target(t).version for t in finding.targets}))
         lines.append(f"| [{finding.title}]({finding.slug}.md) | {engines} | {failing} of {len(runs)} | {passing} | "
                      f"{finding.upstream.split(';')[0].split(': ')[0].split(' (')[0].rstrip('.')} |")
     lines += ["", "## Targets with no defect finding",
@@ -188,7 +188,7 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
         seeded = run.get("seeded", {}).get("verdict", "") if demo.kind == "seeded" else "-"
         file = run.get("file", "")
         shown = f"[{Path(file).name}]({Path(file).relative_to('docs/reports')})" if file else "-"
-        lines.append(f"| {demo.title} ({demo.why}) | {TARGET_SPECS[demo.target].version} | {demo.kind} | "
+        lines.append(f"| {demo.title} ({demo.why}) | {export_target(demo.target).version} | {demo.kind} | "
                      f"{release} | {seeded or 'not run'} | {shown} |")
     lines += ["", "Targets with no exporter, and why:", ""]
     lines += [f"* **{name}**: {why}" for name, why in UNSUPPORTED.items()]
@@ -198,8 +198,6 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
               "cache, V0's swap-space RuntimeError, V1's chunk clamp at max_model_len, which V1's door keeps from "
               "generate requests) and nano-vllm's missing max_model_len checks (its Scheduler is given no "
               "max_model_len: the limit is the caller's in that design);",
-              "* tokasaurus 0.0.4's `max_tokens=1` crash (docs/examples/tokasaurus/README.md, finding 1): a stranger "
-              "adapter, not a kvsched target, and its venv is not on the machine these reports were made on.",
               "* the KV-connector finding on vLLM 0.33.0 (a request whose asynchronous load failed waits for ever on "
               "its own reservation, scheduler.py:1420-1430; issue 30's branch, recorded on main as not integrated, "
               "commit f36880b): its host, traces and CONFORMANCE.md section are not in this tree, so there is "
