@@ -106,7 +106,6 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
         _docstring(title, target.version, exporter, property_id, source),
-        (TEMPLATES / f"{exporter.prelude}.py.in").read_text() if exporter.prelude else "",
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:

@@ -19,7 +19,6 @@ class Exporter:
     prompt_of: Callable[[dict], list[int]]
     idiom: str
     extra: str = ""  # a second fragment, after the engine's (the async engine loop)
-    prelude: str = ""  # a fragment before the engine's (an import alias: Aphrodite as vLLM)
     preamble: str = ""  # constants the engine fragment reads, at its ``# @TARGET@`` line (the package to load)
     request_extra: Callable[[dict], dict] | None = None  # more fields per exported request (the host's rules)
     needs: str = ""  # what the venv must have, said in the docstring (the release is the target's pin)

@@ -1,5 +1,5 @@
 """Export to SGLang (``sglang``: sglang==0.5.23). SGLang's ``Scheduler`` cannot be built without a
-TP worker and a model, and its unit tests build the parts instead (tests/registered/unit/managers/
+TP worker and a model, and its unit tests build the parts instead (test/registered/unit/managers/
 test_prefill_adder.py: a ``PrefillAdder`` over a tree cache, a token allocator and a running
 batch, with the global ServerArgs published first): the file does the same with the real parts on
 CPU (``RadixCache``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator``, ``SchedulePolicy``,
@@ -17,7 +17,7 @@ from conformance.export.record import Exporter, token_ids
 
 PROPERTIES = ("FAULT-raised", "LIV-001", "BUD-001", "BUD-003", "QUE-001", "REQ-004", "CHK-002")
 IDIOM = ("SGLang's scheduling parts built on CPU as its unit tests build them (PrefillAdder over a RadixCache, "
-         "ReqToTokenPool and TokenToKVPoolAllocator, as tests/registered/unit/managers/test_prefill_adder.py "
+         "ReqToTokenPool and TokenToKVPoolAllocator, as test/registered/unit/managers/test_prefill_adder.py "
          "does), with the Scheduler's event-loop glue (get_next_batch_to_run, update_running_batch, the batch "
          "result processor) replayed from managers/scheduler.py")
 

@@ -10,7 +10,7 @@ no model, no GPU).
 
 How: SGLang's scheduling parts built on CPU as its unit tests build them (PrefillAdder over a
 RadixCache, ReqToTokenPool and TokenToKVPoolAllocator, as
-tests/registered/unit/managers/test_prefill_adder.py does), with the Scheduler's event-loop glue
+test/registered/unit/managers/test_prefill_adder.py does), with the Scheduler's event-loop glue
 (get_next_batch_to_run, update_running_batch, the batch result processor) replayed from
 managers/scheduler.py; the trace's steps are replayed as kvsched's driver runs them (arrivals,
 aborts, schedule(), the model's outcome), the model played here.
@@ -136,7 +136,7 @@ class Engine:
     ``ScheduleBatch`` (``init_new``, ``prepare_for_extend``, ``filter_batch``, ``merge_batch``,
     ``check_decode_mem``, ``retract_decode``, ``prepare_for_decode``), ``RadixCache``,
     ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` (page size 1) and ``NewTokenRatioTracker``, built
-    on CPU as SGLang's unit tests build them (tests/registered/unit/managers/test_prefill_adder.py
+    on CPU as SGLang's unit tests build them (test/registered/unit/managers/test_prefill_adder.py
     builds the PrefillAdder with these arguments). ``Scheduler`` itself cannot be built without a TP
     worker and a model, so its glue is replayed from managers/scheduler.py:
     ``get_next_batch_to_run`` (3894-4035: merge the last extend batch into the running batch, try a
