@@ -143,7 +143,8 @@ FINDINGS: tuple[Finding, ...] = (
         "compute is padded to 1 + k tokens, and when 1 + k exceeds the step's token budget the waiting loop 'prefers "
         "to not schedule than schedule un-padded' and breaks; with max_num_batched_tokens < 1 + k (accepted by "
         "AphroditeConfig, which warns only) and nothing running, every later step schedules nothing and the request "
-        "waits until it is aborted. Found by exporting vLLM's reproducer for Aphrodite.",
+        "waits until it is aborted. Found by exporting vLLM's reproducer for Aphrodite; the Aphrodite host replays "
+        "the trace to the same stall (LIV-001, LIV-003 at step 1).",
         "a step with a request waiting and nothing running admits it (un-padded when the pad cannot fit)",
         "schedule() returns an empty SchedulerOutput at every step; the request stays WAITING",
         ("aphrodite/v1/core/sched/scheduler.py:905-922 (pad to 1 + k; `if padded_num_tokens > request_token_budget: "
@@ -197,7 +198,7 @@ FINDINGS: tuple[Finding, ...] = (
         "Aphrodite 0.24.1's update_from_output rolls a request's rejected drafts back only when the model returned "
         "tokens for it, as vLLM 0.33.0 does: for an empty output num_computed_tokens keeps the draft positions, ends "
         "above num_tokens, and the request is never scheduled again. Found by exporting vLLM's reproducer for "
-        "Aphrodite.",
+        "Aphrodite; the Aphrodite host replays the trace to the same state (CHK-002, 8 computed of 6 tokens).",
         "after the outcome the request's computed tokens are at most its tokens (the step rolled back)",
         "request A has 6 tokens and num_computed_tokens 8 after step 1",
         ("aphrodite/v1/core/sched/scheduler.py:1751-1752 (`if scheduled_spec_token_ids and (generated_token_ids or "
