@@ -105,7 +105,7 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     finding = finding_of(trace, exporter.target)
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
-        _docstring(title, target.version, exporter, property_id, source),
+        _docstring(title, target.version, exporter, property_id, source, _chosen_flag(trace, exporter, property_id)),
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:
@@ -119,14 +119,23 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     return "".join(parts)
 
 
-def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str) -> str:
+def _chosen_flag(trace: Trace, exporter: Exporter, property_id: str) -> str:
+    """`` --property ID`` when the trace alone would not export ``property_id`` (so the printed command does)."""
+    try:
+        default = trace_property(trace, exporter)
+    except InputError:
+        default = None
+    return "" if default == property_id else f" --property {property_id}"
+
+
+def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str, flag: str = "") -> str:
     def para(text: str) -> str:
         return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
 
     return "\n\n".join([
         '"""' + para(f"Reproducer: {title}."),
         para(f"Standalone: it imports the engine, never kvsched. Exported by `kvsched export {source} --to pytest "
-             f"--target {exporter.target}` from kvsched's shrunk trace, for {release} "
+             f"--target {exporter.target}{flag}` from kvsched's shrunk trace, for {release} "
              f"({exporter.needs or 'the installed release'})."),
         "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
         "    python -m pytest THIS_FILE",

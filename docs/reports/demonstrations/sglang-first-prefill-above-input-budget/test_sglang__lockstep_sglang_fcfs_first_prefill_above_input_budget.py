@@ -1,9 +1,9 @@
 """Reproducer: BUD-001 on sglang.
 
 Standalone: it imports the engine, never kvsched. Exported by `kvsched export
-docs/traces/lockstep-sglang/fcfs-first-prefill-above-input-budget.json --to pytest --target sglang`
-from kvsched's shrunk trace, for sglang==0.5.23 (the installed sglang with torch and transformers;
-no model, no GPU).
+docs/traces/lockstep-sglang/fcfs-first-prefill-above-input-budget.json --to pytest --target sglang
+--property BUD-001` from kvsched's shrunk trace, for sglang==0.5.23 (the installed sglang with torch
+and transformers; no model, no GPU).
 
     python THIS_FILE            # exit 1 and one FAILED line when the property breaks
     python -m pytest THIS_FILE
