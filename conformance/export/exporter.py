@@ -12,21 +12,22 @@ import ast
 import textwrap
 from pathlib import Path
 
-from conformance.export import nano_vllm, vidur, vllm_v0, vllm_v1
+from conformance.export import lmdeploy, nano_vllm, sglang, tokasaurus, vidur, vllm_v0, vllm_v1
 from conformance.export.findings import finding_of
 from conformance.export.literals import trace_literals
 from conformance.export.record import Exporter
+from conformance.export.strangers import export_target, export_target_names
 from conformance.export.unsupported import UNSUPPORTED
-from conformance.targets import TARGET_SPECS
 from spec.catalogue import get as get_invariant
 from spec.errors import InputError
 from spec.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
-EXPORTERS: dict[str, Exporter] = {e.target: e for m in (vllm_v1, vllm_v0, nano_vllm, vidur) for e in m.EXPORTERS}
+ENGINES = (vllm_v1, vllm_v0, nano_vllm, vidur, lmdeploy, sglang, tokasaurus)
+EXPORTERS: dict[str, Exporter] = {e.target: e for m in ENGINES for e in m.EXPORTERS}
 # An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
 STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
-                   "LIV-003": "LIV-001", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
+                   "LIV-003": "LIV-001", "CHK-003": "RES-003", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
 FAULT_STATEMENT = ("every call on the scheduler returns: a config the engine accepted and the requests it admitted "
                    "never crash it (an assert or exception here ends the engine and every request in it)")
 
@@ -35,7 +36,7 @@ def trace_target(trace: Trace) -> str | None:
     """The target a trace was found on (``meta.adapter``, else ``meta.adapter_spec``), if it is one."""
     for key in ("adapter", "adapter_spec"):
         name = trace.meta.get(key)
-        if isinstance(name, str) and name in TARGET_SPECS:
+        if isinstance(name, str) and export_target(name) is not None:
             return name
     return None
 
@@ -46,8 +47,8 @@ def exporter_for(trace: Trace, target: str | None) -> Exporter:
     name = target or found
     if name is None:
         raise InputError("--target", "the trace names no target (meta.adapter); pass --target NAME")
-    if name not in TARGET_SPECS:
-        raise InputError("--target", f"unknown target {name!r} (known: {', '.join(TARGET_SPECS)})")
+    if export_target(name) is None:
+        raise InputError("--target", f"unknown target {name!r} (known: {', '.join(export_target_names())})")
     if found is not None and found != name:
         raise InputError("--target", f"the trace was found on {found}, not {name}: export it with --target {found}")
     if name in UNSUPPORTED:
@@ -100,11 +101,11 @@ def statement(property_id: str) -> str:
 
 def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: str) -> str:
     """The exported file's text (``source``: the trace's path, for the docstring)."""
-    target = TARGET_SPECS[exporter.target]
+    target = export_target(exporter.target)
     finding = finding_of(trace, exporter.target)
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
-        _docstring(title, target.version, exporter, property_id, source),
+        _docstring(title, target.version, exporter, property_id, source, _chosen_flag(trace, exporter, property_id)),
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:
@@ -118,14 +119,23 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     return "".join(parts)
 
 
-def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str) -> str:
+def _chosen_flag(trace: Trace, exporter: Exporter, property_id: str) -> str:
+    """`` --property ID`` when the trace alone would not export ``property_id`` (so the printed command does)."""
+    try:
+        default = trace_property(trace, exporter)
+    except InputError:
+        default = None
+    return "" if default == property_id else f" --property {property_id}"
+
+
+def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str, flag: str = "") -> str:
     def para(text: str) -> str:
         return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
 
     return "\n\n".join([
         '"""' + para(f"Reproducer: {title}."),
         para(f"Standalone: it imports the engine, never kvsched. Exported by `kvsched export {source} --to pytest "
-             f"--target {exporter.target}` from kvsched's shrunk trace, for {release} "
+             f"--target {exporter.target}{flag}` from kvsched's shrunk trace, for {release} "
              f"({exporter.needs or 'the installed release'})."),
         "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
         "    python -m pytest THIS_FILE",

@@ -78,6 +78,35 @@ FINDINGS: tuple[Finding, ...] = (
                                 "scheduler.py:1579")),
     ),
     Finding(
+        "aphrodite-padded-admission-cut-by-threshold", ("aphrodite",),
+        "Aphrodite's V1 scheduler dies on `assert num_new_tokens == 1 + self.num_spec_tokens` when "
+        "long_prefill_token_threshold < 1 + k cuts a padded admission (vLLM's #54028 defect, in the fork)",
+        "FAULT-raised",
+        "Aphrodite 0.24.1's scheduler is vLLM's V1 scheduler under another package name, and carries vLLM 0.33.0's "
+        "padded-admission defect line for line: with speculative decoding (k drafts) and chunked prefill, a waiting "
+        "request with one token left to compute is padded to 1 + k tokens, the long-prefill threshold then cuts it "
+        "below 1 + k while the padding flag stays set, and the assert kills the engine core with every request in it. "
+        "Found by exporting vLLM's reproducer for Aphrodite; the Aphrodite host replays the same trace to the same "
+        "assert.",
+        "schedule() admits the request (padded, or with its one real token) and returns",
+        "AssertionError at aphrodite/v1/core/sched/scheduler.py:1102 in schedule",
+        ("aphrodite/v1/core/sched/scheduler.py:902-922 (the waiting loop pads a one-token admission to 1 + k and "
+         "sets pad_spec_decode)",
+         "aphrodite/v1/core/sched/scheduler.py:924-926 (`if 0 < threshold < num_new_tokens: num_new_tokens = "
+         "threshold`)",
+         "aphrodite/v1/core/sched/scheduler.py:1101-1102 (`if pad_spec_decode: assert num_new_tokens == 1 + "
+         "self.num_spec_tokens`)"),
+        "As vllm-project/vllm#54028 proposes for vLLM: do not pad when the threshold cannot hold the padded width "
+        "(add `and not 0 < self.scheduler_config.long_prefill_token_threshold < 1 + self.num_spec_tokens` to the "
+        "padding condition, scheduler.py:905-911).",
+        "vllm-project/vllm#54028 (open, in vLLM) is the same defect; none found for Aphrodite (searched GitHub issues and "
+        "PRs for the assert and the padding).",
+        classes=("padded-admission-cut-by-threshold",),
+        fix_patch="aphrodite-skip-padding-below-threshold.json",
+        reproducers=(Reproducer("docs/reports/traces/aphrodite-padded-admission-cut-by-threshold.json", "aphrodite",
+                                "scheduler.py:1102"),),
+    ),
+    Finding(
         "vllm-v1-padded-admission-over-budget-stalls", ("vllm-v1", "vllm-v1-async"),
         "vLLM V1 idles for ever with a request waiting when max_num_batched_tokens < 1 + k and the head of waiting "
         "is a padded admission",
@@ -106,6 +135,34 @@ FINDINGS: tuple[Finding, ...] = (
                                 "vllm-v1-async", "idles with work queued")),
     ),
     Finding(
+        "aphrodite-padded-admission-over-budget-stalls", ("aphrodite",),
+        "Aphrodite's V1 scheduler idles for ever with a request waiting when max_num_batched_tokens < 1 + k and the "
+        "head of waiting is a padded admission (vLLM 0.33.0's stall, in the fork)",
+        "LIV-001",
+        "Aphrodite 0.24.1 carries vLLM 0.33.0's padding break line for line: a waiting request with one token left to "
+        "compute is padded to 1 + k tokens, and when 1 + k exceeds the step's token budget the waiting loop 'prefers "
+        "to not schedule than schedule un-padded' and breaks; with max_num_batched_tokens < 1 + k (accepted by "
+        "AphroditeConfig, which warns only) and nothing running, every later step schedules nothing and the request "
+        "waits until it is aborted. Found by exporting vLLM's reproducer for Aphrodite; the Aphrodite host replays "
+        "the trace to the same stall (LIV-001, LIV-003 at step 1).",
+        "a step with a request waiting and nothing running admits it (un-padded when the pad cannot fit)",
+        "schedule() returns an empty SchedulerOutput at every step; the request stays WAITING",
+        ("aphrodite/v1/core/sched/scheduler.py:905-922 (pad to 1 + k; `if padded_num_tokens > request_token_budget: "
+         "break`)",
+         "aphrodite/v1/core/sched/scheduler.py:910 (`scheduled_running_reqs or num_computed_tokens > 0`: the pad "
+         "applies with nothing running)",
+         "aphrodite/config/aphrodite.py:1762 (`_set_max_num_scheduled_tokens`: a budget below 1 + k is kept, with a "
+         "warning)"),
+        "As for vLLM: schedule the request un-padded instead of breaking when the pad does not fit and nothing else "
+        "was scheduled this step (docs/reports/fixes/aphrodite-schedule-unpadded-over-budget.json), or refuse "
+        "max_num_batched_tokens < 1 + num_speculative_tokens in AphroditeConfig.",
+        "none found (the vLLM report, vllm-v1-padded-admission-over-budget-stalls, found none either).",
+        classes=("padded-admission-over-budget-stalls",),
+        fix_patch="aphrodite-schedule-unpadded-over-budget.json",
+        reproducers=(Reproducer("docs/reports/traces/aphrodite-padded-admission-over-budget-stalls.json", "aphrodite",
+                                "idles with work queued"),),
+    ),
+    Finding(
         "vllm-v1-empty-output-skips-draft-rollback", ("vllm-v1", "vllm-v1-async"),
         "vLLM V1 keeps rejected draft positions computed when the model returns no token for a request with drafts "
         "(#42722 still there)",
@@ -132,6 +189,29 @@ FINDINGS: tuple[Finding, ...] = (
                                 note="our fix covers the synchronous scheduler only: with it the async reproducer "
                                      "still fails, at step 4 (10 computed of 8 tokens), because the step scheduled "
                                      "while the empty outcome was in flight counted from the unrolled positions")),
+    ),
+    Finding(
+        "aphrodite-empty-output-skips-draft-rollback", ("aphrodite",),
+        "Aphrodite's V1 scheduler keeps rejected draft positions computed when the model returns no token for a "
+        "request with drafts (vLLM's #42722 defect, in the fork)",
+        "CHK-002",
+        "Aphrodite 0.24.1's update_from_output rolls a request's rejected drafts back only when the model returned "
+        "tokens for it, as vLLM 0.33.0 does: for an empty output num_computed_tokens keeps the draft positions, ends "
+        "above num_tokens, and the request is never scheduled again. Found by exporting vLLM's reproducer for "
+        "Aphrodite; the Aphrodite host replays the trace to the same state (CHK-002, 8 computed of 6 tokens).",
+        "after the outcome the request's computed tokens are at most its tokens (the step rolled back)",
+        "request A has 6 tokens and num_computed_tokens 8 after step 1",
+        ("aphrodite/v1/core/sched/scheduler.py:1751-1752 (`if scheduled_spec_token_ids and (generated_token_ids or "
+         "self.num_sampled_tokens_per_step == 0):` guards the rollback)",),
+        "Roll back whenever the step scheduled drafts: with no generated token, treat every scheduled draft as "
+        "rejected and also un-count the step's bonus position, as for vLLM "
+        "(docs/reports/fixes/aphrodite-roll-back-empty-output.json).",
+        "vllm-project/vllm#42722 (closed unmerged, in vLLM); none found for Aphrodite. As in vLLM, no trigger in the "
+        "default GPU model runner was shown; the scheduler defect stands for any runner or connector that returns "
+        "no token.",
+        classes=("empty-output-skips-rollback",), fix_patch="aphrodite-roll-back-empty-output.json",
+        reproducers=(Reproducer("docs/reports/traces/aphrodite-empty-output-skips-rollback.json", "aphrodite",
+                                "num_computed_tokens is 8"),),
     ),
     Finding(
         "nano-vllm-seats-overfilled", ("nano-vllm",),
@@ -203,6 +283,33 @@ FINDINGS: tuple[Finding, ...] = (
                                 "is in 2 queues"),
                      Reproducer("docs/traces/nano-vllm-fork/counterexamples/REQ-004.json", "nano-vllm-fork",
                                 "tokens in one step")),
+    ),
+    Finding(
+        "tokasaurus-one-token-request-precise-onboard-assert", ("tokasaurus",),
+        "tokasaurus' manager dies on `assert additional_blocks_needed == 0` when precise onboarding considers a "
+        "max_tokens=1 request whose prompt is not cached",
+        "FAULT-raised",
+        "With precise onboarding (tokasaurus' default), a waiting request that does not fit coarsely is "
+        "soft-allocated (soft_allocate: kv_indices is its cached prefix only) and try_onboarding_seqs simulates the "
+        "block usage over time; calc_block_usage_over_time asserts that a sequence whose expected completion is one "
+        "token needs no additional blocks, but a soft-allocated prompt still needs its uncached blocks, so the "
+        "assert fails and the manager process dies (error_propogation_decorator), ending every request. max_tokens=1 "
+        "is an ordinary request (classification, scoring) and passes the server's length check.",
+        "schedule_steps onboards (or defers) the request and returns",
+        "AssertionError at tokasaurus/manager/scheduler.py:180 in calc_block_usage_over_time",
+        ("tokasaurus/manager/scheduler.py:156-180 (calc_block_usage_over_time: the additional blocks are counted, "
+         "then `else: assert additional_blocks_needed == 0` for a one-token completion)",
+         "tokasaurus/manager/manager.py:426-440 (soft_allocate: `seq.kv_indices = cached_block_ids`, the cached "
+         "prefix only)",
+         "tokasaurus/manager/scheduler.py:408-417 (try_onboarding_seqs calls calc_block_usage_over_time with the "
+         "soft-allocated candidates)"),
+        "Drop the assertion (scheduler.py:179-180): the sequence's additional blocks are already added to "
+        "num_used_decode_blocks (line 170), so a one-token completion that needs blocks is planned for like any "
+        "other; only its last-page bookkeeping is skipped, as now.",
+        "none found (searched GitHub issues for tokasaurus and the assert).",
+        problems=("FAULT-raised",), fix_patch="tokasaurus-count-one-token-completion-blocks.json",
+        reproducers=(Reproducer("docs/examples/tokasaurus/traces/FAULT-raised.json", "tokasaurus",
+                                "AssertionError at scheduler.py:180"),),
     ),
     Finding(
         "vllm-v0-swap-in-never-leaks-cpu-blocks", ("vllm-v0",),

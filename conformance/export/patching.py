@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets import get_target
+from conformance.export.strangers import export_target, export_target_names
 from spec.errors import InputError
 
 DESCRIPTOR_VERSION = 1
@@ -103,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         fix = load_fix(args.fix)
-        out = patched_copy(fix, installed_package_dir(get_target(args.target).python, fix.package), args.out)
+        target = export_target(args.target)
+        if target is None:
+            raise InputError("--target", f"unknown target {args.target!r} (known: {', '.join(export_target_names())})")
+        out = patched_copy(fix, installed_package_dir(target.python, fix.package), args.out)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from typing import Any
 from conformance.export.exporter import statement
 from conformance.export.findings import Finding, finding_of
 from conformance.export.record import Exporter
-from conformance.targets import TARGET_SPECS
+from conformance.export.strangers import export_target, venv_python_shown
 from spec.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def load_results(path: Path = RESULTS) -> dict[str, Any]:
 def render_report(trace: Trace, exporter: Exporter, property_id: str, source: str, out: Path | None = None,
                   results: dict[str, Any] | None = None) -> str:
     finding = finding_of(trace, exporter.target)
-    release = TARGET_SPECS[exporter.target].version
+    release = export_target(exporter.target).version
     measured = (load_results() if results is None else results).get(finding.slug if finding else "", {})
     lines = [f"# {finding.title if finding else f'{property_id} on {exporter.target}'}", ""]
     kind = "defect" if finding else f"{TODO} (a defect, or a deviation by design?)"
@@ -94,7 +94,7 @@ def _reproducers(finding: Finding | None, measured: dict[str, Any], exporter: Ex
         lines.append("")
     else:
         lines += [f"Export it: `kvsched export {source} --to pytest --target {exporter.target} --out repro.py`.", ""]
-    python = f"~/.cache/kvsched/targets/{TARGET_SPECS[exporter.target].venv_of or exporter.target}/venv/bin/python"
+    python = venv_python_shown(export_target(exporter.target))
     lines += ["Run it with the engine installed (kvsched's venv of the target, or any environment with the release):",
               "", "```", f"{python} FILE.py            # exit 1 and one FAILED line on the release",
               f"{python} -m pytest FILE.py  # where pytest is installed", "```", ""]

@@ -1,15 +1,8 @@
 """Targets kvsched drives that have no standalone export, each with its reason in one line."""
 
 UNSUPPORTED: dict[str, str] = {
-    "sglang": "SGLang's Scheduler cannot be built without a TP worker and a model, and its tests run whole servers; "
-              "kvsched's host replays Scheduler glue (conformance/targets/hosts/sglang_host.py), so a standalone "
-              "file would be kvsched's harness, not SGLang's idiom. Replay with `kvsched replay TRACE --adapter "
-              "sglang`.",
-    "lmdeploy": "not yet: LMDeploy's paging.Scheduler can be built alone, but its engine glue (inputs_maker, "
-                "engine_loop) is replayed by kvsched's host (conformance/targets/hosts/lmdeploy_host.py), and every "
-                "LMDeploy finding is a deviation by design (docs/CONFORMANCE.md). Replay with `kvsched replay TRACE "
-                "--adapter lmdeploy`.",
-    "aphrodite": "not yet: Aphrodite 0.24.1's scheduler is vLLM V1's under another package name, and kvsched found no "
-                 "defect in it (its lockstep classes are deviations, docs/CONFORMANCE.md); the vllm-v1 exporter would "
-                 "serve with Aphrodite's module names.",
+    "vllm-v1-async-0.29": "not yet: vLLM 0.29.0 is kept only to replay vllm-project/vllm#57562 on the release it was "
+                          "reported on, and kvsched found no defect of its own in it; the vllm-v1-async exporter is "
+                          "written against 0.33.0's Scheduler API. Replay with `kvsched replay TRACE --adapter "
+                          "vllm-v1-async-0.29`.",
 }

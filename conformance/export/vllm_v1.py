@@ -6,6 +6,8 @@ vllm_v1_host.py and vllm_v1_async_host.py: the same token scheme and the same do
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conformance.export.record import Exporter
 from spec.types import default_prompt_tokens
 
@@ -25,4 +27,12 @@ ASYNC = Exporter("vllm-v1-async", "vllm_v1", PROPERTIES, prompt_of,
                  IDIOM + "; AsyncScheduler with two batches in flight as EngineCore.step_with_batch_queue runs it",
                  extra="vllm_v1_async", needs="the installed vLLM, on CPU")
 
-EXPORTERS = (SYNC, ASYNC)
+# Aphrodite 0.24.1 (aphrodite-engine): vLLM's V1 scheduler under the package name ``aphrodite``, as
+# conformance/targets/hosts/aphrodite_host.py drives it: ``vllm.*`` imports answered by
+# ``aphrodite.*``, ``VllmConfig`` is ``AphroditeConfig``, the scheduler's keyword ``aphrodite_config``.
+APHRODITE = Exporter("aphrodite", "vllm_v1", PROPERTIES, prompt_of,
+                     IDIOM + "; Aphrodite's modules under vLLM's names (a vLLM fork with vLLM's module paths)",
+                     extra="aphrodite", preamble=(Path(__file__).parent / "templates" / "aphrodite_alias.py.in").read_text(),
+                     needs="the installed aphrodite-engine, on CPU")
+
+EXPORTERS = (SYNC, ASYNC, APHRODITE)

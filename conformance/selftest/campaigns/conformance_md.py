@@ -321,6 +321,12 @@ def _aphrodite_lockstep(path: Path) -> list[str]:
     for cls, c in data["classes"].items():
         links = ", ".join(f"[{p}]({_rel(v['trace'])})" for p, v in c.get("paths", {}).items())
         lines.append(f"| {cls} | {c['kind']} | {c['explanation']} | {links} |")
+    lines += ["", "Speculative decoding (which these paths and the 300-trace runs above do not draw): vLLM 0.33.0's three "
+              "draft defects are in Aphrodite 0.24.1's copy of the scheduler too, found by exporting their reproducers "
+              "for Aphrodite (`kvsched export TRACE --to pytest --target aphrodite`): the padded-admission assert "
+              "(aphrodite/v1/core/sched/scheduler.py:1102, replayed alike by the Aphrodite host), the over-budget stall "
+              "and the empty-output rollback; each has a report and a fix that passes, in "
+              "[reports/](reports/README.md)."]
     return lines
 
 
