@@ -15,8 +15,9 @@ here.
 
 Asserts LIV-001: Every step with unfinished requests makes progress: it schedules a token, ignores a
 request, ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth
-> 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight; or
-the engine is paused (a paused_all snapshot before schedule(), or paused_new with nothing running).
+> 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight, or
+a KV connector's transfer is in flight (or started) in it; or the engine is paused (a paused_all
+snapshot before schedule(), or paused_new with nothing running).
 """
 
 import os
@@ -212,7 +213,7 @@ DRAFTS = {}  # step -> request id -> the drafter's and rejection sampler's decis
 MAX_STEPS = 2
 PIPELINE_DEPTH = 0
 PROPERTY = 'LIV-001'
-STATEMENT = 'Every step with unfinished requests makes progress: it schedules a token, ignores a request, ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight; or the engine is paused (a paused_all snapshot before schedule(), or paused_new with nothing running).'
+STATEMENT = "Every step with unfinished requests makes progress: it schedules a token, ignores a request, ends one with an engine error (REQ-007), or preempts one to free blocks, or (pipeline_depth > 0) a step at most pipeline_depth steps earlier scheduled one, whose outcome is still in flight, or a KV connector's transfer is in flight (or started) in it; or the engine is paused (a paused_all snapshot before schedule(), or paused_new with nothing running)."
 
 
 # -- the property ---------------------------------------------------------------------------------
