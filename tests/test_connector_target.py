@@ -51,3 +51,38 @@ def test_retried_load_stalls_on_its_own_reservation(adapter) -> None:
     trace = Trace.load(Path(__file__).resolve().parent.parent / "docs/traces/connector/own-reservation-stall.json")
     result = run_checked(adapter, trace, get_profile("connector").invariants(), timeout=120)
     assert {"KVC-009", "LIV-003"} <= result.problem_ids, result.problem_ids
+
+
+def test_speculative_decoding_beside_the_connector_runs(adapter) -> None:
+    """With num_speculative_tokens > 0 and a connector, the host's drafter reads the step's batch,
+    not every request it reports on (it raised on every such trace before): a few hunt traces run
+    to their end with no fault."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.generation.v0 import sample_traces
+    from conformance.runner.driver import run_checked
+    from conformance.selftest.campaigns.connector_hunt import hunt_traces
+
+    drafted = 0
+    for trace in sample_traces(hunt_traces(2), 4, 11):
+        result = run_checked(adapter, trace, invariants_of(["safety", "liveness", "connector"]), timeout=120)
+        assert result.fault is None, result.fault
+        drafted += sum(s.num_drafts for r in result.records for s in r.output.scheduled)
+    assert drafted, "no step scheduled a draft"
+
+
+def test_async_load_stalls_on_its_own_speculative_step(adapter) -> None:
+    """The candidate finding of the spec-decode hunt (docs/CONNECTORS.md, section 7): one request
+    of 3 tokens loading 2 asynchronously, a pool of 2 blocks, k = 2: vLLM reserves the load's own
+    speculative step beside it and never admits it; the spec's reference serves it."""
+    from pathlib import Path
+
+    from conformance.flows.profiles import invariants_of
+    from conformance.runner.driver import run_checked
+    from reference_impl.engine import run_trace
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+    from spec.trace import Trace
+
+    trace = Trace.load(Path(__file__).resolve().parent.parent / "docs/traces/connector/spec-step-reservation-stall.json")
+    result = run_checked(adapter, trace, invariants_of(["safety", "liveness", "connector"]), timeout=120)
+    assert {"LIV-001", "LIV-003"} <= result.problem_ids, result.problem_ids
+    assert run_trace(trace, ConnectorScheduler).drained

@@ -27,6 +27,7 @@ from spec.proofs.bound import DEFAULT, PRESETS, Bound
 from spec.proofs.chunked import V1_ACTIONS, V1_BOUND, V1_MUTANTS
 from spec.proofs.encoding import ACTIONS, MUTANTS
 from spec.proofs.encoding_async import ASYNC_ACTIONS, ASYNC_BOUND, ASYNC_MUTANTS
+from spec.proofs.encoding_connector import CONNECTOR_ACTIONS, CONNECTOR_MUTANTS
 from spec.proofs.encoding_specdec import SPECDEC_ACTIONS, SPECDEC_BOUND, SPECDEC_MUTANTS
 from spec.proofs.groups import GROUP_ACTION_OPS, GROUP_MUTANTS, GROUP_ROW_FACTS
 from spec.proofs.matrix import FLOW_NAMES, HYBRID_FLOW, PROVED, flow, merge, prove, prove_hybrid
@@ -40,14 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flow", choices=[*FLOW_NAMES, HYBRID_FLOW, "all"], default="all",
                    help=f"which scheduler flow: v0 (vLLM V0), v1 (vLLM V1, chunked prefill; bound {V1_BOUND}), "
                         f"async (pipelined V1; bound {ASYNC_BOUND}), specdec (V1 with speculative decoding; "
-                        f"bound {SPECDEC_BOUND}), hybrid (KV cache groups; every size) or all (default)")
+                        f"bound {SPECDEC_BOUND}), hybrid (KV cache groups; every size), connector (V1 with a KV "
+                        f"connector's loads and sends; bounded only) or all (default)")
     p.add_argument("--json", action="store_true", help="print the matrix as JSON (version 1)")
     p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS, *SPECDEC_ACTIONS,
-                                                             *GROUP_ACTION_OPS])),
+                                                             *GROUP_ACTION_OPS, *CONNECTOR_ACTIONS])),
                    help="only these actions (repeatable)")
     p.add_argument("--invariant", action="append", help="only these invariants (repeatable)")
     p.add_argument("--alone", action="store_true", help="assume each invariant alone (shows which are inductive alone)")
-    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS, *SPECDEC_MUTANTS, *GROUP_MUTANTS}),
+    p.add_argument("--mutant", choices=sorted({*MUTANTS, *V1_MUTANTS, *ASYNC_MUTANTS, *SPECDEC_MUTANTS, *GROUP_MUTANTS,
+                                               *CONNECTOR_MUTANTS}),
                    help="prove against a deliberately broken transition (selects its flow)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per cell before it is 'unknown' (default 60)")
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     names = [*FLOW_NAMES, HYBRID_FLOW] if args.flow == "all" else [args.flow]
     if args.mutant:
         by_flow = {**{m: "v1" for m in V1_MUTANTS}, **{m: "async" for m in ASYNC_MUTANTS},
-                   **{m: "specdec" for m in SPECDEC_MUTANTS}, **{m: HYBRID_FLOW for m in GROUP_MUTANTS}}
+                   **{m: "specdec" for m in SPECDEC_MUTANTS}, **{m: HYBRID_FLOW for m in GROUP_MUTANTS},
+                   **{m: "connector" for m in CONNECTOR_MUTANTS}}
         names = [by_flow.get(args.mutant, "v0")]
         if args.flow not in ("all", names[0]):
             raise InputError("--mutant", f"{args.mutant!r} is a mutant of the {names[0]} flow, not of {args.flow}")
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         actions = [a for a in args.action or () if a in fl.actions]
         if (args.invariant and not invariants) or (args.action and not actions):
             continue  # the filters name nothing of this flow
-        if name in ("v1", "async", "specdec"):
+        if name in ("v1", "async", "specdec", "connector"):
             flow_bound = bound if explicit_bound and len(names) == 1 else fl.default_bound
             if flow_bound.groups != flow_bound.seqs:
                 raise InputError("--bound", f"the {name} flow needs groups == seqs (one sequence per request), got {flow_bound}")
@@ -127,8 +131,8 @@ def _write_traces(matrix, directory: Path, mutant: str | None) -> list[str]:
     written = []
     for cell in matrix.failing():
         iid = cell.invariant.split("/")[0]  # a partial row (ID/part) replays as its catalogue invariant
-        if cell.counterexample is None or iid not in ids or cell.action == "init" or cell.flow == "async":
-            continue  # an async counterexample has no trace bridge yet (docs/PROOFS.md)
+        if cell.counterexample is None or iid not in ids or cell.action == "init" or cell.flow in ("async", "connector"):
+            continue  # an async or connector counterexample has no trace bridge yet (docs/PROOFS.md)
         if cell.flow == "v1":
             found = v1_counterexample_trace(cell.counterexample, iid, V1Scheduler, tries=500)
         elif cell.flow == "specdec":
@@ -181,6 +185,7 @@ def _table(cells, flow_name: str, bound, mutant: str | None):
     what = {"v0": "vLLM V0 flow", "v1": "vLLM V1 flow, chunked prefill",
             "async": "pipelined V1 flow (outcomes pipeline_depth steps late)",
             "specdec": "V1 flow with speculative decoding (drafts verified, rolled back)",
+            "connector": "V1 flow with a KV connector's loads and sends",
             HYBRID_FLOW: "V1 flow over KV cache groups in one pool"}.get(flow_name, flow_name)
     size = "every size (no bounded encoding)" if flow_name == HYBRID_FLOW else f"bound {bound}"
     table = Table(title=f"kvsched prove: {what}, {size}" + (f", mutant {mutant}" if mutant else ""))

@@ -23,6 +23,8 @@ FLOW = Flow(
     targets=("vllm-v1",),
     lockstep="conformance.selftest.campaigns.lockstep_connector:main",
     deviations="conformance.selftest.campaigns.lockstep_connector:CLASSES",
-    tests=("tests/test_connector_reference.py", "tests/test_connector_mutants.py", "tests/test_connector_target.py"),
+    tests=("tests/test_connector_reference.py", "tests/test_connector_mutants.py", "tests/test_connector_target.py",
+           "tests/test_connector_proofs.py"),
     extra={"hunt": "conformance.selftest.campaigns.connector_hunt:main"},
+    proof_flow="connector",
 )

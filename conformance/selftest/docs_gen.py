@@ -575,7 +575,8 @@ def render_conformance(results: Path, conformance: dict[str, dict[str, Any]]) ->
         lines.append(_v1_lockstep(json.loads(v1.read_text())))
     kv = results / "lockstep-connector.json"
     if kv.exists():
-        lines.append(_connector_lockstep(json.loads(kv.read_text())))
+        hunts = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("connector-hunt*.json"))}
+        lines.append(_connector_lockstep({**json.loads(kv.read_text()), "_hunts": hunts}))
     lines += ["\n\n## Built-in adapters\n\n",
              "The references and their torch twins, each against its own profile. Regenerate a row with\n"
              "`kvsched conform --adapter NAME --json docs/results/conformance-NAME.json`, then `kvsched docs`.\n\n"]
@@ -704,6 +705,29 @@ def _connector_lockstep(data: dict[str, Any]) -> str:
                 "at :1871 and :3038), so with fewer than twice its blocks free it waits for ever (KVC-009, LIV-003, "
                 "LIV-001); smallest case [connector/own-reservation-stall.json](traces/connector/own-reservation-stall.json). "
                 "The spec's reference leaves a request out of its own reservation.\n")
+    rows.append(_connector_hunts(data.get("_hunts", {})))
+    return "".join(rows)
+
+
+def _connector_hunts(hunts: dict[str, Any]) -> str:
+    """The connector hunts (`conformance.selftest.campaigns.connector_hunt`), speculative decoding off and on."""
+    if not hunts:
+        return ""
+    rows = ["\nHunt under `safety`, `liveness` and the KVC family on the same engine, KV-pressure traces "
+            "(`python -m conformance.selftest.campaigns.connector_hunt --traces 300`, and with drafts "
+            "`python -m conformance.selftest.campaigns.connector_hunt --traces 300 --spec-tokens 2 --out "
+            "docs/results/connector-hunt-specdec.json`; what each problem is: docs/CONNECTORS.md, section 7):\n\n"
+            "| speculative tokens | traces | steps | problems (traces) |\n| --- | --- | --- | --- |\n"]
+    for _name, h in sorted(hunts.items()):
+        found = "; ".join(f"{k} x{v}" for k, v in h.get("problems", {}).items()) or "-"
+        rows.append(f"| {h.get('spec_tokens', 0)} | {h['traces']} | {h['steps']} | {found} |\n")
+    rows.append("\nWith drafts (k = 2) a second stall: an asynchronous load whose blocks fit the pool but not beside its "
+                "own speculative step's reservation (`reserved_blocks = _inflight_prefill_reserved_blocks() + "
+                "_spec_decode_step_blocks`, vllm/v1/core/sched/scheduler.py:1421-1431, 372-380) is never admitted "
+                "(LIV-001, LIV-003); one request, a pool of 2 blocks: "
+                "[connector/spec-step-reservation-stall.json](traces/connector/spec-step-reservation-stall.json). "
+                "SPD-004 and SPD-008 there are the speculative lockstep's drafts-past-max-tokens and "
+                "pads-new-decode-drafts.\n")
     return "".join(rows)
 
 

@@ -271,11 +271,18 @@ def reported_transfer_freed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     """A request waiting for its KV load takes no seat and blocks nobody: in a step that admits
     nothing while a load is in flight, fewer than ``max_num_seqs`` requests run and budget is left,
     the first waiting request without a load in flight does not fit (its whole sequence needs more
-    free blocks than those the loads in flight and the running prefills do not still need).""",
+    free blocks than those the loads in flight and the running prefills do not still need, with
+    speculative decoding each of them and the request one speculative step more).""",
     """A load can take long; a scheduler that counts loading requests against ``max_num_seqs``
     (vllm-project/vllm#53130: admission stops for good once running plus deferred requests reach
     it, with the KV cache mostly free) or stops its scan at them starves requests that fit. The
-    bound counts the request's whole sequence beyond its table (a prefix hit can only lower it).""",
+    bound counts the request's whole sequence beyond its table (a prefix hit can only lower it).
+    What a design may hold back for the prefills in flight (vLLM's reservation against load
+    deadlocks) is theirs to finish, and with speculative decoding one speculative step (1 + k
+    tokens) each and one for the head: vLLM 0.33.0 counts 1 + num_spec_tokens + lookahead tokens
+    in every in-flight prefill's remaining blocks and adds its own step's to an async load's
+    reservation (``_request_remaining_blocks``, scheduler.py:3404-3421; ``_spec_decode_step_blocks``,
+    :372-380, 1421-1431).""",
     (C.KV_TRANSFERS, C.QUEUES, C.BLOCK_TABLES, C.SEQ_LENGTHS, C.FREE_COUNTS),
     about=SCHEDULE, when=loads_beside_waiting,
 )
@@ -304,9 +311,13 @@ def loading_blocks_nobody(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     need = _remaining_blocks(ctx, v)
     # What the loads in flight and the running prefills still need may be held back for them (vLLM
     # reserves it so that loads cannot deadlock, scheduler.py:1420-1430): a design may keep it.
-    reserved = sum(_remaining_blocks(ctx, w) for w in (before.seqs or {}).values()
-                   if not w.status.is_finished and (w.request_id in loads or (
-                       w.status is Status.RUNNING and (w.num_computed or 0) < (w.num_tokens or 0))))
+    prefills = [w for w in (before.seqs or {}).values()
+                if not w.status.is_finished and (w.request_id in loads or (
+                    w.status is Status.RUNNING and (w.num_computed or 0) < (w.num_tokens or 0)))]
+    reserved = sum(_remaining_blocks(ctx, w) for w in prefills)
+    k = ctx.config.num_speculative_tokens
+    if k:  # and, with drafts, each one's next speculative step and the head's own (vLLM does too)
+        reserved += ctx.config.blocks_for(1 + k) * (len(prefills) + 1)
     watermark = ctx.config.watermark_blocks  # a design may keep it for every admission (the spec's rule)
     if need + reserved + watermark <= before.gpu_free:
         yield (f"{head} needs {need} of {before.gpu_free} free blocks ({reserved} reserved for prefills in flight) "

@@ -33,7 +33,10 @@ from spec.proofs.properties import (
     grp_ok,
 )
 
-FLOW_NAMES = ("v0", "v1", "async", "specdec")
+FLOW_NAMES = ("v0", "v1", "async", "specdec", "connector")
+# The flows the arguments for every size cover (spec/proofs/parametric.py, per_sequence.py, counting.py,
+# unbounded.py, writes.py); the connector flow's cells are bounded only.
+UNBOUNDED_FLOWS = ("v0", "v1", "async", "specdec")
 # KV cache groups over one pool (spec/proofs/groups.py): no bounded encoding, every cell by the
 # parametric group-layer argument; proved by `prove_hybrid`, not by `prove`
 HYBRID_FLOW = "hybrid"
@@ -60,7 +63,9 @@ def flow(name: str) -> Flow:
     """``v0``: vLLM V0's flow (reference_impl/scheduler.py); ``v1``: vLLM V1's flow with chunked
     prefill (reference_impl/v1_scheduler.py, prefix caching off; spec/proofs/chunked.py);
     ``async``: pipelined V1 (spec/proofs/encoding_async.py); ``specdec``: V1 with speculative
-    decoding (reference_impl/specdec_scheduler.py; spec/proofs/encoding_specdec.py)."""
+    decoding (reference_impl/specdec_scheduler.py; spec/proofs/encoding_specdec.py); ``connector``:
+    V1 with a KV connector's loads, failures and sends (reference_impl/kv_connector.py;
+    spec/proofs/encoding_connector.py; bounded only)."""
     if name == "v0":
         return Flow("v0", Encoder, ACTIONS, STATE_INVARIANTS, TRANSITION_PROPERTIES, {}, grp_ok, DEFAULT, MUTANTS, SCOPE)
     if name == "v1":
@@ -80,6 +85,13 @@ def flow(name: str) -> Flow:
         return Flow("specdec", D.SpecDecEncoder, D.SPECDEC_ACTIONS, D.SPECDEC_STATE_INVARIANTS,
                     D.SPECDEC_TRANSITION_PROPERTIES, D.SPECDEC_STEP_PARTS, D.grp_ok_specdec, D.SPECDEC_BOUND,
                     D.SPECDEC_MUTANTS, {**SCOPE, **C.V1_SCOPE, **D.SPECDEC_SCOPE})
+    if name == "connector":
+        from spec.proofs import chunked as C
+        from spec.proofs import encoding_connector as K
+
+        return Flow("connector", K.ConnectorEncoder, K.CONNECTOR_ACTIONS, K.CONNECTOR_STATE_INVARIANTS,
+                    K.CONNECTOR_TRANSITION_PROPERTIES, K.CONNECTOR_STEP_PARTS, K.grp_ok_connector, K.CONNECTOR_BOUND,
+                    K.CONNECTOR_MUTANTS, {**SCOPE, **C.V1_SCOPE, **K.CONNECTOR_SCOPE})
     raise ValueError(f"unknown flow {name!r} (known: {', '.join(FLOW_NAMES)})")
 
 MATRIX_VERSION = 1
@@ -198,6 +210,13 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
             else:
                 found[iid] = speculative.scope.get(iid, UNCLASSIFIED)
             continue
+        if family == "KVC" and flow_name != "connector":
+            connector = flow("connector")
+            if iid in connector.state_invariants or iid in connector.transition_properties:
+                found[iid] = "KV connectors: proved in the connector flow, bounded (kvsched prove --flow connector)"
+            else:
+                found[iid] = connector.scope.get(iid, UNCLASSIFIED)
+            continue
         if family == "CHK" and flow_name == "v0":
             found[iid] = "chunked prefill: proved in the v1 flow (kvsched prove --flow v1)"
             continue
@@ -244,6 +263,7 @@ def prove(
     the bounded encoding."""
     started = time.perf_counter()
     fl = flow(flow_name)
+    unbounded = unbounded and flow_name in UNBOUNDED_FLOWS
     bound = bound if bound is not None else fl.default_bound
     states, transitions = fl.state_invariants, fl.transition_properties
     wanted = list(invariants) if invariants is not None else list(states) + list(transitions)

@@ -281,6 +281,7 @@ class V1Engine:
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
         grown = {rid: self.reqs[rid].num_tokens for rid in req_ids}
+        ran = req_ids  # the requests of this step's batch, in the order of `sampled`
         if self.kv is not None:  # the workers' transfer reports for this step (vllm_kv_connector.py)
             self.kv.ran.update(req_ids)
             mro.kv_connector_output = self.kv.report(self.step_no - 1)
@@ -290,7 +291,7 @@ class V1Engine:
             self.decoding -= {rid for rid in req_ids if self.reqs[rid].num_tokens == grown[rid]}
             req_ids = list(dict.fromkeys([*req_ids, *self.reqs]))  # FINISHED_ERROR reaches unscheduled ones too
         if self.k:  # the drafter proposes for every request that sampled (EngineCore.post_step)
-            proposing = [(rid, toks) for rid, toks in zip(req_ids, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
+            proposing = [(rid, toks) for rid, toks in zip(ran, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
             proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
             self.sched.update_draft_token_ids(DraftTokenIds([rid for rid, _ in proposing], proposals))
         for rid in req_ids:
