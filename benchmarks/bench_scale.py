@@ -24,8 +24,13 @@ size, and at the smallest size the checked reference costs at most 2.0x vLLM V1'
 (DESIGN.md, 2026-12-02); on the V1 reference (default) and on the V0 one (``--flow v0``: the
 workload of issue 28, whose snapshots scanned whole queues and pools).
 
+With ``--shares N`` it also runs `benchmarks/_conform_shares.py` (N traces of ``kvsched conform``'s
+default strategy on the reference, safety profile) in a fresh process, once per round between the
+sizes, and prints where a conformance worker's CPU time goes on small traces: imports, Hypothesis
+generation, running and checking.
+
     python benchmarks/bench_scale.py [--sizes 256,4096] [--rounds 2] [--seed 0] [--scale-batch] [--no-vllm] [--floors]
-                                     [--flow v1|v0]
+                                     [--flow v1|v0] [--shares N]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -129,6 +135,14 @@ def vllm(trace: Trace) -> tuple[float, int]:
     return out["vllm_seconds"], out["request_steps"]
 
 
+def shares(examples: int) -> dict[str, float]:
+    """CPU seconds per part of a fresh `kvsched conform` worker on ``examples`` small traces
+    (benchmarks/_conform_shares.py)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/_conform_shares.py"), str(examples)],
+                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="256,4096", help="comma-separated request counts (smallest first)")
@@ -142,6 +156,8 @@ def main() -> None:
                     help="scale max_num_seqs and max_num_batched_tokens with the requests (default: V1's 256 / 8192)")
     ap.add_argument("--flow", choices=sorted(FLOWS), default="v1",
                     help="the reference checked and timed unchecked: V1 (default) or V0 (the issue 28 workload)")
+    ap.add_argument("--shares", type=int, default=0, metavar="N",
+                    help="also measure a fresh conform worker's imports, generation and checking on N small traces")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     have_vllm = not args.no_vllm and (TARGET / "venv" / "bin" / "python").exists()
@@ -154,7 +170,10 @@ def main() -> None:
     checked(warm, adapter, safety)
     costs: dict[tuple[str, int], list[float]] = {}
     work: dict[tuple[str, int], int] = {}
+    parts: list[dict[str, float]] = []
     for _ in range(args.rounds):
+        if args.shares:
+            parts.append(shares(args.shares))
         for n in sizes:
             runs = [("unchecked", lambda t=traces[n]: unchecked(t, args.flow)),
                     ("checked", lambda t=traces[n]: checked(t, adapter, safety))]
@@ -177,6 +196,13 @@ def main() -> None:
             if (name, n) in med:
                 print(f"{name:12s} {n:8d} {work[(name, n)]:13d} {med[(name, n)] * 1e6:16.3f} "
                       f"{med[(name, n)] / med[(name, sizes[0])]:11.2f}x")
+    if parts:
+        print(f"a fresh conform worker, {parts[0]['examples']} traces ({parts[0]['steps']} steps), CPU seconds "
+              f"(median of {len(parts)}):")
+        whole = statistics.median(sum(p[k] for k in ("imports", "generation", "run_and_check")) for p in parts)
+        for key in ("imports", "generation", "run_and_check"):
+            value = statistics.median(p[key] for p in parts)
+            print(f"  {key:14s} {value:7.3f} s  {value / whole * 100:5.1f} %")
     growth = med[("checked", sizes[-1])] / med[("checked", sizes[0])]
     print(f"checked growth {sizes[0]} -> {sizes[-1]} requests: {growth:.2f}x (target <= 1.25x): "
           f"{'met' if growth <= 1.25 else 'not met'}")

@@ -153,10 +153,10 @@ class ConnectorFlow:
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
         self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
 
-    def _to_visit(self, base):  # type: ignore[no-untyped-def]
+    def _to_visit(self, base, waiting_ids=None):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
         load left nothing valid gave its blocks back without leaving the queue."""
-        visit = super()._to_visit(base)  # type: ignore[misc]
+        visit = super()._to_visit(base, waiting_ids)  # type: ignore[misc]
         if visit is None or self.connector is None or not self._kv_queue:
             return visit
         return list({r.request_id: r for r in (*visit, *(self.requests[rid] for rid in sorted(self._kv_queue)))}.values())  # type: ignore[attr-defined]

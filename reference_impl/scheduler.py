@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from operator import attrgetter, is_
 
 from reference_impl.block_manager import AllocStatus, BlockManager
@@ -105,6 +106,7 @@ class Scheduler:
         # Observation only: the waiting queue's groups and ids as the last snapshot saw them, so
         # that a snapshot of an unchanged backlog reuses its tuple and visits none of it.
         self._observed_waiting: tuple[list[SequenceGroup], tuple[str, ...]] = ([], ())
+        self._waiting_sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}  # `_waiting_set`
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -504,6 +506,16 @@ class Scheduler:
         self._observed_waiting = (list(waiting), ids)
         return ids
 
+    def _waiting_set(self, ids: tuple[str, ...]) -> frozenset[str]:
+        """The ids of ``ids`` (a snapshot's waiting tuple) as a set: built once per tuple and kept
+        for the last two (a snapshot's and its base's). Observation only."""
+        kept = self._waiting_sets.get(id(ids))
+        if kept is not None and kept[0] is ids:
+            return kept[1]
+        members = frozenset(ids)
+        self._waiting_sets = {**dict(list(self._waiting_sets.items())[-1:]), id(ids): (ids, members)}
+        return members
+
     def _groups_to_visit(self, base: Snapshot | None, waiting_ids: tuple[str, ...]) -> list[SequenceGroup]:
         """The groups whose views may have changed since ``base``: every running or swapped
         group, every group that entered or left a queue, and every group whose status is not
@@ -527,12 +539,18 @@ class Scheduler:
             visit += [self.groups[rid] for rid in (*self._unsettled_finished, *self._added_since_snapshot)
                       if rid not in self._settled]
             return visit
-        was_waiting = set(base.waiting)
-        visit += [g for g in self.waiting
-                  if g.request_id not in was_waiting or g.status is not Status.WAITING or g.request_id in holders]
-        queued = {g.request_id for g in visit} | was_waiting.intersection(g.request_id for g in self.waiting)
-        left = [rid for rid in (*base.waiting, *(base.running or ()), *(base.swapped or ())) if rid not in queued]
-        visit += [self.groups[rid] for rid in left if rid in self.groups and rid not in self._settled]
+        # The queue changed: who entered and who left it is read at C speed on the ids (a set per
+        # queue tuple, kept for the next snapshot), not by a walk of the backlog in Python.
+        was_waiting, now_waiting = self._waiting_set(base.waiting), self._waiting_set(waiting_ids)
+        groups = self.groups
+        if list(map(_STATUS, self.waiting)).count(Status.WAITING) != len(self.waiting):
+            visit += [g for g in self.waiting if g.status is not Status.WAITING]  # a mutant's misplaced status
+        visit += [groups[rid] for rid in filterfalse(was_waiting.__contains__, waiting_ids)]  # entered
+        visit += [groups[rid] for rid in sorted(holders.intersection(now_waiting))]  # waiting holders
+        seen = {g.request_id for g in visit}
+        left = [rid for rid in (*filterfalse(now_waiting.__contains__, base.waiting), *(base.running or ()),
+                                *(base.swapped or ())) if rid not in seen]
+        visit += [groups[rid] for rid in left if rid in groups and rid not in self._settled]
         visit += [self.groups[rid] for rid in (*self._unsettled_finished, *self._added_since_snapshot)
                   if rid not in self._settled]
         return visit

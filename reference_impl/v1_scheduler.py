@@ -61,7 +61,7 @@ import bisect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse, islice, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_, is_not
 
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.kv_connector import ConnectorFlow
@@ -159,6 +159,10 @@ class TrackedScheduler:
         self._ignored: list[Finished] = []
         self._last_snapshot: Snapshot | None = None  # the base of the next snapshot's delta
         self._finished_holding: set[str] = set()  # finished requests seen holding blocks
+        # Observation only: the waiting queue as last observed and its ids (`_waiting_ids`); the
+        # sets of the last two snapshots' waiting ids (`_waiting_set`).
+        self._observed_waiting: tuple[list[TrackedRequest], tuple[str, ...]] = ([], ())
+        self._waiting_sets: dict[int, tuple[tuple[str, ...], frozenset[str]]] = {}
 
     # ---------------------------------------------------------------- client side
     def _track(self, request: Request) -> TrackedRequest:
@@ -237,8 +241,9 @@ class TrackedScheduler:
     # ---------------------------------------------------------------- observation
     def snapshot(self) -> Snapshot:
         base = self._last_snapshot
+        waiting_ids = self._waiting_ids()
         snap = snapshot_of(self.config, self.requests, self.waiting, self.running, self.pool, base,
-                           self._to_visit(base), self._extra_parts())
+                           self._to_visit(base, waiting_ids), self._extra_parts(), waiting_ids)
         if snap.changed_seqs is None:
             self._finished_holding = set()
         seqs = snap.seqs
@@ -249,13 +254,38 @@ class TrackedScheduler:
             else:
                 self._finished_holding.discard(view.request_id)
         self._last_snapshot = snap
+        self._observed_waiting = (self._observed_waiting[0], snap.waiting)  # the tuple base.waiting will be
         return snap
 
     def _extra_parts(self) -> dict[str, object]:
         """Snapshot parts of a flow's own features (a `Snapshot` field name -> its value); none here."""
         return {}
 
-    def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
+    def _waiting_ids(self) -> tuple[str, ...]:
+        """The waiting queue's request ids: the last snapshot's very tuple while the queue holds
+        the same requests in the same order (compared by identity at C speed; between the
+        snapshots after schedule() and after the step it always does), so that neither the
+        snapshot nor `_to_visit` reads the backlog's ids again, and `_to_visit` knows at once
+        that nothing entered or left it. Observation only."""
+        seen, ids = self._observed_waiting
+        waiting = self.waiting
+        if len(seen) == len(waiting) and all(map(is_, seen, waiting)):
+            return ids
+        ids = tuple(map(_REQUEST_ID, waiting))
+        self._observed_waiting = (list(waiting), ids)
+        return ids
+
+    def _waiting_set(self, ids: tuple[str, ...]) -> frozenset[str]:
+        """The ids of ``ids`` (a snapshot's waiting tuple) as a set: built once per tuple and kept
+        for the last two (a snapshot's and its base's). Observation only."""
+        kept = self._waiting_sets.get(id(ids))
+        if kept is not None and kept[0] is ids:
+            return kept[1]
+        members = frozenset(ids)
+        self._waiting_sets = {**dict(list(self._waiting_sets.items())[-1:]), id(ids): (ids, members)}
+        return members
+
+    def _to_visit(self, base: Snapshot | None, waiting_ids: tuple[str, ...] | None = None) -> list[TrackedRequest] | None:
         """The requests whose views may differ from ``base``'s (None: every request): the running
         ones, the ones that were running, entered or left the waiting queue, or were added since,
         and a waiting one that holds blocks or computed tokens or is not WAITING. A request that
@@ -265,17 +295,20 @@ class TrackedScheduler:
         if base is None or base.waiting is None or base.running is None or base.statuses is None:
             return None
         requests, waiting = self.requests, self.waiting
-        waiting_ids = tuple(map(_REQUEST_ID, waiting))
-        now_waiting, was_waiting = set(waiting_ids), set(base.waiting)
+        if waiting_ids is None:
+            waiting_ids = tuple(map(_REQUEST_ID, waiting))
+        same_queue = waiting_ids is base.waiting  # the same requests in the same order (`_waiting_ids`)
         visit = {r.request_id: r for r in self.running}
         # The waiting queue is the backlog: each condition is read at C speed over it, in queue
         # order (the snapshot's view order follows, so reports do not depend on hash seeds).
-        for rid in filterfalse(was_waiting.__contains__, waiting_ids):
-            visit[rid] = requests[rid]
+        if not same_queue:
+            for rid in filterfalse(self._waiting_set(base.waiting).__contains__, waiting_ids):
+                visit[rid] = requests[rid]
         for r in (*compress(waiting, map(_BLOCKS, waiting)), *compress(waiting, map(_COMPUTED, waiting)),
                   *compress(waiting, map(is_not, map(_STATUS, waiting), repeat(Status.WAITING)))):
             visit[r.request_id] = r
-        for rid in (*base.running, *filterfalse(now_waiting.__contains__, base.waiting), *sorted(self._finished_holding)):
+        left = () if same_queue else filterfalse(self._waiting_set(waiting_ids).__contains__, base.waiting)
+        for rid in (*base.running, *left, *sorted(self._finished_holding)):
             visit[rid] = requests[rid]  # left a queue since base, or finished holding blocks (a subclass may free late)
         for r in islice(requests.values(), len(base.statuses), None):  # added since (never removed)
             visit[r.request_id] = r
@@ -642,10 +675,10 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._grammar_readied.add(tracked.request_id)
         return True
 
-    def _to_visit(self, base: Snapshot | None) -> list[TrackedRequest] | None:
+    def _to_visit(self, base: Snapshot | None, waiting_ids: tuple[str, ...] | None = None) -> list[TrackedRequest] | None:
         """As the base class's, and the waiting requests whose grammar wait ended since (their status
         changed, WAITING_FOR_GRAMMAR -> WAITING, while they stayed in the waiting queue)."""
-        visit = super()._to_visit(base)
+        visit = super()._to_visit(base, waiting_ids)
         readied, self._grammar_readied = self._grammar_readied, set()
         if visit is None or not readied:
             return visit
@@ -814,6 +847,7 @@ def snapshot_of(
     base: Snapshot | None = None,
     visit: Iterable[TrackedRequest] | None = None,
     extra: Mapping[str, object] | None = None,
+    waiting_ids: tuple[str, ...] | None = None,
 ) -> Snapshot:
     """The snapshot of a token-budget scheduler (no swap space: the CPU pool stays empty), built
     as a delta on ``base`` (the scheduler's previous snapshot) when given: a request's view is
@@ -821,7 +855,7 @@ def snapshot_of(
     base's own object, and `Snapshot.changed_seqs` / `changed_requests` name what was rebuilt.
     ``visit``: the requests that may have changed since ``base`` (default: every request); ``extra``:
     further Snapshot parts by field name (the encoder cache, the pause state), each base's own object
-    when equal."""
+    when equal; ``waiting_ids``: the waiting queue's ids when the caller has them."""
     if not observation.INCREMENTAL:
         base = None
     old_seqs = base.seqs if base is not None and base.seqs is not None else {}
@@ -874,13 +908,20 @@ def snapshot_of(
     def same(new: object, old: object) -> object:
         return old if new is old or (old is not None and old == new) else new
 
+    def same_counts(new: tuple[int, ...], old: tuple[int, ...] | None) -> tuple[int, ...]:
+        """Reference counts: old's tuple when they agree at every block the pool's log names (it
+        names every write, reference_impl/pool_log.py), read there only, not along the pool."""
+        if changes is None or old is None or new is old or len(new) != len(old):
+            return same(new, old)  # type: ignore[return-value]
+        return old if all(new[b] == old[b] for b in changes) else new
+
     return Snapshot(
         statuses=statuses,
         seqs=seqs,
-        waiting=same(tuple(map(_REQUEST_ID, waiting)), prior.waiting),
+        waiting=same(tuple(map(_REQUEST_ID, waiting)) if waiting_ids is None else waiting_ids, prior.waiting),
         running=same(tuple(map(_REQUEST_ID, running)), prior.running),
         swapped=(),
-        gpu_ref_counts=same(pool.observed("ref_counts"), prior.gpu_ref_counts),
+        gpu_ref_counts=same_counts(pool.observed("ref_counts"), prior.gpu_ref_counts),  # type: ignore[arg-type]
         cpu_ref_counts=same((0,) * config.num_cpu_blocks, prior.cpu_ref_counts),
         gpu_free=pool.num_free,
         cpu_free=config.num_cpu_blocks,

@@ -120,7 +120,7 @@ def test_each_async_strengthening_fact_is_needed():
     for every size (without it, the generic request fails the cell it names, a cell other than
     WF), and the others (CAP-001's and CAP-003's readings) are proved without being needed."""
     from spec.proofs.encoding_async import STRENGTHENING_FACTS
-    from spec.proofs.per_sequence import prove_sequences
+    from spec.proofs.sequence_cells import prove_sequences
 
     names = list(GenericAsync().async_facts(GenericAsync().seq("x")))
     assert set(STRENGTHENING_FACTS) < set(names)

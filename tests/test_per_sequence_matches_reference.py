@@ -39,9 +39,8 @@ from spec.proofs.per_sequence import (
     Generic,
     GenericV1,
     Seq,
-    hypotheses_satisfiable,
-    prove_sequences,
 )
+from spec.proofs.sequence_cells import hypotheses_satisfiable, prove_sequences
 from spec.status import Status
 from spec.types import Request, StepOutcome
 from tests.conftest import examples

@@ -116,3 +116,24 @@ def test_an_undeclared_field_change_is_not_handed_on() -> None:
     assert [sid for sid, _ in fresh_views(new, old, frozenset({"blocks", "status"}))] == ["s#0", "t#0"]
     # Reads beyond the placement fields (counts a decode changes every step) are not filtered.
     assert [sid for sid, _ in fresh_views(new, old, frozenset({"blocks", "num_tokens"}))] == ["r#0", "s#0", "t#0"]
+
+
+def test_the_evaluation_layer_hands_on_only_views_whose_declared_reads_changed() -> None:
+    """Reads beyond placement are filtered by the evaluation layer against the snapshot before:
+    a view whose declared fields are the ones it had there is not handed on; a view with one of
+    them changed is, and so is a view that snapshot lacks (and every view without a snapshot)."""
+    from spec.invariants._evaluation import SeqAt, _read_fields_changed
+    from spec.observation import Snapshot
+    from spec.status import Status
+
+    tokens = (1, 2, 3)
+    a = SeqView("r#0", "r", Status.RUNNING, 3, 2, (1,), "gpu", tokens)
+    old = Snapshot(statuses={"r": Status.RUNNING}, seqs={"r#0": a})
+    same_tokens = a._replace(num_computed=3)  # what schedule() changes in a decode: not its tokens
+    grown = a._replace(num_tokens=4, token_ids=(*tokens, 4))
+    new = SeqView("s#0", "s", Status.RUNNING, 2, 0, (), None, (5, 6))
+    subjects = [SeqAt("after the step", v.seq_id, v, old) for v in (same_tokens, new)]
+    reads = frozenset({"request_id", "token_ids"})
+    assert [s.id for s in _read_fields_changed(subjects, old, reads)] == ["s#0"]
+    assert [s.view for s in _read_fields_changed([SeqAt("after the step", "r#0", grown, old)], old, reads)] == [grown]
+    assert _read_fields_changed(subjects, None, reads) == subjects

@@ -67,8 +67,25 @@ def output_lengths(max_output: int = 12) -> st.SearchStrategy[int]:
     return st.integers(1, 12) | st.integers(13, max_output)
 
 
-# Drawn once per request: built once (the same draws as building them per request).
+# Drawn once per request: built once (the same draws as building them per request). A strategy
+# built per draw is also validated per draw, which cost about a third of generating a small trace.
 _GAPS, _PRIORITIES = st.integers(0, 3), st.integers(0, 2)
+_ABORT_AFTER, _STOP_ODDS, _STOP_AFTER = st.integers(0, 12), st.integers(0, 3), st.integers(1, 14)
+
+
+@functools.lru_cache(maxsize=16)
+def _default_configs() -> st.SearchStrategy[SchedulerConfig]:
+    return configs()
+
+
+@functools.lru_cache(maxsize=64)
+def _prompt_length_draws(config: SchedulerConfig, scale: int | None) -> st.SearchStrategy[int]:
+    return prompt_lengths(config, scale)
+
+
+@functools.lru_cache(maxsize=64)
+def _integers(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
 
 
 @st.composite
@@ -102,14 +119,14 @@ def traces(
     block multiple puts the first generated token in a fresh block, and nothing is copied; with
     blocks of one slot every block is full, and nothing changes)."""
     if config is None:
-        config = draw(configs())
-    count = draw(st.integers(min(min_requests, max_requests), max_requests))
+        config = draw(_default_configs())
+    count = draw(_integers(min(min_requests, max_requests), max_requests))
     arrivals = []
     step = 0
-    group_sizes = st.integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)
+    group_sizes = _integers(1, max(1, min(max_n, group_limit(config))) if group_limit else max_n)
     for i in range(count):
         step += draw(_GAPS)
-        prompt_len = draw(prompt_lengths(config, prompt_scale))
+        prompt_len = draw(_prompt_length_draws(config, prompt_scale))
         max_tokens = draw(output_lengths(max_output))
         n = draw(group_sizes)
         if forks_copy_on_write and n > 1:
@@ -123,8 +140,8 @@ def traces(
     aborts: list[tuple[int, str]] = []
     if allow_aborts:
         for a in arrivals:
-            if draw(st.integers(0, abort_odds - 1)) == 0:
-                aborts.append((a.step + draw(st.integers(0, 12)), a.request.request_id))
+            if draw(_integers(0, abort_odds - 1)) == 0:
+                aborts.append((a.step + draw(_ABORT_AFTER), a.request.request_id))
         if abort_burst and draw(st.booleans()):
             at = draw(st.integers(arrivals[0].step + 1, step + 12))
             aborted = {rid for _, rid in aborts}
@@ -133,8 +150,8 @@ def traces(
     stops = []
     for a in arrivals:
         for index in range(a.request.n):
-            if draw(st.integers(0, 3)) == 0:
-                stops.append((a.step + draw(st.integers(1, 14)), seq_id(a.request.request_id, index)))
+            if draw(_STOP_ODDS) == 0:
+                stops.append((a.step + draw(_STOP_AFTER), seq_id(a.request.request_id, index)))
     # Long enough for every request to finish under the LIV-002 bound, so a hang is visible.
     requests = [a.request for a in arrivals]
     bound = (len(requests) + 2) * (sum(r.n * r.max_tokens for r in requests) + len(requests) + 2)

@@ -15,7 +15,9 @@ step for all of them:
 2. Make each touched sequence one subject per snapshot, once; evaluate each distinct trigger once
    per subject and hand the subjects it holds for to every rule about sequences with that trigger
    (a rule that declares reads within `_views.PLACEMENT` gets only the views whose placement
-   moved); then each touched request, then each touched pool.
+   moved since the previous step; one that declares reads beyond it, only the views where one
+   of those fields differs from the snapshot before: after schedule() a decode's tokens are
+   the very tuple they were); then each touched request, then each touched pool.
 3. Run the rules about the step on the record, counting those whose trigger held.
 4. Count, per rule, the subjects it checked with its trigger holding: what the run *exercised*.
    A rule whose count is zero at the end of a run was vacuous there.
@@ -33,7 +35,10 @@ finished request had, PIP-002) are kept here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter, itemgetter, ne
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
@@ -204,8 +209,8 @@ class Evaluation:
             groups: dict[tuple[object, bool], list[_Rule]] = {}
             for r in rules:
                 if r.inv.about == SEQUENCE and label in r.inv.at:
-                    groups.setdefault((r.inv.when, _placement_only(r.inv)), []).append(r)
-            self._sequence[label] = [(when, placed, group) for (when, placed), group in groups.items()]
+                    groups.setdefault((r.inv.when, _read_filter(r.inv)), []).append(r)
+            self._sequence[label] = [(when, reads, group) for (when, reads), group in groups.items()]
         self._request = {label: [r for r in rules if r.inv.about == REQUEST and label in r.inv.at]
                          for label in (AFTER_SCHEDULE, AFTER_STEP)}
         self._pool = {label: [r for r in rules if r.inv.about == POOL and label in r.inv.at]
@@ -249,6 +254,7 @@ class Evaluation:
                    labelled: list[tuple[str, Snapshot]], found: list[tuple[str, str]]) -> None:
         touched, placed = _touched_sequences(rec, base)
         counts = self.exercised
+        older = base  # the snapshot before this one in the step's chain (None: check every view whole)
         for label, snap in labelled:
             groups = self._sequence[label]
             if not groups:
@@ -261,8 +267,13 @@ class Evaluation:
             else:
                 subjects = [SeqAt(label, sid, seqs[sid], snap) for sid in touched if sid in seqs]
             moved = subjects if placed is None else [s for s in subjects if s.id in placed]
-            for when, placement_only, rules in groups:
-                pool = moved if placement_only else subjects
+            for when, reads, rules in groups:
+                if reads is None:
+                    pool = subjects
+                elif reads is PLACEMENT:
+                    pool = moved
+                else:
+                    pool = _read_fields_changed(subjects, older, reads)
                 chosen = pool if when is None else [s for s in pool if when(ctx, s)]  # type: ignore[operator]
                 if not chosen:
                     continue
@@ -272,6 +283,7 @@ class Evaluation:
                     for seq in chosen:
                         for message in fn(ctx, rec, seq):  # type: ignore[misc]
                             found.append((inv_id, message))
+            older = snap if base is not None else None
 
     # -- 2. requests -------------------------------------------------------------------------
     def _requests(self, ctx: CheckContext, rec: StepRecord, base: Snapshot | None,
@@ -308,8 +320,40 @@ class Evaluation:
             older = snap if base is not None else None
 
 
-def _placement_only(inv: Invariant) -> bool:
-    return inv.reads is not None and inv.reads <= PLACEMENT
+def _read_filter(inv: Invariant) -> frozenset[str] | None:
+    """How the views handed to a rule about sequences are filtered by its declared reads:
+    `PLACEMENT` for reads within it (the views whose placement moved since the previous step, found
+    once per step for all such rules), the reads themselves for reads beyond it (the views where
+    one of them differs from the snapshot before, `_read_fields_changed`), None for no declaration."""
+    if inv.reads is None:
+        return None
+    return PLACEMENT if inv.reads <= PLACEMENT else inv.reads
+
+
+def _read_fields_changed(subjects: list[SeqAt], older: Snapshot | None, reads: frozenset[str]) -> list[SeqAt]:
+    """The subjects whose view differs in a field of ``reads`` from the same sequence's view in
+    ``older`` (the snapshot before, in this step's chain, which every rule passed or was just
+    run on), or that ``older`` lacks; all of them when ``older`` is None. Sound for a rule whose
+    verdict and trigger read only ``reads`` of the view (tests/test_reads_declared.py): on a view
+    equal there it says what it said one snapshot before. Compared at C speed; an unchanged token
+    list is the very tuple, so a decode's view after schedule() is a few identity checks."""
+    if older is None or older.seqs is None or not observation.INCREMENTAL:
+        return subjects
+    fields = _fields_of(reads)
+    old = older.seqs
+    return [s for s, differs in zip(subjects, map(ne, map(fields, map(attrgetter("view"), subjects)),
+                                                  map(fields, map(old.get, map(attrgetter("id"), subjects),
+                                                                   repeat(_ABSENT_VIEW)))), strict=True) if differs]
+
+
+@functools.lru_cache(maxsize=32)
+def _fields_of(reads: frozenset[str]) -> itemgetter:
+    """An itemgetter of ``reads``' positions in a `SeqView`."""
+    return itemgetter(*sorted(SeqView._fields.index(f) for f in reads))
+
+
+# A view for "not in that snapshot": its fields are fresh objects, unequal to any view's.
+_ABSENT_VIEW = SeqView(*(object() for _ in SeqView._fields))
 
 
 def _touched_sequences(rec: StepRecord, base: Snapshot | None) -> tuple[list[str] | None, frozenset[str] | None]:

@@ -44,7 +44,7 @@ _DELIVERED = (Status.FINISHED_STOPPED, Status.FINISHED_LENGTH_CAPPED)
     tokens are a fixed function of the position (`spec.types.generated_token`), which every
     implementation and engine host uses, so the stream a synchronous run delivers is known.""",
     (C.PREFIX_CACHE, C.SEQ_LENGTHS),
-    about=SEQUENCE, when=has_generated,
+    reads=("request_id", "token_ids"), about=SEQUENCE, when=has_generated,
 )
 def tokens_are_the_samples(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
     v, sid = seq.view, seq.id

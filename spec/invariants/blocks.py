@@ -329,7 +329,7 @@ def covers_scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     states its own reservation (spec.reservation), so reserving early is allowed and declared,
     and anything past the declaration is found.""",
     (C.BLOCK_TABLES, C.SEQ_LENGTHS, C.STATUSES),
-    about=SEQUENCE, when=running_or_swapped,
+    reads=("blocks", "num_tokens", "request_id", "status"), about=SEQUENCE, when=running_or_swapped,
 )
 def holds_no_more_than_declared(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
     v, bs, reservation = seq.view, ctx.config.block_size, ctx.reservation

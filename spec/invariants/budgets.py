@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from spec.invariants._evaluation import SeqAt
-from spec.invariants._views import running_seq_count, snapshots, with_status
+from spec.invariants._views import running_seq_count, seq_ids_by_request, snapshots, with_status
 from spec.invariants.triggers import (
     finishes_length_capped,
     finishes_or_ignores,
@@ -17,7 +17,7 @@ from spec.invariants.triggers import (
     schedules,
 )
 from spec.observation import Capability as C
-from spec.observation import StepRecord
+from spec.observation import Snapshot, StepRecord
 from spec.rules import AFTER_STEP, OUTCOME, SCHEDULE, SEQUENCE, STEP, CheckContext, invariant
 from spec.status import PreemptionMode, Status
 
@@ -215,7 +215,7 @@ def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterato
         request = ctx.requests.get(rid)
         if request is None:
             continue
-        lengths = [_length_at_finish(sid, after, before, grows) for sid in _seqs_of(rid, after, before)]
+        lengths = [_length_at_finish(sid, after, before, grows) for sid in _seqs_of(rid, rec.after, rec.before)]
         known = [n for n in lengths if n is not None]
         if not known:
             continue  # no view of any of its sequences: nothing to read the length from
@@ -228,9 +228,10 @@ def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterato
                    f"the pool {pool} tokens but two blocks")
 
 
-def _seqs_of(rid: str, *snapshots: dict) -> set[str]:
-    """The ids of ``rid``'s sequences in any of ``snapshots`` (sequence-id -> view mappings)."""
-    return {sid for seqs in snapshots for sid, v in seqs.items() if v.request_id == rid}
+def _seqs_of(rid: str, *snaps: Snapshot) -> set[str]:
+    """The ids of ``rid``'s sequences in any of ``snaps`` (through the per-request index, not a
+    scan of every view: a step may finish hundreds of requests)."""
+    return {sid for snap in snaps if snap.seqs is not None for sid in seq_ids_by_request(snap).get(rid, ())}
 
 
 def _length_at_finish(sid: str, after: dict, before: dict, grows: dict[str, int]) -> int | None:

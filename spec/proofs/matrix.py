@@ -283,7 +283,7 @@ def prove(
     from spec.proofs import parametric as P
 
     upgraded: set[tuple[str, str]] = set()
-    from spec.proofs import per_sequence as PS
+    from spec.proofs import sequence_cells as PS
 
     # every flow has every argument below (the async flow's per-request rows: its generic request,
     # `spec.proofs.encoding_async.GenericAsync`, with the in-flight share)
