@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if not target.installed():
         print("vllm-v1 target not installed: run `kvsched targets install vllm-v1`", file=sys.stderr)
         return 2
-    lock = _single_run(judge_set)
+    lock = _single_run(judge_set) if not args.summary_only else []  # a summary judges nothing: no lock
     if lock is None:
         print(f"another run of this benchmark's {' and '.join(sorted(judge_set))} judge holds its lock in "
               f"{workspace.root()}: wait for it to end (the other judge may run at the same time)", file=sys.stderr)
