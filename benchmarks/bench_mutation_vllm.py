@@ -16,11 +16,15 @@ judged by kvsched and by vLLM's own tests on the same mutants, over one populati
 4. Baselines on the unmutated package, cached in the results file: what kvsched's fixed trace
    suites find on each trace, with its where (the expectations a mutant is judged against), and
    which of vLLM's tests pass and what lines each runs.
-5. Judges per mutant: kvsched's lockstep campaigns on ``vllm-v1`` (``--traces``, synchronous),
-   ``vllm-v1-async`` (``--async-traces``, pipelined) and ``vllm-v1-async`` with speculative
-   decoding (``--specdec-traces``), in that order until one kills it with an oracle kill or a
-   timeout (a crash kill goes on to the next); vLLM's ``tests/v1/core`` (the tests that run the
-   mutated line). Results are written after every mutant: an interrupted run resumes.
+5. Judges per mutant: kvsched's lockstep judges, one per lockstep campaign and host
+   (`conformance.selftest.mutation.kvsched_judge.judges`: ``vllm-v1`` synchronous, ``vllm-v1-async``
+   pipelined, ``vllm-v1-async+specdec`` speculative, ``vllm-v1-hybrid`` and ``vllm-v1-async+hybrid``
+   hybrid KV cache groups; ``--judge-traces NAME=N`` sets any judge's traces), cheapest first by
+   their baseline's time, until one kills it with an oracle kill or a timeout (a crash kill goes on
+   to the next); vLLM's ``tests/v1/core`` (the tests that run the mutated line, fastest first).
+   Results are written after every mutant: an interrupted run resumes.
+6. ``--judges pytest`` and ``--judges kvsched`` may run at once (each has its own lock, fork
+   server and overlays; both write the same results file, merged under a file lock).
 
 Needs ``kvsched targets install vllm-v1``; fetches Cosmic Ray, pytest and the sdist's tests into
 ``~/.cache/kvsched/mutation`` on first use. Prints one line per mutant and the summary (the

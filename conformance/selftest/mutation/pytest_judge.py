@@ -68,8 +68,11 @@ class PytestJudge:
         usable = files if files is not None else self.test_files()
         out = self.work / f"{tag}-coverage.json"
         log = self.work / f"{tag}.log"
+        cpu_file = self.work / f"{tag}.cpu"
+        cpu_file.unlink(missing_ok=True)
         rc, took = self._run(["--continue-on-collection-errors", "-p", "mutation_coverage", *usable], {}, seconds, log,
-                             env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)})
+                             env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)},
+                             cpu_file=cpu_file)
         data = json.loads(out.read_text())
         outcomes: dict[str, str] = data["outcomes"]
         unusable = dict(SKIP_FILES)
@@ -86,7 +89,8 @@ class PytestJudge:
             if "::" in t:
                 counts = per_file.setdefault(t.split("::")[0], {})
                 counts[o] = counts.get(o, 0) + 1
-        return {"rc": rc, "seconds": round(took, 1), "files": per_file, "unusable": unusable,
+        return {"rc": rc, "seconds": round(took, 1), "cpu_seconds": read_cpu(cpu_file), "files": per_file,
+                "unusable": unusable,
                 "passing": passing, "failing_unmutated": failing, "skipped": skipped,
                 "durations": durations(data, passing),
                 "lines": {t: data["lines"].get(t, {}) for t in [*passing, "<import>"]}}
