@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for entry in results["mutants"].values():
             for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
                 entry.pop(name)
-    todo = [m for m in mutants
+    todo = [m for m in desc.judging_order(mutants, args.seed)
             if ("kvsched" in judge_set and not done_with_kvsched(results["mutants"].get(m["id"], {}), names))
             or ("pytest" in judge_set and "pytest" not in results["mutants"].get(m["id"], {}))]
     if args.limit:

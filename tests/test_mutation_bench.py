@@ -289,3 +289,14 @@ def test_the_two_judges_runs_merge_their_verdicts_in_one_results_file(tmp_path):
     both = json.loads(out.read_text())["mutants"]
     assert both["m2"] == {"kvsched:vllm-v1": {"verdict": "survived"}, "pytest": {"verdict": "survived"}}
     assert both["m1"] == {"pytest": {"verdict": "killed"}}
+
+
+def test_a_run_that_stops_early_has_judged_every_file_in_proportion():
+    doc = desc.load(COMMITTED)
+    order = desc.judging_order(doc["mutants"], desc.SEED)
+    assert sorted(m["id"] for m in order) == sorted(m["id"] for m in doc["mutants"])
+    assert order == desc.judging_order(doc["mutants"], desc.SEED)
+    first = order[:64]  # a fifth of the 320
+    per_file = {f: sum(m["file"] == f for m in doc["mutants"]) for f in desc.FILES}
+    for f, n in per_file.items():
+        assert abs(sum(m["file"] == f for m in first) - n / 5) <= 1, f
