@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -384,8 +385,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"{m['file'].split('/')[-1]}:{m['line']} {m['operator'].split('/')[-1]} ({m['area']}): {verdicts}",
                       flush=True)
 
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            list(pool.map(judge, todo))
+        pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        futures = [pool.submit(judge, m) for m in todo]
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for future in futures:
+                future.result()
+        except KeyboardInterrupt:  # stopped (Ctrl-C, SIGTERM): the judges under way finish, the run is recorded
+            run["interrupted"] = True
+            print("interrupted: the mutants being judged finish, the rest wait for the next run", flush=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True)
     finally:
         server.stop()
     run.update({"ended": machine(), "wall_seconds": round(time.monotonic() - wall, 1),
@@ -399,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(load {run['started']['load_1m']} -> {run['ended']['load_1m']})")
     print(render(results["summary"]))
     return 0
+
+
+def _interrupt(_signum, _frame) -> None:  # noqa: ANN001 - signal handler signature
+    raise KeyboardInterrupt
 
 
 def order_judges(names: list[str], results: dict) -> list[str]:
