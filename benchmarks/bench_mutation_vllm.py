@@ -378,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                 engine_cpu[0] += sum(v.get("cpu_seconds", 0.0) + v.get("engine_cpu_seconds", 0.0)
                                      for v in entry.values())
                 results["mutants"].setdefault(m["id"], {}).update(entry)
+                run["mutants_judged"] = run.get("mutants_judged", 0) + 1
                 save_results(results, args.out, judge_set)
                 verdicts = " ".join(f"{k}={v['verdict']}{'/' + v['kind'] if v.get('kind') else ''}"
                                     for k, v in sorted(entry.items()))
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     merge_from_disk(results, args.out, judge_set)
     results["summary"] = summarize(population, results["mutants"])
     save_results(results, args.out, judge_set)
-    print(f"judged {len(todo)} mutants in {run['wall_seconds']:.0f} s wall, {run['runner_cpu_seconds']:.0f} s runner CPU, "
+    print(f"judged {run.get('mutants_judged', 0)} of {len(todo)} mutants in {run['wall_seconds']:.0f} s wall, {run['runner_cpu_seconds']:.0f} s runner CPU, "
           f"{run['judges_cpu_seconds']:.0f} s forked judges' CPU "
           f"(load {run['started']['load_1m']} -> {run['ended']['load_1m']})")
     print(render(results["summary"]))
