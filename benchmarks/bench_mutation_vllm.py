@@ -186,7 +186,8 @@ def save_results(doc: dict, path: Path, judge_set: set[str] | None = None) -> No
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as held:
+    workspace.root().mkdir(parents=True, exist_ok=True)
+    with open(workspace.root() / f"{path.name}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         if judge_set is not None:
             merge_from_disk(doc, path, judge_set)
@@ -210,7 +211,9 @@ def commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+        # The results files themselves change while a run goes on (the other judge's run writes them).
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":!{OUT_DIR}"], capture_output=True,
                                text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
