@@ -145,4 +145,9 @@ def render(summary: dict[str, Any]) -> str:
     for area, a in summary["by_area"].items():
         lines.append(f"| {area} | {a['mutants']} | {a['kvsched_kills']} ({a['kvsched_oracle']}) | {a['pytest_kills']} "
                      f"| {a['union']} |")
+    lines += ["", "| file | mutants | kvsched kills (oracle) | vLLM's tests' kills | union |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for file, a in summary.get("by_file", {}).items():
+        lines.append(f"| `{file.removeprefix('vllm/v1/core/')}` | {a['mutants']} | {a['kvsched_kills']} "
+                     f"({a['kvsched_oracle']}) | {a['pytest_kills']} | {a['union']} |")
     return "\n".join(lines)
