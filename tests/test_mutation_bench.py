@@ -241,3 +241,62 @@ def test_scope_reads_enclosing_headers_whole_and_skips_continuations():
     assert desc.area_of(sched, src[5], "f", headers[:-1]) == "spec-decode"
     assert desc.enclosing_headers(src, 8)[:-1] == ["z = a or ("]
     assert desc.area_of(sched, src[7], "f", desc.enclosing_headers(src, 8)[:-1]) == "scheduling core"
+
+
+def test_a_default_argument_selects_the_tests_that_call_its_function_fastest_first():
+    """An import-time line selects every test, except a default argument: the tests that run its
+    function's body; tests go fastest first by their baseline time."""
+    from conformance.selftest.mutation.pytest_judge import default_argument_body, fastest_first
+
+    source = "X = 3\n\n\ndef f(\n    a: int = 0,\n    b=1,\n):\n    y = a + b\n    return y\n\n\ndef g():\n    return X\n"
+    assert default_argument_body(source, 5, 5) == range(8, 10)
+    assert default_argument_body(source, 1, 1) is None  # a module constant: every test
+    assert default_argument_body(source, 8, 8) is None
+    base = {"durations": {"t1": 3.0, "t2": 0.1, "t3": 1.0}}
+    assert fastest_first(["t1", "t2", "t3", "t4"], base) == ["t2", "t3", "t1", "t4"]
+
+
+def test_every_kvsched_judge_is_one_registry_entry_ordered_cheapest_first():
+    from conformance.selftest.mutation.kvsched_judge import JUDGE_NAMES, flavour
+
+    bench = _bench()
+    assert {"vllm-v1-hybrid", "vllm-v1-async+hybrid"} <= set(JUDGE_NAMES)
+    assert flavour("vllm-v1-async+hybrid").target == "vllm-v1-async"
+    assert all(p.startswith("async-") for p in flavour("vllm-v1-async+hybrid").paths)
+    args = bench.parse(["--judge-traces", "vllm-v1-hybrid=7,vllm-v1-async+hybrid=0"])
+    assert args.counts["vllm-v1-hybrid"] == 7 and args.counts["vllm-v1-async+hybrid"] == 0
+    seconds = {"baseline_seconds": {"kvsched:vllm-v1": 9.0, "kvsched:vllm-v1-hybrid": 2.0}}
+    assert bench.order_judges(["vllm-v1", "vllm-v1-async", "vllm-v1-hybrid"], seconds) == \
+        ["vllm-v1-hybrid", "vllm-v1", "vllm-v1-async"]
+
+
+def test_the_two_judges_runs_merge_their_verdicts_in_one_results_file(tmp_path):
+    """A pytest run and a kvsched run at once each keep the other's verdicts; an old file's trace
+    counts move out of its key."""
+    bench = _bench()
+    out = tmp_path / "results.json"
+    key = {"descriptors_seed": 1, "population": 2, "sample": 0, "findings": bench.FINDINGS}
+    old = {"version": bench.RESULTS_VERSION, "key": {**key, "traces": {"vllm-v1": 100}}, "baselines": {},
+           "runs": [], "mutants": {"m1": {"pytest": {"verdict": "killed"}}}}
+    out.write_text(json.dumps(old))
+    kv = bench.load_results(out, key)
+    assert kv["judge_traces"] == {"kvsched:vllm-v1": 100} and kv["mutants"]["m1"]["pytest"]["verdict"] == "killed"
+    py = bench.load_results(out, key)
+    kv["mutants"].setdefault("m2", {})["kvsched:vllm-v1"] = {"verdict": "survived"}
+    bench.save_results(kv, out, {"kvsched"})
+    py["mutants"]["m2"] = {"pytest": {"verdict": "survived"}}
+    bench.save_results(py, out, {"pytest"})
+    both = json.loads(out.read_text())["mutants"]
+    assert both["m2"] == {"kvsched:vllm-v1": {"verdict": "survived"}, "pytest": {"verdict": "survived"}}
+    assert both["m1"] == {"pytest": {"verdict": "killed"}}
+
+
+def test_a_run_that_stops_early_has_judged_every_file_in_proportion():
+    doc = desc.load(COMMITTED)
+    order = desc.judging_order(doc["mutants"], desc.SEED)
+    assert sorted(m["id"] for m in order) == sorted(m["id"] for m in doc["mutants"])
+    assert order == desc.judging_order(doc["mutants"], desc.SEED)
+    first = order[:64]  # a fifth of the 320
+    per_file = {f: sum(m["file"] == f for m in doc["mutants"]) for f in desc.FILES}
+    for f, n in per_file.items():
+        assert abs(sum(m["file"] == f for m in first) - n / 5) <= 1, f

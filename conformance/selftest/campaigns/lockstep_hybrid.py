@@ -158,9 +158,11 @@ def compare_state(result, reference: RecordingHybrid) -> tuple[int, str, Any, An
     return None
 
 
-def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, timeout: float = 60, stop_at_first: bool | None = None) -> Outcome:
     """One lockstep run; a config with ``pipeline_depth`` 1 runs beside `RecordingHybridAsync` (the
-    adapter must then be the vllm-v1-async host's) and also compares the delivered tokens."""
+    adapter must then be the vllm-v1-async host's) and also compares the delivered tokens.
+    ``stop_at_first`` (default: a synchronous trace stops at its first violation, a pipelined one
+    runs whole) set to False runs on past a violation, as the mutation benchmark's judges do."""
     holder: list = []
     pipelined = trace.config.pipeline_depth > 0
     reference = RecordingHybridAsync if pipelined else RecordingHybrid
@@ -170,7 +172,7 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
         return holder[-1]
 
     result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
-                         stop_at_first=not pipelined)
+                         stop_at_first=not pipelined if stop_at_first is None else stop_at_first)
     state = compare_state(result, holder[0]) if holder else None
     if pipelined and holder:
         tokens = compare_tokens(result, holder[0])

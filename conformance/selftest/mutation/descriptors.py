@@ -330,6 +330,20 @@ def subsample(mutants: list[dict], count: int, seed: int) -> list[dict]:
     return sorted(chosen, key=lambda m: m["id"])
 
 
+def judging_order(mutants: list[dict], seed: int) -> list[dict]:
+    """``mutants`` in the order a run judges them: each file's shuffled (seeded), the files
+    interleaved by their share, so that the mutants judged so far by a run that stops early are
+    a seeded sample of the population, each file in proportion (not the first files whole and the
+    last not at all)."""
+    rng = random.Random(seed)
+    ranked = []
+    for f in sorted({m["file"] for m in mutants}):
+        own = sorted((m for m in mutants if m["file"] == f), key=lambda m: m["id"])
+        rng.shuffle(own)
+        ranked += [((i + 0.5) / len(own), f, m["id"], m) for i, m in enumerate(own)]
+    return [m for *_, m in sorted(ranked, key=lambda r: r[:3])]
+
+
 def generate(tool_python: Path, venv: Path, count: int, seed: int, files: tuple[str, ...] = FILES) -> dict[str, Any]:
     """The versioned descriptor document for ``count`` mutants of ``files`` in ``venv``'s vLLM."""
     site = site_packages(venv)

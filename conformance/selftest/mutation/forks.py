@@ -63,8 +63,19 @@ class ForkServer:
         self.proc = None
 
     def command(self, kind: str, argv: list[str], *, overlay: dict[str, str] | None = None, cwd: str | None = None,
-                env: dict[str, str] | None = None) -> list[str]:
+                env: dict[str, str] | None = None, cpu_file: Path | None = None) -> list[str]:
         """The command line that runs ``argv`` (a host script, or pytest's arguments after
-        ``pytest``) in a forked child, with ``overlay`` (module -> mutated file) in place."""
+        ``pytest``) in a forked child, with ``overlay`` (module -> mutated file) in place; the child
+        appends its CPU seconds to ``cpu_file`` as it ends (`read_cpu`)."""
         job = {"kind": kind, "argv": argv, "overlay": overlay or {}, "cwd": cwd, "env": env or {}}
+        if cpu_file is not None:
+            job["cpu_file"] = str(cpu_file)
         return [sys.executable, str(HERE / "forkclient.py"), str(self.socket), json.dumps(job, sort_keys=True)]
+
+
+def read_cpu(cpu_file: Path) -> float:
+    """The CPU seconds the forked children of one judge wrote to ``cpu_file`` (summed; 0 if none)."""
+    try:
+        return round(sum(float(x) for x in cpu_file.read_text().split()), 1)
+    except (OSError, ValueError):
+        return 0.0

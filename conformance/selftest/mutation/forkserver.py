@@ -14,9 +14,10 @@ Runs with the target venv's Python; imports nothing of kvsched (kvsched is not i
     python forkserver.py SOCKET [--pytest-path DIR] [--preload-pytest]
 
 Protocol: the client connects and sends one JSON line ``{"kind": "host"|"pytest", "overlay":
-{module: file} , "argv": [...], "cwd": DIR, "env": {...}, "client_pid": PID}`` with its three
+{module: file} , "argv": [...], "cwd": DIR, "env": {...}, "client_pid": PID, "cpu_file": PATH}`` with its three
 standard fds; the server answers ``pid <child>\\n``; when the job ends the child answers ``rc <n>\\n``.
-The child exits by itself when the client process is gone (checked twice a second).
+The child exits by itself when the client process is gone (checked twice a second). With a
+``cpu_file`` the child appends its CPU seconds to it as it ends (not when it is killed).
 """
 
 from __future__ import annotations
@@ -71,13 +72,30 @@ def preload(with_pytest: bool) -> None:
         raise SystemExit(f"forkserver: preloads imported mutable modules {loaded}")
 
 
-def watch_client(client_pid: int) -> None:
+def write_cpu(job: dict) -> None:
+    """Append this child's CPU seconds (its own and its waited-for children's) to the job's
+    ``cpu_file``: the server does not wait for its children, so nobody else sees their CPU time."""
+    path = job.get("cpu_file")
+    if not path:
+        return
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        with open(path, "a") as out:
+            out.write(f"{own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime:.3f}\n")
+    except OSError:
+        pass
+
+
+def watch_client(job: dict) -> None:
     """End the child when its client is gone (a killed client cannot forward the kill)."""
     while True:
         time.sleep(0.5)
         try:
-            os.kill(client_pid, 0)
+            os.kill(job["client_pid"], 0)
         except ProcessLookupError:
+            write_cpu(job)
             os._exit(3)
 
 
@@ -90,7 +108,7 @@ def run_child(conn: socket.socket, job: dict, fds: list[int]) -> None:
     os.environ.update(job.get("env", {}))
     if job.get("cwd"):
         os.chdir(job["cwd"])
-    threading.Thread(target=watch_client, args=(job["client_pid"],), daemon=True).start()
+    threading.Thread(target=watch_client, args=(job,), daemon=True).start()
     if job.get("overlay"):
         sys.meta_path.insert(0, Overlay(job["overlay"]))
     rc = 1
@@ -121,6 +139,7 @@ def run_child(conn: socket.socket, job: dict, fds: list[int]) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            write_cpu(job)
             conn.sendall(f"rc {rc}\n".encode())
         finally:
             os._exit(rc if 0 <= rc < 256 else 1)

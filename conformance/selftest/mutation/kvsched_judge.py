@@ -1,8 +1,9 @@
 """kvsched as a judge of a mutant: the lockstep campaigns, on fixed traces, against a baseline.
 
-Each judge gets one fixed list of seeded traces (`suite`: every path of
-`conformance.selftest.campaigns.lockstep_v1` / `lockstep_async` / `lockstep_specdec`, in turn):
-synchronous, pipelined and speculative. The unmutated engine runs them once
+Each judge (`judges`: one per lockstep campaign and host) gets one fixed list of seeded traces
+(`suite`: every path of its campaign in turn): synchronous (`lockstep_v1`), pipelined
+(`lockstep_async`), speculative (`lockstep_specdec`) and hybrid KV cache groups
+(`lockstep_hybrid`, synchronous and pipelined). The unmutated engine runs them once
 (`KvschedJudge.baseline`): what it finds on each trace (`findings`: every invariant violation,
 divergence, state mismatch and fault, each with its step and, for a fault, its location) is that
 trace's expectation, with its where. Runs go on past a violation (`stop_at_first=False`), so a
@@ -22,70 +23,141 @@ never said hello: the mutated module does not import), ``survived`` (nothing new
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.v0 import sample_traces
-from conformance.selftest.mutation.forks import ForkServer
+from conformance.selftest.mutation.forks import ForkServer, read_cpu
 from conformance.targets import HOSTS_DIR, get_target
-from conformance.wire import WireAdapter
+from conformance.wire import WireAdapter, WireError
 from spec.trace import Trace
 
 V1_PATHS = ("default", "chunked", "prefix", "chunked+prefix")
-# A judge name -> the target whose host it drives. ``vllm-v1-async+specdec``: the async scheduler
-# with speculative decoding (conformance/selftest/campaigns/lockstep_specdec.py, path ``async``), the only
-# campaign that reaches a stale step's draft rollback (vLLM's output_is_stale).
 # A judge that has seen the engine raise on this many traces stops looking for an oracle kill in
 # its suite (the next judge still looks in its own): each crashed trace costs a fresh host.
 CRASH_TRACES = 5
-TARGET_OF = {"vllm-v1": "vllm-v1", "vllm-v1-async": "vllm-v1-async", "vllm-v1-async+specdec": "vllm-v1-async"}
 
 
 @dataclass(frozen=True)
 class Flavour:
-    """How one target is judged: its traces, its reference run and its invariants."""
+    """One kvsched judge: a lockstep campaign's traces on one target, its reference run and its
+    invariants. ``strategy(path)`` draws a trace of one of ``paths``; ``run(adapter, trace,
+    timeout)`` runs it in lockstep and returns the campaign's `Outcome`, going on past an
+    invariant violation (``stop_at_first=False``: what the baseline finds is expected with its
+    where, and anything after it still counts)."""
 
-    target: str
+    name: str  # results key ``kvsched:<name>``
+    target: str  # the target whose host it drives
     paths: tuple[str, ...]
-
-    def strategy(self, path: str):
-        if self.target == "vllm-v1-async+specdec":
-            from conformance.selftest.campaigns.lockstep_specdec import path_traces
-
-            return path_traces(path)
-        if self.target == "vllm-v1-async":
-            from conformance.generation.async_paths import path_strategy
-        else:
-            from conformance.selftest.campaigns.lockstep_v1 import path_strategy
-
-            return path_strategy(path, optional_calls=True)  # batched aborts, resets (issue 21)
-        return path_strategy(path)
+    traces: int  # per mutant, by default (the bench's ``--judge-traces NAME=N``)
+    campaign: str  # the lockstep campaign whose traces and comparisons it uses
+    strategy: Callable[[str], Any]
+    run: Callable[..., Any]
 
     def run_one(self, adapter, trace: Trace, timeout: float = 60.0):
-        if self.target == "vllm-v1-async+specdec":
-            from conformance.selftest.campaigns.lockstep_specdec import RecordingAsyncSpec, run_one
-
-            return run_one(adapter, trace, get_profile("safety").invariants(), RecordingAsyncSpec)
-        if self.target == "vllm-v1-async":
-            from conformance.selftest.campaigns.lockstep_async import run_one
-
-            return run_one(adapter, trace, get_profile("safety").invariants(), timeout=timeout)
-        from conformance.selftest.campaigns.lockstep_v1 import run_one
-
-        return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
+        return self.run(adapter, trace, timeout)
 
 
-def flavour(target: str) -> Flavour:
-    if target == "vllm-v1-async+specdec":
-        return Flavour(target, ("async",))
-    if target == "vllm-v1-async":
-        from conformance.generation.async_paths import PATHS
+def _v1_strategy(path: str):
+    from conformance.selftest.campaigns.lockstep_v1 import path_strategy
 
-        return Flavour(target, PATHS)
-    return Flavour(target, V1_PATHS)
+    return path_strategy(path, optional_calls=True)  # batched aborts, resets (issue 21)
+
+
+def _v1_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_v1 import run_one
+
+    return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
+
+
+def _async_strategy(path: str):
+    from conformance.generation.async_paths import path_strategy
+
+    return path_strategy(path)
+
+
+def _async_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_async import run_one
+
+    return run_one(adapter, trace, get_profile("safety").invariants(), timeout=timeout)
+
+
+def _specdec_strategy(path: str):
+    from conformance.selftest.campaigns.lockstep_specdec import path_traces
+
+    return path_traces(path)
+
+
+def _specdec_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_specdec import RecordingAsyncSpec, run_one
+
+    return run_one(adapter, trace, get_profile("safety").invariants(), RecordingAsyncSpec)
+
+
+def _hybrid_strategy(path: str):
+    from conformance.selftest.campaigns.lockstep_hybrid import path_strategy
+
+    return path_strategy(path)
+
+
+def _hybrid_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_hybrid import run_one
+
+    # The campaign's own profiles: safety for the synchronous paths, async for the pipelined ones.
+    profile = "async" if trace.config.pipeline_depth > 0 else "safety"
+    return run_one(adapter, trace, get_profile(profile).invariants(), timeout=timeout, stop_at_first=False)
+
+
+def _async_paths() -> tuple[str, ...]:
+    from conformance.generation.async_paths import PATHS
+
+    return tuple(PATHS)
+
+
+def _hybrid_paths(pipelined: bool) -> tuple[str, ...]:
+    from conformance.selftest.campaigns.lockstep_hybrid import PATHS, SYNC_PATHS
+
+    return tuple(p for p in PATHS if p not in SYNC_PATHS) if pipelined else tuple(SYNC_PATHS)
+
+
+def judges() -> tuple[Flavour, ...]:
+    """Every kvsched judge, one per lockstep campaign (and host). To add one (a connector or an
+    encoder-cache campaign), append a `Flavour` here with the campaign's path strategy and a run
+    that goes on past a violation; the bench picks it up (``--judge-traces NAME=N``, results key
+    ``kvsched:NAME``, its own pristine baseline), nothing else changes."""
+    return (
+        Flavour("vllm-v1", "vllm-v1", V1_PATHS, 100, "lockstep_v1", _v1_strategy, _v1_run),
+        Flavour("vllm-v1-async", "vllm-v1-async", _async_paths(), 40, "lockstep_async", _async_strategy, _async_run),
+        # The async scheduler with speculative decoding (path ``async``): the only campaign that
+        # reaches a stale step's draft rollback (vLLM's output_is_stale).
+        Flavour("vllm-v1-async+specdec", "vllm-v1-async", ("async",), 20, "lockstep_specdec", _specdec_strategy,
+                _specdec_run),
+        # Hybrid KV cache groups (HYB-001..008): full attention beside sliding-window, Mamba and
+        # chunked local groups, synchronous and pipelined (conformance/targets/hosts/vllm_hybrid_groups.py).
+        Flavour("vllm-v1-hybrid", "vllm-v1", _hybrid_paths(False), 50, "lockstep_hybrid", _hybrid_strategy,
+                _hybrid_run),
+        Flavour("vllm-v1-async+hybrid", "vllm-v1-async", _hybrid_paths(True), 20, "lockstep_hybrid",
+                _hybrid_strategy, _hybrid_run),
+    )
+
+
+JUDGE_NAMES = tuple(j.name for j in judges())
+TARGET_OF = {j.name: j.target for j in judges()}
+
+
+def flavour(name: str) -> Flavour:
+    for j in judges():
+        if j.name == name:
+            return j
+    raise KeyError(f"no kvsched judge {name!r} (known: {', '.join(JUDGE_NAMES)})")
 
 
 def suite(target: str, count: int, seed: int) -> list[Trace]:
@@ -148,15 +220,15 @@ def describe(outcome) -> str:
 class KvschedJudge:
     """Runs the fixed traces of one target through a host whose vLLM may be mutated."""
 
-    def __init__(self, server: ForkServer, target: str, traces: list[Trace], *, call_timeout: float = 60.0) -> None:
-        self.server, self.target, self.traces = server, get_target(TARGET_OF[target]), traces
-        self.flavour = flavour(target)
+    def __init__(self, server: ForkServer, name: str, traces: list[Trace], *, call_timeout: float = 60.0) -> None:
+        self.flavour = flavour(name)
+        self.server, self.target, self.traces = server, get_target(self.flavour.target), traces
         self.call_timeout = call_timeout
 
-    def adapter(self, overlay: dict[str, str]) -> WireAdapter:
+    def adapter(self, overlay: dict[str, str], cpu_file: Path | None = None) -> WireAdapter:
         env = {**self.target.env, "KVSCHED_TARGET_DIR": str(self.target.root)}
         command = self.server.command("host", [str(HOSTS_DIR / self.target.host), *self.target.host_args],
-                                      overlay=overlay, env=env)
+                                      overlay=overlay, env=env, cpu_file=cpu_file)
         adapter = WireAdapter(self.target.name, command, profiles=self.target.profiles, timeout=self.call_timeout,
                               start_timeout=120.0, trace_strategy=self.target.strategy)
         adapter.domain = self.target.domain
@@ -174,8 +246,23 @@ class KvschedJudge:
             close(adapter)
 
     def judge(self, overlay: dict[str, str], baseline: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+        """One mutant's verdict, with its cost: ``runner_cpu_seconds`` (this thread: the traces,
+        the reference, the checks) and ``engine_cpu_seconds`` (the hosts, as they report it on
+        exit; a host killed at a hang reports nothing)."""
+        cpu, fd_path = time.thread_time(), tempfile.mkstemp(prefix="kvsched-judge-", suffix=".cpu")
+        os.close(fd_path[0])
+        cpu_file = Path(fd_path[1])
+        try:
+            verdict = self._judge(overlay, baseline, seconds, cpu_file)
+        finally:
+            engine = read_cpu(cpu_file)
+            cpu_file.unlink(missing_ok=True)
+        return {**verdict, "runner_cpu_seconds": round(time.thread_time() - cpu, 1), "engine_cpu_seconds": engine}
+
+    def _judge(self, overlay: dict[str, str], baseline: list[dict[str, Any]], seconds: float,
+               cpu_file: Path) -> dict[str, Any]:
         started = time.monotonic()
-        adapter = self.adapter(overlay)
+        adapter = self.adapter(overlay, cpu_file)
         crash: dict[str, Any] | None = None  # the first crash kill, kept while looking for an oracle kill
 
         def verdict(index: int, new: list[list], kind: str, message: str) -> dict[str, Any]:
@@ -195,7 +282,7 @@ class KvschedJudge:
                     # other work a starved reset (vLLM builds a ModelConfig per max_model_len)
                     # can outlast the cap without any hang in the mutant.
                     close(adapter)
-                    adapter = self.adapter(overlay)
+                    adapter = self.adapter(overlay, cpu_file)
                     adapter.timeout = self.call_timeout * 10
                     outcome = self.flavour.run_one(adapter, trace, self.call_timeout * 10)
                     adapter.timeout = self.call_timeout
@@ -210,7 +297,7 @@ class KvschedJudge:
                     if crash["crash_traces"] >= CRASH_TRACES:  # the crash is all this suite shows of it
                         return {**crash, "traces_run": index + 1, "seconds": round(time.monotonic() - started, 1)}
                     close(adapter)  # the engine raised: the next trace gets a fresh host
-                    adapter = self.adapter(overlay)
+                    adapter = self.adapter(overlay, cpu_file)
                 if time.monotonic() - started > seconds:
                     if crash is not None:
                         return {**crash, "traces_run": index + 1, "seconds": round(time.monotonic() - started, 1)}
@@ -230,6 +317,16 @@ def _hung(outcome) -> bool:
 
 
 def close(adapter: WireAdapter) -> None:
-    """Shut the adapter's host down (each mutant's host is used once)."""
-    if adapter.host is not None:
-        adapter.host.shutdown()
+    """Shut the adapter's host down (each mutant's host is used once). Asked to exit even when the
+    wire client still marks it busy after a streamed run (its shutdown would kill it at once), so
+    that the host ends by itself and reports its CPU time (`forks.read_cpu`); killed if it does not."""
+    host = adapter.host
+    if host is None:
+        return
+    if host.alive:
+        try:
+            host.call("shutdown", {}, 5)
+            host.proc.wait(timeout=5)
+        except (WireError, OSError, subprocess.TimeoutExpired):
+            pass
+    host.shutdown()

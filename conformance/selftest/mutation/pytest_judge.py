@@ -4,7 +4,8 @@ The baseline runs every test file once on the unmutated package, with `mutation_
 recording which lines of the mutable files each test runs. Usable tests are those that pass
 there; a file that does not collect (it needs a server, a GPU or a package the target venv does
 not have) is recorded with the reason and left out. A mutant then runs only the usable tests
-that run its line (all of them when the line runs at import), stopping at the first failure.
+that run its line (all of them when the line runs at import, except a default argument: the
+tests that call its function), fastest first by their baseline time, stopping at the first failure.
 
 Verdicts: ``killed`` (a test failed) with a ``kind`` (`failure_kind`: ``oracle`` when the failing
 frame is the test's own assertion, ``crash`` when the exception was raised inside vLLM, ``timeout``
@@ -16,6 +17,7 @@ line: ``not_reached`` says which), ``timeout`` (one test ran past `TEST_SECONDS`
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.selftest.mutation.descriptors import FILES
-from conformance.selftest.mutation.forks import ForkServer
+from conformance.selftest.mutation.forks import ForkServer, read_cpu
 
 # Files left out before running: they need what this CPU-only machine does not have.
 SKIP_FILES = {
@@ -43,10 +45,10 @@ class PytestJudge:
         work.mkdir(parents=True, exist_ok=True)
 
     def _run(self, args: list[str], overlay: dict[str, str], seconds: float, log: Path,
-             env: dict[str, str] | None = None) -> tuple[int | None, float]:
+             env: dict[str, str] | None = None, cpu_file: Path | None = None) -> tuple[int | None, float]:
         started = time.monotonic()
         command = self.server.command("pytest", ["pytest", *PYTEST_FLAGS, *args], overlay=overlay,
-                                      cwd=str(self.sdist), env=env)
+                                      cwd=str(self.sdist), env=env, cpu_file=cpu_file)
         with open(log, "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
@@ -66,8 +68,11 @@ class PytestJudge:
         usable = files if files is not None else self.test_files()
         out = self.work / f"{tag}-coverage.json"
         log = self.work / f"{tag}.log"
+        cpu_file = self.work / f"{tag}.cpu"
+        cpu_file.unlink(missing_ok=True)
         rc, took = self._run(["--continue-on-collection-errors", "-p", "mutation_coverage", *usable], {}, seconds, log,
-                             env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)})
+                             env={"MUTATION_COVERAGE_FILES": ",".join(FILES), "MUTATION_COVERAGE_OUT": str(out)},
+                             cpu_file=cpu_file)
         data = json.loads(out.read_text())
         outcomes: dict[str, str] = data["outcomes"]
         unusable = dict(SKIP_FILES)
@@ -84,17 +89,38 @@ class PytestJudge:
             if "::" in t:
                 counts = per_file.setdefault(t.split("::")[0], {})
                 counts[o] = counts.get(o, 0) + 1
-        return {"rc": rc, "seconds": round(took, 1), "files": per_file, "unusable": unusable,
+        return {"rc": rc, "seconds": round(took, 1), "cpu_seconds": read_cpu(cpu_file), "files": per_file,
+                "unusable": unusable,
                 "passing": passing, "failing_unmutated": failing, "skipped": skipped,
+                "durations": durations(data, passing),
                 "lines": {t: data["lines"].get(t, {}) for t in [*passing, "<import>"]}}
 
-    def select(self, baseline: dict[str, Any], mutant: dict[str, Any]) -> list[str]:
-        """The usable tests that run the mutant's line (every one of them for an import-time line)."""
+    def durations_of(self, tag: str = "baseline") -> dict[str, float] | None:
+        """The per-test times the baseline run ``tag`` recorded (for a baseline kept from before
+        they were stored), or None when its coverage file is gone."""
+        out = self.work / f"{tag}-coverage.json"
+        if not out.exists():
+            return None
+        data = json.loads(out.read_text())
+        return durations(data, [t for t, o in data["outcomes"].items() if o == "passed" and "::" in t])
+
+    def select(self, baseline: dict[str, Any], mutant: dict[str, Any], source: str | None = None) -> list[str]:
+        """The usable tests that run the mutant's line, fastest first (their baseline times: with
+        ``-x`` a killed mutant stops at its first failure, so the cheap tests should go first).
+
+        A line that runs at import selects every test, except a default argument of a function's
+        signature (``def f(x=0)``: Python evaluates it when the ``def`` runs, at import): that value
+        is seen only by a call to ``f``, so the tests that run ``f``'s body are the ones that run
+        it (``source`` is the unmutated file, to find ``f``)."""
         lines = range(mutant["line"], mutant["end_line"] + 1)
-        if any(n in baseline["lines"].get("<import>", {}).get(mutant["file"], ()) for n in lines):
-            return list(baseline["passing"])
-        return [t for t in baseline["passing"]
-                if any(n in baseline["lines"].get(t, {}).get(mutant["file"], ()) for n in lines)]
+        ran = baseline["lines"]
+        if any(n in ran.get("<import>", {}).get(mutant["file"], ()) for n in lines):
+            body = default_argument_body(source, mutant["line"], mutant["end_line"]) if source else None
+            if body is None:
+                return fastest_first(list(baseline["passing"]), baseline)
+            lines = body
+        return fastest_first([t for t in baseline["passing"]
+                              if any(n in ran.get(t, {}).get(mutant["file"], ()) for n in lines)], baseline)
 
     def judge(self, mutant_id: str, overlay: dict[str, str], tests: list[str], seconds: float) -> dict[str, Any]:
         if not tests:
@@ -102,21 +128,49 @@ class PytestJudge:
         args_file = self.work / f"{mutant_id}.args"
         args_file.write_text("\n".join(tests) + "\n")
         log = self.work / f"{mutant_id}.log"
+        cpu_file = self.work / f"{mutant_id}.cpu"
+        cpu_file.unlink(missing_ok=True)
+        # ``-p no:randomly`` is not needed (not installed); pytest keeps the argument order, which is
+        # `select`'s fastest-first order.
         rc, took = self._run(["-x", "-p", "mutation_coverage", f"@{args_file}"], overlay, seconds, log,
-                             env={"MUTATION_TEST_TIMEOUT": str(TEST_SECONDS)})
+                             env={"MUTATION_TEST_TIMEOUT": str(TEST_SECONDS)}, cpu_file=cpu_file)
         text = log.read_text(errors="replace")
         tail = text.strip().splitlines()[-3:]
         verdict = ("survived-budget" if rc is None else "survived" if rc in (0, 5)
                    else "timeout" if rc == 1 and "MutantTimeout" in text else "killed" if rc == 1
                    else "crash-at-import" if rc == 2 else f"error-rc{rc}")
         out: dict[str, Any] = {"verdict": verdict, "rc": rc, "tests": len(tests), "seconds": round(took, 1),
-                               "tail": [line[:200] for line in tail]}
+                               "cpu_seconds": read_cpu(cpu_file), "tail": [line[:200] for line in tail]}
         failed = re.findall(r"^FAILED (\S+)", text, re.M)
         if failed:
             out["failed"] = failed[:3]
         if verdict in ("killed", "timeout"):
             out["kind"] = "timeout" if verdict == "timeout" else failure_kind(text)
         return out
+
+
+def durations(coverage: dict[str, Any], tests: list[str]) -> dict[str, float]:
+    """Each test's baseline time (setup, call and teardown), from `mutation_coverage`'s output."""
+    times = coverage.get("durations", {})
+    return {t: round(float(times.get(t, 0.0)), 2) for t in tests}
+
+
+def fastest_first(tests: list[str], baseline: dict[str, Any]) -> list[str]:
+    """``tests`` by their baseline time, fastest first (ties: by name; unknown times last)."""
+    times = baseline.get("durations") or {}
+    return sorted(tests, key=lambda t: (times.get(t, float("inf")), t))
+
+
+def default_argument_body(source: str, line: int, end_line: int) -> range | None:
+    """The lines of the body of the function whose signature's default arguments hold lines
+    ``line..end_line`` of ``source``, or None when they are not (only) in such a default."""
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        defaults = [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None]
+        if any(d.lineno <= line and end_line <= (d.end_lineno or d.lineno) for d in defaults):
+            return range(node.body[0].lineno, (node.end_lineno or node.body[-1].lineno) + 1)
+    return None
 
 
 def failure_kind(log: str) -> str:

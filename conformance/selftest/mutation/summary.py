@@ -96,7 +96,14 @@ def summarize(descriptors: list[dict[str, Any]], results: dict[str, dict[str, An
     files: dict[str, list] = defaultdict(list)
     for row in rows:
         files[row[0]["file"]].append(row)
+    by_judge: dict[str, dict[str, int]] = defaultdict(lambda: {"oracle": 0, "crash": 0, "timeout": 0})
+    for d, _, _ in rows:
+        for key, verdict in results[d["id"]].items():
+            kind = kill_kind(verdict) if key.startswith("kvsched:") else None
+            if kind:
+                by_judge[key.removeprefix("kvsched:")][kind] += 1
     return {"descriptors": len(descriptors), "judged": len(rows) + len(equivalent),
+            "kvsched_by_judge": dict(sorted(by_judge.items())),
             "not_judged": not_judged, "not_applied": not_applied, "equivalent": equivalent, "equivalence_refuted": refuted,
             "population": _counts(rows),
             "by_area": {a: _counts(r) for a, r in sorted(areas.items(), key=lambda kv: (-len(kv[1]), kv[0]))},
@@ -127,10 +134,20 @@ def render(summary: dict[str, Any]) -> str:
         f"vLLM's tests': {s['pytest_oracle']} oracle, {s['pytest_crash']} crash, {s['pytest_timeout']} timeout; "
         f"kvsched alone {len(s['kvsched_only'])}, tests alone {len(s['pytest_only'])}, neither {len(s['neither'])}",
         "",
+        "kvsched's kills by judge (each judge runs until one has an oracle kill or a timeout, cheapest first, so a "
+        "later judge is not asked about a mutant an earlier one killed): "
+        + ("; ".join(f"{j} {c['oracle']} oracle, {c['crash']} crash, {c['timeout']} timeout"
+                     for j, c in summary.get("kvsched_by_judge", {}).items()) or "none"),
+        "",
         "| area | mutants | kvsched kills (oracle) | vLLM's tests' kills | union |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for area, a in summary["by_area"].items():
         lines.append(f"| {area} | {a['mutants']} | {a['kvsched_kills']} ({a['kvsched_oracle']}) | {a['pytest_kills']} "
                      f"| {a['union']} |")
+    lines += ["", "| file | mutants | kvsched kills (oracle) | vLLM's tests' kills | union |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for file, a in summary.get("by_file", {}).items():
+        lines.append(f"| `{file.removeprefix('vllm/v1/core/')}` | {a['mutants']} | {a['kvsched_kills']} "
+                     f"({a['kvsched_oracle']}) | {a['pytest_kills']} | {a['union']} |")
     return "\n".join(lines)
