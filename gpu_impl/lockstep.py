@@ -253,10 +253,19 @@ def still_active(trace: Trace, step: int, unfinished: set[str], ended: list[tupl
     return not ((step >= trace.last_arrival_step and not unfinished) or step + 1 >= trace.max_steps)
 
 
+# Snapshot parts of features the twin does not have (issue 32: no encoder cache, no pause calls;
+# its adapter refuses traces that use them): the V1 reference reports its empty encoder cache and
+# its "unpaused" state, the twin reports none, and neither says anything about the other's schedule.
+_REFERENCE_ONLY = frozenset({"encoder_cache", "encoder_free", "pause_state"})
+
+
 def snapshot_difference(ref: Snapshot, twin: Snapshot) -> tuple[str, Any, Any] | None:
     """The first compared field where two snapshots differ, as (``snapshot.<field>``, reference's,
-    twin's), or None. The delta links (`Snapshot.base`, the changed sets) are not compared."""
+    twin's), or None. The delta links (`Snapshot.base`, the changed sets) are not compared, nor a
+    part of a feature the twin lacks where the twin reports none (`_REFERENCE_ONLY`)."""
     for f in fields(ref):
+        if f.name in _REFERENCE_ONLY and getattr(twin, f.name) is None:
+            continue
         if f.compare and getattr(ref, f.name) != getattr(twin, f.name):
             return f"snapshot.{f.name}", _plain(getattr(ref, f.name)), _plain(getattr(twin, f.name))
     return None

@@ -21,6 +21,7 @@ from conformance.runner.fuzz import fuzz
 from conformance.runner.plan import RunPlan
 from gpu_impl.adapter_v1 import make
 from gpu_impl.batched_v1 import BatchedV1Scheduler
+from gpu_impl.lockstep import snapshot_difference
 from gpu_impl.lockstep_v1 import V1TraceBatch, run_lockstep_v1
 from gpu_impl.workload_v1 import random_v1_trace
 from reference_impl.engine import iter_steps
@@ -169,7 +170,9 @@ def test_adapter_matches_reference_engine_loop():
             assert (a.output.scheduled, a.output.preempted, a.output.ignored) == (
                 b.output.scheduled, b.output.preempted, b.output.ignored), a.step
             assert [(f.request_id, f.status) for f in a.finished] == [(f.request_id, f.status) for f in b.finished]
-            assert (a.before, a.mid, a.after) == (b.before, b.mid, b.after), a.step
+            # every compared part but those of features the twin lacks (gpu_impl.lockstep._REFERENCE_ONLY)
+            assert [snapshot_difference(x, y) for x, y in ((a.before, b.before), (a.mid, b.mid), (a.after, b.after))] \
+                == [None, None, None], a.step
 
 
 def test_builtin_adapter_says_prefix_caching_is_left_out():
