@@ -47,6 +47,14 @@ CONNECTOR_EDGES: tuple[tuple[Status, Status, str], ...] = (
     (S.RUNNING, S.FINISHED_ERROR, "load_failed"),
 )
 EDGES += CONNECTOR_EDGES
+# Structured output (spec/invariants/grammar.py): a request with a grammar_ready_step waits for its
+# grammar in the waiting queue, then waits as any other (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR).
+GRAMMAR_EDGES: tuple[tuple[Status, Status, str], ...] = (
+    (S.WAITING, S.WAITING_FOR_GRAMMAR, "await_grammar"),
+    (S.WAITING_FOR_GRAMMAR, S.WAITING, "grammar_ready"),
+    (S.WAITING_FOR_GRAMMAR, S.FINISHED_ABORTED, "abort"),
+)
+EDGES += GRAMMAR_EDGES
 
 INITIAL = S.WAITING
 

@@ -83,8 +83,12 @@ def _json_run(capsys, *argv):
 def _non_default(f) -> list[str]:
     """argv that sets field ``f`` to a valid value other than its default."""
     flag = "--" + f.name.replace("_", "-")
-    if f.name in ("enable_chunked_prefill", "enable_prefix_caching", "drop_eagle_block"):
+    if isinstance(f.default, bool):
         return [flag]
+    if f.name in ("encoder_compute_budget", "encoder_cache_size"):  # an encoder needs both (spec/config.py)
+        return ["--encoder-compute-budget", "8", "--encoder-cache-size", "8"]
+    if f.name == "kv_load_failure_policy":
+        return ["--kv-connector", flag, "fail"]
     if f.name == "kv_groups":  # full attention beside a sliding window of 8 tokens (spec/kv_groups.py)
         return [flag, '[{"kind": "full"}, {"kind": "sliding_window", "window": 8}]']
     if f.name in ("max_num_partial_prefills", "long_prefill_token_threshold"):

@@ -21,11 +21,13 @@ from pathlib import Path
 
 from conformance.commands.arguments import check_count
 from spec.config import MAX_SEQS, POLICIES, PREEMPTION_MODES, SchedulerConfig
+from spec.connector import KV_LOAD_FAILURE_POLICIES
 from spec.errors import InputError
 from spec.json_input import read_json
 from spec.trace import Trace
 
-SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "drop_eagle_block")
+SWITCHES = tuple(f.name for f in fields(SchedulerConfig) if isinstance(f.default, bool))  # --x / --no-x
+CHOICES = {"preemption_mode": PREEMPTION_MODES, "policy": POLICIES, "kv_load_failure_policy": KV_LOAD_FAILURE_POLICIES}
 
 
 def flag_of(name: str) -> str:
@@ -42,9 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help=help_text)
         elif f.name == "kv_groups":  # a JSON list of groups (spec/kv_groups.py), checked by SchedulerConfig
             p.add_argument(flag_of(f.name), dest=f.name, type=_json_list, default=None, metavar="JSON", help=help_text)
-        elif f.name in ("preemption_mode", "policy"):
-            choices = PREEMPTION_MODES if f.name == "preemption_mode" else POLICIES
-            p.add_argument(flag_of(f.name), dest=f.name, choices=choices, default=None, help=help_text)
+        elif f.name in CHOICES:
+            p.add_argument(flag_of(f.name), dest=f.name, choices=CHOICES[f.name], default=None, help=help_text)
         else:
             p.add_argument(flag_of(f.name), dest=f.name, type=float if f.name == "watermark" else int, default=None,
                            metavar="N", help=help_text)

@@ -14,6 +14,13 @@ ALL_EDGES = (
     "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)",
     "RUNNING->FINISHED_ABORTED (abort)", "RUNNING->FINISHED_IGNORED (preempt_then_ignore)",
     "SWAPPED->RUNNING (swap_in)", "SWAPPED->FINISHED_IGNORED (ignore)", "SWAPPED->FINISHED_ABORTED (abort)",
+    # a KV connector's (spec.lifecycle.CONNECTOR_EDGES)
+    "WAITING->WAITING_FOR_REMOTE_KV (load_async)", "WAITING_FOR_REMOTE_KV->RUNNING (admit_loaded)",
+    "WAITING_FOR_REMOTE_KV->WAITING (load_failed_recompute)", "WAITING_FOR_REMOTE_KV->FINISHED_ERROR (load_failed)",
+    "WAITING_FOR_REMOTE_KV->FINISHED_ABORTED (abort)", "RUNNING->FINISHED_ERROR (load_failed)",
+    # structured output's (spec.lifecycle.GRAMMAR_EDGES)
+    "WAITING->WAITING_FOR_GRAMMAR (await_grammar)", "WAITING_FOR_GRAMMAR->WAITING (grammar_ready)",
+    "WAITING_FOR_GRAMMAR->FINISHED_ABORTED (abort)",
 )  # spec.lifecycle.EDGES as the report prints them (tests/test_targets.py holds the two equal)
 
 # Invariants no engine without a swap space, or without n > 1, has anything for.
