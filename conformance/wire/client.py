@@ -383,9 +383,11 @@ class WireAdapter:
         self.start()
         lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
-        # A host shows the KV connector's record only when the config has one (spec/connector.py).
-        self.capabilities = self._hello_capabilities if config.kv_connector else \
-            self._hello_capabilities - {Capability.KV_TRANSFERS}
+        # A host shows the KV connector's record only when the config has one (spec/connector.py);
+        # every other claim stays as it is (a campaign may add one once the host is up: hybrid_hunt).
+        transfers = {Capability.KV_TRANSFERS} & self._hello_capabilities
+        self.capabilities = self.capabilities | transfers if config.kv_connector else \
+            self.capabilities - {Capability.KV_TRANSFERS}
         self._kv_scripts = {}
         params = {"config": config_to_json(config)}
         if _FOLD_RESET and getattr(self.host, "folds_reset", False):
