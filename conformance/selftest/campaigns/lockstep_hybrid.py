@@ -1,7 +1,8 @@
 """Strict lockstep: the hybrid reference against vLLM 0.33.0's V1 scheduler with hybrid KV cache groups.
 
     python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
-        async-swa|async-swa+prefix|async-mamba-none|async-mamba-align|async-local|all]
+        swa+spec|swa+prefix+spec|local+spec|async-swa|async-swa+prefix|async-mamba-none|async-mamba-align|
+        async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -19,7 +20,13 @@ on and off where vLLM allows it:
 * ``mamba-align``: full + Mamba in mode "align" (prefix caching and chunked prefill on);
 * ``local``: full + chunked local attention, prefix caching drawn.
 
-(vLLM 0.33.0 has no Mamba "all" mode, so no path draws it.) Each ``async-<path>`` is the same at
+(vLLM 0.33.0 has no Mamba "all" mode, so no path draws it.) Each ``<path>+spec`` is the layout with
+speculative decoding on (k in 1 .. ``MAX_K``, the n-gram drafter the host plays, draft decisions
+of `conformance.generation.specdec`) beside `RecordingHybridSpec`, the hybrid reference in the
+speculative lockstep's vLLM-compatible mode (`lockstep_specdec`: drafts past max_tokens, padded
+one-token admissions, the in-flight clamp at max_model_len), also comparing every sequence's
+token count; no Mamba path has drafts (the reference does not model vLLM's per-draft state
+blocks, ``MambaSpec.num_speculative_blocks``). Each ``async-<path>`` is the same at
 ``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
 `RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
 driver runs those traces whole, since at depth 1 some synchronous safety statements fire on
@@ -40,6 +47,7 @@ from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.hybrid import fitting_pool, hybrid_configs
+from conformance.generation.specdec import MAX_K, with_drafts
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
@@ -55,7 +63,7 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local")
+SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
@@ -104,6 +112,15 @@ class RecordingHybrid(GenerateDoor, RecordsSnapshots, EngineHybridV1):
     after every step's update."""
 
 
+class RecordingHybridSpec(RecordingHybrid):
+    """`RecordingHybrid` with drafts, in the speculative lockstep's vLLM-compatible mode
+    (`conformance.selftest.campaigns.lockstep_specdec.RecordingSpec`'s knobs)."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
+
+
 class RecordingHybridAsync(GenerateDoor, RecordsSnapshots, HybridAsyncScheduler):
     """The pipelined hybrid reference at depth 1 (the host runs vLLM at depth 1) behind V1's front
     door, keeping its snapshot after every step. The async paths draw no watermark (the async
@@ -111,6 +128,14 @@ class RecordingHybridAsync(GenerateDoor, RecordsSnapshots, HybridAsyncScheduler)
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+class RecordingHybridAsyncSpec(RecordingHybridAsync):
+    """`RecordingHybridAsync` with drafts, in the speculative lockstep's vLLM-compatible mode."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
 
 
 def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
@@ -126,6 +151,9 @@ def path_strategy(path: str) -> st.SearchStrategy:
         return path_strategy(path.removeprefix("async-")).map(
             lambda t: dataclasses.replace(t, config=fitting_pool(dataclasses.replace(t.config, pipeline_depth=1,
                                                                                      watermark=0.0))))
+    if path.endswith("+spec"):
+        return path_strategy(path.removesuffix("+spec")).flatmap(
+            lambda t: st.integers(1, MAX_K).flatmap(lambda k: with_drafts(t, k=k)))
     layout = {"swa": "swa", "swa+prefix": "swa", "mamba-none": "mamba", "mamba-align": "mamba", "local": "local"}[path]
     if path == "mamba-none":
         configs = hybrid_configs(layout).filter(lambda c: not c.enable_prefix_caching)
@@ -160,10 +188,13 @@ def compare_state(result, reference: RecordingHybrid) -> tuple[int, str, Any, An
 
 def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
     """One lockstep run; a config with ``pipeline_depth`` 1 runs beside `RecordingHybridAsync` (the
-    adapter must then be the vllm-v1-async host's) and also compares the delivered tokens."""
+    adapter must then be the vllm-v1-async host's), one with k > 0 beside the ``Spec`` classes;
+    either also compares the delivered tokens."""
     holder: list = []
     pipelined = trace.config.pipeline_depth > 0
-    reference = RecordingHybridAsync if pipelined else RecordingHybrid
+    drafting = trace.config.num_speculative_tokens > 0
+    reference = {(False, False): RecordingHybrid, (False, True): RecordingHybridSpec,
+                 (True, False): RecordingHybridAsync, (True, True): RecordingHybridAsyncSpec}[pipelined, drafting]
 
     def factory(config: SchedulerConfig):
         holder.append(reference(config))
@@ -172,7 +203,7 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
     result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
                          stop_at_first=not pipelined)
     state = compare_state(result, holder[0]) if holder else None
-    if pipelined and holder:
+    if (pipelined or drafting) and holder:
         tokens = compare_tokens(result, holder[0])
         if tokens is not None and (state is None or tokens[0] < state[0]):
             state = tokens
@@ -183,13 +214,17 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
-    steps = agreeing = 0
+    steps = agreeing = drafted_steps = drafts = 0
     started = time.monotonic()
     for done, trace in enumerate(traces, 1):
         if done % 50 == 1 and done > 1:
             print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
         outcome = run_one(adapter, trace, invariants)
         steps += len(outcome.result.records)
+        for rec in outcome.result.records:  # a +spec path that scheduled no draft tested nothing of drafts
+            with_drafts_now = [s.num_drafts for s in rec.output.scheduled if s.num_drafts]
+            drafted_steps += bool(with_drafts_now)
+            drafts += sum(with_drafts_now)
         for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         if outcome.divergence_step is None:
@@ -197,7 +232,8 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
             continue
         by_field[outcome.field or "?"] += 1
         first.setdefault((path, outcome.field or "?"), (trace, outcome))
-    return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
+    drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if path.endswith("+spec") else {}
+    return {"traces": len(traces), "steps": steps, **drafted, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())), "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
 
