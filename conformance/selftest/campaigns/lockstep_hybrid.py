@@ -1,8 +1,9 @@
 """Strict lockstep: the hybrid reference against vLLM 0.33.0's V1 scheduler with hybrid KV cache groups.
 
     python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
-        swa+spec|swa+prefix+spec|local+spec|async-swa|async-swa+prefix|async-mamba-none|async-mamba-align|
-        async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|all]
+        swa+spec|swa+prefix+spec|local+spec|mamba-none+spec|async-swa|async-swa+prefix|async-mamba-none|
+        async-mamba-align|async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|
+        async-mamba-none+spec|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -25,8 +26,11 @@ speculative decoding on (k in 1 .. ``MAX_K``, the n-gram drafter the host plays,
 of `conformance.generation.specdec`) beside `RecordingHybridSpec`, the hybrid reference in the
 speculative lockstep's vLLM-compatible mode (`lockstep_specdec`: drafts past max_tokens, padded
 one-token admissions, the in-flight clamp at max_model_len), also comparing every sequence's
-token count; no Mamba path has drafts (the reference does not model vLLM's per-draft state
-blocks, ``MambaSpec.num_speculative_blocks``). Each ``async-<path>`` is the same at
+token count. ``mamba-none+spec`` keeps one state block per request, as the host's
+``MambaSpec(num_speculative_blocks=0)`` does: the layout vLLM builds with ReplaySSM
+(``cache_config.use_replayssm``, model_executor/layers/mamba/abstract.py:86-90; without it a
+"none" group holds 1 + k state blocks, v1/core/single_type_kv_cache_manager.py:1714-1720, which
+the reference does not model); "align" with drafts is not modelled (the reference refuses it). Each ``async-<path>`` is the same at
 ``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
 `RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
 driver runs those traces whole, since at depth 1 some synchronous safety statements fire on
@@ -63,7 +67,8 @@ from spec.config import SchedulerConfig
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec")
+SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec",
+              "mamba-none+spec")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
