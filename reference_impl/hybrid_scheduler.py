@@ -30,7 +30,7 @@ as the async reference does): drafts take slots in every group like any token; a
 the computed tokens back, so skipped blocks are freed on the tokens the outcomes kept (vLLM frees
 on the processed-token basis, kv_cache_manager.py:556-568, "rejected spec tokens can roll it
 back"), and blocks are keyed only up to the request's committed tokens in every group
-(``num_tokens_to_cache``, kv_cache_manager.py:614-624). A Mamba group that caches states refuses
+(``num_tokens_to_cache``, kv_cache_manager.py:614-625). A Mamba group that caches states refuses
 drafts (vLLM's per-draft state blocks, ``MambaSpec.num_speculative_blocks``, are not modelled).
 
 With no group besides the full-attention one every hook returns what V1's does, so the flow is
