@@ -165,3 +165,22 @@ def test_drafts_take_window_slots_and_slide_it() -> None:
     assert any(s.num_drafts for rec in steps for s in rec.output.scheduled)
     tables = [rec.after.group_tables["A#0"][0] for rec in steps if "A#0" in (rec.after.group_tables or {})]
     assert -1 in tables[-1] and tables[-1][-1] != -1
+
+
+def test_padding_to_one_plus_k_over_the_budget_starves_admission() -> None:
+    """lockstep_hybrid's ``padded-admission-starves-below-1+k`` (a vLLM defect, scheduler.py:1309-1328):
+    with a budget of 2 tokens and k = 3, B's hit on all but its last token is padded to 4 tokens,
+    which never fit, and admission stops for ever; the spec's admission (no padding) serves B."""
+    from conformance.flows.profiles import invariants_of
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=2, max_model_len=17, watermark=0.0, preemption_mode="recompute",
+                             enable_chunked_prefill=True, enable_prefix_caching=True, num_speculative_tokens=3,
+                             kv_groups=[{"kind": "full"}, {"kind": "sliding_window", "window": 6}])
+    trace = Trace(config, (Arrival(0, Request("A", 3, 2, prompt_tokens=(1, 1, 0))),
+                           Arrival(6, Request("B", 3, 2, prompt_tokens=(1, 1, 0)))), max_steps=30)
+    padded = type("Padded", (HybridSpecDecScheduler,), {"pads_new_decode_drafts": True})
+    liveness = invariants_of(("liveness",))
+    assert {"LIV-001", "LIV-003"} <= violated(padded, trace, invariants=liveness)
+    assert violated(HybridSpecDecScheduler, trace, invariants=liveness) == set()

@@ -101,6 +101,19 @@ CLASSES: dict[str, tuple[str, str]] = {
         "40 s wall on a quiet machine). Read as the harness's timeout, not an engine hang, because each fault is in "
         "reset, before any step; the 1000-trace run (load average 7.5-15.7) had none.",
     ),
+    "padded-admission-starves-below-1+k": (
+        "vllm-defect",
+        "async-swa+prefix+spec, 9 of 200 traces of the first run (LIV-001/002/003 on both sides: the engine and the "
+        "reference agree step for step and stall together). With max_num_batched_tokens < 1 + k (vLLM accepts it, "
+        "config/vllm.py:2345-2366 only warns below 8192), a request admitted from waiting with a prefix hit on all "
+        "but its last token is padded to 1 + k tokens with placeholder drafts (v1/core/sched/scheduler.py:1309-1326), "
+        "and a padding that exceeds the request's token budget ends admission ('Prefer to not schedule than schedule "
+        "un-padded', scheduler.py:1327-1328): with the whole budget below 1 + k it never fits, so the waiting head "
+        "and every request behind it wait for ever on an idle engine with free blocks. Not specific to groups (the "
+        "one-group async flow has it too; the speculative lockstep's sync and async paths check safety only, which "
+        "does not see a stall). Classified by counterfactual: the reference with the spec's admission (no padding, "
+        "SPD-002) finishes the same trace with no liveness violation.",
+    ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
         "The first async-swa run drew pools sized for depth 0; at depth 1 a window's admission cap grows by a batch "
@@ -215,9 +228,29 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
     return Outcome(result, state)
 
 
+def classify(trace: Trace, outcome: Outcome) -> str:
+    """A divergent trace's class in `CLASSES`, or ``unclassified``. ``padded-admission-starves-below-1+k``:
+    the engine and the reference agree (no decision or state differs), only liveness statements
+    fail, the budget is below 1 + k, and the reference without vLLM's padding holds liveness."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.mutants import violated
+
+    config = trace.config
+    problems = outcome.result.problem_ids - {"LOCKSTEP"}
+    agreed = outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
+    if (agreed and problems and all(p.startswith("LIV-") for p in problems)
+            and 1 + config.num_speculative_tokens > config.max_num_batched_tokens):
+        base = HybridAsyncScheduler if config.pipeline_depth else EngineHybridV1
+        unpadded = type("Unpadded", (base,), {"drafts_past_max_tokens": True, "clamps_chunk_at_max_model_len": True})
+        if not {p for p in violated(unpadded, trace, invariants=invariants_of(("liveness",))) if p.startswith("LIV-")}:
+            return "padded-admission-starves-below-1+k"
+    return "unclassified"
+
+
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
+    by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = drafted_steps = drafts = 0
     started = time.monotonic()
@@ -236,10 +269,12 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
             agreeing += 1
             continue
         by_field[outcome.field or "?"] += 1
+        by_class[classify(trace, outcome)] += 1
         first.setdefault((path, outcome.field or "?"), (trace, outcome))
     drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if path.endswith("+spec") else {}
     return {"traces": len(traces), "steps": steps, **drafted, "agreeing_traces": agreeing,
-            "divergent_by_field": dict(sorted(by_field.items())), "violations": dict(sorted(violations.items())),
+            "divergent_by_field": dict(sorted(by_field.items())),
+            "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
 
 
