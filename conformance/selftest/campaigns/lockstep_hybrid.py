@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     invariants = get_profile("safety").invariants()
     report: dict[str, Any] = {"version": 1, "targets": {"sync": "vllm-v1", "async-*": "vllm-v1-async"},
                               "package": get_target("vllm-v1").version,
-                              "reference": "conformance.selftest.campaigns.lockstep_hybrid:RecordingHybrid",
+                              "reference": "conformance.selftest.campaigns.lockstep_hybrid:RecordingHybrid (async-*: "
+                                           "RecordingHybridAsync; *+spec: RecordingHybridSpec, RecordingHybridAsyncSpec)",
                               "seed": args.seed, "paths": {}, "classes": {}, "first_divergences": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
