@@ -59,6 +59,7 @@ from conformance.runner.driver import run_checked
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
 from conformance.selftest.campaigns.lockstep_async import compare_tokens
+from conformance.selftest.campaigns.lockstep_specdec import CLASSES as SPECDEC_CLASSES
 from conformance.selftest.campaigns.lockstep_v1 import Outcome, state_of
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
@@ -113,6 +114,10 @@ CLASSES: dict[str, tuple[str, str]] = {
         "one-group async flow has it too; the speculative lockstep's sync and async paths check safety only, which "
         "does not see a stall). Classified by counterfactual: the reference with the spec's admission (no padding, "
         "SPD-002) finishes the same trace with no liveness violation.",
+    ),
+    "padded-admission-cut-by-threshold": (
+        "vllm-defect",
+        "local+spec, 9 of 1000 traces (FAULT-raised): " + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
     ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
@@ -229,13 +234,16 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60) -> Outcome:
 
 
 def classify(trace: Trace, outcome: Outcome) -> str:
-    """A divergent trace's class in `CLASSES`, or ``unclassified``. ``padded-admission-starves-below-1+k``:
+    """A divergent trace's class in `CLASSES`, or ``unclassified``. ``padded-admission-cut-by-threshold``:
+    vLLM's assertion at scheduler.py:1579 (`lockstep_specdec`'s class). ``padded-admission-starves-below-1+k``:
     the engine and the reference agree (no decision or state differs), only liveness statements
     fail, the budget is below 1 + k, and the reference without vLLM's padding holds liveness."""
     from conformance.flows.profiles import invariants_of
     from conformance.selftest.mutants import violated
 
     config = trace.config
+    if outcome.result.fault is not None and "scheduler.py:1579" in str(outcome.result.fault):
+        return "padded-admission-cut-by-threshold"
     problems = outcome.result.problem_ids - {"LOCKSTEP"}
     agreed = outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
     if (agreed and problems and all(p.startswith("LIV-") for p in problems)
