@@ -110,9 +110,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         "but its last token is padded to 1 + k tokens with placeholder drafts (v1/core/sched/scheduler.py:1309-1326), "
         "and a padding that exceeds the request's token budget ends admission ('Prefer to not schedule than schedule "
         "un-padded', scheduler.py:1327-1328): with the whole budget below 1 + k it never fits, so the waiting head "
-        "and every request behind it wait for ever on an idle engine with free blocks. Not specific to groups (the "
-        "one-group async flow has it too; the speculative lockstep's sync and async paths check safety only, which "
-        "does not see a stall). Classified by counterfactual: the reference with the spec's admission (no padding, "
+        "and every request behind it wait for ever on an idle engine with free blocks. The padding is the scheduler's, "
+        "not a group manager's (the reference in vLLM's mode stalls with one full group too; the speculative "
+        "lockstep checks safety only, which does not see a stall). Classified by counterfactual: the reference with the spec's admission (no padding, "
         "SPD-002) finishes the same trace with no liveness violation.",
     ),
     "padded-admission-cut-by-threshold": (
