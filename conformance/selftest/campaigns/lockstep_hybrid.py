@@ -117,7 +117,7 @@ CLASSES: dict[str, tuple[str, str]] = {
     ),
     "padded-admission-cut-by-threshold": (
         "vllm-defect",
-        "local+spec 9 and mamba-none+spec 2 of 1000 traces each (FAULT-raised): "
+        "FAULT-raised on the +spec paths with a threshold below 1 + k (counts per path in the report's by_class): "
         + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
     ),
     "unclassified": (
