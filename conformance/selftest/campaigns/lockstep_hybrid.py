@@ -127,7 +127,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         "async-local-spec-num-tokens-open.json, step 3: the reference holds 3 tokens of r1, vLLM 4). Not yet "
         "explained: no vLLM source line is claimed for it. The one-group async speculative lockstep agrees on its "
         "preemption shape, so the chunked local group's admission or the preempted request's in-flight outcome is "
-        "the first place to look.",
+        "the first place to look. And async-swa+prefix+spec, 17 of 1000 traces: LIV-001/002/003 on both sides "
+        "(engine and reference agree at every step and stall together) where the padding counterfactual does "
+        "not clear the stall; not explained yet.",
     ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
