@@ -24,6 +24,15 @@ attention), all over its one pool, by overriding the hooks where V1 touches bloc
    stops admission (scheduler.py:891-909, 1351-1355).
 4. Freeing a request frees every group's table, group 0 first (`KVCacheCoordinator.free`).
 
+The speculative flow (``num_speculative_tokens`` = k > 0, `reference_impl.specdec_scheduler`)
+composes the same way (`HybridSpecDecScheduler`; the pipelined `HybridAsyncScheduler` takes k
+as the async reference does): drafts take slots in every group like any token; a rejection rolls
+the computed tokens back, so skipped blocks are freed on the tokens the outcomes kept (vLLM frees
+on the processed-token basis, kv_cache_manager.py:556-568, "rejected spec tokens can roll it
+back"), and blocks are keyed only up to the request's committed tokens in every group
+(``num_tokens_to_cache``, kv_cache_manager.py:614-625). A Mamba group that caches states refuses
+drafts (vLLM's per-draft state blocks, ``MambaSpec.num_speculative_blocks``, are not modelled).
+
 With no group besides the full-attention one every hook returns what V1's does, so the flow is
 V1's step for step (tests/test_hybrid_reference.py replays the V1 flow's traces to prove it).
 Where this differs from vLLM 0.33.0: listed in `reference_impl.kv_groups`.
@@ -35,6 +44,7 @@ import dataclasses
 
 from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.kv_groups import GroupTables
+from reference_impl.specdec_scheduler import SpecDecScheduler
 from reference_impl.v1_scheduler import CAPABILITIES, EngineWatermarkV1, TrackedRequest, V1Scheduler
 from spec.config import SchedulerConfig
 from spec.errors import InputError
@@ -212,6 +222,10 @@ class HybridV1Scheduler(KVGroupsMixin, V1Scheduler):
 
 class EngineHybridV1(KVGroupsMixin, EngineWatermarkV1):
     """The hybrid reference with vLLM 0.33.0's own watermark rule, for lockstep against the engine."""
+
+
+class HybridSpecDecScheduler(KVGroupsMixin, SpecDecScheduler):
+    """The speculative-decoding flow (k > 0 from the config) over hybrid KV cache groups."""
 
 
 class HybridAsyncScheduler(KVGroupsMixin, AsyncV1Scheduler):

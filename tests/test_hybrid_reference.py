@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.hybrid import hybrid_traces
+from conformance.generation.specdec import specdec_traces, with_drafts
 from conformance.generation.v1 import v1_traces
 from conformance.selftest.mutants import violated
 from reference_impl.engine import iter_steps
@@ -19,7 +20,9 @@ from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.kv_groups import KVGroup
-from spec.trace import Trace
+from spec.speculative import DraftDecision
+from spec.trace import Arrival, Trace
+from spec.types import Request
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
@@ -105,3 +108,79 @@ def test_pipelined_reference_holds_the_async_profile(trace: Trace) -> None:
     from reference_impl.hybrid_scheduler import HybridAsyncScheduler
 
     assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
+
+
+CHEAP = settings(max_examples=8, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=list(HealthCheck))
+
+
+@CHEAP
+@given(specdec_traces())
+def test_one_full_group_is_the_specdec_reference_step_for_step(trace: Trace) -> None:
+    """The speculative flow's traces (k > 0, draft decisions) on the hybrid speculative reference
+    with one full-attention group: the speculative reference's outputs, tables and keys at every step."""
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+    from reference_impl.specdec_scheduler import SpecDecScheduler
+
+    one = dataclasses.replace(trace, config=dataclasses.replace(trace.config, kv_groups=(KVGroup("full"),)))
+    assert _steps(HybridSpecDecScheduler, one) == _steps(SpecDecScheduler, trace)
+
+
+@CHEAP
+@given(hybrid_traces(layout="swa").flatmap(with_drafts))
+def test_speculative_reference_with_a_window_holds_the_hybrid_and_specdec_profiles(trace: Trace) -> None:
+    """Drafts over a sliding-window group (sync and at depth 1): the hybrid profile and the
+    speculative one hold (`test_drafts_take_window_slots_and_slide_it` shows drafts scheduled)."""
+    from conformance.flows.profiles import invariants_of
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler, HybridSpecDecScheduler
+
+    invariants = invariants_of(("hybrid", "specdec"))
+    assert violated(HybridSpecDecScheduler, trace, invariants=invariants) == set()
+    assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
+
+
+def test_drafts_with_a_caching_mamba_group_are_refused() -> None:
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(enable_chunked_prefill=True, enable_prefix_caching=True, num_speculative_tokens=2,
+                             kv_groups=[{"kind": "full"}, {"kind": "mamba", "mode": "align"}])
+    with pytest.raises(InputError) as err:
+        HybridSpecDecScheduler(config)
+    assert err.value.where == "config.num_speculative_tokens"
+
+
+def test_drafts_take_window_slots_and_slide_it() -> None:
+    """One request decoding with k = 2 over a 3-token window, every draft accepted: drafts are
+    scheduled, and the window group's table nulls the blocks behind the window as drafts commit."""
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=24, watermark=0.0, preemption_mode="recompute",
+                             num_speculative_tokens=2, kv_groups=[{"kind": "full"}, {"kind": "sliding_window",
+                                                                                       "window": 3}])
+    accept = DraftDecision(proposed=2, accepted=2)
+    trace = Trace(config, (Arrival(0, Request("A", 4, 12)),), max_steps=8,
+                  drafts=tuple((step, "A#0", accept) for step in range(8)))
+    steps = list(iter_steps(trace, HybridSpecDecScheduler(config)))
+    assert any(s.num_drafts for rec in steps for s in rec.output.scheduled)
+    tables = [rec.after.group_tables["A#0"][0] for rec in steps if "A#0" in (rec.after.group_tables or {})]
+    assert -1 in tables[-1] and tables[-1][-1] != -1
+
+
+def test_padding_to_one_plus_k_over_the_budget_starves_admission() -> None:
+    """lockstep_hybrid's ``padded-admission-starves-below-1+k`` (a vLLM defect, scheduler.py:1309-1328):
+    with a budget of 2 tokens and k = 3, B's hit on all but its last token is padded to 4 tokens,
+    which never fit, and admission stops for ever; the spec's admission (no padding) serves B."""
+    from conformance.flows.profiles import invariants_of
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=16, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=2, max_model_len=17, watermark=0.0, preemption_mode="recompute",
+                             enable_chunked_prefill=True, enable_prefix_caching=True, num_speculative_tokens=3,
+                             kv_groups=[{"kind": "full"}, {"kind": "sliding_window", "window": 6}])
+    trace = Trace(config, (Arrival(0, Request("A", 3, 2, prompt_tokens=(1, 1, 0))),
+                           Arrival(6, Request("B", 3, 2, prompt_tokens=(1, 1, 0)))), max_steps=30)
+    padded = type("Padded", (HybridSpecDecScheduler,), {"pads_new_decode_drafts": True})
+    liveness = invariants_of(("liveness",))
+    assert {"LIV-001", "LIV-003"} <= violated(padded, trace, invariants=liveness)
+    assert violated(HybridSpecDecScheduler, trace, invariants=liveness) == set()

@@ -582,6 +582,8 @@ def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
              "| path | traces | steps | agree | divergent (first field) | seconds |", "| --- | --- | --- | --- | --- | --- |"]
     for path, p in data["paths"].items():
         fields = "; ".join(f"{k} x{n}" for k, n in p["divergent_by_field"].items()) or "none"
+        if p.get("by_class"):
+            fields += " (" + "; ".join(f"`{k}` x{n}" for k, n in p["by_class"].items()) + ")"
         lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {fields} | {p['seconds']} |")
     for key, first in data.get("first_divergences", {}).items():
         lines.append(f"\nFirst divergence `{key}`: {first['message'][:300]}")
