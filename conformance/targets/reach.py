@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-ALL_EDGES = (
+CORE_EDGES = (
     "WAITING->RUNNING (admit)", "WAITING->FINISHED_IGNORED (ignore)", "WAITING->FINISHED_ABORTED (abort)",
     "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)", "RUNNING->SWAPPED (swap_out)",
     "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)",
     "RUNNING->FINISHED_ABORTED (abort)", "RUNNING->FINISHED_IGNORED (preempt_then_ignore)",
     "SWAPPED->RUNNING (swap_in)", "SWAPPED->FINISHED_IGNORED (ignore)", "SWAPPED->FINISHED_ABORTED (abort)",
+)  # the lifecycle without a KV connector or grammar waits (what V0 and the other engines hosted take)
+ALL_EDGES = CORE_EDGES + (
     # a KV connector's (spec.lifecycle.CONNECTOR_EDGES)
     "WAITING->WAITING_FOR_REMOTE_KV (load_async)", "WAITING_FOR_REMOTE_KV->RUNNING (admit_loaded)",
     "WAITING_FOR_REMOTE_KV->WAITING (load_failed_recompute)", "WAITING_FOR_REMOTE_KV->FINISHED_ERROR (load_failed)",
