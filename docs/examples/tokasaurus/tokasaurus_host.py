@@ -118,6 +118,7 @@ class TokasaurusEngine:
         self.cancelled_now: list[str] = []
         self.order: list[str] = []
         self.mid_step = False  # between schedule() and update(): the step is in flight
+        self.step_no = 0  # each trace counts its steps from 0 (normalize.check_output checks it)
         tm.prepare_and_submit_to_model = self._submit
 
     def _submit(self, state, decision, hydragen_groups=None):
@@ -191,7 +192,7 @@ class TokasaurusEngine:
                 scheduled.append({"seq": kv_seq_id(seq.id), "request": seq.request.id, "tokens": n, "prefill": True})
             for seq in d.decoding_seqs:
                 scheduled.append({"seq": kv_seq_id(seq.id), "request": seq.request.id, "tokens": 1, "prefill": False})
-        out = {"step": self.step_no if hasattr(self, "step_no") else 0, "scheduled": scheduled,
+        out = {"step": self.step_no, "scheduled": scheduled,
                "preempted": [{"request": r, "mode": "recompute"} for r in preempted]}
         self.step_no = out["step"] + 1
         return out
