@@ -121,7 +121,7 @@ mutant("connector-schedules-loading-request", "a request is scheduled while its 
 mutant("connector-frees-while-sending", "a finished request's blocks are freed while its send is in flight",
        ("KVC-002",), **_CONNECTOR)(FreesWhileSending)
 mutant("connector-caches-loading-blocks", "an asynchronous load's blocks are cached before the load lands",
-       ("KVC-003",), **_CONNECTOR)(CachesLoadingBlocks)
+       ("KVC-003", "KVC-010"), **_CONNECTOR)(CachesLoadingBlocks)
 mutant("connector-allocates-past-the-load", "an asynchronous load allocates its whole sequence up front",
        ("KVC-004",), **_CONNECTOR)(AllocatesPastTheLoad)
 mutant("connector-keeps-failed-tokens", "a landed load counts the tokens of its failed blocks as computed",

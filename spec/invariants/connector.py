@@ -139,12 +139,14 @@ def transfer_blocks_held(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 
 @invariant(
-    "KVC-003", "safety",
+    "KVC-003", "policy",
     """A block an asynchronous load writes is not findable in the prefix cache while the load is in
     flight: it has no key.""",
-    """Another request that found it by its key would read KV that has not landed (vLLM allocates
-    an asynchronous load with ``delay_cache_blocks`` and caches the blocks only once the load
-    reports, in ``_update_waiting_for_remote_kv``, scheduler.py:1436-1449, 3467-3505).""",
+    """So no other request finds it by its key and reads KV that has not landed (vLLM allocates an
+    asynchronous load with ``delay_cache_blocks`` and caches the blocks only once the load reports,
+    in ``_update_waiting_for_remote_kv``, scheduler.py:1436-1449, 3467-3505). Policy: a design that
+    keys the blocks early and makes a request that hits them wait for the load is correct; what
+    every design owes is KVC-010, nobody computes over them.""",
     (C.KV_TRANSFERS, C.PREFIX_CACHE),
     about=STEP, when=loads_in_flight,
 )
@@ -158,6 +160,29 @@ def loading_blocks_unkeyed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 keyed = [b for b in t.blocks if b < len(keys) and keys[b] is not None]
                 if keyed:
                     yield f"{label}: {rid}'s load in flight writes blocks {keyed}, already cached under a key"
+
+
+@invariant(
+    "KVC-010", "safety",
+    """No request is scheduled in a step while its table holds a block that another request's
+    asynchronous load, in flight when the step begins, is still writing.""",
+    """It would compute over KV that has not landed. KVC-001 says so of the loading request itself;
+    this rule says it of everyone else, whatever the prefix cache does: a design may make a loading
+    block findable early (KVC-003, vLLM's policy, is not to) only if a request that hits it waits
+    for the load, as vLLM's own loader waits (scheduler.py:3519-3530).""",
+    (C.KV_TRANSFERS, C.BLOCK_TABLES),
+    about=SCHEDULE, when=loads_at_start,
+)
+def nobody_computes_over_a_load(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    writer = {block: rid for rid, t in _transfers(rec.before).items() if t.kind == "load" and t.load_async
+              for block in t.blocks}
+    tables = (rec.mid if rec.mid is not None else rec.after).seqs or {}
+    for item in rec.output.scheduled:
+        view = tables.get(item.seq_id)
+        over = sorted(b for b in (view.blocks or () if view is not None else ()) if writer.get(b, item.request_id) != item.request_id)
+        if over:
+            yield (f"{item.request_id} is scheduled with block(s) {over} in its table while {writer[over[0]]}'s "
+                   "KV load still writes them")
 
 
 @invariant(

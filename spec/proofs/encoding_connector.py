@@ -406,5 +406,7 @@ CONNECTOR_SCOPE = {
     "RES-004": "a delayed free keeps a finished request's blocks while its send is in flight (KVC-007's state part)",
     "KVC-003": "prefix caching is off in the v1 and connector encodings: no key to check",
     "KVC-008": "liveness over one step's admissions (not a state invariant)",
+    "KVC-010": "about one step's schedule over the tables (not a state invariant); with prefix caching off in "
+               "these encodings no other table holds a loading block at all (KVC-002, proved)",
     "KVC-009": "liveness over steps (not a state invariant)",
 }
