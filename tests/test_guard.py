@@ -74,3 +74,19 @@ def test_someone_elses_alarm_is_put_back():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_guard_off_the_main_thread_leaves_no_thread_behind():
+    """The driver makes a guard per trace; off the main thread each starts a worker thread, which
+    must end with its guard (a campaign of thousands of traces once ran out of threads)."""
+    counts: list[int] = []
+
+    def traces() -> None:
+        for _ in range(50):
+            assert Guard(5.0).call("schedule", lambda: 1) == 1
+        counts.append(threading.active_count())
+
+    thread = threading.Thread(target=traces)
+    thread.start()
+    thread.join()
+    assert counts[0] < 10, counts

@@ -26,6 +26,7 @@ import sysconfig
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,16 @@ except ImportError:  # pragma: no cover - other Python implementations
     _raw_getsignal = signal.getsignal
 
 
+def _serve(jobs: queue.Queue, results: queue.Queue) -> None:
+    """A guard's worker thread: runs the calls put on ``jobs`` until it is handed ``None``."""
+    while (job := jobs.get()) is not None:
+        fn, args, kwargs = job
+        try:
+            results.put((True, fn(*args, **kwargs)))
+        except BaseException as err:  # noqa: BLE001 - reported to the caller as a fault
+            results.put((False, err))
+
+
 class Guard:
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
@@ -202,19 +213,14 @@ class Guard:
                 signal.setitimer(signal.ITIMER_REAL, left, previous_interval)
 
     # -- on a worker thread --------------------------------------------------------------------
-    def _worker(self) -> None:
-        assert self._jobs is not None
-        while True:
-            fn, args, kwargs = self._jobs.get()
-            try:
-                self._result.put((True, fn(*args, **kwargs)))
-            except BaseException as err:  # noqa: BLE001 - reported to the caller as a fault
-                self._result.put((False, err))
-
     def _call_in_worker(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self._jobs is None:
             self._jobs = queue.Queue()
-            threading.Thread(target=self._worker, daemon=True, name="kvsched-adapter").start()
+            threading.Thread(target=_serve, args=(self._jobs, self._result), daemon=True, name="kvsched-adapter").start()
+            # The thread holds the queues, never the guard: once the guard is gone it is told to
+            # end, so a guard per trace off the main thread no longer leaves a thread per trace
+            # (a lockstep campaign of thousands of traces ran out of threads).
+            weakref.finalize(self, self._jobs.put, None)
         self._jobs.put((fn, args, kwargs))
         try:
             ok, value = self._result.get(timeout=self.timeout)
