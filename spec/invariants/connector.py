@@ -144,7 +144,7 @@ def transfer_blocks_held(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     flight: it has no key.""",
     """So no other request finds it by its key and reads KV that has not landed (vLLM allocates an
     asynchronous load with ``delay_cache_blocks`` and caches the blocks only once the load reports,
-    in ``_update_waiting_for_remote_kv``, scheduler.py:1436-1449, 3467-3505). Policy: a design that
+    in ``_update_waiting_for_remote_kv``, scheduler.py:1436-1449, 3467-3505). Policy, not safety: a design that
     keys the blocks early and makes a request that hits them wait for the load is correct; what
     every design owes is KVC-010, nobody computes over them.""",
     (C.KV_TRANSFERS, C.PREFIX_CACHE),
