@@ -179,7 +179,8 @@ def nobody_computes_over_a_load(ctx: CheckContext, rec: StepRecord) -> Iterator[
     tables = (rec.mid if rec.mid is not None else rec.after).seqs or {}
     for item in rec.output.scheduled:
         view = tables.get(item.seq_id)
-        over = sorted(b for b in (view.blocks or () if view is not None else ()) if writer.get(b, item.request_id) != item.request_id)
+        blocks = (view.blocks or ()) if view is not None else ()
+        over = sorted(b for b in blocks if b in writer and writer[b] != item.request_id)
         if over:
             yield (f"{item.request_id} is scheduled with block(s) {over} in its table while {writer[over[0]]}'s "
                    "KV load still writes them")

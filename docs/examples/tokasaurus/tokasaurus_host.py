@@ -194,7 +194,7 @@ class TokasaurusEngine:
                 scheduled.append({"seq": kv_seq_id(seq.id), "request": seq.request.id, "tokens": 1, "prefill": False})
         out = {"step": self.step_no, "scheduled": scheduled,
                "preempted": [{"request": r, "mode": "recompute"} for r in preempted]}
-        self.step_no = out["step"] + 1
+        self.step_no += 1
         return out
 
     def update(self, stopped: list) -> list:
