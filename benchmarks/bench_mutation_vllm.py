@@ -19,7 +19,9 @@ judged by kvsched and by vLLM's own tests on the same mutants, over one populati
 5. Judges per mutant: kvsched's lockstep judges, one per lockstep campaign and host
    (`conformance.selftest.mutation.kvsched_judge.judges`: ``vllm-v1`` synchronous, ``vllm-v1-async``
    pipelined, ``vllm-v1-async+specdec`` speculative, ``vllm-v1-hybrid`` and ``vllm-v1-async+hybrid``
-   hybrid KV cache groups; ``--judge-traces NAME=N`` sets any judge's traces), cheapest first by
+   hybrid KV cache groups, ``vllm-v1-connector`` the scripted KV connector, ``vllm-v1-budgets``
+   encoder inputs, LoRA, pause and grammar waits; ``--judge-traces NAME=N`` sets any judge's
+   traces; a judge added later judges the mutants no judge has oracle-killed yet), cheapest first by
    their baseline's time, until one kills it with an oracle kill or a timeout (a crash kill goes on
    to the next); vLLM's ``tests/v1/core`` (the tests that run the mutated line, fastest first).
    Results are written after every mutant: an interrupted run resumes.
@@ -145,6 +147,12 @@ def drop_judge(doc: dict, key: str) -> None:
     doc.get("baseline_seconds", {}).pop(key, None)
     for entry in doc["mutants"].values():
         entry.pop(key, None)
+
+
+def stale_baseline(cached: list[dict], fresh: list[dict]) -> bool:
+    """The cached baseline is not the suite's today: another count, or another finding or step count
+    on some trace (its traces, the host or the reference changed since it was measured)."""
+    return len(cached) != len(fresh) or any(a != b for a, b in zip(cached, fresh, strict=True))
 
 
 def owns(key: str, judge_set: set[str]) -> bool:
@@ -309,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         for entry in results["mutants"].values():
             for name in [k for k, v in entry.items() if k.startswith("kvsched:") and v.get("verdict") in redo]:
                 entry.pop(name)
-    todo = [m for m in desc.judging_order(mutants, args.seed)
-            if ("kvsched" in judge_set and not done_with_kvsched(results["mutants"].get(m["id"], {}), names))
-            or ("pytest" in judge_set and "pytest" not in results["mutants"].get(m["id"], {}))]
-    if args.limit:
-        todo = todo[:args.limit]
+
+    def to_judge() -> list[dict]:
+        todo = [m for m in desc.judging_order(mutants, args.seed)
+                if ("kvsched" in judge_set and not done_with_kvsched(results["mutants"].get(m["id"], {}), names))
+                or ("pytest" in judge_set and "pytest" not in results["mutants"].get(m["id"], {}))]
+        return todo[:args.limit] if args.limit else todo
+
+    todo = to_judge()
     family = "-".join(sorted(judge_set))  # the other judge's run may go on beside this one
     overlays = desc.materialize(tool, site, todo, workspace.scratch() / family)
 
@@ -332,16 +343,30 @@ def main(argv: list[str] | None = None) -> int:
         if "kvsched" in judge_set:
             for name in names:
                 kv[name] = KvschedJudge(server, name, suite(name, counts[name], args.seed))
+                # Every run measures its baselines again (seconds each): a suite whose traces, host or
+                # reference changed since the cached baseline would judge mutants against another
+                # trace's expectations, so a judge whose baseline changed is judged again.
+                started = time.monotonic()
+                fresh = kv[name].baseline()
+                cached = results["baselines"].get(f"kvsched:{name}")
+                if cached is not None and stale_baseline(cached, fresh):
+                    print(f"kvsched:{name}: the unmutated engine's findings on its suite changed since the cached "
+                          "baseline: judged again", flush=True)
+                    drop_judge(results, f"kvsched:{name}")
                 if f"kvsched:{name}" not in results["baselines"]:
-                    started = time.monotonic()
-                    results["baselines"][f"kvsched:{name}"] = kv[name].baseline()
+                    results["baselines"][f"kvsched:{name}"] = fresh
                     results.setdefault("baseline_seconds", {})[f"kvsched:{name}"] = round(time.monotonic() - started, 1)
-                    found = sum(bool(b["findings"]) for b in results["baselines"][f"kvsched:{name}"])
+                    found = sum(bool(b["findings"]) for b in fresh)
                     print(f"baseline {name}: {counts[name]} traces in {time.monotonic() - started:.0f} s, "
                           f"{found} with expected findings", flush=True)
                     save_results(results, args.out, judge_set)
             names = order_judges(names, results)
             run["kvsched_order"] = names
+            if len(again := to_judge()) > len(todo):  # a stale baseline's verdicts were dropped
+                overlays.update(desc.materialize(tool, site, [m for m in again if m["id"] not in overlays],
+                                                 workspace.scratch() / family))
+                todo = again
+                run["mutants_to_judge"] = len(todo)
             print(f"kvsched judges, cheapest first by their baseline's time: {', '.join(names)}", flush=True)
         pj = PytestJudge(server, workspace.sdist_root(), workspace.root() / "pytest-runs")
         if "pytest" in judge_set and "pytest" not in results["baselines"]:

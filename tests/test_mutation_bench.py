@@ -263,6 +263,9 @@ def test_every_kvsched_judge_is_one_registry_entry_ordered_cheapest_first():
     assert {"vllm-v1-hybrid", "vllm-v1-async+hybrid"} <= set(JUDGE_NAMES)
     assert flavour("vllm-v1-async+hybrid").target == "vllm-v1-async"
     assert all(p.startswith("async-") for p in flavour("vllm-v1-async+hybrid").paths)
+    # The connector and the other budgets have their own judges (issues 30 and 32 count on them).
+    assert flavour("vllm-v1-connector").campaign == "lockstep_connector"
+    assert set(flavour("vllm-v1-budgets").paths) == {"encoder", "lora", "pause", "mixed", "grammar"}
     args = bench.parse(["--judge-traces", "vllm-v1-hybrid=7,vllm-v1-async+hybrid=0"])
     assert args.counts["vllm-v1-hybrid"] == 7 and args.counts["vllm-v1-async+hybrid"] == 0
     seconds = {"baseline_seconds": {"kvsched:vllm-v1": 9.0, "kvsched:vllm-v1-hybrid": 2.0}}
@@ -300,3 +303,14 @@ def test_a_run_that_stops_early_has_judged_every_file_in_proportion():
     per_file = {f: sum(m["file"] == f for m in doc["mutants"]) for f in desc.FILES}
     for f, n in per_file.items():
         assert abs(sum(m["file"] == f for m in first) - n / 5) <= 1, f
+
+
+def test_a_cached_baseline_that_its_suite_no_longer_gives_is_stale():
+    """A suite whose traces changed since its baseline was cached (the hybrid campaign gained paths)
+    would judge each mutant against another trace's expectations: the bench judges it again."""
+    bench = _bench()
+    base = [{"findings": [["CAP-006", 3, ""]], "steps": 9}, {"findings": [], "steps": 4}]
+    assert not bench.stale_baseline(base, [dict(b) for b in base])
+    assert bench.stale_baseline(base, [base[0], {"findings": [], "steps": 5}])
+    assert bench.stale_baseline(base, [{"findings": [["CAP-006", 4, ""]], "steps": 9}, base[1]])
+    assert bench.stale_baseline(base, base[:1])

@@ -29,7 +29,11 @@ class ForkServer:
         # Offline: nothing outside is reachable here, and a test that asks the Hugging Face hub for
         # a model's config otherwise waits for the network to time out before failing.
         # HF_HOME: the offline cache of model configs that vLLM's tests read (`hf_configs`).
+        # PYTHONHASHSEED: vLLM frees a step's finished requests in the order of a set of their ids
+        # (the connector campaign's frees-in-set-order), so a run's findings follow the string hash;
+        # every run's children share one fixed seed, so a resumed run's baselines are its own.
         self.env = {**inherited, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                    "PYTHONHASHSEED": "0",
                     "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(hf_home or socket.parent / "hf"), **(env or {})}
         self.proc: subprocess.Popen | None = None
 

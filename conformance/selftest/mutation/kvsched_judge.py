@@ -2,8 +2,9 @@
 
 Each judge (`judges`: one per lockstep campaign and host) gets one fixed list of seeded traces
 (`suite`: every path of its campaign in turn): synchronous (`lockstep_v1`), pipelined
-(`lockstep_async`), speculative (`lockstep_specdec`) and hybrid KV cache groups
-(`lockstep_hybrid`, synchronous and pipelined). The unmutated engine runs them once
+(`lockstep_async`), speculative (`lockstep_specdec`), hybrid KV cache groups
+(`lockstep_hybrid`, synchronous and pipelined), the scripted KV connector (`lockstep_connector`)
+and the other budgets: encoder inputs, LoRA, pause and grammar waits (`lockstep_budgets`). The unmutated engine runs them once
 (`KvschedJudge.baseline`): what it finds on each trace (`findings`: every invariant violation,
 divergence, state mismatch and fault, each with its step and, for a fault, its location) is that
 trace's expectation, with its where. Runs go on past a violation (`stop_at_first=False`), so a
@@ -116,6 +117,38 @@ def _hybrid_run(adapter, trace: Trace, timeout: float):
     return run_one(adapter, trace, get_profile(profile).invariants(), timeout=timeout, stop_at_first=False)
 
 
+def _connector_strategy(path: str):
+    from conformance.selftest.campaigns.lockstep_connector import path_strategy
+
+    return path_strategy(path)
+
+
+def _connector_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_connector import RecordingConnectorV1
+    from conformance.selftest.campaigns.lockstep_v1 import run_one
+
+    return run_one(adapter, trace, get_profile("connector").invariants(), reference=RecordingConnectorV1,
+                   timeout=timeout, stop_at_first=False)
+
+
+def _budgets_strategy(path: str):
+    from conformance.selftest.campaigns.lockstep_budgets import path_strategy
+
+    return path_strategy(path)
+
+
+def _budgets_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_budgets import run_one
+
+    return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
+
+
+def _campaign_paths(module: str) -> tuple[str, ...]:
+    import importlib
+
+    return tuple(importlib.import_module(f"conformance.selftest.campaigns.{module}").PATHS)
+
+
 def _async_paths() -> tuple[str, ...]:
     from conformance.generation.async_paths import PATHS
 
@@ -146,6 +179,14 @@ def judges() -> tuple[Flavour, ...]:
                 _hybrid_run),
         Flavour("vllm-v1-async+hybrid", "vllm-v1-async", _hybrid_paths(True), 20, "lockstep_hybrid",
                 _hybrid_strategy, _hybrid_run),
+        # The scripted KV connector (KVC-*): remote loads sync and async, offloading, failed loads
+        # under both policies, delayed frees (conformance/targets/hosts/vllm_kv_connector.py).
+        Flavour("vllm-v1-connector", "vllm-v1", _campaign_paths("lockstep_connector"), 36, "lockstep_connector",
+                _connector_strategy, _connector_run),
+        # Encoder inputs, LoRA, pause and grammar waits (ENC-*, LORA-001, PAU-001, GRM-*;
+        # conformance/targets/hosts/vllm_budgets.py).
+        Flavour("vllm-v1-budgets", "vllm-v1", _campaign_paths("lockstep_budgets"), 40, "lockstep_budgets",
+                _budgets_strategy, _budgets_run),
     )
 
 
