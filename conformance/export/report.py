@@ -136,3 +136,29 @@ def _both_ways(finding: Finding | None, measured: dict[str, Any]) -> list[str]:
 def _verdict(run: dict[str, Any]) -> str:
     cpu = f", {run['cpu_seconds']} s CPU" if "cpu_seconds" in run else ""
     return f"{run['verdict']} (exit {run['exit']}, {run['seconds']} s wall{cpu})"
+
+
+def render_handwritten_report(finding: Finding, results: dict[str, Any] | None = None) -> str:
+    """The report of a finding whose reproducers are written by hand (no trace: no kvsched host
+    reaches that code), in the same sections as `render_report`."""
+    target = export_target(finding.reproducers[0].target)
+    measured = (load_results() if results is None else results).get(finding.slug, {})
+    files = [r.handwritten for r in finding.reproducers]
+    lines = [f"# {finding.title}", "",
+             f"**Engine:** {target.version} (kvsched target `{target.name}`). **Kind:** defect. "
+             f"**Found by:** kvsched, reading the installed source; reproduced by hand (`{files[0]}`).", "",
+             "## What breaks", "", finding.breaks, "", "## The exact step", ""]
+    runs = [r for r in measured.get("runs", []) if r.get("release", {}).get("line")]
+    lines += ([f"* `{r['file']}`: {r['release']['line']}" for r in runs] or [f"Not run yet: {files[0]}"]) + [""]
+    lines += ["## Expected and actual", "", f"* expected: {finding.expected}", f"* actual: {finding.actual}", ""]
+    lines += ["## Reproducer", "", "Standalone files (they import the engine, never kvsched), written by hand and "
+              "committed beside this report:", ""]
+    lines += [f"* [`{Path(f).name}`]({Path(f).relative_to('docs/reports')})" for f in files] + [""]
+    python = venv_python_shown(target)
+    lines += ["```", f"{python} FILE.py            # exit 1 and one FAILED line on the release",
+              f"{python} -m pytest FILE.py  # where pytest is installed", "```", ""]
+    lines += ["## Source", ""] + [f"* {s}" for s in finding.source] + [""]
+    lines += ["## Proposed fix", "", finding.fix, ""] + _fix_diff(finding)
+    lines += ["## Checked both ways", ""] + _both_ways(finding, measured)
+    lines += ["## Upstream", "", finding.upstream, ""]
+    return "\n".join(lines)

@@ -42,7 +42,7 @@ from conformance.export import exporter_for, render_pytest, render_report, trace
 from conformance.export.demonstrations import DEMONSTRATIONS, Demonstration
 from conformance.export.findings import FINDINGS, Finding, Reproducer
 from conformance.export.patching import installed_package_dir, load_fix, patched_copy
-from conformance.export.report import REPORTS, RESULTS, ROOT, load_results
+from conformance.export.report import REPORTS, RESULTS, ROOT, load_results, render_handwritten_report
 from conformance.export.strangers import export_target
 from conformance.export.unsupported import UNSUPPORTED
 from conformance.selftest.campaigns.campaign_args import provenance
@@ -82,12 +82,15 @@ def reproducer_name(rep: Reproducer | Demonstration) -> str:
 
 def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, Path], scratch: Path) -> dict[str, Any]:
     target = export_target(rep.target)
-    trace = Trace.load(ROOT / rep.trace)
-    exporter = exporter_for(trace, rep.target)
-    prop = trace_property(trace, exporter, rep.property)
-    path = REPORTS / finding.slug / reproducer_name(rep)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_pytest(trace, exporter, prop, rep.trace))
+    if rep.handwritten:  # committed as written: nothing to export
+        path, prop = ROOT / rep.handwritten, rep.property or finding.property
+    else:
+        trace = Trace.load(ROOT / rep.trace)
+        exporter = exporter_for(trace, rep.target)
+        prop = trace_property(trace, exporter, rep.property)
+        path = REPORTS / finding.slug / reproducer_name(rep)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_pytest(trace, exporter, prop, rep.trace))
     record: dict[str, Any] = {"file": str(path.relative_to(ROOT)), "trace": rep.trace, "target": rep.target,
                               "property": prop}
     if not target.installed():
@@ -144,6 +147,9 @@ def check_demonstration(demo: Demonstration, scratch: Path) -> dict[str, Any]:
 
 def write_report(finding: Finding, results: dict[str, Any]) -> None:
     rep = finding.reproducers[0]
+    if rep.handwritten:
+        (REPORTS / f"{finding.slug}.md").write_text(render_handwritten_report(finding, results))
+        return
     trace = Trace.load(ROOT / rep.trace)
     exporter = exporter_for(trace, rep.target)
     text = render_report(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace, results=results)
@@ -198,12 +204,11 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
               "cache, V0's swap-space RuntimeError, V1's chunk clamp at max_model_len, which V1's door keeps from "
               "generate requests) and nano-vllm's missing max_model_len checks (its Scheduler is given no "
               "max_model_len: the limit is the caller's in that design);",
-              "* the KV-connector finding on vLLM 0.33.0 (a request whose asynchronous load failed waits for ever on "
-              "its own reservation, scheduler.py:1420-1430; issue 30's branch, recorded on main as not integrated, "
-              "commit f36880b): its host, traces and CONFORMANCE.md section are not in this tree, so there is "
-              "nothing to export until that branch is merged;",
-              "* the hybrid-KV-cache campaigns found no defect (docs/CONFORMANCE.md: two open async divergences not "
-              "yet traced to a line), and the encoder-cache work (issue 32) has no real-engine finding."]
+              "* the hybrid-KV-cache campaigns' own divergences (docs/CONFORMANCE.md: "
+              "`padded-admission-starves-below-1+k` is the over-budget stall reported above, "
+              "`padded-admission-cut-by-threshold` the #54028 assert; the two open async divergences are not yet "
+              "traced to a line), and the two fail-recompute connector traces on which the spec's reference breaks "
+              "BUD-004 and REQ-004 too (docs/CONNECTORS.md section 8: not diagnosed, so no finding)."]
     (REPORTS / "README.md").write_text("\n".join(lines) + "\n")
 
 
