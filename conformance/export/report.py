@@ -79,6 +79,10 @@ def _trace_summary(trace: Trace) -> list[str]:
              f"draft decisions at steps {sorted({s for s, _, _ in trace.drafts})}" if trace.drafts else ""]
     if any(extra):
         lines.append("* and " + ", ".join(x for x in extra if x))
+    for rid, script in trace.connector.items():  # the KV connector's answers (spec/connector.py)
+        lines.append(f"* the KV connector's script for `{rid}`: " + ", ".join(f"{k} {v}" for k, v in script.to_dict().items()))
+    if trace.config.kv_connector:
+        lines.append(f"* kv_load_failure_policy {trace.config.kv_load_failure_policy or 'recompute'}")
     return lines + [f"* at most {trace.max_steps} steps", ""]
 
 
