@@ -270,13 +270,16 @@ FINDINGS: tuple[Finding, ...] = (
          "self._spec_decode_step_blocks` for an async load)",
          "vllm/v1/core/sched/scheduler.py:372-380 (_spec_decode_step_blocks)",
          "vllm/v1/core/sched/scheduler.py:1454-1461 (`if new_blocks is None: ... break`)"),
-        "Refuse (finish as ignored) a request whose load can never fit beside its own step's reservation in the whole "
-        "pool, or admit the load without the step's reservation when nothing else runs or loads (the guard protects "
-        "other requests, and there are none).",
+        "Admit the load without its speculative step's reservation when nothing else runs or loads (the guard "
+        "protects the load against other requests, and there are none; later admissions still reserve its remaining "
+        "blocks with its speculative step): `+ (self._spec_decode_step_blocks if self.running or "
+        "self._inflight_prefills else 0)` at scheduler.py:1429. Or refuse (finish as ignored) a request whose load can "
+        "never fit beside its own step's reservation in the whole pool.",
         "none found (searched vllm-project/vllm for the speculative step reservation of async loads); the reservation "
         "is from vllm-project/vllm#57104 (merged), which fixed the deadlock of KV connectors with MTP under KV "
         "pressure.",
         classes=("spec-step-reservation-stall",),
+        fix_patch="vllm-connector-spec-step-reservation-when-others.json",
         reproducers=(Reproducer("docs/reports/traces/vllm-v1-connector-spec-step-reservation-stall.json", "vllm-v1",
                                 "step 0: waiting=['r1'] running=[]"),),
     ),
