@@ -124,6 +124,22 @@ def test_the_committed_reproducers_are_what_export_writes_now(slug, rep):
         "stale: rerun python -m conformance.selftest.campaigns.export_both_ways")
 
 
+def test_every_engine_fragment_defines_what_its_property_checks_call():
+    """A property fragment reads the engine through methods (``engine.lengths()``, ...): each
+    exporter's engine fragment (or its extra) defines every one its properties call."""
+    import re
+
+    fragments = ROOT / "conformance/export/templates"
+    for exporter in EXPORTERS.values():
+        engine = (fragments / f"{exporter.engine}.py.in").read_text()
+        if exporter.extra:
+            engine += (fragments / f"{exporter.extra}.py.in").read_text()
+        for prop in exporter.properties:
+            called = set(re.findall(r"engine\.(\w+)\(", (fragments / "properties" / f"{prop}.py.in").read_text()))
+            missing = {name for name in called if f"def {name}(" not in engine}
+            assert not missing, (exporter.target, prop, missing)
+
+
 def test_every_exporter_has_a_fragment_for_each_property():
     fragments = ROOT / "conformance/export/templates"
     for exporter in EXPORTERS.values():

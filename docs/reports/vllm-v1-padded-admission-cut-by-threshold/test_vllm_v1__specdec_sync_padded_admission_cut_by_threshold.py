@@ -184,6 +184,9 @@ class Engine:
     def scheduled_anything(self, out) -> bool:
         return bool(out.num_scheduled_tokens) or bool(out.preempted_req_ids)
 
+    def scheduled_ids(self, out) -> list:
+        return [] if out is None else list(out.num_scheduled_tokens)
+
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
         return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
