@@ -163,8 +163,8 @@ def test_every_finding_has_a_committed_report_and_reproducers():
     for finding in FINDINGS:
         assert (ROOT / "docs/reports" / f"{finding.slug}.md").exists(), finding.slug
         assert finding.reproducers, finding.slug
-        if finding.fix_patch:
-            assert load_fix(ROOT / "docs/reports/fixes" / finding.fix_patch).edits
+        for patch in {finding.fix_patch, *(r.fix_patch for r in finding.reproducers)} - {""}:
+            assert load_fix(ROOT / "docs/reports/fixes" / patch).edits
 
 
 def test_two_edits_of_one_file_both_apply(tmp_path):

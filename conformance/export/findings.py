@@ -29,6 +29,7 @@ class Reproducer:
     property: str | None = None  # None: the trace's own (`conformance.export.exporter.trace_property`)
     note: str = ""
     handwritten: str = ""  # a committed standalone file, path from the repository root
+    fix_patch: str = ""  # this reproducer's engine has its own descriptor (default: the finding's)
 
 
 @dataclass(frozen=True)
@@ -366,9 +367,8 @@ FINDINGS: tuple[Finding, ...] = (
                      Reproducer("docs/traces/nano-vllm/counterexamples/FAULT-raised.json", "nano-vllm",
                                 "AssertionError at scheduler.py:57"),
                      Reproducer("docs/traces/nano-vllm-fork/counterexamples/FAULT-raised.json", "nano-vllm-fork",
-                                "AssertionError at scheduler.py:", with_fix=False,
-                                note="the descriptor patches nano-vllm-npu (package nanovllmnpu); the fork "
-                                     "(package nanovllm) was not patched")),
+                                "AssertionError at scheduler.py:",
+                                fix_patch="nano-vllm-fork-refuse-never-fitting-prompt.json")),
     ),
     Finding(
         "nano-vllm-fork-preempted-victim-stays-running", ("nano-vllm-fork",),

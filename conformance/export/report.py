@@ -120,7 +120,11 @@ def _fix_diff(finding: Finding | None) -> list[str]:
         name = f"{fix['package']}/{edit['file']}"
         lines += [line.rstrip("\n") for line in difflib.unified_diff(
             edit["find"].splitlines(True), edit["replace"].splitlines(True), name, name, n=3)]
-    return lines + ["```", ""]
+    lines += ["```", ""]
+    for rep in finding.reproducers:  # an engine of the finding with a descriptor of its own
+        if rep.fix_patch:
+            lines += [f"For {rep.target}: [`fixes/{rep.fix_patch}`](fixes/{rep.fix_patch}).", ""]
+    return lines
 
 
 def _both_ways(finding: Finding | None, measured: dict[str, Any]) -> list[str]:

@@ -100,16 +100,17 @@ def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, 
     release["verdict"] = ("fails" if release["exit"] == 1 and rep.fails_with in release["line"]
                           else "UNEXPECTED")
     record["release"] = release
-    if finding.fix_patch and rep.with_fix:
-        key = f"{finding.fix_patch}:{target.venv_of or target.name}"
+    fix_patch = rep.fix_patch or finding.fix_patch
+    if fix_patch and rep.with_fix:
+        key = f"{fix_patch}:{target.venv_of or target.name}"
         if key not in fixed_copies:
-            fix = load_fix(REPORTS / "fixes" / finding.fix_patch)
+            fix = load_fix(REPORTS / "fixes" / fix_patch)
             fixed_copies[key] = patched_copy(fix, installed_package_dir(target.python, fix.package),
                                              Path(tempfile.mkdtemp(prefix="fixed-", dir=scratch)))
         fixed = run_file(target.python, path, {**target.env, "PYTHONPATH": str(fixed_copies[key])})
         fixed["verdict"] = "passes" if fixed["exit"] == 0 and str(fixed_copies[key]) in fixed["engine"] else "UNEXPECTED"
         record["fixed"] = fixed
-    elif finding.fix_patch:
+    elif fix_patch:
         record["fix_note"] = rep.note or "not run with the fix"
     return record
 
