@@ -242,6 +242,17 @@ def test_vllm_v1_pr_54028_assert_fails_on_the_release_and_passes_with_the_pr(tmp
     assert fixed["exit"] == 0 and fixed["line"].startswith("passed"), fixed
 
 
+def test_an_engine_that_raises_first_is_an_error_of_the_run_not_the_property_s_failure(tmp_path):
+    """nano-vllm asserts in may_append with block_size 1 (a size its Config refuses; docs/CONFORMANCE.md,
+    class block-size-1): the REQ-004 reproducer of that trace says so on an ERROR line, exit 2."""
+    target = need("nano-vllm")
+    path = export_to(tmp_path, ROOT / "docs/traces/lockstep-nano/block-size-1.json", "--property", "REQ-004")
+    run = run_file(target.python, path, {})
+    assert run["exit"] == 2, run
+    assert run["line"].startswith("ERROR: step 1: Scheduler.schedule() raised AssertionError at block_manager.py:"), run
+    assert run["line"].endswith("before REQ-004 broke"), run
+
+
 def test_the_exported_file_runs_under_pytest_too(tmp_path):
     """In a copy of the target's venv environment with pytest added on PYTHONPATH (the venv itself,
     whose packages `kvsched targets install` pins, is left as it is)."""

@@ -162,6 +162,7 @@ def _docstring(title: str, release: str, exporter: Exporter, property_id: str, s
              f"--target {exporter.target}{flag}` from kvsched's shrunk trace, for {release} "
              f"({exporter.needs or 'the installed release'})."),
         "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
+        "                                # (exit 2 and one ERROR line if the engine raises first)\n"
         "    python -m pytest THIS_FILE",
         para(f"How: {exporter.idiom}{more_idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, "
              "aborts, schedule(), the model's outcome), the model played here."),

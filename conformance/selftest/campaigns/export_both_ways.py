@@ -66,7 +66,7 @@ def run_file(python: Path, path: Path, env_extra: dict[str, str]) -> dict[str, A
         except subprocess.TimeoutExpired:
             code, output = 124, f"TIMEOUT after {RUN_TIMEOUT} s"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines = [line for line in output.splitlines() if line.startswith(("FAILED:", "passed", "engine:", "TIMEOUT"))]
+    lines = [line for line in output.splitlines() if line.startswith(("FAILED:", "ERROR:", "passed", "engine:", "TIMEOUT"))]
     verdict_line = next((line for line in reversed(lines) if not line.startswith("engine:")), "")
     return {"exit": code, "line": verdict_line, "engine": next((x for x in lines if x.startswith("engine:")), ""),
             "seconds": round(time.monotonic() - started, 1),
