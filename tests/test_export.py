@@ -88,7 +88,20 @@ def kvsched_imports(text: str) -> list[str]:
 
 
 def committed_reproducers():
-    return [(f.slug, r) for f in FINDINGS for r in f.reproducers]
+    """The exported ones (a hand-written reproducer has no trace to export)."""
+    return [(f.slug, r) for f in FINDINGS for r in f.reproducers if not r.handwritten]
+
+
+def test_the_hand_written_reproducers_are_standalone_and_recorded():
+    handwritten = [(f, r) for f in FINDINGS for r in f.reproducers if r.handwritten]
+    assert handwritten  # vLLM's encoder-decoder cache (#55733): no host builds that scheduler
+    runs = json.loads((ROOT / "docs/reports/both-ways.json").read_text())["findings"]
+    for finding, rep in handwritten:
+        text = (ROOT / rep.handwritten).read_text()
+        assert kvsched_imports(text) == []
+        assert "def test_reproducer()" in text and 'if __name__ == "__main__":' in text
+        assert Path(rep.handwritten).parent.name == finding.slug
+        assert rep.handwritten in [r["file"] for r in runs[finding.slug]["runs"]]
 
 
 @pytest.mark.parametrize("slug, rep", committed_reproducers(), ids=lambda x: getattr(x, "trace", x))
@@ -109,6 +122,22 @@ def test_the_committed_reproducers_are_what_export_writes_now(slug, rep):
     text = render_pytest(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace)
     assert (ROOT / "docs/reports" / slug / reproducer_name(rep)).read_text() == text, (
         "stale: rerun python -m conformance.selftest.campaigns.export_both_ways")
+
+
+def test_every_engine_fragment_defines_what_its_property_checks_call():
+    """A property fragment reads the engine through methods (``engine.lengths()``, ...): each
+    exporter's engine fragment (or its extra) defines every one its properties call."""
+    import re
+
+    fragments = ROOT / "conformance/export/templates"
+    for exporter in EXPORTERS.values():
+        engine = (fragments / f"{exporter.engine}.py.in").read_text()
+        if exporter.extra:
+            engine += (fragments / f"{exporter.extra}.py.in").read_text()
+        for prop in exporter.properties:
+            called = set(re.findall(r"engine\.(\w+)\(", (fragments / "properties" / f"{prop}.py.in").read_text()))
+            missing = {name for name in called if f"def {name}(" not in engine}
+            assert not missing, (exporter.target, prop, missing)
 
 
 def test_every_exporter_has_a_fragment_for_each_property():
@@ -134,8 +163,35 @@ def test_every_finding_has_a_committed_report_and_reproducers():
     for finding in FINDINGS:
         assert (ROOT / "docs/reports" / f"{finding.slug}.md").exists(), finding.slug
         assert finding.reproducers, finding.slug
-        if finding.fix_patch:
-            assert load_fix(ROOT / "docs/reports/fixes" / finding.fix_patch).edits
+        for patch in {finding.fix_patch, *(r.fix_patch for r in finding.reproducers)} - {""}:
+            assert load_fix(ROOT / "docs/reports/fixes" / patch).edits
+
+
+def test_two_edits_of_one_file_both_apply(tmp_path):
+    package = tmp_path / "site" / "engine"
+    package.mkdir(parents=True)
+    (package / "core.py").write_text("x = 1\ny = 2\n")
+    fix = Fix("engine", "engine==1", "test", (Edit("core.py", "x = 1\n", "x = 3\n"), Edit("core.py", "y = 2\n", "y = 4\n")))
+    out = patched_copy(fix, package, tmp_path / "out")
+    assert (out / "engine" / "core.py").read_text() == "x = 3\ny = 4\n"
+
+
+def test_a_connector_trace_exports_only_where_the_exporter_plays_a_connector(capsys):
+    trace = ROOT / "docs/reports/traces/vllm-v1-connector-own-reservation-stall.json"
+    text = render_pytest(Trace.load(trace), EXPORTERS["vllm-v1"], "LIV-001", str(trace))
+    assert "class ScriptedConnector(KVConnectorBase_V1" in text and "KV_SCRIPTS = {'A'" in text
+    unnamed = ROOT / "docs/traces/connector/own-reservation-stall.json"  # names no target
+    assert main(["export", str(unnamed), "--to", "pytest", "--target", "vllm-v1-async", "--property", "LIV-001"]) == 2
+    assert "vllm-v1-async's export has no scripted KV connector" in one_error_line(capsys)
+
+
+def test_vllm_v1_connector_own_reservation_stall_fails_on_the_release(tmp_path):
+    """One run (about 17 s of CPU: vLLM's import); the run with the fix is in the both-ways record."""
+    target = need("vllm-v1")
+    path = export_to(tmp_path, ROOT / "docs/reports/traces/vllm-v1-connector-own-reservation-stall.json")
+    release = run_file(target.python, path, dict(target.env))
+    assert release["exit"] == 1, release
+    assert release["line"].startswith("FAILED: step 1: waiting=['A'] running=[]"), release
 
 
 def test_a_fix_whose_text_is_not_in_the_engine_is_refused(tmp_path):
@@ -184,6 +240,17 @@ def test_vllm_v1_pr_54028_assert_fails_on_the_release_and_passes_with_the_pr(tmp
     copy = patched_copy(fix, installed_package_dir(target.python, fix.package), tmp_path / "fixed")
     fixed = run_file(target.python, path, {**target.env, "PYTHONPATH": str(copy)})
     assert fixed["exit"] == 0 and fixed["line"].startswith("passed"), fixed
+
+
+def test_an_engine_that_raises_first_is_an_error_of_the_run_not_the_property_s_failure(tmp_path):
+    """nano-vllm asserts in may_append with block_size 1 (a size its Config refuses; docs/CONFORMANCE.md,
+    class block-size-1): the REQ-004 reproducer of that trace says so on an ERROR line, exit 2."""
+    target = need("nano-vllm")
+    path = export_to(tmp_path, ROOT / "docs/traces/lockstep-nano/block-size-1.json", "--property", "REQ-004")
+    run = run_file(target.python, path, {})
+    assert run["exit"] == 2, run
+    assert run["line"].startswith("ERROR: step 1: Scheduler.schedule() raised AssertionError at block_manager.py:"), run
+    assert run["line"].endswith("before REQ-004 broke"), run
 
 
 def test_the_exported_file_runs_under_pytest_too(tmp_path):

@@ -9,6 +9,7 @@ has a check for that engine. Each refusal is one `InputError`.
 from __future__ import annotations
 
 import ast
+import pprint
 import textwrap
 from pathlib import Path
 
@@ -28,6 +29,8 @@ EXPORTERS: dict[str, Exporter] = {e.target: e for m in ENGINES for e in m.EXPORT
 # An invariant whose statement needs kvsched's step bookkeeping, checked as the plain property it implies.
 STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-002", "SPD-005": "CHK-002",
                    "LIV-003": "LIV-001", "CHK-003": "RES-003", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
+CONNECTOR_IDIOM = ("; a scripted KV connector (KV_SCRIPTS) registered in vLLM's KVConnectorFactory and set up "
+                   "through KVTransferConfig, the workers' KVConnectorOutput played in each model output")
 FAULT_STATEMENT = ("every call on the scheduler returns: a config the engine accepted and the requests it admitted "
                    "never crash it (an assert or exception here ends the engine and every request in it)")
 
@@ -105,18 +108,38 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     finding = finding_of(trace, exporter.target)
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
-        _docstring(title, target.version, exporter, property_id, source, _chosen_flag(trace, exporter, property_id)),
+        _docstring(title, target.version, exporter, property_id, source, _chosen_flag(trace, exporter, property_id),
+                   CONNECTOR_IDIOM if trace.config.kv_connector else ""),
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:
         parts.append((TEMPLATES / f"{exporter.extra}.py.in").read_text())
+    if trace.config.kv_connector:
+        parts.append((TEMPLATES / f"{connector_fragment(exporter)}.py.in").read_text())
     parts += [
-        "\n\n" + trace_literals(trace, exporter.prompt_of, exporter.request_extra),
+        "\n\n" + trace_literals(trace, exporter.prompt_of, exporter.request_extra) + _kv_scripts(trace),
         f"PROPERTY = {property_id!r}\nSTATEMENT = {statement(property_id)!r}\n",
         (TEMPLATES / "properties" / f"{property_id}.py.in").read_text(),
         (TEMPLATES / "replay.py.in").read_text(),
     ]
     return "".join(parts)
+
+
+def connector_fragment(exporter: Exporter) -> str:
+    """The fragment that plays the KV connector of a ``kv_connector`` trace, or one refusal."""
+    if not exporter.connector:
+        with_one = ", ".join(e.target for e in EXPORTERS.values() if e.connector)
+        raise InputError("--target", f"{exporter.target}'s export has no scripted KV connector (the trace sets "
+                         f"kv_connector; exporters with one: {with_one})")
+    return exporter.connector
+
+
+def _kv_scripts(trace: Trace) -> str:
+    """The KV connector's script per request (spec/connector.py), for a trace with a connector."""
+    if not trace.config.kv_connector:
+        return ""
+    scripts = {rid: s.to_dict() for rid, s in trace.connector.items()}
+    return f"KV_SCRIPTS = {pprint.pformat(scripts, width=110, sort_dicts=False, compact=True)}  # request id -> script\n"
 
 
 def _chosen_flag(trace: Trace, exporter: Exporter, property_id: str) -> str:
@@ -128,7 +151,8 @@ def _chosen_flag(trace: Trace, exporter: Exporter, property_id: str) -> str:
     return "" if default == property_id else f" --property {property_id}"
 
 
-def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str, flag: str = "") -> str:
+def _docstring(title: str, release: str, exporter: Exporter, property_id: str, source: str, flag: str = "",
+               more_idiom: str = "") -> str:
     def para(text: str) -> str:
         return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
 
@@ -138,8 +162,9 @@ def _docstring(title: str, release: str, exporter: Exporter, property_id: str, s
              f"--target {exporter.target}{flag}` from kvsched's shrunk trace, for {release} "
              f"({exporter.needs or 'the installed release'})."),
         "    python THIS_FILE            # exit 1 and one FAILED line when the property breaks\n"
+        "                                # (exit 2 and one ERROR line if the engine raises first)\n"
         "    python -m pytest THIS_FILE",
-        para(f"How: {exporter.idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, "
+        para(f"How: {exporter.idiom}{more_idiom}; the trace's steps are replayed as kvsched's driver runs them (arrivals, "
              "aborts, schedule(), the model's outcome), the model played here."),
         para(f"Asserts {property_id}: {statement(property_id)}") + '\n"""\n\n',
     ])

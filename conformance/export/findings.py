@@ -17,14 +17,19 @@ from spec.trace import Trace
 
 @dataclass(frozen=True)
 class Reproducer:
-    """A committed trace exported for the report, and what its run on the release must say."""
+    """A committed trace exported for the report, and what its run on the release must say. A
+    finding no kvsched host reaches (vLLM's encoder-decoder cache: no host builds that scheduler)
+    has a reproducer written by hand instead: ``trace`` is "" and ``handwritten`` the committed
+    file, run the same way (a plain script, its engine line, exit 1 and one FAILED line)."""
 
-    trace: str  # path from the repository root
+    trace: str  # path from the repository root ("" for a hand-written reproducer)
     target: str
     fails_with: str  # a piece of the FAILED line on the release: it fails for the reason reported
     with_fix: bool = True  # also run against the fix (when the finding has one)
     property: str | None = None  # None: the trace's own (`conformance.export.exporter.trace_property`)
     note: str = ""
+    handwritten: str = ""  # a committed standalone file, path from the repository root
+    fix_patch: str = ""  # this reproducer's engine has its own descriptor (default: the finding's)
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,108 @@ FINDINGS: tuple[Finding, ...] = (
                                 "num_computed_tokens is 8"),),
     ),
     Finding(
+        "vllm-v1-connector-own-reservation-stall", ("vllm-v1",),
+        "vLLM V1 idles for ever with a request waiting when its asynchronous KV load failed and its retry must fit "
+        "beside its own reservation",
+        "LIV-001",
+        "With a KV connector (kv_role kv_consumer, kv_load_failure_policy 'recompute'), a request whose asynchronous "
+        "load fails on its first block keeps no valid token: when the failure is reported vLLM frees its blocks but "
+        "leaves it in _inflight_prefills (it is discarded only when scheduled or finished). When the connector offers "
+        "the load again and it is asynchronous, the waiting loop admits it only if it fits beside "
+        "_inflight_prefill_reserved_blocks(), which sums the remaining blocks of every request in _inflight_prefills: "
+        "the request itself among them. With fewer free blocks than twice its sequence, allocate_slots returns None "
+        "at every step, the waiting loop breaks, and nothing else changes: the engine idles with the request waiting "
+        "and free blocks (in the reproducer 4 free blocks, 3 needed, 3 reserved for itself).",
+        "a step with a request waiting, nothing running and no transfer in flight admits it (loads, or computes it)",
+        "from step 1 on, schedule() returns an empty SchedulerOutput and starts no load; the request stays WAITING",
+        ("vllm/v1/core/sched/scheduler.py:1420-1431 (`if load_kv_async: reserved_blocks = "
+         "self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks`)",
+         "vllm/v1/core/sched/scheduler.py:3432-3436 (_inflight_prefill_reserved_blocks: the remaining blocks of every "
+         "request in _inflight_prefills, the one being admitted included)",
+         "vllm/v1/core/sched/scheduler.py:3490-3495 (_update_waiting_for_remote_kv: a load with no valid computed "
+         "token frees the request's blocks; it stays in _inflight_prefills, discarded only at :1871 and :3038)",
+         "vllm/v1/core/sched/scheduler.py:1454-1461 (`if new_blocks is None: ... break`)"),
+        "Leave the request out of its own reservation: _inflight_prefill_reserved_blocks(exclude=request) at the "
+        "async-load admission (scheduler.py:1428), skipping `exclude` in the sum (or discard the request from "
+        "_inflight_prefills when its failed load frees its blocks).",
+        "none open; vllm-project/vllm#48433 \"[Bugfix][KV Connector] Preserve async load reservations\" (closed "
+        "unmerged) proposed the same exclusion ('excludes the request that owns the reservation when it resumes') "
+        "among wider changes. The reservation itself is #44560's deadlock fix (merged).",
+        classes=("own-reservation-stall",),
+        fix_patch="vllm-connector-leave-own-reservation-out.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-connector-own-reservation-stall.json", "vllm-v1",
+                                "step 1: waiting=['A'] running=[]"),),
+    ),
+    Finding(
+        "vllm-v1-connector-spec-step-reservation-stall", ("vllm-v1",),
+        "vLLM V1 never admits an asynchronous KV load that fits the pool but not beside its own speculative step's "
+        "reservation",
+        "LIV-001",
+        "With speculative decoding (k drafts) and a KV connector, an asynchronous load is admitted only if its blocks "
+        "fit beside the reservations of the prefills in flight plus its own speculative step's blocks "
+        "(_spec_decode_step_blocks, cdiv(1 + k + lookahead, block_size)), a guard of vllm-project/vllm#57104. When "
+        "the pool holds the request but not the request and that step, allocate_slots returns None at every step, "
+        "the waiting loop breaks, and nothing ignores the request or loads it otherwise: the engine idles with the "
+        "request waiting, nothing running and nothing in flight (in the reproducer a pool of 2 blocks of 2 tokens, "
+        "k = 2, a 3-token prompt loading 2 tokens asynchronously). Only in pools smaller than one sequence plus one "
+        "speculative step: a corner, not a deployment's stall, but the request is never answered.",
+        "a step with a request waiting, nothing running and no transfer in flight admits it, or refuses it as never "
+        "fitting",
+        "schedule() returns an empty SchedulerOutput at every step from step 0; the request stays WAITING",
+        ("vllm/v1/core/sched/scheduler.py:1420-1431 (`reserved_blocks = self._inflight_prefill_reserved_blocks() + "
+         "self._spec_decode_step_blocks` for an async load)",
+         "vllm/v1/core/sched/scheduler.py:372-380 (_spec_decode_step_blocks)",
+         "vllm/v1/core/sched/scheduler.py:1454-1461 (`if new_blocks is None: ... break`)"),
+        "Admit the load without its speculative step's reservation when nothing else runs or loads (the guard "
+        "protects the load against other requests, and there are none; later admissions still reserve its remaining "
+        "blocks with its speculative step): `+ (self._spec_decode_step_blocks if self.running or "
+        "self._inflight_prefills else 0)` at scheduler.py:1429. Or refuse (finish as ignored) a request whose load can "
+        "never fit beside its own step's reservation in the whole pool.",
+        "none found (searched vllm-project/vllm for the speculative step reservation of async loads); the reservation "
+        "is from vllm-project/vllm#57104 (merged), which fixed the deadlock of KV connectors with MTP under KV "
+        "pressure.",
+        classes=("spec-step-reservation-stall",),
+        fix_patch="vllm-connector-spec-step-reservation-when-others.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-connector-spec-step-reservation-stall.json", "vllm-v1",
+                                "step 0: waiting=['r1'] running=[]"),),
+    ),
+    Finding(
+        "vllm-v1-encdec-encoder-slots-credited", ("vllm-v1",),
+        "vLLM V1's encoder-decoder encoder cache credits a request's encoder slots again on every decode step, so "
+        "can_allocate admits more encoder inputs than the cache holds (vllm-project/vllm#55733 still in 0.33.0)",
+        "ENC-002",
+        "For encoder-decoder models (Whisper-class ASR), Scheduler._free_encoder_inputs runs for every request with "
+        "encoder inputs after every step and, once the request has computed a token, frees every input "
+        "EncoderDecoderCacheManager.get_cached_input_ids returns; that is every input of the request, every step, "
+        "and free_encoder_input adds the input's embeddings to num_free_slots unconditionally. The free space grows "
+        "by the input's size at each decode step, so can_allocate stops bounding the encoder outputs held at once: in "
+        "the reproducer a cache of 100 embeddings admits two 100-embedding inputs in one step (num_free_slots reads "
+        "300 before them, the cache's size being 100).",
+        "an encoder input is admitted only where the cache has room for it: each input's embeddings are freed once, "
+        "so the free space is the cache size less the embeddings of the inputs admitted and not yet freed",
+        "num_free_slots grows by 100 at each decode step of request A (100, 200, 300) and step 3 admits B and C, "
+        "200 embeddings in a cache of 100",
+        ("vllm/v1/core/sched/scheduler.py:2828-2846 (_free_encoder_inputs: `if self.is_encoder_decoder and "
+         "request.num_computed_tokens > 0: self._free_encoder_input(request, input_id)` for every cached input, each "
+         "step)",
+         "vllm/v1/core/sched/scheduler.py:2388-2389 (update_from_output calls it for every request with encoder "
+         "inputs)",
+         "vllm/v1/core/encoder_cache_manager.py:430-431 (EncoderDecoderCacheManager.get_cached_input_ids: "
+         "`set(range(len(request.mm_features)))`, whatever was freed)",
+         "vllm/v1/core/encoder_cache_manager.py:443-445 (free_encoder_input: `self.num_free_slots += "
+         "num_encoder_embeds`, no guard)"),
+        "Make the release idempotent, as vllm-project/vllm#51228 does: EncoderDecoderCacheManager keeps the inputs "
+        "it allocated per request, get_cached_input_ids returns those not yet freed, and free_encoder_input credits "
+        "an input's embeddings only if it is still allocated.",
+        "vllm-project/vllm#51228 \"[Bugfix][Core] Make EncoderDecoderCacheManager slot release idempotent\" (open); "
+        "issue vllm-project/vllm#55733 (closed in favour of #51228; its duplicate fix #55734 closed).",
+        fix_patch="vllm-51228-encdec-free-once.json", fix_is_upstream=True,
+        reproducers=(Reproducer("", "vllm-v1", "step 3: can_allocate admitted C's 100 encoder embeddings",
+                                property="ENC-002",
+                                handwritten="docs/reports/vllm-v1-encdec-encoder-slots-credited/"
+                                            "test_vllm_v1__encdec_encoder_slots_credited.py"),),
+    ),
+    Finding(
         "nano-vllm-seats-overfilled", ("nano-vllm",),
         "nano-vllm runs more than max_num_seqs sequences: the prefill loop counts only this step's admissions",
         "BUD-003",
@@ -260,9 +367,8 @@ FINDINGS: tuple[Finding, ...] = (
                      Reproducer("docs/traces/nano-vllm/counterexamples/FAULT-raised.json", "nano-vllm",
                                 "AssertionError at scheduler.py:57"),
                      Reproducer("docs/traces/nano-vllm-fork/counterexamples/FAULT-raised.json", "nano-vllm-fork",
-                                "AssertionError at scheduler.py:", with_fix=False,
-                                note="the descriptor patches nano-vllm-npu (package nanovllmnpu); the fork "
-                                     "(package nanovllm) was not patched")),
+                                "AssertionError at scheduler.py:",
+                                fix_patch="nano-vllm-fork-refuse-never-fitting-prompt.json")),
     ),
     Finding(
         "nano-vllm-fork-preempted-victim-stays-running", ("nano-vllm-fork",),

@@ -85,7 +85,7 @@ def patched_copy(fix: Fix, package_dir: Path, out: Path) -> Path:
                 (dest / rel / name).symlink_to(Path(root) / name)
     for edit in fix.edits:
         target = dest / edit.file
-        text = (package_dir / edit.file).read_text()
+        text = target.read_text()  # the installed file through its link, or the copy an earlier edit made
         count = text.count(edit.find)
         if count != 1:
             raise InputError(f"edits.{edit.file}", f"the text to replace occurs {count} times in the installed "

@@ -79,6 +79,10 @@ def _trace_summary(trace: Trace) -> list[str]:
              f"draft decisions at steps {sorted({s for s, _, _ in trace.drafts})}" if trace.drafts else ""]
     if any(extra):
         lines.append("* and " + ", ".join(x for x in extra if x))
+    for rid, script in trace.connector.items():  # the KV connector's answers (spec/connector.py)
+        lines.append(f"* the KV connector's script for `{rid}`: " + ", ".join(f"{k} {v}" for k, v in script.to_dict().items()))
+    if trace.config.kv_connector:
+        lines.append(f"* kv_load_failure_policy {trace.config.kv_load_failure_policy or 'recompute'}")
     return lines + [f"* at most {trace.max_steps} steps", ""]
 
 
@@ -116,7 +120,11 @@ def _fix_diff(finding: Finding | None) -> list[str]:
         name = f"{fix['package']}/{edit['file']}"
         lines += [line.rstrip("\n") for line in difflib.unified_diff(
             edit["find"].splitlines(True), edit["replace"].splitlines(True), name, name, n=3)]
-    return lines + ["```", ""]
+    lines += ["```", ""]
+    for rep in finding.reproducers:  # an engine of the finding with a descriptor of its own
+        if rep.fix_patch:
+            lines += [f"For {rep.target}: [`fixes/{rep.fix_patch}`](fixes/{rep.fix_patch}).", ""]
+    return lines
 
 
 def _both_ways(finding: Finding | None, measured: dict[str, Any]) -> list[str]:
@@ -136,3 +144,29 @@ def _both_ways(finding: Finding | None, measured: dict[str, Any]) -> list[str]:
 def _verdict(run: dict[str, Any]) -> str:
     cpu = f", {run['cpu_seconds']} s CPU" if "cpu_seconds" in run else ""
     return f"{run['verdict']} (exit {run['exit']}, {run['seconds']} s wall{cpu})"
+
+
+def render_handwritten_report(finding: Finding, results: dict[str, Any] | None = None) -> str:
+    """The report of a finding whose reproducers are written by hand (no trace: no kvsched host
+    reaches that code), in the same sections as `render_report`."""
+    target = export_target(finding.reproducers[0].target)
+    measured = (load_results() if results is None else results).get(finding.slug, {})
+    files = [r.handwritten for r in finding.reproducers]
+    lines = [f"# {finding.title}", "",
+             f"**Engine:** {target.version} (kvsched target `{target.name}`). **Kind:** defect. "
+             f"**Found by:** kvsched, reading the installed source; reproduced by hand (`{files[0]}`).", "",
+             "## What breaks", "", finding.breaks, "", "## The exact step", ""]
+    runs = [r for r in measured.get("runs", []) if r.get("release", {}).get("line")]
+    lines += ([f"* `{r['file']}`: {r['release']['line']}" for r in runs] or [f"Not run yet: {files[0]}"]) + [""]
+    lines += ["## Expected and actual", "", f"* expected: {finding.expected}", f"* actual: {finding.actual}", ""]
+    lines += ["## Reproducer", "", "Standalone files (they import the engine, never kvsched), written by hand and "
+              "committed beside this report:", ""]
+    lines += [f"* [`{Path(f).name}`]({Path(f).relative_to('docs/reports')})" for f in files] + [""]
+    python = venv_python_shown(target)
+    lines += ["```", f"{python} FILE.py            # exit 1 and one FAILED line on the release",
+              f"{python} -m pytest FILE.py  # where pytest is installed", "```", ""]
+    lines += ["## Source", ""] + [f"* {s}" for s in finding.source] + [""]
+    lines += ["## Proposed fix", "", finding.fix, ""] + _fix_diff(finding)
+    lines += ["## Checked both ways", ""] + _both_ways(finding, measured)
+    lines += ["## Upstream", "", finding.upstream, ""]
+    return "\n".join(lines)

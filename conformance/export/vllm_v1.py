@@ -21,7 +21,8 @@ def prompt_of(request: dict) -> list[int]:
     return list(request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"]))
 
 
-SYNC = Exporter("vllm-v1", "vllm_v1", PROPERTIES, prompt_of, IDIOM, needs="the installed vLLM, on CPU")
+SYNC = Exporter("vllm-v1", "vllm_v1", PROPERTIES, prompt_of, IDIOM, needs="the installed vLLM, on CPU",
+               connector="vllm_v1_connector")
 
 ASYNC = Exporter("vllm-v1-async", "vllm_v1", PROPERTIES, prompt_of,
                  IDIOM + "; AsyncScheduler with two batches in flight as EngineCore.step_with_batch_queue runs it",

@@ -704,7 +704,9 @@ def _connector_lockstep(data: dict[str, Any]) -> str:
                 "(vllm/v1/core/sched/scheduler.py:1420-1430, 3432-3436; it stays in `_inflight_prefills`, discarded only "
                 "at :1871 and :3038), so with fewer than twice its blocks free it waits for ever (KVC-009, LIV-003, "
                 "LIV-001); smallest case [connector/own-reservation-stall.json](traces/connector/own-reservation-stall.json). "
-                "The spec's reference leaves a request out of its own reservation.\n")
+                "The spec's reference leaves a request out of its own reservation. Upstream report and standalone "
+                "reproducer (failing on 0.33.0, passing with the request left out of its own reservation): "
+                "[reports/vllm-v1-connector-own-reservation-stall.md](reports/vllm-v1-connector-own-reservation-stall.md).\n")
     rows.append(_connector_hunts(data.get("_hunts", {})))
     return "".join(rows)
 
@@ -726,6 +728,9 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
                 "_spec_decode_step_blocks`, vllm/v1/core/sched/scheduler.py:1421-1431, 372-380) is never admitted "
                 "(LIV-001, LIV-003); one request, a pool of 2 blocks: "
                 "[connector/spec-step-reservation-stall.json](traces/connector/spec-step-reservation-stall.json). "
+                "Report and standalone reproducer (failing on 0.33.0, passing with the step's reservation dropped when "
+                "nothing else runs or loads): "
+                "[reports/vllm-v1-connector-spec-step-reservation-stall.md](reports/vllm-v1-connector-spec-step-reservation-stall.md). "
                 "SPD-004 and SPD-008 there are the speculative lockstep's drafts-past-max-tokens and "
                 "pads-new-decode-drafts.\n")
     return "".join(rows)

@@ -42,7 +42,7 @@ from conformance.export import exporter_for, render_pytest, render_report, trace
 from conformance.export.demonstrations import DEMONSTRATIONS, Demonstration
 from conformance.export.findings import FINDINGS, Finding, Reproducer
 from conformance.export.patching import installed_package_dir, load_fix, patched_copy
-from conformance.export.report import REPORTS, RESULTS, ROOT, load_results
+from conformance.export.report import REPORTS, RESULTS, ROOT, load_results, render_handwritten_report
 from conformance.export.strangers import export_target
 from conformance.export.unsupported import UNSUPPORTED
 from conformance.selftest.campaigns.campaign_args import provenance
@@ -66,7 +66,7 @@ def run_file(python: Path, path: Path, env_extra: dict[str, str]) -> dict[str, A
         except subprocess.TimeoutExpired:
             code, output = 124, f"TIMEOUT after {RUN_TIMEOUT} s"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines = [line for line in output.splitlines() if line.startswith(("FAILED:", "passed", "engine:", "TIMEOUT"))]
+    lines = [line for line in output.splitlines() if line.startswith(("FAILED:", "ERROR:", "passed", "engine:", "TIMEOUT"))]
     verdict_line = next((line for line in reversed(lines) if not line.startswith("engine:")), "")
     return {"exit": code, "line": verdict_line, "engine": next((x for x in lines if x.startswith("engine:")), ""),
             "seconds": round(time.monotonic() - started, 1),
@@ -82,12 +82,15 @@ def reproducer_name(rep: Reproducer | Demonstration) -> str:
 
 def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, Path], scratch: Path) -> dict[str, Any]:
     target = export_target(rep.target)
-    trace = Trace.load(ROOT / rep.trace)
-    exporter = exporter_for(trace, rep.target)
-    prop = trace_property(trace, exporter, rep.property)
-    path = REPORTS / finding.slug / reproducer_name(rep)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_pytest(trace, exporter, prop, rep.trace))
+    if rep.handwritten:  # committed as written: nothing to export
+        path, prop = ROOT / rep.handwritten, rep.property or finding.property
+    else:
+        trace = Trace.load(ROOT / rep.trace)
+        exporter = exporter_for(trace, rep.target)
+        prop = trace_property(trace, exporter, rep.property)
+        path = REPORTS / finding.slug / reproducer_name(rep)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_pytest(trace, exporter, prop, rep.trace))
     record: dict[str, Any] = {"file": str(path.relative_to(ROOT)), "trace": rep.trace, "target": rep.target,
                               "property": prop}
     if not target.installed():
@@ -97,16 +100,17 @@ def check_reproducer(finding: Finding, rep: Reproducer, fixed_copies: dict[str, 
     release["verdict"] = ("fails" if release["exit"] == 1 and rep.fails_with in release["line"]
                           else "UNEXPECTED")
     record["release"] = release
-    if finding.fix_patch and rep.with_fix:
-        key = f"{finding.fix_patch}:{target.venv_of or target.name}"
+    fix_patch = rep.fix_patch or finding.fix_patch
+    if fix_patch and rep.with_fix:
+        key = f"{fix_patch}:{target.venv_of or target.name}"
         if key not in fixed_copies:
-            fix = load_fix(REPORTS / "fixes" / finding.fix_patch)
+            fix = load_fix(REPORTS / "fixes" / fix_patch)
             fixed_copies[key] = patched_copy(fix, installed_package_dir(target.python, fix.package),
                                              Path(tempfile.mkdtemp(prefix="fixed-", dir=scratch)))
         fixed = run_file(target.python, path, {**target.env, "PYTHONPATH": str(fixed_copies[key])})
         fixed["verdict"] = "passes" if fixed["exit"] == 0 and str(fixed_copies[key]) in fixed["engine"] else "UNEXPECTED"
         record["fixed"] = fixed
-    elif finding.fix_patch:
+    elif fix_patch:
         record["fix_note"] = rep.note or "not run with the fix"
     return record
 
@@ -144,6 +148,9 @@ def check_demonstration(demo: Demonstration, scratch: Path) -> dict[str, Any]:
 
 def write_report(finding: Finding, results: dict[str, Any]) -> None:
     rep = finding.reproducers[0]
+    if rep.handwritten:
+        (REPORTS / f"{finding.slug}.md").write_text(render_handwritten_report(finding, results))
+        return
     trace = Trace.load(ROOT / rep.trace)
     exporter = exporter_for(trace, rep.target)
     text = render_report(trace, exporter, trace_property(trace, exporter, rep.property), rep.trace, results=results)
@@ -198,12 +205,11 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
               "cache, V0's swap-space RuntimeError, V1's chunk clamp at max_model_len, which V1's door keeps from "
               "generate requests) and nano-vllm's missing max_model_len checks (its Scheduler is given no "
               "max_model_len: the limit is the caller's in that design);",
-              "* the KV-connector finding on vLLM 0.33.0 (a request whose asynchronous load failed waits for ever on "
-              "its own reservation, scheduler.py:1420-1430; issue 30's branch, recorded on main as not integrated, "
-              "commit f36880b): its host, traces and CONFORMANCE.md section are not in this tree, so there is "
-              "nothing to export until that branch is merged;",
-              "* the hybrid-KV-cache campaigns found no defect (docs/CONFORMANCE.md: two open async divergences not "
-              "yet traced to a line), and the encoder-cache work (issue 32) has no real-engine finding."]
+              "* the hybrid-KV-cache campaigns' own divergences (docs/CONFORMANCE.md: "
+              "`padded-admission-starves-below-1+k` is the over-budget stall reported above, "
+              "`padded-admission-cut-by-threshold` the #54028 assert; the two open async divergences are not yet "
+              "traced to a line), and the two fail-recompute connector traces on which the spec's reference breaks "
+              "BUD-004 and REQ-004 too (docs/CONNECTORS.md section 8: not diagnosed, so no finding)."]
     (REPORTS / "README.md").write_text("\n".join(lines) + "\n")
 
 

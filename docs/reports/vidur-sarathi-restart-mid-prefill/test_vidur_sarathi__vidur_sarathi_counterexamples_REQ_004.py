@@ -6,6 +6,7 @@ docs/traces/vidur-sarathi/counterexamples/REQ-004.json --to pytest --target vidu
 kvsched's shrunk trace, for vidur==0.0.26 (the installed vidur).
 
     python THIS_FILE            # exit 1 and one FAILED line when the property breaks
+                                # (exit 2 and one ERROR line if the engine raises first)
     python -m pytest THIS_FILE
 
 How: Vidur's sarathi replica scheduler with its Request, Batch and event entities, the events of
@@ -182,21 +183,44 @@ STATEMENT = 'Every generated token is kept: a step adds exactly one token to eac
 
 # -- the property ---------------------------------------------------------------------------------
 def check_after_schedule(step, engine, out, before, history) -> None:
-    history["scheduled"] = engine.scheduled_ids(out)
+    history["scheduled"] = set(engine.scheduled_ids(out))
 
 
 def check_after_update(step, engine, history) -> None:
-    """REQ-004 (its first clause): a request's tokens never go down, and a step adds at most one to each."""
+    """REQ-004: a request's tokens never go down; at pipeline depth 0 a step adds exactly one to each
+    scheduled sequence (with chunked prefill: one once its tokens before the step are all computed,
+    none after a partial chunk; with drafts: at most 1 + the drafts) and none to the others."""
     now = engine.lengths()
     last = history.get("lengths", {})
-    for rid, (tokens, _) in now.items():
-        history["exercised"] += rid in last
-        if rid in last and tokens < last[rid][0]:
-            raise AssertionError(f"step {step}: request {rid} went from {last[rid][0]} to {tokens} tokens: "
+    drafts = bool(CONFIG.get("num_speculative_tokens"))
+    for rid, (tokens, computed) in now.items():
+        if rid not in last:
+            continue
+        history["exercised"] += 1
+        before, grew = last[rid][0], tokens - last[rid][0]
+        if grew < 0:
+            raise AssertionError(f"step {step}: request {rid} went from {before} to {tokens} tokens: "
                                  f"tokens were dropped. Expected: {STATEMENT}")
-        if rid in last and not CONFIG.get("num_speculative_tokens") and tokens > last[rid][0] + 1:
-            raise AssertionError(f"step {step}: request {rid} went from {last[rid][0]} to {tokens} tokens in one "
+        if not drafts and grew > 1:
+            raise AssertionError(f"step {step}: request {rid} went from {before} to {tokens} tokens in one "
                                  f"step, which samples one token per sequence. Expected: {STATEMENT}")
+        if PIPELINE_DEPTH or drafts:  # outcomes a step late, or 1 + accepted drafts: only the above
+            continue
+        if rid not in history["scheduled"]:
+            if grew:
+                raise AssertionError(f"step {step}: request {rid} was not scheduled, yet went from {before} to "
+                                     f"{tokens} tokens. Expected: {STATEMENT}")
+            continue
+        if CONFIG.get("enable_chunked_prefill"):
+            if computed is None:  # the engine reports no computed tokens: a partial chunk cannot be told
+                continue
+            completes = computed >= before  # every token it had before the step is computed now
+        else:
+            completes = True
+        if grew != int(completes):
+            what = "gained no token" if completes else "gained a token after a chunk that left tokens uncomputed"
+            raise AssertionError(f"step {step}: request {rid} was scheduled and {what} ({before} -> {tokens} "
+                                 f"tokens, {computed} computed). Expected: {STATEMENT}")
     history["lengths"] = now
 
 
@@ -214,16 +238,23 @@ def engine_frame(error: BaseException) -> str:
     return f" at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+class EngineRaised(Exception):
+    """The engine raised while this file checks another property: an error of the run, reported as
+    what the engine raised, never as that property's failure (an assert of the engine's own is an
+    AssertionError too)."""
+
+
 def call(step: int, what: str, fn, *args):
     if PROPERTY == "FAULT-raised" and what == Engine.SCHEDULE_CALL:
         HISTORY_OF_CALLS[0] += 1
     try:
         return fn(*args)
     except Exception as error:
+        raised = (f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
+                  f"{': ' + str(error) if str(error) else ''}")
         if PROPERTY != "FAULT-raised":
-            raise
-        raise AssertionError(f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
-                             f"{': ' + str(error) if str(error) else ''}. Expected: {STATEMENT}") from error
+            raise EngineRaised(f"{raised}, before {PROPERTY} broke") from error
+        raise AssertionError(f"{raised}. Expected: {STATEMENT}") from error
 
 
 HISTORY_OF_CALLS = [0]  # FAULT-raised: the schedule() calls made
@@ -266,4 +297,7 @@ if __name__ == "__main__":
     except AssertionError as failure:
         print(f"FAILED: {failure}")
         sys.exit(1)
+    except EngineRaised as error:
+        print(f"ERROR: {error}")
+        sys.exit(2)
     print(f"passed ({done['steps']} steps, checked at {done['exercised']}): {STATEMENT}")

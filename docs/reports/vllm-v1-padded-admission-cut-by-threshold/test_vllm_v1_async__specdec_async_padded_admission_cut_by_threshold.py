@@ -6,6 +6,7 @@ docs/traces/specdec/async-padded-admission-cut-by-threshold.json --to pytest --t
 from kvsched's shrunk trace, for vllm==0.33.0 (the installed vLLM, on CPU).
 
     python THIS_FILE            # exit 1 and one FAILED line when the property breaks
+                                # (exit 2 and one ERROR line if the engine raises first)
     python -m pytest THIS_FILE
 
 How: a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in
@@ -184,6 +185,9 @@ class Engine:
     def scheduled_anything(self, out) -> bool:
         return bool(out.num_scheduled_tokens) or bool(out.preempted_req_ids)
 
+    def scheduled_ids(self, out) -> list:
+        return [] if out is None else list(out.num_scheduled_tokens)
+
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
         return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
@@ -338,16 +342,23 @@ def engine_frame(error: BaseException) -> str:
     return f" at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+class EngineRaised(Exception):
+    """The engine raised while this file checks another property: an error of the run, reported as
+    what the engine raised, never as that property's failure (an assert of the engine's own is an
+    AssertionError too)."""
+
+
 def call(step: int, what: str, fn, *args):
     if PROPERTY == "FAULT-raised" and what == Engine.SCHEDULE_CALL:
         HISTORY_OF_CALLS[0] += 1
     try:
         return fn(*args)
     except Exception as error:
+        raised = (f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
+                  f"{': ' + str(error) if str(error) else ''}")
         if PROPERTY != "FAULT-raised":
-            raise
-        raise AssertionError(f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
-                             f"{': ' + str(error) if str(error) else ''}. Expected: {STATEMENT}") from error
+            raise EngineRaised(f"{raised}, before {PROPERTY} broke") from error
+        raise AssertionError(f"{raised}. Expected: {STATEMENT}") from error
 
 
 HISTORY_OF_CALLS = [0]  # FAULT-raised: the schedule() calls made
@@ -390,4 +401,7 @@ if __name__ == "__main__":
     except AssertionError as failure:
         print(f"FAILED: {failure}")
         sys.exit(1)
+    except EngineRaised as error:
+        print(f"ERROR: {error}")
+        sys.exit(2)
     print(f"passed ({done['steps']} steps, checked at {done['exercised']}): {STATEMENT}")

@@ -5,6 +5,7 @@ docs/reports/traces/sglang-seeded-chunk.json --to pytest --target sglang` from k
 trace, for sglang==0.5.23 (the installed sglang with torch and transformers; no model, no GPU).
 
     python THIS_FILE            # exit 1 and one FAILED line when the property breaks
+                                # (exit 2 and one ERROR line if the engine raises first)
     python -m pytest THIS_FILE
 
 How: SGLang's scheduling parts built on CPU as its unit tests build them (PrefillAdder over a
@@ -408,16 +409,23 @@ def engine_frame(error: BaseException) -> str:
     return f" at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+class EngineRaised(Exception):
+    """The engine raised while this file checks another property: an error of the run, reported as
+    what the engine raised, never as that property's failure (an assert of the engine's own is an
+    AssertionError too)."""
+
+
 def call(step: int, what: str, fn, *args):
     if PROPERTY == "FAULT-raised" and what == Engine.SCHEDULE_CALL:
         HISTORY_OF_CALLS[0] += 1
     try:
         return fn(*args)
     except Exception as error:
+        raised = (f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
+                  f"{': ' + str(error) if str(error) else ''}")
         if PROPERTY != "FAULT-raised":
-            raise
-        raise AssertionError(f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
-                             f"{': ' + str(error) if str(error) else ''}. Expected: {STATEMENT}") from error
+            raise EngineRaised(f"{raised}, before {PROPERTY} broke") from error
+        raise AssertionError(f"{raised}. Expected: {STATEMENT}") from error
 
 
 HISTORY_OF_CALLS = [0]  # FAULT-raised: the schedule() calls made
@@ -460,4 +468,7 @@ if __name__ == "__main__":
     except AssertionError as failure:
         print(f"FAILED: {failure}")
         sys.exit(1)
+    except EngineRaised as error:
+        print(f"ERROR: {error}")
+        sys.exit(2)
     print(f"passed ({done['steps']} steps, checked at {done['exercised']}): {STATEMENT}")
