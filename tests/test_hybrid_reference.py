@@ -184,3 +184,45 @@ def test_padding_to_one_plus_k_over_the_budget_starves_admission() -> None:
     liveness = invariants_of(("liveness",))
     assert {"LIV-001", "LIV-003"} <= violated(padded, trace, invariants=liveness)
     assert violated(HybridSpecDecScheduler, trace, invariants=liveness) == set()
+
+
+def test_a_stale_steps_drafts_are_what_was_proposed_before_the_preemption() -> None:
+    """lockstep_hybrid's ``stale-step-drafts-voided`` (a reference bug, fixed): r1's step 2 ran with a
+    real draft, the trace accepts it, and r1 is preempted at step 3 before that step returns. vLLM
+    delivers a stale step's tokens whole (v1/core/sched/scheduler.py:1825-1835, 2346-2364: only the
+    counters are spared), so r1 holds 4 tokens after step 3; the reference, which judged the stale
+    step's drafts by the proposal the preemption had just cleared, delivered the bonus only (3)."""
+    import json
+    from pathlib import Path
+
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsyncSpec
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json")
+                                       .read_text()))
+    records = list(iter_steps(dataclasses.replace(trace, max_steps=4), RecordingHybridAsyncSpec(trace.config)))
+    assert [p.request_id for p in records[3].output.preempted] == ["r1"]
+    assert records[3].after.seqs["r1#0"].num_tokens == 4
+
+
+def test_the_starvation_counterfactual_is_behind_the_door() -> None:
+    """lockstep_hybrid.classify's counterfactual for ``padded-admission-starves-below-1+k`` runs behind
+    `GenerateDoor`, as the lockstep reference does: on this async-swa+prefix+spec trace (k = 1, a
+    budget of 1 token, r1's prompt exactly max_model_len) both sides stall, the unpadded reference
+    behind the door finishes, and without the door it stalls on r1 instead (the max_model_len clamp,
+    scheduler.py:850-857), which had left 17 of 1000 such traces ``unclassified``."""
+    import json
+    from pathlib import Path
+
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsyncSpec, unpadded_reference
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-swa-prefix-spec-counterfactual-door.json")
+                                       .read_text()))
+    trace = dataclasses.replace(trace, max_steps=40)  # the unpadded run drains in 18 steps; the stalls show by then
+    liveness = invariants_of(("liveness",))
+    assert {"LIV-001", "LIV-003"} <= violated(RecordingHybridAsyncSpec, trace, invariants=liveness)
+    assert not {p for p in violated(unpadded_reference(trace.config), trace, invariants=liveness) if p.startswith("LIV-")}
+    doorless = type("Doorless", (HybridAsyncScheduler,), {"drafts_past_max_tokens": True,
+                                                          "clamps_chunk_at_max_model_len": True})
+    assert "LIV-001" in violated(doorless, trace, invariants=liveness)

@@ -78,3 +78,21 @@ def test_async_admission_cap_counts_two_batches(adapters) -> None:
     outcome = L.run_one(adapters["vllm-v1-async"], trace, get_profile("async").invariants())
     assert outcome.divergence_step is None, outcome.describe()
     assert len(outcome.result.records) > 16
+
+
+def test_stale_step_drafts_are_delivered_whole(adapters) -> None:
+    """The first of the three ``async-local+spec`` traces of the 1000-trace run that were
+    ``unclassified`` (class ``stale-step-drafts-voided``, a reference bug): r1 is preempted at step 3
+    with a step in flight whose real draft the trace accepts; vLLM delivers the stale step's tokens
+    whole (v1/core/sched/scheduler.py:1825-1835), and the fixed reference agrees to the end."""
+    import json
+    from pathlib import Path
+
+    from spec.trace import Trace
+
+    if "vllm-v1-async" not in adapters:
+        adapters["vllm-v1-async"] = need("vllm-v1-async").adapter()
+    data = json.loads(Path("docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json").read_text())
+    outcome = L.run_one(adapters["vllm-v1-async"], Trace.from_dict(data), get_profile("async").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert len(outcome.result.records) > 3

@@ -120,16 +120,42 @@ CLASSES: dict[str, tuple[str, str]] = {
         "FAULT-raised on the +spec paths with a threshold below 1 + k (counts per path in the report's by_class): "
         + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
     ),
+    "stale-step-drafts-voided": (
+        "reference (fixed)",
+        "async-local+spec, 3 of 1000 traces of the 2026-12-02 04:49 run (state.num_tokens right after a preemption; "
+        "docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json, step 3: the reference held 3 tokens of "
+        "r1, vLLM 4). r1's step 2 ran with a real draft (proposed after its step 1) that the trace accepts, and r1 was "
+        "preempted at step 3 before the step returned. vLLM delivers a stale step's tokens whole: _preempt_request "
+        "marks the in-flight output stale, 'Its tokens are still delivered on return (dropping them would perturb "
+        "spec-decode acceptance) but must not mutate the reset counters' (v1/core/sched/scheduler.py:1825-1835), and "
+        "update_from_output spares only the counters of a stale step's rejections (scheduler.py:2346-2364); the model "
+        "verified the draft the drafter had proposed when the step ran, before the preemption. The async reference "
+        "judged the stale step's drafts by its proposal count, which the preemption had just reset to 0 "
+        "(AsyncV1Scheduler._preempt), so it delivered the bonus token only. Fixed in the reference: a preemption keeps "
+        "the proposal for its stale steps (InFlightCounters.num_stale_valid); the three traces agree "
+        "(tests/test_hybrid_reference.py::test_a_stale_steps_drafts_are_what_was_proposed_before_the_preemption, "
+        "tests/test_hybrid_target.py::test_stale_step_drafts_are_delivered_whole). Counterfactual: the reference with "
+        "the old rule (stale drafts never valid) changes exactly these 3 of the 1000 traces and no trace of "
+        "async-swa+prefix+spec. Only a preemption with a step in flight whose drafts are real shows it, which the "
+        "one-group async lockstep's traces did not draw.",
+    ),
+    "counterfactual-without-the-door": (
+        "harness (fixed)",
+        "async-swa+prefix+spec, 17 of 1000 traces of the 2026-12-02 04:49 run: engine and reference agree at every "
+        "step and stall together (LIV-001/002/003) with max_num_batched_tokens < 1 + k, the shape of "
+        "padded-admission-starves-below-1+k, but classify's counterfactual stalled too. Each of the 17 holds a prompt "
+        "of exactly max_model_len (docs/traces/lockstep-hybrid/async-swa-prefix-spec-counterfactual-door.json: r1, 8 "
+        "of 8 tokens). The lockstep reference refuses it at vLLM's front door (GenerateDoor; InputProcessor."
+        "_validate_prompt_len, v1/engine/input_processor.py:593), the counterfactual had no door: it ran the prompt, and "
+        "the in-flight clamp at max_model_len (max_model_len - num_computed_tokens - 1, v1/core/sched/scheduler.py:"
+        "850-857, knob clamps_chunk_at_max_model_len) left its last prompt token unscheduled for ever, a stall of the "
+        "counterfactual's own. The counterfactual is now behind the door (lockstep_hybrid.unpadded_reference); all 17 "
+        "are padded-admission-starves-below-1+k "
+        "(tests/test_hybrid_reference.py::test_the_starvation_counterfactual_is_behind_the_door).",
+    ),
     "unclassified": (
         "open",
-        "async-local+spec, 3 of 1000 traces: the delivered token counts differ (state.num_tokens) right after a "
-        "preemption with a draft in flight, in a pool of 6 blocks (docs/traces/lockstep-hybrid/"
-        "async-local-spec-num-tokens-open.json, step 3: the reference holds 3 tokens of r1, vLLM 4). Not yet "
-        "explained: no vLLM source line is claimed for it. The one-group async speculative lockstep agrees on its "
-        "preemption shape, so the chunked local group's admission or the preempted request's in-flight outcome is "
-        "the first place to look. And async-swa+prefix+spec, 17 of 1000 traces: LIV-001/002/003 on both sides "
-        "(engine and reference agree at every step and stall together) where the padding counterfactual does "
-        "not clear the stall; not explained yet.",
+        "Not explained yet: no class of CLASSES fits and no vLLM source line is claimed.",
     ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
@@ -247,6 +273,18 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, stop_at_firs
     return Outcome(result, state)
 
 
+def unpadded_reference(config: SchedulerConfig) -> type:
+    """The counterfactual of ``padded-admission-starves-below-1+k``: the lockstep reference for
+    ``config`` without vLLM's padding of a one-token admission to 1 + k (the spec's admission,
+    SPD-002), its other vLLM-compatible knobs kept, behind the same front door (`GenerateDoor`).
+    Without the door a prompt of exactly max_model_len would run, and the in-flight clamp at
+    max_model_len (``max_model_len - num_computed_tokens - 1``, v1/core/sched/scheduler.py:850-857) would leave its last
+    prompt token unscheduled for ever: a stall of the counterfactual's own, which left 17 of 1000
+    ``async-swa+prefix+spec`` traces ``unclassified`` (class ``counterfactual-without-the-door``)."""
+    base = HybridAsyncScheduler if config.pipeline_depth else EngineHybridV1
+    return type("Unpadded", (GenerateDoor, base), {"drafts_past_max_tokens": True, "clamps_chunk_at_max_model_len": True})
+
+
 def classify(trace: Trace, outcome: Outcome) -> str:
     """A divergent trace's class in `CLASSES`, or ``unclassified``. ``padded-admission-cut-by-threshold``:
     vLLM's assertion at scheduler.py:1579 (`lockstep_specdec`'s class). ``padded-admission-starves-below-1+k``:
@@ -262,9 +300,8 @@ def classify(trace: Trace, outcome: Outcome) -> str:
     agreed = outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
     if (agreed and problems and all(p.startswith("LIV-") for p in problems)
             and 1 + config.num_speculative_tokens > config.max_num_batched_tokens):
-        base = HybridAsyncScheduler if config.pipeline_depth else EngineHybridV1
-        unpadded = type("Unpadded", (base,), {"drafts_past_max_tokens": True, "clamps_chunk_at_max_model_len": True})
-        if not {p for p in violated(unpadded, trace, invariants=invariants_of(("liveness",))) if p.startswith("LIV-")}:
+        if not {p for p in violated(unpadded_reference(config), trace, invariants=invariants_of(("liveness",)))
+                if p.startswith("LIV-")}:
             return "padded-admission-starves-below-1+k"
     return "unclassified"
 
