@@ -69,7 +69,7 @@ from spec.observation import Snapshot
 from spec.trace import Trace
 
 SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec",
-              "mamba-none+spec")
+              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
@@ -212,6 +212,9 @@ def path_strategy(path: str) -> st.SearchStrategy:
         return path_strategy(path.removeprefix("async-")).map(
             lambda t: dataclasses.replace(t, config=fitting_pool(dataclasses.replace(t.config, pipeline_depth=1,
                                                                                      watermark=0.0))))
+    if path.endswith("+eagle"):  # EAGLE's block drop (drop_eagle_block), no drafts: the host's vllm_hybrid_groups.py
+        return path_strategy(path.removesuffix("+eagle")).map(
+            lambda t: dataclasses.replace(t, config=dataclasses.replace(t.config, drop_eagle_block=True)))
     if path.endswith("+spec"):
         return path_strategy(path.removesuffix("+spec")).flatmap(
             lambda t: st.integers(1, MAX_K).flatmap(lambda k: with_drafts(t, k=k)))
