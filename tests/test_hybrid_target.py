@@ -96,3 +96,30 @@ def test_stale_step_drafts_are_delivered_whole(adapters) -> None:
     outcome = L.run_one(adapters["vllm-v1-async"], Trace.from_dict(data), get_profile("async").invariants())
     assert outcome.divergence_step is None, outcome.describe()
     assert len(outcome.result.records) > 3
+
+
+def test_eagle_paths_drop_the_block_on_the_engine(adapters) -> None:
+    """The ``+eagle`` paths have teeth: the host builds vLLM's scheduler with
+    ``use_eagle_block_drop`` (vllm_hybrid_groups.with_eagle_block_drop), so the reference without the
+    drop (``drop_eagle_block`` off) diverges on some of the first traces where the reference with it
+    agrees (test_path_agrees_step_for_step)."""
+    import dataclasses
+
+    class NoDrop(L.RecordingHybrid):
+        def __init__(self, config) -> None:
+            super().__init__(dataclasses.replace(config, drop_eagle_block=False))
+
+    if "vllm-v1" not in adapters:
+        adapters["vllm-v1"] = need("vllm-v1").adapter()
+    invariants = get_profile("safety").invariants()
+    divergent = 0
+    for trace in sample_traces(L.path_strategy("mamba-align+eagle"), 8, 20261202):
+        holder: list = []
+
+        def factory(config, holder=holder):
+            holder.append(NoDrop(config))
+            return holder[-1]
+
+        result = run_checked(adapters["vllm-v1"], trace, invariants, lockstep=True, reference_factory=factory)
+        divergent += result.divergence is not None or L.compare_state(result, holder[0]) is not None
+    assert divergent > 0
