@@ -226,3 +226,19 @@ def test_the_starvation_counterfactual_is_behind_the_door() -> None:
     doorless = type("Doorless", (HybridAsyncScheduler,), {"drafts_past_max_tokens": True,
                                                           "clamps_chunk_at_max_model_len": True})
     assert "LIV-001" in violated(doorless, trace, invariants=liveness)
+
+
+def test_eagle_drop_at_depth_one_makes_a_mamba_request_preempt_itself() -> None:
+    """lockstep_hybrid's ``eagle-drop-mamba-self-preemption`` (vLLM 0.33.0 agrees step for step): with
+    EAGLE's block drop, a full + Mamba-align request alone in a 5-block pool preempts itself on every
+    second step at depth 1 and never finishes (LIV-002); without the drop it finishes."""
+    import json
+    from pathlib import Path
+
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsync, eagle_drop_stalls
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json")
+                                       .read_text()))
+    assert eagle_drop_stalls(trace)
+    records = list(iter_steps(dataclasses.replace(trace, max_steps=16), RecordingHybridAsync(trace.config)))
+    assert [r.step for r in records if [p.request_id for p in r.output.preempted] == ["r5"]] == [9, 11, 13, 15]

@@ -123,3 +123,21 @@ def test_eagle_paths_drop_the_block_on_the_engine(adapters) -> None:
         result = run_checked(adapters["vllm-v1"], trace, invariants, lockstep=True, reference_factory=factory)
         divergent += result.divergence is not None or L.compare_state(result, holder[0]) is not None
     assert divergent > 0
+
+
+def test_eagle_drop_self_preemption_is_the_engines(adapters) -> None:
+    """``eagle-drop-mamba-self-preemption`` on vLLM 0.33.0's AsyncScheduler: the saved trace agrees step
+    for step with the reference, and the engine never finishes it (LIV-002 on the engine's side)."""
+    import json
+    from pathlib import Path
+
+    from spec.trace import Trace
+
+    if "vllm-v1-async" not in adapters:
+        adapters["vllm-v1-async"] = need("vllm-v1-async").adapter()
+    data = json.loads(Path("docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json").read_text())
+    trace = Trace.from_dict(data)
+    outcome = L.run_one(adapters["vllm-v1-async"], trace, get_profile("async").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert "LIV-002" in outcome.result.problem_ids
+    assert L.classify(trace, outcome) == "eagle-drop-mamba-self-preemption"

@@ -3,7 +3,8 @@
     python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
         swa+spec|swa+prefix+spec|local+spec|mamba-none+spec|async-swa|async-swa+prefix|async-mamba-none|
         async-mamba-align|async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|
-        async-mamba-none+spec|all]
+        async-mamba-none+spec|swa+prefix+eagle|mamba-align+eagle|async-swa+prefix+eagle|
+        async-mamba-align+eagle|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -30,7 +31,13 @@ token count. ``mamba-none+spec`` keeps one state block per request, as the host'
 ``MambaSpec(num_speculative_blocks=0)`` does: the layout vLLM builds with ReplaySSM
 (``cache_config.use_replayssm``, model_executor/layers/mamba/abstract.py:86-90; without it a
 "none" group holds 1 + k state blocks, v1/core/single_type_kv_cache_manager.py:1714-1720, which
-the reference does not model); "align" with drafts is not modelled (the reference refuses it). Each ``async-<path>`` is the same at
+the reference does not model); "align" with drafts is not modelled (the reference refuses it).
+``swa+prefix+eagle`` and ``mamba-align+eagle`` are the layouts with EAGLE's block drop
+(``drop_eagle_block``, HYB-006; vllm-project/vllm#50630's setting: ``MambaManager.
+find_longest_cache_hit`` never reads the flag) and no drafts: the host builds vLLM's scheduler with
+``use_eagle_block_drop`` as an EAGLE drafter with lookahead block hashes off would have it
+(``vllm_hybrid_groups.with_eagle_block_drop``; the drafter, which needs a draft model, is left out).
+Each ``async-<path>`` is the same at
 ``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
 `RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
 driver runs those traces whole, since at depth 1 some synchronous safety statements fire on
@@ -152,6 +159,26 @@ CLASSES: dict[str, tuple[str, str]] = {
         "counterfactual's own. The counterfactual is now behind the door (lockstep_hybrid.unpadded_reference); all 17 "
         "are padded-admission-starves-below-1+k "
         "(tests/test_hybrid_reference.py::test_the_starvation_counterfactual_is_behind_the_door).",
+    ),
+    "eagle-drop-mamba-self-preemption": (
+        "vllm-defect",
+        "async-mamba-align+eagle, 15 of 1000 traces (2026-12-02 14:26 run): no divergence, the engine and the reference "
+        "agree at every step, every group's tables included, and both violate LIV-002 (counted in the path's "
+        "agreeing_stalls_by_class). docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json (full + "
+        "Mamba align, block 4, 5 blocks, max_model_len 12, budget 5): r5 (10 prompt tokens) is admitted with a hit of "
+        "4 tokens, computes 4..8 with that step in flight, and at the next step its allocation for the rest fails: it "
+        "is the only running request, so it preempts itself ('No more request to preempt', v1/core/sched/"
+        "scheduler.py:913-980; the Mamba state blocks are freed on the processed-token basis, so the in-flight "
+        "chunk's state is still held, kv_cache_manager.py:556-568), is readmitted with the same 4-token hit and "
+        "repeats: 329 preemptions in 667 steps, r0, r2 and r4 waiting behind it for ever. The drop is what makes the "
+        "second chunk: with EAGLE the last cacheable Mamba state backs off a block (scheduler.py:572-583, 'With "
+        "Eagle, FullAttn prunes the last matching block, so back off one block'), and the hit loses its last block "
+        "(kv_cache_coordinator.py:866-905), so the state after 8 tokens is never a hit and r5 always needs two chunks. "
+        "Counterfactual: the same 15 traces without the drop (drop_eagle_block off) finish on the reference with no "
+        "liveness violation (lockstep_hybrid.eagle_drop_stalls); the synchronous mamba-align+eagle traces have none "
+        "(no chunk in flight). Pools of 5-8 blocks: the admission check (kv_cache_manager.py:531-548) lets in a request "
+        "whose pipelined chunk the pool cannot hold beside its in-flight one. vLLM's block drop without its drafter "
+        "(vllm_hybrid_groups.with_eagle_block_drop).",
     ),
     "unclassified": (
         "open",
@@ -306,13 +333,36 @@ def classify(trace: Trace, outcome: Outcome) -> str:
         if not {p for p in violated(unpadded_reference(config), trace, invariants=invariants_of(("liveness",)))
                 if p.startswith("LIV-")}:
             return "padded-admission-starves-below-1+k"
+    if agreed and problems and all(p.startswith("LIV-") for p in problems) and eagle_drop_stalls(trace):
+        return "eagle-drop-mamba-self-preemption"
     return "unclassified"
+
+
+def eagle_drop_stalls(trace: Trace) -> bool:
+    """``eagle-drop-mamba-self-preemption``'s counterfactual: the trace has EAGLE's block drop, the
+    lockstep reference violates a liveness statement on it, and the same reference without the drop
+    (``drop_eagle_block`` off, nothing else changed) holds every one."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.mutants import violated
+
+    config = trace.config
+    if not config.drop_eagle_block:
+        return False
+    reference = {(False, False): RecordingHybrid, (False, True): RecordingHybridSpec,
+                 (True, False): RecordingHybridAsync, (True, True): RecordingHybridAsyncSpec}[
+        config.pipeline_depth > 0, config.num_speculative_tokens > 0]
+    liveness = invariants_of(("liveness",))
+    if not {p for p in violated(reference, trace, invariants=liveness) if p.startswith("LIV-")}:
+        return False
+    without = dataclasses.replace(trace, config=dataclasses.replace(config, drop_eagle_block=False))
+    return not {p for p in violated(reference, without, invariants=liveness) if p.startswith("LIV-")}
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
+    stalls: collections.Counter[str] = collections.Counter()  # agreeing traces that both sides stall on
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = drafted_steps = drafts = 0
     started = time.monotonic()
@@ -329,6 +379,9 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
             violations[problem] += 1
         if outcome.divergence_step is None:
             agreeing += 1
+            # an end-of-run liveness statement (LIV-002) fires on both sides without a divergence
+            if any(p.startswith("LIV-") for p in outcome.result.problem_ids):
+                stalls[classify(trace, outcome)] += 1
             continue
         by_field[outcome.field or "?"] += 1
         by_class[classify(trace, outcome)] += 1
@@ -336,7 +389,9 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if path.endswith("+spec") else {}
     return {"traces": len(traces), "steps": steps, **drafted, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())),
-            "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
+            "by_class": dict(sorted(by_class.items())),
+            **({"agreeing_stalls_by_class": dict(sorted(stalls.items()))} if stalls else {}),
+            "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
 
 

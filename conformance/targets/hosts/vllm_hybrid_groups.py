@@ -106,13 +106,16 @@ def group_tables(sched, config: dict, live: dict) -> dict:
     return out
 
 
-_EAGLE_CLASSES: dict[type, type] = {}
+_EAGLE_CLASSES: dict[tuple[type, int], type] = {}
 
 
-def with_eagle_block_drop(scheduler_cls: type) -> type:
+def with_eagle_block_drop(scheduler_cls: type, lookahead: int = 0) -> type:
     """``scheduler_cls`` with ``use_eagle_block_drop`` held True from its construction on (the
-    value an EAGLE SpeculativeConfig gives it, scheduler.py:331), without a SpeculativeConfig."""
-    if scheduler_cls not in _EAGLE_CLASSES:
-        _EAGLE_CLASSES[scheduler_cls] = type(f"EagleBlockDrop{scheduler_cls.__name__}", (scheduler_cls,), {
-            "use_eagle_block_drop": property(lambda self: True, lambda self, value: None)})
-    return _EAGLE_CLASSES[scheduler_cls]
+    value an EAGLE SpeculativeConfig gives it, scheduler.py:331), without a SpeculativeConfig;
+    ``lookahead``: its ``num_lookahead_tokens`` (EAGLE's k slots past the scheduled tokens,
+    config/vllm.py:649-653, scheduler.py:298), 0 without drafts."""
+    if (scheduler_cls, lookahead) not in _EAGLE_CLASSES:
+        _EAGLE_CLASSES[scheduler_cls, lookahead] = type(f"EagleBlockDrop{scheduler_cls.__name__}", (scheduler_cls,), {
+            "use_eagle_block_drop": property(lambda self: True, lambda self, value: None),
+            "num_lookahead_tokens": property(lambda self: lookahead, lambda self, value: None)})
+    return _EAGLE_CLASSES[scheduler_cls, lookahead]

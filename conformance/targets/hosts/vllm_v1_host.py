@@ -160,7 +160,7 @@ class V1Engine:
         if config.get("drop_eagle_block"):  # EAGLE's block drop without its drafter (vllm_hybrid_groups.py)
             import vllm_hybrid_groups
 
-            scheduler_cls = vllm_hybrid_groups.with_eagle_block_drop(scheduler_cls)
+            scheduler_cls = vllm_hybrid_groups.with_eagle_block_drop(scheduler_cls, self.k)
         self.sched = scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=vllm_budgets.scripted_structured_outputs(vc),
                                log_stats=False, **block_sizes)
         vllm_budgets.install(self.sched, config)  # the encoder budget and cache, the LoRA slots
