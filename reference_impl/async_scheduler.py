@@ -170,7 +170,8 @@ class AsyncV1Scheduler(V1Scheduler):
         """The slots of its in-flight tokens: allocated when a step is scheduled, counted when the
         step returns, at most ``depth`` per sequence (CAP-006; tests/test_reservation.py)."""
         k = self.config.num_speculative_tokens  # and its drafts': each in-flight step 1 + k, the next k
-        return Reservation(lookahead_tokens=self.depth * (1 + k) + k) if self.depth or k else None
+        eagle = self._slot_tokens(0)  # EAGLE's lookahead slots too, with `lookahead_slots_with_eagle`
+        return Reservation(lookahead_tokens=self.depth * (1 + k) + k + eagle) if self.depth or k else None
 
     def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)

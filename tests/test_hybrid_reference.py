@@ -242,3 +242,27 @@ def test_eagle_drop_at_depth_one_makes_a_mamba_request_preempt_itself() -> None:
     assert eagle_drop_stalls(trace)
     records = list(iter_steps(dataclasses.replace(trace, max_steps=16), RecordingHybridAsync(trace.config)))
     assert [r.step for r in records if [p.request_id for p in r.output.preempted] == ["r5"]] == [9, 11, 13, 15]
+
+
+def test_eagle_lookahead_slots_are_allocated_past_the_scheduled_tokens() -> None:
+    """`lookahead_slots_with_eagle` (the ``*+spec+eagle`` lockstep paths): with drafts and
+    ``drop_eagle_block`` each allocation also takes EAGLE's k lookahead slots (vLLM
+    num_lookahead_tokens, scheduler.py:914-918), in the window group too, capped at max_model_len;
+    without the flag, or without the drop, it does not."""
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=24, watermark=0.0, preemption_mode="recompute",
+                             num_speculative_tokens=2, drop_eagle_block=True,
+                             kv_groups=[{"kind": "full"}, {"kind": "sliding_window", "window": 8}])
+    trace = Trace(config, (Arrival(0, Request("A", 4, 6)),), max_steps=1)
+    eagle = type("Eagle", (HybridSpecDecScheduler,), {"lookahead_slots_with_eagle": True})
+
+    def held(factory, trace) -> tuple[int, int]:
+        rec = next(iter_steps(trace, factory(trace.config)))
+        return len(rec.after.seqs["A#0"].blocks), len(rec.after.group_tables["A#0"][0])
+
+    assert held(eagle, trace) == (3, 3)  # 4 prompt tokens + 2 lookahead slots
+    assert held(HybridSpecDecScheduler, trace) == (2, 2)
+    no_drop = dataclasses.replace(trace, config=dataclasses.replace(config, drop_eagle_block=False))
+    assert held(eagle, no_drop) == (2, 2)

@@ -3,8 +3,8 @@
     python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
         swa+spec|swa+prefix+spec|local+spec|mamba-none+spec|async-swa|async-swa+prefix|async-mamba-none|
         async-mamba-align|async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|
-        async-mamba-none+spec|swa+prefix+eagle|mamba-align+eagle|async-swa+prefix+eagle|
-        async-mamba-align+eagle|all]
+        async-mamba-none+spec|swa+prefix+eagle|mamba-align+eagle|swa+prefix+spec+eagle|mamba-none+spec+eagle|
+        async-swa+prefix+eagle|async-mamba-align+eagle|async-swa+prefix+spec+eagle|async-mamba-none+spec+eagle|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -37,6 +37,9 @@ the reference does not model); "align" with drafts is not modelled (the referenc
 find_longest_cache_hit`` never reads the flag) and no drafts: the host builds vLLM's scheduler with
 ``use_eagle_block_drop`` as an EAGLE drafter with lookahead block hashes off would have it
 (``vllm_hybrid_groups.with_eagle_block_drop``; the drafter, which needs a draft model, is left out).
+``swa+prefix+spec+eagle`` and ``mamba-none+spec+eagle`` add drafts (k in 1 .. ``MAX_K``, played by the
+host as on the +spec paths) and EAGLE's k lookahead slots per allocation (vLLM ``num_lookahead_tokens``;
+the reference's ``lookahead_slots_with_eagle``).
 Each ``async-<path>`` is the same at
 ``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
 `RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
@@ -76,7 +79,7 @@ from spec.observation import Snapshot
 from spec.trace import Trace
 
 SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec",
-              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle")
+              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle", "swa+prefix+spec+eagle", "mamba-none+spec+eagle")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
@@ -207,6 +210,7 @@ class RecordingHybridSpec(RecordingHybrid):
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
     clamps_chunk_at_max_model_len = True
+    lookahead_slots_with_eagle = True  # only with drop_eagle_block (the *+spec+eagle paths)
 
 
 class RecordingHybridAsync(GenerateDoor, RecordsSnapshots, HybridAsyncScheduler):
@@ -224,6 +228,7 @@ class RecordingHybridAsyncSpec(RecordingHybridAsync):
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
     clamps_chunk_at_max_model_len = True
+    lookahead_slots_with_eagle = True  # only with drop_eagle_block (the *+spec+eagle paths)
 
 
 def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
