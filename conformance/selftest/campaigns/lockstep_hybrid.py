@@ -391,7 +391,7 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
         by_field[outcome.field or "?"] += 1
         by_class[classify(trace, outcome)] += 1
         first.setdefault((path, outcome.field or "?"), (trace, outcome))
-    drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if path.endswith("+spec") else {}
+    drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if "+spec" in path else {}
     return {"traces": len(traces), "steps": steps, **drafted, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())),
             "by_class": dict(sorted(by_class.items())),
