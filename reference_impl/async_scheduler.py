@@ -23,7 +23,10 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
    request that has finished or was aborted meanwhile is dropped (scheduler.py:2327-2334).
 5. Preemption (recompute) resets computed tokens and placeholders; the victim's in-flight steps
    become *stale*: their tokens are still delivered when they return but touch no counter
-   (scheduler.py:1799-1843 ``_preempt_request``, 2316-2323 and 2744-2770).
+   (scheduler.py:1799-1843 ``_preempt_request``, 2316-2323 and 2744-2770). A stale step's drafts
+   are what the drafter had proposed when it ran, before the preemption (its verified tokens are
+   delivered whole, scheduler.py:1825-1835); the preemption clears the proposal only for the next
+   admission (``InFlightCounters.num_stale_valid``).
 
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
@@ -99,6 +102,8 @@ class InFlightCounters:
     num_stale: int = 0  # of those, tokens of steps scheduled before its last preemption
     num_sampling: int = 0  # in-flight steps (not stale) that sample for it: each commits >= 1 token
     num_valid_drafts: int = 0  # speculative decoding: what the drafter proposed after its last returned step
+    # the same for its stale steps: their drafts were proposed (and verified) before the preemption
+    num_stale_valid: int = 0
 
 
 @dataclass
@@ -165,7 +170,8 @@ class AsyncV1Scheduler(V1Scheduler):
         """The slots of its in-flight tokens: allocated when a step is scheduled, counted when the
         step returns, at most ``depth`` per sequence (CAP-006; tests/test_reservation.py)."""
         k = self.config.num_speculative_tokens  # and its drafts': each in-flight step 1 + k, the next k
-        return Reservation(lookahead_tokens=self.depth * (1 + k) + k) if self.depth or k else None
+        eagle = self._slot_tokens(0)  # EAGLE's lookahead slots too, with `lookahead_slots_with_eagle`
+        return Reservation(lookahead_tokens=self.depth * (1 + k) + k + eagle) if self.depth or k else None
 
     def _track(self, request: Request) -> TrackedRequest:
         tracked = super()._track(request)
@@ -230,6 +236,7 @@ class AsyncV1Scheduler(V1Scheduler):
         counters.num_stale = counters.num_in_flight  # its in-flight steps no longer count
         counters.num_placeholders = 0
         counters.num_sampling = 0
+        counters.num_stale_valid = counters.num_valid_drafts  # what its stale steps' drafts were
         counters.num_valid_drafts = 0
 
     # ---------------------------------------------------------------- 4. outcome
@@ -267,9 +274,14 @@ class AsyncV1Scheduler(V1Scheduler):
                     f"{tracked.request_id}: step {step.step} sampled position {position}, expected {tracked.num_tokens}")
             decision = decisions.get(tracked.seq_id, NO_DECISION)
             placeholders = tracked.num_proposed
+            # A stale step ran before the preemption: its drafts are what the drafter had proposed
+            # then (the preemption drops the proposal for the next admission, not for steps already run).
+            valid = counters.num_stale_valid if stale else counters.num_valid_drafts
             status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=not stale,
-                                   num_valid=counters.num_valid_drafts if self.depth else None)
-            if not stale:  # a stale step's proposal went with the preemption
+                                   num_valid=valid if self.depth else None)
+            if stale:  # the proposal after a stale step feeds the next stale step only
+                counters.num_stale_valid = tracked.num_proposed
+            else:
                 counters.num_valid_drafts = tracked.num_proposed
             if self.depth:
                 tracked.num_proposed = placeholders  # the next step's drafts are already placeholders

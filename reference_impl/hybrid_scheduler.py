@@ -106,15 +106,18 @@ class KVGroupsMixin:
         return self._group_hits.get(tracked.request_id) if not self.kv.holds(tracked.request_id) else None
 
     # -- blocks --------------------------------------------------------------------------------
-    def _blocks_needed(self, tracked: TrackedRequest, tokens: int, hits: list[int] = ()) -> int:  # type: ignore[assignment]
+    def _blocks_needed(self, tracked: TrackedRequest, tokens: int, hits: list[int] = (),  # type: ignore[assignment]
+                       lookahead: bool = True) -> int:
         computed = tracked.num_computed + len(hits) * self.config.block_size  # type: ignore[attr-defined]
-        return super()._blocks_needed(tracked, tokens, hits) + self.kv.blocks_needed(  # type: ignore[misc]
-            tracked.request_id, computed + tokens, computed, self._hits_of(tracked))
+        upto = self._slot_tokens(computed + tokens) if lookahead else computed + tokens  # type: ignore[attr-defined]
+        return super()._blocks_needed(tracked, tokens, hits, lookahead) + self.kv.blocks_needed(  # type: ignore[misc]
+            tracked.request_id, upto, computed, self._hits_of(tracked))
 
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         config = self.config  # type: ignore[attr-defined]
         computed = len(hits) * config.block_size
-        need = V1Scheduler._blocks_needed(self, tracked, tracked.num_tokens - computed, hits)  # type: ignore[arg-type]
+        need = V1Scheduler._blocks_needed(self, tracked, tracked.num_tokens - computed, hits,  # type: ignore[arg-type]
+                                          lookahead=False)
         need += self.kv.blocks_needed(tracked.request_id, min(tracked.num_tokens, config.max_model_len), computed,
                                       self._hits_of(tracked), whole=True)
         return need + self._admission_watermark() <= self.pool.num_free  # type: ignore[attr-defined]
@@ -150,9 +153,10 @@ class KVGroupsMixin:
             tracked.num_keyed = len(hits)
         if group_hits is not None:
             self.kv.add_hits(rid, group_hits)
-        fresh = config.blocks_for(computed + tokens) - len(tracked.blocks)
+        slots = self._slot_tokens(computed + tokens)  # type: ignore[attr-defined]
+        fresh = config.blocks_for(slots) - len(tracked.blocks)
         tracked.blocks.extend(self.pool.allocate(max(fresh, 0)))  # type: ignore[attr-defined]
-        self.kv.allocate(rid, computed + tokens)
+        self.kv.allocate(rid, slots)
         self._cache_full_blocks(tracked, computed + tokens)  # type: ignore[attr-defined]
         return True
 

@@ -363,6 +363,13 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
     # prompt of exactly max_model_len it is the clamp stall of pooling requests (vLLM #48039). Off:
     # the spec schedules what a rejection would still need.
     clamps_chunk_at_max_model_len: bool = False
+    # lookahead_slots_with_eagle: with drafts (k > 0) and ``drop_eagle_block`` (an EAGLE/MTP drafter),
+    # every allocation also takes slots for the k tokens past the scheduled ones that EAGLE's drafter
+    # writes KV for (vLLM ``num_lookahead_tokens``, config/vllm.py:649-653, passed to allocate_slots
+    # by the running loop and admission, v1/core/sched/scheduler.py:914-918 and 1403-1440; capped at
+    # max_model_len, kv_cache_manager.py:551-553); the whole-sequence admission check counts none
+    # (kv_cache_manager.py:531-548). Off: the spec's drafts take only their own slots.
+    lookahead_slots_with_eagle: bool = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
@@ -382,7 +389,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         """With speculative decoding, the k draft slots past its tokens: allocated for the drafts
         and kept when they are rejected (vLLM frees no block on a rejection; CAP-006)."""
         k = self.config.num_speculative_tokens
-        return Reservation(lookahead_tokens=k) if k else None
+        eagle = self._slot_tokens(0)  # EAGLE's lookahead slots too, with `lookahead_slots_with_eagle`
+        return Reservation(lookahead_tokens=k + eagle) if k else None
 
     # ---------------------------------------------------------------- client side
     def add_request(self, request: Request) -> None:
@@ -593,7 +601,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 skipped.append(self.waiting.pop(0))
                 continue
             if not self._whole_sequence_fits(tracked, hits):
-                need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
+                need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits, lookahead=False)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
             if not self._allocate(tracked, tokens, hits=hits, watermark=True):
@@ -764,16 +772,27 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
             hits.append(block)
         return hits
 
-    def _blocks_needed(self, tracked: TrackedRequest, tokens: int, hits: list[int] = ()) -> int:  # type: ignore[assignment]
+    def _slot_tokens(self, tokens: int) -> int:
+        """The tokens an allocation up to ``tokens`` gives slots to: ``tokens``, plus EAGLE's k
+        lookahead slots with `lookahead_slots_with_eagle`, capped at max_model_len."""
+        k = self.config.num_speculative_tokens
+        if not (self.lookahead_slots_with_eagle and k and self.config.drop_eagle_block):
+            return tokens
+        return min(tokens + k, self.config.max_model_len)
+
+    def _blocks_needed(self, tracked: TrackedRequest, tokens: int, hits: list[int] = (),  # type: ignore[assignment]
+                       lookahead: bool = True) -> int:
         """Free blocks that computing ``tokens`` more tokens takes: new blocks beyond the table
-        and the hits, plus every hit that sits on the free queue (holding it takes it off)."""
+        and the hits, plus every hit that sits on the free queue (holding it takes it off).
+        ``lookahead`` False: without EAGLE's lookahead slots (the whole-sequence check)."""
         computed = tracked.num_computed + len(hits) * self.config.block_size
-        fresh = max(self.config.blocks_for(computed + tokens) - len(tracked.blocks) - len(hits), 0)
+        upto = self._slot_tokens(computed + tokens) if lookahead else computed + tokens
+        fresh = max(self.config.blocks_for(upto) - len(tracked.blocks) - len(hits), 0)
         return fresh + sum(1 for b in hits if self.pool.is_evictable(b))
 
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         computed = len(hits) * self.config.block_size
-        need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
+        need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits, lookahead=False)
         return need + self._admission_watermark() <= self.pool.num_free
 
     def _admission_watermark(self) -> int:
@@ -798,7 +817,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         if hits:
             tracked.num_computed = len(hits) * self.config.block_size
             tracked.num_keyed = len(hits)
-        fresh = self.config.blocks_for(tracked.num_computed + tokens) - len(tracked.blocks)
+        fresh = self.config.blocks_for(self._slot_tokens(tracked.num_computed + tokens)) - len(tracked.blocks)
         tracked.blocks.extend(self.pool.allocate(max(fresh, 0)))
         self._cache_full_blocks(tracked, tracked.num_computed + tokens)
         return True

@@ -184,3 +184,85 @@ def test_padding_to_one_plus_k_over_the_budget_starves_admission() -> None:
     liveness = invariants_of(("liveness",))
     assert {"LIV-001", "LIV-003"} <= violated(padded, trace, invariants=liveness)
     assert violated(HybridSpecDecScheduler, trace, invariants=liveness) == set()
+
+
+def test_a_stale_steps_drafts_are_what_was_proposed_before_the_preemption() -> None:
+    """lockstep_hybrid's ``stale-step-drafts-voided`` (a reference bug, fixed): r1's step 2 ran with a
+    real draft, the trace accepts it, and r1 is preempted at step 3 before that step returns. vLLM
+    delivers a stale step's tokens whole (v1/core/sched/scheduler.py:1825-1835, 2346-2364: only the
+    counters are spared), so r1 holds 4 tokens after step 3; the reference, which judged the stale
+    step's drafts by the proposal the preemption had just cleared, delivered the bonus only (3)."""
+    import json
+    from pathlib import Path
+
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsyncSpec
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json")
+                                       .read_text()))
+    records = list(iter_steps(dataclasses.replace(trace, max_steps=4), RecordingHybridAsyncSpec(trace.config)))
+    assert [p.request_id for p in records[3].output.preempted] == ["r1"]
+    assert records[3].after.seqs["r1#0"].num_tokens == 4
+
+
+def test_the_starvation_counterfactual_is_behind_the_door() -> None:
+    """lockstep_hybrid.classify's counterfactual for ``padded-admission-starves-below-1+k`` runs behind
+    `GenerateDoor`, as the lockstep reference does: on this async-swa+prefix+spec trace (k = 1, a
+    budget of 1 token, r1's prompt exactly max_model_len) both sides stall, the unpadded reference
+    behind the door finishes, and without the door it stalls on r1 instead (the max_model_len clamp,
+    scheduler.py:850-857), which had left 17 of 1000 such traces ``unclassified``."""
+    import json
+    from pathlib import Path
+
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsyncSpec, unpadded_reference
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-swa-prefix-spec-counterfactual-door.json")
+                                       .read_text()))
+    trace = dataclasses.replace(trace, max_steps=40)  # the unpadded run drains in 18 steps; the stalls show by then
+    liveness = invariants_of(("liveness",))
+    assert {"LIV-001", "LIV-003"} <= violated(RecordingHybridAsyncSpec, trace, invariants=liveness)
+    assert not {p for p in violated(unpadded_reference(trace.config), trace, invariants=liveness) if p.startswith("LIV-")}
+    doorless = type("Doorless", (HybridAsyncScheduler,), {"drafts_past_max_tokens": True,
+                                                          "clamps_chunk_at_max_model_len": True})
+    assert "LIV-001" in violated(doorless, trace, invariants=liveness)
+
+
+def test_eagle_drop_at_depth_one_makes_a_mamba_request_preempt_itself() -> None:
+    """lockstep_hybrid's ``eagle-drop-mamba-self-preemption`` (vLLM 0.33.0 agrees step for step): with
+    EAGLE's block drop, a full + Mamba-align request alone in a 5-block pool preempts itself on every
+    second step at depth 1 and never finishes (LIV-002); without the drop it finishes."""
+    import json
+    from pathlib import Path
+
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridAsync, eagle_drop_stalls
+
+    trace = Trace.from_dict(json.loads(Path("docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json")
+                                       .read_text()))
+    assert eagle_drop_stalls(trace)
+    records = list(iter_steps(dataclasses.replace(trace, max_steps=16), RecordingHybridAsync(trace.config)))
+    assert [r.step for r in records if [p.request_id for p in r.output.preempted] == ["r5"]] == [9, 11, 13, 15]
+
+
+def test_eagle_lookahead_slots_are_allocated_past_the_scheduled_tokens() -> None:
+    """`lookahead_slots_with_eagle` (the ``*+spec+eagle`` lockstep paths): with drafts and
+    ``drop_eagle_block`` each allocation also takes EAGLE's k lookahead slots (vLLM
+    num_lookahead_tokens, scheduler.py:914-918), in the window group too, capped at max_model_len;
+    without the flag, or without the drop, it does not."""
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=24, watermark=0.0, preemption_mode="recompute",
+                             num_speculative_tokens=2, drop_eagle_block=True,
+                             kv_groups=[{"kind": "full"}, {"kind": "sliding_window", "window": 8}])
+    trace = Trace(config, (Arrival(0, Request("A", 4, 6)),), max_steps=1)
+    eagle = type("Eagle", (HybridSpecDecScheduler,), {"lookahead_slots_with_eagle": True})
+
+    def held(factory, trace) -> tuple[int, int]:
+        rec = next(iter_steps(trace, factory(trace.config)))
+        return len(rec.after.seqs["A#0"].blocks), len(rec.after.group_tables["A#0"][0])
+
+    assert held(eagle, trace) == (3, 3)  # 4 prompt tokens + 2 lookahead slots
+    assert held(HybridSpecDecScheduler, trace) == (2, 2)
+    no_drop = dataclasses.replace(trace, config=dataclasses.replace(config, drop_eagle_block=False))
+    assert held(eagle, no_drop) == (2, 2)

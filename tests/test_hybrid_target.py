@@ -38,7 +38,7 @@ def test_path_agrees_step_for_step(adapters, path: str) -> None:
     for trace in sample_traces(L.path_strategy(path), 8 if pipelined else 12, 20261202):
         outcome = L.run_one(adapter, trace, invariants)
         # a +spec path may meet a classified vLLM defect (lockstep_hybrid.CLASSES); nothing open
-        known = path.endswith("+spec") and outcome.divergence_step is not None and \
+        known = "+spec" in path and outcome.divergence_step is not None and \
             L.classify(trace, outcome) != "unclassified"
         assert outcome.divergence_step is None or known, outcome.describe()
         nulls += sum(NULL_BLOCK in table for r in outcome.result.records
@@ -78,3 +78,66 @@ def test_async_admission_cap_counts_two_batches(adapters) -> None:
     outcome = L.run_one(adapters["vllm-v1-async"], trace, get_profile("async").invariants())
     assert outcome.divergence_step is None, outcome.describe()
     assert len(outcome.result.records) > 16
+
+
+def test_stale_step_drafts_are_delivered_whole(adapters) -> None:
+    """The first of the three ``async-local+spec`` traces of the 1000-trace run that were
+    ``unclassified`` (class ``stale-step-drafts-voided``, a reference bug): r1 is preempted at step 3
+    with a step in flight whose real draft the trace accepts; vLLM delivers the stale step's tokens
+    whole (v1/core/sched/scheduler.py:1825-1835), and the fixed reference agrees to the end."""
+    import json
+    from pathlib import Path
+
+    from spec.trace import Trace
+
+    if "vllm-v1-async" not in adapters:
+        adapters["vllm-v1-async"] = need("vllm-v1-async").adapter()
+    data = json.loads(Path("docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json").read_text())
+    outcome = L.run_one(adapters["vllm-v1-async"], Trace.from_dict(data), get_profile("async").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert len(outcome.result.records) > 3
+
+
+def test_eagle_paths_drop_the_block_on_the_engine(adapters) -> None:
+    """The ``+eagle`` paths have teeth: the host builds vLLM's scheduler with
+    ``use_eagle_block_drop`` (vllm_hybrid_groups.with_eagle_block_drop), so the reference without the
+    drop (``drop_eagle_block`` off) diverges on some of the first traces where the reference with it
+    agrees (test_path_agrees_step_for_step)."""
+    import dataclasses
+
+    class NoDrop(L.RecordingHybrid):
+        def __init__(self, config) -> None:
+            super().__init__(dataclasses.replace(config, drop_eagle_block=False))
+
+    if "vllm-v1" not in adapters:
+        adapters["vllm-v1"] = need("vllm-v1").adapter()
+    invariants = get_profile("safety").invariants()
+    divergent = 0
+    for trace in sample_traces(L.path_strategy("mamba-align+eagle"), 8, 20261202):
+        holder: list = []
+
+        def factory(config, holder=holder):
+            holder.append(NoDrop(config))
+            return holder[-1]
+
+        result = run_checked(adapters["vllm-v1"], trace, invariants, lockstep=True, reference_factory=factory)
+        divergent += result.divergence is not None or L.compare_state(result, holder[0]) is not None
+    assert divergent > 0
+
+
+def test_eagle_drop_self_preemption_is_the_engines(adapters) -> None:
+    """``eagle-drop-mamba-self-preemption`` on vLLM 0.33.0's AsyncScheduler: the saved trace agrees step
+    for step with the reference, and the engine never finishes it (LIV-002 on the engine's side)."""
+    import json
+    from pathlib import Path
+
+    from spec.trace import Trace
+
+    if "vllm-v1-async" not in adapters:
+        adapters["vllm-v1-async"] = need("vllm-v1-async").adapter()
+    data = json.loads(Path("docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json").read_text())
+    trace = Trace.from_dict(data)
+    outcome = L.run_one(adapters["vllm-v1-async"], trace, get_profile("async").invariants())
+    assert outcome.divergence_step is None, outcome.describe()
+    assert "LIV-002" in outcome.result.problem_ids
+    assert L.classify(trace, outcome) == "eagle-drop-mamba-self-preemption"

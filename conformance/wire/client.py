@@ -382,6 +382,8 @@ class WireAdapter:
         self._batch = None
         self.start()
         lookahead = self.lookahead_tokens * (1 + config.num_speculative_tokens) + config.num_speculative_tokens
+        if config.drop_eagle_block:  # an EAGLE/MTP drafter: k lookahead slots more (vLLM num_lookahead_tokens)
+            lookahead += config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
         # A host shows the KV connector's record only when the config has one (spec/connector.py);
         # every other claim stays as it is (a campaign may add one once the host is up: hybrid_hunt).

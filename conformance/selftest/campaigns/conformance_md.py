@@ -584,6 +584,8 @@ def _hybrid(lockstep: Path, hunt: Path) -> list[str]:
         fields = "; ".join(f"{k} x{n}" for k, n in p["divergent_by_field"].items()) or "none"
         if p.get("by_class"):
             fields += " (" + "; ".join(f"`{k}` x{n}" for k, n in p["by_class"].items()) + ")"
+        if p.get("agreeing_stalls_by_class"):  # agreeing traces on which both sides stall (LIV-002 at the end)
+            fields += "; agreeing, both stall: " + "; ".join(f"`{k}` x{n}" for k, n in p["agreeing_stalls_by_class"].items())
         lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {fields} | {p['seconds']} |")
     for key, first in data.get("first_divergences", {}).items():
         lines.append(f"\nFirst divergence `{key}`: {first['message'][:300]}")

@@ -3,7 +3,8 @@
     python -m conformance.selftest.campaigns.lockstep_hybrid [--path swa|swa+prefix|mamba-none|mamba-align|local|
         swa+spec|swa+prefix+spec|local+spec|mamba-none+spec|async-swa|async-swa+prefix|async-mamba-none|
         async-mamba-align|async-local|async-swa+spec|async-swa+prefix+spec|async-local+spec|
-        async-mamba-none+spec|all]
+        async-mamba-none+spec|swa+prefix+eagle|mamba-align+eagle|swa+prefix+spec+eagle|mamba-none+spec+eagle|
+        async-swa+prefix+eagle|async-mamba-align+eagle|async-swa+prefix+spec+eagle|async-mamba-none+spec+eagle|all]
         [--traces 1000] [--seed 20261202] [--out docs/results/lockstep-vllm-v1-hybrid.json]
         [--traces-dir docs/traces/lockstep-hybrid] [--no-shrink]
 
@@ -30,7 +31,16 @@ token count. ``mamba-none+spec`` keeps one state block per request, as the host'
 ``MambaSpec(num_speculative_blocks=0)`` does: the layout vLLM builds with ReplaySSM
 (``cache_config.use_replayssm``, model_executor/layers/mamba/abstract.py:86-90; without it a
 "none" group holds 1 + k state blocks, v1/core/single_type_kv_cache_manager.py:1714-1720, which
-the reference does not model); "align" with drafts is not modelled (the reference refuses it). Each ``async-<path>`` is the same at
+the reference does not model); "align" with drafts is not modelled (the reference refuses it).
+``swa+prefix+eagle`` and ``mamba-align+eagle`` are the layouts with EAGLE's block drop
+(``drop_eagle_block``, HYB-006; vllm-project/vllm#50630's setting: ``MambaManager.
+find_longest_cache_hit`` never reads the flag) and no drafts: the host builds vLLM's scheduler with
+``use_eagle_block_drop`` as an EAGLE drafter with lookahead block hashes off would have it
+(``vllm_hybrid_groups.with_eagle_block_drop``; the drafter, which needs a draft model, is left out).
+``swa+prefix+spec+eagle`` and ``mamba-none+spec+eagle`` add drafts (k in 1 .. ``MAX_K``, played by the
+host as on the +spec paths) and EAGLE's k lookahead slots per allocation (vLLM ``num_lookahead_tokens``;
+the reference's ``lookahead_slots_with_eagle``).
+Each ``async-<path>`` is the same at
 ``pipeline_depth`` 1 through the ``vllm-v1-async`` host (vLLM's AsyncScheduler) beside
 `RecordingHybridAsync`, comparing the delivered tokens too (`lockstep_async.compare_tokens`); the
 driver runs those traces whole, since at depth 1 some synchronous safety statements fire on
@@ -69,7 +79,7 @@ from spec.observation import Snapshot
 from spec.trace import Trace
 
 SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec",
-              "mamba-none+spec")
+              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle", "swa+prefix+spec+eagle", "mamba-none+spec+eagle")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 
@@ -120,16 +130,62 @@ CLASSES: dict[str, tuple[str, str]] = {
         "FAULT-raised on the +spec paths with a threshold below 1 + k (counts per path in the report's by_class): "
         + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
     ),
+    "stale-step-drafts-voided": (
+        "reference (fixed)",
+        "async-local+spec, 3 of 1000 traces of the 2026-12-02 04:49 run (state.num_tokens right after a preemption; "
+        "docs/traces/lockstep-hybrid/async-local-spec-stale-step-drafts.json, step 3: the reference held 3 tokens of "
+        "r1, vLLM 4). r1's step 2 ran with a real draft (proposed after its step 1) that the trace accepts, and r1 was "
+        "preempted at step 3 before the step returned. vLLM delivers a stale step's tokens whole: _preempt_request "
+        "marks the in-flight output stale, 'Its tokens are still delivered on return (dropping them would perturb "
+        "spec-decode acceptance) but must not mutate the reset counters' (v1/core/sched/scheduler.py:1825-1835), and "
+        "update_from_output spares only the counters of a stale step's rejections (scheduler.py:2346-2364); the model "
+        "verified the draft the drafter had proposed when the step ran, before the preemption. The async reference "
+        "judged the stale step's drafts by its proposal count, which the preemption had just reset to 0 "
+        "(AsyncV1Scheduler._preempt), so it delivered the bonus token only. Fixed in the reference: a preemption keeps "
+        "the proposal for its stale steps (InFlightCounters.num_stale_valid); the three traces agree "
+        "(tests/test_hybrid_reference.py::test_a_stale_steps_drafts_are_what_was_proposed_before_the_preemption, "
+        "tests/test_hybrid_target.py::test_stale_step_drafts_are_delivered_whole). Counterfactual: the reference with "
+        "the old rule (stale drafts never valid) changes exactly these 3 of the 1000 traces and no trace of "
+        "async-swa+prefix+spec. Only a preemption with a step in flight whose drafts are real shows it, which the "
+        "one-group async lockstep's traces did not draw.",
+    ),
+    "counterfactual-without-the-door": (
+        "harness (fixed)",
+        "async-swa+prefix+spec, 17 of 1000 traces of the 2026-12-02 04:49 run: engine and reference agree at every "
+        "step and stall together (LIV-001/002/003) with max_num_batched_tokens < 1 + k, the shape of "
+        "padded-admission-starves-below-1+k, but classify's counterfactual stalled too. Each of the 17 holds a prompt "
+        "of exactly max_model_len (docs/traces/lockstep-hybrid/async-swa-prefix-spec-counterfactual-door.json: r1, 8 "
+        "of 8 tokens). The lockstep reference refuses it at vLLM's front door (GenerateDoor; InputProcessor."
+        "_validate_prompt_len, v1/engine/input_processor.py:593), the counterfactual had no door: it ran the prompt, and "
+        "the in-flight clamp at max_model_len (max_model_len - num_computed_tokens - 1, v1/core/sched/scheduler.py:"
+        "850-857, knob clamps_chunk_at_max_model_len) left its last prompt token unscheduled for ever, a stall of the "
+        "counterfactual's own. The counterfactual is now behind the door (lockstep_hybrid.unpadded_reference); all 17 "
+        "are padded-admission-starves-below-1+k "
+        "(tests/test_hybrid_reference.py::test_the_starvation_counterfactual_is_behind_the_door).",
+    ),
+    "eagle-drop-mamba-self-preemption": (
+        "vllm-defect",
+        "async-mamba-align+eagle, 15 of 1000 traces (2026-12-02 14:26 run): no divergence, the engine and the reference "
+        "agree at every step, every group's tables included, and both violate LIV-002 (counted in the path's "
+        "agreeing_stalls_by_class). docs/traces/lockstep-hybrid/async-mamba-align-eagle-self-preemption.json (full + "
+        "Mamba align, block 4, 5 blocks, max_model_len 12, budget 5): r5 (10 prompt tokens) is admitted with a hit of "
+        "4 tokens, computes 4..8 with that step in flight, and at the next step its allocation for the rest fails: it "
+        "is the only running request, so it preempts itself ('No more request to preempt', v1/core/sched/"
+        "scheduler.py:913-980; the Mamba state blocks are freed on the processed-token basis, so the in-flight "
+        "chunk's state is still held, kv_cache_manager.py:556-568), is readmitted with the same 4-token hit and "
+        "repeats: 329 preemptions in 667 steps, r0, r2 and r4 waiting behind it for ever. The drop is what makes the "
+        "second chunk: with EAGLE the last cacheable Mamba state backs off a block (scheduler.py:572-583, 'With "
+        "Eagle, FullAttn prunes the last matching block, so back off one block'), and the hit loses its last block "
+        "(kv_cache_coordinator.py:866-905), so the state after 8 tokens is never a hit and r5 always needs two chunks. "
+        "Counterfactual: the same 15 traces without the drop (drop_eagle_block off) finish on the reference with no "
+        "liveness violation (lockstep_hybrid.eagle_drop_stalls); the synchronous mamba-align+eagle traces have none "
+        "(no chunk in flight). Pools of 5-8 blocks: the admission check (kv_cache_manager.py:531-548) lets in a request "
+        "whose pipelined chunk the pool cannot hold beside its in-flight one. vLLM's block drop without its drafter "
+        "(vllm_hybrid_groups.with_eagle_block_drop).",
+    ),
     "unclassified": (
         "open",
-        "async-local+spec, 3 of 1000 traces: the delivered token counts differ (state.num_tokens) right after a "
-        "preemption with a draft in flight, in a pool of 6 blocks (docs/traces/lockstep-hybrid/"
-        "async-local-spec-num-tokens-open.json, step 3: the reference holds 3 tokens of r1, vLLM 4). Not yet "
-        "explained: no vLLM source line is claimed for it. The one-group async speculative lockstep agrees on its "
-        "preemption shape, so the chunked local group's admission or the preempted request's in-flight outcome is "
-        "the first place to look. And async-swa+prefix+spec, 17 of 1000 traces: LIV-001/002/003 on both sides "
-        "(engine and reference agree at every step and stall together) where the padding counterfactual does "
-        "not clear the stall; not explained yet.",
+        "Not explained yet: no class of CLASSES fits and no vLLM source line is claimed.",
     ),
     "pool-too-small-for-depth-1": (
         "harness (fixed)",
@@ -154,6 +210,7 @@ class RecordingHybridSpec(RecordingHybrid):
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
     clamps_chunk_at_max_model_len = True
+    lookahead_slots_with_eagle = True  # only with drop_eagle_block (the *+spec+eagle paths)
 
 
 class RecordingHybridAsync(GenerateDoor, RecordsSnapshots, HybridAsyncScheduler):
@@ -171,6 +228,7 @@ class RecordingHybridAsyncSpec(RecordingHybridAsync):
     drafts_past_max_tokens = True
     pads_new_decode_drafts = True
     clamps_chunk_at_max_model_len = True
+    lookahead_slots_with_eagle = True  # only with drop_eagle_block (the *+spec+eagle paths)
 
 
 def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
@@ -186,6 +244,9 @@ def path_strategy(path: str) -> st.SearchStrategy:
         return path_strategy(path.removeprefix("async-")).map(
             lambda t: dataclasses.replace(t, config=fitting_pool(dataclasses.replace(t.config, pipeline_depth=1,
                                                                                      watermark=0.0))))
+    if path.endswith("+eagle"):  # EAGLE's block drop (drop_eagle_block), no drafts: the host's vllm_hybrid_groups.py
+        return path_strategy(path.removesuffix("+eagle")).map(
+            lambda t: dataclasses.replace(t, config=dataclasses.replace(t.config, drop_eagle_block=True)))
     if path.endswith("+spec"):
         return path_strategy(path.removesuffix("+spec")).flatmap(
             lambda t: st.integers(1, MAX_K).flatmap(lambda k: with_drafts(t, k=k)))
@@ -247,6 +308,18 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, stop_at_firs
     return Outcome(result, state)
 
 
+def unpadded_reference(config: SchedulerConfig) -> type:
+    """The counterfactual of ``padded-admission-starves-below-1+k``: the lockstep reference for
+    ``config`` without vLLM's padding of a one-token admission to 1 + k (the spec's admission,
+    SPD-002), its other vLLM-compatible knobs kept, behind the same front door (`GenerateDoor`).
+    Without the door a prompt of exactly max_model_len would run, and the in-flight clamp at
+    max_model_len (``max_model_len - num_computed_tokens - 1``, v1/core/sched/scheduler.py:850-857) would leave its last
+    prompt token unscheduled for ever: a stall of the counterfactual's own, which left 17 of 1000
+    ``async-swa+prefix+spec`` traces ``unclassified`` (class ``counterfactual-without-the-door``)."""
+    base = HybridAsyncScheduler if config.pipeline_depth else EngineHybridV1
+    return type("Unpadded", (GenerateDoor, base), {"drafts_past_max_tokens": True, "clamps_chunk_at_max_model_len": True})
+
+
 def classify(trace: Trace, outcome: Outcome) -> str:
     """A divergent trace's class in `CLASSES`, or ``unclassified``. ``padded-admission-cut-by-threshold``:
     vLLM's assertion at scheduler.py:1579 (`lockstep_specdec`'s class). ``padded-admission-starves-below-1+k``:
@@ -262,17 +335,39 @@ def classify(trace: Trace, outcome: Outcome) -> str:
     agreed = outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
     if (agreed and problems and all(p.startswith("LIV-") for p in problems)
             and 1 + config.num_speculative_tokens > config.max_num_batched_tokens):
-        base = HybridAsyncScheduler if config.pipeline_depth else EngineHybridV1
-        unpadded = type("Unpadded", (base,), {"drafts_past_max_tokens": True, "clamps_chunk_at_max_model_len": True})
-        if not {p for p in violated(unpadded, trace, invariants=invariants_of(("liveness",))) if p.startswith("LIV-")}:
+        if not {p for p in violated(unpadded_reference(config), trace, invariants=invariants_of(("liveness",)))
+                if p.startswith("LIV-")}:
             return "padded-admission-starves-below-1+k"
+    if agreed and problems and all(p.startswith("LIV-") for p in problems) and eagle_drop_stalls(trace):
+        return "eagle-drop-mamba-self-preemption"
     return "unclassified"
+
+
+def eagle_drop_stalls(trace: Trace) -> bool:
+    """``eagle-drop-mamba-self-preemption``'s counterfactual: the trace has EAGLE's block drop, the
+    lockstep reference violates a liveness statement on it, and the same reference without the drop
+    (``drop_eagle_block`` off, nothing else changed) holds every one."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.mutants import violated
+
+    config = trace.config
+    if not config.drop_eagle_block:
+        return False
+    reference = {(False, False): RecordingHybrid, (False, True): RecordingHybridSpec,
+                 (True, False): RecordingHybridAsync, (True, True): RecordingHybridAsyncSpec}[
+        config.pipeline_depth > 0, config.num_speculative_tokens > 0]
+    liveness = invariants_of(("liveness",))
+    if not {p for p in violated(reference, trace, invariants=liveness) if p.startswith("LIV-")}:
+        return False
+    without = dataclasses.replace(trace, config=dataclasses.replace(config, drop_eagle_block=False))
+    return not {p for p in violated(reference, without, invariants=liveness) if p.startswith("LIV-")}
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
+    stalls: collections.Counter[str] = collections.Counter()  # agreeing traces that both sides stall on
     violations: collections.Counter[str] = collections.Counter()
     steps = agreeing = drafted_steps = drafts = 0
     started = time.monotonic()
@@ -289,14 +384,19 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
             violations[problem] += 1
         if outcome.divergence_step is None:
             agreeing += 1
+            # an end-of-run liveness statement (LIV-002) fires on both sides without a divergence
+            if any(p.startswith("LIV-") for p in outcome.result.problem_ids):
+                stalls[classify(trace, outcome)] += 1
             continue
         by_field[outcome.field or "?"] += 1
         by_class[classify(trace, outcome)] += 1
         first.setdefault((path, outcome.field or "?"), (trace, outcome))
-    drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if path.endswith("+spec") else {}
+    drafted = {"steps_with_drafts": drafted_steps, "drafts_scheduled": drafts} if "+spec" in path else {}
     return {"traces": len(traces), "steps": steps, **drafted, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())),
-            "by_class": dict(sorted(by_class.items())), "violations": dict(sorted(violations.items())),
+            "by_class": dict(sorted(by_class.items())),
+            **({"agreeing_stalls_by_class": dict(sorted(stalls.items()))} if stalls else {}),
+            "violations": dict(sorted(violations.items())),
             "seconds": round(time.monotonic() - started, 1)}
 
 

@@ -14,6 +14,18 @@ block tables back for ``Snapshot.group_tables``:
   reported empty, as the reference reports it.
 
 Block ids are reported minus one (block 0 is V1's null block), the null block as -1.
+
+``drop_eagle_block`` (kvsched's config, HYB-006): the scheduler and its KV cache manager as vLLM
+builds them for an EAGLE/EAGLE3/MTP drafter with lookahead block hashes off
+(``SpeculativeConfig.disable_lookahead_block_hashes``, vllm/config/speculative.py:478-483; with them
+on, vLLM drops nothing, v1/core/sched/scheduler.py:342-345): ``Scheduler.use_eagle_block_drop`` is
+True (scheduler.py:331), so the ``KVCacheManager`` gets ``use_eagle=True`` (scheduler.py:351-356:
+the coordinator's last-block drop and its margin, kv_cache_coordinator.py:130-137, 866-905, and
+``get_num_cacheable_tokens``, :789-803) and the Mamba-aligned split backs its last cacheable
+position off a block (scheduler.py:572-626). The drafter itself needs a draft model, which a host
+without weights cannot load, so it is left out: no drafts (k = 0), none of EAGLE's lookahead slots
+(``num_lookahead_tokens``); EAGLE's ``num_prefill_lookahead_tokens`` of 1 changes nothing in the
+manager (``num_reprefillable_tokens = lookahead - 1``, kv_cache_coordinator.py:118).
 """
 
 from __future__ import annotations
@@ -92,3 +104,18 @@ def group_tables(sched, config: dict, live: dict) -> dict:
         if any(tables):
             out[f"{rid}#0"] = tables
     return out
+
+
+_EAGLE_CLASSES: dict[tuple[type, int], type] = {}
+
+
+def with_eagle_block_drop(scheduler_cls: type, lookahead: int = 0) -> type:
+    """``scheduler_cls`` with ``use_eagle_block_drop`` held True from its construction on (the
+    value an EAGLE SpeculativeConfig gives it, scheduler.py:331), without a SpeculativeConfig;
+    ``lookahead``: its ``num_lookahead_tokens`` (EAGLE's k slots past the scheduled tokens,
+    config/vllm.py:649-653, scheduler.py:298), 0 without drafts."""
+    if (scheduler_cls, lookahead) not in _EAGLE_CLASSES:
+        _EAGLE_CLASSES[scheduler_cls, lookahead] = type(f"EagleBlockDrop{scheduler_cls.__name__}", (scheduler_cls,), {
+            "use_eagle_block_drop": property(lambda self: True, lambda self, value: None),
+            "num_lookahead_tokens": property(lambda self: lookahead, lambda self, value: None)})
+    return _EAGLE_CLASSES[scheduler_cls, lookahead]

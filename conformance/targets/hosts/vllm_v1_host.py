@@ -156,7 +156,12 @@ class V1Engine:
             cc.mamba_cache_mode = vllm_hybrid_groups.mamba_mode(config) or cc.mamba_cache_mode
             kv = vllm_hybrid_groups.kv_cache_config(config)
             block_sizes = vllm_hybrid_groups.scheduler_block_sizes(kv, vc)
-        self.sched = self.scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=vllm_budgets.scripted_structured_outputs(vc),
+        scheduler_cls = self.scheduler_cls
+        if config.get("drop_eagle_block"):  # EAGLE's block drop without its drafter (vllm_hybrid_groups.py)
+            import vllm_hybrid_groups
+
+            scheduler_cls = vllm_hybrid_groups.with_eagle_block_drop(scheduler_cls, self.k)
+        self.sched = scheduler_cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=vllm_budgets.scripted_structured_outputs(vc),
                                log_stats=False, **block_sizes)
         vllm_budgets.install(self.sched, config)  # the encoder budget and cache, the LoRA slots
         self.block_hasher = None
