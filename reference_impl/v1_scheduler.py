@@ -66,6 +66,7 @@ from operator import attrgetter, is_, is_not
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.kv_connector import ConnectorFlow
 from reference_impl.prefix_cache import CachingBlockPool
+from reference_impl.sessions import SessionFlow
 from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
 from spec import observation
@@ -323,12 +324,14 @@ class TrackedScheduler:
         }
 
 
-class V1Scheduler(ConnectorFlow, TrackedScheduler):
+class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
     # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
     # max_loras (reference_impl/encoder_budget.py; the hooks are the `_encoder_*` and `_lora_*` methods).
-    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE, Capability.GRAMMAR}
+    # Streaming-input sessions: reference_impl/sessions.py.
+    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE, Capability.GRAMMAR,
+                                   Capability.STREAMING}
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
     # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
@@ -376,6 +379,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
         self._init_connector()  # KV connector (reference_impl.kv_connector): only with config.kv_connector
         self._grammar_readied: set[str] = set()  # grammar waits ended since the last snapshot (`_to_visit`)
+        self._init_sessions()  # streaming-input sessions (reference_impl.sessions): only requests with a session
+        self._continued: set[str] = set()  # sessions whose generation stopped in this update and go on
 
     @property
     def reservation(self) -> Reservation | None:
@@ -396,6 +401,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._to_waiting(tracked, front=False)
         if request.grammar_ready_step is not None:  # vLLM v1/request.py:116-117
             tracked.status = Status.WAITING_FOR_GRAMMAR
+        if request.session:
+            self.session_added(tracked)
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on one request's chunk. vLLM V1 does not cap a request that is alone in
@@ -414,6 +421,9 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
             outcome = StepOutcome(outcome.stopped, decisions)
         scheduled = [tracked for tracked, _ in self._scheduled if tracked.request.encoder_inputs]
         finished = super().update(outcome)
+        if self._continued:  # sessions that stopped with inputs to come do not finish (reference_impl.sessions)
+            finished = [f for f in finished if f.request_id not in self._continued]
+            self._continued = set()
         for tracked in scheduled:  # inputs computed past are let go (finished ones by `_finish`)
             self.encoder.release_consumed(tracked.request_id, tracked.request.encoder_inputs, tracked.num_computed)
         return finished
@@ -423,6 +433,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._encoder_left, self._encoder_computed = self.config.encoder_compute_budget, []
         if self.connector is not None:
             self._kv_begin_step()
+        if self._sessions:
+            self.take_arrived_inputs()
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -550,10 +562,16 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
             tracked = self.waiting[0]
             if self._ignore_if_infeasible(tracked, reasons, ignored):
                 continue
-            if len(self.running) >= config.max_num_seqs:
-                reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
-                                         limit=config.max_num_seqs))
+            seats = len(self.running) + (self.idle_seats() if self._sessions else 0)
+            if seats >= config.max_num_seqs:
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
+                reasons.append(Reason.of("wait_seats", tracked.request_id, running=seats, limit=config.max_num_seqs))
                 break
+            if tracked.status is Status.WAITING_FOR_INPUT:  # a session waiting for its next input (SES-001)
+                reasons.append(Reason.of("wait_input", tracked.request_id, blocks=len(tracked.blocks)))
+                skipped.append(self.waiting.pop(0))
+                continue
             if not self._grammar_ready(tracked):
                 reasons.append(Reason.of("wait_grammar", tracked.request_id, ready=tracked.request.grammar_ready_step))
                 skipped.append(self.waiting.pop(0))
@@ -563,7 +581,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 skipped.append(self.waiting.pop(0))
                 continue
             hits = self._cache_hits(tracked)
-            computed = len(hits) * config.block_size
+            computed = tracked.num_computed + len(hits) * config.block_size  # a session's KV kept in waiting
             remaining = tracked.num_tokens - computed
             tokens = remaining
             if 0 < threshold < tokens:
@@ -593,10 +611,14 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 skipped.append(self.waiting.pop(0))
                 continue
             if not self._whole_sequence_fits(tracked, hits):
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
                 need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
             if not self._allocate(tracked, tokens, hits=hits, watermark=True):
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
                 need = self._blocks_needed(tracked, tokens, hits)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
@@ -663,6 +685,18 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self.pause_state = "unpaused"
         return True
 
+    def _to_waiting(self, tracked: TrackedRequest, *, front: bool) -> None:
+        """As the base class's, behind the sessions that hold their KV in waiting (vLLM serves its
+        ``kv_holding_waiting`` first; reference_impl.sessions)."""
+        low = self._kv_prefix() if self._sessions else 0
+        if not low:
+            return super()._to_waiting(tracked, front=front)
+        head, self.waiting = self.waiting[:low], self.waiting[low:]
+        try:
+            super()._to_waiting(tracked, front=front)
+        finally:
+            self.waiting[0:0] = head
+
     def _grammar_ready(self, tracked: TrackedRequest) -> bool:
         """Whether a request may be admitted as far as its grammar goes; one whose grammar is ready
         becomes WAITING when the admission loop reaches it (vLLM _handle_blocked_waiting_request,
@@ -679,7 +713,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         """As the base class's, and the waiting requests whose grammar wait ended since (their status
         changed, WAITING_FOR_GRAMMAR -> WAITING, while they stayed in the waiting queue)."""
         visit = super()._to_visit(base, waiting_ids)
-        readied, self._grammar_readied = self._grammar_readied, set()
+        readied, self._grammar_readied = self._grammar_readied | self._session_changed, set()
+        self._session_changed = set()
         if visit is None or not readied:
             return visit
         seen = {r.request_id for r in visit}
@@ -702,6 +737,9 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         super()._preempt(victim)
 
     def _finish(self, tracked: TrackedRequest, status: Status) -> None:
+        if self._sessions and self.session_goes_on(tracked, status):
+            self._continued.add(tracked.request_id)
+            return
         self.encoder.release(tracked.request_id, tracked.request.encoder_inputs)
         super()._finish(tracked, status)
 
@@ -754,7 +792,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
     def _cache_hits(self, tracked: TrackedRequest) -> list[int]:
         """The longest run of cached full blocks at the start of the request's tokens, leaving
         at least its last token to compute (its logits are needed)."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.enable_prefix_caching or tracked.num_computed:  # a session holding its KV looks up nothing
             return []
         hits = []
         for key in block_keys(tracked.tokens, self.config.block_size, limit=tracked.num_tokens - 1):
@@ -772,7 +810,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         return fresh + sum(1 for b in hits if self.pool.is_evictable(b))
 
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
-        computed = len(hits) * self.config.block_size
+        computed = tracked.num_computed + len(hits) * self.config.block_size
         need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits)
         return need + self._admission_watermark() <= self.pool.num_free
 

@@ -96,8 +96,8 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         uncomputed = v.num_tokens - v.num_computed
         if item.num_tokens - item.num_drafts != uncomputed or item.num_tokens < 1:  # drafts lie past the tokens
             yield f"{item.seq_id} scheduled {item.num_tokens} token(s) with {uncomputed} uncomputed"
-        if ctx.config.enable_prefix_caching or ctx.config.kv_connector:
-            continue  # a prefill after a cache hit (or a KV connector's load) starts with computed tokens
+        if ctx.config.enable_prefix_caching or ctx.config.kv_connector or item.request_id in ctx.sessions:
+            continue  # a prefill after a cache hit (a KV connector's load, a session's kept KV) starts with computed tokens
         if item.is_prefill != (v.num_computed == 0):
             kind = "prefill" if item.is_prefill else "decode"
             yield f"{item.seq_id} scheduled as {kind} with {v.num_computed} computed tokens"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from spec.invariants._evaluation import RequestAt, SeqAt
 from spec.invariants._views import drops_unseen_tokens, step_facts
 from spec.invariants.connector import held_by_transfer, load_failed
+from spec.invariants.sessions import took_input
 from spec.invariants.triggers import (
     added,
     finishes,
@@ -82,7 +83,8 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     with d draft tokens: from one to d + 1, the accepted drafts and the bonus, or none on an
     outcome with no token) and none to the others, and preemption never drops tokens; except
     that where the scheduler claims ``output_at_finish``, a preemption by recompute may drop
-    generated tokens from the end (never the prompt).""",
+    generated tokens from the end (never the prompt), and that a streaming session taking up its
+    next input drops its last sampled token for the input's tokens (spec/session.py).""",
     """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
     or corrupts the output the client already received. What makes that a defect is the client:
@@ -105,6 +107,8 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]
         return
     if old.status.is_finished or new.request_id in load_failed(rec):  # a failed KV load samples nothing
         return
+    if new.request_id in ctx.sessions and took_input(ctx, rec, new.request_id, old.num_tokens, new.num_tokens):
+        return  # a streaming session took up its next input (SES-002 bounds what it may hold)
     grow = 1 if sid in facts.scheduled else 0
     if sid in facts.drafts or sid in facts.voided:  # SPD-005/SPD-006 say how many
         low = 0 if sid in facts.voided else 1
