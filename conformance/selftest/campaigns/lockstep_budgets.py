@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -20,7 +20,9 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
 * ``pause``: a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace, encoder and LoRA drawn;
 * ``mixed``: `budget_traces` as ``kvsched conform --adapter reference-v1`` draws them;
 * ``grammar``: `grammar_traces` (V1 token traces, prefix caching and chunked prefill drawn), about
-  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler.
+  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler;
+* ``streaming``: `session_traces` (V1 token traces, max_model_len 16 or more), about half the
+  requests streaming-input sessions of one to three later inputs; the host plays their client.
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -39,6 +41,7 @@ from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
+from conformance.generation.sessions import session_traces
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
@@ -55,10 +58,23 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed", "grammar")
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
+    "session-kv-held-deadlock": (
+        "engine defect",
+        "A streaming session waiting for its next input keeps its KV blocks and its seat, and nothing can take "
+        "them back: vLLM 0.33.0 re-queues a stopped resumable request, KV and all, in kv_holding_waiting "
+        "(vllm/v1/core/sched/scheduler.py:2704-2714 _enqueue_waiting_request, 2717-2741 _handle_stopped_request), "
+        "counts every WAITING_FOR_STREAMING_REQ session as running against max_num_seqs (1070-1074), and its waiting "
+        "pass never preempts: a request that needs those blocks or that seat breaks the pass (1453-1461) with "
+        "nothing running, so the engine idles until the session's client sends more, and for good once the resumed "
+        "session (served first from kv_holding_waiting, 1063-1068) or a second session needs what the other holds. "
+        "SES-003, LIV-001 and LIV-003 fire. Confirmed by rerunning against `KeepsSessionKV` (the reference without "
+        "its eviction of idle sessions' KV, reference_impl/sessions.py): every decision and state agree to the end "
+        "of the trace, and vLLM violates only SES-003 and the stall's liveness echoes.",
+    ),
     "lets-go-between-same-hash-inputs": (
         "policy (noted deviation)",
         "A request with two encoder inputs of one content hash lets go of the output once the first is consumed "
@@ -168,6 +184,18 @@ class BothRulesV1(EvictsWhilePlanningV1):
     cache_class = LetsGoAtConsumedAndEvictsWhilePlanning
 
 
+class KeepsSessionKV(RecordingBudgets):
+    """The reference with vLLM's sessions: one waiting for input keeps its KV and its seat whatever
+    stalls (reference_impl/sessions.py ``evicts_idle_sessions``); used only to classify divergences."""
+
+    evicts_idle_sessions = False
+
+
+# streaming sessions' (a trace with a session is tried against these)
+SESSION_MODELS: tuple[tuple[str, type[RecordingBudgets]], ...] = (
+    ("session-kv-held-deadlock", KeepsSessionKV),
+)
+
 # the engine behaviours a divergence is tried against, smallest first (`classify`)
 MODELS: tuple[tuple[str, type[RecordingBudgets]], ...] = (
     ("lets-go-between-same-hash-inputs", LetsGoAtConsumedV1),
@@ -190,8 +218,9 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
-    if path == "grammar":
-        return grammar_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
+    if path in ("grammar", "streaming"):
+        traces = grammar_traces() if path == "grammar" else session_traces()
+        return traces.map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     configs = budget_configs()
     if path == "encoder":
         configs = configs.filter(lambda c: c.encoder_cache_size > 0)
@@ -227,15 +256,30 @@ def compare_state(result, reference: RecordingBudgets) -> tuple[int, str, Any, A
     return None
 
 
-def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: type = RecordingBudgets) -> Outcome:
+def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: type = RecordingBudgets,
+            stop_at_first: bool = True) -> Outcome:
     holder: list = []
 
     def factory(config: SchedulerConfig):
         holder.append(reference(config))
         return holder[-1]
 
-    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory)
+    result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
+                         stop_at_first=stop_at_first)
     return Outcome(result, compare_state(result, holder[0]) if holder else None)
+
+
+# What a session's held KV makes the engine violate once it stalls on it (SES-003 and the stall's echoes).
+STALL = frozenset({"SES-003", "LIV-001", "LIV-002", "LIV-003"})
+
+
+def agrees_but_stalls(adapter, trace: Trace, invariants, model: type) -> bool:
+    """Whether vLLM agrees with ``model`` to the end of the trace, every decision and state, and
+    violates only SES-003 and the stall's liveness echoes (`STALL`), SES-003 among them."""
+    outcome = run_one(adapter, trace, invariants, reference=model, stop_at_first=False)
+    problems = outcome.result.problem_ids - {"LOCKSTEP"}
+    return (outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
+            and "SES-003" in problems and problems <= STALL)
 
 
 def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
@@ -244,7 +288,14 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     rerun against the reference with vLLM's behaviour modelled; it must then agree to the end."""
     if outcome.divergence_step is None:
         return None
-    if outcome.result.fault is not None or not any(a.request.encoder_inputs for a in trace.arrivals):
+    if outcome.result.fault is not None:
+        return outcome.field or "?"
+    if any(a.request.session for a in trace.arrivals):
+        for name, model in SESSION_MODELS:
+            if agrees_but_stalls(adapter, trace, invariants, model):
+                return name
+        return outcome.field or "?"
+    if not any(a.request.encoder_inputs for a in trace.arrivals):
         return outcome.field or "?"
     for name, model in MODELS:
         if run_one(adapter, trace, invariants, reference=model).divergence_step is None:
