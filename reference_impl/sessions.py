@@ -42,10 +42,16 @@ class SessionFlow:
     session's next input (an index into ``Request.session``)."""
 
     evicts_idle_sessions: bool = True  # SES-003; False: vLLM 0.33.0 keeps an idle session's KV
+    # vLLM 0.33.0 gives a session that takes up an input the input's arrival time (scheduler.py:1913,
+    # ``session.arrival_time = update.arrival_time``), so under the priority policy it queues as a
+    # request that arrived with the input. Off: a session keeps the arrival of its request (POL-001,
+    # POL-003, POL-004 read it); on in the lockstep campaign's model `RenewsSessionArrival`.
+    renews_arrival_on_input: bool = False
 
     def _init_sessions(self) -> None:
         self._sessions: dict[str, int] = {}  # session -> its next input's index
         self._session_changed: set[str] = set()  # changed in the waiting queue since the last snapshot
+        self._input_arrivals: dict[str, list[int]] = {}  # renews_arrival_on_input: each arrived input's arrival
 
     def session_added(self, tracked) -> None:  # type: ignore[no-untyped-def]
         if tracked.request.session and not tracked.status.is_finished:
@@ -61,6 +67,12 @@ class SessionFlow:
 
     def take_arrived_inputs(self) -> None:
         """Step 3: each session waiting for input whose input has come takes it up."""
+        if self.renews_arrival_on_input:  # the inputs arriving now, after this step's requests
+            for rid in self._sessions:
+                for piece in self.requests[rid].request.session:  # type: ignore[attr-defined]
+                    if piece.step == self._step and not self.requests[rid].status.is_finished:  # type: ignore[attr-defined]
+                        self._input_arrivals.setdefault(rid, []).append(self._arrivals)  # type: ignore[attr-defined]
+                        self._arrivals += 1  # type: ignore[attr-defined]
         for rid in self._sessions:
             tracked = self.requests[rid]  # type: ignore[attr-defined]
             if tracked.status is Status.WAITING_FOR_INPUT and self._next_arrived(tracked, self._step):  # type: ignore[attr-defined]
@@ -74,6 +86,8 @@ class SessionFlow:
         tracked.request = replace(tracked.request, prompt_len=tracked.num_tokens, max_tokens=piece.max_tokens,
                                   prompt_tokens=None)
         self._sessions[tracked.request_id] = index + 1
+        if self.renews_arrival_on_input:
+            tracked.arrival = self._input_arrivals[tracked.request_id][index]
         tracked.status = Status.WAITING
         self._session_changed.add(tracked.request_id)
 
