@@ -219,11 +219,11 @@ STALL = frozenset({"SES-003", "LIV-001", "LIV-002", "LIV-003"})
 ORDER = frozenset({"POL-001", "POL-003", "POL-004"})
 
 # streaming sessions' (a trace with a session is tried against these): (class, model, the violations
-# vLLM may show where it agrees with the model, one of them required)
-SESSION_MODELS: tuple[tuple[str, type[RecordingBudgets], frozenset[str]], ...] = (
-    ("session-kv-held-deadlock", KeepsSessionKV, STALL),
-    ("session-arrival-renewed", RenewsSessionArrival, ORDER),
-    ("session-kv-held-deadlock+session-arrival-renewed", KeepsKVAndRenewsArrival, STALL | ORDER),
+# vLLM may show where it agrees with the model, the one it must show)
+SESSION_MODELS: tuple[tuple[str, type[RecordingBudgets], frozenset[str], str | None], ...] = (
+    ("session-kv-held-deadlock", KeepsSessionKV, STALL, "SES-003"),
+    ("session-arrival-renewed", RenewsSessionArrival, ORDER, None),
+    ("session-kv-held-deadlock+session-arrival-renewed", KeepsKVAndRenewsArrival, STALL | ORDER, "SES-003"),
 )
 
 # the engine behaviours a divergence is tried against, smallest first (`classify`)
@@ -299,13 +299,14 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: t
     return Outcome(result, compare_state(result, holder[0]) if holder else None)
 
 
-def agrees_to_the_end(adapter, trace: Trace, invariants, model: type, allowed: frozenset[str]) -> bool:
+def agrees_to_the_end(adapter, trace: Trace, invariants, model: type, allowed: frozenset[str],
+                      required: str | None) -> bool:
     """Whether vLLM agrees with ``model`` to the end of the trace, every decision and state, and
-    violates only invariants in ``allowed``, at least one of them."""
+    violates only invariants in ``allowed``, ``required`` among them."""
     outcome = run_one(adapter, trace, invariants, reference=model, stop_at_first=False)
     problems = outcome.result.problem_ids - {"LOCKSTEP"}
     return (outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
-            and bool(problems) and problems <= allowed)
+            and problems <= allowed and (required is None or required in problems))
 
 
 def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
@@ -317,8 +318,8 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     if outcome.result.fault is not None:
         return outcome.field or "?"
     if any(a.request.session for a in trace.arrivals):
-        for name, model, allowed in SESSION_MODELS:
-            if agrees_to_the_end(adapter, trace, invariants, model, allowed):
+        for name, model, allowed, required in SESSION_MODELS:
+            if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
                 return name
         return outcome.field or "?"
     if not any(a.request.encoder_inputs for a in trace.arrivals):
