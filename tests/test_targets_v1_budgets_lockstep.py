@@ -68,7 +68,7 @@ def adapter():
 @pytest.mark.parametrize("path", L.PATHS)
 def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
     invariants = get_profile("vllm-v1").invariants()
-    encoder_steps = paused_steps = grammar_waits = 0
+    encoder_steps = paused_steps = grammar_waits = input_waits = 0
     classes = []
     for trace in sample_traces(L.path_strategy(path), 8, 20261203):
         outcome = L.run_one(adapter, trace, invariants)
@@ -76,6 +76,8 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         paused_steps += sum(1 for rec in outcome.result.records if rec.before.pause_state not in (None, "unpaused"))
         grammar_waits += sum(1 for rec in outcome.result.records
                              if Status.WAITING_FOR_GRAMMAR in (rec.before.statuses or {}).values())
+        input_waits += sum(1 for rec in outcome.result.records
+                           if Status.WAITING_FOR_INPUT in (rec.before.statuses or {}).values())
         cls = L.classify(adapter, trace, outcome, invariants)
         classes.append(cls)
         assert cls is None or cls in L.CLASSES, outcome.describe()
@@ -86,6 +88,8 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         assert paused_steps > 0
     if path == "grammar":
         assert grammar_waits > 0  # vLLM showed WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    if path == "streaming":
+        assert input_waits > 0  # vLLM showed WAITING_FOR_STREAMING_REQ
 
 
 def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_resume(adapter):
