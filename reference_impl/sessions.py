@@ -47,6 +47,11 @@ class SessionFlow:
     # request that arrived with the input. Off: a session keeps the arrival of its request (POL-001,
     # POL-003, POL-004 read it); on in the lockstep campaign's model `RenewsSessionArrival`.
     renews_arrival_on_input: bool = False
+    # vLLM 0.33.0 admits from kv_holding_waiting under PAUSED_NEW ("Requests holding KV blocks are always
+    # drained first, and are the only ones admitted under PAUSED_NEW", scheduler.py:1063-1066), so a
+    # session that took up an input runs while the engine is paused for new work. Off: PAU-001, nothing
+    # is admitted while paused; on in the lockstep campaign's model `AdmitsHeldSessionsWhilePaused`.
+    admits_held_sessions_while_paused: bool = False
 
     def _init_sessions(self) -> None:
         self._sessions: dict[str, int] = {}  # session -> its next input's index

@@ -497,6 +497,8 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
                 reasons.append(Reason.of("wait_running_first", self.waiting[0].request_id))
         elif self.pause_state == "unpaused":  # paused: requests added meanwhile wait for the resume
             self._admit(budget, threshold, scheduled, reasons, ignored)
+        elif self.pause_state == "paused_new" and self.admits_held_sessions_while_paused and self._sessions:
+            self._admit(budget, threshold, scheduled, reasons, ignored, held_only=True)
 
         output = SchedulerOutput(
             step=self._step,
@@ -550,8 +552,11 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
         return max(room, 0)
 
     def _admit(
-        self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
+        self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str],
+        held_only: bool = False,
     ) -> None:
+        """The waiting pass. ``held_only``: only the sessions holding their KV at the front of waiting
+        (vLLM's kv_holding_waiting under PAUSED_NEW, `admits_held_sessions_while_paused`)."""
         if self.connector is not None:  # the waiting pass with a connector: reference_impl.kv_connector
             return self._kv_admit(budget, threshold, scheduled, reasons, ignored)
         config = self.config
@@ -560,6 +565,8 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
         loras = self._lora_slots_taken()
         while budget > 0 and self.waiting:
             tracked = self.waiting[0]
+            if held_only and not (tracked.blocks and tracked.request_id in self._sessions):
+                break
             if self._ignore_if_infeasible(tracked, reasons, ignored):
                 continue
             seats = len(self.running) + (self.idle_seats() if self._sessions else 0)

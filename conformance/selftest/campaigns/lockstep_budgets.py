@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|streaming-pause|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -22,7 +22,8 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
 * ``grammar``: `grammar_traces` (V1 token traces, prefix caching and chunked prefill drawn), about
   half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler;
 * ``streaming``: `session_traces` (V1 token traces, max_model_len 16 or more), about half the
-  requests streaming-input sessions of one to three later inputs; the host plays their client.
+  requests streaming-input sessions of one to three later inputs; the host plays their client;
+* ``streaming-pause``: the same, with a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace.
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -58,7 +59,7 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming")
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -74,6 +75,25 @@ CLASSES: dict[str, tuple[str, str]] = {
         "SES-003, LIV-001 and LIV-003 fire. Confirmed by rerunning against `KeepsSessionKV` (the reference without "
         "its eviction of idle sessions' KV, reference_impl/sessions.py): every decision and state agree to the end "
         "of the trace, and vLLM violates only SES-003 and the stall's liveness echoes.",
+    ),
+    "paused-new-admits-held-session": (
+        "engine deviation (PAU-001)",
+        "Under pause_new vLLM 0.33.0 admits a streaming session that took up an input while holding its KV: its "
+        "waiting pass serves kv_holding_waiting even when paused (vllm/v1/core/sched/scheduler.py:1063-1068, 'Requests "
+        "holding KV blocks are always drained first, and are the only ones admitted under PAUSED_NEW (e.g. async KV "
+        "loads)'), and a stopped session re-enters that queue with its KV (2704-2714). The session's new input is new "
+        "work, which a pause for new work is meant to hold back: PAU-001 fires. Confirmed by rerunning against "
+        "`AdmitsHeldSessionsWhilePaused` (reference_impl/sessions.py admits_held_sessions_while_paused): every "
+        "decision and state agree to the end, and vLLM violates only PAU-001.",
+    ),
+    "session-kv-held-deadlock+session-arrival-renewed": (
+        "engine defect with a noted policy deviation",
+        "Both: a held session's stall and a resumed session queued by its input's arrival (`KeepsKVAndRenewsArrival`).",
+    ),
+    "paused-new-admits-held-session+vllm-sessions": (
+        "engine deviation (PAU-001) with the other session classes",
+        "The three rules above together (`VLLMSessions`): a trace where the pause admission and a held session's "
+        "stall or a renewed arrival meet.",
     ),
     "session-arrival-renewed": (
         "policy (noted deviation)",
@@ -213,6 +233,20 @@ class KeepsKVAndRenewsArrival(KeepsSessionKV):
     renews_arrival_on_input = True
 
 
+class AdmitsHeldSessionsWhilePaused(RecordingBudgets):
+    """The reference admitting, under pause_new, the sessions that hold their KV in waiting (vLLM's
+    kv_holding_waiting; reference_impl/sessions.py ``admits_held_sessions_while_paused``)."""
+
+    admits_held_sessions_while_paused = True
+
+
+class VLLMSessions(AdmitsHeldSessionsWhilePaused):
+    """All three of vLLM's session rules."""
+
+    evicts_idle_sessions = False
+    renews_arrival_on_input = True
+
+
 # What a session's held KV makes the engine violate once it stalls on it (SES-003 and the stall's echoes),
 # and what the spec's policy order says of a session queued by its input's arrival.
 STALL = frozenset({"SES-003", "LIV-001", "LIV-002", "LIV-003"})
@@ -224,6 +258,8 @@ SESSION_MODELS: tuple[tuple[str, type[RecordingBudgets], frozenset[str], str | N
     ("session-kv-held-deadlock", KeepsSessionKV, STALL, "SES-003"),
     ("session-arrival-renewed", RenewsSessionArrival, ORDER, None),
     ("session-kv-held-deadlock+session-arrival-renewed", KeepsKVAndRenewsArrival, STALL | ORDER, "SES-003"),
+    ("paused-new-admits-held-session", AdmitsHeldSessionsWhilePaused, frozenset({"PAU-001"}), "PAU-001"),
+    ("paused-new-admits-held-session+vllm-sessions", VLLMSessions, STALL | ORDER | {"PAU-001"}, None),
 )
 
 # the engine behaviours a divergence is tried against, smallest first (`classify`)
@@ -248,8 +284,10 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
-    if path in ("grammar", "streaming"):
+    if path in ("grammar", "streaming", "streaming-pause"):
         traces = grammar_traces() if path == "grammar" else session_traces()
+        if path == "streaming-pause":  # a pause and its resume (with_budgets draws no inputs or adapters here)
+            traces = traces.flatmap(lambda t: with_budgets(t, pause=True))
         return traces.map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     configs = budget_configs()
     if path == "encoder":
