@@ -123,3 +123,18 @@ def test_each_recorded_divergence_is_its_class_again(adapter):
         outcome = L.run_one(adapter, trace, invariants)
         assert outcome.divergence_step is not None, key
         assert L.classify(adapter, trace, outcome, invariants) == cls, key
+
+
+def test_vllm_takes_a_session_past_max_model_len(adapter):
+    """A finding (docs/CONFORMANCE.md): vLLM 0.33.0 checks each streaming input's length alone, so a
+    session's next input takes it past max_model_len (21 of 16 tokens here), and its admission then
+    computes 8 tokens with the blocks of 16 (allocate_slots caps the slots at max_model_len,
+    kv_cache_manager.py): CAP-002, a chunk without KV slots. The generators keep sessions within it."""
+    from conformance.runner.driver import run_checked
+    from spec.session import InputPiece
+
+    cfg = dataclasses.replace(_config(), max_model_len=16)
+    trace = Trace(cfg, (Arrival(0, Request("s", 10, 4, session=(InputPiece(2, 8, 3),))),), max_steps=40)
+    result = run_checked(adapter, trace, get_profile("vllm-v1").invariants(), stop_at_first=False)
+    assert max(rec.after.seqs["s#0"].num_tokens for rec in result.records) > cfg.max_model_len
+    assert "CAP-002" in result.problem_ids
