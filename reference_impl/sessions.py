@@ -8,9 +8,9 @@ inputs never reaches any of it. A session, in order (vLLM 0.33.0 v1/core/sched/s
    not finish (`session_goes_on`, from `_finish`; ``_handle_stopped_request``, 2717-2741). Its next
    input taken up at once if it has arrived, else it is WAITING_FOR_INPUT; either way it re-enters
    waiting keeping its KV, at the end of the KV-holding front of the queue (vLLM's
-   ``kv_holding_waiting``, served before the rest: 1063-1068, 2704-2714).
+   ``kv_holding_waiting``, served before the rest: 1063-1068, 2709-2715).
 3. Before each step's schedule(), a waiting session whose next input has arrived takes it up
-   (`take_arrived_inputs`; vLLM's ``add_request`` of the update, 2930-2943): its last sampled token,
+   (`take_arrived_inputs`; vLLM's ``add_request`` of the update, 2931-2943): its last sampled token,
    never computed, is dropped for the input's tokens, and its ``max_tokens`` is the input's
    (``_update_request_as_session``, 1879-1921). Admitted again, it computes only what it lacks
    (``num_computed_tokens > 0``: no prefix-cache lookup, 1259-1268).
@@ -42,7 +42,7 @@ class SessionFlow:
     session's next input (an index into ``Request.session``)."""
 
     evicts_idle_sessions: bool = True  # SES-003; False: vLLM 0.33.0 keeps an idle session's KV
-    # vLLM 0.33.0 gives a session that takes up an input the input's arrival time (scheduler.py:1913,
+    # vLLM 0.33.0 gives a session that takes up an input the input's arrival time (scheduler.py:1912,
     # ``session.arrival_time = update.arrival_time``), so under the priority policy it queues as a
     # request that arrived with the input. Off: a session keeps the arrival of its request (POL-001,
     # POL-003, POL-004 read it); on in the lockstep campaign's model `RenewsSessionArrival`.

@@ -4,7 +4,7 @@ A session is a request with later inputs (``Request.session``): it arrives with 
 and ``max_tokens`` as any request, and each `InputPiece` arrives at its ``step`` with more prompt
 tokens and the ``max_tokens`` of the generation that follows it. vLLM 0.33.0 calls such a request
 ``resumable`` (v1/request.py:34-58 ``StreamingUpdate``; the client sends each piece as another
-``add_request`` with the same id, scheduler.py:2930-2943). In order:
+``add_request`` with the same id, scheduler.py:2931-2943). In order:
 
 1. The session runs its current prompt and generates until a stop or its ``max_tokens``, as any
    request.

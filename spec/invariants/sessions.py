@@ -87,7 +87,7 @@ def sessions_live(ctx: CheckContext, rec: StepRecord) -> bool:
     """vLLM 0.33.0 gives a session whose generation is done and whose next input has not come the
     status WAITING_FOR_STREAMING_REQ (scheduler.py:2738-2740) and passes over it (3549-3552); the
     next input, sent before a step's schedule(), turns it WAITING again (1879-1921, at add_request:
-    2930-2943). A session left waiting after its last input came is never served: its client waits
+    2931-2943). A session left waiting after its last input came is never served: its client waits
     for an answer that never starts. Policy, not safety: a correct design could use the wait,
     computing the KV of the session's last sampled token (vLLM discards that token and its KV at the
     next input, 1886-1893), so the "not scheduled" half is vLLM's choice, and so is the status.""",

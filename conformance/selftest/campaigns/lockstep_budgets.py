@@ -67,9 +67,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         "engine defect",
         "A streaming session waiting for its next input keeps its KV blocks and its seat, and nothing can take "
         "them back: vLLM 0.33.0 re-queues a stopped resumable request, KV and all, in kv_holding_waiting "
-        "(vllm/v1/core/sched/scheduler.py:2704-2714 _enqueue_waiting_request, 2717-2741 _handle_stopped_request), "
+        "(vllm/v1/core/sched/scheduler.py:2709-2715 _enqueue_waiting_request, 2717-2741 _handle_stopped_request), "
         "counts every WAITING_FOR_STREAMING_REQ session as running against max_num_seqs (1070-1074), and its waiting "
-        "pass never preempts: a request that needs those blocks or that seat breaks the pass (1453-1461) with "
+        "pass never preempts: a request that needs those blocks or that seat breaks the pass (1454-1461) with "
         "nothing running, so the engine idles until the session's client sends more, and for good once the resumed "
         "session (served first from kv_holding_waiting, 1063-1068) or a second session needs what the other holds. "
         "SES-003, LIV-001 and LIV-003 fire. Confirmed by rerunning against `KeepsSessionKV` (the reference without "
@@ -81,7 +81,7 @@ CLASSES: dict[str, tuple[str, str]] = {
         "Under pause_new vLLM 0.33.0 admits a streaming session that took up an input while holding its KV: its "
         "waiting pass serves kv_holding_waiting even when paused (vllm/v1/core/sched/scheduler.py:1063-1068, 'Requests "
         "holding KV blocks are always drained first, and are the only ones admitted under PAUSED_NEW (e.g. async KV "
-        "loads)'), and a stopped session re-enters that queue with its KV (2704-2714). The session's new input is new "
+        "loads)'), and a stopped session re-enters that queue with its KV (2709-2715). The session's new input is new "
         "work, which a pause for new work is meant to hold back: PAU-001 fires. Confirmed by rerunning against "
         "`AdmitsHeldSessionsWhilePaused` (reference_impl/sessions.py admits_held_sessions_while_paused): every "
         "decision and state agree to the end, and vLLM violates only PAU-001.",
@@ -99,8 +99,8 @@ CLASSES: dict[str, tuple[str, str]] = {
         "policy (noted deviation)",
         "Under the priority policy a streaming session that takes up its next input queues by the input's arrival, "
         "not its request's: vLLM 0.33.0 sets session.arrival_time = update.arrival_time "
-        "(vllm/v1/core/sched/scheduler.py:1913, _update_request_as_session), and its priority queue orders by "
-        "(priority, arrival_time) (vllm/v1/core/sched/request_queue.py, Request.__lt__), so a preempted session goes "
+        "(vllm/v1/core/sched/scheduler.py:1912, _update_request_as_session), and its priority queue orders by "
+        "(priority, arrival_time) (vllm/v1/request.py:357-367, Request.__lt__), so a preempted session goes "
         "behind requests that arrived after it. The spec keeps a request's arrival (POL-001, POL-003, POL-004 read "
         "it); a turn-by-turn arrival is defensible too. Confirmed by rerunning against `RenewsSessionArrival` "
         "(reference_impl/sessions.py renews_arrival_on_input): every decision and state agree to the end, and vLLM "

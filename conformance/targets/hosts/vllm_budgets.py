@@ -31,7 +31,7 @@ supplied here, and nothing else changes in vLLM's scheduler:
 * streaming-input sessions (spec/session.py): a request with a ``session`` is built ``resumable``
   (v1/request.py:77, 234-237), and the host plays the client sending each later input: before step
   k's ``schedule()`` it calls ``Scheduler.add_request`` with a resumable ``Request`` of the same id
-  holding the input's tokens (``piece_tokens``) and ``max_tokens`` (scheduler.py:2930-2943: queued
+  holding the input's tokens (``piece_tokens``) and ``max_tokens`` (scheduler.py:2931-2943: queued
   while the session runs, taken up at once while it is WAITING_FOR_STREAMING_REQ), and after the
   last input a non-resumable one, the end of the session (``StreamingUpdate.from_request`` is None:
   the session finishes at its next stop, 2732-2736). An input for a session already finished
