@@ -83,15 +83,18 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     with d draft tokens: from one to d + 1, the accepted drafts and the bonus, or none on an
     outcome with no token) and none to the others, and preemption never drops tokens; except
     that where the scheduler claims ``output_at_finish``, a preemption by recompute may drop
-    generated tokens from the end (never the prompt), and that a streaming session taking up its
-    next input drops its last sampled token for the input's tokens (spec/session.py).""",
+    generated tokens from the end (never the prompt).""",
     """Recompute re-prefills the prompt and the tokens generated so far (vLLM treats them as the
     new prompt); a preemption that forgets them (vLLM PR #5349, TensorRT-LLM PR #10943) restarts
     or corrupts the output the client already received. What makes that a defect is the client:
     an engine that answers a request only when it finishes (tokasaurus 0.0.4, the stranger test:
     a bump restarts the completion, manager.py:764-781) has shown those tokens to nobody, so
     regenerating them costs compute, not correctness; it declares so (``output_at_finish``).
-    A streaming engine (vLLM, SGLang, nano-vllm's generators) may not.""",
+    A streaming engine (vLLM, SGLang, nano-vllm's generators) may not. A streaming-input session
+    that takes up its next input drops its last sampled token, whose KV was never computed, for
+    the input's tokens (vLLM 0.33.0 _update_request_as_session, scheduler.py:1879-1921): the client
+    has that token, and the model's context continues from the input (spec/session.py; SES-002
+    bounds what a session may hold).""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
