@@ -46,6 +46,10 @@ and both are class-level knobs here, off by default (`drafts_past_max_tokens`,
 `pads_new_decode_drafts`): the speculative lockstep campaign turns them on, so that it compares
 vLLM strictly past them (conformance/selftest/campaigns/lockstep_specdec.py).
 
+Streaming-input sessions (a request with later inputs, spec/session.py) are `SessionFlow`'s
+(reference_impl/sessions.py): a session whose generation stops with inputs to come waits for the
+next in the waiting queue, keeping its KV; without sessions none of it runs.
+
 Where this reference decides differently from the engine (each a spec decision, listed in
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
 are finished as ignored (the engine rejects the first before scheduling and refuses configs that

@@ -138,3 +138,16 @@ def test_vllm_takes_a_session_past_max_model_len(adapter):
     result = run_checked(adapter, trace, get_profile("vllm-v1").invariants(), stop_at_first=False)
     assert max(rec.after.seqs["s#0"].num_tokens for rec in result.records) > cfg.max_model_len
     assert "CAP-002" in result.problem_ids
+
+
+def test_vllm_stalls_on_an_idle_sessions_kv(adapter):
+    """The class session-kv-held-deadlock on its smallest shape (tests/test_sessions.py `_stall`):
+    session A waits for input holding 7 of 8 blocks and B needs 5; vLLM idles until A's input comes
+    (SES-003), the reference frees A's KV, and `KeepsSessionKV` agrees with vLLM to the end."""
+    from tests.test_sessions import _stall
+
+    trace = _stall()
+    invariants = get_profile("vllm-v1").invariants()
+    outcome = L.run_one(adapter, trace, invariants)
+    assert outcome.divergence_step == 2 and "SES-003" in outcome.result.problem_ids
+    assert L.classify(adapter, trace, outcome, invariants) == "session-kv-held-deadlock"
