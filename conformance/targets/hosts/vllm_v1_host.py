@@ -301,8 +301,9 @@ class V1Engine:
             proposing = [(rid, toks) for rid, toks in zip(ran, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
             proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
             self.sched.update_draft_token_ids(DraftTokenIds([rid for rid, _ in proposing], proposals))
-        for rid in ran:  # a session that stopped and goes on is a prefill again once admitted
-            if not self.reqs[rid].is_finished() and self.reqs[rid].status != RequestStatus.RUNNING:
+        for rid in ran:  # a streaming session that stopped and goes on is a prefill again once admitted
+            r = self.reqs[rid]
+            if getattr(r, "resumable", False) and not r.is_finished() and r.status != RequestStatus.RUNNING:
                 self.decoding.discard(rid)
         for rid in req_ids:
             r = self.reqs[rid]
