@@ -58,14 +58,22 @@ def input_bound(ctx: CheckContext, request_id: str, step: int) -> int:
 
 def took_input(ctx: CheckContext, rec: StepRecord, request_id: str, old_tokens: int | None,
                new_tokens: int | None) -> bool:
-    """Whether a session's change of length in this step is an input taken up: its last sampled
-    token dropped and the tokens of an input that arrived appended (spec/session.py step 3), and
-    perhaps one token sampled once the same step computed them all."""
+    """Whether a session's change of length in this step is inputs taken up (spec/session.py step
+    3): one or more consecutive inputs that arrived by the step, each replacing the last sampled
+    token with its tokens, and a token sampled between two of them or after the last. So the
+    session grew by the inputs' tokens, or by one less."""
     request = ctx.requests.get(request_id)
     if request is None or not request.session or old_tokens is None or new_tokens is None:
         return False
     grew = new_tokens - old_tokens
-    return any(p.step <= rec.step and grew in (p.prompt_len - 1, p.prompt_len) for p in request.session)
+    arrived = [p.prompt_len for p in request.session if p.step <= rec.step]
+    for first in range(len(arrived)):
+        total = 0
+        for length in arrived[first:]:
+            total += length
+            if grew in (total - 1, total):
+                return True
+    return False
 
 
 # Triggers: when each rule below has something to check (spec/invariants/triggers.py).
