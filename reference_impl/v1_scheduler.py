@@ -46,6 +46,10 @@ and both are class-level knobs here, off by default (`drafts_past_max_tokens`,
 `pads_new_decode_drafts`): the speculative lockstep campaign turns them on, so that it compares
 vLLM strictly past them (conformance/selftest/campaigns/lockstep_specdec.py).
 
+Streaming-input sessions (a request with later inputs, spec/session.py) are `SessionFlow`'s
+(reference_impl/sessions.py): a session whose generation stops with inputs to come waits for the
+next in the waiting queue, keeping its KV; without sessions none of it runs.
+
 Where this reference decides differently from the engine (each a spec decision, listed in
 docs/TODAY.md): prompts longer than the prompt limit and requests that could never fit the cache
 are finished as ignored (the engine rejects the first before scheduling and refuses configs that
@@ -66,6 +70,7 @@ from operator import attrgetter, is_, is_not
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.kv_connector import ConnectorFlow
 from reference_impl.prefix_cache import CachingBlockPool
+from reference_impl.sessions import SessionFlow
 from reference_impl.table_log import TableLog
 from reference_impl.token_log import TokenLog
 from spec import observation
@@ -323,12 +328,14 @@ class TrackedScheduler:
         }
 
 
-class V1Scheduler(ConnectorFlow, TrackedScheduler):
+class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
     """vLLM V1's scheduling flow, readable. Implements `spec.protocol.SchedulerLike`."""
 
     # It computes encoder inputs within the encoder budget and cache, and LoRA requests within
     # max_loras (reference_impl/encoder_budget.py; the hooks are the `_encoder_*` and `_lora_*` methods).
-    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE, Capability.GRAMMAR}
+    # Streaming-input sessions: reference_impl/sessions.py.
+    capabilities = CAPABILITIES | {Capability.ENCODER, Capability.LORA, Capability.PAUSE, Capability.GRAMMAR,
+                                   Capability.STREAMING}
 
     # Under the priority policy, a running request that preempts itself (it is the lowest-priority
     # one) lets the scan go on to the requests after it, which may still fit: vLLM 0.33.0
@@ -383,6 +390,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._encoder_computed: list[tuple[str, int]] = []  # this step's encoder inputs (request, index)
         self._init_connector()  # KV connector (reference_impl.kv_connector): only with config.kv_connector
         self._grammar_readied: set[str] = set()  # grammar waits ended since the last snapshot (`_to_visit`)
+        self._init_sessions()  # streaming-input sessions (reference_impl.sessions): only requests with a session
+        self._continued: set[str] = set()  # sessions whose generation stopped in this update and go on
 
     @property
     def reservation(self) -> Reservation | None:
@@ -404,6 +413,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._to_waiting(tracked, front=False)
         if request.grammar_ready_step is not None:  # vLLM v1/request.py:116-117
             tracked.status = Status.WAITING_FOR_GRAMMAR
+        if request.session:
+            self.session_added(tracked)
 
     def _long_prefill_threshold(self) -> int:
         """This step's cap on one request's chunk. vLLM V1 does not cap a request that is alone in
@@ -422,6 +433,9 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
             outcome = StepOutcome(outcome.stopped, decisions)
         scheduled = [tracked for tracked, _ in self._scheduled if tracked.request.encoder_inputs]
         finished = super().update(outcome)
+        if self._continued:  # sessions that stopped with inputs to come do not finish (reference_impl.sessions)
+            finished = [f for f in finished if f.request_id not in self._continued]
+            self._continued = set()
         for tracked in scheduled:  # inputs computed past are let go (finished ones by `_finish`)
             self.encoder.release_consumed(tracked.request_id, tracked.request.encoder_inputs, tracked.num_computed)
         return finished
@@ -431,6 +445,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._encoder_left, self._encoder_computed = self.config.encoder_compute_budget, []
         if self.connector is not None:
             self._kv_begin_step()
+        if self._sessions:
+            self.take_arrived_inputs()
         budget = self.config.max_num_batched_tokens
         threshold = self._long_prefill_threshold()
         scheduled: dict[str, int] = {}
@@ -493,6 +509,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 reasons.append(Reason.of("wait_running_first", self.waiting[0].request_id))
         elif self.pause_state == "unpaused":  # paused: requests added meanwhile wait for the resume
             self._admit(budget, threshold, scheduled, reasons, ignored)
+        elif self.pause_state == "paused_new" and self.admits_held_sessions_while_paused and self._sessions:
+            self._admit(budget, threshold, scheduled, reasons, ignored, held_only=True)
 
         output = SchedulerOutput(
             step=self._step,
@@ -546,8 +564,11 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         return max(room, 0)
 
     def _admit(
-        self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str]
+        self, budget: int, threshold: int, scheduled: dict[str, int], reasons: list[Reason], ignored: list[str],
+        held_only: bool = False,
     ) -> None:
+        """The waiting pass. ``held_only``: only the sessions holding their KV at the front of waiting
+        (vLLM's kv_holding_waiting under PAUSED_NEW, `admits_held_sessions_while_paused`)."""
         if self.connector is not None:  # the waiting pass with a connector: reference_impl.kv_connector
             return self._kv_admit(budget, threshold, scheduled, reasons, ignored)
         config = self.config
@@ -556,12 +577,20 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         loras = self._lora_slots_taken()
         while budget > 0 and self.waiting:
             tracked = self.waiting[0]
+            if held_only and not (tracked.blocks and tracked.request_id in self._sessions):
+                break
             if self._ignore_if_infeasible(tracked, reasons, ignored):
                 continue
-            if len(self.running) >= config.max_num_seqs:
-                reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
-                                         limit=config.max_num_seqs))
+            seats = len(self.running) + (self.idle_seats() if self._sessions else 0)
+            if seats >= config.max_num_seqs:
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
+                reasons.append(Reason.of("wait_seats", tracked.request_id, running=seats, limit=config.max_num_seqs))
                 break
+            if tracked.status is Status.WAITING_FOR_INPUT:  # a session waiting for its next input (SES-001)
+                reasons.append(Reason.of("wait_input", tracked.request_id, blocks=len(tracked.blocks)))
+                skipped.append(self.waiting.pop(0))
+                continue
             if not self._grammar_ready(tracked):
                 reasons.append(Reason.of("wait_grammar", tracked.request_id, ready=tracked.request.grammar_ready_step))
                 skipped.append(self.waiting.pop(0))
@@ -571,7 +600,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 skipped.append(self.waiting.pop(0))
                 continue
             hits = self._cache_hits(tracked)
-            computed = len(hits) * config.block_size
+            computed = tracked.num_computed + len(hits) * config.block_size  # a session's KV kept in waiting
             remaining = tracked.num_tokens - computed
             tokens = remaining
             if 0 < threshold < tokens:
@@ -601,10 +630,14 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 skipped.append(self.waiting.pop(0))
                 continue
             if not self._whole_sequence_fits(tracked, hits):
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
                 need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits, lookahead=False)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
             if not self._allocate(tracked, tokens, hits=hits, watermark=True):
+                if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
+                    continue
                 need = self._blocks_needed(tracked, tokens, hits)
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
@@ -671,6 +704,18 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self.pause_state = "unpaused"
         return True
 
+    def _to_waiting(self, tracked: TrackedRequest, *, front: bool) -> None:
+        """As the base class's, behind the sessions that hold their KV in waiting (vLLM serves its
+        ``kv_holding_waiting`` first; reference_impl.sessions)."""
+        low = self._kv_prefix() if self._sessions else 0
+        if not low:
+            return super()._to_waiting(tracked, front=front)
+        head, self.waiting = self.waiting[:low], self.waiting[low:]
+        try:
+            super()._to_waiting(tracked, front=front)
+        finally:
+            self.waiting[0:0] = head
+
     def _grammar_ready(self, tracked: TrackedRequest) -> bool:
         """Whether a request may be admitted as far as its grammar goes; one whose grammar is ready
         becomes WAITING when the admission loop reaches it (vLLM _handle_blocked_waiting_request,
@@ -687,7 +732,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         """As the base class's, and the waiting requests whose grammar wait ended since (their status
         changed, WAITING_FOR_GRAMMAR -> WAITING, while they stayed in the waiting queue)."""
         visit = super()._to_visit(base, waiting_ids)
-        readied, self._grammar_readied = self._grammar_readied, set()
+        readied, self._grammar_readied = self._grammar_readied | self._session_changed, set()
+        self._session_changed = set()
         if visit is None or not readied:
             return visit
         seen = {r.request_id for r in visit}
@@ -710,6 +756,9 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         super()._preempt(victim)
 
     def _finish(self, tracked: TrackedRequest, status: Status) -> None:
+        if self._sessions and self.session_goes_on(tracked, status):
+            self._continued.add(tracked.request_id)
+            return
         self.encoder.release(tracked.request_id, tracked.request.encoder_inputs)
         super()._finish(tracked, status)
 
@@ -762,7 +811,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
     def _cache_hits(self, tracked: TrackedRequest) -> list[int]:
         """The longest run of cached full blocks at the start of the request's tokens, leaving
         at least its last token to compute (its logits are needed)."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.enable_prefix_caching or tracked.num_computed:  # a session holding its KV looks up nothing
             return []
         hits = []
         for key in block_keys(tracked.tokens, self.config.block_size, limit=tracked.num_tokens - 1):
@@ -791,7 +840,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         return fresh + sum(1 for b in hits if self.pool.is_evictable(b))
 
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
-        computed = len(hits) * self.config.block_size
+        computed = tracked.num_computed + len(hits) * self.config.block_size
         need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits, lookahead=False)
         return need + self._admission_watermark() <= self.pool.num_free
 

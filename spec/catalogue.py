@@ -96,6 +96,7 @@ def _load() -> None:
         policy,
         prefix_cache,
         requests,
+        sessions,
         sglang,
         specdec,
         strengthening,
@@ -167,6 +168,8 @@ class Checker:
             ctx.requests[request.request_id] = request
             ctx.arrival[request.request_id] = len(ctx.arrival)
             ctx.last_arrival_step = record.step
+            if request.session:
+                ctx.sessions.add(request.request_id)
         ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}

@@ -55,6 +55,15 @@ GRAMMAR_EDGES: tuple[tuple[Status, Status, str], ...] = (
     (S.WAITING_FOR_GRAMMAR, S.FINISHED_ABORTED, "abort"),
 )
 EDGES += GRAMMAR_EDGES
+# Streaming-input sessions (spec/session.py): a session whose generation is done waits for its next
+# input holding its KV (vLLM's WAITING_FOR_STREAMING_REQ), or takes it up at once if it is there.
+SESSION_EDGES: tuple[tuple[Status, Status, str], ...] = (
+    (S.RUNNING, S.WAITING_FOR_INPUT, "await_input"),
+    (S.RUNNING, S.WAITING, "take_input"),
+    (S.WAITING_FOR_INPUT, S.WAITING, "input_arrived"),
+    (S.WAITING_FOR_INPUT, S.FINISHED_ABORTED, "abort"),
+)
+EDGES += SESSION_EDGES
 
 INITIAL = S.WAITING
 

@@ -89,6 +89,9 @@ class Capability(StrEnum):
     # A claim: a request with a grammar_ready_step waits for its grammar (Status.WAITING_FOR_GRAMMAR)
     # and samples nothing before it (spec/invariants/grammar.py). Without it GRM-* are not applicable.
     GRAMMAR = "grammar"  # a claim: structured-output requests wait for their grammar
+    # A claim: a request with later inputs (Request.session) is a streaming-input session that waits
+    # for them (Status.WAITING_FOR_INPUT; spec/invariants/sessions.py). Without it SES-* are not applicable.
+    STREAMING = "streaming"  # a claim: streaming-input sessions take their later inputs
 
 
 # Everything the V0-style state exposes (the V0 reference, the torch twin). PREFIX_CACHE and
@@ -97,7 +100,8 @@ ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability) - {
     Capability.PREFIX_CACHE, Capability.TOKEN_BUDGET_FLOW, Capability.IN_FLIGHT, Capability.ORDERED_STEPS,
     Capability.SGLANG_FLOW, Capability.OUTPUT_AT_FINISH, Capability.NO_LENGTH_LIMIT, Capability.NO_SEQ_LIMIT,
     Capability.CACHE_HOLDS_REFS, Capability.KV_GROUPS, Capability.ENCODER, Capability.LORA, Capability.PAUSE,
-    Capability.KV_TRANSFERS, Capability.GRAMMAR}
+    Capability.KV_TRANSFERS, Capability.GRAMMAR,
+    Capability.STREAMING}
 
 # Snapshot.pause_state (Capability.PAUSE): vLLM 0.33.0 v1/core/sched/interface.py PauseState.
 PAUSE_STATES = ("unpaused", "paused_new", "paused_all")

@@ -58,6 +58,9 @@ TEMPLATES: dict[str, str] = {
     "wait_remote_kv": "{request} waits for its KV load from the connector",
     "finished_error": "{request} finished with an error: its KV load failed (kv_load_failure_policy fail)",
     "wait_grammar": "{request} waits: its grammar is ready only at step {ready}",
+    "wait_input": "{request} waits for its next input (a streaming session, holding {blocks} blocks)",
+    "evicted_idle_session": "{request} waits for its next input: its {blocks} blocks are freed (it recomputes once "
+    "the input comes) so that {needed_by} can run while nothing else does",
     # SGLang's flow (reference_impl.sglang_scheduler)
     "wait_reserved_tokens": "{request} waits: needs {tokens} KV slots (its prefill, its max_new_tokens and one page), "
     "only {left} left once every running and admitted request's remaining output is reserved at new-token ratio "

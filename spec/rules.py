@@ -87,6 +87,8 @@ class CheckContext:
     # Each sequence's token count in the step its request was reported finished (PIP-002): kept
     # by the evaluation layer after each step's checks.
     finish_lengths: dict[str, int] = field(default_factory=dict)
+    # The streaming-input sessions added so far (requests with a ``session``; SES-*).
+    sessions: set[str] = field(default_factory=set)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""

@@ -25,6 +25,10 @@ class Status(StrEnum):
     # A structured-output request whose grammar is still compiling (vLLM 0.33.0
     # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR): in the waiting queue, passed over until it is ready.
     WAITING_FOR_GRAMMAR = "WAITING_FOR_GRAMMAR"
+    # A streaming-input session whose generation for its inputs so far is done and whose next input
+    # has not arrived (vLLM 0.33.0 WAITING_FOR_STREAMING_REQ; spec/session.py): in the waiting
+    # queue, passed over, and holding its KV blocks, until the input comes.
+    WAITING_FOR_INPUT = "WAITING_FOR_INPUT"
 
     # Read on every check of every step: plain attributes, set once below, not properties.
     is_finished: bool
@@ -33,7 +37,7 @@ class Status(StrEnum):
 
 _QUEUE_OF = {Status.WAITING: "waiting", Status.RUNNING: "running", Status.SWAPPED: "swapped",
              Status.WAITING_FOR_REMOTE_KV: "waiting",
-             Status.WAITING_FOR_GRAMMAR: "waiting"}
+             Status.WAITING_FOR_GRAMMAR: "waiting", Status.WAITING_FOR_INPUT: "waiting"}
 
 for _status in Status:
     _status.is_finished = _status.value.startswith("FINISHED_")

@@ -31,6 +31,11 @@ that are unknown or already finished are skipped, the others are aborted as by s
 scheduling, ``resume`` undoes either (vLLM's ``PauseState``); each answers true. Within a step: arrivals, aborts, abort batches, admin calls, then
 ``schedule()``.
 
+A request may be a streaming-input session (issue 32, spec/session.py): ``"session": {"version": 1,
+"inputs": [{"step": 5, "prompt_len": 3, "max_tokens": 2}]}`` on the request, its later inputs,
+each taken up before that step's ``schedule()`` once the session's generation so far is done.
+Left out for a plain request.
+
 A trace whose config has ``kv_connector`` may carry ``"connector": {"version": 1, "requests":
 [{"request": "A", "external_tokens": 32, "load_async": true, "load_steps": 2, "failed_blocks": [1],
 "send_steps": 3}]}``, the KV connector's script per request (`spec.connector.ConnectorScript`;
@@ -59,6 +64,7 @@ from spec.connector import NO_SCRIPT, ConnectorScript, scripts_from_dict, script
 from spec.encoder import EncoderInput
 from spec.errors import InputError, shown
 from spec.json_input import read_json
+from spec.session import session_from_dict
 from spec.speculative import NO_DECISION, DraftDecision
 from spec.types import Request
 
@@ -235,7 +241,7 @@ class Trace:
             if not isinstance(raw, Mapping):
                 raise InputError(where, "must be an object")
             allowed = {"id", "prompt_len", "max_tokens", "n", "priority", "arrival_step", "prompt_tokens",
-                       "encoder_inputs", "lora_id", "grammar_ready_step"}
+                       "encoder_inputs", "lora_id", "grammar_ready_step", "session"}
             for key in raw:
                 if key not in allowed:
                     raise InputError(f"{where}.{str(key)[:40]}", f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -251,6 +257,8 @@ class Trace:
             lora_id = _int(raw.get("lora_id", 0), f"{where}.lora_id", 0, MAX_PRIORITY)
             if lora_id and not config.max_loras:
                 raise InputError(f"{where}.lora_id", f"needs config.max_loras > 0, got lora_id {lora_id}")
+            session = session_from_dict(raw["session"], f"{where}.session", MAX_STEPS, MAX_TOKENS) \
+                if "session" in raw else ()
             try:
                 request = Request(
                     request_id=raw["id"],
@@ -263,6 +271,7 @@ class Trace:
                     lora_id=lora_id,
                     grammar_ready_step=_int(raw["grammar_ready_step"], f"{where}.grammar_ready_step", 0, MAX_STEPS)
                     if raw.get("grammar_ready_step") is not None else None,
+                    session=session,
                 )
             except InputError as err:
                 field_name = err.where.rsplit(".", 1)[-1]

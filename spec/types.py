@@ -16,6 +16,7 @@ from typing import Any
 from spec.encoder import EncoderInput, encoder_inputs_problem
 from spec.errors import InputError
 from spec.reasons import Reason
+from spec.session import InputPiece, session_problem, session_to_dict
 from spec.speculative import DraftDecision
 from spec.status import PreemptionMode, Status
 
@@ -75,6 +76,9 @@ class Request:
     # Structured output (spec/grammar.py): its grammar is ready from this step on, and it waits
     # (Status.WAITING_FOR_GRAMMAR) until then; None: no grammar to wait for.
     grammar_ready_step: int | None = None
+    # A streaming-input session (spec/session.py): its later inputs, each arriving at its step;
+    # () for a request whose prompt arrives whole.
+    session: tuple[InputPiece, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id or "#" in self.request_id:
@@ -115,6 +119,11 @@ class Request:
         ready = self.grammar_ready_step
         if ready is not None and (isinstance(ready, bool) or not isinstance(ready, int) or ready < 0):
             raise InputError(f"{where}.grammar_ready_step", f"must be an integer >= 0 or null, got {ready!r}")
+        if self.session:
+            object.__setattr__(self, "session", tuple(self.session))
+            problem = session_problem(self.session)
+            if problem is not None:
+                raise InputError(f"{where}.session", problem)
 
     def prompt_token_ids(self) -> tuple[int, ...]:
         """The prompt's token ids: the given ones, or the deterministic default."""
@@ -136,6 +145,8 @@ class Request:
             data["lora_id"] = self.lora_id
         if self.grammar_ready_step is not None:
             data["grammar_ready_step"] = self.grammar_ready_step
+        if self.session:
+            data["session"] = session_to_dict(self.session)
         return data
 
 

@@ -35,13 +35,14 @@ def test_reference_conforms_to_its_own_profile(tmp_path):
     assert result.findings == {}
     assert result.lockstep
     # Only the invariants that read token ids (prefix cache, PIP-001), in-flight counters (a synchronous
-    # scheduler has none), KV groups beside group 0, an encoder cache, LoRA slots, a pause, a KV connector or
-    # grammar waits (V0 has none of these) need what a V0 scheduler does not have.
+    # scheduler has none), KV groups beside group 0, an encoder cache, LoRA slots, a pause, a KV connector,
+    # grammar waits or streaming sessions (V0 has none of these) need what a V0 scheduler does not have.
     from spec.catalogue import get
     from spec.observation import Capability
 
     v0_lacks = {Capability.PREFIX_CACHE, Capability.IN_FLIGHT, Capability.KV_GROUPS, Capability.ENCODER,
-                Capability.LORA, Capability.PAUSE, Capability.KV_TRANSFERS, Capability.GRAMMAR}
+                Capability.LORA, Capability.PAUSE, Capability.KV_TRANSFERS, Capability.GRAMMAR,
+                Capability.STREAMING}
     assert all(get(i).needs & v0_lacks for i in result.not_applicable), \
         result.not_applicable
     assert result.steps_checked > 500

@@ -200,9 +200,10 @@ def test_gpu_v1_conforms_to_the_vllm_v1_profile(tmp_path):
     from spec.catalogue import get
     from spec.observation import Capability
 
-    # One full-attention group; the twin has no encoder cache, LoRA slots, pause, KV connector or grammar waits.
+    # One full-attention group; the twin has no encoder cache, LoRA slots, pause, KV connector, grammar waits or sessions.
     left_out = {Capability.PREFIX_CACHE, Capability.IN_FLIGHT, Capability.KV_GROUPS, Capability.ENCODER,
-                Capability.LORA, Capability.PAUSE, Capability.KV_TRANSFERS, Capability.GRAMMAR}
+                Capability.LORA, Capability.PAUSE, Capability.KV_TRANSFERS, Capability.GRAMMAR,
+                Capability.STREAMING}
     assert result.not_applicable and all(get(i).needs & left_out for i in result.not_applicable), \
         result.not_applicable
     assert result.steps_checked > 100

@@ -68,7 +68,7 @@ def adapter():
 @pytest.mark.parametrize("path", L.PATHS)
 def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
     invariants = get_profile("vllm-v1").invariants()
-    encoder_steps = paused_steps = grammar_waits = 0
+    encoder_steps = paused_steps = grammar_waits = input_waits = 0
     classes = []
     for trace in sample_traces(L.path_strategy(path), 8, 20261203):
         outcome = L.run_one(adapter, trace, invariants)
@@ -76,6 +76,8 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         paused_steps += sum(1 for rec in outcome.result.records if rec.before.pause_state not in (None, "unpaused"))
         grammar_waits += sum(1 for rec in outcome.result.records
                              if Status.WAITING_FOR_GRAMMAR in (rec.before.statuses or {}).values())
+        input_waits += sum(1 for rec in outcome.result.records
+                           if Status.WAITING_FOR_INPUT in (rec.before.statuses or {}).values())
         cls = L.classify(adapter, trace, outcome, invariants)
         classes.append(cls)
         assert cls is None or cls in L.CLASSES, outcome.describe()
@@ -86,6 +88,8 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         assert paused_steps > 0
     if path == "grammar":
         assert grammar_waits > 0  # vLLM showed WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    if path == "streaming":
+        assert input_waits > 0  # vLLM showed WAITING_FOR_STREAMING_REQ
 
 
 def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_resume(adapter):
@@ -119,3 +123,31 @@ def test_each_recorded_divergence_is_its_class_again(adapter):
         outcome = L.run_one(adapter, trace, invariants)
         assert outcome.divergence_step is not None, key
         assert L.classify(adapter, trace, outcome, invariants) == cls, key
+
+
+def test_vllm_takes_a_session_past_max_model_len(adapter):
+    """A finding (docs/CONFORMANCE.md): vLLM 0.33.0 checks each streaming input's length alone, so a
+    session's next input takes it past max_model_len (21 of 16 tokens here), and its admission then
+    computes 8 tokens with the blocks of 16 (allocate_slots caps the slots at max_model_len,
+    kv_cache_manager.py): CAP-002, a chunk without KV slots. The generators keep sessions within it."""
+    from conformance.runner.driver import run_checked
+    from spec.session import InputPiece
+
+    cfg = dataclasses.replace(_config(), max_model_len=16)
+    trace = Trace(cfg, (Arrival(0, Request("s", 10, 4, session=(InputPiece(2, 8, 3),))),), max_steps=40)
+    result = run_checked(adapter, trace, get_profile("vllm-v1").invariants(), stop_at_first=False)
+    assert max(rec.after.seqs["s#0"].num_tokens for rec in result.records) > cfg.max_model_len
+    assert "CAP-002" in result.problem_ids
+
+
+def test_vllm_stalls_on_an_idle_sessions_kv(adapter):
+    """The class session-kv-held-deadlock on its smallest shape (tests/test_sessions.py `_stall`):
+    session A waits for input holding 7 of 8 blocks and B needs 5; vLLM idles until A's input comes
+    (SES-003), the reference frees A's KV, and `KeepsSessionKV` agrees with vLLM to the end."""
+    from tests.test_sessions import _stall
+
+    trace = _stall()
+    invariants = get_profile("vllm-v1").invariants()
+    outcome = L.run_one(adapter, trace, invariants)
+    assert outcome.divergence_step == 2 and "SES-003" in outcome.result.problem_ids
+    assert L.classify(adapter, trace, outcome, invariants) == "session-kv-held-deadlock"

@@ -97,12 +97,13 @@ def grammar_traces() -> st.SearchStrategy:
 
 
 def v1_traces_with_budgets() -> st.SearchStrategy:
-    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a quarter of the
-    time each traces with the encoder and LoRA budgets (`budget_traces`) or with grammar waits
-    (`grammar_traces`)."""
+    """What ``kvsched conform --adapter reference-v1`` draws: the V1 flow's traces, and a fifth of the
+    time each traces with the encoder and LoRA budgets (`budget_traces`), with grammar waits
+    (`grammar_traces`) or with streaming-input sessions (`conformance.generation.sessions`)."""
+    from conformance.generation.sessions import session_traces
     from conformance.generation.v1 import v1_traces
 
-    return st.one_of(v1_traces(), v1_traces(), budget_traces(), grammar_traces())
+    return st.one_of(v1_traces(), v1_traces(), budget_traces(), grammar_traces(), session_traces())
 
 
 

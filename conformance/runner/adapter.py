@@ -248,7 +248,7 @@ def _builtin_strategy(spec: str) -> Any:
     from conformance.generation.v0 import traces
     from conformance.generation.v1 import token_configs, token_traces
 
-    if spec == "reference-v1":  # the V1 flow's traces and, a third of them, with encoder inputs and LoRA ids
+    if spec == "reference-v1":  # the V1 flow's traces and, some of them, with budgets, grammar waits or sessions
         from conformance.generation.budgets import v1_traces_with_budgets
 
         return v1_traces_with_budgets()

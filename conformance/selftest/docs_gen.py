@@ -287,6 +287,9 @@ _CAPABILITY_TEXT = {
                       "each snapshot whether it is paused, so PAU-001 applies",
     Capability.KV_TRANSFERS: "a KV connector's transfers: the loads and sends in flight and those each outcome "
                              "reported done, so the KVC-* invariants apply (spec/connector.py, docs/CONNECTORS.md)",
+    Capability.STREAMING: "a claim: a request with a `session` is a streaming-input session that takes up each later "
+                          "input once its generation so far is done, waiting for it as WAITING_FOR_INPUT, so the SES-* "
+                          "invariants apply (spec/session.py)",
 }
 _CAPABILITY_TEXT.update({c: c.value.replace("_", " ") for c in Capability if c not in _CAPABILITY_TEXT})
 # What a snapshot must fill once the capability is claimed (a claimed part left None is an

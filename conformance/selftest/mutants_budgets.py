@@ -1,4 +1,5 @@
-"""Mutants of the V1 reference's encoder budget and cache, its LoRA slots and its pause (issue 32).
+"""Mutants of the V1 reference's encoder budget and cache, its LoRA slots, its pause, its grammar waits
+and its streaming-input sessions (issue 32).
 
 Each breaks one rule of `reference_impl.encoder_budget` or of the V1 reference's `_encoder_*` /
 `_lora_*` hooks and names the invariants (spec/invariants/encoder.py) that catch it. Their traces
@@ -19,6 +20,7 @@ from conformance.generation.budgets import (
     grammar_traces,
     paused_arrival_traces,
 )
+from conformance.generation.sessions import session_deadlock_traces, session_traces
 from conformance.selftest.mutant_record import mutant
 from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.v1_scheduler import TrackedRequest, V1Scheduler
@@ -192,3 +194,28 @@ class GrammarWaitUnreported(V1Scheduler):
                 return False
             self._unreported.discard(tracked.request_id)
         return super()._grammar_ready(tracked)
+
+
+SESSIONS = {**BUDGETS, "trace_strategy": session_traces}
+
+
+@mutant("v1-session-input-early", "a streaming session takes up its next input when its generation stops, "
+        "whether the input has arrived or not", ("SES-002",), **SESSIONS)
+class SessionInputEarly(V1Scheduler):
+    def _next_arrived(self, tracked: TrackedRequest, step: int) -> bool:
+        return self._inputs_left(tracked)  # bug: the input's step is not waited for
+
+
+@mutant("v1-session-input-lost", "an input that arrives while its session still runs is never taken up: the "
+        "session waits for input for good", ("SES-001",), **SESSIONS)
+class SessionInputLost(V1Scheduler):
+    def _next_arrived(self, tracked: TrackedRequest, step: int) -> bool:
+        # bug: only an input arriving at this very step is seen; one that came during the run is lost
+        return self._inputs_left(tracked) and tracked.request.session[self._sessions[tracked.request_id]].step == step \
+            and tracked.status is Status.WAITING_FOR_INPUT
+
+
+@mutant("v1-session-keeps-kv", "a streaming session waiting for input keeps its KV and its seat while the engine "
+        "idles on them (vLLM 0.33.0's rule)", ("SES-003",), **{**BUDGETS, "trace_strategy": session_deadlock_traces})
+class SessionKeepsKV(V1Scheduler):
+    evicts_idle_sessions = False  # bug: nothing takes an idle session's KV back

@@ -407,12 +407,12 @@ _V1_REACH = Reach(("WAITING->RUNNING (admit)", "WAITING->FINISHED_ABORTED (abort
                    "RUNNING->WAITING (preempt_recompute)", "RUNNING->FINISHED_STOPPED (finish_stop)",
                    "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)", "RUNNING->FINISHED_ABORTED (abort)"),
                   {**NO_SWAP, **ONE_SEQUENCE})
-# The vllm-v1 host honours encoder inputs, LoRA, pause and grammar waits (issue 32), which the target's
+# The vllm-v1 host honours encoder inputs, LoRA, pause, grammar waits and streaming sessions (issue 32), which the target's
 # own strategy never draws: their campaign is conformance.selftest.campaigns.lockstep_budgets.
-_V1_BUDGETS_UNDRAWN = {i: "the target's traces draw no encoder inputs, adapters, pauses or grammar waits (the "
-                          "lockstep_budgets campaign does)"
+_V1_BUDGETS_UNDRAWN = {i: "the target's traces draw no encoder inputs, adapters, pauses, grammar waits or "
+                          "streaming sessions (the lockstep_budgets campaign does)"
                        for i in ("ENC-001", "ENC-002", "ENC-003", "ENC-004", "ENC-005", "LORA-001", "PAU-001",
-                                 "GRM-001", "GRM-002")}
+                                 "GRM-001", "GRM-002", "SES-001", "SES-002", "SES-003")}
 _NANO_REACH = Reach(("WAITING->RUNNING (admit)", "RUNNING->RUNNING (decode)", "RUNNING->WAITING (preempt_recompute)",
                      "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)"),
                     {**NO_SWAP, **ONE_SEQUENCE,

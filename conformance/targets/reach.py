@@ -14,7 +14,7 @@ CORE_EDGES = (
     "RUNNING->FINISHED_STOPPED (finish_stop)", "RUNNING->FINISHED_LENGTH_CAPPED (finish_length)",
     "RUNNING->FINISHED_ABORTED (abort)", "RUNNING->FINISHED_IGNORED (preempt_then_ignore)",
     "SWAPPED->RUNNING (swap_in)", "SWAPPED->FINISHED_IGNORED (ignore)", "SWAPPED->FINISHED_ABORTED (abort)",
-)  # the lifecycle without a KV connector or grammar waits (what V0 and the other engines hosted take)
+)  # the lifecycle without a KV connector, grammar waits or sessions (what V0 and the other engines hosted take)
 ALL_EDGES = CORE_EDGES + (
     # a KV connector's (spec.lifecycle.CONNECTOR_EDGES)
     "WAITING->WAITING_FOR_REMOTE_KV (load_async)", "WAITING_FOR_REMOTE_KV->RUNNING (admit_loaded)",
@@ -23,6 +23,9 @@ ALL_EDGES = CORE_EDGES + (
     # structured output's (spec.lifecycle.GRAMMAR_EDGES)
     "WAITING->WAITING_FOR_GRAMMAR (await_grammar)", "WAITING_FOR_GRAMMAR->WAITING (grammar_ready)",
     "WAITING_FOR_GRAMMAR->FINISHED_ABORTED (abort)",
+    # streaming sessions' (spec.lifecycle.SESSION_EDGES)
+    "RUNNING->WAITING_FOR_INPUT (await_input)", "RUNNING->WAITING (take_input)",
+    "WAITING_FOR_INPUT->WAITING (input_arrived)", "WAITING_FOR_INPUT->FINISHED_ABORTED (abort)",
 )  # spec.lifecycle.EDGES as the report prints them (tests/test_targets.py holds the two equal)
 
 # Invariants no engine without a swap space, or without n > 1, has anything for.

@@ -13,18 +13,22 @@ from spec.invariants.triggers import (
 from spec.observation import Capability as C
 from spec.observation import StepRecord
 from spec.rules import SCHEDULE, CheckContext, invariant
+from spec.types import request_of
 
 
-def _waiting_holders(rec: StepRecord) -> Iterator[str]:
+def _waiting_holders(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     assert rec.mid is not None
     for sid in sorted(waiting_holders(rec.mid)):
+        if request_of(sid) in ctx.sessions:
+            continue  # a streaming session keeps its KV in waiting (spec/session.py; SES-003)
         yield f"{sid} is still waiting after schedule() but holds blocks {list(rec.mid.seqs[sid].blocks)}"
 
 
 @invariant(
     "ADM-001", "policy",
     """Atomic admission: after schedule(), a request admitted in this step holds every block its
-    prefill (with chunked prefill: its first chunk) needs, and a request still waiting holds none.""",
+    prefill (with chunked prefill: its first chunk) needs, and a request still waiting holds none
+    (a streaming session's excepted, which keeps its KV between inputs).""",
     """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more).
     The spec decides against it, as vLLM does: can_allocate answers for the whole prompt and
     allocate takes all its blocks or none. A partial holder waits while holding what others need,
@@ -48,7 +52,7 @@ def atomic_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 need = -(-((v.num_computed or 0) + chunk.get(v.seq_id, 0)) // bs)
             if len(v.blocks or ()) != need:
                 yield f"{rid} admitted with {len(v.blocks or ())} of the {need} blocks of {v.seq_id}"
-    yield from _waiting_holders(rec)
+    yield from _waiting_holders(ctx, rec)
 
 
 @invariant(
@@ -97,7 +101,7 @@ def v1_watermark(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "ADM-003", "safety",
     """Atomic admission: after schedule(), a request admitted in this step holds, on the GPU, at
     least every block its prefill needs (with chunked prefill: its first chunk), and a request
-    still waiting holds none. Where the scheduler claims ``ordered_steps``, a sequence whose
+    still waiting holds none (a streaming session's excepted, which keeps its KV between inputs). Where the scheduler claims ``ordered_steps``, a sequence whose
     last token this step samples may hold none (its blocks freed early, as RES-001 allows).""",
     """Seed 000 §3.4 narrates a partial allocation (request B gets block 9 and waits for one more);
     the spec decides against it: a partial holder waits while holding what others need, which
@@ -125,4 +129,4 @@ def admission_all_or_nothing(ctx: CheckContext, rec: StepRecord) -> Iterator[str
             need = -(-tokens // bs)
             if len(v.blocks or ()) < need or (need and v.device != "gpu"):
                 yield f"{rid} admitted with {len(v.blocks or ())} {v.device} blocks, {v.seq_id}'s prefill needs {need} on gpu"
-    yield from _waiting_holders(rec)
+    yield from _waiting_holders(ctx, rec)

@@ -255,7 +255,8 @@ def scheduled_tables(ctx: CheckContext, rec: StepRecord) -> Iterator[tuple[Any, 
 @invariant(
     "CAP-003", "safety",
     """Between steps, a running or swapped sequence has computed at most every token but the one
-    just sampled, and a waiting sequence has computed none.""",
+    just sampled, and a waiting sequence has computed none, unless it is a streaming session's (its
+    KV kept between inputs, spec/session.py).""",
     """The token sampled in a step has no KV yet: the next decode computes it, so a computed
     count that reaches the token count claims KV that was never written. Recompute drops all KV
     (vLLM's reset_state_for_recompute); a stale computed count after preemption (nano-vllm
@@ -271,7 +272,7 @@ def computed_lag(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str
     if v.status in (Status.RUNNING, Status.SWAPPED):
         if (v.num_computed or 0) > (v.num_tokens or 0) - 1:
             yield f"{seq.id} ({v.status.value}) has {v.num_tokens} tokens but {v.num_computed} computed"
-    elif v.status is Status.WAITING and v.num_computed != 0:
+    elif v.status is Status.WAITING and v.num_computed != 0 and v.request_id not in ctx.sessions:
         yield f"{seq.id} is waiting with {v.num_computed} computed tokens (recompute must reset it)"
 
 

@@ -96,8 +96,8 @@ def token_shape(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         uncomputed = v.num_tokens - v.num_computed
         if item.num_tokens - item.num_drafts != uncomputed or item.num_tokens < 1:  # drafts lie past the tokens
             yield f"{item.seq_id} scheduled {item.num_tokens} token(s) with {uncomputed} uncomputed"
-        if ctx.config.enable_prefix_caching or ctx.config.kv_connector:
-            continue  # a prefill after a cache hit (or a KV connector's load) starts with computed tokens
+        if ctx.config.enable_prefix_caching or ctx.config.kv_connector or item.request_id in ctx.sessions:
+            continue  # a prefill after a cache hit (a KV connector's load, a session's kept KV) starts with computed tokens
         if item.is_prefill != (v.num_computed == 0):
             kind = "prefill" if item.is_prefill else "decode"
             yield f"{item.seq_id} scheduled as {kind} with {v.num_computed} computed tokens"
@@ -184,7 +184,7 @@ def over_long_ignored(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     "LEN-004", "safety",
     """A request finishes as FINISHED_LENGTH_CAPPED only at a length limit: one of its sequences
     has generated max_tokens tokens, or holds max_model_len tokens, or holds all but at most two
-    blocks' worth of the GPU pool's tokens.""",
+    blocks' worth of the GPU pool's tokens (a streaming session's max_tokens: the least of its inputs').""",
     """The client asked for max_tokens tokens; a length cap is the scheduler's word that the
     limit, its own or the model's, was reached (vLLM stop_checker.py: maybe_stop_sequence checks
     get_output_len() == max_tokens and get_len() >= max_model_len; SGLang's FINISH_LENGTH is
@@ -222,7 +222,10 @@ def length_capped_only_at_a_limit(ctx: CheckContext, rec: StepRecord) -> Iterato
         longest = max(known)
         generated = longest - request.prompt_len
         pool = (ctx.config.num_gpu_blocks - 2) * ctx.config.block_size  # what the pool holds, less two blocks
-        if generated < request.max_tokens and longest < ctx.config.max_model_len and longest < pool:
+        # a streaming session's last generation is capped at its last input's max_tokens (spec/session.py)
+        max_tokens = min(request.max_tokens, *(p.max_tokens for p in request.session)) if request.session \
+            else request.max_tokens
+        if generated < max_tokens and longest < ctx.config.max_model_len and longest < pool:
             yield (f"{rid} finished {Status.FINISHED_LENGTH_CAPPED.value} with {generated} of its max_tokens "
                    f"{request.max_tokens} generated and {longest} tokens, max_model_len {ctx.config.max_model_len}, "
                    f"the pool {pool} tokens but two blocks")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from spec.invariants._views import admitted
 from spec.invariants.connector import admitted_or_loading, held_by_transfer
 from spec.invariants.grammar import grammar_pending
+from spec.invariants.sessions import passed_over_for_input
 from spec.invariants.triggers import finishes_aborted, only_waiting, requests_added, runnable_work
 from spec.observation import Capability as C
 from spec.observation import StepRecord
@@ -32,8 +33,8 @@ def progress(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if pause == "paused_all" or (pause == "paused_new" and not rec.before.running):
         queued = False  # the caller stopped the work (PAU-001)
     elif queued and not rec.before.running and not rec.before.swapped and \
-            all(grammar_pending(ctx, rid, rec.step) for rid in rec.before.waiting or ()):
-        queued = False  # every waiting request waits for its grammar (GRM-002)
+            all(grammar_pending(ctx, rid, rec.step) or passed_over_for_input(ctx, rec, rid) for rid in rec.before.waiting or ()):
+        queued = False  # every waiting request waits for its grammar (GRM-002) or its next input (SES-001)
     out = rec.output
     # The async flow: a step may wait for an in-flight outcome (every running request's tokens are
     # in flight up to its limit); a step scheduled within pipeline_depth steps is still progress.
@@ -73,6 +74,8 @@ def completion_bound_for(ctx: CheckContext) -> int:
     """Steps after the last arrival within which every request must have finished."""
     requests = list(ctx.requests.values())
     tokens = sum(r.n * r.max_tokens for r in requests)
+    # a session's later inputs (spec/session.py): each adds its tokens, and may come after the last arrival
+    tokens += sum(p.prompt_len + p.max_tokens + max(p.step - ctx.last_arrival_step, 0) for r in requests for p in r.session)
     if ctx.config.enable_chunked_prefill:
         # each (re)prefill may take one step per chunk; a chunk is at least what the budget
         # leaves after one decode per other running sequence
@@ -105,7 +108,8 @@ def idle_head_served(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     in_flight = rec.before.in_flight is not None and any(c.in_flight_tokens for c in rec.before.in_flight.values())
     paused = rec.before.pause_state not in (None, "unpaused")
     busy = held_by_transfer(rec.before)  # a KV connector's transfer in flight may still free blocks
-    waiting = tuple(rid for rid in waiting if not grammar_pending(ctx, rid, rec.step))  # passed over (GRM-002)
+    waiting = tuple(rid for rid in waiting if not grammar_pending(ctx, rid, rec.step)  # passed over (GRM-002, SES-001)
+                    and not passed_over_for_input(ctx, rec, rid))
     if waiting and not rec.before.running and not rec.before.swapped and not rec.before.gpu_fenced and not in_flight \
             and not paused and not busy:
         head = waiting[0]

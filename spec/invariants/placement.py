@@ -61,7 +61,10 @@ def swapped_on_cpu(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[s
     "RES-003", "safety",
     "A waiting sequence holds no block.",
     """vLLM allocates a prompt's blocks when it is admitted, all at once, and a recompute victim
-    gives back all of its blocks (vLLM PR #10013 fixed a recompute that kept a second table).""",
+    gives back all of its blocks (vLLM PR #10013 fixed a recompute that kept a second table). A
+    streaming session keeps its KV while it waits for and then with its next input (vLLM 0.33.0
+    kv_holding_waiting, scheduler.py:2709-2715): a session's sequences are not checked here, and
+    SES-003 says when a session must give its KV back.""",
     (C.STATUSES, C.BLOCK_TABLES),
     reads=("status", "blocks", "device"), about=SEQUENCE, when=waiting,
 )

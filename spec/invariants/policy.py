@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from spec.invariants._views import admitted
 from spec.invariants.connector import loading
 from spec.invariants.grammar import grammar_pending
+from spec.invariants.sessions import holds_blocks, is_session, passed_over_for_input
 from spec.invariants.triggers import (
     a_queue_holds_two,
     others_wait,
@@ -56,7 +57,8 @@ def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
     prefix of the waiting queue, in order; nobody overtakes a request that cannot be admitted,
     except one the step's reasons pass over for a budget of its own (its LoRA adapter or its next
     encoder input: `PASSED_OVER`), one whose adapter would exceed max_loras, one whose grammar
-    is not ready yet (GRM-002), and one whose KV load is in flight (KVC-008).""",
+    is not ready yet (GRM-002), a session waiting for its next input (SES-001), and one whose KV
+    load is in flight (KVC-008).""",
     """Seed 000 §3.4 ('first come first served + preemption') and seed 003 §2.2 (stop at the
     first request that does not fit: `break`); vLLM PR #32173 fixed a reorder that let later
     requests pass a skipped one. vLLM 0.33.0 does pass over (skip_request) a request whose adapter
@@ -67,7 +69,8 @@ def passed_for_adapter(ctx: CheckContext, rec: StepRecord) -> set[str]:
 )
 def fcfs_admission(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     passed = {r.request_id for r in rec.output.reasons if r.kind in PASSED_OVER} | passed_for_adapter(ctx, rec)
-    passed |= {rid for rid in rec.before.waiting or () if grammar_pending(ctx, rid, rec.step)}  # GRM-002
+    passed |= {rid for rid in rec.before.waiting or ()
+               if grammar_pending(ctx, rid, rec.step) or passed_over_for_input(ctx, rec, rid)}  # GRM-002, SES-001
     busy = loading(rec.before, rec.mid)  # a request waiting for its KV load is passed over (KVC-008)
     waiting = [rid for rid in rec.before.waiting or () if rid not in passed and rid not in busy]
     # one admitted although passed over breaks its own rule (GRM-002, LORA-001), not the queue order
@@ -119,7 +122,8 @@ def victim_choice(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 
 @invariant(
     "POL-004", "policy",
-    "A recompute victim re-enters waiting ahead of every waiting request less urgent than it (at the front, under FCFS).",
+    """A recompute victim re-enters waiting ahead of every waiting request less urgent than it (at the
+    front, under FCFS), except those that hold KV in waiting (a KV load's, a streaming session's).""",
     """Seed 003 §3 (`self.waiting.extendleft(preempted)`) and vLLM's _schedule_default: a
     recomputed request has already waited once; putting it behind new arrivals starves it.""",
     (C.QUEUES,),
@@ -133,8 +137,8 @@ def recompute_to_front(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         position = waiting.index(p.request_id)
         statuses = rec.after.statuses or {}
         for ahead in waiting[:position]:
-            if statuses.get(ahead) is Status.WAITING_FOR_REMOTE_KV:
-                continue  # a request holding its loaded KV is served first (vLLM's kv_holding_waiting)
+            if statuses.get(ahead) is Status.WAITING_FOR_REMOTE_KV or (is_session(ctx, ahead) and holds_blocks(rec.after, ahead)):
+                continue  # a request holding its loaded KV (or a session's) is served first (vLLM's kv_holding_waiting)
             if ctx.key(ahead) > ctx.key(p.request_id):
                 yield f"recompute victim {p.request_id} is behind the less urgent {ahead} in waiting {waiting}"
 

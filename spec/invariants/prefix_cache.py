@@ -204,6 +204,8 @@ def hit_leaves_a_token(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
         if rid in loaded:
             continue
         for v in views_of(rec.mid, rid):
+            if rid in ctx.sessions and v.seq_id in (rec.before.seqs or {}) and rec.before.seqs[v.seq_id].blocks:
+                continue  # a streaming session's KV kept in waiting is no cache hit
             if v.status.is_finished or v.num_computed is None or v.num_tokens is None:
                 continue
             if v.num_computed >= v.num_tokens:

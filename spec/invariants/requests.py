@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from spec.invariants._evaluation import RequestAt, SeqAt
 from spec.invariants._views import drops_unseen_tokens, step_facts
 from spec.invariants.connector import held_by_transfer, load_failed
+from spec.invariants.sessions import took_input
 from spec.invariants.triggers import (
     added,
     finishes,
@@ -89,7 +90,11 @@ def finished_is_final(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     an engine that answers a request only when it finishes (tokasaurus 0.0.4, the stranger test:
     a bump restarts the completion, manager.py:764-781) has shown those tokens to nobody, so
     regenerating them costs compute, not correctness; it declares so (``output_at_finish``).
-    A streaming engine (vLLM, SGLang, nano-vllm's generators) may not.""",
+    A streaming engine (vLLM, SGLang, nano-vllm's generators) may not. A streaming-input session
+    that takes up its next input drops its last sampled token, whose KV was never computed, for
+    the input's tokens (vLLM 0.33.0 _update_request_as_session, scheduler.py:1879-1921): the client
+    has that token, and the model's context continues from the input (spec/session.py; SES-002
+    bounds what a session may hold).""",
     (C.SEQ_LENGTHS,),
     synchronous=True,
     planned=False,  # pipelined: PIP-001 (every token the sample of its position) and PIP-002 say it
@@ -105,6 +110,8 @@ def tokens_kept(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]
         return
     if old.status.is_finished or new.request_id in load_failed(rec):  # a failed KV load samples nothing
         return
+    if new.request_id in ctx.sessions and took_input(ctx, rec, new.request_id, old.num_tokens, new.num_tokens):
+        return  # a streaming session took up its next input (SES-002 bounds what it may hold)
     grow = 1 if sid in facts.scheduled else 0
     if sid in facts.drafts or sid in facts.voided:  # SPD-005/SPD-006 say how many
         low = 0 if sid in facts.voided else 1

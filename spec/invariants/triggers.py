@@ -57,8 +57,8 @@ def swapped(ctx: CheckContext, seq: SeqAt) -> bool:
 
 
 def waiting(ctx: CheckContext, seq: SeqAt) -> bool:
-    """the sequence is waiting"""
-    return seq.view.status is Status.WAITING
+    """the sequence is waiting and is no streaming session's (spec/session.py: it keeps its KV)"""
+    return seq.view.status is Status.WAITING and seq.view.request_id not in ctx.sessions
 
 
 def finished(ctx: CheckContext, seq: SeqAt) -> bool:

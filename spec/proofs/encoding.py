@@ -43,7 +43,7 @@ STATUS_NAMES = ("NONE", "WAITING", "RUNNING", "SWAPPED", "FINISHED")
 def status_code(status: Status) -> int:
     """A scheduler status as the encoding's code (every finished status is FIN)."""
     return FIN if status.is_finished else {Status.WAITING: WAIT, Status.RUNNING: RUN, Status.SWAPPED: SWAP,
-                                                    Status.WAITING_FOR_GRAMMAR: WAIT}[status]
+                                                    Status.WAITING_FOR_GRAMMAR: WAIT, Status.WAITING_FOR_INPUT: WAIT}[status]
 DEVICE_NAMES = (None, "gpu", "cpu")
 
 ACTIONS = (

@@ -633,13 +633,16 @@ def _budgets(lockstep: Path) -> list[str]:
     if not lockstep.exists():
         return []
     data = json.loads(lockstep.read_text())
-    lines = ["", "## Encoder cache and budget, LoRA slots, pause, grammar waits: the V1 reference vs vLLM 0.33.0", "",
+    lines = ["", "## Encoder cache and budget, LoRA slots, pause, grammar waits, streaming sessions: the V1 reference vs "
+             "vLLM 0.33.0", "",
              "`python -m conformance.selftest.campaigns.lockstep_budgets --path PATH --traces N`: the host "
              "(`conformance/targets/hosts/vllm_budgets.py`) gives V1's Scheduler the config's encoder budget and an "
              "`EncoderCacheManager` of the config's size, each request's encoder inputs as `mm_features` (content hash "
              "as the identifier, no model), its adapter as a `LoRARequest` under `LoRAConfig.max_loras`, the trace's "
              "pause calls as `set_pause_state`, and plays the grammar compiler (a request with `grammar_ready_step` k "
-             "gets structured outputs and its grammar before step k's `schedule()`). Every decision, the encoder "
+             "gets structured outputs and its grammar before step k's `schedule()`) and the client of each streaming "
+             "session (a `resumable` request; each later input sent as an `add_request` of the same id before its step's "
+             "`schedule()`, then the session's end). Every decision, the encoder "
              "inputs computed, and the state after every step (with each encoder-cache entry's holders, the free "
              "space and the pause state) are compared; a divergence is classified by rerunning against the reference "
              "with vLLM's behaviour modelled. `violations` counts the vllm-v1 profile's invariants that vLLM broke.", "",
@@ -655,7 +658,15 @@ def _budgets(lockstep: Path) -> list[str]:
     lines.append(run_line(data))
     lines += ["", "Hunt on vLLM 0.33.0 with these features (issue 32 item 5). What was tried: every lockstep trace "
               "above is also a hunt (the vllm-v1 profile's invariants on vLLM's own snapshots: ENC-001..005, "
-              "LORA-001, PAU-001, GRM-001/002 among them); the violations column is what it found. Found by reading "
+              "LORA-001, PAU-001, GRM-001/002, SES-001..003 among them); the violations column is what it found. Found "
+              "by a probe of a streaming session (tests/test_targets_v1_budgets_lockstep.py "
+              "test_vllm_takes_a_session_past_max_model_len): vLLM 0.33.0 validates each streaming input alone "
+              "(v1/engine/input_processor.py:557-575, `_validate_prompt_len` of the one prompt), and `_update_request_as_session` appends it whatever the session's length "
+              "(v1/core/sched/scheduler.py:1879-1921), so a session of 10 tokens with max_model_len 16 takes an input of 8 "
+              "and is admitted with 21 tokens; `allocate_slots` caps its slots at max_model_len "
+              "(v1/core/kv_cache_manager.py:551-553), so its 8-token chunk runs with the blocks of 16 tokens: CAP-002 "
+              "(a chunk computed without KV slots). The generators keep sessions within max_model_len, so the lockstep "
+              "rows above do not draw it. Found by reading "
               "the installed source and confirmed by a probe on vLLM's own class: vllm-project/vllm #55733 (open fix "
               "#51228) is still in 0.33.0, `EncoderDecoderCacheManager.free_encoder_input` credits `num_free_slots` "
               "unconditionally and `get_cached_input_ids` returns every input (v1/core/encoder_cache_manager.py:430-431 "
@@ -666,8 +677,7 @@ def _budgets(lockstep: Path) -> list[str]:
               "on 0.33.0, passes with #51228's rule applied): "
               "[reports/vllm-v1-encdec-encoder-slots-credited.md](reports/vllm-v1-encdec-encoder-slots-credited.md). Not reached, and why: the host builds "
               "no encoder-decoder scheduler (cross-attention blocks need an encoder-decoder model config), no EC "
-              "connector, no streaming-input sessions (WAITING_FOR_STREAMING_REQ: the spec has no input-arrival "
-              "event yet), and SGLang's LoRA admission is not hosted."]
+              "connector, streaming sessions only without encoder inputs, and SGLang's LoRA admission is not hosted."]
     return lines
 
 

@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|streaming-pause|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -20,7 +20,10 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
 * ``pause``: a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace, encoder and LoRA drawn;
 * ``mixed``: `budget_traces` as ``kvsched conform --adapter reference-v1`` draws them;
 * ``grammar``: `grammar_traces` (V1 token traces, prefix caching and chunked prefill drawn), about
-  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler.
+  half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler;
+* ``streaming``: `session_traces` (V1 token traces, max_model_len 16 or more), about half the
+  requests streaming-input sessions of one to three later inputs; the host plays their client;
+* ``streaming-pause``: the same, with a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace.
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -39,6 +42,7 @@ from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
+from conformance.generation.sessions import session_traces
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
@@ -55,10 +59,53 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed", "grammar")
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
+    "session-kv-held-deadlock": (
+        "engine defect",
+        "A streaming session waiting for its next input keeps its KV blocks and its seat, and nothing can take "
+        "them back: vLLM 0.33.0 re-queues a stopped resumable request, KV and all, in kv_holding_waiting "
+        "(vllm/v1/core/sched/scheduler.py:2709-2715 _enqueue_waiting_request, 2717-2741 _handle_stopped_request), "
+        "counts every WAITING_FOR_STREAMING_REQ session as running against max_num_seqs (1070-1074), and its waiting "
+        "pass never preempts: a request that needs those blocks or that seat breaks the pass (1454-1461) with "
+        "nothing running, so the engine idles until the session's client sends more, and for good once the resumed "
+        "session (served first from kv_holding_waiting, 1063-1068) or a second session needs what the other holds. "
+        "SES-003, LIV-001 and LIV-003 fire. Confirmed by rerunning against `KeepsSessionKV` (the reference without "
+        "its eviction of idle sessions' KV, reference_impl/sessions.py): every decision and state agree to the end "
+        "of the trace, and vLLM violates only SES-003 and the stall's liveness echoes.",
+    ),
+    "paused-new-admits-held-session": (
+        "engine deviation (PAU-001)",
+        "Under pause_new vLLM 0.33.0 admits a streaming session that took up an input while holding its KV: its "
+        "waiting pass serves kv_holding_waiting even when paused (vllm/v1/core/sched/scheduler.py:1063-1068, 'Requests "
+        "holding KV blocks are always drained first, and are the only ones admitted under PAUSED_NEW (e.g. async KV "
+        "loads)'), and a stopped session re-enters that queue with its KV (2709-2715). The session's new input is new "
+        "work, which a pause for new work is meant to hold back: PAU-001 fires. Confirmed by rerunning against "
+        "`AdmitsHeldSessionsWhilePaused` (reference_impl/sessions.py admits_held_sessions_while_paused): every "
+        "decision and state agree to the end, and vLLM violates only PAU-001.",
+    ),
+    "session-kv-held-deadlock+session-arrival-renewed": (
+        "engine defect with a noted policy deviation",
+        "Both: a held session's stall and a resumed session queued by its input's arrival (`KeepsKVAndRenewsArrival`).",
+    ),
+    "paused-new-admits-held-session+vllm-sessions": (
+        "engine deviation (PAU-001) with the other session classes",
+        "The three rules above together (`VLLMSessions`): a trace where the pause admission and a held session's "
+        "stall or a renewed arrival meet.",
+    ),
+    "session-arrival-renewed": (
+        "policy (noted deviation)",
+        "Under the priority policy a streaming session that takes up its next input queues by the input's arrival, "
+        "not its request's: vLLM 0.33.0 sets session.arrival_time = update.arrival_time "
+        "(vllm/v1/core/sched/scheduler.py:1912, _update_request_as_session), and its priority queue orders by "
+        "(priority, arrival_time) (vllm/v1/request.py:357-367, Request.__lt__), so a preempted session goes "
+        "behind requests that arrived after it. The spec keeps a request's arrival (POL-001, POL-003, POL-004 read "
+        "it); a turn-by-turn arrival is defensible too. Confirmed by rerunning against `RenewsSessionArrival` "
+        "(reference_impl/sessions.py renews_arrival_on_input): every decision and state agree to the end, and vLLM "
+        "violates only the policy-order rules.",
+    ),
     "lets-go-between-same-hash-inputs": (
         "policy (noted deviation)",
         "A request with two encoder inputs of one content hash lets go of the output once the first is consumed "
@@ -168,6 +215,53 @@ class BothRulesV1(EvictsWhilePlanningV1):
     cache_class = LetsGoAtConsumedAndEvictsWhilePlanning
 
 
+class KeepsSessionKV(RecordingBudgets):
+    """The reference with vLLM's sessions: one waiting for input keeps its KV and its seat whatever
+    stalls (reference_impl/sessions.py ``evicts_idle_sessions``); used only to classify divergences."""
+
+    evicts_idle_sessions = False
+
+
+class RenewsSessionArrival(RecordingBudgets):
+    """The reference with vLLM's arrival of a resumed session: its input's (reference_impl/sessions.py
+    ``renews_arrival_on_input``); used only to classify divergences."""
+
+    renews_arrival_on_input = True
+
+
+class KeepsKVAndRenewsArrival(KeepsSessionKV):
+    renews_arrival_on_input = True
+
+
+class AdmitsHeldSessionsWhilePaused(RecordingBudgets):
+    """The reference admitting, under pause_new, the sessions that hold their KV in waiting (vLLM's
+    kv_holding_waiting; reference_impl/sessions.py ``admits_held_sessions_while_paused``)."""
+
+    admits_held_sessions_while_paused = True
+
+
+class VLLMSessions(AdmitsHeldSessionsWhilePaused):
+    """All three of vLLM's session rules."""
+
+    evicts_idle_sessions = False
+    renews_arrival_on_input = True
+
+
+# What a session's held KV makes the engine violate once it stalls on it (SES-003 and the stall's echoes),
+# and what the spec's policy order says of a session queued by its input's arrival.
+STALL = frozenset({"SES-003", "LIV-001", "LIV-002", "LIV-003"})
+ORDER = frozenset({"POL-001", "POL-003", "POL-004"})
+
+# streaming sessions' (a trace with a session is tried against these): (class, model, the violations
+# vLLM may show where it agrees with the model, the one it must show)
+SESSION_MODELS: tuple[tuple[str, type[RecordingBudgets], frozenset[str], str | None], ...] = (
+    ("session-kv-held-deadlock", KeepsSessionKV, STALL, "SES-003"),
+    ("session-arrival-renewed", RenewsSessionArrival, ORDER, None),
+    ("session-kv-held-deadlock+session-arrival-renewed", KeepsKVAndRenewsArrival, STALL | ORDER, "SES-003"),
+    ("paused-new-admits-held-session", AdmitsHeldSessionsWhilePaused, frozenset({"PAU-001"}), "PAU-001"),
+    ("paused-new-admits-held-session+vllm-sessions", VLLMSessions, STALL | ORDER | {"PAU-001"}, None),
+)
+
 # the engine behaviours a divergence is tried against, smallest first (`classify`)
 MODELS: tuple[tuple[str, type[RecordingBudgets]], ...] = (
     ("lets-go-between-same-hash-inputs", LetsGoAtConsumedV1),
@@ -190,8 +284,11 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
-    if path == "grammar":
-        return grammar_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
+    if path in ("grammar", "streaming", "streaming-pause"):
+        traces = grammar_traces() if path == "grammar" else session_traces()
+        if path == "streaming-pause":  # a pause and its resume (with_budgets draws no inputs or adapters here)
+            traces = traces.flatmap(lambda t: with_budgets(t, pause=True))
+        return traces.map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     configs = budget_configs()
     if path == "encoder":
         configs = configs.filter(lambda c: c.encoder_cache_size > 0)
@@ -242,13 +339,30 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: t
     return Outcome(result, compare_state(result, holder[0]) if holder else None)
 
 
+def agrees_to_the_end(adapter, trace: Trace, invariants, model: type, allowed: frozenset[str],
+                      required: str | None) -> bool:
+    """Whether vLLM agrees with ``model`` to the end of the trace, every decision and state, and
+    violates only invariants in ``allowed``, ``required`` among them."""
+    outcome = run_one(adapter, trace, invariants, reference=model, stop_at_first=False)
+    problems = outcome.result.problem_ids - {"LOCKSTEP"}
+    return (outcome.result.divergence is None and outcome.state is None and outcome.result.fault is None
+            and problems <= allowed and (required is None or required in problems))
+
+
 def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     """The divergence's class (a key of `CLASSES`), the field it was found in when no model fits,
     or None when the trace agrees. A class is confirmed by a counterfactual, as in `lockstep_v1`:
     rerun against the reference with vLLM's behaviour modelled; it must then agree to the end."""
     if outcome.divergence_step is None:
         return None
-    if outcome.result.fault is not None or not any(a.request.encoder_inputs for a in trace.arrivals):
+    if outcome.result.fault is not None:
+        return outcome.field or "?"
+    if any(a.request.session for a in trace.arrivals):
+        for name, model, allowed, required in SESSION_MODELS:
+            if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
+                return name
+        return outcome.field or "?"
+    if not any(a.request.encoder_inputs for a in trace.arrivals):
         return outcome.field or "?"
     for name, model in MODELS:
         if run_one(adapter, trace, invariants, reference=model).divergence_step is None:

@@ -28,6 +28,15 @@ supplied here, and nothing else changes in vLLM's scheduler:
   deliver), and `ScriptedStructuredOutputs` accepts every sampled token and every draft (there is no
   tokenizer: the grammar's mask is the model runner's, which the host plays).
 
+* streaming-input sessions (spec/session.py): a request with a ``session`` is built ``resumable``
+  (v1/request.py:77, 234-237), and the host plays the client sending each later input: before step
+  k's ``schedule()`` it calls ``Scheduler.add_request`` with a resumable ``Request`` of the same id
+  holding the input's tokens (``piece_tokens``) and ``max_tokens`` (scheduler.py:2931-2943: queued
+  while the session runs, taken up at once while it is WAITING_FOR_STREAMING_REQ), and after the
+  last input a non-resumable one, the end of the session (``StreamingUpdate.from_request`` is None:
+  the session finishes at its next stop, 2732-2736). An input for a session already finished
+  (aborted) is not sent.
+
 The snapshot shows the encoder cache as the spec does (``EncoderCacheManager.cached``: content hash
 -> the requests holding it, with ``num_embeds_by_hash``; ``num_free_slots`` is the free space) and
 the pause state by name.
@@ -132,3 +141,42 @@ def scripted_structured_outputs(vllm_config):
             return spec_tokens
 
     return ScriptedStructuredOutputs(vllm_config)
+
+
+def session_extras(request: dict) -> dict:
+    """The ``Request`` keyword for a streaming session (none for a plain request)."""
+    return {"resumable": True} if (request.get("session") or {}).get("inputs") else {}
+
+
+def piece_tokens(index: int, length: int) -> list:
+    """spec.session.piece_tokens."""
+    return [(7 * (index + 1) + i) % 50 for i in range(length)]
+
+
+class SessionClient:
+    """The client of the streaming sessions: each later input, and the end after the last, sent to the
+    scheduler before the schedule() of the input's step."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list] = {}  # session -> its inputs not yet sent, as (index, input)
+
+    def add(self, request: dict) -> None:
+        inputs = (request.get("session") or {}).get("inputs") or ()
+        if inputs:
+            self.pending[request["id"]] = list(enumerate(inputs))
+
+    def send_due(self, sched, step: int, make_request) -> None:
+        """``make_request(rid, tokens, max_tokens, resumable)`` builds a vLLM ``Request``."""
+        for rid, left in list(self.pending.items()):
+            session = sched.requests.get(rid)
+            if session is None or session.is_finished():  # aborted: the client sends nothing more
+                del self.pending[rid]
+                continue
+            while left and left[0][1]["step"] <= step:
+                index, piece = left.pop(0)
+                sched.add_request(make_request(rid, piece_tokens(index, int(piece["prompt_len"])),
+                                               int(piece["max_tokens"]), True))
+                if not left:  # the end of the session
+                    sched.add_request(make_request(rid, [], 1, False))
+            if not left:
+                del self.pending[rid]

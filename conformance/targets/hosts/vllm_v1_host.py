@@ -89,6 +89,8 @@ STATUS = {  # vLLM RequestStatus -> the protocol's status (shared with vllm_v1_a
     RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KV", RequestStatus.FINISHED_ERROR: "FINISHED_ERROR",
     RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: "WAITING_FOR_GRAMMAR",
 }
+if hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):  # a streaming session (vllm_budgets.py; vLLM 0.33.0)
+    STATUS[RequestStatus.WAITING_FOR_STREAMING_REQ] = "WAITING_FOR_INPUT"
 
 
 def model_dir() -> str:
@@ -178,6 +180,7 @@ class V1Engine:
         self.pending = None
         self.kv = self.sched.connector  # the scripted KV connector, or None
         self.grammars: dict[str, int] = {}  # request -> the step its grammar is ready (vllm_budgets.py)
+        self.sessions = vllm_budgets.SessionClient()  # the streaming sessions' later inputs (vllm_budgets.py)
 
     def add_request(self, request: dict) -> dict | None:
         rid = request["id"]
@@ -198,8 +201,10 @@ class V1Engine:
             self.kv.scripts[rid] = dict(request["kv"])
         r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
                     arrival_time=float(self.arrivals), priority=request.get("priority", 0),
-                    block_hasher=self.block_hasher, **vllm_budgets.request_extras(request))
+                    block_hasher=self.block_hasher, **vllm_budgets.request_extras(request),
+                    **vllm_budgets.session_extras(request))
         self.arrivals += 1
+        self.sessions.add(request)
         self.reqs[rid] = r
         if request.get("grammar_ready_step") is not None:
             self.grammars[rid] = int(request["grammar_ready_step"])
@@ -244,6 +249,8 @@ class V1Engine:
             if ready <= self.step_no:
                 vllm_budgets.grammar_ready(self.reqs[rid])
                 del self.grammars[rid]
+        if self.sessions.pending:
+            self.sessions.send_due(self.sched, self.step_no, self._session_input)
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
         spec = out.scheduled_spec_decode_tokens
@@ -299,12 +306,24 @@ class V1Engine:
             proposing = [(rid, toks) for rid, toks in zip(ran, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
             proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
             self.sched.update_draft_token_ids(DraftTokenIds([rid for rid, _ in proposing], proposals))
+        for rid in ran:  # a streaming session that stopped and goes on is a prefill again once admitted
+            r = self.reqs[rid]
+            if getattr(r, "resumable", False) and not r.is_finished() and r.status != RequestStatus.RUNNING:
+                self.decoding.discard(rid)
         for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
                 self.final[rid] = STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
+
+    def _session_input(self, rid: str, tokens: list, max_tokens: int, resumable: bool) -> Request:
+        """A session's next input (or, not resumable, its end) as the client sends it."""
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=[STOP_TOKEN])
+        update = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
+                         arrival_time=float(self.arrivals), block_hasher=self.block_hasher, resumable=resumable)
+        self.arrivals += 1
+        return update
 
     def sample(self, rid: str, position: int, num_drafts: int, valid: int, stopped: bool, decision: dict) -> list:
         """The rejection sampler: the accepted drafts and the bonus, by position from ``position``;
@@ -347,7 +366,9 @@ class V1Engine:
         G = self.cfg["num_gpu_blocks"]
         snap = {
             "statuses": statuses, "seqs": views,
-            "waiting": [r.request_id for r in sched.waiting],
+            # vLLM serves kv_holding_waiting first (scheduler.py:1063-1068): a streaming session's KV
+            "waiting": [r.request_id for r in getattr(sched, "kv_holding_waiting", ())] +
+                       [r.request_id for r in sched.waiting],
             "running": [r.request_id for r in sched.running],
             "swapped": [],
             "gpu_ref_counts": [pool.blocks[i].ref_cnt for i in range(1, G + 1)],
@@ -393,7 +414,7 @@ CAPABILITIES = ["output", "statuses", "queues", "block_tables", "ref_counts", "f
                 "seq_lengths", "computed_tokens", "mid_step", "kv_transfers"]  # kv_transfers: with a KV connector
 # The synchronous host's own: encoder inputs, LoRA slots and pause (vllm_budgets.py). Not in
 # CAPABILITIES, which the async host shares: its reference has not been checked against them.
-BUDGET_CAPABILITIES = ["encoder", "lora", "pause", "grammar"]
+BUDGET_CAPABILITIES = ["encoder", "lora", "pause", "grammar", "streaming"]
 
 if __name__ == "__main__":
     sys.exit(kvsched_host.serve(V1Engine(), "vllm-v1", ("safety",), [*CAPABILITIES, *BUDGET_CAPABILITIES]))
