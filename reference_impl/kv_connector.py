@@ -366,25 +366,43 @@ class ConnectorFlow:
             return super().update(outcome)  # type: ignore[misc]
         step = self._step - 1  # type: ignore[attr-defined]
         self.connector.ran.update(r.request_id for r, _ in self._scheduled)  # type: ignore[attr-defined]
+        # the step's tokens are not counted as computed yet (`apply_outcome` does it): nothing to take off
+        reported, failed_async, failed_sync = self._kv_outcome_begin(step, {})
+        if failed_sync:  # a request whose synchronous load failed skips the step's output
+            self._scheduled = [(r, n) for r, n in self._scheduled if r.request_id not in failed_sync]  # type: ignore[attr-defined]
+        finished = super().update(outcome)  # type: ignore[misc]
+        return finished + self._kv_outcome_end(reported, failed_async | failed_sync)
+
+    def _kv_outcome_begin(self, step: int, scheduled: Mapping[str, int]) -> tuple[list[Transfer], set[str], set[str]]:
+        """The first half of a step's outcome with a connector, before its tokens are applied: the
+        transfers step ``step``'s outcome reports, and the requests their failed blocks cut (those
+        waiting for their KV, those running). ``scheduled``: the tokens of the step already counted
+        as computed, by request (the pipelined flow counts them when it schedules; vLLM subtracts
+        them, scheduler.py:3631-3633)."""
+        assert self.connector is not None
         reported = self.connector.report(step)
         invalid = {b for t in reported if t.kind == "load" for b in t.failed}
         failed_async = self._kv_truncate_async(reported, invalid)
-        failed_sync, evict = self._kv_truncate_running(invalid) if invalid else (set(), set())
-        policy_fails = self.config.kv_load_failure_policy == "fail"  # type: ignore[attr-defined]
-        if failed_sync:
+        failed_sync, evict = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set())
+        if failed_sync and (self.config.kv_load_failure_policy == "fail" or not self.keeps_failed_blocks_cached):  # type: ignore[attr-defined]
             # The failed blocks and every block after them leave the prefix cache: their KV is
             # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
-            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob below.
-            if policy_fails or not self.keeps_failed_blocks_cached:
-                for block in sorted(evict):
-                    self.pool.forget(block)  # type: ignore[attr-defined]
-                for tracked in self.running:  # type: ignore[attr-defined]
-                    if tracked.request_id in failed_sync:
-                        tracked.num_keyed = min(tracked.num_keyed, tracked.num_computed // self.config.block_size)  # type: ignore[attr-defined]
-            self._scheduled = [(r, n) for r, n in self._scheduled if r.request_id not in failed_sync]  # type: ignore[attr-defined]
-        finished = super().update(outcome)  # type: ignore[misc]
-        if policy_fails:
-            for rid in sorted(failed_async | failed_sync):
+            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob.
+            for block in sorted(evict):
+                self.pool.forget(block)  # type: ignore[attr-defined]
+            for tracked in self.running:  # type: ignore[attr-defined]
+                if tracked.request_id in failed_sync:
+                    tracked.num_keyed = min(tracked.num_keyed, tracked.num_computed // self.config.block_size)  # type: ignore[attr-defined]
+        return reported, failed_async, failed_sync
+
+    def _kv_outcome_end(self, reported: list[Transfer], failed: set[str]) -> list[Finished]:
+        """The second half, after the step's tokens are applied: under the ``fail`` policy the
+        requests a failed load cut finish (FINISHED_ERROR), then a finished request whose transfer
+        was reported gives its blocks back and a landed load waits for its promotion."""
+        assert self.connector is not None
+        finished: list[Finished] = []
+        if self.config.kv_load_failure_policy == "fail":  # type: ignore[attr-defined]
+            for rid in sorted(failed):
                 finished += self._kv_fail(self.requests[rid])  # type: ignore[attr-defined]
         for t in reported:
             tracked = self.requests[t.request_id]  # type: ignore[attr-defined]
@@ -438,7 +456,7 @@ class ConnectorFlow:
                 failed.add(rid)
         return failed
 
-    def _kv_truncate_running(self, invalid: set[int]) -> tuple[set[str], set[int]]:
+    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
         its first failed block within its computed tokens; a block already cut for an earlier
         request is left to that one (the later request keeps it as computed and redoes its step).
@@ -448,7 +466,7 @@ class ConnectorFlow:
         marked: set[int] = set()
         evict: set[int] = set()
         for tracked in self.running:  # type: ignore[attr-defined]
-            computed = tracked.num_computed
+            computed = tracked.num_computed - scheduled.get(tracked.request_id, 0)
             cut = False
             hit = False
             for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]

@@ -445,8 +445,12 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                 index += 1
                 continue
             fits = self._allocate(tracked, tokens, hits=[], watermark=False)
+            stuck = False  # no victim whose preemption frees blocks now (`_preemption_frees`)
             while not fits:
                 victim = self._victim()
+                if not self._preemption_frees(victim):
+                    stuck = True
+                    break
                 victim_index = self.running.index(victim)
                 self.running.remove(victim)
                 if victim_index < index:
@@ -465,7 +469,7 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
                     break
                 fits = self._allocate(tracked, tokens, hits=[], watermark=False)
             if not fits:
-                if self.config.policy == "priority" and self.scan_past_self_preemption:
+                if self.config.policy == "priority" and self.scan_past_self_preemption and not stuck:
                     continue  # the victim was this request; the next ones may still fit
                 break
             scheduled[tracked.request_id] = tokens
@@ -502,6 +506,12 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
         self._step += 1
         self._last_output = output
         return output
+
+    def _preemption_frees(self, victim: TrackedRequest) -> bool:
+        """Whether preempting ``victim`` gives its blocks back at once (else the request that needs
+        blocks is not scheduled this step, and the running scan stops). Always, unless a variant
+        holds freed blocks back (`reference_impl.async_scheduler.DeferredFreeAsyncV1Scheduler`)."""
+        return True
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         """The tokens a running request gets: the rest of its tokens, capped at the threshold and

@@ -39,16 +39,22 @@ from conformance.flows.profiles import get_profile
 from conformance.generation.connector import connector_traces
 from conformance.generation.v0 import sample_traces
 from conformance.runner.adapter import load_adapter
+from conformance.selftest.campaigns import lockstep_async, lockstep_v1
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
-from conformance.selftest.campaigns.lockstep_v1 import Outcome, run_one
+from conformance.selftest.campaigns.lockstep_v1 import Outcome
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
-from reference_impl.kv_connector_scheduler import EngineConnectorV1
+from reference_impl.kv_connector_scheduler import EngineConnectorAsyncV1, EngineConnectorV1
+from spec.config import SchedulerConfig
 from spec.connector import ConnectorScript
 from spec.trace import Trace
 
-PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+SYNC_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+# The same paths on vLLM's pipelined AsyncScheduler (the vllm-v1-async host: outcomes one step late)
+# against the pipelined connector reference (`EngineConnectorAsyncV1`, depth 1).
+ASYNC_PATHS = tuple(f"async-{p}" for p in SYNC_PATHS)
+PATHS = SYNC_PATHS + ASYNC_PATHS
 # class -> (kind, explanation with the vLLM source location)
 CLASSES: dict[str, tuple[str, str]] = {
     "frees-in-set-order": (
@@ -69,6 +75,27 @@ class RecordingConnectorV1(GenerateDoor, RecordsSnapshots, EngineConnectorV1):
     """The connector reference in vLLM's terms behind V1's door, keeping its snapshot after every step."""
 
 
+class RecordingConnectorAsync(GenerateDoor, RecordsSnapshots, EngineConnectorAsyncV1):
+    """The pipelined connector reference in vLLM's terms at depth 1 (the host runs vLLM at depth 1
+    whatever the trace's config says), behind V1's door, keeping its snapshot after every step."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+class KeepsPlaceholdersAsync(RecordingConnectorAsync):
+    """With vLLM's kept placeholders after a failed synchronous load
+    (`AsyncV1Scheduler.keeps_failed_load_placeholders`). Used only to classify divergences."""
+
+    keeps_failed_load_placeholders = True
+
+
+# the async paths' counterfactuals: class -> the reference that models the engine's behaviour
+MODELS: tuple[tuple[str, type[RecordingConnectorAsync]], ...] = (
+    ("failed-load-keeps-placeholders", KeepsPlaceholdersAsync),
+)
+
+
 def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
     r = dataclasses.replace
     if path == "remote-sync":
@@ -83,7 +110,9 @@ def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
 
 
 def _shaped(path: str, trace: Trace) -> Trace:
-    config = trace.config
+    pipelined = path.startswith("async-")
+    path = path.removeprefix("async-")
+    config = dataclasses.replace(trace.config, pipeline_depth=1) if pipelined else trace.config
     if path == "offload":
         config = dataclasses.replace(config, enable_prefix_caching=True)
     if path.startswith("fail-"):
@@ -97,6 +126,13 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return connector_traces().map(lambda t: _shaped(path, t))
 
 
+def run_one(adapter, trace: Trace, invariants, path: str, reference: type | None = None) -> Outcome:
+    """One strict-lockstep run of ``trace`` on ``path``'s engine against its reference (or ``reference``)."""
+    if path.startswith("async-"):
+        return lockstep_async.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorAsync)
+    return lockstep_v1.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorV1)
+
+
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
@@ -107,11 +143,13 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     for done, trace in enumerate(traces, 1):
         if done % 100 == 1 and done > 1:
             print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
-        outcome = run_one(adapter, trace, invariants, reference=RecordingConnectorV1)
+        outcome = run_one(adapter, trace, invariants, path)
         steps += len(outcome.result.records)
         for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         cls = classify(outcome)
+        if cls == "unclassified" and path.startswith("async-"):
+            cls = counterfactual(adapter, trace, invariants, path) or cls
         if cls is None:
             agreeing += 1
             continue
@@ -142,16 +180,29 @@ def classify(outcome: Outcome) -> str | None:
     return "unclassified"
 
 
+def counterfactual(adapter, trace: Trace, invariants, path: str) -> str | None:
+    """The class whose model (`MODELS`) explains the divergence: rerun against the reference with
+    that engine behaviour modelled, and every decision and state then agree (or differ only as
+    `classify` excuses)."""
+    for cls, model in MODELS:
+        again = run_one(adapter, trace, invariants, path, reference=model)
+        if classify(again) in (None, "frees-in-set-order"):
+            return cls
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = campaign_parser(__doc__.splitlines()[0], PATHS, seed=20261202, out="docs/results/lockstep-connector.json",
                              traces_dir="docs/traces/lockstep-connector")
     args = parser.parse_args(argv)
     started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter, profile = load_adapter("vllm-v1"), get_profile("connector")
-    invariants = profile.invariants()
+    invariants = get_profile("connector").invariants()
+    targets = {"vllm-v1": [p for p in paths if p in SYNC_PATHS], "vllm-v1-async": [p for p in paths if p in ASYNC_PATHS]}
     report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
                               "reference": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorV1",
+                              "targets": {"vllm-v1": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorV1",
+                                          "vllm-v1-async": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorAsync"},
                               "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
@@ -159,12 +210,21 @@ def main(argv: list[str] | None = None) -> int:
             report["paths"] = {p: v for p, v in old.get("paths", {}).items() if p not in paths}
             report["classes"] = {k: v for k, v in old.get("classes", {}).items() if v.get("path") not in paths}
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
-    for path in paths:
-        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
-        print(json.dumps({"path": path, **entry}), flush=True)
+    for name, run in targets.items():
+        if not run:
+            continue
+        adapter = load_adapter(name)
+        for path in run:
+            report["paths"][path] = entry = {"target": name, **run_path(adapter, path, args.traces, args.seed, first,
+                                                                        invariants)}
+            print(json.dumps({"path": path, **entry}), flush=True)
+        close = getattr(adapter, "close", None)
+        if close is not None:
+            close()
     for (path, cls), (trace, outcome) in sorted(first.items()):
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
-        meta = {"adapter": "vllm-v1", "profile": "connector", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": "vllm-v1-async" if path in ASYNC_PATHS else "vllm-v1", "profile": "connector",
+                "path": path, "class": cls, "kind": kind,
                 "field": outcome.field, "message": outcome.describe(), "steps": len(outcome.result.records)}
         keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe(),
                          name=f"{path}-{cls}.json")

@@ -176,3 +176,17 @@ def snapshot_parts(sched, snap: dict, tables: dict) -> None:
             view["num_computed"] = local
     snap["kv_transfers"] = {"version": KV_TRANSFERS_VERSION, "transfers": _views(connector.transfers)}
     snap["kv_reported"] = {"version": KV_TRANSFERS_VERSION, "transfers": _views(connector.reported)}
+
+
+def pipelined_snapshot_parts(sched, snap: dict) -> None:
+    """What the async host (vllm_v1_async_host.py) adds to `snapshot_parts` with a connector: an
+    asynchronous load in flight shows its local hit as computed again (the host's processed frontier
+    reads vLLM's ``num_computed_tokens``, the load's end), and the blocks vLLM holds back while an
+    in-flight step still writes them (``defer_block_free`` with a consumer connector and two batches
+    in flight, scheduler.py:189-195; ``deferred_frees``, :3088-3093, freed tail first, :3106-3118)."""
+    connector = sched.connector
+    for rid, transfer in connector.transfers.items():
+        view = snap["seqs"].get(f"{rid}#0")
+        if view is not None and transfer["kind"] == "load" and transfer["load_async"]:
+            view["num_computed"] = connector._matched[rid][0]
+    snap["gpu_fenced"] = [b.block_id - 1 for _, blocks in sched.deferred_frees for b in reversed(blocks)]
