@@ -88,6 +88,15 @@ class KeepsPlaceholdersAsync(RecordingConnectorAsync):
     (`AsyncV1Scheduler.keeps_failed_load_placeholders`). Used only to classify divergences."""
 
     keeps_failed_load_placeholders = True
+    # With placeholders that no in-flight step resolves, vLLM's own tests of the running loop tell
+    # apart from the reference's (equal while every placeholder is an in-flight sample): the
+    # max_tokens test reads the placeholders (scheduler.py:800-813) and every chunk is capped at
+    # ``max_model_len - num_computed_tokens - 1`` (:851-857).
+    clamps_chunk_at_max_model_len = True
+
+    def _in_flight_reaches_limit(self, tracked, counters) -> bool:  # type: ignore[no-untyped-def]
+        return bool(counters.num_placeholders) and (tracked.num_computed + 2 - counters.num_placeholders
+                                                     >= tracked.request.prompt_len + tracked.request.max_tokens)
 
 
 # the async paths' counterfactuals: class -> the reference that models the engine's behaviour

@@ -70,6 +70,7 @@ PROTOCOL_OUT = kvsched_host.protocol_stream()  # before vLLM is imported: 0.29.0
 import vllm_v1_host  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 BATCH_QUEUE_SIZE = 2  # vllm/config/vllm.py:592-597: async scheduling, no PP
 
@@ -163,13 +164,13 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         req_ids = list(batch.output.num_scheduled_tokens)
         if self.kv is not None:  # the workers' transfer reports in the batch's outcome
             batch.model_output.kv_connector_output = self.kv.report(batch.step)
-            grown = {rid: self.reqs[rid].num_tokens for rid in batch.samples}
+            computed = {rid: r.num_computed_tokens for rid, r in self.reqs.items() if r.status == RequestStatus.RUNNING}
         self.sched.update_from_output(batch.output, batch.model_output)
         if self.kv is not None:
-            # a request whose synchronous load failed skips the batch's output (scheduler.py:2324-2326):
-            # it recomputes, a prefill again
-            self.decoding -= {rid for rid, n in grown.items() if self.reqs[rid].num_tokens == n
-                              and not self.reqs[rid].is_finished()}
+            # a request whose synchronous load failed is cut back to its first failed block
+            # (scheduler.py:3655-3666) and recomputes: a prefill again until a step samples for it
+            if batch.model_output.kv_connector_output.invalid_block_ids:
+                self.decoding -= {rid for rid, n in computed.items() if self.reqs[rid].num_computed_tokens < n}
             req_ids = list(dict.fromkeys([*req_ids, *self.reqs]))  # FINISHED_ERROR reaches unscheduled ones too
         for rid in req_ids:
             r = self.reqs[rid]
