@@ -25,6 +25,17 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
    become *stale*: their tokens are still delivered when they return but touch no counter
    (scheduler.py:1799-1843 ``_preempt_request``, 2316-2323 and 2744-2770).
 
+6. With a KV connector (``config.kv_connector``, `reference_impl.kv_connector`): the waiting pass
+   is V1's connector pass; processing a step first reports the transfers its outcome names and cuts
+   the requests their failed blocks touch (a running request's count minus the step's own tokens,
+   as vLLM reads it), a request whose synchronous load failed skips the step's output and its
+   failed step's placeholder and its later in-flight steps are voided (it recomputes from the cut,
+   a prefill again); then the step's tokens; then, under ``fail``, the cut requests finish, and the
+   reported transfers free or promote (vLLM ``update_from_output``, scheduler.py:2279-2585). A
+   finish's sends count from the next step to schedule. The fencing variant
+   (`DeferredFreeAsyncV1Scheduler`, what vLLM runs with a consumer connector) does not preempt a
+   victim whose blocks a step in flight still writes (scheduler.py:940-942).
+
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
 (tests/test_async_reference.py).
@@ -317,10 +328,10 @@ class AsyncV1Scheduler(V1Scheduler):
 
     # vLLM 0.33.0 keeps the output placeholders of a request whose synchronous load failed: the
     # failed step's output is skipped (scheduler.py:2324-2326) and the truncation resets only
-    # ``num_computed_tokens`` (``_update_requests_with_invalid_blocks``, :3664-3666), so the
+    # ``num_computed_tokens`` (``_update_requests_with_invalid_blocks``, :3660-3661), so the
     # placeholders of the failed step and of its later in-flight steps stay counted in what the
     # request is scheduled next (``num_tokens + num_output_placeholders - num_computed_tokens``,
-    # :838-842), and the later steps' tokens, computed over the failed KV, are delivered
+    # :839-843), and the later steps' tokens, computed over the failed KV, are delivered
     # (vllm-project/vllm#45138, #49250; fixes #45430, #45146, #49252 not merged). Off: the spec's
     # pipelined reference voids them (their tokens and placeholders leave the counts, their
     # outcomes are dropped), as after an empty outcome; on only to classify the divergence.
@@ -345,7 +356,9 @@ class AsyncV1Scheduler(V1Scheduler):
         if position is not None:
             counters.num_placeholders -= 1 + drafts
             counters.num_sampling -= 1
-        self._void_later_steps(tracked, counters, uncount=False)
+        # a request cut at its failed block has a count below its later steps' tokens; one that only
+        # redoes its step (its failed block was another's to recompute) was set back by this step's tokens
+        self._void_later_steps(tracked, counters, uncount=tracked.request_id in self._kv_reverted)
         return True
 
     def _after_empty_outcome(self, tracked: TrackedRequest, counters: InFlightCounters, drafts: int) -> None:

@@ -34,9 +34,13 @@ loaded synchronously skips the step; vLLM ``_update_requests_with_invalid_blocks
 cache. Finished loads are marked done; a finished request's blocks go back to the pool when its
 transfer is reported done (``_update_from_kv_xfer_finished``), not before.
 
-Where this differs from vLLM 0.33.0: no spec decode, no pipelining with a connector (the
-generators draw neither), a priority policy orders each of the two waiting segments by priority
-as vLLM's two heaps do; the connector's own prefix-cache stats and events are not modelled.
+Pipelined steps with a connector: `reference_impl.async_scheduler` (its step 6) calls the two
+halves of the outcome (`_kv_outcome_begin`, `_kv_outcome_end`) around each returned step.
+
+Where this differs from vLLM 0.33.0: no spec decode (the generators draw none with a connector),
+a failed load's placeholders are voided under pipelining (vllm-project/vllm#45138), a priority
+policy orders each of the two waiting segments by priority as vLLM's two heaps do; the connector's
+own prefix-cache stats and events are not modelled.
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ class ConnectorFlow:
         self._kv_queue: set[str] = set()  # vLLM's kv_holding_waiting: the front of waiting
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
         self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
+        self._kv_reverted: set[str] = set()  # the last outcome's: running requests that redo their step, uncut
 
     def _to_visit(self, base, waiting_ids=None):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
@@ -381,6 +386,7 @@ class ConnectorFlow:
         them, scheduler.py:3631-3633)."""
         assert self.connector is not None
         reported = self.connector.report(step)
+        self._kv_reverted = set()
         invalid = {b for t in reported if t.kind == "load" for b in t.failed}
         failed_async = self._kv_truncate_async(reported, invalid)
         failed_sync, evict = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set())
@@ -459,8 +465,8 @@ class ConnectorFlow:
     def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
         its first failed block within its computed tokens; a block already cut for an earlier
-        request is left to that one (the later request keeps it as computed and redoes its step).
-        Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
+        request is left to that one (the later request keeps it as computed and redoes its step:
+        its count goes back to what it was before the step, `_kv_reverted`). Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
         bs = self.config.block_size  # type: ignore[attr-defined]
         affected: set[str] = set()
         marked: set[int] = set()
@@ -483,6 +489,9 @@ class ConnectorFlow:
                 evict.update(tracked.blocks[index:])
             if hit:
                 affected.add(tracked.request_id)
+            if hit and not cut:  # it redoes its step: its count before the step (unchanged in the synchronous flow)
+                tracked.num_computed = computed
+                self._kv_reverted.add(tracked.request_id)
         return affected, evict
 
     def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]

@@ -2,8 +2,9 @@
 scripted KV connector (conformance/targets/hosts/vllm_kv_connector.py, docs/CONNECTORS.md).
 
     python -m conformance.selftest.campaigns.lockstep_connector [--path remote-sync|remote-async|offload|
-        fail-recompute|fail-fail|delayed-free|all] [--traces 1000] [--seed 20261202]
-        [--out docs/results/lockstep-connector.json] [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
+        fail-recompute|fail-fail|delayed-free|async-remote-sync|...|async-delayed-free|all] [--traces 1000]
+        [--seed 20261202] [--out docs/results/lockstep-connector.json]
+        [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
 
 Each path is the connector generator's traces (`conformance.generation.connector`) with the
 scripts shaped to one connector behaviour:
@@ -19,7 +20,12 @@ scripts shaped to one connector behaviour:
 
 The reference is `EngineConnectorV1` (vLLM's watermark rule, failed blocks kept cached under
 recompute, a retried load's own blocks in its reservation) behind V1's door, and each step compares
-the decisions and then the state (lockstep_v1's `compare_state`). A divergence is classified by
+the decisions and then the state (lockstep_v1's `compare_state`). Each ``async-PATH`` is PATH's
+traces at pipeline depth 1 on vLLM's ``AsyncScheduler`` (the ``vllm-v1-async`` host) against
+`EngineConnectorAsyncV1` (the same knobs on the pipelined, fencing reference), comparing the
+delivered token counts too (lockstep_async's `run_one`); a divergence no excuse explains is rerun
+against each model of `MODELS` (a counterfactual: the class is the model against which every
+decision and state agree). A divergence is classified by
 `classify` into `CLASSES`; a trace on which the engine breaks an invariant while agreeing with the
 reference (which models vLLM) is counted as agreeing, and its violations are listed: those are the
 hunt's findings (docs/CONNECTORS.md, section 6).
@@ -67,6 +73,22 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(`_update_from_kv_xfer_finished`, :3556-3582; vllm/v1/outputs.py:215-218). The reference frees them in a "
         "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
         "order in the free queue (the eviction order) is not.",
+    ),
+    "failed-load-keeps-placeholders": (
+        "vllm-defect",
+        "Pipelined paths only (AsyncScheduler). When a synchronous load fails, vLLM 0.33.0 cuts the request's "
+        "`num_computed_tokens` back to the first failed block (`_update_requests_with_invalid_blocks`, "
+        "vllm/v1/core/sched/scheduler.py:3660-3661) and skips the step's output (:2324-2326), but leaves "
+        "`num_output_placeholders` as they were: the failed step's placeholder and those of its later steps already "
+        "in flight, which computed over the failed KV and whose tokens are still delivered when they return "
+        "(:2402-2406). The next chunk counts the stale placeholders as tokens to compute "
+        "(`num_tokens + num_output_placeholders - num_computed_tokens`, :839-843), a request can then compute past "
+        "its tokens, and a placeholder can outlive every step in flight (PIP-003, CHK-002, CHK-004 fire on the "
+        "engine). vllm-project/vllm#45138 and #49250 (fixes #45146 and #49252 open, #45430 closed unmerged). The "
+        "spec's pipelined reference voids the failed step's placeholder and the request's later in-flight steps "
+        "(`AsyncV1Scheduler._kv_skip_failed`). Counterfactual: `KeepsPlaceholdersAsync` "
+        "(`keeps_failed_load_placeholders`, with vLLM's placeholder-reading max_tokens test, :800-813, and chunk "
+        "cap, :851-857), against which every decision and state agree.",
     ),
 }
 
@@ -179,11 +201,13 @@ def classify(outcome: Outcome) -> str | None:
         return None
     if result.divergence is None and result.fault is None and outcome.state is not None:
         step, field, want, got = outcome.state
-        record = result.records[step]
-        errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
-        reported = len(record.after.kv_reported or {})
-        if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got):
-            return "frees-in-set-order"
+        # a pipelined engine's frees of a step may be fenced (gpu_fenced) and come back in the next
+        for record in result.records[max(step - 1, 0): step + 1]:
+            errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
+            reported = len(record.after.kv_reported or {})
+            if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got) and (
+                    record.step == step or record.after.gpu_fenced):
+                return "frees-in-set-order"
     if result.fault is not None and result.fault.kind == "config-rejected":
         return "config-rejected"
     return "unclassified"

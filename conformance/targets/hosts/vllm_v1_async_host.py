@@ -48,6 +48,17 @@ Translations beyond vllm_v1_host.py's:
   unfinished sequence: placeholders, in-flight tokens, stale tokens; capability ``in_flight``,
   read by PIP-003).
 
+With a KV connector (config ``kv_connector``; vllm_kv_connector.py, the scripted connector the
+synchronous host registers in vLLM's factory): loads start in the wire step that schedules them; the
+workers' ``KVConnectorOutput`` of a batch is what the script reports for that batch's step, handed
+to ``update_from_output`` with the batch's output when it is processed (one wire step late); sends
+count from the next step to schedule. vLLM then defers frees (``defer_block_free``: a consumer
+connector with two batches in flight, scheduler.py:189-195): the snapshot adds ``gpu_fenced``
+(``deferred_frees``, tail first), and an asynchronous load in flight shows its local hit as computed.
+A request cut back by a failed synchronous load is a prefill again until a step samples for it. The
+hello's ``ordered_steps`` claim is per host, not per trace, so it stands with a connector too, where
+vLLM fences instead (PIP-004 is not checked on these traces).
+
 Speculative decoding (k > 0; vllm_v1_host.py says how the host plays drafter and sampler): the
 scheduled drafts are ``AsyncScheduler``'s ``-1`` placeholders (the real drafts stay on the device,
 async_scheduler.py:24-56), so the drafts a step really verifies are what the drafter proposed
