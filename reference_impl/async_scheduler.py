@@ -32,9 +32,8 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
    failed step's placeholder and its later in-flight steps are voided (it recomputes from the cut,
    a prefill again); then the step's tokens; then, under ``fail``, the cut requests finish, and the
    reported transfers free or promote (vLLM ``update_from_output``, scheduler.py:2279-2585). A
-   finish's sends count from the next step to schedule. The fencing variant
-   (`DeferredFreeAsyncV1Scheduler`, what vLLM runs with a consumer connector) does not preempt a
-   victim whose blocks a step in flight still writes (scheduler.py:940-942).
+   finish's sends count from the next step to schedule. vLLM runs the fencing variant with a
+   consumer connector (`reference_impl.kv_connector_scheduler.PipelinedConnectorScheduler`).
 
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
@@ -435,12 +434,6 @@ class DeferredFreeAsyncV1Scheduler(AsyncV1Scheduler):
     def __init__(self, config: SchedulerConfig, depth: int | None = None) -> None:
         super().__init__(config, depth)
         self.fenced: list[tuple[int, list[int]]] = []  # (the last in-flight step writing them, blocks) in free order
-
-    def _preemption_frees(self, victim: TrackedRequest) -> bool:
-        """A victim with a step in flight would only have its blocks fenced: it is not preempted,
-        and the request that needs blocks waits (vLLM: "A deferred free will not help with
-        immediate allocation", scheduler.py:940-942)."""
-        return not any(t is victim for step in self.in_flight for t, *_ in step.entries)
 
     def _free_blocks(self, tracked: TrackedRequest) -> None:
         fence = max((step.step for step in self.in_flight if any(t is tracked for t, *_ in step.entries)),

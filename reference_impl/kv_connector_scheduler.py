@@ -6,7 +6,7 @@ runs the plain V1 flow. `PipelinedConnectorScheduler` is the same flow with pipe
 from __future__ import annotations
 
 from reference_impl.async_scheduler import DeferredFreeAsyncV1Scheduler
-from reference_impl.v1_scheduler import EngineWatermarkV1, V1Scheduler
+from reference_impl.v1_scheduler import EngineWatermarkV1, TrackedRequest, V1Scheduler
 
 
 class ConnectorScheduler(V1Scheduler):
@@ -27,7 +27,15 @@ class PipelinedConnectorScheduler(DeferredFreeAsyncV1Scheduler):
     """The pipelined flow with a KV connector: `AsyncV1Scheduler`'s steps (section 6 of its
     module docstring), fencing the frees of blocks an in-flight step still writes, as vLLM 0.33.0's
     ``AsyncScheduler`` does once a consumer connector may load into a freed block out of step order
-    (``defer_block_free``, vllm/v1/core/sched/scheduler.py:189-195)."""
+    (``defer_block_free``, vllm/v1/core/sched/scheduler.py:189-195), and, as vLLM, not preempting a
+    victim whose blocks would only be fenced."""
+
+    def _preemption_frees(self, victim: TrackedRequest) -> bool:
+        """A victim with a step in flight would only have its blocks fenced: it is not preempted,
+        and the request that needs blocks waits for a later step (vLLM: "A deferred free will not
+        help with immediate allocation", scheduler.py:940-942). A design that preempts it anyway
+        and fences its blocks (`DeferredFreeAsyncV1Scheduler`) is as correct, only slower to free."""
+        return not any(t is victim for step in self.in_flight for t, *_ in step.entries)
 
 
 class EngineConnectorAsyncV1(PipelinedConnectorScheduler):
