@@ -106,8 +106,11 @@ class ScriptedConnector:
     def request_finished(self, request_id: str, table: list[int], next_step: int) -> bool:
         """``request_finished``: whether the finished request's blocks stay held for a send (or an
         offloading store) its script asks for; only a request that ran has KV of its own to send."""
-        if request_id in self.transfers:
+        load = self.transfers.get(request_id)
+        if load is not None and load.load_async:
             return True  # a load in flight still writes them (vLLM: finish_requests, delay_free_blocks)
+        # (a synchronous load lands in its step's forward pass: with pipelined steps a request can
+        # finish while that step is in flight, and the step's fence, not the connector, holds them)
         steps = self.script(request_id).send_steps
         if not steps or request_id not in self.ran or not table:
             return False

@@ -243,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(args.out.read_text())
         if old.get("version") == 1:
             report["paths"] = {p: v for p, v in old.get("paths", {}).items() if p not in paths}
-            report["classes"] = {k: v for k, v in old.get("classes", {}).items() if v.get("path") not in paths}
+            for cls, entry in old.get("classes", {}).items():  # each class's traces on the paths not rerun
+                kept = {p: e for p, e in entry.get("paths", {}).items() if p not in paths}
+                if kept:
+                    report["classes"][cls] = {**entry, "paths": kept}
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for name, run in targets.items():
         if not run:

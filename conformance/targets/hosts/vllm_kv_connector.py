@@ -96,8 +96,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        if rid in self.transfers:
+        load = self.transfers.get(rid)
+        if load is not None and load["load_async"]:
             return True, None  # a load in flight still writes them
+        # (a synchronous load lands in its step's forward pass: a request finished while that step is in
+        # flight, as pipelined steps allow, is held by vLLM's fence, defer_block_free, not by the connector)
         steps = int(self.scripts.get(rid, {}).get("send_steps", 0))
         manager = self._kv_cache_manager
         table = [b.block_id for b in manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, ())
