@@ -509,8 +509,8 @@ class V1Scheduler(ConnectorFlow, TrackedScheduler):
 
     def _preemption_frees(self, victim: TrackedRequest) -> bool:
         """Whether preempting ``victim`` gives its blocks back at once (else the request that needs
-        blocks is not scheduled this step, and the running scan stops). Always, unless a variant
-        holds freed blocks back (`reference_impl.async_scheduler.DeferredFreeAsyncV1Scheduler`)."""
+        blocks is not scheduled this step, and the running scan stops). Always, unless a variant that
+        would only fence them (`reference_impl.kv_connector_scheduler.PipelinedConnectorScheduler`)."""
         return True
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
