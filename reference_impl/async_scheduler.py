@@ -28,6 +28,16 @@ are `V1Scheduler`'s; what changes is *when* a step's tokens become known. One en
    delivered whole, scheduler.py:1825-1835); the preemption clears the proposal only for the next
    admission (``InFlightCounters.num_stale_valid``).
 
+6. With a KV connector (``config.kv_connector``, `reference_impl.kv_connector`): the waiting pass
+   is V1's connector pass; processing a step first reports the transfers its outcome names and cuts
+   the requests their failed blocks touch (a running request's count minus the step's own tokens,
+   as vLLM reads it), a request whose synchronous load failed skips the step's output and its
+   failed step's placeholder and its later in-flight steps are voided (it recomputes from the cut,
+   a prefill again); then the step's tokens; then, under ``fail``, the cut requests finish, and the
+   reported transfers free or promote (vLLM ``update_from_output``, scheduler.py:2279-2585). A
+   finish's sends count from the next step to schedule. vLLM runs the fencing variant with a
+   consumer connector (`reference_impl.kv_connector_scheduler.PipelinedConnectorScheduler`).
+
 ``depth=0`` processes each step's outcome in the same `update()`: no step is ever in flight and
 the flow is `V1Scheduler`'s, decision for decision and snapshot for snapshot
 (tests/test_async_reference.py).
@@ -245,12 +255,20 @@ class AsyncV1Scheduler(V1Scheduler):
         if self.in_flight and self.in_flight[-1].stopped is None:
             self.in_flight[-1].stopped = outcome.stopped  # the model ran the step just scheduled
             self.in_flight[-1].decisions = outcome.drafts
+            if self.connector is not None:  # its requests computed KV a send could carry
+                self.connector.ran.update(t.request_id for t, *_ in self.in_flight[-1].entries)
         while len(self.in_flight) > self.depth:
             finished.extend(self._process(self.in_flight.popleft()))
         return finished
 
     def _process(self, step: InFlightStep) -> list[Finished]:
-        """Apply one returned step: commit each request's sampled tokens, then stop, cap or go on."""
+        """Apply one returned step: commit each request's sampled tokens, then stop, cap or go on.
+        With a KV connector (6. below), the transfers the step's outcome reports come first."""
+        if self.connector is not None:
+            return self._kv_process(step)
+        return self._process_outcome(step)
+
+    def _process_outcome(self, step: InFlightStep) -> list[Finished]:
         finished = []
         stopped = step.stopped or frozenset()
         decisions = step.decisions or {}
@@ -269,16 +287,19 @@ class AsyncV1Scheduler(V1Scheduler):
                 assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
             if position is None:
                 continue  # a prefill chunk: nothing sampled
-            if not self.config.num_speculative_tokens:  # with drafts, earlier rejections shift it
+            # with drafts, earlier rejections shift it; so do vLLM's kept placeholders of a failed load
+            if not self.config.num_speculative_tokens and not self.keeps_failed_load_placeholders:
                 assert position == tracked.num_tokens, (
                     f"{tracked.request_id}: step {step.step} sampled position {position}, expected {tracked.num_tokens}")
             decision = decisions.get(tracked.seq_id, NO_DECISION)
-            placeholders = tracked.num_proposed
+            placeholders, in_prefill = tracked.num_proposed, tracked.in_prefill
             # A stale step ran before the preemption: its drafts are what the drafter had proposed
             # then (the preemption drops the proposal for the next admission, not for steps already run).
             valid = counters.num_stale_valid if stale else counters.num_valid_drafts
             status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=not stale,
                                    num_valid=valid if self.depth else None)
+            if self.keeps_failed_load_placeholders:  # a cut request's kept step delivers, and it still recomputes
+                tracked.in_prefill = in_prefill
             if stale:  # the proposal after a stale step feeds the next stale step only
                 counters.num_stale_valid = tracked.num_proposed
             else:
@@ -302,24 +323,80 @@ class AsyncV1Scheduler(V1Scheduler):
             finished.append(finished_record(tracked, status, self.config))
         return finished
 
+    # ---------------------------------------------------------------- 6. a KV connector
+    def _kv_process(self, step: InFlightStep) -> list[Finished]:
+        """A returned step with a KV connector (`reference_impl.kv_connector`, as vLLM's
+        ``update_from_output`` orders it, scheduler.py:2279-2585): the transfers its outcome reports
+        and the cuts of their failed blocks first; a request whose synchronous load failed skips
+        the step's output (`_kv_skip_failed`); then the step's tokens; then, under ``fail``, the
+        cut requests finish, and the reported transfers free or promote."""
+        scheduled = {t.request_id: n for t, n, *_ in step.entries}
+        reported, failed_async, failed_sync = self._kv_outcome_begin(step.step, scheduled)
+        if failed_sync:
+            step.entries = [e for e in step.entries if not self._kv_skip_failed(step, e, failed_sync)]
+        finished = self._process_outcome(step)
+        return finished + self._kv_outcome_end(reported, failed_async | failed_sync)
+
+    # vLLM 0.33.0 keeps the output placeholders of a request whose synchronous load failed: the
+    # failed step's output is skipped (scheduler.py:2324-2326) and the truncation resets only
+    # ``num_computed_tokens`` (``_update_requests_with_invalid_blocks``, :3660-3661), so the
+    # placeholders of the failed step and of its later in-flight steps stay counted in what the
+    # request is scheduled next (``num_tokens + num_output_placeholders - num_computed_tokens``,
+    # :839-843), and the later steps' tokens, computed over the failed KV, are delivered
+    # (vllm-project/vllm#45138, #49250; fixes #45430, #45146, #49252 not merged). Off: the spec's
+    # pipelined reference voids them (their tokens and placeholders leave the counts, their
+    # outcomes are dropped), as after an empty outcome; on only to classify the divergence.
+    keeps_failed_load_placeholders: bool = False
+
+    def _kv_skip_failed(self, step: InFlightStep, entry: tuple[TrackedRequest, int, int | None, int],
+                        failed: set[str]) -> bool:
+        """Whether ``entry`` belongs to a request whose synchronous load failed (its computed tokens
+        were cut at the failed block): its in-flight tokens are let go (vLLM drains them before the
+        skip, scheduler.py:2316-2326), its output is not applied, and its recompute is a prefill."""
+        tracked, tokens, position, drafts = entry
+        if tracked.request_id not in failed or tracked.status.is_finished:
+            return False
+        counters = self.counters[tracked.request_id]
+        counters.num_in_flight -= tokens
+        if counters.num_stale:
+            counters.num_stale -= tokens
+            return True
+        tracked.in_prefill = True
+        if tracked.request_id in step.dropped or self.keeps_failed_load_placeholders:
+            return True
+        if position is not None:
+            counters.num_placeholders -= 1 + drafts
+            counters.num_sampling -= 1
+        # a request cut at its failed block has a count below its later steps' tokens; one that only
+        # redoes its step (its failed block was another's to recompute) was set back by this step's tokens
+        self._void_later_steps(tracked, counters, uncount=tracked.request_id in self._kv_reverted)
+        return True
+
     def _after_empty_outcome(self, tracked: TrackedRequest, counters: InFlightCounters, drafts: int) -> None:
         """After an empty outcome (the step itself is already rolled back, ``drafts`` and its
         sample): the request's steps still in flight computed from a token that never came. Take
         their tokens out of the computed count and their placeholders back, and mark their
         outcomes for it dropped (stale until they return)."""
+        self._void_later_steps(tracked, counters)
+        tracked.num_proposed = 0  # nothing was sampled, so nothing was drafted
+        counters.num_valid_drafts = 0
+        tracked.in_prefill = tracked.num_computed == 0  # as `commit_tokens` labels the recompute
+
+    def _void_later_steps(self, tracked: TrackedRequest, counters: InFlightCounters, *, uncount: bool = True) -> None:
+        """Mark the request's outcomes in every step still in flight dropped, their tokens stale and
+        their placeholders given back; with ``uncount``, their tokens also leave the computed count
+        (after a failed load the count was already cut below them: ``uncount=False``)."""
         for later in self.in_flight:
             for entry_tracked, tokens, position, drafts in later.entries:
                 if entry_tracked is not tracked or tracked.request_id in later.dropped:
                     continue
                 later.dropped.add(tracked.request_id)
-                tracked.num_computed -= tokens
+                if uncount:
+                    tracked.num_computed -= tokens
                 counters.num_stale += tokens
                 if position is not None:
                     counters.num_placeholders -= 1 + drafts
                     counters.num_sampling -= 1
-        tracked.num_proposed = 0  # nothing was sampled, so nothing was drafted
-        counters.num_valid_drafts = 0
-        tracked.in_prefill = tracked.num_computed == 0  # as `commit_tokens` labels the recompute
 
     # ---------------------------------------------------------------- observation
     def samples_of_last_step(self) -> dict[str, int]:
@@ -339,7 +416,9 @@ class AsyncV1Scheduler(V1Scheduler):
         views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}
         snap = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
                            self._last_snapshot)
-        self._last_snapshot = dataclasses.replace(snap, in_flight=self.in_flight_counters())
+        kv = {} if self.connector is None else {"kv_transfers": self.connector.views(),
+                                                "kv_reported": self.connector.reported_views()}
+        self._last_snapshot = dataclasses.replace(snap, in_flight=self.in_flight_counters(), **kv)
         return self._last_snapshot
 
     def in_flight_counters(self) -> dict[str, InFlightView]:
@@ -379,12 +458,13 @@ class DeferredFreeAsyncV1Scheduler(AsyncV1Scheduler):
         tracked.num_keyed = 0
 
     def _process(self, step: InFlightStep) -> list[Finished]:
-        finished = super()._process(step)
+        # The step's writes are done: what it fenced goes back first, before the step's own frees
+        # (vLLM drains at the top of ``update_from_output``, scheduler.py:2279-2282).
         due = [blocks for fence, blocks in self.fenced if fence <= step.step]
         self.fenced = [(fence, blocks) for fence, blocks in self.fenced if fence > step.step]
         for blocks in due:
             self.pool.release(blocks)
-        return finished
+        return super()._process(step)
 
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()

@@ -34,9 +34,13 @@ loaded synchronously skips the step; vLLM ``_update_requests_with_invalid_blocks
 cache. Finished loads are marked done; a finished request's blocks go back to the pool when its
 transfer is reported done (``_update_from_kv_xfer_finished``), not before.
 
-Where this differs from vLLM 0.33.0: no spec decode, no pipelining with a connector (the
-generators draw neither), a priority policy orders each of the two waiting segments by priority
-as vLLM's two heaps do; the connector's own prefix-cache stats and events are not modelled.
+Pipelined steps with a connector: `reference_impl.async_scheduler` (its step 6) calls the two
+halves of the outcome (`_kv_outcome_begin`, `_kv_outcome_end`) around each returned step.
+
+Where this differs from vLLM 0.33.0: no spec decode (the generators draw none with a connector),
+a failed load's placeholders are voided under pipelining (vllm-project/vllm#45138), a priority
+policy orders each of the two waiting segments by priority as vLLM's two heaps do; the connector's
+own prefix-cache stats and events are not modelled.
 """
 
 from __future__ import annotations
@@ -102,8 +106,11 @@ class ScriptedConnector:
     def request_finished(self, request_id: str, table: list[int], next_step: int) -> bool:
         """``request_finished``: whether the finished request's blocks stay held for a send (or an
         offloading store) its script asks for; only a request that ran has KV of its own to send."""
-        if request_id in self.transfers:
+        load = self.transfers.get(request_id)
+        if load is not None and load.load_async:
             return True  # a load in flight still writes them (vLLM: finish_requests, delay_free_blocks)
+        # (a synchronous load lands in its step's forward pass: with pipelined steps a request can
+        # finish while that step is in flight, and the step's fence, not the connector, holds them)
         steps = self.script(request_id).send_steps
         if not steps or request_id not in self.ran or not table:
             return False
@@ -152,6 +159,7 @@ class ConnectorFlow:
         self._kv_queue: set[str] = set()  # vLLM's kv_holding_waiting: the front of waiting
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
         self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
+        self._kv_reverted: set[str] = set()  # the last outcome's: running requests that redo their step, uncut
 
     def _to_visit(self, base, waiting_ids=None):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
@@ -366,25 +374,44 @@ class ConnectorFlow:
             return super().update(outcome)  # type: ignore[misc]
         step = self._step - 1  # type: ignore[attr-defined]
         self.connector.ran.update(r.request_id for r, _ in self._scheduled)  # type: ignore[attr-defined]
-        reported = self.connector.report(step)
-        invalid = {b for t in reported if t.kind == "load" for b in t.failed}
-        failed_async = self._kv_truncate_async(reported, invalid)
-        failed_sync, evict = self._kv_truncate_running(invalid) if invalid else (set(), set())
-        policy_fails = self.config.kv_load_failure_policy == "fail"  # type: ignore[attr-defined]
-        if failed_sync:
-            # The failed blocks and every block after them leave the prefix cache: their KV is
-            # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
-            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob below.
-            if policy_fails or not self.keeps_failed_blocks_cached:
-                for block in sorted(evict):
-                    self.pool.forget(block)  # type: ignore[attr-defined]
-                for tracked in self.running:  # type: ignore[attr-defined]
-                    if tracked.request_id in failed_sync:
-                        tracked.num_keyed = min(tracked.num_keyed, tracked.num_computed // self.config.block_size)  # type: ignore[attr-defined]
+        # the step's tokens are not counted as computed yet (`apply_outcome` does it): nothing to take off
+        reported, failed_async, failed_sync = self._kv_outcome_begin(step, {})
+        if failed_sync:  # a request whose synchronous load failed skips the step's output
             self._scheduled = [(r, n) for r, n in self._scheduled if r.request_id not in failed_sync]  # type: ignore[attr-defined]
         finished = super().update(outcome)  # type: ignore[misc]
-        if policy_fails:
-            for rid in sorted(failed_async | failed_sync):
+        return finished + self._kv_outcome_end(reported, failed_async | failed_sync)
+
+    def _kv_outcome_begin(self, step: int, scheduled: Mapping[str, int]) -> tuple[list[Transfer], set[str], set[str]]:
+        """The first half of a step's outcome with a connector, before its tokens are applied: the
+        transfers step ``step``'s outcome reports, and the requests their failed blocks cut (those
+        waiting for their KV, those running). ``scheduled``: the tokens of the step already counted
+        as computed, by request (the pipelined flow counts them when it schedules; vLLM subtracts
+        them, scheduler.py:3631-3633)."""
+        assert self.connector is not None
+        reported = self.connector.report(step)
+        self._kv_reverted = set()
+        invalid = {b for t in reported if t.kind == "load" for b in t.failed}
+        failed_async = self._kv_truncate_async(reported, invalid)
+        failed_sync, evict = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set())
+        if failed_sync and (self.config.kv_load_failure_policy == "fail" or not self.keeps_failed_blocks_cached):  # type: ignore[attr-defined]
+            # The failed blocks and every block after them leave the prefix cache: their KV is
+            # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
+            # keeps them findable under ``recompute`` (scheduler.py:3759-3760): the knob.
+            for block in sorted(evict):
+                self.pool.forget(block)  # type: ignore[attr-defined]
+            for tracked in self.running:  # type: ignore[attr-defined]
+                if tracked.request_id in failed_sync:
+                    tracked.num_keyed = min(tracked.num_keyed, tracked.num_computed // self.config.block_size)  # type: ignore[attr-defined]
+        return reported, failed_async, failed_sync
+
+    def _kv_outcome_end(self, reported: list[Transfer], failed: set[str]) -> list[Finished]:
+        """The second half, after the step's tokens are applied: under the ``fail`` policy the
+        requests a failed load cut finish (FINISHED_ERROR), then a finished request whose transfer
+        was reported gives its blocks back and a landed load waits for its promotion."""
+        assert self.connector is not None
+        finished: list[Finished] = []
+        if self.config.kv_load_failure_policy == "fail":  # type: ignore[attr-defined]
+            for rid in sorted(failed):
                 finished += self._kv_fail(self.requests[rid])  # type: ignore[attr-defined]
         for t in reported:
             tracked = self.requests[t.request_id]  # type: ignore[attr-defined]
@@ -438,17 +465,17 @@ class ConnectorFlow:
                 failed.add(rid)
         return failed
 
-    def _kv_truncate_running(self, invalid: set[int]) -> tuple[set[str], set[int]]:
+    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
         its first failed block within its computed tokens; a block already cut for an earlier
-        request is left to that one (the later request keeps it as computed and redoes its step).
-        Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
+        request is left to that one (the later request keeps it as computed and redoes its step:
+        its count goes back to what it was before the step, `_kv_reverted`). Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
         bs = self.config.block_size  # type: ignore[attr-defined]
         affected: set[str] = set()
         marked: set[int] = set()
         evict: set[int] = set()
         for tracked in self.running:  # type: ignore[attr-defined]
-            computed = tracked.num_computed
+            computed = tracked.num_computed - scheduled.get(tracked.request_id, 0)
             cut = False
             hit = False
             for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]
@@ -465,6 +492,9 @@ class ConnectorFlow:
                 evict.update(tracked.blocks[index:])
             if hit:
                 affected.add(tracked.request_id)
+            if hit and not cut:  # it redoes its step: its count before the step (unchanged in the synchronous flow)
+                tracked.num_computed = computed
+                self._kv_reverted.add(tracked.request_id)
         return affected, evict
 
     def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]

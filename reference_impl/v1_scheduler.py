@@ -469,8 +469,12 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
                 index += 1
                 continue
             fits = self._allocate(tracked, tokens, hits=[], watermark=False)
+            stuck = False  # no victim whose preemption frees blocks now (`_preemption_frees`)
             while not fits:
                 victim = self._victim()
+                if not self._preemption_frees(victim):
+                    stuck = True
+                    break
                 victim_index = self.running.index(victim)
                 self.running.remove(victim)
                 if victim_index < index:
@@ -489,7 +493,7 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
                     break
                 fits = self._allocate(tracked, tokens, hits=[], watermark=False)
             if not fits:
-                if self.config.policy == "priority" and self.scan_past_self_preemption:
+                if self.config.policy == "priority" and self.scan_past_self_preemption and not stuck:
                     continue  # the victim was this request; the next ones may still fit
                 break
             scheduled[tracked.request_id] = tokens
@@ -528,6 +532,12 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
         self._step += 1
         self._last_output = output
         return output
+
+    def _preemption_frees(self, victim: TrackedRequest) -> bool:
+        """Whether preempting ``victim`` gives its blocks back at once (else the request that needs
+        blocks is not scheduled this step, and the running scan stops). Always, unless a variant that
+        would only fence them (`reference_impl.kv_connector_scheduler.PipelinedConnectorScheduler`)."""
+        return True
 
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         """The tokens a running request gets: the rest of its tokens, capped at the threshold and

@@ -78,10 +78,11 @@ def loads_beside_waiting(ctx: CheckContext, rec: StepRecord) -> bool:
 
 
 def idle_with_landed_load(ctx: CheckContext, rec: StepRecord) -> bool:
-    """a request whose KV load landed waits while nothing runs and no transfer is in flight"""
+    """a request whose KV load landed waits while nothing runs, no transfer is in flight and no
+    block is held back for an in-flight step"""
     landed = ctx.flow_state.get("KVC-009") or {}
     before = rec.before
-    return bool(landed) and not before.running and not _transfers(before) \
+    return bool(landed) and not before.running and not _transfers(before) and not before.gpu_fenced \
         and any(rid in landed for rid in before.waiting or ())
 
 
@@ -359,19 +360,22 @@ def _remaining_blocks(ctx: CheckContext, v) -> int:  # type: ignore[no-untyped-d
 @invariant(
     "KVC-009", "liveness",
     """A request whose KV load was reported done makes progress: a step that begins with nothing
-    running, no transfer in flight and a request whose load landed waiting admits, ignores or
-    finishes some request, or starts a load.""",
+    running, no transfer in flight, no block held back for an in-flight step and a request whose
+    load landed waiting admits, ignores or finishes some request, or starts a load.""",
     """A landed load is KV the request holds and nobody else can use, and with nothing running and
     nothing in flight no later step frees anything: a scheduler that serves nobody then never
     will (vllm-project/vllm#57104: the promoted request's allocation, which asked for its
-    speculative lookahead only after the load, fails, and the queues stay as they are for ever).""",
+    speculative lookahead only after the load, fails, and the queues stay as they are for ever).
+    Blocks a pipelined engine holds back while a step in flight still writes them
+    (``Snapshot.gpu_fenced``; vLLM's ``defer_block_free`` with a consumer connector,
+    vllm/v1/core/sched/scheduler.py:189-195) come back when that step returns, as LIV-003 allows.""",
     (C.KV_TRANSFERS, C.QUEUES),
     about=STEP, when=idle_with_landed_load,
 )
 def landed_load_progresses(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     landed = ctx.flow_state.setdefault("KVC-009", {})
     before = rec.before
-    if landed and not before.running and not _transfers(before):
+    if landed and not before.running and not _transfers(before) and not before.gpu_fenced:
         waiting = [rid for rid in before.waiting or () if rid in landed]
         if waiting and not (admitted_or_loading(rec) or rec.output.ignored or rec.finished):
             yield (f"engine idle with {waiting} waiting, whose loads landed (in step {landed[waiting[0]]} first), "

@@ -2,8 +2,9 @@
 scripted KV connector (conformance/targets/hosts/vllm_kv_connector.py, docs/CONNECTORS.md).
 
     python -m conformance.selftest.campaigns.lockstep_connector [--path remote-sync|remote-async|offload|
-        fail-recompute|fail-fail|delayed-free|all] [--traces 1000] [--seed 20261202]
-        [--out docs/results/lockstep-connector.json] [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
+        fail-recompute|fail-fail|delayed-free|async-remote-sync|...|async-delayed-free|all] [--traces 1000]
+        [--seed 20261202] [--out docs/results/lockstep-connector.json]
+        [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
 
 Each path is the connector generator's traces (`conformance.generation.connector`) with the
 scripts shaped to one connector behaviour:
@@ -19,7 +20,12 @@ scripts shaped to one connector behaviour:
 
 The reference is `EngineConnectorV1` (vLLM's watermark rule, failed blocks kept cached under
 recompute, a retried load's own blocks in its reservation) behind V1's door, and each step compares
-the decisions and then the state (lockstep_v1's `compare_state`). A divergence is classified by
+the decisions and then the state (lockstep_v1's `compare_state`). Each ``async-PATH`` is PATH's
+traces at pipeline depth 1 on vLLM's ``AsyncScheduler`` (the ``vllm-v1-async`` host) against
+`EngineConnectorAsyncV1` (the same knobs on the pipelined, fencing reference), comparing the
+delivered token counts too (lockstep_async's `run_one`); a divergence no excuse explains is rerun
+against each model of `MODELS` (a counterfactual: the class is the model against which every
+decision and state agree). A divergence is classified by
 `classify` into `CLASSES`; a trace on which the engine breaks an invariant while agreeing with the
 reference (which models vLLM) is counted as agreeing, and its violations are listed: those are the
 hunt's findings (docs/CONNECTORS.md, section 6).
@@ -39,16 +45,22 @@ from conformance.flows.profiles import get_profile
 from conformance.generation.connector import connector_traces
 from conformance.generation.v0 import sample_traces
 from conformance.runner.adapter import load_adapter
+from conformance.selftest.campaigns import lockstep_async, lockstep_v1
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
-from conformance.selftest.campaigns.lockstep_v1 import Outcome, run_one
+from conformance.selftest.campaigns.lockstep_v1 import Outcome
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
-from reference_impl.kv_connector_scheduler import EngineConnectorV1
+from reference_impl.kv_connector_scheduler import EngineConnectorAsyncV1, EngineConnectorV1
+from spec.config import SchedulerConfig
 from spec.connector import ConnectorScript
 from spec.trace import Trace
 
-PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+SYNC_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+# The same paths on vLLM's pipelined AsyncScheduler (the vllm-v1-async host: outcomes one step late)
+# against the pipelined connector reference (`EngineConnectorAsyncV1`, depth 1).
+ASYNC_PATHS = tuple(f"async-{p}" for p in SYNC_PATHS)
+PATHS = SYNC_PATHS + ASYNC_PATHS
 # class -> (kind, explanation with the vLLM source location)
 CLASSES: dict[str, tuple[str, str]] = {
     "frees-in-set-order": (
@@ -62,11 +74,59 @@ CLASSES: dict[str, tuple[str, str]] = {
         "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
         "order in the free queue (the eviction order) is not.",
     ),
+    "failed-load-keeps-placeholders": (
+        "vllm-defect",
+        "Pipelined paths only (AsyncScheduler). When a synchronous load fails, vLLM 0.33.0 cuts the request's "
+        "`num_computed_tokens` back to the first failed block (`_update_requests_with_invalid_blocks`, "
+        "vllm/v1/core/sched/scheduler.py:3660-3661) and skips the step's output (:2324-2326), but leaves "
+        "`num_output_placeholders` as they were: the failed step's placeholder and those of its later steps already "
+        "in flight, which computed over the failed KV and whose tokens are still delivered when they return "
+        "(:2401-2406). The next chunk counts the stale placeholders as tokens to compute "
+        "(`num_tokens + num_output_placeholders - num_computed_tokens`, :839-843), a request can then compute past "
+        "its tokens, and a placeholder can outlive every step in flight (PIP-003, CHK-002, CHK-004 fire on the "
+        "engine). A request that only redoes its step (its failed block is another request's to recompute) is set "
+        "back by the processed step's tokens only, while its count also holds its later in-flight step's "
+        "(:3631-3633, 3672-3682). vllm-project/vllm#45138 and #49250 (fixes #45146 and #49252 open, #45430 closed unmerged). The "
+        "spec's pipelined reference voids the failed step's placeholder and the request's later in-flight steps "
+        "(`AsyncV1Scheduler._kv_skip_failed`). Counterfactual: `KeepsPlaceholdersAsync` "
+        "(`keeps_failed_load_placeholders`, with vLLM's placeholder-reading max_tokens test, :800-813, and chunk "
+        "cap, :851-857), against which every decision and state agree.",
+    ),
 }
 
 
 class RecordingConnectorV1(GenerateDoor, RecordsSnapshots, EngineConnectorV1):
     """The connector reference in vLLM's terms behind V1's door, keeping its snapshot after every step."""
+
+
+class RecordingConnectorAsync(GenerateDoor, RecordsSnapshots, EngineConnectorAsyncV1):
+    """The pipelined connector reference in vLLM's terms at depth 1 (the host runs vLLM at depth 1
+    whatever the trace's config says), behind V1's door, keeping its snapshot after every step."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+class KeepsPlaceholdersAsync(RecordingConnectorAsync):
+    """With vLLM's kept placeholders after a failed synchronous load
+    (`AsyncV1Scheduler.keeps_failed_load_placeholders`). Used only to classify divergences."""
+
+    keeps_failed_load_placeholders = True
+    # With placeholders that no in-flight step resolves, vLLM's own tests of the running loop tell
+    # apart from the reference's (equal while every placeholder is an in-flight sample): the
+    # max_tokens test reads the placeholders (scheduler.py:800-813) and every chunk is capped at
+    # ``max_model_len - num_computed_tokens - 1`` (:851-857).
+    clamps_chunk_at_max_model_len = True
+
+    def _in_flight_reaches_limit(self, tracked, counters) -> bool:  # type: ignore[no-untyped-def]
+        return bool(counters.num_placeholders) and (tracked.num_computed + 2 - counters.num_placeholders
+                                                     >= tracked.request.prompt_len + tracked.request.max_tokens)
+
+
+# the async paths' counterfactuals: class -> the reference that models the engine's behaviour
+MODELS: tuple[tuple[str, type[RecordingConnectorAsync]], ...] = (
+    ("failed-load-keeps-placeholders", KeepsPlaceholdersAsync),
+)
 
 
 def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
@@ -83,7 +143,9 @@ def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
 
 
 def _shaped(path: str, trace: Trace) -> Trace:
-    config = trace.config
+    pipelined = path.startswith("async-")
+    path = path.removeprefix("async-")
+    config = dataclasses.replace(trace.config, pipeline_depth=1) if pipelined else trace.config
     if path == "offload":
         config = dataclasses.replace(config, enable_prefix_caching=True)
     if path.startswith("fail-"):
@@ -97,6 +159,13 @@ def path_strategy(path: str) -> st.SearchStrategy:
     return connector_traces().map(lambda t: _shaped(path, t))
 
 
+def run_one(adapter, trace: Trace, invariants, path: str, reference: type | None = None) -> Outcome:
+    """One strict-lockstep run of ``trace`` on ``path``'s engine against its reference (or ``reference``)."""
+    if path.startswith("async-"):
+        return lockstep_async.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorAsync)
+    return lockstep_v1.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorV1)
+
+
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
     traces = sample_traces(path_strategy(path), count, seed_value)
     by_field: collections.Counter[str] = collections.Counter()
@@ -107,11 +176,13 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     for done, trace in enumerate(traces, 1):
         if done % 100 == 1 and done > 1:
             print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
-        outcome = run_one(adapter, trace, invariants, reference=RecordingConnectorV1)
+        outcome = run_one(adapter, trace, invariants, path)
         steps += len(outcome.result.records)
         for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
             violations[problem] += 1
         cls = classify(outcome)
+        if cls == "unclassified" and path.startswith("async-"):
+            cls = counterfactual(adapter, trace, invariants, path) or cls
         if cls is None:
             agreeing += 1
             continue
@@ -132,14 +203,27 @@ def classify(outcome: Outcome) -> str | None:
         return None
     if result.divergence is None and result.fault is None and outcome.state is not None:
         step, field, want, got = outcome.state
-        record = result.records[step]
-        errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
-        reported = len(record.after.kv_reported or {})
-        if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got):
-            return "frees-in-set-order"
+        # a pipelined engine's frees of a step may be fenced (gpu_fenced) and come back in the next
+        for record in result.records[max(step - 1, 0): step + 1]:
+            errors = sum(1 for f in record.finished if f.status.value == "FINISHED_ERROR")
+            reported = len(record.after.kv_reported or {})
+            if field == "gpu_free_ids" and errors + reported >= 2 and sorted(want) == sorted(got) and (
+                    record.step == step or record.after.gpu_fenced):
+                return "frees-in-set-order"
     if result.fault is not None and result.fault.kind == "config-rejected":
         return "config-rejected"
     return "unclassified"
+
+
+def counterfactual(adapter, trace: Trace, invariants, path: str) -> str | None:
+    """The class whose model (`MODELS`) explains the divergence: rerun against the reference with
+    that engine behaviour modelled, and every decision and state then agree (or differ only as
+    `classify` excuses)."""
+    for cls, model in MODELS:
+        again = run_one(adapter, trace, invariants, path, reference=model)
+        if classify(again) in (None, "frees-in-set-order"):
+            return cls
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,23 +232,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter, profile = load_adapter("vllm-v1"), get_profile("connector")
-    invariants = profile.invariants()
+    invariants = get_profile("connector").invariants()
+    targets = {"vllm-v1": [p for p in paths if p in SYNC_PATHS], "vllm-v1-async": [p for p in paths if p in ASYNC_PATHS]}
     report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
                               "reference": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorV1",
+                              "targets": {"vllm-v1": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorV1",
+                                          "vllm-v1-async": "conformance.selftest.campaigns.lockstep_connector:RecordingConnectorAsync"},
                               "seed": args.seed, "paths": {}, "classes": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
         if old.get("version") == 1:
             report["paths"] = {p: v for p, v in old.get("paths", {}).items() if p not in paths}
-            report["classes"] = {k: v for k, v in old.get("classes", {}).items() if v.get("path") not in paths}
+            for cls, entry in old.get("classes", {}).items():  # each class's traces on the paths not rerun
+                kept = {p: e for p, e in entry.get("paths", {}).items() if p not in paths}
+                if kept:
+                    report["classes"][cls] = {**entry, "paths": kept}
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
-    for path in paths:
-        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
-        print(json.dumps({"path": path, **entry}), flush=True)
+    for name, run in targets.items():
+        if not run:
+            continue
+        adapter = load_adapter(name)
+        for path in run:
+            report["paths"][path] = entry = {"target": name, **run_path(adapter, path, args.traces, args.seed, first,
+                                                                        invariants)}
+            print(json.dumps({"path": path, **entry}), flush=True)
+        close = getattr(adapter, "close", None)
+        if close is not None:
+            close()
     for (path, cls), (trace, outcome) in sorted(first.items()):
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
-        meta = {"adapter": "vllm-v1", "profile": "connector", "path": path, "class": cls, "kind": kind,
+        meta = {"adapter": "vllm-v1-async" if path in ASYNC_PATHS else "vllm-v1", "profile": "connector",
+                "path": path, "class": cls, "kind": kind,
                 "field": outcome.field, "message": outcome.describe(), "steps": len(outcome.result.records)}
         keep_class_trace(report, args.traces_dir, path, cls, kind, why, trace, meta, outcome.describe(),
                          name=f"{path}-{cls}.json")

@@ -96,8 +96,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        if rid in self.transfers:
+        load = self.transfers.get(rid)
+        if load is not None and load["load_async"]:
             return True, None  # a load in flight still writes them
+        # (a synchronous load lands in its step's forward pass: a request finished while that step is in
+        # flight, as pipelined steps allow, is held by vLLM's fence, defer_block_free, not by the connector)
         steps = int(self.scripts.get(rid, {}).get("send_steps", 0))
         manager = self._kv_cache_manager
         table = [b.block_id for b in manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, ())
@@ -176,3 +179,17 @@ def snapshot_parts(sched, snap: dict, tables: dict) -> None:
             view["num_computed"] = local
     snap["kv_transfers"] = {"version": KV_TRANSFERS_VERSION, "transfers": _views(connector.transfers)}
     snap["kv_reported"] = {"version": KV_TRANSFERS_VERSION, "transfers": _views(connector.reported)}
+
+
+def pipelined_snapshot_parts(sched, snap: dict) -> None:
+    """What the async host (vllm_v1_async_host.py) adds to `snapshot_parts` with a connector: an
+    asynchronous load in flight shows its local hit as computed again (the host's processed frontier
+    reads vLLM's ``num_computed_tokens``, the load's end), and the blocks vLLM holds back while an
+    in-flight step still writes them (``defer_block_free`` with a consumer connector and two batches
+    in flight, scheduler.py:189-195; ``deferred_frees``, :3088-3093, freed tail first, :3106-3118)."""
+    connector = sched.connector
+    for rid, transfer in connector.transfers.items():
+        view = snap["seqs"].get(f"{rid}#0")
+        if view is not None and transfer["kind"] == "load" and transfer["load_async"]:
+            view["num_computed"] = connector._matched[rid][0]
+    snap["gpu_fenced"] = [b.block_id - 1 for _, blocks in sched.deferred_frees for b in reversed(blocks)]

@@ -48,6 +48,17 @@ Translations beyond vllm_v1_host.py's:
   unfinished sequence: placeholders, in-flight tokens, stale tokens; capability ``in_flight``,
   read by PIP-003).
 
+With a KV connector (config ``kv_connector``; vllm_kv_connector.py, the scripted connector the
+synchronous host registers in vLLM's factory): loads start in the wire step that schedules them; the
+workers' ``KVConnectorOutput`` of a batch is what the script reports for that batch's step, handed
+to ``update_from_output`` with the batch's output when it is processed (one wire step late); sends
+count from the next step to schedule. vLLM then defers frees (``defer_block_free``: a consumer
+connector with two batches in flight, scheduler.py:189-195): the snapshot adds ``gpu_fenced``
+(``deferred_frees``, tail first), and an asynchronous load in flight shows its local hit as computed.
+A request cut back by a failed synchronous load is a prefill again until a step samples for it. The
+hello's ``ordered_steps`` claim is per host, not per trace, so it stands with a connector too, where
+vLLM fences instead (PIP-004 is not checked on these traces).
+
 Speculative decoding (k > 0; vllm_v1_host.py says how the host plays drafter and sampler): the
 scheduled drafts are ``AsyncScheduler``'s ``-1`` placeholders (the real drafts stay on the device,
 async_scheduler.py:24-56), so the drafts a step really verifies are what the drafter proposed
@@ -70,6 +81,7 @@ PROTOCOL_OUT = kvsched_host.protocol_stream()  # before vLLM is imported: 0.29.0
 import vllm_v1_host  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 BATCH_QUEUE_SIZE = 2  # vllm/config/vllm.py:592-597: async scheduling, no PP
 
@@ -78,7 +90,8 @@ class InFlight:
     """One scheduled batch in the engine's batch queue: its SchedulerOutput, the requests that
     sample in it (with the token position they sample), and, once "the model ran", its output."""
 
-    def __init__(self, output, samples: dict[str, int]) -> None:
+    def __init__(self, step: int, output, samples: dict[str, int]) -> None:
+        self.step = step  # the wire step that scheduled it (a KV connector's reports are by step)
         self.output = output
         self.samples = samples
         self.model_output: ModelRunnerOutput | None = None
@@ -109,7 +122,11 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         ignored, self.rejected = self.rejected, []
         result = {"step": self.step_no, "scheduled": [], "preempted": [], "swapped_in": [], "swap_out": [],
                   "swap_in": [], "copies": [], "ignored": ignored}
+        step = self.step_no
         self.step_no += 1
+        if self.kv is not None:  # the scripted KV connector (vllm_kv_connector.py): loads start in this
+            # step; a finish from here on (no request finishes inside schedule()) counts its sends from the next
+            self.kv.step, self.kv.next_step, self.kv.reported = step, self.step_no, {}
         self.pending = None
         if not sched.has_requests():  # core.py:771-778: nothing to schedule, take an outcome if one is queued
             self.due = bool(self.batch_queue)
@@ -130,7 +147,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
                 samples[rid] = r.num_computed_tokens
                 self.decoding.add(rid)
         result["preempted"] = [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())]
-        batch = InFlight(out, samples)
+        batch = InFlight(step, out, samples)
         self.batch_queue.appendleft(batch)
         executed = out.total_num_scheduled_tokens > 0
         self.due = not (len(self.batch_queue) < BATCH_QUEUE_SIZE and (executed or sched.has_requests()))
@@ -146,6 +163,8 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
                 self.new_batch.model_output = self._run_model_speculative(self.new_batch, set(stopped), drafts or {})
             else:
                 self.new_batch.model_output = self._run_model(self.new_batch, set(stopped))
+            if self.kv is not None:  # its requests computed KV a send could carry
+                self.kv.ran.update(self.new_batch.output.num_scheduled_tokens)
             self.new_batch = None
         if not self.due:
             return finished
@@ -153,8 +172,18 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         batch = self.batch_queue.pop()
         for rid, count in batch.committed.items():
             self.undelivered[rid] -= count
+        req_ids = list(batch.output.num_scheduled_tokens)
+        if self.kv is not None:  # the workers' transfer reports in the batch's outcome
+            batch.model_output.kv_connector_output = self.kv.report(batch.step)
+            computed = {rid: r.num_computed_tokens for rid, r in self.reqs.items() if r.status == RequestStatus.RUNNING}
         self.sched.update_from_output(batch.output, batch.model_output)
-        for rid in batch.output.num_scheduled_tokens:
+        if self.kv is not None:
+            # a request whose synchronous load failed is cut back to its first failed block
+            # (scheduler.py:3655-3666) and recomputes: a prefill again until a step samples for it
+            if batch.model_output.kv_connector_output.invalid_block_ids:
+                self.decoding -= {rid for rid, n in computed.items() if self.reqs[rid].num_computed_tokens < n}
+            req_ids = list(dict.fromkeys([*req_ids, *self.reqs]))  # FINISHED_ERROR reaches unscheduled ones too
+        for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
                 self.final[rid] = vllm_v1_host.STATUS.get(r.status, r.status.name)
@@ -205,6 +234,10 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             # (its 1 + k tokens would count past its tokens)
             view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
         snap["in_flight"] = {"version": 1, "seqs": self.in_flight()}  # PIP-003 (docs/PROTOCOL.md)
+        if self.kv is not None:
+            import vllm_kv_connector
+
+            vllm_kv_connector.pipelined_snapshot_parts(self.sched, snap)
         return snap
 
     def in_flight(self) -> dict:

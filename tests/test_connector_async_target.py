@@ -1,0 +1,100 @@
+"""vLLM 0.33.0's pipelined ``AsyncScheduler`` with the scripted KV connector (the vllm-v1-async host,
+conformance/targets/hosts/vllm_v1_async_host.py), in strict lockstep with the pipelined connector
+reference in vLLM's terms, on a few traces of every async path of
+conformance/selftest/campaigns/lockstep_connector.py, and the one vLLM defect class found there
+(``failed-load-keeps-placeholders``) shown on a one-request trace. The reference-only test runs
+without vLLM. Skips the rest unless ``kvsched targets install vllm-v1`` has run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from conformance.selftest.campaigns.async_smoke import async_installed
+
+TRACE = Path(__file__).resolve().parent.parent / "docs/traces/connector/async-failed-load-keeps-placeholders.json"
+needs_vllm = pytest.mark.skipif(not async_installed(), reason="vllm-v1 target not installed")
+
+
+@pytest.fixture(scope="module")
+def adapter():  # type: ignore[no-untyped-def]
+    from conformance.runner.adapter import load_adapter
+
+    adapter = load_adapter("vllm-v1-async")
+    yield adapter
+    close = getattr(adapter, "close", None)
+    if close is not None:
+        close()
+
+
+@needs_vllm
+@pytest.mark.parametrize("path", ["async-remote-sync", "async-remote-async", "async-offload", "async-fail-recompute",
+                                  "async-fail-fail", "async-delayed-free"])
+def test_pipelined_engine_agrees_with_the_reference(adapter, path: str) -> None:
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.v0 import sample_traces
+    from conformance.selftest.campaigns.lockstep_connector import (
+        CLASSES,
+        classify,
+        counterfactual,
+        path_strategy,
+        run_one,
+    )
+
+    invariants = get_profile("safety").invariants()
+    reached = 0
+    for trace in sample_traces(path_strategy(path), 4, 7):
+        outcome = run_one(adapter, trace, invariants, path)
+        cls = classify(outcome)
+        if cls == "unclassified":
+            cls = counterfactual(adapter, trace, invariants, path) or cls
+        assert cls is None or cls in CLASSES, outcome.describe()
+        reached += sum(bool(r.after.kv_reported) for r in outcome.result.records)
+    assert reached, f"no transfer was reported on the {path} path"
+
+
+@needs_vllm
+def test_failed_load_keeps_placeholders(adapter) -> None:
+    """One request loads 4 tokens synchronously and the load fails on its first block: vLLM cuts it
+    back to 0 computed tokens but keeps the placeholders of the failed step and of the decode already
+    in flight, whose token, sampled over the failed KV, it delivers (vllm-project/vllm#45138,
+    #49250). The spec's pipelined reference voids that step; the counterfactual that keeps them
+    agrees with the engine step for step, and the engine alone breaks CHK-002 and CHK-004."""
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_connector import KeepsPlaceholdersAsync, classify, run_one
+    from spec.trace import Trace
+
+    trace = Trace.load(TRACE)
+    invariants = get_profile("connector").invariants()
+    spec = run_one(adapter, trace, invariants, "async-fail-recompute")
+    assert classify(spec) == "unclassified" and spec.state is not None and spec.state[1] == "num_tokens", spec.describe()
+    engine = run_one(adapter, trace, invariants, "async-fail-recompute", reference=KeepsPlaceholdersAsync)
+    assert classify(engine) is None, engine.describe()
+    assert {"CHK-002", "CHK-004"} <= engine.result.problem_ids, engine.result.problem_ids
+
+
+def test_pipelined_reference_at_depth_zero_is_the_connector_flow() -> None:
+    """At depth 0 the pipelined connector reference processes each step in its own update: every
+    decision, finish, state and transfer equals the synchronous connector flow's (no vLLM needed)."""
+    from conformance.generation.connector import connector_traces
+    from conformance.generation.v0 import sample_traces
+    from conformance.selftest.campaigns.lockstep_v1 import state_of
+    from reference_impl.engine import iter_steps
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler, PipelinedConnectorScheduler
+
+    transfers = 0
+    for trace in sample_traces(connector_traces(), 25, 5):
+        trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=0))
+        sync = list(iter_steps(trace, ConnectorScheduler(trace.config)))
+        piped = list(iter_steps(trace, PipelinedConnectorScheduler(trace.config, depth=0)))
+        assert len(sync) == len(piped)
+        for a, b in zip(sync, piped, strict=True):
+            assert [(s.request_id, s.num_tokens, s.is_prefill) for s in a.output.scheduled] == \
+                [(s.request_id, s.num_tokens, s.is_prefill) for s in b.output.scheduled], a.step
+            assert [f.request_id for f in a.finished] == [f.request_id for f in b.finished], a.step
+            assert state_of(a.after, False) == state_of(b.after, False), a.step
+            assert a.after.kv_transfers == b.after.kv_transfers, a.step
+            transfers += bool(a.after.kv_transfers)
+    assert transfers
