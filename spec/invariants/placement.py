@@ -66,7 +66,7 @@ def swapped_on_cpu(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[s
     kv_holding_waiting, scheduler.py:2709-2715): a session's sequences are not checked here, and
     SES-003 says when a session must give its KV back.""",
     (C.STATUSES, C.BLOCK_TABLES),
-    reads=("status", "blocks", "device"), about=SEQUENCE, when=waiting,
+    reads=("status", "blocks", "device", "request_id"), about=SEQUENCE, when=waiting,
 )
 def waiting_holds_nothing(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> Iterator[str]:
     yield from _residency(seq, None)
