@@ -20,8 +20,9 @@ judged by kvsched and by vLLM's own tests on the same mutants, over one populati
    (`conformance.selftest.mutation.kvsched_judge.judges`: ``vllm-v1`` synchronous, ``vllm-v1-async``
    pipelined, ``vllm-v1-async+specdec`` speculative, ``vllm-v1-hybrid`` and ``vllm-v1-async+hybrid``
    hybrid KV cache groups, ``vllm-v1-connector`` the scripted KV connector, ``vllm-v1-budgets``
-   encoder inputs, LoRA, pause and grammar waits; ``--judge-traces NAME=N`` sets any judge's
-   traces; a judge added later judges the mutants no judge has oracle-killed yet), cheapest first by
+   encoder inputs, LoRA, pause, grammar waits and streaming sessions; ``--judge-traces NAME=N`` sets
+   any judge's traces; a judge added later judges the mutants no judge has oracle-killed yet; a judge
+   whose unmutated engine's findings changed since its cached baseline is judged again), cheapest first by
    their baseline's time, until one kills it with an oracle kill or a timeout (a crash kill goes on
    to the next); vLLM's ``tests/v1/core`` (the tests that run the mutated line, fastest first).
    Results are written after every mutant: an interrupted run resumes.
