@@ -79,7 +79,7 @@ def took_input(ctx: CheckContext, rec: StepRecord, request_id: str, old_tokens: 
 # Triggers: when each rule below has something to check (spec/invariants/triggers.py).
 def sessions_wait(ctx: CheckContext, rec: StepRecord) -> bool:
     """a session is in the waiting queue before the step"""
-    return any(is_session(ctx, rid) for rid in rec.before.waiting or ())
+    return bool(ctx.sessions) and any(rid in ctx.sessions for rid in rec.before.waiting or ())
 
 
 def sessions_live(ctx: CheckContext, rec: StepRecord) -> bool:

@@ -24,6 +24,7 @@ never said hello: the mutated module does not import), ``survived`` (nothing new
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import tempfile
@@ -69,6 +70,22 @@ class Flavour:
         return self.run(adapter, trace, timeout)
 
 
+def _strategy_of(module: str) -> Callable[[str], Any]:
+    """The path strategy of a campaign (or generator) module, imported when a trace is drawn: a
+    judge's module is imported only by a bench that uses that judge."""
+
+    def strategy(path: str):
+        return importlib.import_module(module).path_strategy(path)
+
+    return strategy
+
+
+_async_strategy = _strategy_of("conformance.generation.async_paths")
+_hybrid_strategy = _strategy_of("conformance.selftest.campaigns.lockstep_hybrid")
+_connector_strategy = _strategy_of("conformance.selftest.campaigns.lockstep_connector")
+_budgets_strategy = _strategy_of("conformance.selftest.campaigns.lockstep_budgets")
+
+
 def _v1_strategy(path: str):
     from conformance.selftest.campaigns.lockstep_v1 import path_strategy
 
@@ -79,12 +96,6 @@ def _v1_run(adapter, trace: Trace, timeout: float):
     from conformance.selftest.campaigns.lockstep_v1 import run_one
 
     return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
-
-
-def _async_strategy(path: str):
-    from conformance.generation.async_paths import path_strategy
-
-    return path_strategy(path)
 
 
 def _async_run(adapter, trace: Trace, timeout: float):
@@ -105,12 +116,6 @@ def _specdec_run(adapter, trace: Trace, timeout: float):
     return run_one(adapter, trace, get_profile("safety").invariants(), RecordingAsyncSpec)
 
 
-def _hybrid_strategy(path: str):
-    from conformance.selftest.campaigns.lockstep_hybrid import path_strategy
-
-    return path_strategy(path)
-
-
 def _hybrid_run(adapter, trace: Trace, timeout: float):
     from conformance.selftest.campaigns.lockstep_hybrid import run_one
 
@@ -119,24 +124,12 @@ def _hybrid_run(adapter, trace: Trace, timeout: float):
     return run_one(adapter, trace, get_profile(profile).invariants(), timeout=timeout, stop_at_first=False)
 
 
-def _connector_strategy(path: str):
-    from conformance.selftest.campaigns.lockstep_connector import path_strategy
-
-    return path_strategy(path)
-
-
 def _connector_run(adapter, trace: Trace, timeout: float):
     from conformance.selftest.campaigns.lockstep_connector import RecordingConnectorV1
     from conformance.selftest.campaigns.lockstep_v1 import run_one
 
     return run_one(adapter, trace, get_profile("connector").invariants(), reference=RecordingConnectorV1,
                    timeout=timeout, stop_at_first=False)
-
-
-def _budgets_strategy(path: str):
-    from conformance.selftest.campaigns.lockstep_budgets import path_strategy
-
-    return path_strategy(path)
 
 
 def _budgets_run(adapter, trace: Trace, timeout: float):
