@@ -13,8 +13,10 @@ lives on the Scheduler object:
 * ``Scheduler.get_next_batch_to_run`` (managers/scheduler.py:3894-4035), the no-feature path:
   filter the last extend batch and merge it into the running batch, filter the running batch,
   try a new prefill batch, else decode the running batch.
-* ``Scheduler._get_new_batch_prefill_raw`` (scheduler.py:4079-4457), without LoRA, HiCache,
-  mamba, mixed chunks or priority preemption; with chunked prefill when the config asks for it
+* ``Scheduler._get_new_batch_prefill_raw`` (scheduler.py:4079-4457), without HiCache,
+  mamba, mixed chunks or priority preemption; with LoRA when the config has ``max_loras``
+  (`sglang_lora`: SGLang's own ``can_schedule_lora_req`` and ``LoRAManager``, no adapter weights;
+  ``max_loras_per_batch`` is ``max_loras``); with chunked prefill when the config asks for it
   (``chunked_prefill_size`` and ``max_prefill_tokens`` are both the spec's token budget): the
   chunked request is stashed into the radix cache and kept out of the running batch between its
   chunks (scheduler.py:3911-3919), its next chunk goes first (4176-4184); ``get_num_allocatable_reqs``
@@ -51,13 +53,15 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvsched_host  # noqa: E402
+import sglang_lora  # noqa: E402
 import sglang_stubs  # noqa: E402
 
 EOS = 2
 
 
 class SglangEngine:
-    def __init__(self) -> None:
+    def __init__(self, lora_counterfactual: str | None = None) -> None:
+        self.lora_counterfactual = lora_counterfactual  # sglang_lora.COUNTERFACTUALS; None: SGLang as released
         sglang_stubs.load()
         import torch
         from sglang.srt import runtime_context
@@ -122,6 +126,8 @@ class SglangEngine:
         self.just_ignored: list = []
         self.pending = None  # (batch, is_prefill) between schedule and update
         self.step_no = 0
+        self.lora = sglang_lora.LoraSlots(config["max_loras"], self.lora_counterfactual) \
+            if config.get("max_loras") else None
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: dict) -> None:
@@ -133,7 +139,11 @@ class SglangEngine:
         tokens = request.get("prompt_tokens") or kvsched_host.token_ids(rid, request["prompt_len"])
         params = self.SamplingParams(max_new_tokens=request["max_tokens"])
         params.normalize(None)
-        req = self.sb.Req(rid, "", array("q", tokens), params, eos_token_ids={EOS})
+        lora = int(request.get("lora_id", 0))
+        if lora and self.lora is None:
+            raise ValueError(f"request.lora_id: {lora} needs config.max_loras > 0")
+        req = self.sb.Req(rid, "", array("q", tokens), params, eos_token_ids={EOS},
+                          lora_id=sglang_lora.sglang_lora_id(lora))
         self.reqs[rid] = req
         if len(tokens) >= self.max_req_input_len:  # validate_input_length (managers/utils.py:272)
             # SGLang answers at the door; the wire's add_request has no result, so the refusal is
@@ -167,9 +177,13 @@ class SglangEngine:
         if self.chunked_req is not None:  # scheduler.py:4176-4184: the chunked request's next chunk first
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        if self.lora is not None:  # scheduler.py:4186-4191
+            running_loras = self.lora.running_loras(running.reqs, adder.can_run_list)
         for req in self.waiting:
             if adder.budget_state() == self.sp.AddReqResult.OTHER:
                 break
+            if self.lora is not None and not self.lora.can_schedule(req, running_loras):  # scheduler.py:4209-4210
+                continue
             held = sum(r.kv.holds_kv for r in adder.can_run_list)
             if len(adder.can_run_list) >= self._allocatable(len(running.reqs), held):
                 running.batch_is_full = True
@@ -177,6 +191,8 @@ class SglangEngine:
                 break
             req.init_next_round_input(self.cache)
             res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None)
+            if self.lora is not None:  # scheduler.py:4276-4277: added whether or not the adder took it
+                running_loras.add(req.lora_id)
             if res != self.sp.AddReqResult.CONTINUE:
                 if res == self.sp.AddReqResult.NO_TOKEN:
                     running.batch_is_full = len(adder.can_run_list) > 0 or not running.is_empty()
@@ -246,6 +262,8 @@ class SglangEngine:
             batch = self._decode_batch(preempted)
         self.last_batch = batch
         scheduled = []
+        if batch is not None and self.lora is not None:
+            self.lora.fetch(self.step_no, batch.reqs)  # forward_batch_info.py:1294, before the model runs
         if batch is not None:
             for req in batch.reqs:
                 tokens = req.extend_len if prefill else 1
@@ -316,15 +334,23 @@ class SglangEngine:
             "running": [r for r in statuses if statuses[r] == "RUNNING"], "swapped": [],
             "gpu_free": len(free), "cpu_free": 0, "gpu_free_ids": free, "cpu_free_ids": [],
             "sglang_evictable": int(self.cache.evictable_size()), "sglang_protected": int(self.cache.protected_size()),
+            **({"sglang_lora_slots": self.lora.resident(), "sglang_lora_overflows": list(self.lora.overflows)}
+               if self.lora is not None else {}),
         }
 
 
 CAPABILITIES = ["output", "statuses", "queues", "block_tables", "free_counts", "free_lists", "seq_lengths",
-                "computed_tokens"]
+                "computed_tokens", "lora"]
 
 
 def main() -> int:
-    return kvsched_host.serve(SglangEngine(), "sglang", ("safety",), CAPABILITIES)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lora-counterfactual", choices=sglang_lora.COUNTERFACTUALS, default=None,
+                        help="take a fix out of the replayed LoRA glue (sglang_lora.COUNTERFACTUALS); never the default")
+    args = parser.parse_args()
+    return kvsched_host.serve(SglangEngine(args.lora_counterfactual), "sglang", ("safety",), CAPABILITIES)
 
 
 if __name__ == "__main__":
