@@ -75,7 +75,11 @@ Where this differs from the engine: SGLang reads ``time.monotonic()`` for LRU ti
 logical clock (`reference_impl.radix_cache`); an abort (the host has none) finishes the request
 at once, freeing its row without caching it; the other policies (lof, dfs-weight, random,
 priority), mixed chunks and page sizes above 1 are not modelled; sampled tokens are the ``sglang`` host's
-(`sampled_token`), since SGLang's radix cache keys on them.
+(`sampled_token`), since SGLang's radix cache keys on them. LoRA (``max_loras`` as SGLang's
+``max_loras_per_batch``): a waiting request whose adapter would be one more than ``max_loras``
+among the running batch's, the staged chunk's and the ones taken before it is passed over
+(``can_schedule_lora_req``, scheduler.py:4186-4277); SGLang's base model takes one of the slots,
+so the spec's adapter 0 does here too (LORA-001 does not count it).
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ EOS = 2  # the host's end-of-sequence id: the trace's stop decision
 
 CAPABILITIES = frozenset({Capability.OUTPUT, Capability.STATUSES, Capability.QUEUES, Capability.BLOCK_TABLES,
                           Capability.FREE_COUNTS, Capability.FREE_LISTS, Capability.SEQ_LENGTHS,
-                          Capability.COMPUTED_TOKENS, Capability.SGLANG_FLOW})
+                          Capability.COMPUTED_TOKENS, Capability.SGLANG_FLOW, Capability.LORA})
 
 
 def sampled_token(request_id: str, position: int) -> int:
@@ -149,6 +153,14 @@ class SglangRequest:
     @property
     def fill(self) -> list[int]:
         return self.origin + self.output
+
+    @property
+    def key(self) -> list:
+        """``fill`` as the radix cache keys it: an adapter's tokens are namespaced by its id (``Req.extra_key``
+        gets the ``lora_id``, schedule_batch.py:1164-1170; ``RadixKey.child_key``, radix_cache.py:222-240), so
+        requests of different adapters never share cached slots."""
+        lora = self.request.lora_id
+        return self.fill if not lora else [(lora, token) for token in self.fill]
 
     @property
     def finished(self) -> bool:
@@ -307,9 +319,12 @@ class SglangScheduler:
         adder = _Adder(self, self.ratio)
         if self.chunked is not None:  # its next chunk first (scheduler.py:4176-4184)
             self.chunked = adder.add_chunked(self.chunked, reasons)
+        loras = self._running_loras(adder) if self.config.max_loras else None
         for tracked in self.waiting:
             if adder.state() == "other":
                 break
+            if loras is not None and not self._lora_fits(tracked, loras, reasons):
+                continue
             if len(adder.admitted) >= allocatable:
                 self.batch_is_full = True
                 reasons.append(Reason.of("wait_seats", tracked.request_id, running=len(self.running),
@@ -317,6 +332,8 @@ class SglangScheduler:
                 break
             self._match(tracked)
             result = adder.add(tracked, reasons)
+            if loras is not None:  # scheduler.py:4276-4277: whether or not the adder took it
+                loras.add(tracked.request.lora_id)
             if result != "continue":
                 if result == "no_token":
                     self.batch_is_full = bool(adder.admitted) or bool(self.running)
@@ -332,6 +349,21 @@ class SglangScheduler:
         self._allocate_extend(adder.admitted)
         return adder.admitted
 
+    def _running_loras(self, adder: _Adder) -> set[int]:
+        """The adapters a LoRA pass starts from (scheduler.py:4186-4191): the running batch's and the
+        staged chunk's (the request carried over mid-prefill, sgl-project/sglang #25865; PR #23179)."""
+        return {r.request.lora_id for r in self.running if not r.finished} | {r.request.lora_id for r in adder.admitted}
+
+    def _lora_fits(self, tracked: SglangRequest, loras: set[int], reasons: list[Reason]) -> bool:
+        """``can_schedule_lora_req`` (scheduler.py:4416-4443, ``validate_lora_batch`` lora_manager.py:427-436):
+        its adapter is in use already, or one more still fits ``max_loras``. The base model (adapter 0)
+        counts as one, as SGLang's ``None`` does."""
+        lora = tracked.request.lora_id
+        if lora in loras or len(loras | {lora}) <= self.config.max_loras:
+            return True
+        reasons.append(Reason.of("wait_lora_slots", tracked.request_id, loras=len(loras), limit=self.config.max_loras))
+        return False
+
     def _order_waiting(self) -> None:
         """``SchedulePolicy.calc_priority`` (schedule_policy.py:213-283)."""
         if self.config.policy == "lpm" and len(self.waiting) <= WAITING_QUEUE_PREFIX_MATCH_MAX:
@@ -343,16 +375,16 @@ class SglangScheduler:
         self._refresh_calls += 1
         if refresh:
             for tracked in reversed(self.waiting[:WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.cache.touch(tracked.fill)
+                self.cache.touch(tracked.key)
 
     def _lpm_matches(self) -> set[int]:
         """``_compute_prefix_matches`` (schedule_policy.py:336-388): each waiting request's cached
         prefix (all its tokens may match here); a request whose short cached prefix the waiting
         requests before it share by 32 tokens or more is deprioritised."""
         deprioritized: set[int] = set()
-        seen: list[list[int]] = []  # the simulated waiting-queue tree's keys
+        seen: list[list] = []  # the simulated waiting-queue tree's keys
         for tracked in self.waiting:
-            fill = tracked.fill
+            fill = tracked.key
             slots, node = self.cache.match(fill)
             tracked.prefix_len, tracked.last_node = len(slots), node
             tracked.matched = min(len(slots), max(len(fill) - 1, 0))
@@ -366,7 +398,7 @@ class SglangScheduler:
 
     def _match(self, tracked: SglangRequest) -> None:
         """``Req.init_next_round_input``: match all but the last token."""
-        fill = tracked.fill
+        fill = tracked.key
         slots, node = self.cache.match(fill[:max(len(fill) - 1, 0)])
         tracked.prefix_len, tracked.last_node, tracked.protected = len(slots), node, len(slots)
         tracked.matched = len(slots)
@@ -453,7 +485,7 @@ class SglangScheduler:
         """``RadixCache.checkpoint`` (radix_cache.py:510-543): insert the first ``up_to`` tokens,
         free this row's duplicates of what was cached, point the row at the cached slots and
         move the lock to the new last node."""
-        tokens = tracked.fill[:up_to]
+        tokens = tracked.key[:up_to]
         in_tree = self.cache.insert(tokens, tracked.row[:up_to])
         self.free.extend(tracked.row[tracked.protected:in_tree])
         slots, node = self.cache.match(tokens)

@@ -3,6 +3,8 @@ that decode runs out of slots and retracts (see `sglang_traces`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from conformance.generation.v1 import _bound
@@ -97,6 +99,24 @@ def sglang_traces_any() -> st.SearchStrategy:
     """The flow's traces, both policies, chunked prefill on or off, without chunking a budget of at
     least max_model_len (`conformance.flows.sglang`)."""
     return sglang_traces(full=False, chunked=None)
+
+
+@st.composite
+def sglang_lora_traces(draw: st.DrawFn, policy: str | None = None, roomy: bool = False) -> Trace:
+    """The flow's traces with LoRA adapters (issue 32; sgl-project/sglang #25865, #23141): chunked
+    prefill on (a request carried over mid-prefill is the shape of #25865), ``max_loras`` 1 or 2 and
+    adapter ids 1-3, so that the slots bind. Three traces in four give every request an adapter:
+    SGLang counts the base model (adapter 0) as one of its slots and the spec does not
+    (hosts/sglang_lora.py), so only on such traces is SGLang's count the spec's; the fourth mixes
+    base-model requests in. ``roomy``: a pool of at least max_model_len slots (the ``sglang``
+    target's domain, `cache_holds_model_len`)."""
+    trace = draw(sglang_traces(policy, chunked=True, burst=False))
+    config = replace(trace.config, max_loras=draw(st.integers(1, 2)))
+    if roomy:
+        config = replace(config, num_gpu_blocks=max(config.num_gpu_blocks, config.max_model_len))
+    lowest = draw(st.sampled_from([1, 1, 1, 0]))
+    arrivals = tuple(Arrival(a.step, replace(a.request, lora_id=draw(st.integers(lowest, 3)))) for a in trace.arrivals)
+    return replace(trace, config=config, arrivals=arrivals)
 
 
 # ------------------------------------------------------------------------------ running and classifying

@@ -264,10 +264,14 @@ def _sglang_strategy() -> st.SearchStrategy:
     # at 8 or less, and most prompts would be refused at the door.
     # A third of the traces are bursts that make retract_decode run (`_retraction_bursts`): the
     # plain traces never did (0 retractions in 60 traces).
+    # A quarter are LoRA traces with chunked prefill (`sglang_lora_traces`, issue 32: the shape of
+    # sgl-project/sglang #25865), driving SGLang's own can_schedule_lora_req and LoRAManager.
+    from conformance.generation.sglang import sglang_lora_traces
+
     plain = engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
                                          block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
                           allow_aborts=False)
-    return st.one_of(plain, plain, _retraction_bursts())
+    return st.one_of(plain, plain, _retraction_bursts(), sglang_lora_traces("fcfs", roomy=True))
 
 
 @st.composite
@@ -382,7 +386,8 @@ _NANO_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=
                             budget_covers_model_len=True)
 _V0_DOMAIN = ConfigDomain(watermark=0.01, max_n=3, budget_covers_model_len=True)
 _SGLANG_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, aborts=False, max_n=1,
-                              budget_covers_model_len=True, cache_holds_model_len=True)
+                              budget_covers_model_len=True, cache_holds_model_len=True, chunked_prefill=True,
+                              prefix_caching=True, lora=True)  # `sglang_lora_traces`: chunked, radix cache, LoRA
 _LMDEPLOY_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.0, priority=False, max_n=1,
                                 budget_covers_model_len=True, prefix_caching=True)
 _VIDUR_DOMAIN = ConfigDomain(swap=False, cpu_pool=False, watermark=0.01, priority=False, aborts=False, max_n=1,

@@ -1,6 +1,6 @@
 """Strict lockstep: the reference's ``sglang`` flow against SGLang 0.5.23's real scheduler code.
 
-    python -m conformance.selftest.campaigns.lockstep_sglang [--path fcfs|lpm|retract|all] [--traces 400]
+    python -m conformance.selftest.campaigns.lockstep_sglang [--path fcfs|lpm|retract|chunked|lora|all] [--traces 400]
         [--seed 20261201] [--out docs/results/lockstep-sglang.json]
         [--traces-dir docs/traces/lockstep-sglang] [--no-shrink]
 
@@ -13,7 +13,10 @@ one path per policy (``--traces`` each):
 ``lpm``      longest prefix match first;
 ``retract``  either policy, every trace a burst sized so that decode runs out of slots;
 ``chunked``  either policy, chunked prefill on (``chunked_prefill_size`` and ``max_prefill_tokens``
-             both the token budget, drawn below the longer prompts).
+             both the token budget, drawn below the longer prompts);
+``lora``     either policy, chunked prefill on, ``max_loras`` 1-2 and adapters 1-3 (`sglang_lora_traces`:
+             the shape of sgl-project/sglang #25865), through SGLang's own ``can_schedule_lora_req`` and
+             ``LoRAManager`` (hosts/sglang_lora.py).
 
 All draw `sglang_traces`: page size 1, the radix cache on, prompts cut from a few shared stems
 over a small vocabulary (prefix hits, node splits and evictions happen), small KV pools and long
@@ -40,7 +43,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
-from conformance.generation.sglang import sglang_traces
+from conformance.generation.sglang import sglang_lora_traces, sglang_traces
 from conformance.generation.v0 import sample_traces
 from conformance.selftest.campaigns import lockstep_v1
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, write_report
@@ -52,7 +55,7 @@ from spec.trace import Trace
 
 TARGET = "sglang"
 PROFILE = "sglang"
-PATHS = ("fcfs", "lpm", "retract", "chunked")
+PATHS = ("fcfs", "lpm", "retract", "chunked", "lora")
 SRC = "sglang/srt/"
 
 # class -> (kind, explanation with SGLang's source location); filled from what the runs found.
@@ -77,6 +80,10 @@ FIXES: dict[str, str] = {
     f"({SRC}managers/schedule_policy.py:1638, _select_prefill_admission; _commit_prefill_admission). The reference "
     "had reserved the remaining tokens, so after a retraction it admitted one request more than SGLang in the same "
     "prefill batch (first seen on the lpm path).",
+    "lora-namespaced-radix-keys": "SGLang appends a request's lora_id to its extra_key (schedule_batch.py:1164-1170) "
+    f"and the radix cache namespaces every child key by it ({SRC}mem_cache/radix_cache.py:222-240), so requests of "
+    "different adapters share no cached prefix. The reference had matched on tokens alone and counted another "
+    "adapter's prefix as computed (first seen on the lora path: 22 of 40 traces).",
 }
 
 
@@ -87,7 +94,19 @@ def path_strategy(path: str) -> st.SearchStrategy:
         return sglang_traces(burst=True)
     if path == "chunked":
         return sglang_traces(chunked=True, burst=False)
+    if path == "lora":
+        return sglang_lora_traces()
     return sglang_traces(path)
+
+
+def pre_23179_adapter():
+    """The ``sglang`` target with the host's LoRA counterfactual (hosts/sglang_lora.py ``pre-23179``:
+    ``running_loras`` from the running batch only, the code sgl-project/sglang #25865 describes), for
+    ``kvsched conform --adapter conformance.selftest.campaigns.lockstep_sglang:pre_23179_adapter``:
+    shows that the checks catch the defect once SGLang's fix is taken out. Never a target of its own."""
+    from dataclasses import replace
+
+    return replace(get_target(TARGET), host_args=("--lora-counterfactual", "pre-23179")).adapter()
 
 
 class Recorded(RecordsSnapshots, SglangScheduler):
@@ -149,11 +168,18 @@ def _reached(result) -> set[str]:
     """Which of SGLang's paths the trace took (on the engine's side), for the coverage line."""
     found: set[str] = set()
     last_prefills: set[str] = set()
+    limit = result.trace.config.max_loras
+    adapter = {a.request.request_id: a.request.lora_id for a in result.trace.arrivals}
     for record in result.records:
         out = record.output
         prefills = {s.request_id for s in out.scheduled if s.is_prefill}
-        if prefills & last_prefills:
+        carried = prefills & last_prefills
+        if carried:
             found.add("chunked_prefill")  # prefilled in two steps running: its prompt came in chunks
+        if limit and carried:  # sglang#25865's step: a chunk carried over, slots full, another adapter waits
+            used = {adapter.get(s.request_id) for s in out.scheduled} | {adapter.get(r) for r in record.before.running or ()}
+            if len(used) >= limit and any(adapter.get(r) not in used for r in record.before.waiting or ()):
+                found.add("lora_slots_full_beside_a_carried_chunk")
         last_prefills = prefills
         if out.preempted:
             found.add("retract_decode")
