@@ -129,7 +129,9 @@ def _action(old: Status, new: Status, preempt_mode: str | None) -> str | None:
     if old is S.RUNNING and new is S.FINISHED_IGNORED:
         return "preempt_then_ignore"
     if old is S.RUNNING and new is S.WAITING:
-        return "preempt_recompute"
+        # preempted: recompute; else a streaming session whose generation ended took up its next
+        # input within the step (SESSION_EDGES), which no step reports as a preemption
+        return "preempt_recompute" if preempt_mode else "take_input"
     if old is S.RUNNING and new is S.RUNNING:
         return "decode"
     for src, dst, action in EDGES:

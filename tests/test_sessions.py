@@ -14,6 +14,7 @@ from reference_impl.engine import run_trace
 from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.errors import InputError
+from spec.lifecycle import coverage
 from spec.session import InputPiece, piece_tokens
 from spec.status import Status
 from spec.trace import Arrival, Trace
@@ -69,6 +70,21 @@ def test_an_input_that_arrives_while_the_session_runs_is_taken_up_at_its_stop():
     run = run_trace(trace, V1Scheduler)
     assert run.drained and violated(V1Scheduler, trace, invariants=INVARIANTS) == set()
     assert Status.WAITING_FOR_INPUT not in {s for r in run.records for s in r.after.statuses.values()}
+    # its RUNNING -> WAITING is the session's take_input, not a preemption (spec.lifecycle)
+    counts = coverage(run.records)
+    assert counts[("RUNNING", "WAITING", "take_input")] == 1
+    assert counts[("RUNNING", "WAITING", "preempt_recompute")] == 0
+
+
+def test_transition_coverage_tells_a_recompute_preemption_from_a_taken_input():
+    # two prompts that outgrow 4 blocks of 4 slots: the later one is preempted by recompute
+    config = _config(num_gpu_blocks=4, max_model_len=16)
+    trace = Trace(config, (Arrival(0, Request("a", 6, 8)), Arrival(0, Request("b", 6, 8))), max_steps=80)
+    run = run_trace(trace, V1Scheduler)
+    assert any(r.output.preempted for r in run.records)
+    counts = coverage(run.records)
+    assert counts[("RUNNING", "WAITING", "preempt_recompute")] >= 1
+    assert counts[("RUNNING", "WAITING", "take_input")] == 0
 
 
 def _stall() -> Trace:

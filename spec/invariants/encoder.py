@@ -47,7 +47,8 @@ def nothing_scheduled_beside_encoder_entries(ctx: CheckContext, rec: StepRecord)
 
 def lora_slots_bind(ctx: CheckContext, rec: StepRecord) -> bool:
     """the step passes a request over for its LoRA adapter, or schedules a LoRA request"""
-    return any(x.kind == "wait_lora_slots" for x in rec.output.reasons) or any(ctx.requests[s.request_id].lora_id is not None for s in rec.output.scheduled if s.request_id in ctx.requests)
+    return any(x.kind == "wait_lora_slots" for x in rec.output.reasons) or any(
+        ctx.requests[s.request_id].lora_id for s in rec.output.scheduled if s.request_id in ctx.requests)
 
 
 @invariant(
