@@ -119,4 +119,24 @@ def sglang_lora_traces(draw: st.DrawFn, policy: str | None = None, roomy: bool =
     return replace(trace, config=config, arrivals=arrivals)
 
 
+@st.composite
+def sglang_carried_chunk_lora_traces(draw: st.DrawFn, policy: str | None = None) -> Trace:
+    """sgl-project/sglang #25865's shape at page size 1: ``max_loras + 1`` requests of as many adapters,
+    prompts of half to one and a half token budgets (so that one is cut into chunks and its last chunk
+    leaves budget for another), arriving over three steps on a roomy pool."""
+    budget = draw(st.integers(6, 12))
+    config = SchedulerConfig(
+        block_size=1, num_gpu_blocks=64, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=budget,
+        max_model_len=32, watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True,
+        enable_prefix_caching=True, policy=policy or draw(st.sampled_from(("fcfs", "lpm"))),
+        max_loras=draw(st.integers(1, 2)))
+    arrivals = []
+    for i in range(config.max_loras + 1):
+        length = draw(st.integers(budget // 2, budget + budget // 2))
+        arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
+            f"r{i}", length, draw(st.integers(1, 4)), prompt_tokens=tuple(100 + 40 * i + k for k in range(length)),
+            lora_id=i + 1)))
+    return Trace(config, tuple(sorted(arrivals, key=lambda a: a.step)), max_steps=80)
+
+
 # ------------------------------------------------------------------------------ running and classifying

@@ -264,14 +264,16 @@ def _sglang_strategy() -> st.SearchStrategy:
     # at 8 or less, and most prompts would be refused at the door.
     # A third of the traces are bursts that make retract_decode run (`_retraction_bursts`): the
     # plain traces never did (0 retractions in 60 traces).
-    # A quarter are LoRA traces with chunked prefill (`sglang_lora_traces`, issue 32: the shape of
-    # sgl-project/sglang #25865), driving SGLang's own can_schedule_lora_req and LoRAManager.
-    from conformance.generation.sglang import sglang_lora_traces
+    # A quarter are LoRA traces with chunked prefill (`sglang_lora_traces`, and half of those
+    # `sglang_carried_chunk_lora_traces`: issue 32, the shape of sgl-project/sglang #25865), driving
+    # SGLang's own can_schedule_lora_req and LoRAManager.
+    from conformance.generation.sglang import sglang_carried_chunk_lora_traces, sglang_lora_traces
 
     plain = engine_traces(engine_configs(watermark=0.0, cpu_blocks=False, modes=("recompute",), policies=("fcfs",),
                                          block_sizes=(1,), max_len_blocks=32, cache_holds_model_len=True), max_n=1,
                           allow_aborts=False)
-    return st.one_of(plain, plain, _retraction_bursts(), sglang_lora_traces("fcfs", roomy=True))
+    lora = st.one_of(sglang_lora_traces("fcfs", roomy=True), sglang_carried_chunk_lora_traces("fcfs"))
+    return st.one_of(plain, plain, _retraction_bursts(), lora)
 
 
 @st.composite
