@@ -123,7 +123,8 @@ def sglang_lora_traces(draw: st.DrawFn, policy: str | None = None, roomy: bool =
 def sglang_carried_chunk_lora_traces(draw: st.DrawFn, policy: str | None = None) -> Trace:
     """sgl-project/sglang #25865's shape at page size 1: ``max_loras + 1`` requests of as many adapters,
     prompts of half to one and a half token budgets (so that one is cut into chunks and its last chunk
-    leaves budget for another), arriving over three steps on a roomy pool."""
+    leaves budget for another), arriving over three steps on a roomy pool; in half of them one request is
+    stopped two to five steps after it arrives (while it decodes, most often)."""
     budget = draw(st.integers(6, 12))
     config = SchedulerConfig(
         block_size=1, num_gpu_blocks=64, num_cpu_blocks=0, max_num_seqs=4, max_num_batched_tokens=budget,
@@ -134,9 +135,13 @@ def sglang_carried_chunk_lora_traces(draw: st.DrawFn, policy: str | None = None)
     for i in range(config.max_loras + 1):
         length = draw(st.integers(budget // 2, budget + budget // 2))
         arrivals.append(Arrival(draw(st.integers(0, 2)), Request(
-            f"r{i}", length, draw(st.integers(1, 4)), prompt_tokens=tuple(100 + 40 * i + k for k in range(length)),
+            f"r{i}", length, draw(st.integers(1, 6)), prompt_tokens=tuple(100 + 40 * i + k for k in range(length)),
             lora_id=i + 1)))
-    return Trace(config, tuple(sorted(arrivals, key=lambda a: a.step)), max_steps=80)
+    stops = ()
+    if draw(st.booleans()):
+        stopped = draw(st.sampled_from(arrivals))
+        stops = ((stopped.step + draw(st.integers(2, 5)), seq_id(stopped.request.request_id, 0)),)
+    return Trace(config, tuple(sorted(arrivals, key=lambda a: a.step)), (), stops, max_steps=80)
 
 
 # ------------------------------------------------------------------------------ running and classifying

@@ -704,7 +704,7 @@ def _budgets(lockstep: Path) -> list[str]:
               "unmerged. What was tried: the lockstep lora path above (1000 traces, 297 of them with a step of "
               "#25865's shape, 0 violations of the sglang profile, 0 divergences) and "
               "`kvsched conform --adapter sglang --profile safety --max-examples 300 --seed 20261130` (LORA-001 "
-              "exercised on 2060 of 4147 steps, no failure; liveness likewise). That the checks would see it: with "
+              "exercised on 2441 of 4289 steps, no failure; liveness likewise). That the checks would see it: with "
               "scheduler.py:4190-4191 taken out (the host's `--lora-counterfactual pre-23179`; `kvsched conform "
               "--adapter conformance.selftest.campaigns.lockstep_sglang:pre_23179_adapter --profile safety "
               "--max-examples 300 --seed 20261202`) LORA-001 fails, shrunk to two steps "
