@@ -40,8 +40,10 @@ slot per token and the spec's blocks are slots shifted by one: SGLang's slot 0 i
 slot, never allocated), the allocator's free list, the radix cache's evictable and protected
 sizes (sent as ``sglang_evictable`` / ``sglang_protected``, informational), and the committed KV
 length of a running request (``req.kv.kv_committed_len``, as ``num_computed``; 0 while waiting).
-Ref counts are not sent: a slot in the radix tree has no per-slot count (its node has a lock
-count), and a slot a finished request left in the tree is neither free nor held by a request.
+With LoRA, the adapter pool's slots by slot (``sglang_lora_slots``) and the batches
+``fetch_new_loras`` refused (``sglang_lora_overflows``), both informational. Ref counts are not
+sent: a slot in the radix tree has no per-slot count (its node has a lock count), and a slot a
+finished request left in the tree is neither free nor held by a request.
 """
 
 from __future__ import annotations
