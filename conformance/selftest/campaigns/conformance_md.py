@@ -711,7 +711,7 @@ def _budgets(lockstep: Path) -> list[str]:
               "([pre-23179-lora-001](traces/sglang/pre-23179-lora-001.json): r1's last chunk staged, r0 of another "
               "adapter admitted beside it, max_loras 1), and it breaks in 20 of 300 traces drawn as the lora path draws them "
               "(`run_checked` with the safety profile on `pre_23179_adapter()` over `sample_traces(path_strategy('lora'), 300, "
-              "20261205)`; on the same 300 traces SGLang's own `fetch_new_loras` refuses 20 batches without the two lines, 5 "
+              "20261205)`; on the same 300 traces SGLang's own `fetch_new_loras` refuses a batch in 20 without the two lines, 5 "
               "of them with the base model among the ids, and none on the release: a one-off loop over the host's "
               "`SglangEngine` reading its `sglang_lora_overflows`, 2026-12-02); "
               "the handmade [lora-carried-chunk](traces/sglang/handmade/lora-carried-chunk.json) trace passes on the "
