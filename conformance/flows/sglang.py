@@ -17,6 +17,6 @@ FLOW = Flow(
     targets=("sglang",),
     lockstep="conformance.selftest.campaigns.lockstep_sglang:main",
     deviations="conformance.selftest.campaigns.lockstep_sglang:CLASSES",
-    tests=("tests/test_sglang_reference.py", "tests/test_sglang_lockstep.py"),
+    tests=("tests/test_sglang_reference.py", "tests/test_sglang_lockstep.py", "tests/test_sglang_lora.py"),
     extra={"radix_cache": "reference_impl.radix_cache:RadixCache"},
 )
