@@ -310,7 +310,7 @@ Engine = AsyncEngine
 
 
 # -- hybrid KV cache groups (full attention, sliding window, Mamba) and EAGLE's block drop -------
-import collections  # noqa: E402
+import collections  # noqa: E402, F811  (the pipelined loop imports it too)
 
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes  # noqa: E402
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec, SlidingWindowSpec  # noqa: E402
@@ -352,9 +352,9 @@ def with_eagle_block_drop(scheduler_cls: type, lookahead: int) -> type:
         "num_lookahead_tokens": property(lambda self: lookahead, lambda self, value: None)})
 
 
-def create_scheduler(config: dict, scheduler_cls: type = Scheduler, async_scheduling: bool = False,
+def create_scheduler(config: dict, scheduler_cls: type = Scheduler, async_scheduling: bool = False,  # noqa: F811
                      spec_method: str = "ngram") -> Scheduler:
-    """create_scheduler above, for the trace's KV cache groups: the hybrid KVCacheConfig, the
+    """create_scheduler above, replaced (Engine calls whichever is defined last), for the trace's KV cache groups: the hybrid KVCacheConfig, the
     scheduler's block sizes as EngineCore resolves them for several groups (the LCM of the groups',
     vllm/v1/engine/core.py), cache_config.mamba_cache_mode, EAGLE's block drop when the trace has it,
     and async scheduling kept on (the CPU platform turns it off in VllmConfig, vllm/platforms/cpu.py;
