@@ -317,7 +317,13 @@ FINDINGS: tuple[Finding, ...] = (
         "`num_output_placeholders = 0`, and mark the in-flight output stale and dropped (`num_stale_output_tokens = "
         "num_in_flight_tokens`, `drop_stale_output = True`), so the outputs computed over the failed KV are "
         "discarded when they return (docs/reports/fixes/vllm-connector-failed-load-drops-in-flight-steps.json). "
-        "vllm-project/vllm#45146 and #49252 (part 2) reset the placeholders only.",
+        "vllm-project/vllm#45146 and #49252 (part 2) reset the placeholders only. Measured against the spec's "
+        "pipelined reference (which voids those steps) on 200 traces of the connector lockstep's async-fail-recompute "
+        "path (`python -m conformance.selftest.campaigns.lockstep_connector --path async-fail-recompute --traces 200 "
+        "--no-shrink`, 2026-12-02): on the release 130 agree and 70 diverge as failed-load-keeps-placeholders "
+        "(CHK-002 x53, PIP-003 x62, LIV-002 x63); with the fix on PYTHONPATH 195 agree, none breaks CHK-002 or "
+        "PIP-003, the 17 liveness violations left are the own-reservation stall's (KVC-009 x17, its own report), and "
+        "5 traces diverge at step 2 on computed tokens (CHK-004 x5), not examined.",
         "vllm-project/vllm#45138 \"[load failure] request could not finish when load failure happens\" (open) and "
         "#49250 part 2 (open) report it; fixes #45146 and #49252 are open (they roll the placeholders back), #45430 "
         "(also counting older in-flight outputs as tokens to discard) was closed unmerged.",
@@ -356,7 +362,11 @@ FINDINGS: tuple[Finding, ...] = (
         "wait for their next input (num_computed_tokens = 0: the session recomputes, or hits the prefix cache, when "
         "its input comes) and try the allocation again (docs/reports/fixes/vllm-session-idle-kv-freed-when-idle.json). "
         "The seats such sessions hold (num_waiting_for_streaming_input, 1070-1074) starve admission the same way with "
-        "max_num_seqs sessions waiting; the fix leaves them as they are.",
+        "max_num_seqs sessions waiting; the fix leaves them as they are, so it is partial. Measured on the budgets "
+        "lockstep's streaming path (`python -m conformance.selftest.campaigns.lockstep_budgets --path streaming "
+        "--traces 1000 --no-shrink`, 2026-12-02) with the fix on PYTHONPATH: SES-003 fires on 37 traces (the "
+        "release: 86) and 930 agree with the spec's reference (the release: 910); the stalls left are the seats' and "
+        "resumed sessions starving each other (vllm-project/vllm#49439's case).",
         "vllm-project/vllm#49439 \"[Bugfix][Core] Prevent streaming session deadlock under KV pressure\" (open) reclaims "
         "KV from another resumable *waiting* session when allocation fails with nothing running: resumed sessions "
         "starving each other, the second half of this report; the first, a session waiting for input that starves "
@@ -431,7 +441,11 @@ FINDINGS: tuple[Finding, ...] = (
         "chosen, `if preempted_req is request and request.num_in_flight_tokens > 0: break` (it stays running, "
         "unscheduled for a step; its in-flight output frees the state it lacks), "
         "docs/reports/fixes/vllm-async-no-self-preemption-with-step-in-flight.json. The synchronous scheduler never "
-        "has a step in flight at schedule() and is unchanged.",
+        "has a step in flight at schedule() and is unchanged. Measured on the hybrid lockstep's async-mamba-align+eagle "
+        "path (`python -m conformance.selftest.campaigns.lockstep_hybrid --path async-mamba-align+eagle --traces 1000 "
+        "--no-shrink`, 2026-12-02) with the fix on PYTHONPATH: no invariant violated in 1000 traces (the release: 15 "
+        "LIV-002 livelocks); 196 traces now diverge from the spec's reference, which models vLLM's self-preemption "
+        "(190 at the preemption the fix removes, 6 in what is scheduled after it).",
         "none found for this path; related: vllm-project/vllm#52520 (open), a hybrid Mamba 'align' request near the "
         "pool's ceiling admitted, prefilled, requeued and re-prefilled for ever (a fork build, reported without "
         "preemptions counted), and #33997 (merged), which enabled Mamba 'align' prefix caching with async "
