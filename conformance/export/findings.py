@@ -336,7 +336,7 @@ FINDINGS: tuple[Finding, ...] = (
     ),
     Finding(
         "vllm-v1-session-kv-held-deadlock", ("vllm-v1",),
-        "vLLM V1 idles with a request waiting and free work to do while a streaming session that waits for its "
+        "vLLM V1 idles with a request waiting while a streaming session that only waits for its "
         "client's next input keeps its KV blocks",
         "SES-003",
         "A streaming-input session (a resumable request) whose generation stops before its next input has come is "

@@ -1,5 +1,5 @@
-"""Reproducer: vLLM V1 idles with a request waiting and free work to do while a streaming session that
-waits for its client's next input keeps its KV blocks.
+"""Reproducer: vLLM V1 idles with a request waiting while a streaming session that only waits for its
+client's next input keeps its KV blocks.
 
 Standalone: it imports the engine, never kvsched. Exported by `kvsched export
 docs/reports/traces/vllm-v1-session-kv-held-deadlock.json --to pytest --target vllm-v1` from
