@@ -126,14 +126,16 @@ def test_the_committed_reproducers_are_what_export_writes_now(slug, rep):
 
 def test_every_engine_fragment_defines_what_its_property_checks_call():
     """A property fragment reads the engine through methods (``engine.lengths()``, ...): each
-    exporter's engine fragment (or its extra) defines every one its properties call."""
+    exporter's engine fragment (or its extra, hybrid, sessions or connector fragments) defines every one its
+    properties call."""
     import re
 
     fragments = ROOT / "conformance/export/templates"
     for exporter in EXPORTERS.values():
         engine = (fragments / f"{exporter.engine}.py.in").read_text()
-        if exporter.extra:
-            engine += (fragments / f"{exporter.extra}.py.in").read_text()
+        for part in (exporter.extra, exporter.hybrid, exporter.sessions, *exporter.connector):
+            if part:
+                engine += (fragments / f"{part}.py.in").read_text()
         for prop in exporter.properties:
             called = set(re.findall(r"engine\.(\w+)\(", (fragments / "properties" / f"{prop}.py.in").read_text()))
             missing = {name for name in called if f"def {name}(" not in engine}
@@ -181,8 +183,49 @@ def test_a_connector_trace_exports_only_where_the_exporter_plays_a_connector(cap
     text = render_pytest(Trace.load(trace), EXPORTERS["vllm-v1"], "LIV-001", str(trace))
     assert "class ScriptedConnector(KVConnectorBase_V1" in text and "KV_SCRIPTS = {'A'" in text
     unnamed = ROOT / "docs/traces/connector/own-reservation-stall.json"  # names no target
+    assert main(["export", str(unnamed), "--to", "pytest", "--target", "aphrodite", "--property", "LIV-001"]) == 2
+    assert "aphrodite's export has no scripted KV connector" in one_error_line(capsys)
+
+
+def test_the_pipelined_export_plays_the_connector_one_step_late():
+    """vllm-v1-async: the synchronous connector fragment, then AsyncScheduler's: a batch's reports
+    are those of the step that scheduled it, handed over with its outcome."""
+    trace = ROOT / "docs/reports/traces/vllm-v1-async-failed-load-keeps-placeholders.json"
+    text = render_pytest(Trace.load(trace), EXPORTERS["vllm-v1-async"], "CHK-002", str(trace))
+    assert text.index("class ScriptedConnector(") < text.index("class AsyncWorkerReportsScheduler(AsyncScheduler)")
+    assert "Engine = AsyncConnectorEngine" in text and "KV_SCRIPTS = {'r0'" in text
+
+
+def test_a_session_trace_exports_only_where_the_exporter_plays_the_client(tmp_path, capsys):
+    trace = ROOT / "docs/reports/traces/vllm-v1-session-kv-held-deadlock.json"
+    text = render_pytest(Trace.load(trace), EXPORTERS["vllm-v1"], "SES-003", str(trace))
+    assert "Engine = SessionEngine" in text and "'session': [{'step': 12, 'prompt': [7, 8], 'max_tokens': 1}]" in text
+    plain = render_pytest(Trace.load(SEATS), EXPORTERS["nano-vllm"], "BUD-003", str(SEATS))
+    assert "SessionEngine" not in plain
+    data = json.loads(trace.read_text())
+    data["meta"] = {}
+    unnamed = tmp_path / "session.json"  # names no target
+    unnamed.write_text(json.dumps(data))
     assert main(["export", str(unnamed), "--to", "pytest", "--target", "vllm-v1-async", "--property", "LIV-001"]) == 2
-    assert "vllm-v1-async's export has no scripted KV connector" in one_error_line(capsys)
+    assert "vllm-v1-async's export plays no streaming-input session" in one_error_line(capsys)
+
+
+def test_vllm_v1_async_failed_load_keeps_placeholders_fails_on_the_release(tmp_path):
+    """vllm-v1-async with the scripted connector (about 17 s of CPU); the fix run is in both-ways.json."""
+    target = need("vllm-v1-async")
+    path = export_to(tmp_path, ROOT / "docs/reports/traces/vllm-v1-async-failed-load-keeps-placeholders.json")
+    release = run_file(target.python, path, dict(target.env))
+    assert release["exit"] == 1, release
+    assert release["line"].startswith("FAILED: step 6: schedule() gives request r0 1 token(s)"), release
+
+
+def test_vllm_v1_session_kv_held_deadlock_fails_on_the_release(tmp_path):
+    """A streaming session exported with its client (about 17 s of CPU); the fix run is in both-ways.json."""
+    target = need("vllm-v1")
+    path = export_to(tmp_path, ROOT / "docs/reports/traces/vllm-v1-session-kv-held-deadlock.json")
+    release = run_file(target.python, path, dict(target.env))
+    assert release["exit"] == 1, release
+    assert release["line"].startswith("FAILED: step 2: nothing is running and ['B'] wait(s)"), release
 
 
 def test_vllm_v1_connector_own_reservation_stall_fails_on_the_release(tmp_path):

@@ -31,6 +31,8 @@ STANDALONE_FORM = {"RES-005": "RES-004", "SWP-003": "SWP-001", "CAP-003": "CHK-0
                    "LIV-003": "LIV-001", "CHK-003": "RES-003", "STR-002": "BUD-003", "OUT-001": "REQ-004", "CHK-004": "REQ-004"}
 CONNECTOR_IDIOM = ("; a scripted KV connector (KV_SCRIPTS) registered in vLLM's KVConnectorFactory and set up "
                    "through KVTransferConfig, the workers' KVConnectorOutput played in each model output")
+SESSION_IDIOM = ("; streaming-input sessions as vLLM's client sends them: a resumable Request, then each later input "
+                 "as another add_request of the same id, and a non-resumable one to end the session")
 FAULT_STATEMENT = ("every call on the scheduler returns: a config the engine accepted and the requests it admitted "
                    "never crash it (an assert or exception here ends the engine and every request in it)")
 
@@ -109,13 +111,18 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     title = finding.title if finding else f"{property_id} on {exporter.target}"
     parts = [
         _docstring(title, target.version, exporter, property_id, source, _chosen_flag(trace, exporter, property_id),
-                   CONNECTOR_IDIOM if trace.config.kv_connector else ""),
+                   (CONNECTOR_IDIOM if trace.config.kv_connector else "")
+                   + (SESSION_IDIOM if has_sessions(trace) else "")),
         (TEMPLATES / f"{exporter.engine}.py.in").read_text().replace("# @TARGET@\n", exporter.preamble),
     ]
     if exporter.extra:
         parts.append((TEMPLATES / f"{exporter.extra}.py.in").read_text())
+    if is_hybrid(trace):
+        parts.append((TEMPLATES / f"{hybrid_fragment(exporter, trace)}.py.in").read_text())
     if trace.config.kv_connector:
-        parts.append((TEMPLATES / f"{connector_fragment(exporter)}.py.in").read_text())
+        parts += [(TEMPLATES / f"{name}.py.in").read_text() for name in connector_fragments(exporter)]
+    if has_sessions(trace):
+        parts.append((TEMPLATES / f"{sessions_fragment(exporter, trace)}.py.in").read_text())
     parts += [
         "\n\n" + trace_literals(trace, exporter.prompt_of, exporter.request_extra) + _kv_scripts(trace),
         f"PROPERTY = {property_id!r}\nSTATEMENT = {statement(property_id)!r}\n",
@@ -125,13 +132,46 @@ def render_pytest(trace: Trace, exporter: Exporter, property_id: str, source: st
     return "".join(parts)
 
 
-def connector_fragment(exporter: Exporter) -> str:
-    """The fragment that plays the KV connector of a ``kv_connector`` trace, or one refusal."""
+def connector_fragments(exporter: Exporter) -> tuple[str, ...]:
+    """The fragments that play the KV connector of a ``kv_connector`` trace, or one refusal."""
     if not exporter.connector:
         with_one = ", ".join(e.target for e in EXPORTERS.values() if e.connector)
         raise InputError("--target", f"{exporter.target}'s export has no scripted KV connector (the trace sets "
                          f"kv_connector; exporters with one: {with_one})")
     return exporter.connector
+
+
+def is_hybrid(trace: Trace) -> bool:
+    """Several KV cache groups, or a single one with EAGLE's block drop (spec/kv_groups.py)."""
+    return len(trace.config.kv_groups or ()) > 1 or bool(trace.config.drop_eagle_block)
+
+
+def hybrid_fragment(exporter: Exporter, trace: Trace) -> str:
+    """The fragment that builds a hybrid trace's KV cache groups, or one refusal."""
+    if not exporter.hybrid:
+        with_one = ", ".join(e.target for e in EXPORTERS.values() if e.hybrid)
+        raise InputError("--target", f"{exporter.target}'s export builds no hybrid KV cache groups (the trace sets "
+                         f"kv_groups or drop_eagle_block; exporters with them: {with_one})")
+    if trace.config.kv_connector or has_sessions(trace):
+        raise InputError("--target", f"{exporter.target}'s export does not combine hybrid KV cache groups with a KV "
+                         "connector or streaming sessions")
+    return exporter.hybrid
+
+
+def has_sessions(trace: Trace) -> bool:
+    return any(arrival.request.session for arrival in trace.arrivals)
+
+
+def sessions_fragment(exporter: Exporter, trace: Trace) -> str:
+    """The fragment that plays the client of a trace's streaming sessions, or one refusal."""
+    if not exporter.sessions:
+        with_one = ", ".join(e.target for e in EXPORTERS.values() if e.sessions)
+        raise InputError("--target", f"{exporter.target}'s export plays no streaming-input session (the trace has "
+                         f"sessions; exporters with them: {with_one})")
+    if trace.config.kv_connector:
+        raise InputError("--target", f"{exporter.target}'s export does not combine streaming sessions with a KV "
+                         "connector (the V1 host does not either)")
+    return exporter.sessions
 
 
 def _kv_scripts(trace: Trace) -> str:

@@ -285,6 +285,178 @@ FINDINGS: tuple[Finding, ...] = (
                                 "step 0: waiting=['r1'] running=[]"),),
     ),
     Finding(
+        "vllm-v1-async-failed-load-keeps-placeholders", ("vllm-v1-async",),
+        "vLLM V1's AsyncScheduler keeps a failed KV load's output placeholders: the recompute is scheduled past the "
+        "request's last token (vllm-project/vllm#45138 and #49250 still in 0.33.0)",
+        "CHK-002",
+        "With async scheduling, a KV connector and kv_load_failure_policy 'recompute', a request whose synchronous load "
+        "fails is cut back to its first failed block (_update_requests_with_invalid_blocks) and the failed step's "
+        "output is skipped, but its num_output_placeholders stay: the failed step's placeholder and those of its "
+        "later steps already in flight, which ran over the failed KV and whose tokens are still delivered when they "
+        "return. The recompute counts the stale placeholders as tokens to compute (num_tokens_with_spec + "
+        "num_output_placeholders - num_computed_tokens), so a step is scheduled past the request's last token, and "
+        "the client gets a token sampled over KV that never loaded (in the reproducer: one 5-token request loading 4 "
+        "tokens synchronously, its load failing on block 0; it has 6 tokens after step 3, the sixth sampled over "
+        "the failed KV, and step 6 schedules a 7th position with all 6 computed).",
+        "no step schedules a request past its tokens: the recompute computes the tokens the request has, and the "
+        "outputs of steps that ran over the failed KV are dropped",
+        "step 6: schedule() gives r0 1 token to compute with 6 of its 6 tokens computed",
+        ("vllm/v1/core/sched/scheduler.py:3630-3633 and 3662 (_update_requests_with_invalid_blocks: "
+         "`req_num_computed_tokens = request.num_computed_tokens - num_scheduled_tokens.get(req_id, 0)`, then "
+         "`request.num_computed_tokens = idx * self.block_size`; num_output_placeholders, num_in_flight_tokens and "
+         "the later in-flight steps are left as they were)",
+         "vllm/v1/core/sched/scheduler.py:2324-2326 (update_from_output skips the failed step's output, `skip failed "
+         "or rescheduled requests from KV load failure`)",
+         "vllm/v1/core/sched/scheduler.py:839-843 (`num_new_tokens = request.num_tokens_with_spec + "
+         "request.num_output_placeholders - request.num_computed_tokens`: the stale placeholders are scheduled)",
+         "vllm/v1/core/sched/scheduler.py:1824-1836 (_preempt_request: the handling a preemption gets, "
+         "num_stale_output_tokens and num_output_placeholders = 0, which the failed load does not)"),
+        "Treat the failed request's steps in flight as a preemption does: in _update_requests_with_invalid_blocks, "
+        "for an affected request with later steps in flight or placeholders, count none of the later steps' tokens "
+        "as computed (`num_computed_tokens = min(num_computed_tokens, req_num_computed_tokens - later)`), set "
+        "`num_output_placeholders = 0`, and mark the in-flight output stale and dropped (`num_stale_output_tokens = "
+        "num_in_flight_tokens`, `drop_stale_output = True`), so the outputs computed over the failed KV are "
+        "discarded when they return (docs/reports/fixes/vllm-connector-failed-load-drops-in-flight-steps.json). "
+        "vllm-project/vllm#45146 and #49252 (part 2) reset the placeholders only. Measured against the spec's "
+        "pipelined reference (which voids those steps) on 200 traces of the connector lockstep's async-fail-recompute "
+        "path (`python -m conformance.selftest.campaigns.lockstep_connector --path async-fail-recompute --traces 200 "
+        "--no-shrink`, 2026-12-02): on the release 130 agree and 70 diverge as failed-load-keeps-placeholders "
+        "(CHK-002 x53, PIP-003 x62, LIV-002 x63); with the fix on PYTHONPATH 195 agree, none breaks CHK-002 or "
+        "PIP-003, the 17 liveness violations left are the own-reservation stall's (KVC-009 x17, its own report), and "
+        "5 traces diverge at step 2 on computed tokens (CHK-004 x5), not examined.",
+        "vllm-project/vllm#45138 \"[load failure] request could not finish when load failure happens\" (open) and "
+        "#49250 part 2 (open) report it; fixes #45146 and #49252 are open (they roll the placeholders back), #45430 "
+        "(also counting older in-flight outputs as tokens to discard) was closed unmerged.",
+        classes=("failed-load-keeps-placeholders",),
+        fix_patch="vllm-connector-failed-load-drops-in-flight-steps.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-async-failed-load-keeps-placeholders.json",
+                                "vllm-v1-async", "step 6: schedule() gives request r0 1 token(s)"),
+                     Reproducer("docs/traces/lockstep-connector/async-fail-recompute-failed-load-keeps-placeholders"
+                                ".json", "vllm-v1-async", "step 6: schedule() gives request r0 1 token(s)")),
+    ),
+    Finding(
+        "vllm-v1-session-kv-held-deadlock", ("vllm-v1",),
+        "vLLM V1 idles with a request waiting while a streaming session that only waits for its "
+        "client's next input keeps its KV blocks",
+        "SES-003",
+        "A streaming-input session (a resumable request) whose generation stops before its next input has come is "
+        "re-queued, KV and all, in kv_holding_waiting as WAITING_FOR_STREAMING_REQ (_handle_stopped_request). "
+        "Nothing can take those blocks back: the session is not in running, so no preemption reaches it, and the "
+        "waiting pass never preempts. A request that needs the blocks breaks the pass at allocate_slots with "
+        "nothing running, so the engine idles until the session's client sends more, which may be never (an idle "
+        "chat turn, a closed tab that keeps its socket); and for good once the resumed session, served first from "
+        "kv_holding_waiting, itself needs what the other request then holds. In the reproducer a pool of 8 blocks "
+        "of 4 tokens: session A (26 tokens) stops holding 7 blocks and waits for its input at step 12; B (17 "
+        "tokens, 5 blocks) arrives at step 2 and waits with nothing running until step 12.",
+        "a step with nothing running and a request waiting admits it, taking the KV of a session that only waits for "
+        "its client (to be recomputed, or hit in the prefix cache, when the input comes)",
+        "steps 2 to 11 schedule nothing; B stays WAITING and A keeps 7 of the 8 blocks",
+        ("vllm/v1/core/sched/scheduler.py:2717-2741 (_handle_stopped_request: a resumable request with no queued "
+         "input becomes WAITING_FOR_STREAMING_REQ and keeps its blocks; 2709-2715 _enqueue_waiting_request files it in "
+         "kv_holding_waiting)",
+         "vllm/v1/core/sched/scheduler.py:1063-1068 (the waiting pass drains kv_holding_waiting first) and 1070-1074 "
+         "(a waiting session counts against max_num_seqs)",
+         "vllm/v1/core/sched/scheduler.py:1435-1461 (allocate_slots for the waiting request; `if new_blocks is None: "
+         "... break`, with no preemption on the waiting path)"),
+        "When an admission's allocate_slots fails and nothing is running, free the KV blocks of the sessions that "
+        "wait for their next input (num_computed_tokens = 0: the session recomputes, or hits the prefix cache, when "
+        "its input comes) and try the allocation again (docs/reports/fixes/vllm-session-idle-kv-freed-when-idle.json). "
+        "The seats such sessions hold (num_waiting_for_streaming_input, 1070-1074) starve admission the same way with "
+        "max_num_seqs sessions waiting; the fix leaves them as they are, so it is partial. Measured on the budgets "
+        "lockstep's streaming path (`python -m conformance.selftest.campaigns.lockstep_budgets --path streaming "
+        "--traces 1000 --no-shrink`, 2026-12-02) with the fix on PYTHONPATH: SES-003 fires on 37 traces (the "
+        "release: 86) and 930 agree with the spec's reference (the release: 910); the stalls left are the seats' and "
+        "resumed sessions starving each other (vllm-project/vllm#49439's case).",
+        "vllm-project/vllm#49439 \"[Bugfix][Core] Prevent streaming session deadlock under KV pressure\" (open) reclaims "
+        "KV from another resumable *waiting* session when allocation fails with nothing running: resumed sessions "
+        "starving each other, the second half of this report; the first, a session waiting for input that starves "
+        "a plain request, is not covered there. Streaming input is #28973 (merged).",
+        classes=("session-kv-held-deadlock",),
+        fix_patch="vllm-session-idle-kv-freed-when-idle.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-session-kv-held-deadlock.json", "vllm-v1",
+                                "step 2: nothing is running and ['B'] wait(s) to be admitted"),),
+    ),
+    Finding(
+        "vllm-v1-session-input-past-max-model-len", ("vllm-v1",),
+        "vLLM V1 takes a streaming session past max_model_len: its next input is validated alone, and the chunk "
+        "then runs with no KV slots for the positions past the limit",
+        "CAP-005",
+        "The front end validates each streaming input alone (InputProcessor._validate_prompt_len of the one chunk), "
+        "and the scheduler appends it to the session whatever the session's length (_update_request_as_session). "
+        "The renewed session is admitted past max_model_len; allocate_slots caps the slots it allocates at "
+        "max_model_len, so the step computes tokens whose KV has no slot in the request's block table. In the "
+        "reproducer max_model_len is 16: session s (10 prompt tokens, max_tokens 4) takes an input of 8 tokens and "
+        "is scheduled for 8 tokens at positions 13..20 with 16 slots. On a GPU the slot mapping of positions 16..20 "
+        "reads past the table (vllm-project/vllm#42489 saw the input batch's NumPy broadcast error; #40072 an "
+        "AssertionError that kills EngineCore).",
+        "a session whose next input would take it past max_model_len is ended (FINISHED_LENGTH_CAPPED, as the stop "
+        "checker does at max_model_len) or the input refused; no step computes a token without a KV slot",
+        "step 4: schedule() gives s 8 tokens at positions 13..20 with 16 KV slots in its table",
+        ("vllm/v1/engine/input_processor.py:557-575 (_validate_prompt_len: the one chunk against max_model_len) and "
+         "vllm/v1/engine/async_llm.py:656-662 (each input chunk processed alone, resumable=True)",
+         "vllm/v1/core/sched/scheduler.py:1879-1921 (_update_request_as_session: the kept output and the new chunk "
+         "are appended, no length check), called from add_request (2939-2941) and _handle_stopped_request (2732-2737)",
+         "vllm/v1/core/kv_cache_manager.py:551-553 (`num_tokens_need_slot = min(..., self.max_model_len)`)"),
+        "Check the renewed length where the input is taken up: `session.num_tokens - 1 + len(update.prompt_token_ids) "
+        "< max_model_len`, else end the session as FINISHED_LENGTH_CAPPED, in add_request and in "
+        "_handle_stopped_request (docs/reports/fixes/vllm-session-input-past-max-model-len-capped.json). This is the "
+        "rule of vllm-project/vllm#42502 (open).",
+        "vllm-project/vllm#42489 (open) and #42502 \"[v1] Guard resumable streaming updates against max_model_len "
+        "overflow\" (open; the same check and outcome at both call sites; a reviewer asked for a recoverable outcome "
+        "instead of FINISHED_LENGTH_CAPPED, RFC #51948); #40072 \"prevent streaming sessions from exceeding "
+        "max_model_len\" (open) and #51900 (open, realtime sessions) are the same defect from the realtime API.",
+        classes=("session-past-max-model-len",),
+        fix_patch="vllm-session-input-past-max-model-len-capped.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-session-past-max-model-len.json", "vllm-v1",
+                                "step 4: schedule() gives request s 8 tokens"),),
+    ),
+    Finding(
+        "vllm-v1-async-eagle-drop-mamba-self-preemption", ("vllm-v1-async",),
+        "vLLM V1's AsyncScheduler livelocks a hybrid (attention + Mamba) model with EAGLE's block drop in a small "
+        "pool: the only running request preempts itself for blocks its own in-flight step holds, for ever",
+        "LIV-002",
+        "With async scheduling, a full-attention + Mamba ('align') model, EAGLE's prefix-hit block drop and prefix "
+        "caching, a request whose prompt needs two chunks is admitted with a prefix hit, computes its first chunk with "
+        "that step in flight, and at the next schedule() its allocation for the second chunk fails: the Mamba state "
+        "blocks are freed on the processed-token basis, so the in-flight chunk's state is still held. It is the only "
+        "running request, so it preempts itself ('No more request to preempt'), is readmitted with the same hit "
+        "(EAGLE's drop backs the cacheable Mamba state off a block, so the state after its first chunk is never a "
+        "hit) and repeats. In the reproducer (5 blocks of 4 tokens, max_model_len 12, budget 5) r5 is preempted 329 "
+        "times in 667 steps and r0, r2 and r4 wait behind it for ever. Without the drop the same trace finishes in 36 "
+        "steps; the synchronous scheduler, with no step in flight, has no such stall. A corner of small pools (5 to 8 "
+        "blocks here), but a pool vLLM accepts: it holds one max_model_len sequence.",
+        "every request finishes: a request whose allocation fails for want of what its own in-flight step holds "
+        "waits for that step instead of preempting itself",
+        "from step 9 on, r5 is preempted at every other step (9, 11, 13, ...); after 667 steps r0, r2, r4 and r5 are "
+        "unfinished",
+        ("vllm/v1/core/sched/scheduler.py:913-980 (the running loop: allocate_slots fails, the victim is the request "
+         "itself, `if preempted_req == request: ... break`)",
+         "vllm/v1/core/kv_cache_manager.py:556-568 (remove_skipped_blocks on the processed-token basis: "
+         "`total_computed_tokens - request.num_in_flight_tokens`, so the in-flight chunk's blocks stay held)",
+         "vllm/v1/core/sched/scheduler.py:572-583 (with EAGLE the last cacheable Mamba position backs off a block) and "
+         "vllm/v1/core/kv_cache_coordinator.py:866-905 (the hit drops its last block)",
+         "vllm/v1/core/kv_cache_manager.py:531-548 (the admission check counts the whole sequence, not the chunk in "
+         "flight beside the next one)"),
+        "Do not let a request preempt itself while a step of it is in flight: in the running loop, after the victim is "
+        "chosen, `if preempted_req is request and request.num_in_flight_tokens > 0: break` (it stays running, "
+        "unscheduled for a step; its in-flight output frees the state it lacks), "
+        "docs/reports/fixes/vllm-async-no-self-preemption-with-step-in-flight.json. The synchronous scheduler never "
+        "has a step in flight at schedule() and is unchanged. Measured on the hybrid lockstep's async-mamba-align+eagle "
+        "path (`python -m conformance.selftest.campaigns.lockstep_hybrid --path async-mamba-align+eagle --traces 1000 "
+        "--no-shrink`, 2026-12-02) with the fix on PYTHONPATH: no invariant violated in 1000 traces (the release: 15 "
+        "LIV-002 livelocks); 196 traces now diverge from the spec's reference, which models vLLM's self-preemption "
+        "(190 at the preemption the fix removes, 6 in what is scheduled after it).",
+        "none found for this path; related: vllm-project/vllm#52520 (open), a hybrid Mamba 'align' request near the "
+        "pool's ceiling admitted, prefilled, requeued and re-prefilled for ever (a fork build, reported without "
+        "preemptions counted), and #33997 (merged), which enabled Mamba 'align' prefix caching with async "
+        "scheduling. vllm-project/vllm#50630 (EAGLE with Mamba) is another defect, not reproduced on 0.33.0 "
+        "(docs/HYBRID.md).",
+        classes=("eagle-drop-mamba-self-preemption",),
+        fix_patch="vllm-async-no-self-preemption-with-step-in-flight.json",
+        reproducers=(Reproducer("docs/reports/traces/vllm-v1-async-eagle-drop-mamba-self-preemption.json",
+                                "vllm-v1-async", "r5 was preempted 329 times"),),
+    ),
+    Finding(
         "vllm-v1-encdec-encoder-slots-credited", ("vllm-v1",),
         "vLLM V1's encoder-decoder encoder cache credits a request's encoder slots again on every decode step, so "
         "can_allocate admits more encoder inputs than the cache holds (vllm-project/vllm#55733 still in 0.33.0)",

@@ -22,7 +22,9 @@ class Exporter:
     preamble: str = ""  # constants the engine fragment reads, at its ``# @TARGET@`` line (the package to load)
     request_extra: Callable[[dict], dict] | None = None  # more fields per exported request (the host's rules)
     needs: str = ""  # what the venv must have, said in the docstring (the release is the target's pin)
-    connector: str = ""  # the fragment that plays a KV connector (a trace with ``kv_connector``); none: refused
+    hybrid: str = ""  # the fragment that builds hybrid KV cache groups (a trace with ``kv_groups``); none: refused
+    sessions: str = ""  # the fragment that plays streaming-input sessions' client (a trace with sessions); none: refused
+    connector: tuple[str, ...] = ()  # the fragments that play a KV connector (a trace with ``kv_connector``); none: refused
 
 
 def token_ids(request_id: str, count: int, start: int = 0) -> list[int]:

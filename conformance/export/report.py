@@ -74,7 +74,10 @@ def _trace_summary(trace: Trace) -> list[str]:
     for a in trace.arrivals:
         r = a.request
         lines.append(f"* step {a.step}: request `{r.request_id}`, a prompt of {r.prompt_len} token{'s' * (r.prompt_len != 1)}, max_tokens "
-                     f"{r.max_tokens}" + (f", priority {r.priority}" if r.priority else ""))
+                     f"{r.max_tokens}" + (f", priority {r.priority}" if r.priority else "")
+                     + (", a streaming session whose client sends " + ", then ".join(
+                         f"{p.prompt_len} more token{'s' * (p.prompt_len != 1)} at step {p.step} (max_tokens "
+                         f"{p.max_tokens})" for p in r.session) if r.session else ""))
     extra = [f"{len(trace.aborts)} abort(s)" if trace.aborts else "", f"{len(trace.stops)} stop(s)" if trace.stops else "",
              f"draft decisions at steps {sorted({s for s, _, _ in trace.drafts})}" if trace.drafts else ""]
     if any(extra):

@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from conformance.export.record import Exporter
+from spec.session import piece_tokens
 from spec.types import default_prompt_tokens
 
 PROPERTIES = ("FAULT-raised", "LIV-001", "CHK-002", "BUD-003", "QUE-001", "REQ-004")
+SESSION_PROPERTIES = ("SES-003", "LEN-001", "CAP-005")  # the synchronous host's streaming sessions (vllm_budgets.py)
+HYBRID_PROPERTIES = ("LIV-002",)  # a livelock of the pipelined loop with hybrid KV cache groups
 IDIOM = ("a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in vLLM's "
          "tests/v1/core/utils.py create_scheduler / create_requests")
 
@@ -21,12 +24,23 @@ def prompt_of(request: dict) -> list[int]:
     return list(request.get("prompt_tokens") or default_prompt_tokens(request["prompt_len"]))
 
 
-SYNC = Exporter("vllm-v1", "vllm_v1", PROPERTIES, prompt_of, IDIOM, needs="the installed vLLM, on CPU",
-               connector="vllm_v1_connector")
+def session_of(request: dict) -> dict:
+    """A streaming session's later inputs as the V1 host's client sends them (vllm_budgets.py
+    SessionClient): each arrival step, its token ids (spec.session.piece_tokens) and max_tokens.
+    Nothing for a plain request, whose exported dict stays as it was."""
+    inputs = (request.get("session") or {}).get("inputs") or ()
+    return {"session": [{"step": piece["step"], "prompt": list(piece_tokens(i, piece["prompt_len"])),
+                         "max_tokens": piece["max_tokens"]} for i, piece in enumerate(inputs)]} if inputs else {}
 
-ASYNC = Exporter("vllm-v1-async", "vllm_v1", PROPERTIES, prompt_of,
+
+SYNC = Exporter("vllm-v1", "vllm_v1", PROPERTIES + SESSION_PROPERTIES, prompt_of, IDIOM,
+                needs="the installed vLLM, on CPU", connector=("vllm_v1_connector",), request_extra=session_of,
+                sessions="vllm_v1_sessions")
+
+ASYNC = Exporter("vllm-v1-async", "vllm_v1", PROPERTIES + HYBRID_PROPERTIES, prompt_of,
                  IDIOM + "; AsyncScheduler with two batches in flight as EngineCore.step_with_batch_queue runs it",
-                 extra="vllm_v1_async", needs="the installed vLLM, on CPU")
+                 extra="vllm_v1_async", needs="the installed vLLM, on CPU",
+                 connector=("vllm_v1_connector", "vllm_v1_async_connector"), hybrid="vllm_v1_hybrid")
 
 # Aphrodite 0.24.1 (aphrodite-engine): vLLM's V1 scheduler under the package name ``aphrodite``, as
 # conformance/targets/hosts/aphrodite_host.py drives it: ``vllm.*`` imports answered by

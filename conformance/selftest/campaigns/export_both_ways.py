@@ -209,7 +209,10 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
               "`padded-admission-starves-below-1+k` is the over-budget stall reported above, "
               "`padded-admission-cut-by-threshold` the #54028 assert; the two open async divergences are not yet "
               "traced to a line), and the two fail-recompute connector traces on which the spec's reference breaks "
-              "BUD-004 and REQ-004 too (docs/CONNECTORS.md section 8: not diagnosed, so no finding)."]
+              "BUD-004 and REQ-004 too (docs/CONNECTORS.md section 8: not diagnosed, so no finding);",
+              "* the streaming-pause class `paused-new-admits-held-session` (docs/CONFORMANCE.md): vLLM documents that "
+              "PAUSE_NEW still schedules requests holding KV blocks (vllm/v1/core/sched/interface.py:28-29), and a "
+              "waiting session holds its KV, so it is a deviation by design from PAU-001, not a defect."]
     (REPORTS / "README.md").write_text("\n".join(lines) + "\n")
 
 

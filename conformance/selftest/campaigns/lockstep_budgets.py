@@ -74,17 +74,24 @@ CLASSES: dict[str, tuple[str, str]] = {
         "session (served first from kv_holding_waiting, 1063-1068) or a second session needs what the other holds. "
         "SES-003, LIV-001 and LIV-003 fire. Confirmed by rerunning against `KeepsSessionKV` (the reference without "
         "its eviction of idle sessions' KV, reference_impl/sessions.py): every decision and state agree to the end "
-        "of the trace, and vLLM violates only SES-003 and the stall's liveness echoes.",
+        "of the trace, and vLLM violates only SES-003 and the stall's liveness echoes."
+        " Upstream report, with a standalone reproducer that fails on 0.33.0 and passes with our fix: "
+        "[reports/vllm-v1-session-kv-held-deadlock.md](reports/vllm-v1-session-kv-held-deadlock.md).",
     ),
     "paused-new-admits-held-session": (
-        "engine deviation (PAU-001)",
+        "engine deviation by design (PAU-001 is stricter than vLLM's documented PAUSE_NEW)",
         "Under pause_new vLLM 0.33.0 admits a streaming session that took up an input while holding its KV: its "
         "waiting pass serves kv_holding_waiting even when paused (vllm/v1/core/sched/scheduler.py:1063-1068, 'Requests "
         "holding KV blocks are always drained first, and are the only ones admitted under PAUSED_NEW (e.g. async KV "
         "loads)'), and a stopped session re-enters that queue with its KV (2709-2715). The session's new input is new "
         "work, which a pause for new work is meant to hold back: PAU-001 fires. Confirmed by rerunning against "
         "`AdmitsHeldSessionsWhilePaused` (reference_impl/sessions.py admits_held_sessions_while_paused): every "
-        "decision and state agree to the end, and vLLM violates only PAU-001.",
+        "decision and state agree to the end, and vLLM violates only PAU-001."
+        " Reclassified (issue 33): a deviation by design, not a vLLM defect, so no upstream report. vLLM documents "
+        "it: PauseState's docstring says 'PAUSE_NEW: No new requests are scheduled, requests already in running "
+        "state or holding KV blocks are scheduled' (vllm/v1/core/sched/interface.py:28-29), and a waiting session "
+        "holds its KV. PAU-001's 'no waiting request is admitted' is stricter than that contract; whether it should "
+        "except requests that hold KV blocks is a spec decision.",
     ),
     "session-kv-held-deadlock+session-arrival-renewed": (
         "engine defect with a noted policy deviation",

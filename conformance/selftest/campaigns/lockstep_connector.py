@@ -90,7 +90,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         "spec's pipelined reference voids the failed step's placeholder and the request's later in-flight steps "
         "(`AsyncV1Scheduler._kv_skip_failed`). Counterfactual: `KeepsPlaceholdersAsync` "
         "(`keeps_failed_load_placeholders`, with vLLM's placeholder-reading max_tokens test, :800-813, and chunk "
-        "cap, :851-857), against which every decision and state agree.",
+        "cap, :851-857), against which every decision and state agree."
+        " Upstream report, with standalone reproducers that fail on 0.33.0 and pass with our fix: "
+        "[reports/vllm-v1-async-failed-load-keeps-placeholders.md](reports/vllm-v1-async-failed-load-keeps-placeholders.md).",
     ),
 }
 

@@ -222,6 +222,16 @@ class Engine:
     def scheduled_ids(self, out) -> list:
         return [] if out is None else list(out.num_scheduled_tokens)
 
+    def slots(self, out) -> dict:
+        """Per request ``out`` schedules: (the KV slots its block table holds, its computed tokens
+        before the step, the tokens scheduled now). schedule() has already counted the step's tokens
+        as computed (Scheduler._update_after_schedule); its first KV cache group's table."""
+        if out is None:
+            return {}
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {rid: (len([b for b in tables.get(rid, ()) if not b.is_null]) * self.config["block_size"],
+                      self.requests[rid].num_computed_tokens - n, n) for rid, n in out.num_scheduled_tokens.items()}
+
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
         return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}

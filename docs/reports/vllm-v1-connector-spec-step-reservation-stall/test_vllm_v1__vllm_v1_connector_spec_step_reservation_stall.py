@@ -191,6 +191,16 @@ class Engine:
     def scheduled_ids(self, out) -> list:
         return [] if out is None else list(out.num_scheduled_tokens)
 
+    def slots(self, out) -> dict:
+        """Per request ``out`` schedules: (the KV slots its block table holds, its computed tokens
+        before the step, the tokens scheduled now). schedule() has already counted the step's tokens
+        as computed (Scheduler._update_after_schedule); its first KV cache group's table."""
+        if out is None:
+            return {}
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {rid: (len([b for b in tables.get(rid, ()) if not b.is_null]) * self.config["block_size"],
+                      self.requests[rid].num_computed_tokens - n, n) for rid, n in out.num_scheduled_tokens.items()}
+
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
         return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
@@ -263,8 +273,11 @@ class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids):
         rid = request.request_id
-        if rid in self.transfers:
+        load = self.transfers.get(rid)
+        if load is not None and load["load_async"]:
             return True, None  # a load in flight still writes its blocks
+        # (a synchronous load lands in its step's forward pass: a request finished while that step is in
+        # flight, as pipelined steps allow, is held by vLLM's fence, defer_block_free, not by the connector)
         steps = int(KV_SCRIPTS.get(rid, {}).get("send_steps", 0))
         table = [b for group in block_ids for b in group]
         if not steps or rid not in self.ran or not table:

@@ -188,6 +188,16 @@ class Engine:
     def scheduled_ids(self, out) -> list:
         return [] if out is None else list(out.num_scheduled_tokens)
 
+    def slots(self, out) -> dict:
+        """Per request ``out`` schedules: (the KV slots its block table holds, its computed tokens
+        before the step, the tokens scheduled now). schedule() has already counted the step's tokens
+        as computed (Scheduler._update_after_schedule); its first KV cache group's table."""
+        if out is None:
+            return {}
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {rid: (len([b for b in tables.get(rid, ()) if not b.is_null]) * self.config["block_size"],
+                      self.requests[rid].num_computed_tokens - n, n) for rid, n in out.num_scheduled_tokens.items()}
+
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
         return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
@@ -279,6 +289,17 @@ class AsyncEngine(Engine):
 
     def scheduled_anything(self, out) -> bool:
         return out is not None and super().scheduled_anything(out)
+
+    def scheduled_lengths(self, out) -> dict:
+        """Per request ``out`` schedules: (tokens, processed computed tokens: every step in flight, this
+        one too, left out, the tokens scheduled now less their drafts). Pipelined, the processed count
+        lags the steps in flight, so a step that computes past a request's tokens shows here, when it
+        is scheduled (synchronously, it shows in the outcome: ``lengths``)."""
+        if out is None:
+            return {}
+        return {rid: (r.num_tokens, max(r.num_computed_tokens - r.num_in_flight_tokens, 0),
+                      n - len(out.scheduled_spec_decode_tokens.get(rid, ())))
+                for rid, n in out.num_scheduled_tokens.items() for r in (self.requests[rid],)}
 
     def lengths(self) -> dict:
         """Per unfinished request: (tokens, processed computed tokens: in-flight steps left out)."""

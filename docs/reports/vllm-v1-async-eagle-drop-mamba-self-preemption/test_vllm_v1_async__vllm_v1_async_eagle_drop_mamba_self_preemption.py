@@ -1,0 +1,552 @@
+"""Reproducer: vLLM V1's AsyncScheduler livelocks a hybrid (attention + Mamba) model with EAGLE's block
+drop in a small pool: the only running request preempts itself for blocks its own in-flight step
+holds, for ever.
+
+Standalone: it imports the engine, never kvsched. Exported by `kvsched export
+docs/reports/traces/vllm-v1-async-eagle-drop-mamba-self-preemption.json --to pytest --target
+vllm-v1-async` from kvsched's shrunk trace, for vllm==0.33.0 (the installed vLLM, on CPU).
+
+    python THIS_FILE            # exit 1 and one FAILED line when the property breaks
+                                # (exit 2 and one ERROR line if the engine raises first)
+    python -m pytest THIS_FILE
+
+How: a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in
+vLLM's tests/v1/core/utils.py create_scheduler / create_requests; AsyncScheduler with two batches in
+flight as EngineCore.step_with_batch_queue runs it; the trace's steps are replayed as kvsched's
+driver runs them (arrivals, aborts, schedule(), the model's outcome), the model played here.
+
+Asserts LIV-002: Every request finishes within a bounded number of steps after the last arrival.
+"""
+
+import os
+import sys
+import tempfile
+import traceback
+import zlib
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+ENGINE = f"vllm {vllm.__version__} from {os.path.dirname(vllm.__file__)}"
+STOP_TOKEN_ID = 1000  # a request the trace stops samples this id (its only stop_token_id)
+VOCAB_SIZE = 50
+# ModelConfig reads only config.json: a two-layer Llama, no weights, no tokenizer.
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+              "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "torch_dtype": "float32",
+              "bos_token_id": 1, "eos_token_id": 2}
+
+
+def sampled_token(request_id: str, position: int) -> int:
+    """The token "the model" samples at ``position``: a fixed function of the request and position."""
+    return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
+
+
+def tiny_model_dir() -> str:
+    import json
+
+    path = tempfile.mkdtemp(prefix="tiny-llama-")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(TINY_LLAMA, f)
+    return path
+
+
+def create_scheduler(config: dict, scheduler_cls: type = Scheduler, async_scheduling: bool = False,
+                     spec_method: str = "ngram") -> Scheduler:
+    """As tests/v1/core/utils.py create_scheduler builds one: VllmConfig pieces and a KVCacheConfig
+    of one full-attention group with ``num_gpu_blocks + 1`` blocks (block 0 is V1's null block)."""
+    block_size, num_blocks, max_model_len = config["block_size"], config["num_gpu_blocks"] + 1, config["max_model_len"]
+    model_config = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+                               dtype="float32", seed=0)
+    watermark_blocks = int(config["watermark"] * config["num_gpu_blocks"])
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
+        max_model_len=max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=bool(config.get("enable_chunked_prefill")),
+        long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
+        async_scheduling=async_scheduling, policy=config["policy"],
+        watermark=(watermark_blocks + 0.5) / num_blocks if watermark_blocks else 0.0)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=bool(config.get("enable_prefix_caching")))
+    k = int(config.get("num_speculative_tokens", 0))
+    speculative_config = SpeculativeConfig(method=spec_method, num_speculative_tokens=k, prompt_lookup_max=k,
+                                           prompt_lookup_min=1) if k else None
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+                             speculative_config=speculative_config)
+    cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer0"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
+                         log_stats=False)
+
+
+def create_request(spec: dict, arrival: int, block_hasher) -> Request:
+    """As tests/v1/core/utils.py create_requests: a Request with its prompt ids and sampling params."""
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN_ID])
+    return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]), sampling_params=params,
+                   pooling_params=None, arrival_time=float(arrival), priority=spec["priority"],
+                   block_hasher=block_hasher)
+
+
+class Engine:
+    """The EngineCore loop around the real Scheduler, with the model runner played here: every
+    request whose prompt is complete samples ``1 + accepted drafts`` tokens, and the n-gram
+    drafter proposes the trace's number of drafts after each step (EngineCore.post_step)."""
+
+    SCHEDULE_CALL, UPDATE_CALL = "Scheduler.schedule()", "Scheduler.update_from_output()"
+    scheduler_cls: type = Scheduler
+    async_scheduling = False
+    spec_method = "ngram"
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+        self.sched = create_scheduler(config, self.scheduler_cls, self.async_scheduling, self.spec_method)
+        self.k = int(config.get("num_speculative_tokens", 0))
+        self.block_hasher = None
+        if config.get("enable_prefix_caching"):  # as vllm/v1/engine/core.py EngineCore.__init__ builds it
+            hash_fn = get_hash_fn_by_name(self.sched.cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.block_hasher = get_request_block_hasher(config["block_size"], hash_fn)
+        self.requests: dict[str, Request] = {}
+        self.refused: set[str] = set()
+
+    def add(self, spec: dict) -> None:
+        if len(spec["prompt"]) >= self.config["max_model_len"]:
+            # vllm/v1/engine/input_processor.py InputProcessor._validate_prompt_len refuses it
+            # before the scheduler (a generate prompt needs room for one output token)
+            self.refused.add(spec["id"])
+            return
+        request = create_request(spec, len(self.requests), self.block_hasher)
+        self.requests[spec["id"]] = request
+        self.sched.add_request(request)
+
+    def abort(self, request_ids: list) -> None:
+        self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def queued(self) -> dict:
+        return {"waiting": [r.request_id for r in self.sched.waiting],
+                "running": [r.request_id for r in self.sched.running]}
+
+    def schedule(self):
+        self.output = self.sched.schedule()
+        return self.output
+
+    def update(self, stopped, drafts: dict) -> set:
+        out = self.output
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            request = self.requests[rid]
+            if request.num_computed_tokens < request.num_tokens:  # a prefill chunk: nothing sampled
+                sampled.append([])
+                continue
+            scheduled_drafts = out.scheduled_spec_decode_tokens.get(rid, ())
+            real = next((i for i, t in enumerate(scheduled_drafts) if t < 0), len(scheduled_drafts))  # -1: a pad
+            sampled.append(self.sample(rid, request.num_tokens, len(scheduled_drafts), real, rid in stopped,
+                                       drafts.get(rid, {})))
+        model_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                         sampled_token_ids=sampled)
+        self.sched.update_from_output(out, model_output)
+        if self.k:  # the drafter proposes for every request that sampled and goes on
+            going = [rid for rid, tokens in zip(req_ids, sampled, strict=True)
+                     if tokens and not self.requests[rid].is_finished()]
+            proposals = [self.propose(rid, drafts.get(rid, {})) for rid in going]
+            self.sched.update_draft_token_ids(DraftTokenIds(going, proposals))
+        return {rid for rid, r in self.requests.items() if r.is_finished()} | self.refused
+
+    def sample(self, rid: str, position: int, num_drafts: int, real: int, stopped: bool, decision: dict) -> list:
+        """The rejection sampler: the accepted drafts and the bonus token; none for an empty output."""
+        if decision.get("empty"):
+            return []
+        accepted = min(int(decision.get("accepted", 0)), num_drafts, real)
+        tokens = [sampled_token(rid, position + i) for i in range(accepted + 1)]
+        if stopped:
+            at = decision.get("stop_at")
+            tokens[accepted if at is None else min(int(at), accepted)] = STOP_TOKEN_ID
+        return tokens
+
+    def propose(self, rid: str, decision: dict) -> list:
+        count = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        return [sampled_token(rid, self.requests[rid].num_tokens + i) for i in range(count)]
+
+    # -- what the checks read ------------------------------------------------------------------
+    def scheduled_anything(self, out) -> bool:
+        return bool(out.num_scheduled_tokens) or bool(out.preempted_req_ids)
+
+    def scheduled_ids(self, out) -> list:
+        return [] if out is None else list(out.num_scheduled_tokens)
+
+    def slots(self, out) -> dict:
+        """Per request ``out`` schedules: (the KV slots its block table holds, its computed tokens
+        before the step, the tokens scheduled now). schedule() has already counted the step's tokens
+        as computed (Scheduler._update_after_schedule); its first KV cache group's table."""
+        if out is None:
+            return {}
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {rid: (len([b for b in tables.get(rid, ()) if not b.is_null]) * self.config["block_size"],
+                      self.requests[rid].num_computed_tokens - n, n) for rid, n in out.num_scheduled_tokens.items()}
+
+    def lengths(self) -> dict:
+        """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
+        return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
+
+
+# -- pipelined: AsyncScheduler, outcomes one step late --------------------------------------------
+import collections  # noqa: E402
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+
+BATCH_QUEUE_SIZE = 2  # vllm/config/vllm.py max_concurrent_batches: async scheduling without PP
+
+
+class InFlight:
+    """One batch in EngineCore's batch queue: its SchedulerOutput, the requests that sample in it
+    (at the position they sample), and, once the model ran, its ModelRunnerOutput."""
+
+    def __init__(self, output, samples: dict) -> None:
+        self.output, self.samples, self.model_output, self.committed = output, samples, None, {}
+
+
+class AsyncEngine(Engine):
+    """EngineCore.step_with_batch_queue (vllm/v1/engine/core.py): a step schedules batch k and the
+    model runs it; the oldest batch's outcome is fed to update_from_output once two are queued."""
+
+    scheduler_cls = AsyncScheduler
+    async_scheduling = True
+    spec_method = "ngram_gpu"  # VllmConfig refuses "ngram" with async scheduling
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.batch_queue: collections.deque = collections.deque()
+        self.due = False
+        self.new_batch = None
+        self.undelivered: collections.Counter = collections.Counter()
+        self.proposed: dict = {}
+
+    def schedule(self):
+        self.new_batch = None
+        if not self.sched.has_requests():  # core.py: nothing to schedule, take an outcome if one is queued
+            self.due = bool(self.batch_queue)
+            self.output = None
+            return None
+        out = self.sched.schedule()
+        for rid in out.preempted_req_ids or ():
+            self.proposed.pop(rid, None)
+        samples = {rid: self.requests[rid].num_computed_tokens for rid in out.num_scheduled_tokens
+                   if not self.requests[rid].is_prefill_chunk}
+        batch = InFlight(out, samples)
+        self.batch_queue.appendleft(batch)
+        executed = out.total_num_scheduled_tokens > 0
+        self.due = not (len(self.batch_queue) < BATCH_QUEUE_SIZE and (executed or self.sched.has_requests()))
+        self.new_batch = batch
+        self.output = out
+        return out
+
+    def update(self, stopped, drafts: dict) -> set:
+        if self.new_batch is not None:  # the model runs the batch scheduled in this step
+            self.new_batch.model_output = self.run_model(self.new_batch, stopped, drafts)
+            self.new_batch = None
+        if self.due:
+            self.due = False
+            batch = self.batch_queue.pop()
+            for rid, count in batch.committed.items():
+                self.undelivered[rid] -= count
+            self.sched.update_from_output(batch.output, batch.model_output)
+        return {rid for rid, r in self.requests.items() if r.is_finished()} | self.refused
+
+    def run_model(self, batch: InFlight, stopped, drafts: dict):
+        req_ids = list(batch.output.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            if rid not in batch.samples:
+                sampled.append([])
+                continue
+            if not self.k:
+                sampled.append([STOP_TOKEN_ID if rid in stopped else sampled_token(rid, batch.samples[rid])])
+                continue
+            decision = drafts.get(rid, {})
+            num_drafts = len(batch.output.scheduled_spec_decode_tokens.get(rid, ()))
+            position = self.requests[rid].num_tokens + self.undelivered[rid]
+            tokens = self.sample(rid, position, num_drafts, self.proposed.get(rid, 0), rid in stopped, decision)
+            sampled.append(tokens)
+            batch.committed[rid] = len(tokens)
+            self.undelivered[rid] += len(tokens)
+            self.proposed[rid] = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def scheduled_anything(self, out) -> bool:
+        return out is not None and super().scheduled_anything(out)
+
+    def scheduled_lengths(self, out) -> dict:
+        """Per request ``out`` schedules: (tokens, processed computed tokens: every step in flight, this
+        one too, left out, the tokens scheduled now less their drafts). Pipelined, the processed count
+        lags the steps in flight, so a step that computes past a request's tokens shows here, when it
+        is scheduled (synchronously, it shows in the outcome: ``lengths``)."""
+        if out is None:
+            return {}
+        return {rid: (r.num_tokens, max(r.num_computed_tokens - r.num_in_flight_tokens, 0),
+                      n - len(out.scheduled_spec_decode_tokens.get(rid, ())))
+                for rid, n in out.num_scheduled_tokens.items() for r in (self.requests[rid],)}
+
+    def lengths(self) -> dict:
+        """Per unfinished request: (tokens, processed computed tokens: in-flight steps left out)."""
+        return {rid: (r.num_tokens, max(r.num_computed_tokens - r.num_in_flight_tokens, 0))
+                for rid, r in self.requests.items() if not r.is_finished()}
+
+
+Engine = AsyncEngine
+
+
+# -- hybrid KV cache groups (full attention, sliding window, Mamba) and EAGLE's block drop -------
+import collections  # noqa: E402, F811  (the pipelined loop imports it too)
+
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes  # noqa: E402
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec, SlidingWindowSpec  # noqa: E402
+
+
+def hybrid_kv_cache_config(config: dict) -> KVCacheConfig:
+    """The KVCacheConfig of a hybrid model, as vLLM's hybrid tests build one: a KVCacheGroupSpec per
+    group (one layer each), every group over the one pool of ``num_gpu_blocks + 1`` blocks; a Mamba
+    group's block is the attention block ("align") or max_model_len ("none": one state block)."""
+    bs, mml = config["block_size"], config["max_model_len"]
+    attention = dict(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    specs = []
+    for i, group in enumerate(config["kv_groups"]):
+        kind = group["kind"]
+        if kind == "full":
+            spec = FullAttentionSpec(**attention)
+        elif kind == "sliding_window":
+            spec = SlidingWindowSpec(**attention, sliding_window=group["window"])
+        elif kind == "chunked_local":
+            spec = ChunkedLocalAttentionSpec(**attention, attention_chunk_size=group["window"])
+        elif kind == "mamba":
+            spec = MambaSpec(block_size=mml if group["mode"] == "none" else bs, shapes=((1,),), dtypes=(torch.float32,),
+                             mamba_cache_mode=group["mode"])
+        else:
+            continue  # a KV-sharing layer reads its target layer's cache: no group of its own
+        specs.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    return KVCacheConfig(num_blocks=config["num_gpu_blocks"] + 1, kv_cache_tensors=[], kv_cache_groups=specs)
+
+
+def with_eagle_block_drop(scheduler_cls: type, lookahead: int) -> type:
+    """The scheduler as vLLM builds it for an EAGLE/MTP drafter with lookahead block hashes off:
+    ``use_eagle_block_drop`` True (vllm/v1/core/sched/scheduler.py:331), so its KVCacheManager drops
+    the last matched block of a prefix hit (``use_eagle``, kv_cache_coordinator.py:866-905) and the
+    Mamba-aligned split backs its last cacheable position off a block (scheduler.py:572-626), with
+    ``lookahead`` slots past the scheduled tokens. The drafter needs a draft model, which this file
+    has none of, so the drop and the slots are set without it (no SpeculativeConfig)."""
+    return type(f"EagleBlockDrop{scheduler_cls.__name__}", (scheduler_cls,), {
+        "use_eagle_block_drop": property(lambda self: True, lambda self, value: None),
+        "num_lookahead_tokens": property(lambda self: lookahead, lambda self, value: None)})
+
+
+def create_scheduler(config: dict, scheduler_cls: type = Scheduler, async_scheduling: bool = False,  # noqa: F811
+                     spec_method: str = "ngram") -> Scheduler:
+    """create_scheduler above, replaced (Engine calls whichever is defined last), for the trace's KV cache groups: the hybrid KVCacheConfig, the
+    scheduler's block sizes as EngineCore resolves them for several groups (the LCM of the groups',
+    vllm/v1/engine/core.py), cache_config.mamba_cache_mode, EAGLE's block drop when the trace has it,
+    and async scheduling kept on (the CPU platform turns it off in VllmConfig, vllm/platforms/cpu.py;
+    a GPU engine keeps two batches in flight, which sets a windowed group's admission cap)."""
+    block_size, num_blocks, max_model_len = config["block_size"], config["num_gpu_blocks"] + 1, config["max_model_len"]
+    model_config = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+                               dtype="float32", seed=0)
+    watermark_blocks = int(config["watermark"] * config["num_gpu_blocks"])
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
+        max_model_len=max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=bool(config.get("enable_chunked_prefill")),
+        long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
+        async_scheduling=async_scheduling, policy=config["policy"],
+        watermark=(watermark_blocks + 0.5) / num_blocks if watermark_blocks else 0.0)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=bool(config.get("enable_prefix_caching")))
+    k = int(config.get("num_speculative_tokens", 0))
+    speculative_config = SpeculativeConfig(method=spec_method, num_speculative_tokens=k, prompt_lookup_max=k,
+                                           prompt_lookup_min=1) if k else None
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+                             speculative_config=speculative_config)
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
+    cache_config.num_gpu_blocks = num_blocks
+    modes = {g.get("mode") for g in config["kv_groups"] if g["kind"] == "mamba"}
+    if modes:
+        cache_config.mamba_cache_mode = modes.pop()
+    kv_cache_config = hybrid_kv_cache_config(config)
+    scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    if config.get("drop_eagle_block"):
+        scheduler_cls = with_eagle_block_drop(scheduler_cls, k)
+    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config),
+                         block_size=scheduler_block_size, hash_block_size=hash_block_size, log_stats=False)
+
+
+class HybridEngine(Engine):
+    """The engine loop, counting each request's preemptions (what a livelock shows)."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.preemptions: collections.Counter = collections.Counter()
+
+    def schedule(self):
+        out = super().schedule()
+        if out is not None:
+            self.preemptions.update(out.preempted_req_ids or ())
+        return out
+
+
+Engine = HybridEngine
+
+
+# -- the trace (kvsched's shrunk counterexample, as plain data) ------------------------------------
+CONFIG = {'block_size': 4,
+ 'num_gpu_blocks': 5,
+ 'num_cpu_blocks': 0,
+ 'max_num_seqs': 3,
+ 'max_num_batched_tokens': 5,
+ 'max_model_len': 12,
+ 'watermark': 0.0,
+ 'preemption_mode': 'recompute',
+ 'policy': 'priority',
+ 'enable_chunked_prefill': True,
+ 'enable_prefix_caching': True,
+ 'pipeline_depth': 1,
+ 'kv_groups': [{'kind': 'full'}, {'kind': 'mamba', 'mode': 'align'}],
+ 'drop_eagle_block': True}
+# arrival step, request id, prompt token ids, max_tokens, priority
+REQUESTS = [{'step': 1, 'id': 'r0', 'prompt': [1, 0, 1, 1, 1, 0, 0, 1, 0], 'max_tokens': 9, 'priority': 2},
+ {'step': 1, 'id': 'r1', 'prompt': [0, 1], 'max_tokens': 5, 'priority': 0},
+ {'step': 2, 'id': 'r2', 'prompt': [0], 'max_tokens': 10, 'priority': 2},
+ {'step': 2, 'id': 'r3', 'prompt': [0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 0], 'max_tokens': 4, 'priority': 2},
+ {'step': 2, 'id': 'r4', 'prompt': [1, 0, 1, 1, 0, 1, 0, 1, 0], 'max_tokens': 10, 'priority': 2},
+ {'step': 5, 'id': 'r5', 'prompt': [1, 0, 1, 1, 0, 1, 0, 1, 0, 1], 'max_tokens': 3, 'priority': 1}]
+ABORTS = {4: ['r3']}  # step -> request ids aborted before that step's schedule()
+STOPS = {6: ['r4']}  # step -> request ids whose sampled token that step is a stop token
+DRAFTS = {}  # step -> request id -> the drafter's and rejection sampler's decision
+MAX_STEPS = 667
+PIPELINE_DEPTH = 1
+PROPERTY = 'LIV-002'
+STATEMENT = 'Every request finishes within a bounded number of steps after the last arrival.'
+
+
+# -- the property ---------------------------------------------------------------------------------
+def completion_bound(last_arrival: int) -> int:
+    """kvsched's bound on the steps after the last arrival (LIV-002): (R + 2) * (tokens + R + 2) for
+    R requests, tokens their max_tokens (and sessions' later inputs), plus one step per prefill chunk."""
+    tokens = sum(r["max_tokens"] for r in REQUESTS)
+    tokens += sum(len(p["prompt"]) + p["max_tokens"] + max(p["step"] - last_arrival, 0)
+                  for r in REQUESTS for p in r.get("session", ()))
+    if CONFIG.get("enable_chunked_prefill"):
+        chunk = max(1, CONFIG["max_num_batched_tokens"] - CONFIG["max_num_seqs"] + 1)
+        if CONFIG.get("long_prefill_token_threshold"):
+            chunk = min(chunk, CONFIG["long_prefill_token_threshold"])
+        tokens += sum(-(-(len(r["prompt"]) + r["max_tokens"]) // chunk) for r in REQUESTS)
+    return (len(REQUESTS) + 2) * (tokens + len(REQUESTS) + 2)
+
+
+def check_after_schedule(step, engine, out, before, history) -> None:
+    pass
+
+
+def check_after_update(step, engine, history) -> None:
+    pass
+
+
+def check_at_end(engine, history) -> None:
+    """LIV-002: every request finishes within the bound after the last arrival."""
+    if not REQUESTS:
+        return
+    history["exercised"] += 1
+    last_arrival = max(r["step"] for r in REQUESTS)
+    unfinished = sorted(engine.lengths())
+    after, bound = history["steps"] - last_arrival, completion_bound(last_arrival)
+    if unfinished and after >= bound:
+        preempted = getattr(engine, "preemptions", {})
+        counts = "".join(f"; {rid} was preempted {preempted[rid]} times" for rid in unfinished if preempted.get(rid))
+        raise AssertionError(
+            f"after {history['steps']} steps, {after} after the last arrival (bound {bound}), requests {unfinished} "
+            f"are still unfinished{counts}. Expected: {STATEMENT}")
+
+
+# -- the replay: kvsched's driver loop, step by step ----------------------------------------------
+def engine_frame(error: BaseException) -> str:
+    """Where in the engine an exception was raised: the innermost frame, as file:line in function."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+class EngineRaised(Exception):
+    """The engine raised while this file checks another property: an error of the run, reported as
+    what the engine raised, never as that property's failure (an assert of the engine's own is an
+    AssertionError too)."""
+
+
+def call(step: int, what: str, fn, *args):
+    if PROPERTY == "FAULT-raised" and what == Engine.SCHEDULE_CALL:
+        HISTORY_OF_CALLS[0] += 1
+    try:
+        return fn(*args)
+    except Exception as error:
+        raised = (f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
+                  f"{': ' + str(error) if str(error) else ''}")
+        if PROPERTY != "FAULT-raised":
+            raise EngineRaised(f"{raised}, before {PROPERTY} broke") from error
+        raise AssertionError(f"{raised}. Expected: {STATEMENT}") from error
+
+
+HISTORY_OF_CALLS = [0]  # FAULT-raised: the schedule() calls made
+
+
+def replay() -> dict:
+    engine = Engine(CONFIG)
+    arrived: set = set()
+    last_arrival = max((r["step"] for r in REQUESTS), default=0)
+    history: dict = {"last_scheduled": None, "steps": 0, "exercised": 0}
+    for step in range(MAX_STEPS):
+        history["steps"] = step + 1
+        for spec in REQUESTS:
+            if spec["step"] == step:
+                call(step, "add_request", engine.add, spec)
+                arrived.add(spec["id"])
+        if ABORTS.get(step):
+            call(step, "abort", engine.abort, ABORTS[step])
+        before = engine.queued()
+        out = call(step, engine.SCHEDULE_CALL, engine.schedule)
+        check_after_schedule(step, engine, out, before, history)
+        finished = call(step, engine.UPDATE_CALL, engine.update, set(STOPS.get(step, ())), DRAFTS.get(step, {}))
+        check_after_update(step, engine, history)
+        if step >= last_arrival and arrived <= finished:
+            break
+    check_at_end(engine, history)
+    if not history["exercised"]:  # a property whose trigger never held has not passed
+        raise AssertionError(f"the trace never reached what {PROPERTY} is about in {history['steps']} steps")
+    return history
+
+
+def test_reproducer() -> None:
+    replay()
+
+
+if __name__ == "__main__":
+    print(f"engine: {ENGINE}")
+    try:
+        done = replay()
+    except AssertionError as failure:
+        print(f"FAILED: {failure}")
+        sys.exit(1)
+    except EngineRaised as error:
+        print(f"ERROR: {error}")
+        sys.exit(2)
+    print(f"passed ({done['steps']} steps, checked at {done['exercised']}): {STATEMENT}")

@@ -1,0 +1,650 @@
+"""Reproducer: vLLM V1's AsyncScheduler keeps a failed KV load's output placeholders: the recompute is
+scheduled past the request's last token (vllm-project/vllm#45138 and #49250 still in 0.33.0).
+
+Standalone: it imports the engine, never kvsched. Exported by `kvsched export
+docs/reports/traces/vllm-v1-async-failed-load-keeps-placeholders.json --to pytest --target
+vllm-v1-async` from kvsched's shrunk trace, for vllm==0.33.0 (the installed vLLM, on CPU).
+
+    python THIS_FILE            # exit 1 and one FAILED line when the property breaks
+                                # (exit 2 and one ERROR line if the engine raises first)
+    python -m pytest THIS_FILE
+
+How: a Scheduler built from VllmConfig pieces and a KVCacheConfig, fed ModelRunnerOutputs, as in
+vLLM's tests/v1/core/utils.py create_scheduler / create_requests; AsyncScheduler with two batches in
+flight as EngineCore.step_with_batch_queue runs it; a scripted KV connector (KV_SCRIPTS) registered
+in vLLM's KVConnectorFactory and set up through KVTransferConfig, the workers' KVConnectorOutput
+played in each model output; the trace's steps are replayed as kvsched's driver runs them (arrivals,
+aborts, schedule(), the model's outcome), the model played here.
+
+Asserts CHK-002: A sequence's computed tokens never exceed its tokens, and after schedule() its
+computed tokens plus the tokens scheduled now, draft tokens aside, do not either.
+"""
+
+import os
+import sys
+import tempfile
+import traceback
+import zlib
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+ENGINE = f"vllm {vllm.__version__} from {os.path.dirname(vllm.__file__)}"
+STOP_TOKEN_ID = 1000  # a request the trace stops samples this id (its only stop_token_id)
+VOCAB_SIZE = 50
+# ModelConfig reads only config.json: a two-layer Llama, no weights, no tokenizer.
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+              "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "torch_dtype": "float32",
+              "bos_token_id": 1, "eos_token_id": 2}
+
+
+def sampled_token(request_id: str, position: int) -> int:
+    """The token "the model" samples at ``position``: a fixed function of the request and position."""
+    return zlib.crc32(f"{request_id}#0@{position}".encode()) % VOCAB_SIZE
+
+
+def tiny_model_dir() -> str:
+    import json
+
+    path = tempfile.mkdtemp(prefix="tiny-llama-")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(TINY_LLAMA, f)
+    return path
+
+
+def create_scheduler(config: dict, scheduler_cls: type = Scheduler, async_scheduling: bool = False,
+                     spec_method: str = "ngram") -> Scheduler:
+    """As tests/v1/core/utils.py create_scheduler builds one: VllmConfig pieces and a KVCacheConfig
+    of one full-attention group with ``num_gpu_blocks + 1`` blocks (block 0 is V1's null block)."""
+    block_size, num_blocks, max_model_len = config["block_size"], config["num_gpu_blocks"] + 1, config["max_model_len"]
+    model_config = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+                               dtype="float32", seed=0)
+    watermark_blocks = int(config["watermark"] * config["num_gpu_blocks"])
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config["max_num_seqs"], max_num_batched_tokens=config["max_num_batched_tokens"],
+        max_model_len=max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=bool(config.get("enable_chunked_prefill")),
+        long_prefill_token_threshold=int(config.get("long_prefill_token_threshold", 0)),
+        async_scheduling=async_scheduling, policy=config["policy"],
+        watermark=(watermark_blocks + 0.5) / num_blocks if watermark_blocks else 0.0)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=bool(config.get("enable_prefix_caching")))
+    k = int(config.get("num_speculative_tokens", 0))
+    speculative_config = SpeculativeConfig(method=spec_method, num_speculative_tokens=k, prompt_lookup_max=k,
+                                           prompt_lookup_min=1) if k else None
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+                             speculative_config=speculative_config)
+    cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["layer0"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
+                         log_stats=False)
+
+
+def create_request(spec: dict, arrival: int, block_hasher) -> Request:
+    """As tests/v1/core/utils.py create_requests: a Request with its prompt ids and sampling params."""
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, stop_token_ids=[STOP_TOKEN_ID])
+    return Request(request_id=spec["id"], prompt_token_ids=list(spec["prompt"]), sampling_params=params,
+                   pooling_params=None, arrival_time=float(arrival), priority=spec["priority"],
+                   block_hasher=block_hasher)
+
+
+class Engine:
+    """The EngineCore loop around the real Scheduler, with the model runner played here: every
+    request whose prompt is complete samples ``1 + accepted drafts`` tokens, and the n-gram
+    drafter proposes the trace's number of drafts after each step (EngineCore.post_step)."""
+
+    SCHEDULE_CALL, UPDATE_CALL = "Scheduler.schedule()", "Scheduler.update_from_output()"
+    scheduler_cls: type = Scheduler
+    async_scheduling = False
+    spec_method = "ngram"
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+        self.sched = create_scheduler(config, self.scheduler_cls, self.async_scheduling, self.spec_method)
+        self.k = int(config.get("num_speculative_tokens", 0))
+        self.block_hasher = None
+        if config.get("enable_prefix_caching"):  # as vllm/v1/engine/core.py EngineCore.__init__ builds it
+            hash_fn = get_hash_fn_by_name(self.sched.cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.block_hasher = get_request_block_hasher(config["block_size"], hash_fn)
+        self.requests: dict[str, Request] = {}
+        self.refused: set[str] = set()
+
+    def add(self, spec: dict) -> None:
+        if len(spec["prompt"]) >= self.config["max_model_len"]:
+            # vllm/v1/engine/input_processor.py InputProcessor._validate_prompt_len refuses it
+            # before the scheduler (a generate prompt needs room for one output token)
+            self.refused.add(spec["id"])
+            return
+        request = create_request(spec, len(self.requests), self.block_hasher)
+        self.requests[spec["id"]] = request
+        self.sched.add_request(request)
+
+    def abort(self, request_ids: list) -> None:
+        self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def queued(self) -> dict:
+        return {"waiting": [r.request_id for r in self.sched.waiting],
+                "running": [r.request_id for r in self.sched.running]}
+
+    def schedule(self):
+        self.output = self.sched.schedule()
+        return self.output
+
+    def update(self, stopped, drafts: dict) -> set:
+        out = self.output
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            request = self.requests[rid]
+            if request.num_computed_tokens < request.num_tokens:  # a prefill chunk: nothing sampled
+                sampled.append([])
+                continue
+            scheduled_drafts = out.scheduled_spec_decode_tokens.get(rid, ())
+            real = next((i for i, t in enumerate(scheduled_drafts) if t < 0), len(scheduled_drafts))  # -1: a pad
+            sampled.append(self.sample(rid, request.num_tokens, len(scheduled_drafts), real, rid in stopped,
+                                       drafts.get(rid, {})))
+        model_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                         sampled_token_ids=sampled)
+        self.sched.update_from_output(out, model_output)
+        if self.k:  # the drafter proposes for every request that sampled and goes on
+            going = [rid for rid, tokens in zip(req_ids, sampled, strict=True)
+                     if tokens and not self.requests[rid].is_finished()]
+            proposals = [self.propose(rid, drafts.get(rid, {})) for rid in going]
+            self.sched.update_draft_token_ids(DraftTokenIds(going, proposals))
+        return {rid for rid, r in self.requests.items() if r.is_finished()} | self.refused
+
+    def sample(self, rid: str, position: int, num_drafts: int, real: int, stopped: bool, decision: dict) -> list:
+        """The rejection sampler: the accepted drafts and the bonus token; none for an empty output."""
+        if decision.get("empty"):
+            return []
+        accepted = min(int(decision.get("accepted", 0)), num_drafts, real)
+        tokens = [sampled_token(rid, position + i) for i in range(accepted + 1)]
+        if stopped:
+            at = decision.get("stop_at")
+            tokens[accepted if at is None else min(int(at), accepted)] = STOP_TOKEN_ID
+        return tokens
+
+    def propose(self, rid: str, decision: dict) -> list:
+        count = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        return [sampled_token(rid, self.requests[rid].num_tokens + i) for i in range(count)]
+
+    # -- what the checks read ------------------------------------------------------------------
+    def scheduled_anything(self, out) -> bool:
+        return bool(out.num_scheduled_tokens) or bool(out.preempted_req_ids)
+
+    def scheduled_ids(self, out) -> list:
+        return [] if out is None else list(out.num_scheduled_tokens)
+
+    def slots(self, out) -> dict:
+        """Per request ``out`` schedules: (the KV slots its block table holds, its computed tokens
+        before the step, the tokens scheduled now). schedule() has already counted the step's tokens
+        as computed (Scheduler._update_after_schedule); its first KV cache group's table."""
+        if out is None:
+            return {}
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        return {rid: (len([b for b in tables.get(rid, ()) if not b.is_null]) * self.config["block_size"],
+                      self.requests[rid].num_computed_tokens - n, n) for rid, n in out.num_scheduled_tokens.items()}
+
+    def lengths(self) -> dict:
+        """Per unfinished request: (tokens, computed tokens) once the step's outcome is processed."""
+        return {rid: (r.num_tokens, r.num_computed_tokens) for rid, r in self.requests.items() if not r.is_finished()}
+
+
+# -- pipelined: AsyncScheduler, outcomes one step late --------------------------------------------
+import collections  # noqa: E402
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+
+BATCH_QUEUE_SIZE = 2  # vllm/config/vllm.py max_concurrent_batches: async scheduling without PP
+
+
+class InFlight:
+    """One batch in EngineCore's batch queue: its SchedulerOutput, the requests that sample in it
+    (at the position they sample), and, once the model ran, its ModelRunnerOutput."""
+
+    def __init__(self, output, samples: dict) -> None:
+        self.output, self.samples, self.model_output, self.committed = output, samples, None, {}
+
+
+class AsyncEngine(Engine):
+    """EngineCore.step_with_batch_queue (vllm/v1/engine/core.py): a step schedules batch k and the
+    model runs it; the oldest batch's outcome is fed to update_from_output once two are queued."""
+
+    scheduler_cls = AsyncScheduler
+    async_scheduling = True
+    spec_method = "ngram_gpu"  # VllmConfig refuses "ngram" with async scheduling
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.batch_queue: collections.deque = collections.deque()
+        self.due = False
+        self.new_batch = None
+        self.undelivered: collections.Counter = collections.Counter()
+        self.proposed: dict = {}
+
+    def schedule(self):
+        self.new_batch = None
+        if not self.sched.has_requests():  # core.py: nothing to schedule, take an outcome if one is queued
+            self.due = bool(self.batch_queue)
+            self.output = None
+            return None
+        out = self.sched.schedule()
+        for rid in out.preempted_req_ids or ():
+            self.proposed.pop(rid, None)
+        samples = {rid: self.requests[rid].num_computed_tokens for rid in out.num_scheduled_tokens
+                   if not self.requests[rid].is_prefill_chunk}
+        batch = InFlight(out, samples)
+        self.batch_queue.appendleft(batch)
+        executed = out.total_num_scheduled_tokens > 0
+        self.due = not (len(self.batch_queue) < BATCH_QUEUE_SIZE and (executed or self.sched.has_requests()))
+        self.new_batch = batch
+        self.output = out
+        return out
+
+    def update(self, stopped, drafts: dict) -> set:
+        if self.new_batch is not None:  # the model runs the batch scheduled in this step
+            self.new_batch.model_output = self.run_model(self.new_batch, stopped, drafts)
+            self.new_batch = None
+        if self.due:
+            self.due = False
+            batch = self.batch_queue.pop()
+            for rid, count in batch.committed.items():
+                self.undelivered[rid] -= count
+            self.sched.update_from_output(batch.output, batch.model_output)
+        return {rid for rid, r in self.requests.items() if r.is_finished()} | self.refused
+
+    def run_model(self, batch: InFlight, stopped, drafts: dict):
+        req_ids = list(batch.output.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            if rid not in batch.samples:
+                sampled.append([])
+                continue
+            if not self.k:
+                sampled.append([STOP_TOKEN_ID if rid in stopped else sampled_token(rid, batch.samples[rid])])
+                continue
+            decision = drafts.get(rid, {})
+            num_drafts = len(batch.output.scheduled_spec_decode_tokens.get(rid, ()))
+            position = self.requests[rid].num_tokens + self.undelivered[rid]
+            tokens = self.sample(rid, position, num_drafts, self.proposed.get(rid, 0), rid in stopped, decision)
+            sampled.append(tokens)
+            batch.committed[rid] = len(tokens)
+            self.undelivered[rid] += len(tokens)
+            self.proposed[rid] = self.k if decision.get("proposed") is None else min(int(decision["proposed"]), self.k)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def scheduled_anything(self, out) -> bool:
+        return out is not None and super().scheduled_anything(out)
+
+    def scheduled_lengths(self, out) -> dict:
+        """Per request ``out`` schedules: (tokens, processed computed tokens: every step in flight, this
+        one too, left out, the tokens scheduled now less their drafts). Pipelined, the processed count
+        lags the steps in flight, so a step that computes past a request's tokens shows here, when it
+        is scheduled (synchronously, it shows in the outcome: ``lengths``)."""
+        if out is None:
+            return {}
+        return {rid: (r.num_tokens, max(r.num_computed_tokens - r.num_in_flight_tokens, 0),
+                      n - len(out.scheduled_spec_decode_tokens.get(rid, ())))
+                for rid, n in out.num_scheduled_tokens.items() for r in (self.requests[rid],)}
+
+    def lengths(self) -> dict:
+        """Per unfinished request: (tokens, processed computed tokens: in-flight steps left out)."""
+        return {rid: (r.num_tokens, max(r.num_computed_tokens - r.num_in_flight_tokens, 0))
+                for rid, r in self.requests.items() if not r.is_finished()}
+
+
+Engine = AsyncEngine
+
+
+# -- a scripted KV connector: vLLM's connector paths, the workers' side played here ----------------
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+
+CONNECTOR_NAME = "ReproducerScriptedConnector"
+
+
+class ScriptedMetadata(KVConnectorMetadata):
+    """Nothing travels to a worker: there is none."""
+
+
+class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
+    """The scheduler side of a connector (kv_role kv_consumer: it loads KV it did not compute)
+    whose answers come from KV_SCRIPTS, the worker side played by ``report``:
+
+    * get_num_new_matched_tokens: ``max(min(external_tokens, num_tokens - 1) - local_hit, 0)``
+      tokens, asynchronous when the script says ``load_async``;
+    * update_state_after_alloc: a load into the blocks past the local hit; a request's first
+      load fails on the blocks its script lists in ``failed_blocks`` (indices in its table);
+    * report: a synchronous load is done in the outcome of its own step, an asynchronous one in
+      the outcome of the ``load_steps``-th step from the one that started it
+      (``finished_recving``), a failed block in ``invalid_block_ids``;
+    * request_finished: a request that ran and whose script has ``send_steps`` keeps its blocks
+      until ``finished_sending`` names it, ``send_steps`` steps after its finish."""
+
+    def __init__(self, vllm_config, role, kv_cache_config) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.step = 0  # the step being scheduled (set by the engine loop before schedule())
+        self.next_step = 0  # the next step the loop will schedule (a finish's sends count from it)
+        self.transfers: dict = {}  # request id -> {kind, blocks, load_async, failed, due}
+        self.loaded: set = set()
+        self.ran: set = set()
+        self.matched: dict = {}  # request id -> (local hit, external tokens, async) of the last answer
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        script = KV_SCRIPTS.get(request.request_id, {})
+        external = max(min(int(script.get("external_tokens", 0)), request.num_tokens - 1) - num_computed_tokens, 0)
+        load_async = bool(external) and bool(script.get("load_async", False))
+        self.matched[request.request_id] = (num_computed_tokens, external, load_async)
+        return external, load_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        rid = request.request_id
+        local, external, load_async = self.matched[rid]
+        table = list(blocks.get_block_ids()[0])
+        block_size = self._kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        first, end = local // block_size, -(-(local + external) // block_size)
+        script = KV_SCRIPTS.get(rid, {})
+        failed = () if rid in self.loaded else tuple(
+            table[i] for i in script.get("failed_blocks", ()) if first <= i < end)
+        self.loaded.add(rid)
+        due = self.step + int(script.get("load_steps", 1)) - 1 if load_async else self.step
+        self.transfers[rid] = {"kind": "load", "blocks": tuple(table[first:end]), "load_async": load_async,
+                               "failed": failed, "due": due}
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return ScriptedMetadata()
+
+    def request_finished(self, request, block_ids):
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request, block_ids):
+        rid = request.request_id
+        load = self.transfers.get(rid)
+        if load is not None and load["load_async"]:
+            return True, None  # a load in flight still writes its blocks
+        # (a synchronous load lands in its step's forward pass: a request finished while that step is in
+        # flight, as pipelined steps allow, is held by vLLM's fence, defer_block_free, not by the connector)
+        steps = int(KV_SCRIPTS.get(rid, {}).get("send_steps", 0))
+        table = [b for group in block_ids for b in group]
+        if not steps or rid not in self.ran or not table:
+            return False, None
+        self.transfers[rid] = {"kind": "send", "blocks": tuple(table), "load_async": False, "failed": (),
+                               "due": self.next_step + steps - 1}
+        return True, None
+
+    # the worker side: no worker
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def report(self, step: int) -> KVConnectorOutput:
+        """What the workers report in step ``step``'s model output: the transfers due by then."""
+        due = sorted(((rid, t) for rid, t in self.transfers.items() if t["due"] <= step),
+                     key=lambda item: item[1]["kind"] != "load")
+        for rid, _ in due:
+            del self.transfers[rid]
+        return KVConnectorOutput(
+            finished_recving={rid for rid, t in due if t["kind"] == "load" and t["load_async"]} or None,
+            finished_sending={rid for rid, t in due if t["kind"] == "send"} or None,
+            invalid_block_ids={b for _, t in due for b in t["failed"]})
+
+
+KVConnectorFactory.register_connector(CONNECTOR_NAME, __name__, ScriptedConnector.__name__)
+
+
+class WorkerReportsScheduler(Scheduler):
+    """vLLM's Scheduler, unchanged but for one thing the engine's workers do: the model output of a
+    step carries their KVConnectorOutput (which transfers finished or failed), played by the
+    connector's ``report``."""
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        self.connector.ran.update(scheduler_output.num_scheduled_tokens)
+        model_runner_output.kv_connector_output = self.connector.report(self.connector.step)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+
+def connector_scheduler(*, vllm_config, **kwargs):
+    """The scheduler with the scripted connector, as `--kv-transfer-config` sets one up: the
+    KVTransferConfig is set before the Scheduler builds its connector (Scheduler.__init__ through
+    KVConnectorFactory). VllmConfig's own checks of it (sleep mode, CUDA graphs, PD outputs) are for
+    GPU workers, which this file has none of."""
+    vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR_NAME, kv_role="kv_consumer",
+        kv_load_failure_policy=CONFIG.get("kv_load_failure_policy", "recompute"))
+    return WorkerReportsScheduler(vllm_config=vllm_config, **kwargs)
+
+
+class ConnectorEngine(Engine):
+    """The engine loop with the connector: it tells the connector the step it schedules, and a step
+    in which a transfer is in flight (or starts) makes progress (LIV-001 allows it: the load or send
+    will change what the scheduler sees)."""
+
+    scheduler_cls = staticmethod(connector_scheduler)
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.kv = self.sched.connector
+        self.step_no = 0
+
+    def schedule(self):
+        self.kv.step = self.step_no
+        out = super().schedule()
+        self.step_no += 1
+        self.kv.next_step = self.step_no
+        return out
+
+    def queued(self) -> dict:
+        """The waiting queue as the scheduler drains it: requests that hold KV blocks for a load
+        (``kv_holding_waiting``) first, then ``waiting``."""
+        return {"waiting": [r.request_id for r in (*self.sched.kv_holding_waiting, *self.sched.waiting)],
+                "running": [r.request_id for r in self.sched.running]}
+
+    def scheduled_anything(self, out) -> bool:
+        return super().scheduled_anything(out) or bool(self.kv.transfers)
+
+
+Engine = ConnectorEngine
+
+
+# -- the scripted KV connector under AsyncScheduler: a batch's reports come with its outcome ------
+class AsyncWorkerReportsScheduler(AsyncScheduler):
+    """vLLM's AsyncScheduler, unchanged but for what the workers add to a batch's model output: the
+    KVConnectorOutput of the step that scheduled the batch (``report``), handed to
+    update_from_output with the batch when EngineCore processes it, one step late."""
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        model_runner_output.kv_connector_output = self.connector.report(self.connector.reporting)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+
+def async_connector_scheduler(*, vllm_config, **kwargs):
+    """As ``connector_scheduler``, for the pipelined loop. The CPU platform turned async scheduling
+    off in VllmConfig (vllm/platforms/cpu.py); a GPU engine runs it on, with two batches in flight
+    (``max_concurrent_batches``), which is what makes a consumer connector defer frees
+    (``defer_block_free``, vllm/v1/core/sched/scheduler.py:189-195): set it back as the GPU has it."""
+    vllm_config.scheduler_config.async_scheduling = True
+    vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR_NAME, kv_role="kv_consumer",
+        kv_load_failure_policy=CONFIG.get("kv_load_failure_policy", "recompute"))
+    return AsyncWorkerReportsScheduler(vllm_config=vllm_config, **kwargs)
+
+
+class AsyncConnectorEngine(ConnectorEngine):
+    """EngineCore.step_with_batch_queue with the connector: loads start in the step that schedules
+    them; a batch's requests ran (their KV can be sent) once the model ran it; its transfer reports
+    are those of the step that scheduled it, processed with its outcome."""
+
+    scheduler_cls = staticmethod(async_connector_scheduler)
+
+    def schedule(self):
+        step = self.step_no
+        out = super().schedule()
+        if self.new_batch is not None:
+            self.new_batch.step = step
+        return out
+
+    def update(self, stopped, drafts: dict) -> set:
+        if self.new_batch is not None:
+            self.kv.ran.update(self.new_batch.output.num_scheduled_tokens)
+        if self.due and self.batch_queue:
+            self.kv.reporting = self.batch_queue[-1].step  # the batch this update processes
+        return super().update(stopped, drafts)
+
+
+Engine = AsyncConnectorEngine
+
+
+# -- the trace (kvsched's shrunk counterexample, as plain data) ------------------------------------
+CONFIG = {'block_size': 2,
+ 'num_gpu_blocks': 7,
+ 'num_cpu_blocks': 0,
+ 'max_num_seqs': 3,
+ 'max_num_batched_tokens': 3,
+ 'max_model_len': 9,
+ 'watermark': 0.0,
+ 'preemption_mode': 'recompute',
+ 'policy': 'fcfs',
+ 'enable_chunked_prefill': True,
+ 'enable_prefix_caching': True,
+ 'pipeline_depth': 1,
+ 'kv_connector': True}
+# arrival step, request id, prompt token ids, max_tokens, priority
+REQUESTS = [{'step': 1, 'id': 'r0', 'prompt': [1, 0, 0, 0, 1], 'max_tokens': 3, 'priority': 1}]
+ABORTS = {}  # step -> request ids aborted before that step's schedule()
+STOPS = {}  # step -> request ids whose sampled token that step is a stop token
+DRAFTS = {}  # step -> request id -> the drafter's and rejection sampler's decision
+MAX_STEPS = 40
+PIPELINE_DEPTH = 1
+KV_SCRIPTS = {'r0': {'external_tokens': 5, 'load_steps': 2, 'failed_blocks': [0]}}  # request id -> script
+PROPERTY = 'CHK-002'
+STATEMENT = "A sequence's computed tokens never exceed its tokens, and after schedule() its computed tokens plus the tokens scheduled now, draft tokens aside, do not either."
+
+
+# -- the property ---------------------------------------------------------------------------------
+def check_after_schedule(step, engine, out, before, history) -> None:
+    """CHK-002, where the engine's loop says what a step schedules against the computed tokens
+    (``scheduled_lengths``: the pipelined vLLM loop): no step schedules past a request's tokens."""
+    scheduled_lengths = getattr(engine, "scheduled_lengths", None)
+    for rid, (tokens, computed, scheduled) in (scheduled_lengths(out) if scheduled_lengths else {}).items():
+        history["exercised"] += 1
+        if computed + scheduled > tokens:
+            raise AssertionError(
+                f"step {step}: schedule() gives request {rid} {scheduled} token(s) to compute while it has "
+                f"{tokens} tokens, {computed} of them computed: it computes past its last token. "
+                f"Expected: {STATEMENT}")
+
+
+def check_after_update(step, engine, history) -> None:
+    """CHK-002: once a step's outcome is processed, no request counts more computed tokens than it has."""
+    for rid, (tokens, computed) in engine.lengths().items():
+        history["exercised"] += 1
+        if computed > tokens:
+            raise AssertionError(
+                f"step {step}: after update_from_output(), request {rid} has {tokens} tokens but "
+                f"num_computed_tokens is {computed}. Expected: {STATEMENT}")
+
+
+def check_at_end(engine, history) -> None:
+    pass
+
+
+# -- the replay: kvsched's driver loop, step by step ----------------------------------------------
+def engine_frame(error: BaseException) -> str:
+    """Where in the engine an exception was raised: the innermost frame, as file:line in function."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+class EngineRaised(Exception):
+    """The engine raised while this file checks another property: an error of the run, reported as
+    what the engine raised, never as that property's failure (an assert of the engine's own is an
+    AssertionError too)."""
+
+
+def call(step: int, what: str, fn, *args):
+    if PROPERTY == "FAULT-raised" and what == Engine.SCHEDULE_CALL:
+        HISTORY_OF_CALLS[0] += 1
+    try:
+        return fn(*args)
+    except Exception as error:
+        raised = (f"step {step}: {what} raised {type(error).__name__}{engine_frame(error)}"
+                  f"{': ' + str(error) if str(error) else ''}")
+        if PROPERTY != "FAULT-raised":
+            raise EngineRaised(f"{raised}, before {PROPERTY} broke") from error
+        raise AssertionError(f"{raised}. Expected: {STATEMENT}") from error
+
+
+HISTORY_OF_CALLS = [0]  # FAULT-raised: the schedule() calls made
+
+
+def replay() -> dict:
+    engine = Engine(CONFIG)
+    arrived: set = set()
+    last_arrival = max((r["step"] for r in REQUESTS), default=0)
+    history: dict = {"last_scheduled": None, "steps": 0, "exercised": 0}
+    for step in range(MAX_STEPS):
+        history["steps"] = step + 1
+        for spec in REQUESTS:
+            if spec["step"] == step:
+                call(step, "add_request", engine.add, spec)
+                arrived.add(spec["id"])
+        if ABORTS.get(step):
+            call(step, "abort", engine.abort, ABORTS[step])
+        before = engine.queued()
+        out = call(step, engine.SCHEDULE_CALL, engine.schedule)
+        check_after_schedule(step, engine, out, before, history)
+        finished = call(step, engine.UPDATE_CALL, engine.update, set(STOPS.get(step, ())), DRAFTS.get(step, {}))
+        check_after_update(step, engine, history)
+        if step >= last_arrival and arrived <= finished:
+            break
+    check_at_end(engine, history)
+    if not history["exercised"]:  # a property whose trigger never held has not passed
+        raise AssertionError(f"the trace never reached what {PROPERTY} is about in {history['steps']} steps")
+    return history
+
+
+def test_reproducer() -> None:
+    replay()
+
+
+if __name__ == "__main__":
+    print(f"engine: {ENGINE}")
+    try:
+        done = replay()
+    except AssertionError as failure:
+        print(f"FAILED: {failure}")
+        sys.exit(1)
+    except EngineRaised as error:
+        print(f"ERROR: {error}")
+        sys.exit(2)
+    print(f"passed ({done['steps']} steps, checked at {done['exercised']}): {STATEMENT}")
