@@ -186,9 +186,9 @@ class KVGroupsMixin:
                           running_loop: tuple[TrackedRequest, ...], budget: int) -> int | None:
         """V1's, except that with a Mamba "align" group a one-token admission padded to 1 + k
         that the long-prefill threshold or the aligned split would cut is not padded: vLLM caps
-        the padded count at the threshold (scheduler.py:1333-1334), splits it, and drops a padding
+        the padded count at the threshold (scheduler.py:1332-1333), splits it, and drops a padding
         that is no longer 1 + k, "drop the padding instead of shortening it" (scheduler.py:
-        1356-1369; without an "align" group the cut padding fails vLLM's assertion at :1579)."""
+        1359-1370; without an "align" group the cut padding fails vLLM's assertion at :1579)."""
         padded = super()._admission_tokens(tracked, tokens, computed, running_loop, budget)  # type: ignore[misc]
         if padded is None or padded == tokens or not self._aligns:
             return padded

@@ -199,11 +199,11 @@ class GroupTables:
 
     def _allocate_states(self, table: list[int], blocks: int, allocated: bool) -> None:
         """A Mamba "align" table's allocation for ``blocks`` blocks of tokens (vLLM
-        ``MambaManager.allocate_new_blocks``, single_type_kv_cache_manager.py:1809-1917, without
+        ``MambaManager.allocate_new_blocks``, single_type_kv_cache_manager.py:1797-1923, without
         partial hits or checkpoint blocks): the running state sits at position ``blocks - 1`` with
         k speculative blocks after it; the positions skipped since the last allocation hold the
         null block, and a speculative block they pass over moves to the table's end
-        (``_relocate_speculative_block``, :1919-1928), so the table grows by one fresh block a step
+        (``_relocate_speculative_block``, :1925-1934), so the table grows by one fresh block a step
         at most once ``allocated`` (by 1 + k on a request's first allocation)."""
         k = self.num_speculative_blocks
         required = blocks + k

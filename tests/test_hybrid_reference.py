@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.hybrid import hybrid_traces
@@ -139,6 +140,22 @@ def test_speculative_reference_with_a_window_holds_the_hybrid_and_specdec_profil
     assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
 
 
+@settings(max_examples=20, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_speculative_reference_with_an_align_group_holds_the_hybrid_and_specdec_profiles(data) -> None:
+    """Drafts over a Mamba "align" group (the ``mamba-align+spec`` lockstep path's traces, sync and
+    at depth 1): the hybrid and speculative profiles hold, the slots HYB-003/005/007 cannot see
+    left out (`spec.invariants.groups._slots_observed`)."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.campaigns.lockstep_hybrid import path_strategy
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler, HybridSpecDecScheduler
+
+    trace = data.draw(path_strategy("mamba-align+spec"))
+    list(iter_steps(trace, HybridSpecDecScheduler(trace.config)))  # `violated` would hide a crash
+    assert violated(HybridSpecDecScheduler, trace, invariants=invariants_of(("hybrid", "specdec"))) == set()
+    assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
+
+
 def test_drafts_with_a_mamba_all_group_are_refused() -> None:
     from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
 
@@ -170,7 +187,7 @@ def test_align_drafts_keep_k_speculative_state_blocks() -> None:
 
 def test_a_padding_the_threshold_cuts_is_dropped_with_an_align_group() -> None:
     """With a Mamba "align" group vLLM drops a one-token admission's padding to 1 + k that the
-    long-prefill threshold cut (scheduler.py:1333-1334, 1356-1369): B (a hit on all but its last
+    long-prefill threshold cut (scheduler.py:1332-1333, 1359-1370): B (a hit on all but its last
     token, threshold 1, k = 2) is scheduled 1 token and no drafts. Without an "align" group the
     reference pads it (vLLM then fails its assertion, ``padded-admission-cut-by-threshold``)."""
     from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridSpec
