@@ -30,8 +30,10 @@ as the async reference does): drafts take slots in every group like any token; a
 the computed tokens back, so skipped blocks are freed on the tokens the outcomes kept (vLLM frees
 on the processed-token basis, kv_cache_manager.py:556-568, "rejected spec tokens can roll it
 back"), and blocks are keyed only up to the request's committed tokens in every group
-(``num_tokens_to_cache``, kv_cache_manager.py:614-625). A Mamba group that caches states refuses
-drafts (vLLM's per-draft state blocks, ``MambaSpec.num_speculative_blocks``, are not modelled).
+(``num_tokens_to_cache``, kv_cache_manager.py:614-625). A Mamba "align" group keeps k speculative
+state blocks past its running state and counts states on the main model's tokens, without EAGLE's
+lookahead slots (``MambaSpec.num_speculative_blocks``, `GroupTables._allocate_states`); mode "all"
+(which vLLM 0.33.0 does not have) refuses drafts.
 
 With no group besides the full-attention one every hook returns what V1's does, so the flow is
 V1's step for step (tests/test_hybrid_reference.py replays the V1 flow's traces to prove it).
@@ -61,9 +63,9 @@ class KVGroupsMixin:
     capabilities = HYBRID_CAPABILITIES
 
     def __init__(self, config: SchedulerConfig) -> None:
-        if config.num_speculative_tokens and any(g.kind == "mamba" and g.mode != "none" for g in config.kv_groups):
-            raise InputError("config.num_speculative_tokens", "drafts with a Mamba state group that caches states "
-                                                              "(align, all) are not modelled (docs/HYBRID.md)")
+        if config.num_speculative_tokens and any(g.kind == "mamba" and g.mode == "all" for g in config.kv_groups):
+            raise InputError("config.num_speculative_tokens", "drafts with a Mamba group in mode all are not "
+                                                              "modelled (vLLM 0.33.0 has no such mode; docs/HYBRID.md)")
         super().__init__(config)  # type: ignore[call-arg]
         self.kv = GroupTables(config, self.pool)  # type: ignore[attr-defined]
         self._group_hits: dict[str, list[list[int]]] = {}  # a waiting request's hit, per group 1 ..
@@ -111,7 +113,7 @@ class KVGroupsMixin:
         computed = tracked.num_computed + len(hits) * self.config.block_size  # type: ignore[attr-defined]
         upto = self._slot_tokens(computed + tokens) if lookahead else computed + tokens  # type: ignore[attr-defined]
         return super()._blocks_needed(tracked, tokens, hits, lookahead) + self.kv.blocks_needed(  # type: ignore[misc]
-            tracked.request_id, upto, computed, self._hits_of(tracked))
+            tracked.request_id, upto, computed, self._hits_of(tracked), main=computed + tokens)
 
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         config = self.config  # type: ignore[attr-defined]
@@ -129,8 +131,9 @@ class KVGroupsMixin:
         for group in config.kv_groups[1:]:
             if group.kind in ("sliding_window", "chunked_local"):
                 whole += min(config.blocks_for(tracked.num_tokens), self.kv.admission_cap(group))
-            elif group.kind == "mamba":
-                whole += config.blocks_for(tracked.num_tokens) if group.mode == "all" else 1
+            elif group.kind == "mamba":  # "align": its state and k speculative ones (MambaSpec.num_speculative_blocks)
+                whole += {"all": config.blocks_for(tracked.num_tokens),
+                          "align": 1 + config.num_speculative_tokens}.get(group.mode, 1)
         return whole
 
     def _allocate(self, tracked: TrackedRequest, tokens: int, *, hits: list[int], watermark: bool) -> bool:
@@ -156,7 +159,7 @@ class KVGroupsMixin:
         slots = self._slot_tokens(computed + tokens)  # type: ignore[attr-defined]
         fresh = config.blocks_for(slots) - len(tracked.blocks)
         tracked.blocks.extend(self.pool.allocate(max(fresh, 0)))  # type: ignore[attr-defined]
-        self.kv.allocate(rid, slots)
+        self.kv.allocate(rid, slots, main=computed + tokens)
         self._cache_full_blocks(tracked, computed + tokens)  # type: ignore[attr-defined]
         return True
 
@@ -175,6 +178,23 @@ class KVGroupsMixin:
         self.kv.free(tracked.request_id)
 
     # -- chunks ----------------------------------------------------------------------------------
+    def _long_prefill_threshold(self) -> int:
+        self._threshold: int = super()._long_prefill_threshold()  # type: ignore[misc]
+        return self._threshold  # this step's (V1's schedule() asks once, first)
+
+    def _admission_tokens(self, tracked: TrackedRequest, tokens: int, computed: int,
+                          running_loop: tuple[TrackedRequest, ...], budget: int) -> int | None:
+        """V1's, except that with a Mamba "align" group a one-token admission padded to 1 + k
+        that the long-prefill threshold or the aligned split would cut is not padded: vLLM caps
+        the padded count at the threshold (scheduler.py:1332-1333), splits it, and drops a padding
+        that is no longer 1 + k, "drop the padding instead of shortening it" (scheduler.py:
+        1359-1370; without an "align" group the cut padding fails vLLM's assertion at :1579)."""
+        padded = super()._admission_tokens(tracked, tokens, computed, running_loop, budget)  # type: ignore[misc]
+        if padded is None or padded == tokens or not self._aligns:
+            return padded
+        chunk = min(padded, self._threshold) if self._threshold > 0 else padded
+        return padded if self._aligned_chunk(tracked, computed, chunk) == padded else tokens
+
     def _running_chunk(self, tracked: TrackedRequest, budget: int, threshold: int) -> int:
         tokens = super()._running_chunk(tracked, budget, threshold)  # type: ignore[misc]
         return self._aligned_chunk(tracked, tracked.num_computed, tokens)

@@ -12,17 +12,28 @@ them (v1/core/kv_cache_manager.py:548-626):
    handed back in one call).
 2. `blocks_needed`: how many free blocks the step takes in each group
    (`get_num_blocks_to_allocate`; a windowed group counts only positions it has not reached; a
-   Mamba "align" group takes one fresh state block at most; a Mamba hit cached in this very step
-   cannot be used yet: MambaManager returns ``num_gpu_blocks + 1``).
+   Mamba "align" group takes one fresh state block at most, 1 + k on its first allocation with k
+   drafts; a Mamba hit cached in this very step cannot be used yet: MambaManager returns
+   ``num_gpu_blocks + 1``).
 3. `add_hits`: a waiting request takes the prefix hit's blocks of every group (`touch`).
 4. `allocate`: the fresh blocks, positions past the table (`allocate_new_blocks`; "align" pads the
-   positions it skips with the null block and takes one block for the state it writes).
+   positions it skips with the null block and takes one block for the state it writes; with k
+   drafts it keeps k speculative state blocks after it and moves a speculative block the table
+   has passed to its end, `_allocate_states`).
 5. `cache`: key the full blocks up to the tokens computed or being computed now, per group
    (`cache_blocks`; null positions are skipped).
 
 `free` releases a request's tables group by group, each tail first (`KVCacheCoordinator.free`).
-Where this differs from vLLM 0.33.0: no partial (sub-block) hits, no checkpoint blocks, no
-speculative state blocks (the hybrid flow draws no drafts with state groups), no KV connector.
+Speculative state blocks: with k = ``num_speculative_tokens`` drafts a Mamba "align" group keeps
+k blocks past its running state for the drafts' states (vLLM ``MambaSpec.num_speculative_blocks``
+= k, model_executor/layers/mamba/abstract.py:84-90; ReplaySSM, which keeps none, refuses "align",
+config/vllm.py:3507-3512), and counts its state blocks on the main model's tokens, without EAGLE's
+lookahead slots (single_type_kv_cache_manager.py:1731-1745, 1809-1821). A "none" group keeps one
+state block with drafts too: the ReplaySSM layout (abstract.py:86-90; without ReplaySSM vLLM keeps
+1 + k, :1713-1720, not modelled).
+
+Where this differs from vLLM 0.33.0: no partial (sub-block) hits, no checkpoint blocks, no KV
+connector.
 """
 
 from __future__ import annotations
@@ -41,6 +52,9 @@ class GroupTables:
         self.tables: dict[str, list[list[int]]] = {}  # request id -> a table per group 1 .. n-1
         self.num_keyed: dict[str, list[int]] = {}  # request id -> leading positions keyed, per group
         self.keyed_this_step: set[str] = set()  # Mamba keys registered in this step (MambaManager)
+        # a Mamba "align" group's speculative state blocks (MambaSpec.num_speculative_blocks)
+        self.num_speculative_blocks = config.num_speculative_tokens
+        self.allocated: set[str] = set()  # allocated since admission (MambaManager._allocated_block_reqs)
 
     @property
     def extra(self) -> list[tuple[int, KVGroup]]:
@@ -103,11 +117,14 @@ class GroupTables:
                 self.pool.release(freed)
 
     def blocks_needed(self, request_id: str, num_tokens: int, computed: int, hits: list[list[int]] | None,
-                      *, whole: bool = False) -> int:
+                      *, whole: bool = False, main: int | None = None) -> int:
         """Free blocks the groups take to give the request slots up to ``num_tokens`` tokens, from
         ``computed`` (hits included); ``whole``: vLLM's whole-sequence admission check, where a
-        windowed group counts at most its per-request cap (`admission_cap`)."""
+        windowed group counts at most its per-request cap (`admission_cap`); ``main``: the tokens
+        without EAGLE's lookahead slots (vLLM ``num_tokens_main_model``; default ``num_tokens``), on
+        which a Mamba "align" group counts its states."""
         block_size = self.config.block_size
+        main = num_tokens if main is None else main
         running = request_id in self.tables
         tables = self.tables.get(request_id) or [[] for _ in self.groups[1:]]
         hits = hits or [[] for _ in self.groups[1:]]
@@ -122,9 +139,10 @@ class GroupTables:
                 if group.mode == "none":
                     total += 0 if table else 1
                     continue
-                if group.mode == "align":
-                    fresh = cdiv(num_tokens, block_size) - len(hit) - len(table)
-                    total += min(fresh, 1) if fresh > 0 else 0
+                if group.mode == "align":  # single_type_kv_cache_manager.py:1736-1795
+                    k = self.num_speculative_blocks
+                    fresh = cdiv(main, block_size) + k - len(hit) - len(table)
+                    total += min(fresh, 1 + (0 if request_id in self.allocated else k)) if fresh > 0 else 0
                     total += len(evictable)
                     continue
             required = cdiv(num_tokens, block_size)
@@ -158,8 +176,13 @@ class GroupTables:
             tables[i].extend(hit)
             keyed[i] = len(hit)
 
-    def allocate(self, request_id: str, num_tokens: int) -> None:
+    def allocate(self, request_id: str, num_tokens: int, main: int | None = None) -> None:
+        """Each group's fresh blocks for slots up to ``num_tokens`` (``main``: the main model's
+        tokens, as in `blocks_needed`)."""
         block_size = self.config.block_size
+        main = num_tokens if main is None else main
+        allocated = request_id in self.allocated
+        self.allocated.add(request_id)
         tables = self.of(request_id)
         self.num_keyed.setdefault(request_id, [0] * len(tables))
         for (_, group), table in zip(self.extra, tables, strict=False):
@@ -170,11 +193,34 @@ class GroupTables:
                 if not table:
                     table.extend(self.pool.allocate(1))
             elif group.kind == "mamba" and group.mode == "align":
-                if required > len(table):
-                    table.extend([NULL_BLOCK] * (required - 1 - len(table)))
-                    table.extend(self.pool.allocate(1))
+                self._allocate_states(table, cdiv(main, block_size), allocated)
             elif required > len(table):
                 table.extend(self.pool.allocate(required - len(table)))
+
+    def _allocate_states(self, table: list[int], blocks: int, allocated: bool) -> None:
+        """A Mamba "align" table's allocation for ``blocks`` blocks of tokens (vLLM
+        ``MambaManager.allocate_new_blocks``, single_type_kv_cache_manager.py:1797-1923, without
+        partial hits or checkpoint blocks): the running state sits at position ``blocks - 1`` with
+        k speculative blocks after it; the positions skipped since the last allocation hold the
+        null block, and a speculative block they pass over moves to the table's end
+        (``_relocate_speculative_block``, :1925-1934), so the table grows by one fresh block a step
+        at most once ``allocated`` (by 1 + k on a request's first allocation)."""
+        k = self.num_speculative_blocks
+        required = blocks + k
+        if required <= len(table):
+            return
+        previous, skipped = len(table), required - k - 1
+        if previous < skipped:
+            table.extend([NULL_BLOCK] * (skipped - previous))
+        if allocated:
+            for p in range(previous - k, previous):
+                if p >= skipped:
+                    break
+                table.append(table[p])
+                table[p] = NULL_BLOCK
+        fresh = max(required - len(table), 0)
+        assert fresh <= 1 + (0 if allocated else k), f"{fresh} fresh state blocks for {table}"
+        table.extend(self.pool.allocate(fresh))
 
     def cache(self, request_id: str, tokens: list[int], upto: int) -> None:
         if not self.config.enable_prefix_caching or request_id not in self.tables:
@@ -194,6 +240,7 @@ class GroupTables:
     def free(self, request_id: str) -> None:
         tables = self.tables.pop(request_id, None)
         self.num_keyed.pop(request_id, None)
+        self.allocated.discard(request_id)
         for table in tables or ():
             real = [b for b in table if b != NULL_BLOCK]
             if real:

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.hybrid import hybrid_traces
@@ -139,14 +140,70 @@ def test_speculative_reference_with_a_window_holds_the_hybrid_and_specdec_profil
     assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
 
 
-def test_drafts_with_a_caching_mamba_group_are_refused() -> None:
+@settings(max_examples=20, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_speculative_reference_with_an_align_group_holds_the_hybrid_and_specdec_profiles(data) -> None:
+    """Drafts over a Mamba "align" group (the ``mamba-align+spec`` lockstep path's traces, sync and
+    at depth 1): the hybrid and speculative profiles hold, the slots HYB-003/005/007 cannot see
+    left out (`spec.invariants.groups._slots_observed`)."""
+    from conformance.flows.profiles import invariants_of
+    from conformance.selftest.campaigns.lockstep_hybrid import path_strategy
+    from reference_impl.hybrid_scheduler import HybridAsyncScheduler, HybridSpecDecScheduler
+
+    trace = data.draw(path_strategy("mamba-align+spec"))
+    list(iter_steps(trace, HybridSpecDecScheduler(trace.config)))  # `violated` would hide a crash
+    assert violated(HybridSpecDecScheduler, trace, invariants=invariants_of(("hybrid", "specdec"))) == set()
+    assert violated(HybridAsyncScheduler, _pipelined(trace), invariants=get_profile("async").invariants()) == set()
+
+
+def test_drafts_with_a_mamba_all_group_are_refused() -> None:
     from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
 
     config = SchedulerConfig(enable_chunked_prefill=True, enable_prefix_caching=True, num_speculative_tokens=2,
-                             kv_groups=[{"kind": "full"}, {"kind": "mamba", "mode": "align"}])
+                             kv_groups=[{"kind": "full"}, {"kind": "mamba", "mode": "all"}])
     with pytest.raises(InputError) as err:
         HybridSpecDecScheduler(config)
     assert err.value.where == "config.num_speculative_tokens"
+
+
+def test_align_drafts_keep_k_speculative_state_blocks() -> None:
+    """Full + Mamba "align" with k = 2 (vLLM MambaSpec.num_speculative_blocks = k, the
+    ``mamba-align+spec`` lockstep path): the first allocation takes the state block and k
+    speculative ones (1 + k fresh, single_type_kv_cache_manager.py:1785-1790); the running state
+    sits k blocks from the end; a speculative block the table passes over moves to its end
+    (``_relocate_speculative_block``); the state before is freed once the next is written."""
+    from reference_impl.hybrid_scheduler import HybridSpecDecScheduler
+
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=2,
+                             max_num_batched_tokens=16, max_model_len=24, watermark=0.0, preemption_mode="recompute",
+                             enable_chunked_prefill=True, enable_prefix_caching=True, num_speculative_tokens=2,
+                             kv_groups=[{"kind": "full"}, {"kind": "mamba", "mode": "align"}])
+    accept = DraftDecision(proposed=2, accepted=2)
+    trace = Trace(config, (Arrival(0, Request("A", 4, 8)),), max_steps=4,
+                  drafts=tuple((step, "A#0", accept) for step in range(4)))
+    tables = [rec.mid.group_tables["A#0"][0] for rec in iter_steps(trace, HybridSpecDecScheduler(config))]
+    assert tables == [(1, 2, 3), (1, 2, 3, 5), (-1, 2, -1, 5, 3, 8), (-1, -1, -1, 5, 3, 8, 10)]
+
+
+def test_a_padding_the_threshold_cuts_is_dropped_with_an_align_group() -> None:
+    """With a Mamba "align" group vLLM drops a one-token admission's padding to 1 + k that the
+    long-prefill threshold cut (scheduler.py:1332-1333, 1359-1370): B (a hit on all but its last
+    token, threshold 1, k = 2) is scheduled 1 token and no drafts. Without an "align" group the
+    reference pads it (vLLM then fails its assertion, ``padded-admission-cut-by-threshold``)."""
+    from conformance.selftest.campaigns.lockstep_hybrid import RecordingHybridSpec
+
+    def b_at_step_6(groups: list[dict]) -> tuple[int, int]:
+        config = SchedulerConfig(block_size=4, num_gpu_blocks=24, num_cpu_blocks=0, max_num_seqs=4,
+                                 max_num_batched_tokens=8, max_model_len=16, watermark=0.0,
+                                 preemption_mode="recompute", enable_chunked_prefill=True, enable_prefix_caching=True,
+                                 num_speculative_tokens=2, long_prefill_token_threshold=1, kv_groups=groups)
+        trace = Trace(config, (Arrival(0, Request("A", 5, 8, prompt_tokens=(1, 1, 0, 0, 1))),
+                               Arrival(6, Request("B", 5, 2, prompt_tokens=(1, 1, 0, 0, 2)))), max_steps=7)
+        rec = list(iter_steps(trace, RecordingHybridSpec(config)))[6]
+        return next((s.num_tokens, s.num_drafts) for s in rec.output.scheduled if s.seq_id == "B#0")
+
+    assert b_at_step_6([{"kind": "full"}, {"kind": "mamba", "mode": "align"}]) == (1, 0)
+    assert b_at_step_6([{"kind": "full"}, {"kind": "sliding_window", "window": 8}]) == (3, 2)
 
 
 def test_drafts_take_window_slots_and_slide_it() -> None:

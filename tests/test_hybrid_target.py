@@ -26,7 +26,7 @@ def adapters():
     return {}
 
 
-@pytest.mark.parametrize("path", L.PATHS)
+@pytest.mark.parametrize("path", L.CAMPAIGN_PATHS)
 def test_path_agrees_step_for_step(adapters, path: str) -> None:
     pipelined = path.startswith("async-")
     name = "vllm-v1-async" if pipelined else "vllm-v1"

@@ -63,7 +63,8 @@ def _min_blocks(config: SchedulerConfig) -> int:
         if group.kind in ("sliding_window", "chunked_local"):
             extra += min(whole, probe.kv.admission_cap(group))
         elif group.kind == "mamba":
-            extra += 2 if group.mode == "align" else 1
+            # "align": two states and k speculative ones (MambaSpec.max_memory_usage_bytes, v1/kv_cache_interface.py:1135-1141)
+            extra += 2 + config.num_speculative_tokens if group.mode == "align" else 1
     return whole + extra
 
 

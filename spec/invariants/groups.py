@@ -50,6 +50,18 @@ def _extra_tables(ctx: CheckContext, snap: Snapshot, sid: str) -> Iterator[tuple
         yield g, group, tables[g - 1] if g - 1 < len(tables) else ()
 
 
+def _slots_observed(ctx: CheckContext, group: KVGroup) -> bool:
+    """Whether a snapshot shows which positions of ``group`` a step reads and writes: always, but
+    for a Mamba "align" group with drafts (k > 0). There vLLM keeps k speculative state blocks, the
+    worker writes the states after the step's tokens into the 1 + k slots from the running one,
+    reads the state of the last accepted draft from the previous step's slot (v1/worker/
+    mamba_utils.py:1489-1530) and copies a state that verification carried past a block boundary
+    into that boundary's position after the step (:444-487): which slot holds the state after C
+    tokens depends on the previous steps' accepted drafts, which no snapshot carries. HYB-003, 005
+    and 007 state the layout without drafts; HYB-006 (the hit's state) holds with them."""
+    return not (group.kind == "mamba" and group.mode == "align" and ctx.config.num_speculative_tokens)
+
+
 def _scheduled(ctx: CheckContext, rec: StepRecord) -> Iterator[tuple[SeqView, int, int]]:
     """(view after schedule(), computed C, end E) for each scheduled sequence: the step computes
     tokens C .. E-1 (a prefix hit is in C already)."""
@@ -145,7 +157,9 @@ def one_group_one_content(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     """Attention reads the KV of every position in the window of each new token and writes the new
     tokens' KV; a Mamba layer reads the state after the computed tokens and writes the state after
     the step. A null block there reads zeros (vLLM's null block) or another request's KV: the
-    model computes garbage and nothing raises. Full attention's coverage is CAP-005.""",
+    model computes garbage and nothing raises. Full attention's coverage is CAP-005. A Mamba
+    "align" group with drafts is not checked: its slots depend on earlier steps' accepted drafts
+    (vLLM's worker, v1/worker/mamba_utils.py:1489-1530), which a snapshot does not show.""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS),
     synchronous=True, planned=False,
     about=STEP, when=hybrid_schedules,
@@ -154,6 +168,8 @@ def step_blocks_real(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
     for view, computed, end in _scheduled(ctx, rec):
         for g, group, table in _extra_tables(ctx, rec.mid, view.seq_id):  # type: ignore[arg-type]
+            if not _slots_observed(ctx, group):
+                continue
             missing = sorted(p for p in live_positions(group, computed, end, block_size)
                              if p >= len(table) or table[p] == NULL_BLOCK)
             if missing:
@@ -203,7 +219,9 @@ def _state_positions(group: KVGroup, computed: int, end: int, block_size: int) -
     "align", frees the state it copied from once the next one is written
     (MambaManager.remove_skipped_blocks, v1/core/single_type_kv_cache_manager.py:1629-1657). Policy:
     a design that keeps more checkpoints for prefix hits is correct, only larger; one that keeps
-    fewer than it reads breaks HYB-003.""",
+    fewer than it reads breaks HYB-003. With drafts an "align" group also keeps k speculative
+    state blocks (MambaSpec.num_speculative_blocks, :1736-1795) in slots that depend on earlier
+    steps' accepted drafts, so it is not checked there (HYB-003's rationale).""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS),
     synchronous=True, planned=False,
     about=STEP, when=hybrid_schedules,
@@ -212,7 +230,7 @@ def state_blocks_by_mode(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     block_size = ctx.config.block_size
     for view, computed, end in _scheduled(ctx, rec):
         for g, group, table in _extra_tables(ctx, rec.mid, view.seq_id):  # type: ignore[arg-type]
-            if group.kind != "mamba":
+            if group.kind != "mamba" or not _slots_observed(ctx, group):
                 continue
             real = frozenset(p for p, b in enumerate(table) if b != NULL_BLOCK)
             want = _state_positions(group, computed, end, block_size)
@@ -280,7 +298,10 @@ def hit_served_by_every_group(ctx: CheckContext, rec: StepRecord) -> Iterator[st
     or starts inside one and runs past it, leaves a state that is not at the boundary its key
     names, and every later hit on that key resumes from the wrong state (vLLM aligns prefill chunks
     to block boundaries for this, Scheduler._mamba_block_aligned_split; unaligned chunks of
-    resumed requests cached wrong states, vllm-project/vllm#33706; #47861 for MTP, #53912).""",
+    resumed requests cached wrong states, vllm-project/vllm#33706; #47861 for MTP, #53912). With
+    drafts an "align" group's boundary state is copied into its position after verification
+    (v1/worker/mamba_utils.py:444-487), after schedule() has keyed it, so it is not checked there
+    (HYB-003's rationale).""",
     (C.KV_GROUPS, C.MID_STEP, C.COMPUTED_TOKENS, C.PREFIX_CACHE),
     synchronous=True, planned=False,
     about=STEP, when=hybrid_schedules,
@@ -290,7 +311,7 @@ def state_at_its_boundary(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     keys = rec.mid.gpu_block_keys or () if rec.mid is not None else ()
     for view, computed, end in _scheduled(ctx, rec):
         for g, group, table in _extra_tables(ctx, rec.mid, view.seq_id):  # type: ignore[arg-type]
-            if group.kind != "mamba" or group.mode == "none":
+            if group.kind != "mamba" or group.mode == "none" or not _slots_observed(ctx, group):
                 continue
             write = cdiv(end, block_size) - 1
             read = cdiv(computed, block_size) - 1

@@ -8,7 +8,8 @@ block tables back for ``Snapshot.group_tables``:
 * ``full`` -> ``FullAttentionSpec``; ``sliding_window`` W -> ``SlidingWindowSpec(sliding_window=W)``;
   ``chunked_local`` C -> ``ChunkedLocalAttentionSpec(attention_chunk_size=C)``;
 * ``mamba`` -> ``MambaSpec`` with ``mamba_cache_mode`` "none" (block size ``max_model_len``: one state
-  block per request, as vLLM sizes it) or "align" (the attention block size); vLLM 0.33.0 has no
+  block per request, as vLLM sizes it) or "align" (the attention block size; with k drafts
+  ``num_speculative_blocks`` = k, as a Mamba layer without ReplaySSM builds it); vLLM 0.33.0 has no
   "all" mode (``MambaCacheMode = Literal["align", "none"]``, vllm/config/cache.py:176), so it is refused;
 * ``shared`` -> no group (vLLM's KV-sharing layers read their target layer's cache); its table is
   reported empty, as the reference reports it.
@@ -68,8 +69,12 @@ def kv_cache_config(config: dict) -> KVCacheConfig:
             spec = ChunkedLocalAttentionSpec(**attention, attention_chunk_size=group["window"])
         elif kind == "mamba":
             mode = group["mode"]
+            # "align" with k drafts keeps k speculative state blocks, as a Mamba layer's spec has it
+            # without ReplaySSM (model_executor/layers/mamba/abstract.py:86-90), which "align" cannot
+            # use (config/vllm.py:3507-3512); "none" keeps one block, the ReplaySSM layout.
             spec = MambaSpec(block_size=mml if mode == "none" else bs, shapes=((1,),), dtypes=(torch.float32,),
-                             mamba_cache_mode=mode)
+                             mamba_cache_mode=mode,
+                             num_speculative_blocks=int(config.get("num_speculative_tokens", 0)) if mode == "align" else 0)
         else:
             continue  # shared: no group of its own
         specs.append(KVCacheGroupSpec([f"layer{i}"], spec))
