@@ -555,7 +555,7 @@ def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:
 
 def admitted(record: StepRecord) -> list[str]:
     """Requests that were waiting before the step and got a prefill in it."""
-    waiting = set(record.before.waiting or ())
+    waiting = queue_set(record.before, "waiting").members  # kept from the step before: no read of the backlog
     seen: dict[str, None] = {}
     for item in record.output.scheduled:
         if item.is_prefill and item.request_id in waiting:
