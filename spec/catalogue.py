@@ -170,6 +170,10 @@ class Checker:
             ctx.last_arrival_step = record.step
             if request.session:
                 ctx.sessions.add(request.request_id)
+            if request.grammar_ready_step is not None:
+                ctx.grammars.add(request.request_id)
+            if request.encoder_inputs:
+                ctx.encoded.add(request.request_id)
         ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}

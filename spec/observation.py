@@ -144,7 +144,7 @@ GROUP_TABLES_VERSION = 1
 # against (tests/test_incremental_check.py); tests flip `spec.observation.INCREMENTAL`.
 INCREMENTAL = os.environ.get("KVSCHED_FULL_CHECK", "") != "1"
 
-_MAX_CHAIN = 8  # a run checks consecutive snapshots; a longer chain means something was skipped
+MAX_CHAIN = 8  # a run checks consecutive snapshots; a longer chain means something was skipped
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ class Snapshot:
             return None
         changed: set[str] = set()
         snap: Snapshot | None = self
-        for _ in range(_MAX_CHAIN):
+        for _ in range(MAX_CHAIN):
             if snap is older:
                 return frozenset(changed)
             delta = getattr(snap, part) if snap is not None else None

@@ -89,6 +89,10 @@ class CheckContext:
     finish_lengths: dict[str, int] = field(default_factory=dict)
     # The streaming-input sessions added so far (requests with a ``session``; SES-*).
     sessions: set[str] = field(default_factory=set)
+    # The requests added so far with a grammar (``grammar_ready_step``; GRM-*) and with encoder
+    # inputs (ENC-*): the rules' triggers read these, not every request or the whole waiting queue.
+    grammars: set[str] = field(default_factory=set)
+    encoded: set[str] = field(default_factory=set)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""

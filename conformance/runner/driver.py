@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import gc
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from conformance.runner.normalize import Bounds, check_finished, check_output, c
 from spec.catalogue import Checker, Invariant, Violation
 from spec.config import SchedulerConfig
 from spec.errors import InputError
-from spec.observation import Capability, Snapshot, StepFailure, StepRecord
+from spec.observation import MAX_CHAIN, Capability, Snapshot, StepFailure, StepRecord
 from spec.protocol import supports
 from spec.reservation import Reservation
 from spec.trace import Trace
@@ -96,6 +97,7 @@ def run_checked(
     guard: Guard | None = None,
     stop_on: str | None = None,
     check_budget: float | None = None,
+    stream: Callable[[StepRecord], None] | None = None,
 ) -> TraceResult:
     """Run ``trace`` through ``adapter``, checking ``invariants`` after every step.
 
@@ -112,6 +114,13 @@ def run_checked(
     first shows: the shrinker needs no more of a candidate than that. A fault whose step the
     adapter could not tell (``AdapterFault.step_uncertain``: a wire host killed while it held the
     lines of its last steps) is found again by replaying the trace under ``adapter.exact_steps()``.
+
+    ``stream``: the records are streamed rather than kept. Each record is handed to ``stream`` once
+    it is checked, and ``result.records`` holds only the last one. Nothing can then be replayed or
+    cut from the records: this is for a long run whose cost is measured (benchmarks/bench_scale.py).
+    A kept run of 4096 requests holds every step's snapshots, 2 GB on the V1 reference, and each
+    new snapshot then lands in fresh memory. The checker keeps what it reads across steps itself
+    (`spec.rules.CheckContext`). See `_Streamed` for how old snapshots are let go.
     """
     # The records kept for the trace are acyclic but many; with the cyclic collector running,
     # its full passes over them cost more than the scheduler itself on a large batch
@@ -122,10 +131,10 @@ def run_checked(
     guard = guard or Guard(timeout)
     try:
         result = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on,
-                              check_budget)
+                              check_budget, stream)
         if result.fault is not None and result.fault.step_uncertain and hasattr(adapter, "exact_steps"):
             result = _replay_exactly(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory,
-                                     stop_on, check_budget, result)
+                                     stop_on, check_budget, result, stream)
         return result
     finally:
         if collecting:
@@ -134,7 +143,8 @@ def run_checked(
 
 def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], guard: Guard, lockstep: bool,
                     stop_at_first: bool, reference_factory: Callable[[SchedulerConfig], Any] | None,
-                    stop_on: str | None, check_budget: float | None, first: TraceResult) -> TraceResult:
+                    stop_on: str | None, check_budget: float | None, first: TraceResult,
+                    stream: Callable[[StepRecord], None] | None = None) -> TraceResult:
     """``first`` ended in a fault whose step the adapter could not tell (a wire host killed while it
     held the lines of its last steps: conformance/wire/client.py): run the trace again from its
     reset with every step answered at once (``adapter.exact_steps()``), so that the fault, the
@@ -143,7 +153,7 @@ def _replay_exactly(adapter: Any, trace: Trace, invariants: list[Invariant], gua
     kept, its fault at the first step whose answer was missing, and its message says so."""
     with adapter.exact_steps():
         again = _run_checked(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory, stop_on,
-                             check_budget)
+                             check_budget, stream)
     stopped_early = (stop_at_first and again.failed) or (stop_on is not None and stop_on in again.problem_ids)
     if again.fault is not None or stopped_early:
         return again  # what a run that wrote each line at once reports
@@ -166,8 +176,10 @@ def _run_checked(
     reference_factory: Callable[[SchedulerConfig], Any] | None,
     stop_on: str | None = None,
     check_budget: float | None = None,
+    stream: Callable[[StepRecord], None] | None = None,
 ) -> TraceResult:
     result = TraceResult(trace)
+    streamed = _Streamed(stream) if stream is not None else None
     step = -1
     checker: Checker | None = None
     bounds = Bounds.of(trace)
@@ -280,6 +292,8 @@ def _run_checked(
             result.records.append(record)
             result.violations.extend(checker.check_step(record))
             guard.within_budget("checking step", step)
+            if streamed is not None:
+                result.records = streamed.checked(record)
             if reference is not None:
                 ref_output = reference.schedule()
                 ref_finished.extend(reference.update(StepOutcome(stopped, drafts)))
@@ -315,6 +329,35 @@ def _run_checked(
             result.violations.extend(checker.check_failure(
                 StepFailure(max(step, 0), fault.call, fault.message, aborted, output)))
     return result
+
+
+class _Streamed:
+    """A streamed run's records (`run_checked`'s ``stream``): each is handed on once it is
+    checked. Only the last few are held, and the snapshots of an older one are let go by cutting
+    their ``base`` link. Otherwise each snapshot's base would keep the whole chain back to the
+    first step alive, whatever the records hold.
+
+    The cut is `spec.observation.MAX_CHAIN` steps back. A step takes at least one snapshot, and
+    no reader follows a chain further than that (`Snapshot.changed_since`; the evaluation layer
+    carries derived views at most `spec.invariants._views._DELTA_DEPTH` hops). So no check reads a
+    cut link: the checks see what they would see with every record kept. The link is the
+    adapter's own delta, a hint that costs nothing to drop: a snapshot without a base reads as
+    whole. Cutting it is the same kind of write as the runner's own `_CHECKED` mark on it."""
+
+    def __init__(self, stream: Callable[[StepRecord], None]) -> None:
+        self.stream = stream
+        self.held: deque[StepRecord] = deque()
+
+    def checked(self, record: StepRecord) -> list[StepRecord]:
+        """Hand ``record`` on; the records the result keeps from now on (the last one)."""
+        self.stream(record)
+        self.held.append(record)
+        if len(self.held) > MAX_CHAIN:
+            old = self.held.popleft()
+            for snap in (old.before, old.mid, old.after):
+                if snap is not None and snap.base is not None:
+                    object.__setattr__(snap, "base", None)
+        return [record]
 
 
 class _TimedGuard:

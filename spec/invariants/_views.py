@@ -202,7 +202,9 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
                     if not 0 <= block < size:
                         return None
                     whole[block] += 1
-        return tuple(whole)
+        value = tuple(whole)
+        _memo(snap, "entry_list", (device, size), lambda: (value, whole))
+        return value
     counts: list[int] | None = None
     touched: set[int] = set()  # the blocks whose entries may have changed (`free_in_tables` reads them)
     old_seqs, seqs = snap.base.seqs, snap.seqs
@@ -213,7 +215,7 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
         if old_blocks is new_blocks:
             continue
         if counts is None:
-            counts = list(prior)
+            counts = _counts_to_change(snap.base, (device, size), prior)
         for block in old_blocks or ():  # base's blocks, in the pool (its counts were built)
             counts[block] -= 1
         for block in new_blocks or ():
@@ -223,7 +225,32 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
         touched.update(old_blocks or ())
         touched.update(new_blocks or ())
     _memo(snap, "entry_changes", (device, size), lambda: touched)
-    return prior if counts is None else tuple(counts)  # the same object when no table moved
+    if counts is None:  # no table moved: the same object, and the base's working list goes on with it
+        held = _held_counts(snap.base, (device, size), prior)
+        if held is not None:
+            _memo(snap, "entry_list", (device, size), lambda: (prior, held))
+        return prior
+    value = tuple(counts)
+    _memo(snap, "entry_list", (device, size), lambda: (value, counts))
+    return value
+
+
+def _held_counts(base: Snapshot, key: tuple[str, int], prior: tuple[int, ...]) -> list[int] | None:
+    """The list the base's own build of ``prior`` left, taken from it (None: none is left). It
+    is ours alone and holds exactly ``prior`` while the base's memo names it beside that very
+    tuple. It is handed on once: a second snapshot built on the same base copies."""
+    cache = base.__dict__.get(_CACHE)
+    held = cache.pop(("entry_list", key), None) if cache is not None else None
+    return held[1] if held is not None and held[0] is prior else None
+
+
+def _counts_to_change(base: Snapshot, key: tuple[str, int], prior: tuple[int, ...]) -> list[int]:
+    """A list of ``prior``'s counts to apply a delta to. The list the base's build left is taken
+    (`_held_counts`), else ``prior`` is copied. So a pool-sized array is copied once per snapshot
+    (into the tuple the checks read), not twice. The tuple is what the checks compare; the list
+    never leaves this module."""
+    held = _held_counts(base, key, prior)
+    return held if held is not None else list(prior)
 
 
 def shared_blocks(snap: Snapshot, device: str, size: int) -> frozenset[int] | None:
@@ -555,7 +582,7 @@ def snapshots(record: StepRecord) -> list[tuple[str, Snapshot]]:
 
 def admitted(record: StepRecord) -> list[str]:
     """Requests that were waiting before the step and got a prefill in it."""
-    waiting = set(record.before.waiting or ())
+    waiting = queue_set(record.before, "waiting").members  # kept from the step before: no read of the backlog
     seen: dict[str, None] = {}
     for item in record.output.scheduled:
         if item.is_prefill and item.request_id in waiting:

@@ -32,12 +32,12 @@ def encoder_cache_in_use(ctx: CheckContext, rec: StepRecord) -> bool:
 
 def encoder_output_held(ctx: CheckContext, rec: StepRecord) -> bool:
     """a request with encoder inputs is unfinished"""
-    return any(r.encoder_inputs and rid not in ctx.finished for rid, r in ctx.requests.items())
+    return any(rid not in ctx.finished for rid in ctx.encoded)
 
 
 def encoder_output_read(ctx: CheckContext, rec: StepRecord) -> bool:
     """a request with encoder inputs is unfinished"""
-    return any(r.encoder_inputs and rid not in ctx.finished for rid, r in ctx.requests.items())
+    return any(rid not in ctx.finished for rid in ctx.encoded)
 
 
 def nothing_scheduled_beside_encoder_entries(ctx: CheckContext, rec: StepRecord) -> bool:

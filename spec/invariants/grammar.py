@@ -31,7 +31,7 @@ def grammar_pending(ctx: CheckContext, request_id: str, step: int) -> bool:
 # Triggers: when each rule below has something to check (spec/invariants/triggers.py).
 def some_grammar_pending(ctx: CheckContext, rec: StepRecord) -> bool:
     """a request waits for its grammar before the step"""
-    return any(grammar_pending(ctx, rid, rec.step) for rid in rec.before.waiting or ())
+    return bool(ctx.grammars) and any(grammar_pending(ctx, rid, rec.step) for rid in rec.before.waiting or ())
 
 
 @invariant(
