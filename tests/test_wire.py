@@ -3,6 +3,7 @@ that crashes, hangs, or writes garbage is a fault with the step; the snapshot co
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -374,9 +375,9 @@ def test_a_death_under_held_lines_is_replayed_to_its_step(monkeypatch):
     replays = []
     real = driver._replay_exactly
 
-    def spy(*args):
-        replays.append(args[-1])  # the first run's result
-        return real(*args)
+    def spy(*args, **kwargs):
+        replays.append(inspect.signature(real).bind(*args, **kwargs).arguments["first"])  # the first run's result
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(driver, "_replay_exactly", spy)
     monkeypatch.setattr(client, "_FLUSH_MS", 0.0)
