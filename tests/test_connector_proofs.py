@@ -1,16 +1,44 @@
-"""The connector flow's Z3 matrix (spec/proofs/encoding_connector.py): each mutated transition is
-caught by the cell of the invariant it breaks, and the same cell is proved on the connector's
-transitions as the reference makes them. The whole matrix (every cell, bounded) is a command:
-``python3 -m conformance prove --flow connector`` (docs/PROOFS.md, BENCHMARKS.md)."""
+"""The connector flow's Z3 matrix (spec/proofs/encoding_connector.py), bounded and for every size.
+
+* Bounded: each mutated transition is caught by the cell of the invariant it breaks, and the same
+  cell is proved without it.
+* For every size (issue 30 item 7): every cell of the flow is proved by the arguments of the v1
+  flow extended to the connector's transitions: the per-request rows and transition properties on
+  one generic request (`GenericConnector`), the block rows by the block layer's micro-ops, KVC-002
+  by its per-request half and the block facts, QUE, STR-002/BUD-003 and WF by their per-request
+  arguments. Each mutant breaks an unbounded cell too (the proof has teeth), and each action's
+  hypotheses are satisfiable (not vacuous).
+
+The whole matrix is a command: ``python3 -m conformance prove --flow connector`` (docs/PROOFS.md).
+"""
 
 from __future__ import annotations
 
 import pytest
+import z3
 
-from spec.proofs.encoding_connector import CONNECTOR_MUTANTS
+from spec.proofs import sequence_cells as PS
+from spec.proofs.counting import prove_counts
+from spec.proofs.counting import satisfiable as counts_satisfiable
+from spec.proofs.encoding_connector import (
+    CONNECTOR_ACTIONS,
+    CONNECTOR_MUTANT_ACTIONS,
+    CONNECTOR_MUTANTS,
+    CONNECTOR_STATE_INVARIANTS,
+    CONNECTOR_TRANSITION_PROPERTIES,
+    FIN,
+    KVC_SEQS,
+    LOADING,
+    SENDING,
+    STEPS_CONNECTOR_SEQ,
+    GenericConnector,
+)
 from spec.proofs.matrix import COUNTEREXAMPLE, PROVED, prove
+from spec.proofs.parametric import MUTANTS as BLOCK_MUTANTS
+from spec.proofs.parametric import prove_blocks
+from spec.proofs.unbounded import prove_unbounded
 
-# mutant -> the (invariant, action) cell that catches it
+# mutant -> the (invariant, action) cell that catches it (bounded, and for every size)
 CAUGHT_BY = {
     "admit-while-loading": ("KVC-001", "admit"),
     "load-allocates-past-load": ("KVC-004", "load_start"),
@@ -18,6 +46,7 @@ CAUGHT_BY = {
     "send-done-keeps-blocks": ("KVC-007", "send_done"),
     "frees-while-transferring": ("KVC-002", "abort"),
     "fail-policy-ignored": ("KVC-006", "load_land"),
+    "load-into-held-block": ("BLK-003", "load_start"),
 }
 
 
@@ -29,6 +58,8 @@ def _cell(invariant: str, action: str, mutant: str | None) -> str:
 
 def test_every_mutant_has_its_cell() -> None:
     assert set(CAUGHT_BY) == set(CONNECTOR_MUTANTS)
+    # each is a per-request rule of the generic request or a block-layer micro-op
+    assert set(CONNECTOR_MUTANTS) == set(CONNECTOR_MUTANT_ACTIONS) | {m for m in BLOCK_MUTANTS if m in CONNECTOR_MUTANTS}
 
 
 @pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
@@ -38,6 +69,116 @@ def test_mutant_is_caught_and_the_cell_holds_without_it(mutant: str) -> None:
     assert _cell(invariant, action, None) == PROVED
 
 
-def test_the_connector_cells_are_bounded_only() -> None:
-    matrix = prove(flow_name="connector", invariants=["KVC-002"], actions=["load_start"], timeout_ms=60_000)
-    assert {c.scope for c in matrix.cells} == {"bounded"} and matrix.all_proved
+def test_every_connector_cell_is_proved_for_every_size() -> None:
+    """All 312 cells (24 state rows x init + 9 actions, 8 transition rows x 9 actions) by the
+    arguments for every size; the bounded queries are not run here (``reuse_unbounded``: the whole
+    bounded matrix is the command above)."""
+    m = prove(flow_name="connector", reuse_unbounded=True, timeout_ms=20_000)
+    assert m.all_proved, m.failing()
+    assert len(m.cells) == len(CONNECTOR_STATE_INVARIANTS) * (1 + len(CONNECTOR_ACTIONS)) \
+        + len(CONNECTOR_TRANSITION_PROPERTIES) * len(CONNECTOR_ACTIONS)
+    assert [c for c in m.cells if c.scope != "unbounded"] == []
+
+
+def test_the_parts_of_the_argument() -> None:
+    """Each argument the matrix composes proves its cells of the connector flow on its own."""
+    proved = PS.proved_cells(flow_name="connector")  # cached: the matrix above ran the same queries
+    rows, actions = PS.rows_actions("connector")
+    assert actions == CONNECTOR_ACTIONS and KVC_SEQS in rows
+    assert proved >= {(row, a) for row in rows for a in ("init", *actions)} \
+        | {(row, a) for row in STEPS_CONNECTOR_SEQ for a in actions}
+    assert all(v == "proved" for v in prove_counts("connector").values())
+    assert {("QUE-001", a) for a in ("init", *CONNECTOR_ACTIONS)} <= prove_unbounded(flow_name="connector")
+    assert {("BLK-005", a) for a in ("init", *CONNECTOR_ACTIONS)} <= prove_blocks().cells("connector")
+
+
+@pytest.mark.parametrize("action", CONNECTOR_ACTIONS)
+def test_the_hypotheses_are_satisfiable(action: str) -> None:
+    """Each action's generic query has a model (its guard with the invariants): with a live
+    request, or, for a reported send and a load that lands after an abort, a finished request
+    that holds the transfer's blocks; the counting argument's too, with other requests."""
+    G = GenericConnector()
+    q = G.seq("pre")
+    guard, _ = G.effect(action, q, q)
+    s = z3.Solver()
+    s.add(G.base(), G.inv(q), guard, q.tl <= G.L)
+    if action == "send_done":
+        s.add(q.st == FIN, q.x == SENDING, q.tl >= 1)
+    elif action == "load_land":
+        s.add(q.x == LOADING, q.tl >= 1)
+    elif action != "add":
+        s.add(G.live(q))
+    assert s.check() == z3.sat
+    if action == "load_land":  # also with the request aborted during its load
+        s.add(q.st == FIN)
+        assert s.check() == z3.sat
+    assert counts_satisfiable("connector", action)
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
+def test_each_mutant_breaks_its_cell_for_every_size(mutant: str) -> None:
+    """The mutated transition breaks the argument for every size of the cell that catches it
+    bounded: the generic request's rule, or the block layer's micro-op (with Z3's witness)."""
+    invariant, action = CAUGHT_BY[mutant]
+    m = prove(flow_name="connector", mutant=mutant, invariants=[invariant], actions=[action], reuse_unbounded=True)
+    assert [invariant, action] in m.parametric["cells"], m.parametric
+    if mutant in BLOCK_MUTANTS:
+        assert m.parametric["witness"]["op"] == "append"
+
+
+def _slot(enc, st, g):  # type: ignore[no-untyped-def]
+    """The bounded state's request g as the generic request's fields."""
+    at = enc._at
+    return [at(st.sstat, g), at(st.dev, g), at(st.tlen, g), at(st.ntok, g), at(st.ncomp, g), at(st.xfer, g),
+            at(st.ltok, g), at(st.lval, g)]
+
+
+def _follows(action: str, generic_mutant: str | None = None) -> bool:
+    """Whether every bounded step of ``action`` is, for the request it touches, a step of the
+    generic rule (None when the bounded action is impossible)."""
+    from spec.proofs.encoding import RUN, WAIT
+    from spec.proofs.encoding_connector import ConnectorEncoder, grp_ok_connector
+    from spec.proofs.matrix import flow
+
+    fl = flow("connector")
+    enc = ConnectorEncoder(fl.default_bound)
+    ae = enc.encode(action)
+    g, pre, post = ae.params["group"], ae.pre, ae.post
+    G = GenericConnector(generic_mutant)
+    q = G.seq("pre")
+    guard, gpost = G.effect(action, q, q)
+    own_partial = z3.If(z3.And(enc._at(pre.sstat, g) == RUN, enc._at(pre.ncomp, g) < enc._at(pre.ntok, g) - 1), 1, 0)
+    own_active = z3.If(z3.Or(enc.gsel(pre.gstat, g) == WAIT, enc.gsel(pre.gstat, g) == RUN), 1, 0)
+    params = {"tokens": G.k, "stop": G.stop, "send": G.send, "external": G.e, "valid": G.v}
+    links = [G.bs == enc.bs, G.ML == enc.ML, G.L == enc.L, G.gs == enc.gsel(pre.gstat, g), G.FAIL == enc.FAIL,
+             G.F == enc.free_count(pre.gpu), G.W == enc.W, G.TH == enc.TH, G.P == enc.P, G.CH == enc.CH,
+             G.rest_partial == enc.partial(pre) - own_partial, G.rest_active == enc.active(pre) - own_active,
+             G.plen == enc.gsel(post.plen, g), G.mtok == enc.gsel(post.mtok, g),
+             *[getattr(q, f) == v for f, v in zip(("st", "dv", "tl", "nt", "nc", "x", "lt", "lv"), _slot(enc, pre, g), strict=True)],
+             *[G_param == ae.params[name] for name, G_param in params.items() if name in ae.params]]
+    same = z3.And([getattr(gpost, f) == v for f, v in
+                   zip(("st", "dv", "tl", "nt", "nc", "x", "lt", "lv"), _slot(enc, post, g), strict=True)])
+    s = z3.Solver()
+    s.set("timeout", 60_000)
+    s.add(enc.config_ok(), grp_ok_connector(enc), *[inv(enc, pre) for inv in CONNECTOR_STATE_INVARIANTS.values()],
+          ae.guard, *ae.defs, *links)
+    assert s.check() == z3.sat  # the bounded action is possible
+    s.add(z3.Not(z3.And(guard, same)))
+    return s.check() == z3.unsat
+
+
+@pytest.mark.parametrize("action", CONNECTOR_ACTIONS)
+def test_the_generic_request_follows_the_bounded_encoding(action: str) -> None:
+    """The generic request's rule covers the bounded encoding's (`ConnectorEncoder`): at the bound,
+    from every state of the invariants, whatever the action does to the request it touches is a
+    step of the generic rule (its guard holds, its post-state is the request's), with the
+    generic's free count, rest and parameters read off the bounded state; the pool and the other
+    requests are what the other arguments speak of (the block layer's micro-ops, the counting)."""
+    assert _follows(action)
+
+
+@pytest.mark.parametrize(("mutant", "action"), [("land-counts-failed", "load_land"),
+                                                ("send-done-keeps-blocks", "send_done")])
+def test_a_mutated_generic_rule_does_not_follow(mutant: str, action: str) -> None:
+    """The check above has teeth: a generic rule with a mutant's post-state is not the bounded one."""
+    assert not _follows(action, mutant)
