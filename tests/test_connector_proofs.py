@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import pytest
 import z3
+from hypothesis import HealthCheck, given, settings
 
+from conformance.generation.connector import connector_traces
 from spec.proofs import sequence_cells as PS
 from spec.proofs.counting import prove_counts
 from spec.proofs.counting import satisfiable as counts_satisfiable
@@ -37,6 +39,7 @@ from spec.proofs.matrix import COUNTEREXAMPLE, PROVED, prove
 from spec.proofs.parametric import MUTANTS as BLOCK_MUTANTS
 from spec.proofs.parametric import prove_blocks
 from spec.proofs.unbounded import prove_unbounded
+from tests.conftest import examples
 
 # mutant -> the (invariant, action) cell that catches it (bounded, and for every size)
 CAUGHT_BY = {
@@ -182,3 +185,107 @@ def test_the_generic_request_follows_the_bounded_encoding(action: str) -> None:
 def test_a_mutated_generic_rule_does_not_follow(mutant: str, action: str) -> None:
     """The check above has teeth: a generic rule with a mutant's post-state is not the bounded one."""
     assert not _follows(action, mutant)
+
+
+# ---------------------------------------------------------------------- the reference's states
+def _generic_facts_hold(sched) -> None:  # type: ignore[no-untyped-def]
+    """Between two steps of the connector reference, every request, read as the generic request
+    (its transfer from the connector's record), has every fact the generic queries assume and
+    prove (WF's per-request part and the rows): the induction's states include the reference's.
+    A load reported done with nothing valid is still the encoding's load in flight: the reference
+    frees its blocks at the next promotion, the encoding at the landing."""
+    from spec.proofs.encoding import GPU, NODEV, RUN, WAIT
+    from spec.proofs.encoding_connector import LANDED, NO_XFER
+
+    config, connector = sched.config, sched.connector
+    tracked = sorted(sched.requests.values(), key=lambda t: t.arrival)
+    partial = {t.request_id for t in tracked if t.status.value == "RUNNING" and t.num_computed < t.num_tokens - 1}
+    for t in tracked:
+        G = GenericConnector()
+        q = G.seq("ref")
+        status = FIN if t.status.is_finished else RUN if t.status.value == "RUNNING" else WAIT
+        x, lt, lv = NO_XFER, 0, 0
+        flight = connector.transfers.get(t.request_id)
+        if flight is not None:
+            assert flight.kind == "send" or flight.load_async, flight  # a synchronous load lands in its step
+            x, lt = (SENDING, 0) if flight.kind == "send" else (LOADING, flight.tokens)
+        elif t.request_id in sched._kv_landed:
+            load = connector.reported[t.request_id]
+            lt = load.tokens  # valid: up to its first failed block (the script's), all of it else
+            valid = min((i * config.block_size for i, b in enumerate(load.blocks) if b in load.failed), default=lt)
+            x, lv = (LANDED, min(valid, lt)) if t.num_computed else (LOADING, 0)
+        values = {q.st: status, q.dv: GPU if t.blocks else NODEV, q.tl: len(t.blocks), q.nt: t.num_tokens,
+                  q.nc: t.num_computed, q.x: x, q.lt: lt, q.lv: lv, G.gs: status, G.bs: config.block_size,
+                  G.ML: config.max_model_len, G.plen: t.request.prompt_len, G.mtok: t.request.max_tokens,
+                  G.P: config.max_num_partial_prefills, G.rest_partial: len(partial - {t.request_id}),
+                  G.L: max(len(t.blocks), 1)}
+        facts = {"WF": G.wf(q), **G.rows(q)}
+        s = z3.Solver()
+        s.add(*[var == val for var, val in values.items()])
+        broken = [name for name, fact in facts.items() if s.check(z3.Not(fact)) != z3.unsat]
+        assert not broken, (t.request_id, t.status, values, broken)
+
+
+def _run_checked(trace, base=None) -> int:  # type: ignore[no-untyped-def]
+    """Run ``trace`` on the connector reference (``base``: a mutant of it; prefix caching off),
+    checking the generic facts after every update() and abort; the number of states checked with
+    a transfer."""
+    from dataclasses import replace
+
+    from reference_impl.engine import run_trace
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+
+    base = base or ConnectorScheduler
+    seen = [0]
+
+    class Checked(base):  # type: ignore[misc, valid-type]
+        def update(self, outcome):  # type: ignore[no-untyped-def]
+            out = base.update(self, outcome)
+            _generic_facts_hold(self)
+            seen[0] += bool(self.connector.transfers or self._kv_landed)
+            return out
+
+        def abort_request(self, request_id):  # type: ignore[no-untyped-def]
+            out = base.abort_request(self, request_id)
+            _generic_facts_hold(self)
+            return out
+
+    run_trace(replace(trace, config=replace(trace.config, enable_prefix_caching=False)), Checked)
+    return seen[0]
+
+
+@pytest.mark.parametrize(("script", "policy", "aborts"), [
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [0]}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "fail", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 3}, "recompute", (1,)),
+])
+def test_the_reference_states_have_the_generic_facts(script, policy, aborts) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_parametric_matches_reference import _connector_trace
+
+    assert _run_checked(_connector_trace(script, policy, aborts)) >= 1
+
+
+@settings(max_examples=examples(3), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=connector_traces())
+def test_drawn_reference_states_have_the_generic_facts(trace) -> None:  # type: ignore[no-untyped-def]
+    _run_checked(trace)
+
+
+@pytest.mark.parametrize(("name", "script", "broken"), [
+    ("KeepsFailedTokens", {"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "KVC-005"),
+    ("LeaksAfterTransfer", {"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "KVC-007"),
+    ("AllocatesPastTheLoad", {"external_tokens": 6, "load_async": True, "load_steps": 2}, "KVC-004"),
+    ("FreesWhileSending", {"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, KVC_SEQS),
+])
+def test_a_mutated_reference_leaves_the_generic_facts(name: str, script: dict, broken: str) -> None:
+    """The check has teeth: the conformance mutants of the connector reference reach a state
+    outside the generic request's facts, at the row their invariant's proof is about."""
+    from conformance.selftest import mutants_connector
+    from reference_impl.engine import StepFailed
+    from tests.test_parametric_matches_reference import _connector_trace
+
+    with pytest.raises((AssertionError, StepFailed), match=f"'{broken}'"):
+        _run_checked(_connector_trace(script), getattr(mutants_connector, name))
