@@ -194,28 +194,17 @@ def _generic_facts_hold(sched) -> None:  # type: ignore[no-untyped-def]
     prove (WF's per-request part and the rows): the induction's states include the reference's.
     A load reported done with nothing valid is still the encoding's load in flight: the reference
     frees its blocks at the next promotion, the encoding at the landing."""
-    from spec.proofs.encoding import GPU, NODEV, RUN, WAIT
-    from spec.proofs.encoding_connector import LANDED, NO_XFER
-
     config, connector = sched.config, sched.connector
     tracked = sorted(sched.requests.values(), key=lambda t: t.arrival)
     partial = {t.request_id for t in tracked if t.status.value == "RUNNING" and t.num_computed < t.num_tokens - 1}
     for t in tracked:
         G = GenericConnector()
         q = G.seq("ref")
-        status = FIN if t.status.is_finished else RUN if t.status.value == "RUNNING" else WAIT
-        x, lt, lv = NO_XFER, 0, 0
         flight = connector.transfers.get(t.request_id)
-        if flight is not None:
-            assert flight.kind == "send" or flight.load_async, flight  # a synchronous load lands in its step
-            x, lt = (SENDING, 0) if flight.kind == "send" else (LOADING, flight.tokens)
-        elif t.request_id in sched._kv_landed:
-            load = connector.reported[t.request_id]
-            lt = load.tokens  # valid: up to its first failed block (the script's), all of it else
-            valid = min((i * config.block_size for i, b in enumerate(load.blocks) if b in load.failed), default=lt)
-            x, lv = (LANDED, min(valid, lt)) if t.num_computed else (LOADING, 0)
-        values = {q.st: status, q.dv: GPU if t.blocks else NODEV, q.tl: len(t.blocks), q.nt: t.num_tokens,
-                  q.nc: t.num_computed, q.x: x, q.lt: lt, q.lv: lv, G.gs: status, G.bs: config.block_size,
+        assert flight is None or flight.kind == "send" or flight.load_async, flight  # a synchronous load lands in its step
+        status, dv, tl, nt, nc, x, lt, lv = _reads(sched, t)
+        values = {q.st: status, q.dv: dv, q.tl: tl, q.nt: nt, q.nc: nc, q.x: x, q.lt: lt, q.lv: lv, G.gs: status,
+                  G.bs: config.block_size,
                   G.ML: config.max_model_len, G.plen: t.request.prompt_len, G.mtok: t.request.max_tokens,
                   G.P: config.max_num_partial_prefills, G.rest_partial: len(partial - {t.request_id}),
                   G.L: max(len(t.blocks), 1)}
@@ -241,6 +230,7 @@ def _run_checked(trace, base=None) -> int:  # type: ignore[no-untyped-def]
     class Checked(base):  # type: ignore[misc, valid-type]
         def update(self, outcome):  # type: ignore[no-untyped-def]
             out = base.update(self, outcome)
+            _remember_loads(self)
             _generic_facts_hold(self)
             seen[0] += bool(self.connector.transfers or self._kv_landed)
             return out
@@ -289,3 +279,155 @@ def test_a_mutated_reference_leaves_the_generic_facts(name: str, script: dict, b
 
     with pytest.raises((AssertionError, StepFailed), match=f"'{broken}'"):
         _run_checked(_connector_trace(script), getattr(mutants_connector, name))
+
+
+# ---------------------------------------------------------------------- the reference's steps
+# What one reference step (its aborts, schedule() and update()) may do to one request, as generic
+# actions in order: a load reported with nothing valid lands for the encoding at the promotion
+# (schedule()), and may be retried at once; a landed load is promoted by its admission.
+STEP_SEQUENCES = (
+    (), ("abort",), ("admit",), ("chunk",), ("load_start",), ("load_land",), ("send_done",),
+    ("preempt_recompute",), ("ignore",), ("load_land", "load_start"), ("load_land", "admit"),
+    ("abort", "load_land"), ("abort", "send_done"), ("load_start", "load_land"), ("preempt_recompute", "admit"),
+    ("load_land", "load_start", "load_land"), ("admit", "load_land"), ("chunk", "send_done"), ("admit", "send_done"),
+    ("abort", "load_land", "send_done"),
+)
+FIELDS = ("st", "dv", "tl", "nt", "nc", "x", "lt", "lv")
+
+
+def _remember_loads(sched) -> None:  # type: ignore[no-untyped-def]
+    """Keep each load the last outcome reported: a landed request may wait several steps for its
+    promotion (the waiting pass may not reach it), after the connector's record of it is gone."""
+    if not hasattr(sched, "landed_loads"):
+        sched.landed_loads = {}
+    sched.landed_loads.update({rid: t for rid, t in sched.connector.reported.items() if t.kind == "load"})
+
+
+def _reads(sched, t):  # type: ignore[no-untyped-def]
+    """Request ``t`` of the connector reference as the generic request's fields (see
+    `_generic_facts_hold`)."""
+    from spec.proofs.encoding import GPU, NODEV, RUN, WAIT
+    from spec.proofs.encoding_connector import LANDED, NO_XFER
+
+    config, connector = sched.config, sched.connector
+    status = FIN if t.status.is_finished else RUN if t.status.value == "RUNNING" else WAIT
+    x, lt, lv = NO_XFER, 0, 0
+    flight = connector.transfers.get(t.request_id)
+    if flight is not None:
+        x, lt = (SENDING, 0) if flight.kind == "send" else (LOADING, flight.tokens)
+    elif t.request_id in sched._kv_landed:
+        load = sched.landed_loads[t.request_id]  # reported in an outcome, maybe not the last one
+        lt = load.tokens  # valid: up to its first failed block (the script's), all of it else
+        valid = min((i * config.block_size for i, b in enumerate(load.blocks) if b in load.failed), default=lt)
+        x, lv = (LANDED, min(valid, lt)) if t.num_computed else (LOADING, 0)
+    return (status, GPU if t.blocks else NODEV, len(t.blocks), t.num_tokens, t.num_computed, x, lt, lv)
+
+
+def _pins(q, values):  # type: ignore[no-untyped-def]
+    """The fields' values; a load's tokens only while there is a load, its valid ghost only once it
+    landed (the reference's record of a load ends with it), the computed count only while the
+    request is unfinished or holds blocks (a load that fails under ``fail`` cuts it in the reference
+    before the request ends, the encoding ends it uncut: no row reads it after)."""
+    from spec.proofs.encoding_connector import LANDED
+
+    x, st, tl = values[FIELDS.index("x")], values[FIELDS.index("st")], values[FIELDS.index("tl")]
+    keep = {"lt": x in (LOADING, LANDED), "lv": x == LANDED, "nc": st != FIN or tl > 0}
+    return [getattr(q, f) == v for f, v in zip(FIELDS, values, strict=True) if keep.get(f, True)]
+
+
+def _follows_rules(config, request, before, after) -> bool:  # type: ignore[no-untyped-def]
+    """Whether some sequence of `STEP_SEQUENCES` of the generic rules takes the request from
+    ``before`` to ``after`` (the rules' parameters and the other requests' terms free)."""
+    G = GenericConnector()
+    params = [G.k, G.stop, G.send, G.e, G.v]
+    fixed = [G.bs == config.block_size, G.ML == config.max_model_len, G.plen == request.prompt_len,
+             G.mtok == request.max_tokens, G.FAIL == z3.BoolVal(config.kv_load_failure_policy == "fail"),
+             G.CH == z3.BoolVal(config.enable_chunked_prefill), G.base()]
+    for sequence in STEP_SEQUENCES:
+        q = G.seq("pre")
+        s = z3.Solver()
+        s.add(*fixed, *_pins(q, before))
+        for n, action in enumerate(sequence):
+            fresh = [(p, z3.Int(f"{p}_{n}")) for p in params]
+            guard, post = G.effect(action, q, q)
+            now = [(G.gs, q.st), *fresh]
+            s.add(z3.substitute(guard, *now))
+            q = type(q)(*[z3.substitute(getattr(post, f), *now) for f in FIELDS])
+        s.add(*_pins(q, after))
+        if s.check() == z3.sat:
+            return True
+    return False
+
+
+def _run_steps_checked(trace, base=None) -> int:  # type: ignore[no-untyped-def]
+    """Run ``trace`` on the connector reference (prefix caching off), checking each request's
+    change over each step against the generic rules; the number of changes checked. A request
+    whose script loads synchronously is left out: synchronous loads are not encoded (its first
+    tokens count as computed without being scheduled; a failed one may end the request holding a
+    send with nothing computed)."""
+    from dataclasses import replace
+
+    from reference_impl.engine import run_trace
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+
+    base = base or ConnectorScheduler
+    checked = [0]
+    sync = {rid for rid, script in trace.connector.items() if script.external_tokens and not script.load_async}
+
+    class Checked(base):  # type: ignore[misc, valid-type]
+        last: dict = {}
+
+        def _reads_all(self):  # type: ignore[no-untyped-def]
+            return {rid: _reads(self, t) for rid, t in self.requests.items()}
+
+        def schedule(self):  # type: ignore[no-untyped-def]
+            if not self.last:
+                self.last = self._reads_all()
+            return base.schedule(self)
+
+        def update(self, outcome):  # type: ignore[no-untyped-def]
+            out = base.update(self, outcome)
+            _remember_loads(self)
+            now = self._reads_all()
+            for rid, after in now.items():
+                before = self.last.get(rid)
+                if before is None or before == after or rid in sync:
+                    continue  # arrived in this step (``add``), unchanged, or not encoded
+                checked[0] += 1
+                assert _follows_rules(self.config, self.requests[rid].request, before, after), (rid, before, after)
+            self.last = now
+            return out
+
+    run_trace(replace(trace, config=replace(trace.config, enable_prefix_caching=False)), Checked)
+    return checked[0]
+
+
+@pytest.mark.parametrize(("script", "policy", "aborts"), [
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [0]}, "recompute", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "fail", ()),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 3}, "recompute", (1,)),
+])
+def test_each_reference_step_follows_the_generic_rules(script, policy, aborts) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_parametric_matches_reference import _connector_trace
+
+    assert _run_steps_checked(_connector_trace(script, policy, aborts)) >= 2  # B loads synchronously: left out
+
+
+@pytest.mark.parametrize(("name", "script", "policy"), [
+    ("KeepsFailedTokens", {"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "recompute"),
+    ("IgnoresFailPolicy", {"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "fail"),
+    ("LeaksAfterTransfer", {"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "recompute"),
+    ("AllocatesPastTheLoad", {"external_tokens": 6, "load_async": True, "load_steps": 2}, "recompute"),
+    ("FreesWhileSending", {"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "recompute"),
+])
+def test_a_mutated_reference_step_does_not_follow(name: str, script: dict, policy: str) -> None:
+    """The check has teeth: a step of each of these conformance mutants of the connector reference
+    is no sequence of the generic rules."""
+    from conformance.selftest import mutants_connector
+    from reference_impl.engine import StepFailed
+    from tests.test_parametric_matches_reference import _connector_trace
+
+    with pytest.raises((AssertionError, StepFailed)):
+        _run_steps_checked(_connector_trace(script, policy), getattr(mutants_connector, name))
