@@ -58,7 +58,8 @@ def _tables(snap: Snapshot) -> dict[tuple[str, int], list[int]]:
 def _check_pair(pre: Snapshot, post: Snapshot, owner: dict[int, int]) -> None:
     """``post`` is ``pre`` after micro-ops of groups.py: each table keeps or nulls its old
     positions (skip) or loses its tail (drop), and grows by null entries (pad), free or freed
-    blocks (append) or blocks its group holds (touch); a waiting sequence names no real block."""
+    blocks (append) or blocks its group holds (touch); a waiting or finished sequence names no real
+    block."""
     before, after = _tables(pre), _tables(post)
     free = set(pre.gpu_free_ids or ())
     held_after = {b for t in after.values() for b in t if b != NULL_BLOCK}
@@ -80,8 +81,8 @@ def _check_pair(pre: Snapshot, post: Snapshot, owner: dict[int, int]) -> None:
             else:
                 assert owner.get(b) == g, (sid, g, b, owner.get(b))  # touch: held by group g only
         view = (post.seqs or {}).get(sid)
-        if view is not None and view.status is Status.WAITING:
-            assert all(b == NULL_BLOCK for b in table), (sid, g, table)
+        if view is not None and (view.status is Status.WAITING or view.status.is_finished):
+            assert all(b == NULL_BLOCK for b in table), (sid, g, view.status, table)  # waiting-, finished-empty
     for b in held_after:
         groups = {g for (_, g), t in after.items() if b in t}
         assert groups == {owner[b]}, (b, groups, owner[b])  # group-owned

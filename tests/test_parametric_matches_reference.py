@@ -14,13 +14,16 @@ block fact.
 from __future__ import annotations
 
 import copy
+from collections import Counter
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conformance.generation.connector import connector_traces
 from conformance.selftest.proof_bridge import (
     all_groups_of,
     apply_action,
@@ -34,6 +37,7 @@ from reference_impl.v1_scheduler import V1Scheduler
 from spec.config import SchedulerConfig
 from spec.proofs.encoding import CPU, GPU
 from spec.proofs.parametric import ACTION_OPS, Snapshot, holds, step
+from spec.status import Status
 from spec.types import Request, StepOutcome
 from tests.conftest import examples
 
@@ -363,3 +367,89 @@ def test_each_specdec_step_is_v1_micro_ops(data):
             rid = data.draw(st.sampled_from(live))
             check(lambda rid=rid: sched.abort_request(rid))
         check(run_step)
+
+
+# ---------------------------------------------------------------------- the connector flow
+def _connector_block_layer(trace: Any) -> Counter:
+    """Run ``trace`` on the connector reference (prefix caching off, as in the encoding) with every
+    schedule(), update() and abort checked against ACTION_OPS["connector"]'s micro-ops; counts what
+    was held: by a waiting request (a load) and by a finished one (a load it was aborted during, a
+    delayed free)."""
+    from reference_impl.engine import run_trace
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+
+    trace = replace(trace, config=replace(trace.config, enable_prefix_caching=False))
+    num = Numbering()
+    allowed = {o for ops in ACTION_OPS["connector"].values() for o in ops}
+    seen: Counter = Counter()
+
+    class Checked(ConnectorScheduler):
+        def _checked(self, change):  # type: ignore[no-untyped-def]
+            pre = v1_snapshot(self, num)
+            out = change()
+            post = v1_snapshot(self, num)
+            ops = _release_first(v1_micro_ops(pre, post))
+            assert {name for name, _ in ops} <= allowed, ops
+            state = pre
+            for name, params in ops:
+                state = step(state, name, params)
+            assert state.layer() == post.layer(), f"micro-ops give {state}, reference {post}"
+            assert holds(post)
+            for t in v1_requests(self):
+                if t.blocks and (t.status.is_finished or t.status == Status.WAITING_FOR_REMOTE_KV):
+                    seen["finished-holds" if t.status.is_finished else "load-holds"] += 1
+            return out
+
+        def schedule(self):  # type: ignore[no-untyped-def]
+            return self._checked(lambda: ConnectorScheduler.schedule(self))
+
+        def update(self, outcome):  # type: ignore[no-untyped-def]
+            return self._checked(lambda: ConnectorScheduler.update(self, outcome))
+
+        def abort_request(self, request_id):  # type: ignore[no-untyped-def]
+            return self._checked(lambda: ConnectorScheduler.abort_request(self, request_id))
+
+    run_trace(trace, Checked)
+    return seen
+
+
+@settings(max_examples=examples(3), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=connector_traces())
+def test_each_connector_step_is_v1_micro_ops(trace):
+    """The connector flow's block layer (ACTION_OPS["connector"]: a load appends its fresh blocks, a
+    landed load that frees, a reported send, an abort, a preemption or a finish releases the whole
+    table, a table kept for a transfer is no op) on the connector reference of any size, its
+    connector scripted by the generator (asynchronous and synchronous loads, failures under both
+    policies, delayed frees, aborts): every schedule(), update() and abort, as micro-ops, gives the
+    reference's block layer, and every reached state has every block fact."""
+    _connector_block_layer(trace)
+
+
+def _connector_trace(script: dict[str, Any], policy: str = "recompute", aborts: tuple = ()) -> Any:
+    from spec.trace import Trace
+
+    return Trace.from_dict({
+        "version": 1,
+        "config": {"kv_connector": True, "block_size": 2, "num_gpu_blocks": 12, "max_num_seqs": 3,
+                   "max_num_batched_tokens": 16, "max_model_len": 24, "watermark": 0.0,
+                   "enable_chunked_prefill": True, "kv_load_failure_policy": policy},
+        "requests": [{"id": "A", "prompt_len": 9, "max_tokens": 3}, {"id": "B", "prompt_len": 5, "max_tokens": 2}],
+        "connector": {"version": 1, "requests": [{"request": "A", **script},
+                                                 {"request": "B", "external_tokens": 2}]},
+        **({"aborts": [{"step": s, "request": "A"} for s in aborts]} if aborts else {})})
+
+
+@pytest.mark.parametrize(("script", "policy", "aborts", "held"), [
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "send_steps": 2}, "recompute", (), "both"),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [1]}, "recompute", (), "load"),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 2, "failed_blocks": [0]}, "fail", (), "load"),
+    ({"external_tokens": 6, "load_async": True, "load_steps": 3}, "recompute", (1,), "both"),
+])
+def test_connector_paths_are_micro_ops(script, policy, aborts, held):
+    """Worked connector paths (a load with a delayed free, failures under both policies, an abort
+    during a load), through the same check; each holds what the path is about."""
+    seen = _connector_block_layer(_connector_trace(script, policy, aborts))
+    assert seen["load-holds"] >= 1
+    if held == "both":
+        assert seen["finished-holds"] >= 1

@@ -79,8 +79,10 @@ def test_block_rows_are_unbounded_in_the_matrix():
 def test_block_mutants_are_caught_by_an_unbounded_cell(mutant):
     """Issue 19 item 5: the mutated transition breaks the unbounded proof of a cell that the
     bounded matrix also refutes with a concrete counterexample."""
-    action = {"fork-no-incref": "fork", "swapin-busy-block": "swap_in"}[mutant]
-    m = prove(mutant=mutant, actions=[action], invariants=["BLK-003", "BLK-004", "BLK-005", "STR-001"])
+    flow_name, action = {"fork-no-incref": ("v0", "fork"), "swapin-busy-block": ("v0", "swap_in"),
+                         "load-into-held-block": ("connector", "load_start")}[mutant]
+    m = prove(mutant=mutant, actions=[action], invariants=["BLK-003", "BLK-004", "BLK-005", "STR-001"],
+              flow_name=flow_name)
     broken = {tuple(c) for c in m.parametric["cells"]}
     refuted = {(c.invariant, c.action) for c in m.cells if c.result == "counterexample"}
     assert broken & refuted, (broken, refuted)

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"which scheduler flow: v0 (vLLM V0), v1 (vLLM V1, chunked prefill; bound {V1_BOUND}), "
                         f"async (pipelined V1; bound {ASYNC_BOUND}), specdec (V1 with speculative decoding; "
                         f"bound {SPECDEC_BOUND}), hybrid (KV cache groups; every size), connector (V1 with a KV "
-                        f"connector's loads and sends; bounded only) or all (default)")
+                        f"connector's loads and sends) or all (default)")
     p.add_argument("--json", action="store_true", help="print the matrix as JSON (version 1)")
     p.add_argument("--action", action="append", choices=list(dict.fromkeys([*ACTIONS, *V1_ACTIONS, *ASYNC_ACTIONS, *SPECDEC_ACTIONS,
                                                              *GROUP_ACTION_OPS, *CONNECTOR_ACTIONS])),

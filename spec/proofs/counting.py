@@ -27,6 +27,7 @@ from spec.proofs.encoding import FIN, NONE, RUN, SWAP, WAIT
 
 ROWS = ("STR-002", "BUD-003")
 WF_REQUESTS = "WF/requests"  # WF's per-request part (spec/proofs/per_sequence.py has the rest)
+V1_LIKE = ("v1", "specdec", "async", "connector")  # one sequence per request, no swap
 
 
 class Request:
@@ -58,7 +59,7 @@ class Counting:
                z3.Implies(unfinished, r.live >= 1), z3.Implies(z3.Or(r.st == NONE, r.st == FIN), r.live == 0),
                z3.Implies(z3.And(arrived, self.n == 1), r.forked), r.live <= self.seats(r),
                z3.Implies(z3.Not(r.forked), r.live <= 1), z3.Implies(arrived, z3.And(r.plen >= 1, r.mtok >= 1))]
-        if self.flow in ("v1", "specdec", "async"):
+        if self.flow in V1_LIKE:
             out += [self.n == 1, r.st != SWAP]
         return z3.And(out)
 
@@ -74,12 +75,12 @@ class Counting:
         run_or_end = z3.Or(z3.And(b.st == RUN, b.live >= 1), z3.And(b.st == FIN, b.live == 0))
         if action == "add":
             arrives = z3.And(b.st == WAIT, b.live == 1)
-            if self.flow in ("v1", "specdec", "async"):  # V1's input processor rejects a prompt over max_model_len
+            if self.flow in V1_LIKE:  # V1's input processor rejects a prompt over max_model_len
                 arrives = z3.Or(arrives, z3.And(b.st == FIN, b.live == 0))
             return z3.And(a.st == NONE, arrives, b.forked == (self.n == 1), b.plen >= 1, b.mtok >= 1)
         if action == "admit":
             guard = z3.And(a.st == WAIT, a.forked, self.seats(a) <= self.M, running_seats + self.seats(a) <= self.M)
-            if self.flow in ("v1", "specdec", "async"):  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
+            if self.flow in V1_LIKE:  # V1 admits while fewer than max_num_seqs run (a chunk may end it)
                 guard = z3.And(a.st == WAIT, running_seats < self.M)
                 return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
             return z3.And(guard, same_fork, run_or_end, b.live <= a.live)
@@ -99,6 +100,13 @@ class Counting:
         if action in ("abort", "ignore"):
             ok = z3.Or(a.st == WAIT, a.st == SWAP) if action == "ignore" else z3.Or(a.st == WAIT, a.st == RUN, a.st == SWAP)
             return z3.And(ok, same_fork, b.st == FIN, b.live == 0)
+        if action == "load_start":  # connector: a load starts for a waiting request, which keeps waiting
+            return z3.And(a.st == WAIT, same_fork, b.st == WAIT, b.live == a.live)
+        if action == "load_land":  # connector: a waiting request keeps waiting or fails; an aborted one stays ended
+            return z3.And(z3.Or(a.st == WAIT, a.st == FIN), same_fork,
+                          z3.Or(z3.And(b.st == a.st, b.live == a.live), z3.And(b.st == FIN, b.live == 0)))
+        if action == "send_done":  # connector: a finished request's send is reported; it stays finished
+            return z3.And(a.st == FIN, same_fork, b.st == FIN, b.live == 0)
         if action == "process":  # async: an outcome leaves its request where it was, or ends it (a stale one too)
             return z3.And(a.st != NONE, same_fork,
                           z3.Or(z3.And(b.st == a.st, b.live == a.live), z3.And(b.st == FIN, b.live == 0)))
@@ -110,6 +118,8 @@ ACTIONS = {
     "v1": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore"),
     "specdec": ("add", "admit", "chunk", "verify", "preempt_recompute", "abort", "ignore"),
     "async": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore", "process"),
+    "connector": ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore", "load_start", "load_land",
+                  "send_done"),
 }
 
 

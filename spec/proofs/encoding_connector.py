@@ -42,14 +42,22 @@ being scheduled), loads past a local prefix hit (prefix caching is off here, as 
 the reservation for in-flight prefills, and failures of a load that another request reads.
 
 Over-approximations, as in the v1 flow (any queue order, the budget per action, any free block).
-The cells are bounded (`CONNECTOR_BOUND`): the arguments for every size (spec/proofs/parametric.py,
-per_sequence.py, counting.py, unbounded.py) are not extended to the connector's state.
+
+For every size (issue 30 item 7): every action changes one request and the pool, so the arguments
+of the v1 flow reach the connector's cells too. The block rows and COW-001 by the block layer
+(spec/proofs/parametric.py, writes.py: a load appends fresh blocks, a landed load that frees, a
+reported send and an abort drop the table, a kept table is no micro-op at all); the per-request
+rows and transition properties by `GenericConnector` below (the v1 generic request with the
+request's transfer, its load's tokens and the valid ghost); KVC-002 by its per-request half here
+with the block facts ``named-not-free`` and "no count above 1" (`parametric.prove_unshared`);
+QUE-001/QUE-002 by unbounded.py and STR-002/BUD-003 by counting.py with the connector's status
+changes. `CONNECTOR_BOUND` is the bounded encoding's, an independent check at the default bound.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
@@ -65,7 +73,8 @@ from spec.proofs.chunked import (
     grp_ok_v1,
     wf_v1,
 )
-from spec.proofs.encoding import FIN, GPU, NONE, RUN, WAIT, ActionEncoding, Encoder, Pool, State
+from spec.proofs.encoding import FIN, GPU, NODEV, NONE, RUN, WAIT, ActionEncoding, Encoder, Pool, State
+from spec.proofs.per_sequence import GenericV1, Seq
 
 FLOW = "connector"
 CONNECTOR_BOUND = V1_BOUND
@@ -85,6 +94,8 @@ CONNECTOR_MUTANTS = {
     "frees-while-transferring": "an abort frees the blocks of its load in flight or of the send it starts "
                                 "(mutant connector-frees-while-sending)",
     "fail-policy-ignored": "kv_load_failure_policy fail is read as recompute (mutant connector-ignores-fail-policy)",
+    "load-into-held-block": "a load's block may be one another table already names (the block-layer shape of mutant "
+                            "connector-caches-loading-blocks: another request holds a block the load writes)",
 }
 
 
@@ -242,7 +253,7 @@ class ConnectorEncoder(ChunkedEncoder):
             pool = st.gpu
             for i in range(self.L):
                 ci = z3.And(c, i < blocks)
-                pool, blk = self.alloc_any(pool, ci)
+                pool, blk = self._alloc_held(pool, ci) if self.mutant == "load-into-held-block" else self.alloc_any(pool, ci)
                 st.tab[s][i] = self.let(z3.If(ci, blk, st.tab[s][i]), "tb")
             st.gpu = pool
             self.set_s(st.tlen, s, blocks, c)
@@ -250,6 +261,15 @@ class ConnectorEncoder(ChunkedEncoder):
             self.set_s(st.xfer, s, LOADING, c)
             self.set_s(st.ltok, s, e, c)
             self.set_s(st.lval, s, 0, c)
+
+    def _alloc_held(self, pool: Pool, cond: Any) -> tuple[Pool, Any]:
+        """The mutant ``load-into-held-block``: any block of the pool, free or not, count 1."""
+        n = len(pool.free)
+        blk = self.fresh(z3.IntSort(), "blk")
+        self.defs.append(z3.Implies(cond, z3.And(blk >= 0, blk < n)))
+        hit = [z3.And(cond, blk == b) for b in range(n)]
+        return Pool([self.let(z3.If(hit[b], 1, pool.ref[b]), "r") for b in range(n)],
+                    [self.let(z3.If(hit[b], False, pool.free[b]), "f") for b in range(n)]), blk
 
     def _kc_load_land(self, ae: ActionEncoding, pre: State, st: State, g: Any) -> None:
         assert isinstance(pre, ConnState) and isinstance(st, ConnState)
@@ -410,3 +430,203 @@ CONNECTOR_SCOPE = {
                "these encodings no other table holds a loading block at all (KVC-002, proved)",
     "KVC-009": "liveness over steps (not a state invariant)",
 }
+
+
+# ---------------------------------------------------------------------- the generic request, for every size
+# The per-request rows proved on one generic request (`GenericConnector`); KVC-002's per-request
+# half is KVC_SEQS (its block half: parametric.py's named-not-free and prove_unshared).
+KVC_SEQS = "KVC-002/seqs"
+ROWS_CONNECTOR_SEQ = ("RES-001", "RES-002", "RES-003", "CAP-003", "CHK-002", "LEN-001", "CHK-006", "KVC-001",
+                      KVC_SEQS, "KVC-004", "KVC-005", "KVC-007")
+STEPS_CONNECTOR_SEQ = ("CHK-001", "CHK-003", "CHK-004", "CHK-005", "ALLOC", "ADM-002", "KVC-006")
+ACTIONS_CONNECTOR_SEQ = CONNECTOR_ACTIONS
+# the connector proof mutants that mutate one request's rule, with the actions whose generic cells they
+# break; the other, load-into-held-block, is a mutated block-layer micro-op (parametric.MUTANTS)
+CONNECTOR_MUTANT_ACTIONS = {
+    "admit-while-loading": ("admit",),
+    "load-allocates-past-load": ("load_start",),
+    "land-counts-failed": ("load_land",),
+    "send-done-keeps-blocks": ("send_done",),
+    "frees-while-transferring": ("abort",),
+    "fail-policy-ignored": ("load_land",),
+}
+
+
+@dataclass
+class ConnSeq(Seq):
+    """The generic request's sequence with its connector record: transfer, load tokens, valid ghost."""
+
+    x: Any = None
+    lt: Any = None
+    lv: Any = None
+
+
+class GenericConnector(GenericV1):
+    """The connector flow's generic request: `GenericV1` (chunk size, stop, chunked prefill, the
+    threshold, the partial limit, the free count and the watermark symbolic) with the request's
+    transfer (`xfer`), its load's tokens (`ltok`) and the valid ghost (`lval`), the failure policy
+    symbolic. Its rules are `ConnectorEncoder`'s for the touched request; the guards that read
+    other requests (the seat check, the partial count, the threshold's active count, the free
+    count) read them as the v1 generic request does (an arbitrary rest, a symbolic free count),
+    and a guard left out only allows more."""
+
+    def __init__(self, mutant: str | None = None) -> None:
+        if mutant is not None and mutant not in CONNECTOR_MUTANT_ACTIONS:
+            raise ValueError(f"unknown per-request connector mutant {mutant!r}")
+        super().__init__(None)
+        self.mutant = mutant
+        self.FAIL = z3.Bool("g_kv_load_failure_policy_fail")
+        self.send, self.e, self.v = z3.Ints("g_send g_external g_valid")
+
+    def seq(self, p: str) -> ConnSeq:
+        return ConnSeq(*z3.Ints(f"{p}_st {p}_dv {p}_tl {p}_nt {p}_nc {p}_x {p}_lt {p}_lv"))
+
+    def unborn(self) -> ConnSeq:
+        q = super().unborn()
+        zero = z3.IntVal(0)
+        return ConnSeq(q.st, q.dv, q.tl, q.nt, q.nc, z3.IntVal(NO_XFER), zero, zero)
+
+    # ---------------------------------------------------------------- facts
+    @staticmethod
+    def _load(q: ConnSeq) -> Any:
+        return z3.Or(q.x == LOADING, q.x == LANDED)
+
+    @staticmethod
+    def _busy(q: ConnSeq) -> Any:
+        return z3.Or(q.x == LOADING, q.x == SENDING)
+
+    def rows(self, q: Seq) -> dict[str, Any]:
+        assert isinstance(q, ConnSeq)
+        v1 = super().rows(q)
+        return {
+            **{row: v1[row] for row in ("RES-001", "RES-002", "CHK-002", "LEN-001", "CHK-006")},
+            "RES-003": z3.Implies(z3.And(q.st == WAIT, q.tl >= 1), z3.And(self._load(q), q.dv == GPU)),
+            "CAP-003": z3.And(z3.Implies(q.st == RUN, q.nc <= q.nt - 1),
+                              z3.Implies(z3.And(q.st == WAIT, q.x != LANDED), q.nc == 0)),
+            "KVC-001": z3.Implies(q.x == LOADING, q.st != RUN),
+            KVC_SEQS: z3.Implies(self._busy(q), z3.And(q.tl >= 1, q.dv == GPU)),
+            "KVC-004": z3.Implies(z3.And(q.st == WAIT, self._load(q)),
+                                  z3.And(q.tl == self.ceil(q.lt), z3.Implies(q.x == LOADING, q.nc == 0))),
+            "KVC-005": z3.Implies(q.x == LANDED, q.nc <= q.lv),
+            "KVC-007": z3.Implies(z3.And(q.st == FIN, q.tl >= 1), z3.And(self._busy(q), q.dv == GPU)),
+        }
+
+    def wf(self, q: Seq, gs: Any = None, forked: Any = None) -> Any:
+        """v1's per-request WF and `wf_connector`'s transfer facts."""
+        assert isinstance(q, ConnSeq)
+        x, status = q.x, self.gs if gs is None else gs
+        return z3.And(super().wf(q, gs, forked), status >= NONE, status <= FIN, x >= NO_XFER, x <= SENDING, z3.Implies(q.st == NONE, x == NO_XFER),
+                      z3.Implies(x == SENDING, q.st == FIN),
+                      z3.Implies(x == LANDED, z3.And(q.st == WAIT, q.lv >= 1, q.lv <= q.lt)),
+                      z3.Implies(x == LOADING, z3.Or(q.st == WAIT, q.st == FIN)),
+                      z3.Implies(self._load(q), z3.And(q.lt >= 1, q.lt <= q.nt - 1)))
+
+    # ---------------------------------------------------------------- the request's rules
+    def _freed(self, q: Seq, cond: Any, st: Any) -> Seq:
+        return replace(q, st=z3.If(cond, st, q.st), dv=z3.If(cond, NODEV, q.dv), tl=z3.If(cond, 0, q.tl))
+
+    def _cchunk(self, q: ConnSeq) -> tuple[Any, ConnSeq]:
+        """V1's chunk of k (`GenericV1._chunk`); an end may keep the table for a send
+        (`ConnectorEncoder._update_chunk`)."""
+        k = self.k
+        ok = z3.And(k >= 1, k <= q.nt - q.nc, self.stop >= 0, self.stop <= 1, self.send >= 0, self.send <= 1,
+                    z3.Implies(self.threshold_applies(q), k <= self.TH))
+        target = self.ceil(q.nc + k)
+        tl = z3.If(target > q.tl, target, q.tl)
+        nc = q.nc + k
+        sampled = nc >= q.nt
+        nt = z3.If(sampled, q.nt + 1, q.nt)
+        ends = z3.And(sampled, z3.Or(self.stop == 1, nt - self.plen >= self.mtok, nt >= self.ML))
+        held = z3.And(ends, self.send == 1)
+        run = replace(q, st=z3.IntVal(RUN), dv=z3.If(tl >= 1, GPU, q.dv), tl=tl, nt=nt, nc=nc)
+        out = self._freed(run, z3.And(ends, z3.Not(held)), FIN)
+        return ok, replace(out, st=z3.If(ends, FIN, out.st), x=z3.If(held, SENDING, q.x))
+
+    def load_blocks(self) -> Any:
+        return self.ceil(self.e) + (1 if self.mutant == "load-allocates-past-load" else 0)
+
+    def effect(self, action: str, q: Seq, parent: Seq) -> tuple[Any, Seq]:
+        assert isinstance(q, ConnSeq)
+        gs, F, W = self.gs, self.F, self.W
+        zero = z3.IntVal(0)
+        if action == "add":
+            rejected = self.plen > self.ML
+            return gs == NONE, replace(q, st=z3.If(rejected, FIN, WAIT), nt=self.plen, nc=zero,
+                                       x=z3.IntVal(NO_XFER), lt=zero, lv=zero)
+        if action == "admit":
+            ok, post = self._cchunk(q)
+            partial_ok = z3.Or(self.P == 0, q.nc + self.k >= q.nt - 1, self.rest_partial + self.partial(q) < self.P)
+            guard = z3.And(gs == WAIT, ok, z3.Or(self.CH, self.k == q.nt - q.nc), partial_ok,
+                           self.ceil(q.nt) - q.tl + W <= F, self.taken(q) + W <= F)
+            if self.mutant != "admit-while-loading":
+                guard = z3.And(guard, q.x != LOADING)
+            kept = z3.Or(post.x == SENDING, q.x == LOADING)  # a landed load is promoted: its record goes
+            return guard, replace(post, x=z3.If(kept, post.x, NO_XFER))
+        if action == "chunk":
+            ok, post = self._cchunk(q)
+            return z3.And(gs == RUN, ok, self.taken(q) <= F), post
+        if action == "preempt_recompute":
+            return gs == RUN, replace(self._freed(q, True, WAIT), nc=zero)
+        if action == "ignore":
+            return z3.And(gs == WAIT, q.x == NO_XFER), self._freed(q, True, FIN)
+        if action == "abort":
+            loading = q.x == LOADING
+            sends = z3.And(z3.Not(loading), self.send == 1, q.tl >= 1)
+            keep = z3.BoolVal(False) if self.mutant == "frees-while-transferring" else z3.Or(loading, sends)
+            post = replace(self._freed(q, z3.Not(keep), FIN), st=z3.IntVal(FIN),
+                           x=z3.If(loading, q.x, z3.If(sends, SENDING, NO_XFER)))
+            return z3.And(z3.Or(gs == WAIT, gs == RUN), self.send >= 0, self.send <= 1), post
+        if action == "load_start":
+            blocks = self.load_blocks()
+            guard = z3.And(gs == WAIT, q.x == NO_XFER, q.tl == 0, q.nc == 0, self.e >= 1, self.e <= q.nt - 1,
+                           self.ceil(q.nt) + W <= F)
+            return guard, replace(q, tl=blocks, dv=z3.IntVal(GPU), x=z3.IntVal(LOADING), lt=self.e, lv=zero)
+        if action == "load_land":
+            v = self.v
+            guard = z3.And(q.x == LOADING, v >= 0, v <= q.lt, z3.Or(v == q.lt, v % self.bs == 0))
+            aborted = q.st == FIN
+            fails = z3.BoolVal(False) if self.mutant == "fail-policy-ignored" else self.FAIL
+            errs = z3.And(v < q.lt, fails, z3.Not(aborted))
+            frees = z3.Or(aborted, errs, v == 0)
+            counted = q.lt if self.mutant == "land-counts-failed" else v
+            post = replace(self._freed(q, frees, q.st), st=z3.If(errs, FIN, q.st), x=z3.If(frees, NO_XFER, LANDED),
+                           nc=z3.If(frees, q.nc, counted), lv=z3.If(frees, 0, v))
+            return guard, post
+        if action == "send_done":
+            post = q if self.mutant == "send-done-keeps-blocks" else self._freed(q, True, q.st)
+            return q.x == SENDING, replace(post, x=z3.IntVal(NO_XFER))
+        raise ValueError(action)
+
+    def target(self, action: str) -> Any:
+        """The request's status after the action while its sequence is live."""
+        if action in ("load_start", "load_land"):
+            return z3.IntVal(WAIT)  # a live request stays waiting (a failure under fail ends it)
+        if action == "send_done":
+            return z3.IntVal(FIN)  # never live: a send is a finished request's
+        return super().target(action)
+
+    def request_after(self, action: str, post: Seq) -> tuple[Any, Any, Any]:
+        true = z3.BoolVal(True)
+        if action == "load_start":
+            return true, z3.IntVal(WAIT), true
+        if action == "load_land":
+            return true, z3.If(post.st == FIN, FIN, self.gs), true
+        if action == "send_done":
+            return true, z3.IntVal(FIN), true
+        return super().request_after(action, post)
+
+    def in_bound(self, action: str, q: Seq, parent: Seq) -> Any:
+        if action == "load_start":
+            return self.load_blocks() <= self.L
+        return super().in_bound(action, q, parent)
+
+    def transition_goals(self, action: str, q: Seq, post: Seq) -> dict[str, Any]:
+        assert isinstance(q, ConnSeq)
+        out = super().transition_goals(action, q, post)
+        true = z3.BoolVal(True)
+        if action == "load_start":  # the load's blocks are free ones (ALLOC); no admission (ADM-002)
+            out["ALLOC"] = self.load_blocks() <= self.F
+        failed = self.v < q.lt
+        out["KVC-006"] = z3.Implies(self.gs != FIN, (post.st == FIN) == z3.And(failed, self.FAIL)) \
+            if action == "load_land" else true
+        return out

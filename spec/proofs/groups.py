@@ -63,20 +63,22 @@ I = z3.IntSort()  # noqa: E741
 B = z3.BoolSort()
 NULL = -1  # spec.kv_groups.NULL_BLOCK
 
-GROUP_OPS = ("append", "touch", "pad", "skip", "drop", "run", "wait")
+GROUP_OPS = ("append", "touch", "pad", "skip", "drop", "run", "wait", "finish")
 # The hybrid flow's actions (V1's, over every group) as micro-op sequences (add touches no block);
 # ``process`` is the pipelined reference's (HybridAsyncScheduler): a processed outcome that finishes
 # a request drops its tables (its ``skip`` runs on the returned steps' tokens, in ``chunk``).
+# A request that ends (its chunk's update stops it, an abort, an ignore, a finishing outcome) drops
+# every table, then ``finish``es.
 GROUP_ACTION_OPS: dict[str, tuple[str, ...]] = {
     "add": (),
-    "admit": ("run", "touch", "pad", "append", "drop"),
-    "chunk": ("skip", "pad", "append", "drop"),
+    "admit": ("run", "touch", "pad", "append", "drop", "finish"),
+    "chunk": ("skip", "pad", "append", "drop", "finish"),
     "preempt_recompute": ("drop", "wait"),
-    "abort": ("drop",),
-    "ignore": ("drop",),
-    "process": ("drop",),
+    "abort": ("drop", "finish"),
+    "ignore": ("drop", "finish"),
+    "process": ("drop", "finish"),
 }
-GROUP_FACTS = ("counts", "range", "named-not-free", "distinct", "group-owned", "waiting-empty")
+GROUP_FACTS = ("counts", "range", "named-not-free", "distinct", "group-owned", "waiting-empty", "finished-empty")
 # The rows and the facts each needs (``partition``: parametric.prove_partition).
 GROUP_ROW_FACTS: dict[str, tuple[str, ...]] = {
     "BLK-001": ("counts", "range", "partition"),
@@ -86,6 +88,8 @@ GROUP_ROW_FACTS: dict[str, tuple[str, ...]] = {
     "STR-001": ("counts",),
     "HYB-001": ("range", "named-not-free", "waiting-empty"),
     "HYB-002/tables": ("group-owned", "distinct"),
+    # RES-004 over every group: a finished request's tables name no real block in any group
+    "RES-004": ("range", "finished-empty"),
 }
 # Mutated micro-operations, each with the fact it breaks and what it is in the hybrid reference
 # (conformance/selftest/mutants_hybrid.py names the conformance mutant where there is one).
@@ -97,6 +101,9 @@ GROUP_MUTANTS: dict[str, tuple[str, str, str]] = {
                                                   "the group from the key and is caught by HYB-002's key half)"),
     "hit-not-counted": ("touch", "delta", "hybrid-shared-hit-not-counted: a hit on a held block takes no "
                                           "reference"),
+    "finish-keeps-group-blocks": ("finish", "finished-empty", "a request finishes while a table of one of its "
+                                                              "groups still names a block (a free that releases "
+                                                              "group 0's table only)"),
 }
 
 
@@ -112,6 +119,7 @@ class GState:
     grp: Any  # table -> its group (fixed)
     req: Any  # table -> its request (fixed)
     wait: Any  # request -> waiting
+    done: Any  # request -> finished
 
 
 @dataclass
@@ -137,7 +145,7 @@ class GroupLayer:
     def state(self, p: str) -> GState:
         return GState(z3.Array(f"{p}_ref", I, I), z3.Array(f"{p}_free", I, B), z3.Array(f"{p}_bg", I, I),
                       z3.Array(f"{p}_tab", I, I, I), z3.Array(f"{p}_tlen", I, I), z3.Array(f"{p}_grp", I, I),
-                      z3.Array(f"{p}_req", I, I), z3.Array(f"{p}_wait", I, B))
+                      z3.Array(f"{p}_req", I, I), z3.Array(f"{p}_wait", I, B), z3.Array(f"{p}_done", I, B))
 
     def valid(self, b: Any) -> Any:
         return z3.And(b >= 0, b < self.NG)
@@ -162,6 +170,7 @@ class GroupLayer:
                                                         st.tab[t, i] != st.tab[t, j])),
             "group-owned": z3.ForAll([t, i], z3.Implies(R(st, t, i), st.bg[st.tab[t, i]] == st.grp[t])),
             "waiting-empty": z3.ForAll([t, i], z3.Implies(R(st, t, i), z3.Not(st.wait[st.req[t]]))),
+            "finished-empty": z3.ForAll([t, i], z3.Implies(R(st, t, i), z3.Not(st.done[st.req[t]]))),
             # consequences of ref == holders (BLK-003), hypotheses only
             "held-once": z3.ForAll([t, i], z3.Implies(R(st, t, i), st.ref[st.tab[t, i]] >= 1)),
             "held-twice": z3.ForAll([t, i, u, j], z3.Implies(
@@ -175,7 +184,8 @@ class GroupLayer:
 
     @staticmethod
     def _with(st: GState, **kw: Any) -> GState:
-        base = dict(ref=st.ref, free=st.free, bg=st.bg, tab=st.tab, tlen=st.tlen, grp=st.grp, req=st.req, wait=st.wait)
+        base = dict(ref=st.ref, free=st.free, bg=st.bg, tab=st.tab, tlen=st.tlen, grp=st.grp, req=st.req, wait=st.wait,
+                    done=st.done)
         base.update(kw)
         return GState(**base)
 
@@ -189,7 +199,7 @@ class GroupLayer:
         n = st.tlen[t]
         post = self._with(st, ref=z3.Store(st.ref, b, 1), free=z3.Store(st.free, b, False),
                           bg=z3.Store(st.bg, b, st.grp[t]), tab=z3.Store(st.tab, t, n, b), tlen=z3.Store(st.tlen, t, n + 1))
-        guard = z3.And(self.valid(b), st.free[b], z3.Not(st.wait[st.req[t]]))
+        guard = z3.And(self.valid(b), st.free[b], z3.Not(st.wait[st.req[t]]), z3.Not(st.done[st.req[t]]))
         return GOp("append", guard, post, (t, n), None, b, {"t": t, "b": b})
 
     def _op_touch(self, st: GState) -> GOp:
@@ -200,7 +210,8 @@ class GroupLayer:
         ref = st.ref if self.mutant == "hit-not-counted" else z3.Store(st.ref, b, st.ref[b] + 1)
         post = self._with(st, ref=ref, free=z3.Store(st.free, b, False), tab=z3.Store(st.tab, t, n, b),
                           tlen=z3.Store(st.tlen, t, n + 1))
-        guard = z3.And(self.valid(b), keyed_for_group, fresh_in_table, z3.Not(st.wait[st.req[t]]))
+        guard = z3.And(self.valid(b), keyed_for_group, fresh_in_table, z3.Not(st.wait[st.req[t]]),
+                       z3.Not(st.done[st.req[t]]))
         return GOp("touch", guard, post, (t, n), None, b, {"t": t, "b": b})
 
     def _op_pad(self, st: GState) -> GOp:
@@ -234,6 +245,13 @@ class GroupLayer:
         r, t, i = z3.Ints("p_r w_t w_i")
         holds_none = z3.ForAll([t, i], z3.Implies(z3.And(st.req[t] == r, self.real(st, t, i)), z3.BoolVal(False)))
         return GOp("wait", holds_none, self._with(st, wait=z3.Store(st.wait, r, True)), None, None, None, {"r": r})
+
+    def _op_finish(self, st: GState) -> GOp:
+        """The request ends: only once no table of it names a real block (every group dropped)."""
+        r, t, i = z3.Ints("p_r f_t f_i")
+        holds_none = z3.ForAll([t, i], z3.Implies(z3.And(st.req[t] == r, self.real(st, t, i)), z3.BoolVal(False)))
+        guard = z3.BoolVal(True) if self.mutant == "finish-keeps-group-blocks" else holds_none
+        return GOp("finish", guard, self._with(st, done=z3.Store(st.done, r, True)), None, None, None, {"r": r})
 
     # ------------------------------------------------------------------ the delta check
     def delta(self, pre: GState, op: GOp) -> Any:
@@ -293,7 +311,7 @@ def prove_group_init(timeout_ms: int = 20_000) -> bool:
     a, c = z3.Int("a"), z3.Int("c")
     init = GState(z3.K(I, z3.IntVal(0)), z3.K(I, z3.BoolVal(True)), z3.Array("init_bg", I, I),
                   z3.Lambda([a, c], z3.IntVal(NULL)), z3.K(I, z3.IntVal(0)), z3.Array("init_grp", I, I),
-                  z3.Array("init_req", I, I), z3.Array("init_wait", I, B))
+                  z3.Array("init_req", I, I), z3.Array("init_wait", I, B), z3.Array("init_done", I, B))
     facts = L.facts(init)
     return all(_check([L.NG >= 1], facts[f], timeout_ms) == "proved" for f in GROUP_FACTS)
 
@@ -341,7 +359,7 @@ def prove_groups(mutant: str | None = None, timeout_ms: int = 20_000) -> GroupPr
 
 
 def concrete(tables: dict[int, tuple[int, int, list[int]]], ng: int, block_groups: dict[int, int],
-             waiting: set[int] = frozenset()) -> GState:
+             waiting: set[int] = frozenset(), finished: set[int] = frozenset()) -> GState:
     """A concrete state: table -> (request, group, entries); counts are the holders, free exactly
     the unheld blocks; ``block_groups`` gives ``bg`` (the group a block was taken for)."""
     a, c = z3.Int("c_a"), z3.Int("c_c")
@@ -370,10 +388,13 @@ def concrete(tables: dict[int, tuple[int, int, list[int]]], ng: int, block_group
     wait: Any = z3.BoolVal(False)
     for r in waiting:
         wait = z3.If(a == r, True, wait)
+    done: Any = z3.BoolVal(False)
+    for r in finished:
+        done = z3.If(a == r, True, done)
     del ng
     return GState(z3.Lambda([a], ref), z3.Lambda([a], ref == 0), z3.Lambda([a], bg), z3.Lambda([a, c], tab),
                   table_fn(lambda row: len(row[2]), 0), table_fn(lambda row: row[1], 0),
-                  table_fn(lambda row: row[0], 0), z3.Lambda([a], wait))
+                  table_fn(lambda row: row[0], 0), z3.Lambda([a], wait), z3.Lambda([a], done))
 
 
 # A concrete pre-state per mutant (table -> (request, group, entries), pool size, block groups):
@@ -383,6 +404,7 @@ MUTANT_WITNESS: dict[str, tuple[dict[int, tuple[int, int, list[int]]], int, dict
     "skip-frees-held": ({0: (0, 1, [0]), 1: (1, 1, [0])}, 3, {0: 1, 1: 2}),
     "hit-ignores-group": ({0: (0, 1, [0]), 2: (1, 1, [])}, 3, {0: 1, 1: 2}),
     "hit-not-counted": ({0: (0, 1, [0]), 2: (1, 1, [])}, 3, {0: 1, 1: 2}),
+    "finish-keeps-group-blocks": ({0: (0, 0, []), 1: (0, 1, [0])}, 3, {0: 1, 1: 2}),
 }
 
 

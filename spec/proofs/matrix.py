@@ -35,8 +35,8 @@ from spec.proofs.properties import (
 
 FLOW_NAMES = ("v0", "v1", "async", "specdec", "connector")
 # The flows the arguments for every size cover (spec/proofs/parametric.py, per_sequence.py, counting.py,
-# unbounded.py, writes.py); the connector flow's cells are bounded only.
-UNBOUNDED_FLOWS = ("v0", "v1", "async", "specdec")
+# unbounded.py, writes.py; the connector flow's per-request rows by encoding_connector.GenericConnector).
+UNBOUNDED_FLOWS = ("v0", "v1", "async", "specdec", "connector")
 # KV cache groups over one pool (spec/proofs/groups.py): no bounded encoding, every cell by the
 # parametric group-layer argument; proved by `prove_hybrid`, not by `prove`
 HYBRID_FLOW = "hybrid"
@@ -65,7 +65,7 @@ def flow(name: str) -> Flow:
     ``async``: pipelined V1 (spec/proofs/encoding_async.py); ``specdec``: V1 with speculative
     decoding (reference_impl/specdec_scheduler.py; spec/proofs/encoding_specdec.py); ``connector``:
     V1 with a KV connector's loads, failures and sends (reference_impl/kv_connector.py;
-    spec/proofs/encoding_connector.py; bounded only)."""
+    spec/proofs/encoding_connector.py)."""
     if name == "v0":
         return Flow("v0", Encoder, ACTIONS, STATE_INVARIANTS, TRANSITION_PROPERTIES, {}, grp_ok, DEFAULT, MUTANTS, SCOPE)
     if name == "v1":
@@ -213,7 +213,7 @@ def out_of_scope(catalogue_ids: Iterable[str], flow_name: str = "v0") -> dict[st
         if family == "KVC" and flow_name != "connector":
             connector = flow("connector")
             if iid in connector.state_invariants or iid in connector.transition_properties:
-                found[iid] = "KV connectors: proved in the connector flow, bounded (kvsched prove --flow connector)"
+                found[iid] = "KV connectors: proved in the connector flow (kvsched prove --flow connector)"
             else:
                 found[iid] = connector.scope.get(iid, UNCLASSIFIED)
             continue
@@ -286,8 +286,9 @@ def prove(
     from spec.proofs import sequence_cells as PS
 
     # every flow has every argument below (the async flow's per-request rows: its generic request,
-    # `spec.proofs.encoding_async.GenericAsync`, with the in-flight share)
-    sequences = flow_name in ("v0", "v1", "async", "specdec")
+    # `spec.proofs.encoding_async.GenericAsync`, with the in-flight share; the connector flow's:
+    # `spec.proofs.encoding_connector.GenericConnector`, with the request's transfer)
+    sequences = flow_name in ("v0", "v1", "async", "specdec", "connector")
     if unbounded and mutant in P.MUTANTS:
         matrix.parametric = P.broken_cells(mutant, flow_name)
     if unbounded and sequences and mutant in PS.mutants_of(flow_name):
@@ -302,7 +303,7 @@ def prove(
         upgraded = prove_unbounded(timeout_ms=timeout_ms, flow_name=flow_name)
         # the block rows (spec/proofs/parametric.py); its hypotheses are the block invariants
         # with STR-001, so a cell proved alone or without the strengthening keeps its bound
-        if strengthen and not alone and any(iid in P.ROW_FACTS for iid in wanted):
+        if strengthen and not alone and any(iid in P.ROW_FACTS or iid == "KVC-002" for iid in wanted):
             proof = P.prove_blocks(timeout_ms=min(timeout_ms, 20_000))
             upgraded |= proof.cells(flow_name)
             matrix.parametric = proof.to_dict()
@@ -331,6 +332,15 @@ def prove(
         if sequences and not alone and "QUE-002" in wanted:
             seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
             upgraded |= {("QUE-002", a) for (iid, a) in upgraded if iid == QUE_QUEUES and (PS.QUE_SEQS, a) in seqs}
+        # KVC-002 = its per-request half (a transfer's request holds a table on the GPU: the generic
+        # request) and the block facts (a named block is not free: BLK-005's cell; it has count >= 1:
+        # BLK-003's; no count is above 1: parametric.prove_unshared), so each block of it has count 1
+        if flow_name == "connector" and strengthen and not alone and "KVC-002" in wanted and P.prove_unshared():
+            from spec.proofs.encoding_connector import KVC_SEQS
+
+            seqs = PS.proved_cells(timeout_ms=min(timeout_ms, 20_000), flow_name=flow_name)
+            upgraded |= {("KVC-002", a) for a in ("init", *fl.actions)
+                         if {(KVC_SEQS, a), ("BLK-005", a), ("BLK-003", a)} <= upgraded | seqs}
     reuse = (bound != fl.default_bound) if reuse_unbounded is None else reuse_unbounded
     skip = upgraded if reuse else set()
 

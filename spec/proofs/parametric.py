@@ -83,6 +83,11 @@ ACTION_OPS["async"] = {**ACTION_OPS["v1"], "process": ("drop",)}
 # The speculative V1 flow (spec/proofs/encoding_specdec.py): a verifying step appends the slots of
 # its drafts like a chunk's; a rejection frees no block (the slots are kept), a finish drops the table
 ACTION_OPS["specdec"] = {**ACTION_OPS["v1"], "verify": ("append", "drop")}
+# V1 with a KV connector (spec/proofs/encoding_connector.py): a load appends its fresh blocks, a landed
+# load that frees (aborted, failed under fail, nothing valid), a reported send and an abort release the
+# table tail first; a table kept for a transfer (an abort during a load, a delayed free) is no op at all
+ACTION_OPS["connector"] = {**ACTION_OPS["v1"], "load_start": ("append",), "load_land": ("drop",),
+                           "send_done": ("drop",)}
 OPS = ("append", "share", "replace", "drop", "move")
 
 # The block rows of the matrix and the parametric facts each needs (for every micro-op).
@@ -99,7 +104,12 @@ ROW_FACTS: dict[str, tuple[str, ...]] = {
 # Mutated micro-operations: the block-layer halves of the bounded encoding's mutants.
 MUTANTS = {
     "fork-no-incref": "share", "swapin-busy-block": "move",
+    # the connector flow's (spec/proofs/encoding_connector.py): a load appends a block another table names
+    "load-into-held-block": "append",
 }
+# A mutant whose mutated micro-op runs in some of its flow's actions only: those actions (else every
+# action made of that op)
+MUTANT_ACTIONS = {"load-into-held-block": ("load_start",)}
 
 
 @dataclass
@@ -229,7 +239,8 @@ class Parametric:
         ref, free = self._take(st, d, b)
         post = self._reset(st, ref=ref, free=free, tab=z3.Store(st.tab, s, n, b), tdv=z3.Store(st.tdv, s, n, d),
                            tlen=z3.Store(st.tlen, s, n + 1))
-        return Op("append", z3.And(self.valid(d, b), st.free[d, b]), post, (s, n), None, (d, b),
+        taken = z3.BoolVal(True) if self.mutant == "load-into-held-block" else st.free[d, b]
+        return Op("append", z3.And(self.valid(d, b), taken), post, (s, n), None, (d, b),
                   {"s": s, "d": d, "b": b})
 
     def _op_share(self, st: PState) -> Op:
@@ -490,6 +501,7 @@ def concrete(tables: dict[int, list[tuple[int, int]]], ng: int, nc: int,
 MUTANT_WITNESS: dict[str, tuple[dict[int, list[tuple[int, int]]], int, int, str]] = {
     "fork-no-incref": ({0: [(GPU, 0), (GPU, 1)], 1: []}, 4, 2, "delta"),
     "swapin-busy-block": ({0: [(CPU, 0)], 1: [(GPU, 0)]}, 2, 2, "delta"),
+    "load-into-held-block": ({0: [(GPU, 0)], 1: []}, 2, 0, "delta"),
 }
 
 
@@ -617,6 +629,7 @@ def broken_cells(mutant: str, flow_name: str) -> dict[str, Any]:
     cex = mutant_counterexample(mutant)
     if cex is None:
         return {"mutant": mutant, "cells": [], "witness": None}
+    only = MUTANT_ACTIONS.get(mutant)
     cells = sorted((row, action) for row, facts in ROW_FACTS.items() if cex["fact"] in facts
-                   for action, ops in ACTION_OPS[flow_name].items() if cex["op"] in ops)
+                   for action, ops in ACTION_OPS[flow_name].items() if cex["op"] in ops and (only is None or action in only))
     return {"mutant": mutant, "cells": [list(c) for c in cells], "witness": cex}

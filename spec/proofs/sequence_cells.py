@@ -2,8 +2,9 @@
 proved on, the proofs, and the cells they prove or a mutant breaks.
 
 `spec.proofs.per_sequence` states the argument (one generic sequence of the touched request, for
-every size) and the v0 and v1 members; the async and specdec flows extend the v1 member in their
-own encodings (`spec.proofs.encoding_async`, `spec.proofs.encoding_specdec`), which import it. This
+every size) and the v0 and v1 members; the async, specdec and connector flows extend the v1 member
+in their own encodings (`spec.proofs.encoding_async`, `spec.proofs.encoding_specdec`,
+`spec.proofs.encoding_connector`), which import it. This
 module picks a flow's member and runs its queries, so that the argument does not import the
 flows that build on it (no import circle in `spec`; pyproject.toml's acyclic contract).
 """
@@ -20,6 +21,13 @@ from spec.proofs.encoding_async import (
     ROWS_ASYNC_SEQ,
     STEPS_ASYNC_SEQ,
     GenericAsync,
+)
+from spec.proofs.encoding_connector import (
+    ACTIONS_CONNECTOR_SEQ,
+    CONNECTOR_MUTANT_ACTIONS,
+    ROWS_CONNECTOR_SEQ,
+    STEPS_CONNECTOR_SEQ,
+    GenericConnector,
 )
 from spec.proofs.encoding_specdec import (
     ACTIONS_SPECDEC_SEQ,
@@ -49,6 +57,8 @@ def generic(flow_name: str, mutant: str | None = None) -> Generic:
         return GenericAsync(mutant)
     if flow_name == "specdec":
         return GenericSpecDec(mutant)
+    if flow_name == "connector":
+        return GenericConnector(mutant)
     return GenericV1(mutant) if flow_name == "v1" else Generic(mutant)
 
 
@@ -57,6 +67,8 @@ def rows_actions(flow_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return ROWS_ASYNC_SEQ, ACTIONS_ASYNC_SEQ
     if flow_name == "specdec":
         return ROWS_SPECDEC_SEQ, ACTIONS_SPECDEC_SEQ
+    if flow_name == "connector":
+        return ROWS_CONNECTOR_SEQ, ACTIONS_CONNECTOR_SEQ
     return (ROWS_V1, ACTIONS_V1) if flow_name == "v1" else (ROWS, ACTIONS)
 
 
@@ -144,6 +156,8 @@ def steps_of(flow_name: str) -> tuple[str, ...]:
         return STEPS_ASYNC_SEQ
     if flow_name == "specdec":
         return STEPS_SPECDEC_SEQ
+    if flow_name == "connector":
+        return STEPS_CONNECTOR_SEQ
     return STEPS_V1
 
 
@@ -153,6 +167,8 @@ def mutants_of(flow_name: str) -> dict[str, tuple[str, ...]]:
         return ASYNC_MUTANT_ACTIONS
     if flow_name == "specdec":  # every one of them (spec.proofs.encoding_specdec.SPECDEC_MUTANTS)
         return {m: ("admit", "chunk", "verify") for m in SPECDEC_MUTANTS}
+    if flow_name == "connector":  # every one of them (spec.proofs.encoding_connector.CONNECTOR_MUTANTS)
+        return CONNECTOR_MUTANT_ACTIONS
     return MUTANTS_V1 if flow_name == "v1" else MUTANTS
 
 

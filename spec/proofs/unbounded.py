@@ -47,6 +47,11 @@ _EFFECTS_V1: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 _EFFECTS_ASYNC = {**_EFFECTS_V1, "process": ((WAIT, RUN, FIN), (WAIT, RUN, FIN))}
 # The speculative flow (spec/proofs/encoding_specdec.py): v1's, plus a verifying step (a chunk's effect).
 _EFFECTS_SPECDEC = {**_EFFECTS_V1, "verify": ((RUN,), (RUN, FIN))}
+# V1 with a KV connector (spec/proofs/encoding_connector.py): v1's, plus a load that starts (the
+# request keeps waiting), lands (a waiting request keeps waiting or fails under fail; an aborted one
+# stays finished) and a reported send (a finished request stays finished)
+_EFFECTS_CONNECTOR = {**_EFFECTS_V1, "load_start": ((WAIT,), (WAIT,)), "load_land": ((WAIT, FIN), (WAIT, FIN)),
+                      "send_done": ((FIN,), (FIN,))}
 
 
 def _que001(status: Any, w: Any, r: Any, s: Any) -> Any:
@@ -66,8 +71,10 @@ QUE_QUEUES = "QUE-002/queues"
 
 
 def prove_unbounded(timeout_ms: int = 60_000, flow_name: str = "v0") -> set[tuple[str, str]]:
-    """The (invariant, action) cells proved for every size (plus ``init``), for the v0, v1, async or specdec flow."""
-    effects = {"v1": _EFFECTS_V1, "async": _EFFECTS_ASYNC, "specdec": _EFFECTS_SPECDEC}.get(flow_name, _EFFECTS)
+    """The (invariant, action) cells proved for every size (plus ``init``), for the v0, v1, async, specdec
+    or connector flow."""
+    effects = {"v1": _EFFECTS_V1, "async": _EFFECTS_ASYNC, "specdec": _EFFECTS_SPECDEC,
+               "connector": _EFFECTS_CONNECTOR}.get(flow_name, _EFFECTS)
     A = z3.ArraySort(z3.IntSort(), z3.IntSort())
     Bb = z3.ArraySort(z3.IntSort(), z3.BoolSort())
     status, w, r, s = z3.Const("st", A), z3.Const("w", Bb), z3.Const("r", Bb), z3.Const("s", Bb)

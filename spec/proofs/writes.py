@@ -74,6 +74,7 @@ ACTIONS_V0 = ("add", "admit", "fork", "decode", "preempt_recompute", "swap_out",
 ACTIONS_V1 = ("add", "admit", "chunk", "preempt_recompute", "abort", "ignore")
 ACTIONS_ASYNC = (*ACTIONS_V1, "process")
 ACTIONS_SPECDEC = (*ACTIONS_V1, "verify")
+ACTIONS_CONNECTOR = (*ACTIONS_V1, "load_start", "load_land", "send_done")  # encoding_connector.CONNECTOR_ACTIONS
 
 
 def _check(hyps: list[Any], goal: Any, timeout_ms: int) -> str:
@@ -169,9 +170,10 @@ def cow_cells(flow_name: str, timeout_ms: int = 20_000) -> set[tuple[str, str]]:
     lemmas = prove_cow(timeout_ms=timeout_ms)
     if not _block_layer_ok():
         return set()
-    if flow_name in ("v1", "async", "specdec"):  # their blocks change as v1's do (append, drop)
+    if flow_name in ("v1", "async", "specdec", "connector"):  # their blocks change as v1's do (append, drop)
         ok = lemmas["in-place/v1"] == "proved" and prove_unshared(timeout_ms)
-        actions = {"v1": ACTIONS_V1, "async": ACTIONS_ASYNC, "specdec": ACTIONS_SPECDEC}[flow_name]
+        actions = {"v1": ACTIONS_V1, "async": ACTIONS_ASYNC, "specdec": ACTIONS_SPECDEC,
+                   "connector": ACTIONS_CONNECTOR}[flow_name]
         return {("COW-001", a) for a in actions} if ok else set()
     ok = all(v == "proved" for k, v in lemmas.items() if k != "in-place/v1")
     return {("COW-001", a) for a in ACTIONS_V0} if ok else set()
