@@ -2,15 +2,21 @@
 scheduler with the scripted connector, under KV pressure (docs/CONNECTORS.md, section 6).
 
     python -m conformance.selftest.campaigns.connector_hunt [--traces 500] [--seed 20261202]
-        [--spec-tokens K] [--out docs/results/connector-hunt.json]
+        [--spec-tokens K] [--pipelined] [--out docs/results/connector-hunt.json]
 
 Traces: `conformance.generation.connector.pressure_traces` (a pool a few blocks above the longest
 prompt, most requests loading asynchronously) with failures and sends drawn in, under both
 failure policies; with ``--spec-tokens K`` (K > 0) speculative decoding is on: K draft tokens and
 the trace's draft decisions (`conformance.generation.specdec.with_drafts`), vLLM's n-gram drafter
-proposing as the trace says (the lookahead slots of vllm-project/vllm#57104). Every problem is counted by invariant; the first trace of each is kept in the
-results file. No lockstep here (lockstep_connector does that): whatever vLLM does that breaks an
-invariant is a candidate finding, explained in docs/CONNECTORS.md or listed as open.
+proposing as the trace says (the lookahead slots of vllm-project/vllm#57104); with ``--pipelined``
+the traces run at pipeline depth 1 on vLLM's ``AsyncScheduler`` (the ``vllm-v1-async`` host).
+Every problem is counted by invariant; the first trace of each is kept in the results file.
+Whatever vLLM does that breaks an invariant is a candidate finding, explained in
+docs/CONNECTORS.md or listed as open. Without drafts, each trace with a problem is also run in
+strict lockstep against the connector reference in vLLM's terms and its counterfactuals
+(lockstep_connector's references and `MODELS`): a problem on a trace where the engine agrees
+with one of them is vLLM behaviour that reference models (the own-reservation stall, kept
+placeholders after a failed load), counted by class under ``explained``; the rest are ``open``.
 """
 
 from __future__ import annotations
@@ -51,29 +57,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=int, default=500)
     parser.add_argument("--seed", type=int, default=20261202)
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative decoding with K drafts (0: off)")
+    parser.add_argument("--pipelined", action="store_true", help="depth 1 on vLLM's AsyncScheduler (vllm-v1-async)")
     parser.add_argument("--out", type=Path, default=Path("docs/results/connector-hunt.json"))
     args = parser.parse_args(argv)
-    adapter = load_adapter("vllm-v1")
+    target = "vllm-v1-async" if args.pipelined else "vllm-v1"
+    adapter = load_adapter(target)
     invariants = invariants_of(["safety", "liveness", "connector"])
     counts: collections.Counter[str] = collections.Counter()
+    explained: collections.Counter[str] = collections.Counter()  # "CLASS: INVARIANT" -> traces
     first: dict[str, dict] = {}
     steps = 0
     started = time.monotonic()
     for trace in sample_traces(hunt_traces(args.spec_tokens), args.traces, args.seed):
+        if args.pipelined:
+            trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=1))
         result = run_checked(adapter, trace, invariants, timeout=120)
         steps += len(result.records)
+        cls = explain(adapter, trace, args.pipelined) if result.problem_ids and not args.spec_tokens else None
         for problem in sorted(result.problem_ids):
             counts[problem] += 1
+            if cls is not None:
+                explained[f"{cls}: {problem}"] += 1
+                continue
             first.setdefault(problem, {"trace": trace.to_dict(), "message": next(
                 (str(v) for v in result.violations if v.invariant_id == problem), str(result.fault))})
-    report = {"version": 1, "target": "vllm-v1", "seed": args.seed, "spec_tokens": args.spec_tokens,
-              "traces": args.traces, "steps": steps,
-              "problems": dict(sorted(counts.items())), "first": first,
-              "seconds": round(time.monotonic() - started, 1)}
+    report = {"version": 1, "target": target, "seed": args.seed, "spec_tokens": args.spec_tokens,
+              "pipeline_depth": int(args.pipelined), "traces": args.traces, "steps": steps,
+              "problems": dict(sorted(counts.items())), "explained": dict(sorted(explained.items())),
+              "open": {p: n - sum(v for k, v in explained.items() if k.endswith(f": {p}")) for p, n in sorted(counts.items())},
+              "first": first, "seconds": round(time.monotonic() - started, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: report[k] for k in ("traces", "steps", "problems", "seconds")}))
+    print(json.dumps({k: report[k] for k in ("traces", "steps", "problems", "explained", "seconds")}))
     return 0
+
+
+def explain(adapter, trace: Trace, pipelined: bool) -> str | None:  # type: ignore[no-untyped-def]
+    """The reference in vLLM's terms (or one of its counterfactuals) the engine agrees with on
+    ``trace`` in strict lockstep: ``vllm-terms`` (`RecordingConnectorV1` / `RecordingConnectorAsync`:
+    the own-reservation stall and vLLM's other modelled rules) or a `lockstep_connector.MODELS`
+    class; None when the engine agrees with none (its problems are then open)."""
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns import lockstep_connector as lc
+
+    path = "async-hunt" if pipelined else "hunt"
+    invariants = get_profile("connector").invariants()
+    candidates = [("vllm-terms", None)] + (list(lc.MODELS) if pipelined else [])
+    for cls, model in candidates:
+        if lc.classify(lc.run_one(adapter, trace, invariants, path, reference=model)) in (None, "frees-in-set-order"):
+            return cls
+    return None
 
 
 if __name__ == "__main__":
