@@ -14,9 +14,11 @@ Every problem is counted by invariant; the first trace of each is kept in the re
 Whatever vLLM does that breaks an invariant is a candidate finding, explained in
 docs/CONNECTORS.md or listed as open. Without drafts, each trace with a problem is also run in
 strict lockstep against the connector reference in vLLM's terms and its counterfactuals
-(lockstep_connector's references and `MODELS`): a problem on a trace where the engine agrees
-with one of them is vLLM behaviour that reference models (the own-reservation stall, kept
-placeholders after a failed load), counted by class under ``explained``; the rest are ``open``.
+(lockstep_connector's references and `MODELS`): where the engine agrees with the reference in
+vLLM's terms, a problem that reference with one vLLM finding fixed no longer shows is that
+finding's (`lockstep_connector.explain_violations`: the own-reservation stall); where it agrees
+with a counterfactual (kept placeholders after a failed load), its problems are that class's.
+Those are counted under ``explained``; the rest are ``open``.
 """
 
 from __future__ import annotations
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
             trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=1))
         result = run_checked(adapter, trace, invariants, timeout=120)
         steps += len(result.records)
-        cls = explain(adapter, trace, args.pipelined) if result.problem_ids and not args.spec_tokens else None
+        why = explain(adapter, trace, args.pipelined, result.problem_ids) \
+            if result.problem_ids and not args.spec_tokens else {}
         for problem in sorted(result.problem_ids):
             counts[problem] += 1
-            if cls is not None:
-                explained[f"{cls}: {problem}"] += 1
+            if problem in why:
+                explained[f"{why[problem]}: {problem}"] += 1
                 continue
             first.setdefault(problem, {"trace": trace.to_dict(), "message": next(
                 (str(v) for v in result.violations if v.invariant_id == problem), str(result.fault))})
@@ -92,21 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def explain(adapter, trace: Trace, pipelined: bool) -> str | None:  # type: ignore[no-untyped-def]
-    """The reference in vLLM's terms (or one of its counterfactuals) the engine agrees with on
-    ``trace`` in strict lockstep: ``vllm-terms`` (`RecordingConnectorV1` / `RecordingConnectorAsync`:
-    the own-reservation stall and vLLM's other modelled rules) or a `lockstep_connector.MODELS`
-    class; None when the engine agrees with none (its problems are then open)."""
+def explain(adapter, trace: Trace, pipelined: bool, problems: set[str]) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Per problem, what explains it: when the engine agrees in strict lockstep with the reference
+    in vLLM's terms (`RecordingConnectorV1` / `RecordingConnectorAsync`), the finding whose fixed
+    reference no longer shows it (`lockstep_connector.explain_violations`; a problem none removes is
+    open, though the reference in vLLM's terms shares it); when it agrees with a counterfactual of
+    `lockstep_connector.MODELS` instead, that class. Empty when it agrees with none (open)."""
     from conformance.flows.profiles import get_profile
     from conformance.selftest.campaigns import lockstep_connector as lc
 
     path = "async-hunt" if pipelined else "hunt"
     invariants = get_profile("connector").invariants()
-    candidates = [("vllm-terms", None)] + (list(lc.MODELS) if pipelined else [])
-    for cls, model in candidates:
+    problems = set(problems) - {"LOCKSTEP"}
+    if lc.classify(lc.run_one(adapter, trace, invariants, path)) in (None, "frees-in-set-order"):
+        return lc.explain_violations(trace, path, problems, invariants)
+    for cls, model in lc.MODELS if pipelined else ():
         if lc.classify(lc.run_one(adapter, trace, invariants, path, reference=model)) in (None, "frees-in-set-order"):
-            return cls
-    return None
+            return dict.fromkeys(problems, cls)
+    return {}
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import time
 from typing import Any
@@ -57,6 +58,7 @@ from conformance.runner.adapter import load_adapter
 from conformance.selftest.campaigns import lockstep_async, lockstep_v1
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_specdec import CLASSES as SPECDEC_CLASSES
 from conformance.selftest.campaigns.lockstep_v1 import Outcome
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
@@ -85,6 +87,23 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(`_update_from_kv_xfer_finished`, :3556-3582; vllm/v1/outputs.py:215-218). The reference frees them in a "
         "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
         "order in the free queue (the eviction order) is not.",
+    ),
+    "padded-admission-cut-by-threshold": (
+        "vllm-defect",
+        "+spec paths only, FAULT-raised (AssertionError at vllm/v1/core/sched/scheduler.py:1579): as on "
+        "lockstep_specdec's paths, " + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
+    ),
+    "failed-load-keeps-drafts": (
+        "vllm-deviation",
+        "+spec paths only. When a synchronous load fails, vLLM 0.33.0 skips the failed step's sampled token "
+        "(vllm/v1/core/sched/scheduler.py:2324-2326) and cuts num_computed_tokens back to the first failed block "
+        "(:3660-3661), but keeps the drafts the drafter proposed from that step's sample: update_draft_token_ids "
+        "drops drafts only for a request whose `is_prefill_chunk` is set (:2872-2876), and that flag was set when "
+        "the failed step was scheduled, as its last prompt chunk. The recompute chunk then schedules them after the "
+        "prompt (num_tokens_with_spec, :839-843): a prefill with drafts (SPD-002), verified by the target model, so "
+        "the stream is unharmed. The reference drops them with the failed step's output. Recognised structurally "
+        "(`keeps_failed_load_drafts`): the first divergence is that request's tokens, by exactly its drafts, in the "
+        "step after its failed synchronous load was reported.",
     ),
     "failed-load-keeps-placeholders": (
         "vllm-defect",
@@ -187,12 +206,58 @@ class OwnReservationLeftOutAsyncSpec(RecordingConnectorAsyncSpec):
     reserves_own_blocks = False
 
 
+class CappedDrafts(RecordingConnectorSpecV1):
+    """Drafts capped at max_tokens (the spec's SPD-004). Used only to explain the engine's violations."""
+
+    drafts_past_max_tokens = False
+
+
+class CappedDraftsAsync(RecordingConnectorAsyncSpec):
+    drafts_past_max_tokens = False
+
+
+class UnpaddedAdmission(RecordingConnectorSpecV1):
+    """No placeholder drafts on a one-token admission (the spec's SPD-008). Used only to explain
+    the engine's violations."""
+
+    pads_new_decode_drafts = False
+
+
+class UnpaddedAdmissionAsync(RecordingConnectorAsyncSpec):
+    pads_new_decode_drafts = False
+
+
+class NoSpecStepReservation(RecordingConnectorSpecV1):
+    """Async loads without vLLM's speculative-step reservation (the spec-step reservation stall,
+    docs/CONNECTORS.md section 7). Used only to explain the engine's violations."""
+
+    reserves_spec_steps = False
+
+
+class NoSpecStepReservationAsync(RecordingConnectorAsyncSpec):
+    reserves_spec_steps = False
+
+
+def _dropping_failed_keys(base: type) -> type:
+    """``base`` with the spec's rule for a failed load's blocks: their keys leave the prefix cache
+    (`ConnectorFlow.keeps_failed_blocks_cached` off). Used only to explain the engine's violations."""
+    return type(f"{base.__name__}DroppingFailedKeys", (base,), {"keeps_failed_blocks_cached": False})
+
+
 # Findings that explain the engine's violations on a trace where it agrees with the reference in
 # vLLM's terms: finding -> the reference with that one vLLM rule fixed, by (pipelined, drafts). A
 # violation the fixed reference no longer shows on the trace is the finding's.
 FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     "own-reservation-stall": {(False, False): OwnReservationLeftOut, (True, False): OwnReservationLeftOutAsync,
                               (False, True): OwnReservationLeftOutSpec, (True, True): OwnReservationLeftOutAsyncSpec},
+    # lockstep_specdec's two documented deviations of the spec's draft policies (its CLASSES)
+    "drafts-past-max-tokens": {(False, True): CappedDrafts, (True, True): CappedDraftsAsync},
+    "pads-new-decode-drafts": {(False, True): UnpaddedAdmission, (True, True): UnpaddedAdmissionAsync},
+    "spec-step-reservation-stall": {(False, True): NoSpecStepReservation, (True, True): NoSpecStepReservationAsync},
+    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760)
+    "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
+        (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
+        (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
 }
 
 
@@ -252,11 +317,23 @@ def explain_violations(trace: Trace, path: str, problems: set[str], invariants) 
 
     explained: dict[str, str] = {}
     key = (path.startswith("async-"), path.endswith("+spec"))
-    for finding, models in FINDINGS.items():
-        fixed = SchedulerAdapter(finding, models[key])
-        gone = problems - run_checked(fixed, trace, invariants, timeout=60, stop_at_first=False).problem_ids
-        for problem in sorted(gone - set(explained)):
+    models = {finding: by_key[key] for finding, by_key in FINDINGS.items() if key in by_key}
+
+    def gone(name: str, model: type) -> set[str]:
+        return problems - run_checked(SchedulerAdapter(name, model), trace, invariants, timeout=60,
+                                      stop_at_first=False).problem_ids
+
+    for finding, model in models.items():
+        for problem in sorted(gone(finding, model) - set(explained)):
             explained[problem] = finding
+    # a violation two findings cause together (either alone still causes it): the smallest set fixed
+    groups = [list(pair) for pair in itertools.combinations(models, 2)] + [list(models)] * (len(models) > 2)
+    for group in groups:
+        if not problems - set(explained):
+            break
+        together = type("FindingsFixed", tuple(models[f] for f in group), {})
+        for problem in sorted(gone("+".join(group), together) - set(explained)):
+            explained[problem] = "+".join(group)
     return explained
 
 
@@ -323,7 +400,32 @@ def classify(outcome: Outcome) -> str | None:
                 return "frees-in-set-order"
     if result.fault is not None and result.fault.kind == "config-rejected":
         return "config-rejected"
+    if result.fault is not None and "scheduler.py:1579" in str(result.fault):  # lockstep_specdec's class
+        return "padded-admission-cut-by-threshold"
+    if keeps_failed_load_drafts(outcome):
+        return "failed-load-keeps-drafts"
     return "unclassified"
+
+
+def keeps_failed_load_drafts(outcome: Outcome) -> bool:
+    """Whether the first divergence is vLLM scheduling, in the step after a request's synchronous
+    load failed, the drafts proposed from that failed step beside its recompute (class
+    ``failed-load-keeps-drafts``): the only difference is that request's tokens, by exactly the
+    drafts it carries, and the step before reported its failed load."""
+    result = outcome.result
+    d = result.divergence
+    if d is None or d.field != "scheduled" or outcome.state is not None and outcome.state[0] < d.step \
+            or not 0 < d.step < len(result.records):
+        return False
+    want, got = set(d.reference), set(d.target)
+    if len(want - got) != 1 or len(got - want) != 1:
+        return False
+    (sid, ref_tokens, _), (tsid, tokens, _) = next(iter(want - got)), next(iter(got - want))
+    item = next((s for s in result.records[d.step].output.scheduled if s.seq_id == tsid), None)
+    reported = result.records[d.step - 1].after.kv_reported or {}
+    failed = reported.get(tsid.split("#")[0])
+    return sid == tsid and item is not None and item.num_drafts > 0 and tokens - ref_tokens == item.num_drafts \
+        and failed is not None and failed.kind == "load" and not failed.load_async and bool(failed.failed)
 
 
 def counterfactual(adapter, trace: Trace, invariants, path: str) -> str | None:
