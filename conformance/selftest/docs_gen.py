@@ -751,7 +751,9 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
                 "nothing else runs or loads): "
                 "[reports/vllm-v1-connector-spec-step-reservation-stall.md](reports/vllm-v1-connector-spec-step-reservation-stall.md). "
                 "SPD-004 and SPD-008 there are the speculative lockstep's drafts-past-max-tokens and "
-                "pads-new-decode-drafts.\n")
+                "pads-new-decode-drafts. At depth 1 (`--pipelined`, vLLM's `AsyncScheduler`) no safety invariant "
+                "broke, drafts on or off; each liveness problem's cause, by counterfactual: docs/CONNECTORS.md, "
+                "section 7.\n")
     return "".join(rows)
 
 

@@ -12,13 +12,15 @@ proposing as the trace says (the lookahead slots of vllm-project/vllm#57104); wi
 the traces run at pipeline depth 1 on vLLM's ``AsyncScheduler`` (the ``vllm-v1-async`` host).
 Every problem is counted by invariant; the first trace of each is kept in the results file.
 Whatever vLLM does that breaks an invariant is a candidate finding, explained in
-docs/CONNECTORS.md or listed as open. Without drafts, each trace with a problem is also run in
+docs/CONNECTORS.md or listed as open. Each trace with a problem is also run in
 strict lockstep against the connector reference in vLLM's terms and its counterfactuals
 (lockstep_connector's references and `MODELS`): where the engine agrees with the reference in
 vLLM's terms, a problem that reference with one vLLM finding fixed no longer shows is that
 finding's (`lockstep_connector.explain_violations`: the own-reservation stall); where it agrees
 with a counterfactual (kept placeholders after a failed load), its problems are that class's.
-Those are counted under ``explained``; the rest are ``open``.
+Those are counted under ``explained``; the rest are ``open``. With drafts the references are the
+``+spec`` paths' (`RecordingConnectorSpecV1`, `RecordingConnectorAsyncSpec`), whose findings include
+vLLM's draft deviations and its speculative-step reservation.
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, pipeline_depth=1))
         result = run_checked(adapter, trace, invariants, timeout=120)
         steps += len(result.records)
-        why = explain(adapter, trace, args.pipelined, result.problem_ids) \
-            if result.problem_ids and not args.spec_tokens else {}
+        why = explain(adapter, trace, args.pipelined, result.problem_ids, bool(args.spec_tokens)) \
+            if result.problem_ids else {}
         for problem in sorted(result.problem_ids):
             counts[problem] += 1
             if problem in why:
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def explain(adapter, trace: Trace, pipelined: bool, problems: set[str]) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def explain(adapter, trace: Trace, pipelined: bool, problems: set[str],  # type: ignore[no-untyped-def]
+            drafts: bool = False) -> dict[str, str]:
     """Per problem, what explains it: when the engine agrees in strict lockstep with the reference
     in vLLM's terms (`RecordingConnectorV1` / `RecordingConnectorAsync`), the finding whose fixed
     reference no longer shows it (`lockstep_connector.explain_violations`; a problem none removes is
@@ -104,12 +107,12 @@ def explain(adapter, trace: Trace, pipelined: bool, problems: set[str]) -> dict[
     from conformance.flows.profiles import get_profile
     from conformance.selftest.campaigns import lockstep_connector as lc
 
-    path = "async-hunt" if pipelined else "hunt"
+    path = ("async-hunt" if pipelined else "hunt") + ("+spec" if drafts else "")  # the +spec references with drafts
     invariants = get_profile("connector").invariants()
     problems = set(problems) - {"LOCKSTEP"}
     if lc.classify(lc.run_one(adapter, trace, invariants, path)) in (None, "frees-in-set-order"):
         return lc.explain_violations(trace, path, problems, invariants)
-    for cls, model in lc.MODELS if pipelined else ():
+    for cls, model in (lc.SPEC_MODELS if drafts else lc.MODELS) if pipelined else ():
         if lc.classify(lc.run_one(adapter, trace, invariants, path, reference=model)) in (None, "frees-in-set-order"):
             return dict.fromkeys(problems, cls)
     return {}
