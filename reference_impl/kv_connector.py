@@ -150,6 +150,13 @@ class ConnectorFlow:
     # 3432-3436): with fewer than twice its blocks free it waits for ever. Off: the spec's reference
     # reserves for the other prefills only; on in lockstep against vLLM (a finding, docs/CONNECTORS.md).
     reserves_own_blocks: bool = False
+    # With speculative decoding (k > 0) vLLM 0.33.0 counts one speculative step (1 + k tokens) more
+    # in every in-flight prefill's remaining blocks (``_request_remaining_blocks``,
+    # scheduler.py:3404-3421) and adds one for the asynchronous load itself to its reservation
+    # (``_spec_decode_step_blocks``, :372-380, 1421-1431), a guard against load deadlocks. Off: the
+    # spec's reference reserves the sequences alone (KVC-008 lets a design hold these back); on in
+    # lockstep against vLLM.
+    reserves_spec_steps: bool = False
 
     def _init_connector(self) -> None:
         """Called by the scheduler's constructor: a connector only with ``config.kv_connector``."""
@@ -232,7 +239,10 @@ class ConnectorFlow:
         holders = [r for r in self.running if r.in_prefill and r.num_computed < r.num_tokens]  # type: ignore[attr-defined]
         holders += [r for r in self.waiting if r.request_id in self._kv_queue  # type: ignore[attr-defined]
                     and (r is not tracked or self.reserves_own_blocks)]
-        return sum(max(config.blocks_for(min(r.num_tokens, config.max_model_len)) - len(r.blocks), 0) for r in holders)
+        step = 1 + config.num_speculative_tokens if self.reserves_spec_steps and config.num_speculative_tokens else 0
+        own = config.blocks_for(step) if step else 0  # the load's own speculative step (vLLM's guard)
+        return own + sum(max(config.blocks_for(min(r.num_tokens, config.max_model_len) + step) - len(r.blocks), 0)
+                         for r in holders)
 
     def _kv_promote(self, tracked) -> None:  # type: ignore[no-untyped-def]
         """A landed load: cache its valid blocks, or free them all when nothing is valid."""
@@ -249,6 +259,7 @@ class ConnectorFlow:
         bs = config.block_size
         pos = 0
         waiting = self.waiting  # type: ignore[attr-defined]
+        running_loop = tuple(self.requests[rid] for rid in scheduled)  # type: ignore[attr-defined]
         while budget > 0 and pos < len(waiting):
             tracked = waiting[pos]
             rid = tracked.request_id
@@ -288,6 +299,13 @@ class ConnectorFlow:
             tokens = tracked.num_tokens - computed
             if 0 < threshold < tokens:
                 tokens = threshold
+            # with pads_new_decode_drafts vLLM's 1 + k for a one-token admission: the same waiting
+            # loop pads a request whose load left one token (scheduler.py:1308-1330)
+            padded = self._admission_tokens(tracked, tokens, computed, running_loop, budget)  # type: ignore[attr-defined]
+            if padded is None:
+                reasons.append(Reason.of("wait_token_budget", rid, tokens=tokens, left=budget))
+                break
+            remaining, tokens = tracked.num_tokens - computed, padded
             if not config.enable_chunked_prefill and tokens > budget:
                 reasons.append(Reason.of("wait_token_budget", rid, tokens=tokens, left=budget))
                 break
@@ -307,6 +325,9 @@ class ConnectorFlow:
             self.running.append(tracked)  # type: ignore[attr-defined]
             scheduled[rid] = tokens
             budget -= tokens
+            if tokens > remaining:  # padded with placeholder drafts (pads_new_decode_drafts)
+                self._scheduled_drafts[rid] = tokens - remaining  # type: ignore[attr-defined]
+                self._placeholder_drafts.add(rid)  # type: ignore[attr-defined]
             reasons.append(self._reason("prefill_chunk", tracked, tokens, cached=computed))  # type: ignore[attr-defined]
 
     def _kv_hold(self, tracked, pos: int) -> int:  # type: ignore[no-untyped-def]

@@ -164,3 +164,21 @@ def test_reference_passes_its_profile_and_reaches_every_path():
                  ("load", True, True, "fail"), ("load", False, True, "fail"), ("send", False, False, "recompute"),
                  "abort-while-loading"]:
         assert _SEEN[path] > 0, f"the generator never reached {path}"
+
+
+def test_kvc008_counts_the_block_a_running_step_opens():
+    """KVC-008's bound is the blocks left once the step's running requests have theirs: at depth 1
+    a running request's in-flight token holds its table's last slot, so its next step opens a block
+    in schedule(). On this async-offload trace (the one KVC-008 of the 1000-trace async-offload run,
+    vLLM and the reference in its terms agreeing) the step's schedule takes 1 of the 2 free blocks
+    and the head needs 1 above the watermark's 1: it does not fit, and KVC-008 holds."""
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
+    from reference_impl.kv_connector_scheduler import EngineConnectorAsyncV1
+
+    trace = Trace.load(ROOT / "docs/traces/connector/async-running-step-opens-a-block.json")
+    result = run_checked(SchedulerAdapter("engine-terms", EngineConnectorAsyncV1), trace,
+                         get_profile("connector").invariants(), timeout=60, stop_at_first=False)
+    assert "KVC-008" in {i.id for i in result.active} and not result.problem_ids, result.violations[:2]
+    step9 = result.records[9]
+    assert step9.before.gpu_free == 2 and not step9.output.ignored and len(step9.output.scheduled) == 2

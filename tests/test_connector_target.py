@@ -41,6 +41,24 @@ def test_engine_agrees_with_the_reference(adapter, path: str) -> None:
     assert reached, f"no transfer was reported on the {path} path"
 
 
+@pytest.mark.parametrize("path", ["remote-async+spec", "fail-recompute+spec"])
+def test_engine_agrees_with_the_reference_with_drafts(adapter, path: str) -> None:
+    """The +spec paths: drafts beside the connector against the reference with the speculative
+    lockstep's vLLM knobs and vLLM's speculative-step reservation (`RecordingConnectorSpecV1`);
+    every trace agrees or is classified, and drafts were scheduled."""
+    from conformance.flows.profiles import get_profile
+    from conformance.generation.v0 import sample_traces
+    from conformance.selftest.campaigns.lockstep_connector import CLASSES, classify, path_strategy, run_one
+
+    drafted = 0
+    for trace in sample_traces(path_strategy(path), 4, 7):
+        outcome = run_one(adapter, trace, get_profile("safety").invariants(), path)
+        cls = classify(outcome)
+        assert cls is None or cls in CLASSES, outcome.describe()
+        drafted += sum(s.num_drafts for r in outcome.result.records for s in r.output.scheduled)
+    assert drafted, f"no draft was scheduled on the {path} path"
+
+
 def test_retried_load_stalls_on_its_own_reservation(adapter) -> None:
     from pathlib import Path
 

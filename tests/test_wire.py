@@ -496,3 +496,33 @@ def test_a_crash_in_a_folded_reset_is_a_crash_in_reset():
     assert result.fault is not None and result.fault.kind == "crash" and result.fault.call == "reset", result.fault
     assert result.fault_step == 0 and not result.records and not result.violations and not result.active
     assert "SIGSEGV" in result.fault.message
+
+
+def test_a_claim_made_only_without_a_kv_connector_is_dropped_for_one(monkeypatch):
+    """hello's ``claims_without_kv_connector`` (docs/PROTOCOL.md): the claim stands for a config
+    without a KV connector and is dropped for one with (vLLM's ordered_steps: with a consumer
+    connector it fences, so PIP-004 applies), and comes back for the next config without."""
+    import conformance.wire.client as client
+    from spec.observation import Capability
+
+    class Host:
+        alive, busy, folds_reset = True, False, False
+        hello = {"protocol": 2, "capabilities": ["output", "in_flight", "kv_transfers", "ordered_steps"],
+                 "claims_without_kv_connector": ["ordered_steps", "no_such_claim"]}
+
+        def call(self, method, params, timeout):  # noqa: ANN001, ANN201 - a stand-in host
+            return None
+
+    monkeypatch.setattr(client, "acquire_host", lambda *args: Host())
+    adapter = WireAdapter("fake", ["unused"])
+    pip004 = next(i for i in get_profile("safety").invariants() if i.id == "PIP-004")
+    plain = SchedulerConfig(pipeline_depth=1)
+    adapter.reset(plain)
+    assert Capability.ORDERED_STEPS in adapter.capabilities and Capability.KV_TRANSFERS not in adapter.capabilities
+    assert not pip004.applicable(adapter.capabilities, plain)
+    with_connector = SchedulerConfig(pipeline_depth=1, kv_connector=True)
+    adapter.reset(with_connector)
+    assert Capability.ORDERED_STEPS not in adapter.capabilities and Capability.KV_TRANSFERS in adapter.capabilities
+    assert pip004.applicable(adapter.capabilities | pip004.needs, with_connector)
+    adapter.reset(plain)
+    assert Capability.ORDERED_STEPS in adapter.capabilities

@@ -688,14 +688,22 @@ def _connector_lockstep(data: dict[str, Any]) -> str:
             "`finished_recving`, `finished_sending` and `invalid_block_ids`. Decisions and the state after every step "
             "are compared with `EngineConnectorV1` behind V1's door. A trace on which the engine breaks an invariant "
             "while agreeing with the reference in vLLM's terms counts as agreeing; its violations are the findings "
-            "(docs/CONNECTORS.md, section 6).\n", run_line(data),
-            "\n| path | traces | steps | agree | diverge | by class | engine violations (traces) |\n"
-            "| --- | --- | --- | --- | --- | --- | --- |\n"]
+            "(docs/CONNECTORS.md, section 6); each is rerun against the reference with one vLLM finding fixed "
+            "(lockstep_connector's `FINDINGS`) and counted as that finding's when it is then gone (\"explained\"), "
+            "else as open. The `+spec` paths add drafts (k in 1..4) against the reference with the speculative "
+            "lockstep's vLLM knobs.\n", run_line(data),
+            "\n| path | traces | steps | agree | diverge | by class | engine violations (traces) | "
+            "explained on agreeing traces (finding: invariant xN) | open on agreeing traces |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"]
     for path, m in data["paths"].items():
         by = "; ".join(f"{k} x{v}" for k, v in m.get("by_class", {}).items()) or "-"
         found = "; ".join(f"{k} x{v}" for k, v in m.get("violations", {}).items()) or "-"
+        explained = m.get("violations_explained_on_agreeing")
+        why = "; ".join(f"{k} x{v}" for k, v in explained.items()) or "-" if explained is not None else "(not run)"
+        left = m.get("violations_unexplained_on_agreeing")
+        still = "; ".join(f"{k} x{v}" for k, v in left.items()) or "-" if left is not None else "(not run)"
         rows.append(f"| {path} | {m['traces']} | {m['steps']} | {m['agreeing_traces']} | "
-                    f"{m['traces'] - m['agreeing_traces']} | {by} | {found} |\n")
+                    f"{m['traces'] - m['agreeing_traces']} | {by} | {found} | {why} | {still} |\n")
     if data.get("classes"):
         rows.append("\n| class | kind | explanation (vLLM source) | traces |\n| --- | --- | --- | --- |\n")
         for cls, c in data["classes"].items():
@@ -721,11 +729,19 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
     rows = ["\nHunt under `safety`, `liveness` and the KVC family on the same engine, KV-pressure traces "
             "(`python -m conformance.selftest.campaigns.connector_hunt --traces 300`, and with drafts "
             "`python -m conformance.selftest.campaigns.connector_hunt --traces 300 --spec-tokens 2 --out "
-            "docs/results/connector-hunt-specdec.json`; what each problem is: docs/CONNECTORS.md, section 7):\n\n"
-            "| speculative tokens | traces | steps | problems (traces) |\n| --- | --- | --- | --- |\n"]
-    for _name, h in sorted(hunts.items()):
+            "docs/results/connector-hunt-specdec.json`; on vLLM's `AsyncScheduler` (depth 1) the same with "
+            "`--pipelined` and `--out docs/results/connector-hunt-async.json` / `connector-hunt-async-specdec.json`; "
+            "without drafts each problem trace is also run in lockstep against the reference in vLLM's terms and its "
+            "counterfactuals, and a problem on a trace where the engine agrees with one is counted as that model's; "
+            "what each problem is: docs/CONNECTORS.md, section 7):\n\n"
+            "| depth | speculative tokens | traces | steps | problems (traces) | explained (model: invariant xN) |\n"
+            "| --- | --- | --- | --- | --- | --- |\n"]
+    for _name, h in sorted(hunts.items(), key=lambda kv: (kv[1].get("pipeline_depth", 0), kv[1].get("spec_tokens", 0))):
         found = "; ".join(f"{k} x{v}" for k, v in h.get("problems", {}).items()) or "-"
-        rows.append(f"| {h.get('spec_tokens', 0)} | {h['traces']} | {h['steps']} | {found} |\n")
+        explained = h.get("explained")
+        why = "; ".join(f"{k} x{v}" for k, v in explained.items()) or "-" if explained is not None else "(not sorted)"
+        rows.append(f"| {h.get('pipeline_depth', 0)} | {h.get('spec_tokens', 0)} | {h['traces']} | {h['steps']} | "
+                    f"{found} | {why} |\n")
     rows.append("\nWith drafts (k = 2) a second stall: an asynchronous load whose blocks fit the pool but not beside its "
                 "own speculative step's reservation (`reserved_blocks = _inflight_prefill_reserved_blocks() + "
                 "_spec_decode_step_blocks`, vllm/v1/core/sched/scheduler.py:1421-1431, 372-380) is never admitted "
@@ -735,7 +751,9 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
                 "nothing else runs or loads): "
                 "[reports/vllm-v1-connector-spec-step-reservation-stall.md](reports/vllm-v1-connector-spec-step-reservation-stall.md). "
                 "SPD-004 and SPD-008 there are the speculative lockstep's drafts-past-max-tokens and "
-                "pads-new-decode-drafts.\n")
+                "pads-new-decode-drafts. At depth 1 (`--pipelined`, vLLM's `AsyncScheduler`) no safety invariant "
+                "broke, drafts on or off; each liveness problem's cause, by counterfactual: docs/CONNECTORS.md, "
+                "section 7.\n")
     return "".join(rows)
 
 

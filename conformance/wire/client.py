@@ -296,6 +296,17 @@ def _shutdown_all() -> None:
     _POOL.clear()
 
 
+def _known_capabilities(names: Any) -> frozenset[Capability]:
+    """The capabilities among ``names`` (a hello list) that this runner knows; another is simply not used."""
+    known = set()
+    for name in names if isinstance(names, (list, tuple)) else ():
+        try:
+            known.add(Capability(name))
+        except ValueError:
+            continue
+    return frozenset(known)
+
+
 class WireAdapter:
     """An `conformance.runner.adapter.Adapter` that talks to a host process over the wire protocol.
 
@@ -340,6 +351,7 @@ class WireAdapter:
         self._pending_reset: dict[str, Any] | None = None  # a reset to send with the next message
         self.optional_calls: frozenset[str] = frozenset()  # from hello (`start`)
         self._hello_capabilities: frozenset[Capability] = self.capabilities
+        self._claims_without_kv_connector: frozenset[Capability] = frozenset()  # from hello (`start`)
         self._kv_scripts: dict[str, Any] = {}  # the trace's KV connector scripts, sent with each request
         if trace_strategy is not None:
             self.trace_strategy = trace_strategy
@@ -348,14 +360,9 @@ class WireAdapter:
         if self.host is None or not self.host.alive or self.host.busy:
             self.host = acquire_host(self.command, self.env, self.start_timeout)
             self.hello = self.host.hello
-            caps = []
-            for c in self.hello.get("capabilities", ["output"]):
-                try:
-                    caps.append(Capability(c))
-                except ValueError:
-                    continue  # a capability this runner does not know is simply not used
-            self.capabilities = frozenset(caps) | {Capability.OUTPUT}
+            self.capabilities = _known_capabilities(self.hello.get("capabilities", ["output"])) | {Capability.OUTPUT}
             self._hello_capabilities = self.capabilities
+            self._claims_without_kv_connector = _known_capabilities(self.hello.get("claims_without_kv_connector", ()))
             # optional calls the host answers (spec/protocol.py OPTIONAL_CALLS); a host that does not
             # list them has none: batched aborts then go one id at a time, admin calls are refused
             self.optional_calls = frozenset(c for c in self.hello.get("optional_calls", ()) if isinstance(c, str))
@@ -385,11 +392,14 @@ class WireAdapter:
         if config.drop_eagle_block:  # an EAGLE/MTP drafter: k lookahead slots more (vLLM num_lookahead_tokens)
             lookahead += config.num_speculative_tokens
         self.reservation = Reservation(lookahead_tokens=lookahead) if lookahead else None
-        # A host shows the KV connector's record only when the config has one (spec/connector.py);
+        # A host shows the KV connector's record only when the config has one (spec/connector.py),
+        # and makes the claims hello lists in ``claims_without_kv_connector`` only when it has none
+        # (vLLM's ordered_steps: with a consumer connector it fences instead, so PIP-004 is checked);
         # every other claim stays as it is (a campaign may add one once the host is up: hybrid_hunt).
         transfers = {Capability.KV_TRANSFERS} & self._hello_capabilities
-        self.capabilities = self.capabilities | transfers if config.kv_connector else \
-            self.capabilities - {Capability.KV_TRANSFERS}
+        unclaimed = self._claims_without_kv_connector & self._hello_capabilities
+        self.capabilities = (self.capabilities | transfers) - unclaimed if config.kv_connector else \
+            (self.capabilities | unclaimed) - {Capability.KV_TRANSFERS}
         self._kv_scripts = {}
         params = {"config": config_to_json(config)}
         if _FOLD_RESET and getattr(self.host, "folds_reset", False):

@@ -298,12 +298,15 @@ def reported_transfer_freed(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
     """A request waiting for its KV load takes no seat and blocks nobody: in a step that admits
     nothing while a load is in flight, fewer than ``max_num_seqs`` requests run and budget is left,
     the first waiting request without a load in flight does not fit (its whole sequence needs more
-    free blocks than those the loads in flight and the running prefills do not still need, with
-    speculative decoding each of them and the request one speculative step more).""",
+    of the free blocks the step's schedule left than those the loads in flight and the running
+    prefills do not still need, with speculative decoding each of them and the request one
+    speculative step more).""",
     """A load can take long; a scheduler that counts loading requests against ``max_num_seqs``
     (vllm-project/vllm#53130: admission stops for good once running plus deferred requests reach
     it, with the KV cache mostly free) or stops its scan at them starves requests that fit. The
-    bound counts the request's whole sequence beyond its table (a prefix hit can only lower it).
+    bound counts the request's whole sequence beyond its table (a prefix hit can only lower it),
+    against the blocks left once the step's running requests have theirs (with pipelined steps a
+    running request's next token may open a block: its in-flight token holds the last slot).
     What a design may hold back for the prefills in flight (vLLM's reservation against load
     deadlocks) is theirs to finish, and with speculative decoding one speculative step (1 + k
     tokens) each and one for the head: vLLM 0.33.0 counts 1 + num_spec_tokens + lookahead tokens
@@ -346,10 +349,24 @@ def loading_blocks_nobody(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if k:  # and, with drafts, each one's next speculative step and the head's own (vLLM does too)
         reserved += ctx.config.blocks_for(1 + k) * (len(prefills) + 1)
     watermark = ctx.config.watermark_blocks  # a design may keep it for every admission (the spec's rule)
-    if need + reserved + watermark <= before.gpu_free:
-        yield (f"{head} needs {need} of {before.gpu_free} free blocks ({reserved} reserved for prefills in flight) "
+    free = before.gpu_free - _opened_by_schedule(rec)
+    if need + reserved + watermark <= free:
+        yield (f"{head} needs {need} of {free} free blocks ({reserved} reserved for prefills in flight) "
                f"with {running} of {ctx.config.max_num_seqs} "
                f"seats taken and {left} tokens of budget left, yet nothing was admitted while {sorted(loads)} load")
+
+
+def _opened_by_schedule(rec: StepRecord) -> int:
+    """Blocks the step's schedule added to the tables of the sequences it schedules: read mid-step,
+    else after the step (where a sequence that finished in it may show none)."""
+    later = rec.mid if rec.mid is not None and rec.mid.seqs is not None else rec.after
+    before, after = rec.before.seqs or {}, later.seqs or {}
+    opened = 0
+    for item in rec.output.scheduled:
+        was, now = before.get(item.seq_id), after.get(item.seq_id)
+        if was is not None and now is not None and now.device == "gpu":
+            opened += max(len(now.blocks or ()) - len(was.blocks or ()), 0)
+    return opened
 
 
 def _remaining_blocks(ctx: CheckContext, v) -> int:  # type: ignore[no-untyped-def]

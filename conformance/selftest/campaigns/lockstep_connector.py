@@ -2,7 +2,7 @@
 scripted KV connector (conformance/targets/hosts/vllm_kv_connector.py, docs/CONNECTORS.md).
 
     python -m conformance.selftest.campaigns.lockstep_connector [--path remote-sync|remote-async|offload|
-        fail-recompute|fail-fail|delayed-free|async-remote-sync|...|async-delayed-free|all] [--traces 1000]
+        fail-recompute|fail-fail|delayed-free|PATH+spec|async-PATH|async-PATH+spec|all] [--traces 1000]
         [--seed 20261202] [--out docs/results/lockstep-connector.json]
         [--traces-dir docs/traces/lockstep-connector] [--no-shrink]
 
@@ -28,13 +28,22 @@ against each model of `MODELS` (a counterfactual: the class is the model against
 decision and state agree). A divergence is classified by
 `classify` into `CLASSES`; a trace on which the engine breaks an invariant while agreeing with the
 reference (which models vLLM) is counted as agreeing, and its violations are listed: those are the
-hunt's findings (docs/CONNECTORS.md, section 6).
+hunt's findings (docs/CONNECTORS.md, section 6). Each is rerun against the reference with one vLLM
+finding fixed (`FINDINGS`: the own-reservation stall); a violation that is then gone is counted as
+that finding's, the rest as unexplained (the first trace of each is kept).
+
+Each ``PATH+spec`` (and ``async-PATH+spec``) is PATH's traces with speculative decoding: k in
+1..4 drafts and the trace's draft decisions (`conformance.generation.specdec.with_drafts`),
+played by the host's n-gram drafter and rejection sampler as on lockstep_specdec's paths, against
+the reference with lockstep_specdec's vLLM knobs and vLLM's speculative-step reservation beside
+async loads (`RecordingConnectorSpecV1`, `RecordingConnectorAsyncSpec`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import time
 from typing import Any
@@ -43,11 +52,13 @@ from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.connector import connector_traces
+from conformance.generation.specdec import with_drafts
 from conformance.generation.v0 import sample_traces
 from conformance.runner.adapter import load_adapter
 from conformance.selftest.campaigns import lockstep_async, lockstep_v1
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_class_trace, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_specdec import CLASSES as SPECDEC_CLASSES
 from conformance.selftest.campaigns.lockstep_v1 import Outcome
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
@@ -56,7 +67,10 @@ from spec.config import SchedulerConfig
 from spec.connector import ConnectorScript
 from spec.trace import Trace
 
-SYNC_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+BASE_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
+# Each path with speculative decoding: k in 1..MAX_K drafts and the trace's draft decisions
+# (`conformance.generation.specdec.with_drafts`), vLLM's n-gram drafter proposing as the trace says.
+SYNC_PATHS = BASE_PATHS + tuple(f"{p}+spec" for p in BASE_PATHS)
 # The same paths on vLLM's pipelined AsyncScheduler (the vllm-v1-async host: outcomes one step late)
 # against the pipelined connector reference (`EngineConnectorAsyncV1`, depth 1).
 ASYNC_PATHS = tuple(f"async-{p}" for p in SYNC_PATHS)
@@ -73,6 +87,23 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(`_update_from_kv_xfer_finished`, :3556-3582; vllm/v1/outputs.py:215-218). The reference frees them in a "
         "fixed order (id order; reported transfers in the order they started); the free blocks are the same, their "
         "order in the free queue (the eviction order) is not.",
+    ),
+    "padded-admission-cut-by-threshold": (
+        "vllm-defect",
+        "+spec paths only, FAULT-raised (AssertionError at vllm/v1/core/sched/scheduler.py:1579): as on "
+        "lockstep_specdec's paths, " + SPECDEC_CLASSES["padded-admission-cut-by-threshold"][1],
+    ),
+    "failed-load-keeps-drafts": (
+        "vllm-deviation",
+        "+spec paths only. When a synchronous load fails, vLLM 0.33.0 skips the failed step's sampled token "
+        "(vllm/v1/core/sched/scheduler.py:2324-2326) and cuts num_computed_tokens back to the first failed block "
+        "(:3660-3661), but keeps the drafts the drafter proposed from that step's sample: update_draft_token_ids "
+        "drops drafts only for a request whose `is_prefill_chunk` is set (:2872-2876), and that flag was set when "
+        "the failed step was scheduled, as its last prompt chunk. The recompute chunk then schedules them after the "
+        "prompt (num_tokens_with_spec, :839-843): a prefill with drafts (SPD-002), verified by the target model, so "
+        "the stream is unharmed. The reference drops them with the failed step's output. Recognised structurally "
+        "(`keeps_failed_load_drafts`): the first divergence is that request's tokens, by exactly its drafts, in the "
+        "step after its failed synchronous load was reported.",
     ),
     "failed-load-keeps-placeholders": (
         "vllm-defect",
@@ -125,10 +156,111 @@ class KeepsPlaceholdersAsync(RecordingConnectorAsync):
                                                      >= tracked.request.prompt_len + tracked.request.max_tokens)
 
 
+class RecordingConnectorSpecV1(RecordingConnectorV1):
+    """`RecordingConnectorV1` with vLLM's speculative-decoding rules (lockstep_specdec's knobs: drafts
+    past max_tokens, a one-token admission padded to 1 + k, the running-chunk clamp) and its
+    speculative-step reservation beside async loads (`ConnectorFlow.reserves_spec_steps`)."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
+    reserves_spec_steps = True
+
+
+class RecordingConnectorAsyncSpec(RecordingConnectorAsync):
+    """`RecordingConnectorAsync` with `RecordingConnectorSpecV1`'s speculative-decoding knobs."""
+
+    drafts_past_max_tokens = True
+    pads_new_decode_drafts = True
+    clamps_chunk_at_max_model_len = True
+    reserves_spec_steps = True
+
+
+class KeepsPlaceholdersAsyncSpec(RecordingConnectorAsyncSpec, KeepsPlaceholdersAsync):
+    """`KeepsPlaceholdersAsync` with speculative decoding. Used only to classify divergences."""
+
+
 # the async paths' counterfactuals: class -> the reference that models the engine's behaviour
 MODELS: tuple[tuple[str, type[RecordingConnectorAsync]], ...] = (
     ("failed-load-keeps-placeholders", KeepsPlaceholdersAsync),
 )
+SPEC_MODELS: tuple[tuple[str, type[RecordingConnectorAsync]], ...] = (
+    ("failed-load-keeps-placeholders", KeepsPlaceholdersAsyncSpec),
+)
+
+
+class OwnReservationLeftOut(RecordingConnectorV1):
+    """The own-reservation finding fixed (docs/CONNECTORS.md section 6): a retried load's own
+    blocks are not in its reservation. Used only to explain the engine's violations."""
+
+    reserves_own_blocks = False
+
+
+class OwnReservationLeftOutAsync(RecordingConnectorAsync):
+    reserves_own_blocks = False
+
+
+class OwnReservationLeftOutSpec(RecordingConnectorSpecV1):
+    reserves_own_blocks = False
+
+
+class OwnReservationLeftOutAsyncSpec(RecordingConnectorAsyncSpec):
+    reserves_own_blocks = False
+
+
+class CappedDrafts(RecordingConnectorSpecV1):
+    """Drafts capped at max_tokens (the spec's SPD-004). Used only to explain the engine's violations."""
+
+    drafts_past_max_tokens = False
+
+
+class CappedDraftsAsync(RecordingConnectorAsyncSpec):
+    drafts_past_max_tokens = False
+
+
+class UnpaddedAdmission(RecordingConnectorSpecV1):
+    """No placeholder drafts on a one-token admission (the spec's SPD-008). Used only to explain
+    the engine's violations."""
+
+    pads_new_decode_drafts = False
+
+
+class UnpaddedAdmissionAsync(RecordingConnectorAsyncSpec):
+    pads_new_decode_drafts = False
+
+
+class NoSpecStepReservation(RecordingConnectorSpecV1):
+    """Async loads without vLLM's speculative-step reservation (the spec-step reservation stall,
+    docs/CONNECTORS.md section 7). Used only to explain the engine's violations."""
+
+    reserves_spec_steps = False
+
+
+class NoSpecStepReservationAsync(RecordingConnectorAsyncSpec):
+    reserves_spec_steps = False
+
+
+def _dropping_failed_keys(base: type) -> type:
+    """``base`` with the spec's rule for a failed load's blocks: their keys leave the prefix cache
+    (`ConnectorFlow.keeps_failed_blocks_cached` off). Used only to explain the engine's violations."""
+    return type(f"{base.__name__}DroppingFailedKeys", (base,), {"keeps_failed_blocks_cached": False})
+
+
+# Findings that explain the engine's violations on a trace where it agrees with the reference in
+# vLLM's terms: finding -> the reference with that one vLLM rule fixed, by (pipelined, drafts). A
+# violation the fixed reference no longer shows on the trace is the finding's.
+FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
+    "own-reservation-stall": {(False, False): OwnReservationLeftOut, (True, False): OwnReservationLeftOutAsync,
+                              (False, True): OwnReservationLeftOutSpec, (True, True): OwnReservationLeftOutAsyncSpec},
+    # lockstep_specdec's two documented deviations of the spec's draft policies (its CLASSES)
+    "drafts-past-max-tokens": {(False, True): CappedDrafts, (True, True): CappedDraftsAsync},
+    "pads-new-decode-drafts": {(False, True): UnpaddedAdmission, (True, True): UnpaddedAdmissionAsync},
+    "spec-step-reservation-stall": {(False, True): NoSpecStepReservation, (True, True): NoSpecStepReservationAsync},
+    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760)
+    "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
+        (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
+        (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
+}
 
 
 def _shape(path: str, script: ConnectorScript) -> ConnectorScript:
@@ -158,14 +290,53 @@ def _shaped(path: str, trace: Trace) -> Trace:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
+    if path.endswith("+spec"):  # with_drafts rebuilds the trace from its V1 fields: the scripts are put back
+        return path_strategy(path.removesuffix("+spec")).flatmap(
+            lambda t: with_drafts(t).map(lambda d: dataclasses.replace(d, connector=t.connector)))
     return connector_traces().map(lambda t: _shaped(path, t))
+
+
+def reference_of(path: str) -> type:
+    """The reference in vLLM's terms a path's engine runs in lockstep with."""
+    if path.startswith("async-"):
+        return RecordingConnectorAsyncSpec if path.endswith("+spec") else RecordingConnectorAsync
+    return RecordingConnectorSpecV1 if path.endswith("+spec") else RecordingConnectorV1
 
 
 def run_one(adapter, trace: Trace, invariants, path: str, reference: type | None = None) -> Outcome:
     """One strict-lockstep run of ``trace`` on ``path``'s engine against its reference (or ``reference``)."""
     if path.startswith("async-"):
-        return lockstep_async.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorAsync)
-    return lockstep_v1.run_one(adapter, trace, invariants, reference=reference or RecordingConnectorV1)
+        return lockstep_async.run_one(adapter, trace, invariants, reference=reference or reference_of(path))
+    return lockstep_v1.run_one(adapter, trace, invariants, reference=reference or reference_of(path))
+
+
+def explain_violations(trace: Trace, path: str, problems: set[str], invariants) -> dict[str, str]:
+    """For a trace on which the engine agrees with the reference in vLLM's terms (so shares its
+    violations), which finding explains each violation: the one whose fixed reference
+    (`FINDINGS`), run through the same checks on the same trace, no longer shows it."""
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
+
+    explained: dict[str, str] = {}
+    key = (path.startswith("async-"), path.endswith("+spec"))
+    models = {finding: by_key[key] for finding, by_key in FINDINGS.items() if key in by_key}
+
+    def gone(name: str, model: type) -> set[str]:
+        return problems - run_checked(SchedulerAdapter(name, model), trace, invariants, timeout=60,
+                                      stop_at_first=False).problem_ids
+
+    for finding, model in models.items():
+        for problem in sorted(gone(finding, model) - set(explained)):
+            explained[problem] = finding
+    # a violation two findings cause together (either alone still causes it): the smallest set fixed
+    groups = [list(pair) for pair in itertools.combinations(models, 2)] + [list(models)] * (len(models) > 2)
+    for group in groups:
+        if not problems - set(explained):
+            break
+        together = type("FindingsFixed", tuple(models[f] for f in group), {})
+        for problem in sorted(gone("+".join(group), together) - set(explained)):
+            explained[problem] = "+".join(group)
+    return explained
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
@@ -173,27 +344,44 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     by_field: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     violations: collections.Counter[str] = collections.Counter()
-    steps = agreeing = 0
+    # on agreeing traces: "FINDING: INVARIANT" -> traces (`explain_violations`), and those no finding explains
+    explained: collections.Counter[str] = collections.Counter()
+    unexplained: collections.Counter[str] = collections.Counter()
+    steps = agreeing = drafted = 0
     started = time.monotonic()
     for done, trace in enumerate(traces, 1):
         if done % 100 == 1 and done > 1:
             print(f"  {path}: {done - 1}/{len(traces)} traces, {agreeing} agree, {dict(by_field)}", flush=True)
         outcome = run_one(adapter, trace, invariants, path)
         steps += len(outcome.result.records)
-        for problem in outcome.result.problem_ids - {"LOCKSTEP"}:
+        drafted += sum(1 for r in outcome.result.records for s in r.output.scheduled if s.num_drafts)
+        problems = outcome.result.problem_ids - {"LOCKSTEP"}
+        for problem in problems:
             violations[problem] += 1
         cls = classify(outcome)
         if cls == "unclassified" and path.startswith("async-"):
             cls = counterfactual(adapter, trace, invariants, path) or cls
         if cls is None:
             agreeing += 1
+            if problems:
+                why = explain_violations(trace, path, problems, invariants)
+                for problem in sorted(problems):
+                    if problem in why:
+                        explained[f"{why[problem]}: {problem}"] += 1
+                    else:
+                        unexplained[problem] += 1
+                        first.setdefault((path, f"violation-{problem}"), (trace, outcome))
             continue
         by_field[outcome.field or "?"] += 1
         by_class[cls] += 1
         first.setdefault((path, cls), (trace, outcome))
     return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
-            "violations": dict(sorted(violations.items())), "seconds": round(time.monotonic() - started, 1)}
+            "violations": dict(sorted(violations.items())),
+            "violations_explained_on_agreeing": dict(sorted(explained.items())),
+            "violations_unexplained_on_agreeing": dict(sorted(unexplained.items())),
+            **({"scheduled_with_drafts": drafted} if path.endswith("+spec") else {}),
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 def classify(outcome: Outcome) -> str | None:
@@ -214,14 +402,39 @@ def classify(outcome: Outcome) -> str | None:
                 return "frees-in-set-order"
     if result.fault is not None and result.fault.kind == "config-rejected":
         return "config-rejected"
+    if result.fault is not None and "scheduler.py:1579" in str(result.fault):  # lockstep_specdec's class
+        return "padded-admission-cut-by-threshold"
+    if keeps_failed_load_drafts(outcome):
+        return "failed-load-keeps-drafts"
     return "unclassified"
+
+
+def keeps_failed_load_drafts(outcome: Outcome) -> bool:
+    """Whether the first divergence is vLLM scheduling, in the step after a request's synchronous
+    load failed, the drafts proposed from that failed step beside its recompute (class
+    ``failed-load-keeps-drafts``): the only difference is that request's tokens, by exactly the
+    drafts it carries, and the step before reported its failed load."""
+    result = outcome.result
+    d = result.divergence
+    if d is None or d.field != "scheduled" or outcome.state is not None and outcome.state[0] < d.step \
+            or not 0 < d.step < len(result.records):
+        return False
+    want, got = set(d.reference), set(d.target)
+    if len(want - got) != 1 or len(got - want) != 1:
+        return False
+    (sid, ref_tokens, _), (tsid, tokens, _) = next(iter(want - got)), next(iter(got - want))
+    item = next((s for s in result.records[d.step].output.scheduled if s.seq_id == tsid), None)
+    reported = result.records[d.step - 1].after.kv_reported or {}
+    failed = reported.get(tsid.split("#")[0])
+    return sid == tsid and item is not None and item.num_drafts > 0 and tokens - ref_tokens == item.num_drafts \
+        and failed is not None and failed.kind == "load" and not failed.load_async and bool(failed.failed)
 
 
 def counterfactual(adapter, trace: Trace, invariants, path: str) -> str | None:
     """The class whose model (`MODELS`) explains the divergence: rerun against the reference with
     that engine behaviour modelled, and every decision and state then agree (or differ only as
     `classify` excuses)."""
-    for cls, model in MODELS:
+    for cls, model in SPEC_MODELS if path.endswith("+spec") else MODELS:
         again = run_one(adapter, trace, invariants, path, reference=model)
         if classify(again) in (None, "frees-in-set-order"):
             return cls
@@ -263,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             close()
     for (path, cls), (trace, outcome) in sorted(first.items()):
         kind, why = CLASSES.get(cls, ("open", "not yet explained"))
+        if cls.startswith("violation-"):  # an agreeing trace's violation no finding explains
+            kind, why = "open-violation", f"the engine breaks {cls.removeprefix('violation-')} with the reference in vLLM's terms"
         meta = {"adapter": "vllm-v1-async" if path in ASYNC_PATHS else "vllm-v1", "profile": "connector",
                 "path": path, "class": cls, "kind": kind,
                 "field": outcome.field, "message": outcome.describe(), "steps": len(outcome.result.records)}

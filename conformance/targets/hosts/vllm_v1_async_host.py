@@ -56,8 +56,8 @@ count from the next step to schedule. vLLM then defers frees (``defer_block_free
 connector with two batches in flight, scheduler.py:189-195): the snapshot adds ``gpu_fenced``
 (``deferred_frees``, tail first), and an asynchronous load in flight shows its local hit as computed.
 A request cut back by a failed synchronous load is a prefill again until a step samples for it. The
-hello's ``ordered_steps`` claim is per host, not per trace, so it stands with a connector too, where
-vLLM fences instead (PIP-004 is not checked on these traces).
+hello's ``ordered_steps`` claim is made for configs without a connector only (hello's
+``claims_without_kv_connector``): with one, vLLM fences instead, and PIP-004 holds it to the fence.
 
 Speculative decoding (k > 0; vllm_v1_host.py says how the host plays drafter and sampler): the
 scheduled drafts are ``AsyncScheduler``'s ``-1`` placeholders (the real drafts stay on the device,
@@ -106,7 +106,10 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
     spec_method = "ngram_gpu"
 
     def hello_extra(self) -> dict:
-        return {**super().hello_extra(), "pipeline_depth": BATCH_QUEUE_SIZE - 1}
+        # ordered_steps only without a KV connector: with one vLLM fences (defer_block_free), so
+        # the runner checks PIP-004 on a connector's traces (docs/PROTOCOL.md)
+        return {**super().hello_extra(), "pipeline_depth": BATCH_QUEUE_SIZE - 1,
+                "claims_without_kv_connector": ["ordered_steps"]}
 
     def reset(self, config: dict) -> None:
         super().reset(config)
