@@ -224,6 +224,7 @@ class ConnectorFlow:
         send); they go back when the connector reports the transfer done (`_kv_outcome`)."""
         if self.connector is not None:
             self._kv_queue.discard(tracked.request_id)
+            self._kv_landed.discard(tracked.request_id)  # a finished request awaits no promotion
             if self.connector.request_finished(tracked.request_id, list(tracked.blocks), self._step):  # type: ignore[attr-defined]
                 tracked.status = status
                 return

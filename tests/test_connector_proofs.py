@@ -315,7 +315,10 @@ def _reads(sched, t):  # type: ignore[no-untyped-def]
     flight = connector.transfers.get(t.request_id)
     if flight is not None:
         x, lt = (SENDING, 0) if flight.kind == "send" else (LOADING, flight.tokens)
-    elif t.request_id in sched._kv_landed:
+    elif t.request_id in sched._kv_landed or (t.status.value == "WAITING_FOR_REMOTE_KV" and t.blocks
+                                                and t.request_id in getattr(sched, "landed_loads", {})):
+        # landed, or promoted (its valid blocks cached) and not yet admitted: the encoding's landed
+        # load either way, which holds its blocks until the request is scheduled
         load = sched.landed_loads[t.request_id]  # reported in an outcome, maybe not the last one
         lt = load.tokens  # valid: up to its first failed block (the script's), all of it else
         valid = min((i * config.block_size for i, b in enumerate(load.blocks) if b in load.failed), default=lt)
