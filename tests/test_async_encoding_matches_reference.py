@@ -167,7 +167,7 @@ def _drive(run: Run, data, steps: int) -> None:
             return
 
 
-@settings(max_examples=examples(40), database=None, deadline=None)
+@settings(max_examples=examples(20), database=None, deadline=None)
 @given(data=st.data(), steps=st.integers(1, 12))
 def test_every_async_step_is_a_sequence_of_allowed_matrix_actions(data, steps):
     run = Run(AsyncV1Scheduler(_config(data.draw)))

@@ -23,7 +23,7 @@ def test_forced_paths(monkeypatch, wide, lists):
     monkeypatch.setattr(batched, "_WIDE_OP", wide)
     monkeypatch.setattr(batched.FreeIds, "LISTS", lists)
     rng = random.Random(11)
-    batch = [random_trace(rng, 8, small=True) for _ in range(12)] + [random_trace(rng, 16) for _ in range(12)]
+    batch = [random_trace(rng, 8, small=True) for _ in range(6)] + [random_trace(rng, 16) for _ in range(6)]
     result = run_lockstep(batch, Scheduler, kv=True)
     assert result.ok, result.divergence.describe()
     assert result.engine_steps > 0
