@@ -48,6 +48,21 @@ def test_reference_conforms_to_its_own_profile(tmp_path):
     assert result.steps_checked > 500
 
 
+def test_only_the_chosen_problems_are_shrunk(tmp_path):
+    """``shrink_only`` (the museum's: an exhibit's expected invariants) leaves every other problem
+    with the trace it was found with, marked unshrunk and on disk; the chosen one is shrunk."""
+    sys.path.insert(0, str(TESTS))
+    try:
+        result = fuzz(lambda: load_adapter("broken_adapters:fork_without_incref"),
+                      RunPlan(get_profile("safety"), max_examples=60, seed=7, out_dir=tmp_path),
+                      stop_when=lambda problems: "BLK-003" in problems, shrink_only={"BLK-003"}.__contains__)
+    finally:
+        sys.path.remove(str(TESTS))
+    assert result.findings["BLK-003"].shrunk
+    others = [f for p, f in result.findings.items() if p != "BLK-003"]
+    assert others and all(not f.shrunk and f.path.exists() for f in others)
+
+
 @pytest.fixture(scope="module")
 def victim_run(tmp_path_factory):
     """One run of a policy-breaking adapter, shared by the tests that read it."""

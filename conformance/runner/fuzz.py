@@ -125,6 +125,7 @@ def fuzz(
     on_example: Callable[[FuzzResult], None] | None = None,
     stop_when: Callable[[frozenset[str]], bool] | None = None,
     shared: SharedExamples | None = None,
+    shrink_only: Callable[[str], bool] | None = None,
 ) -> FuzzResult:
     """Search for traces that break ``profile``'s invariants on the adapter, then shrink each problem.
 
@@ -136,7 +137,9 @@ def fuzz(
     (ignored for an in-process runner or a caller's ``strategy``, which only this process has).
     ``shared`` is an example database beside ``out_dir`` (`conformance.runner.example_db`): replayed
     first, fed every failure found. Hypothesis' own shrinking is always off (each problem is shrunk on
-    its own afterwards).
+    its own afterwards). ``shrink_only(problem)``, if given, says which problems are shrunk; the others
+    keep the trace they were found with, marked unshrunk (the bug museum shrinks only an exhibit's
+    expected invariants: shrinking a liveness problem costs a whole trace per try).
     """
     profile, out_dir, max_examples, time_budget = plan.profile, plan.out_dir, plan.max_examples, plan.time_budget
     seed_value, timeout, workers, adapter_spec = plan.seed, plan.timeout, plan.workers, plan.adapter_spec
@@ -244,12 +247,13 @@ def fuzz(
                 return finding
 
             up = [on for on in runners if getattr(on, "info", None) is not None]  # a halted search may leave one unstarted
-            for finding in each_on_a_runner(up or runners[:1], sorted(best.items()), shrink_one):
+            chosen = sorted(item for item in best.items() if shrink_only is None or shrink_only(item[0]))
+            for finding in each_on_a_runner(up or runners[:1], chosen, shrink_one):
                 result.findings[finding.problem] = finding
     except KeyboardInterrupt:
         result.interrupted = True
     for problem, (_, trace, summary) in sorted(best.items()):
-        if problem not in result.findings:  # interrupted: the unshrunk trace, already on disk
+        if problem not in result.findings:  # interrupted or not chosen: the unshrunk trace, already on disk
             found = summary.problems[problem]
             result.findings[problem] = Finding(problem, found.message, trace, found.step + 1,
                                                out_dir / "counterexamples" / _file_name(problem), None, found.location,

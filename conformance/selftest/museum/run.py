@@ -85,7 +85,7 @@ def run_exhibit(
     started = time.monotonic()
     plan = RunPlan(get_profile(exhibit.profile), out_dir / exhibit.id, max_examples=max_examples, seed=seed, timeout=None)
     result = fuzz(lambda: make_adapter(exhibit), plan, strategy=exhibit.strategy() if exhibit.strategy else None,
-                  stop_when=lambda problems: bool(problems & expected))
+                  stop_when=lambda problems: bool(problems & expected), shrink_only=expected.__contains__)
     problems = {p: f.steps for p, f in result.findings.items()}
     hits = sorted((f.steps, exhibit.expected.index(p), p) for p, f in result.findings.items() if p in expected)
     caught_by = hits[0][2] if hits else None
