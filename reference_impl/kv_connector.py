@@ -167,6 +167,12 @@ class ConnectorFlow:
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
         self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
         self._kv_reverted: set[str] = set()  # the last outcome's: running requests that redo their step, uncut
+        # vLLM's ``_inflight_prefills`` (scheduler.py:491-493): requests whose reservation gates an
+        # asynchronous load. A request joins when it starts an asynchronous load (:1542) or is
+        # admitted with a chunk that leaves prompt to compute (:1592-1593), and leaves when a
+        # step schedules its last prompt chunk (:1869-1871), when preempted (:1820) or finished
+        # (:3038). A running request cut back by a failed load does not join again.
+        self._kv_inflight: set[str] = set()
 
     def _to_visit(self, base, waiting_ids=None):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
@@ -219,11 +225,25 @@ class ConnectorFlow:
             self._kv_queue.discard(request_id)
         return done
 
+    def _preempt(self, victim) -> None:  # type: ignore[no-untyped-def]
+        if self.connector is not None:
+            self._kv_inflight.discard(victim.request_id)
+        super()._preempt(victim)  # type: ignore[misc]
+
+    def _kv_after_schedule(self, scheduled: Mapping[str, int]) -> None:
+        """The step is scheduled: a request whose chunk reaches its known tokens is no longer an
+        in-flight prefill (vLLM ``_update_after_schedule``'s ``is_prefill_chunk``, :1862-1871)."""
+        for rid, tokens in scheduled.items():
+            tracked = self.requests[rid]  # type: ignore[attr-defined]
+            if tracked.num_computed + tokens >= self._num_known(tracked):  # type: ignore[attr-defined]
+                self._kv_inflight.discard(rid)
+
     def _finish(self, tracked, status: Status) -> None:  # type: ignore[no-untyped-def]
         """A finished request keeps its blocks while the connector holds them (a load in flight, a
         send); they go back when the connector reports the transfer done (`_kv_outcome`)."""
         if self.connector is not None:
             self._kv_queue.discard(tracked.request_id)
+            self._kv_inflight.discard(tracked.request_id)
             if self.connector.request_finished(tracked.request_id, list(tracked.blocks), self._step):  # type: ignore[attr-defined]
                 tracked.status = status
                 return
@@ -231,14 +251,12 @@ class ConnectorFlow:
 
     # ------------------------------------------------------------------ admission
     def _kv_reserved_blocks(self, tracked) -> int:  # type: ignore[no-untyped-def]
-        """Blocks the other in-flight prefills still need for their whole sequence (vLLM
-        ``_inflight_prefill_reserved_blocks``): running requests mid-prefill and requests that
-        started an asynchronous load and were not scheduled since. ``tracked`` itself is left out
-        unless `reserves_own_blocks`."""
+        """Blocks the other in-flight prefills (`_kv_inflight`) still need for their whole sequence
+        (vLLM ``_inflight_prefill_reserved_blocks``, scheduler.py:3432-3436). ``tracked`` itself is
+        left out unless `reserves_own_blocks`."""
         config = self.config  # type: ignore[attr-defined]
-        holders = [r for r in self.running if r.in_prefill and r.num_computed < r.num_tokens]  # type: ignore[attr-defined]
-        holders += [r for r in self.waiting if r.request_id in self._kv_queue  # type: ignore[attr-defined]
-                    and (r is not tracked or self.reserves_own_blocks)]
+        holders = [self.requests[rid] for rid in sorted(self._kv_inflight)  # type: ignore[attr-defined]
+                   if rid != tracked.request_id or self.reserves_own_blocks]
         step = 1 + config.num_speculative_tokens if self.reserves_spec_steps and config.num_speculative_tokens else 0
         own = config.blocks_for(step) if step else 0  # the load's own speculative step (vLLM's guard)
         return own + sum(max(config.blocks_for(min(r.num_tokens, config.max_model_len) + step) - len(r.blocks), 0)
@@ -291,6 +309,7 @@ class ConnectorFlow:
                                              free=self.pool.num_free))  # type: ignore[attr-defined]
                     break
                 connector.start_load(rid, list(tracked.blocks), len(hits), local + external, True, self._step)  # type: ignore[attr-defined]
+                self._kv_inflight.add(rid)
                 tracked.status = Status.WAITING_FOR_REMOTE_KV
                 pos = self._kv_hold(tracked, pos)
                 reasons.append(Reason.of("wait_remote_kv", rid))
@@ -325,6 +344,8 @@ class ConnectorFlow:
             self.running.append(tracked)  # type: ignore[attr-defined]
             scheduled[rid] = tokens
             budget -= tokens
+            if computed + tokens < tracked.num_tokens:  # still prefilling after this chunk (vLLM :1592-1593)
+                self._kv_inflight.add(rid)
             if tokens > remaining:  # padded with placeholder drafts (pads_new_decode_drafts)
                 self._scheduled_drafts[rid] = tokens - remaining  # type: ignore[attr-defined]
                 self._placeholder_drafts.add(rid)  # type: ignore[attr-defined]
