@@ -434,7 +434,12 @@ class ConnectorFlow:
         self._kv_reverted = set()
         invalid = {b for t in reported if t.kind == "load" for b in t.failed}
         failed_async = self._kv_truncate_async(reported, invalid)
-        failed_sync, evict = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set())
+        failed_sync, evict, shared = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set(), set())
+        if not self.keeps_failed_blocks_cached:
+            # The spec's rule also drops the blocks after a failed block in the table of a request
+            # that shares it and only redoes its step: its step computed them over the failed KV.
+            # vLLM 0.33.0 collects only the cut requests' blocks (scheduler.py:3665-3666).
+            evict |= shared
         if failed_sync and (self.config.kv_load_failure_policy == "fail" or not self.keeps_failed_blocks_cached):  # type: ignore[attr-defined]
             # The failed blocks and every block after them leave the prefix cache: their KV is
             # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
@@ -507,15 +512,18 @@ class ConnectorFlow:
                 failed.add(rid)
         return failed
 
-    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int]]:
+    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
         its first failed block within its computed tokens; a block already cut for an earlier
         request is left to that one (the later request keeps it as computed and redoes its step:
-        its count goes back to what it was before the step, `_kv_reverted`). Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
+        its count goes back to what it was before the step, `_kv_reverted`). Also returns the
+        blocks from each cut on (what the ``fail`` policy evicts from the cache), and the blocks
+        after the first failed block of each request that redoes its step (computed over it)."""
         bs = self.config.block_size  # type: ignore[attr-defined]
         affected: set[str] = set()
         marked: set[int] = set()
         evict: set[int] = set()
+        shared: set[int] = set()
         for tracked in self.running:  # type: ignore[attr-defined]
             computed = tracked.num_computed - scheduled.get(tracked.request_id, 0)
             cut = False
@@ -523,6 +531,8 @@ class ConnectorFlow:
             for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]
                 if block not in invalid:
                     continue
+                if not hit:
+                    shared.update(tracked.blocks[index + 1:])
                 hit = True
                 if block in marked:
                     continue
@@ -537,7 +547,7 @@ class ConnectorFlow:
             if hit and not cut:  # it redoes its step: its count before the step (unchanged in the synchronous flow)
                 tracked.num_computed = computed
                 self._kv_reverted.add(tracked.request_id)
-        return affected, evict
+        return affected, evict, shared - evict
 
     def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]
         """Finish a request whose load failed under the ``fail`` policy."""
