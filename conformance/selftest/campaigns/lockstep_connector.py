@@ -270,7 +270,10 @@ FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     "drafts-past-max-tokens": {(False, True): CappedDrafts, (True, True): CappedDraftsAsync},
     "pads-new-decode-drafts": {(False, True): UnpaddedAdmission, (True, True): UnpaddedAdmissionAsync},
     "spec-step-reservation-stall": {(False, True): NoSpecStepReservation, (True, True): NoSpecStepReservationAsync},
-    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760)
+    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760),
+    # and never collects the blocks a sharer of a failed block computed over it (:3665-3666): with
+    # drafts SPD-007 sees them keyed past the sharer's computed tokens (vllm-project/vllm#26813's
+    # review, #49250)
     "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
         (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
         (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
