@@ -112,4 +112,5 @@ def test_rejected_drafts_beside_a_failed_load_stay_a_decode(adapter) -> None:
 
     trace = Trace.load(TRACE.parent / "async-spec-rejection-beside-failed-load.json")
     outcome = run_one(adapter, trace, get_profile("connector").invariants(), "async-hunt+spec")
-    assert classify(outcome) is None, outcome.describe()
+    # (its frees of step 12 may differ in order only: a set's order, PYTHONHASHSEED)
+    assert classify(outcome) in (None, "frees-in-set-order"), outcome.describe()
