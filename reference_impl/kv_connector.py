@@ -438,7 +438,7 @@ class ConnectorFlow:
         if not self.keeps_failed_blocks_cached:
             # The spec's rule also drops the blocks after a failed block in the table of a request
             # that shares it and only redoes its step: its step computed them over the failed KV.
-            # vLLM 0.33.0 collects only the cut requests' blocks (scheduler.py:3665-3666).
+            # vLLM 0.33.0 collects only the cut requests' blocks (scheduler.py:3669-3670).
             evict |= shared
         if failed_sync and (self.config.kv_load_failure_policy == "fail" or not self.keeps_failed_blocks_cached):  # type: ignore[attr-defined]
             # The failed blocks and every block after them leave the prefix cache: their KV is

@@ -199,7 +199,7 @@ def test_async_load_reservation_counts_only_inflight_prefills():
 def test_failed_block_drops_the_keys_a_sharing_request_computed_over_it():
     """The spec's rule for a failed synchronous load (``keeps_failed_blocks_cached`` off) also
     drops the keys of the blocks after the failed block in a request that shares it and redoes
-    its step; vLLM keeps them (scheduler.py:3665-3666, 3759-3760), and SPD-007 sees r2#0's block
+    its step; vLLM keeps them (scheduler.py:3669-3670, 3759-3760), and SPD-007 sees r2#0's block
     keyed past its computed tokens. The first trace of fail-recompute+spec's SPD-007."""
     from conformance.runner.adapter import SchedulerAdapter
     from conformance.runner.driver import run_checked

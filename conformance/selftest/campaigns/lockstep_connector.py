@@ -109,7 +109,7 @@ CLASSES: dict[str, tuple[str, str]] = {
         "vllm-deviation",
         "+spec paths only. When a synchronous load fails, vLLM 0.33.0 cuts the request's num_computed_tokens back "
         "to the first failed block (vllm/v1/core/sched/scheduler.py:3660-3661) but leaves its `is_prefill_chunk` as "
-        "the failed step set it (:1862-1864): False, when that step was its last prompt chunk. In the next step the "
+        "the failed step set it (:1863-1865): False, when that step was its last prompt chunk. In the next step the "
         "running loop schedules its recompute chunk, a prefill, without setting `prefill_scheduled` "
         "(`prefill_scheduled |= request.is_prefill_chunk`, :998), so the waiting loop pads a one-token admission "
         "to 1 + k with placeholder drafts (:1308-1330), which it does only when no prefill runs in the step. The "
@@ -271,7 +271,7 @@ FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     "pads-new-decode-drafts": {(False, True): UnpaddedAdmission, (True, True): UnpaddedAdmissionAsync},
     "spec-step-reservation-stall": {(False, True): NoSpecStepReservation, (True, True): NoSpecStepReservationAsync},
     # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760),
-    # and never collects the blocks a sharer of a failed block computed over it (:3665-3666): with
+    # and never collects the blocks a sharer of a failed block computed over it (:3669-3670): with
     # drafts SPD-007 sees them keyed past the sharer's computed tokens (vllm-project/vllm#26813's
     # review, #49250)
     "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {

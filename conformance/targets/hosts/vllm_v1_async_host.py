@@ -182,7 +182,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             invalid = batch.model_output.kv_connector_output.invalid_block_ids or set()
             bs = self.sched.block_size
             # the running requests a failed block touches, among the blocks of their computed tokens
-            # (the range `_update_requests_with_invalid_blocks` scans, scheduler.py:3629-3640): with
+            # (the range `_update_requests_with_invalid_blocks` scans, scheduler.py:3630-3640): with
             # drafts a rejection also takes a count back, and that request stays a decode
             touched = {rid for rid, n in computed.items()
                        if invalid & set(self.sched.kv_cache_manager.get_block_ids(rid)[0][: -(-n // bs)])}
