@@ -112,11 +112,12 @@ CLASSES: dict[str, tuple[str, str]] = {
         "the failed step set it (:1863-1865): False, when that step was its last prompt chunk. In the next step the "
         "running loop schedules its recompute chunk, a prefill, without setting `prefill_scheduled` "
         "(`prefill_scheduled |= request.is_prefill_chunk`, :998), so the waiting loop pads a one-token admission "
-        "to 1 + k with placeholder drafts (:1308-1330), which it does only when no prefill runs in the step. The "
+        "to 1 + k with placeholder drafts (:1308-1330), which it does only when no prefill runs in the step, or, "
+        "when 1 + k does not fit the budget left, does not schedule it (:1326-1328). The "
         "reference counts the recompute as the prefill it is and admits the request with its one token. The "
         "stream is unharmed (placeholder drafts are rejected: SPD-008's finding). Recognised structurally "
         "(`pads_beside_failed_load`): the step after a failed synchronous load was reported, the only differences "
-        "are one-token admissions padded to 1 + k and, for the failed requests, their kept drafts "
+        "are one-token admissions padded to 1 + k (or left out) and, for the failed requests, their kept drafts "
         "(failed-load-keeps-drafts).",
     ),
     "failed-load-keeps-placeholders": (
@@ -438,9 +439,10 @@ def pads_beside_failed_load(outcome: Outcome) -> bool:
     """Whether the first divergence is vLLM padding a one-token admission to 1 + k beside the
     recompute of a failed synchronous load (class ``failed-load-pads-admission``): in the step after
     the failure was reported, every request the two sides schedule differently is either a
-    one-token admission the engine pads to 1 + k (k drafts) or a failed request that the engine
-    schedules with more tokens by exactly the drafts it kept (``failed-load-keeps-drafts``); at
-    least one is a padded admission, and a failed request is scheduled."""
+    one-token admission the engine pads to 1 + k (k drafts) or leaves out (its 1 + k past the
+    budget), or a failed request that the engine schedules with more tokens by exactly the drafts
+    it kept (``failed-load-keeps-drafts``); at least one is such an admission, and a failed request
+    is scheduled."""
     result = outcome.result
     d = result.divergence
     if d is None or d.field != "scheduled" or outcome.state is not None and outcome.state[0] < d.step \
@@ -450,9 +452,14 @@ def pads_beside_failed_load(outcome: Outcome) -> bool:
     items = {s.seq_id: s for s in result.records[d.step].output.scheduled}
     want = {sid: tokens for sid, tokens, _ in set(d.reference) - set(d.target)}
     got = {sid: tokens for sid, tokens, _ in set(d.target) - set(d.reference)}
-    if not failed or want.keys() != got.keys() or not any(sid.split("#")[0] in failed for sid in items):
+    if not failed or not got.keys() <= want.keys() or not any(sid.split("#")[0] in failed for sid in items):
         return False
-    padded = 0
+    # a one-token admission whose 1 + k did not fit the budget left is not scheduled at all
+    # ("Prefer to not schedule than schedule un-padded", scheduler.py:1326-1328)
+    dropped = want.keys() - got.keys()
+    if any(want[sid] != 1 for sid in dropped):
+        return False
+    padded = len(dropped)
     for sid, tokens in got.items():
         item = items.get(sid)
         if item is None or not item.num_drafts or tokens - want[sid] != item.num_drafts:
