@@ -167,6 +167,12 @@ class ConnectorFlow:
         self._kv_landed: set[str] = set()  # loads reported done, not yet promoted
         self._kv_cut: dict[str, int] = {}  # loads in flight a failure elsewhere cut: their valid tokens
         self._kv_reverted: set[str] = set()  # the last outcome's: running requests that redo their step, uncut
+        # vLLM's ``_inflight_prefills`` (scheduler.py:491-493): requests whose reservation gates an
+        # asynchronous load. A request joins when it starts an asynchronous load (:1542) or is
+        # admitted with a chunk that leaves prompt to compute (:1592-1593), and leaves when a
+        # step schedules its last prompt chunk (:1869-1871), when preempted (:1820) or finished
+        # (:3038). A running request cut back by a failed load does not join again.
+        self._kv_inflight: set[str] = set()
 
     def _to_visit(self, base, waiting_ids=None):  # type: ignore[no-untyped-def]
         """Also the requests in the KV-holding front of waiting: a promoted request whose failed
@@ -219,12 +225,26 @@ class ConnectorFlow:
             self._kv_queue.discard(request_id)
         return done
 
+    def _preempt(self, victim) -> None:  # type: ignore[no-untyped-def]
+        if self.connector is not None:
+            self._kv_inflight.discard(victim.request_id)
+        super()._preempt(victim)  # type: ignore[misc]
+
+    def _kv_after_schedule(self, scheduled: Mapping[str, int]) -> None:
+        """The step is scheduled: a request whose chunk reaches its known tokens is no longer an
+        in-flight prefill (vLLM ``_update_after_schedule``'s ``is_prefill_chunk``, :1862-1871)."""
+        for rid, tokens in scheduled.items():
+            tracked = self.requests[rid]  # type: ignore[attr-defined]
+            if tracked.num_computed + tokens >= self._num_known(tracked):  # type: ignore[attr-defined]
+                self._kv_inflight.discard(rid)
+
     def _finish(self, tracked, status: Status) -> None:  # type: ignore[no-untyped-def]
         """A finished request keeps its blocks while the connector holds them (a load in flight, a
         send); they go back when the connector reports the transfer done (`_kv_outcome`)."""
         if self.connector is not None:
             self._kv_queue.discard(tracked.request_id)
             self._kv_landed.discard(tracked.request_id)  # a finished request awaits no promotion
+            self._kv_inflight.discard(tracked.request_id)
             if self.connector.request_finished(tracked.request_id, list(tracked.blocks), self._step):  # type: ignore[attr-defined]
                 tracked.status = status
                 return
@@ -232,14 +252,12 @@ class ConnectorFlow:
 
     # ------------------------------------------------------------------ admission
     def _kv_reserved_blocks(self, tracked) -> int:  # type: ignore[no-untyped-def]
-        """Blocks the other in-flight prefills still need for their whole sequence (vLLM
-        ``_inflight_prefill_reserved_blocks``): running requests mid-prefill and requests that
-        started an asynchronous load and were not scheduled since. ``tracked`` itself is left out
-        unless `reserves_own_blocks`."""
+        """Blocks the other in-flight prefills (`_kv_inflight`) still need for their whole sequence
+        (vLLM ``_inflight_prefill_reserved_blocks``, scheduler.py:3432-3436). ``tracked`` itself is
+        left out unless `reserves_own_blocks`."""
         config = self.config  # type: ignore[attr-defined]
-        holders = [r for r in self.running if r.in_prefill and r.num_computed < r.num_tokens]  # type: ignore[attr-defined]
-        holders += [r for r in self.waiting if r.request_id in self._kv_queue  # type: ignore[attr-defined]
-                    and (r is not tracked or self.reserves_own_blocks)]
+        holders = [self.requests[rid] for rid in sorted(self._kv_inflight)  # type: ignore[attr-defined]
+                   if rid != tracked.request_id or self.reserves_own_blocks]
         step = 1 + config.num_speculative_tokens if self.reserves_spec_steps and config.num_speculative_tokens else 0
         own = config.blocks_for(step) if step else 0  # the load's own speculative step (vLLM's guard)
         return own + sum(max(config.blocks_for(min(r.num_tokens, config.max_model_len) + step) - len(r.blocks), 0)
@@ -292,6 +310,7 @@ class ConnectorFlow:
                                              free=self.pool.num_free))  # type: ignore[attr-defined]
                     break
                 connector.start_load(rid, list(tracked.blocks), len(hits), local + external, True, self._step)  # type: ignore[attr-defined]
+                self._kv_inflight.add(rid)
                 tracked.status = Status.WAITING_FOR_REMOTE_KV
                 pos = self._kv_hold(tracked, pos)
                 reasons.append(Reason.of("wait_remote_kv", rid))
@@ -326,6 +345,8 @@ class ConnectorFlow:
             self.running.append(tracked)  # type: ignore[attr-defined]
             scheduled[rid] = tokens
             budget -= tokens
+            if computed + tokens < tracked.num_tokens:  # still prefilling after this chunk (vLLM :1592-1593)
+                self._kv_inflight.add(rid)
             if tokens > remaining:  # padded with placeholder drafts (pads_new_decode_drafts)
                 self._scheduled_drafts[rid] = tokens - remaining  # type: ignore[attr-defined]
                 self._placeholder_drafts.add(rid)  # type: ignore[attr-defined]
@@ -414,7 +435,12 @@ class ConnectorFlow:
         self._kv_reverted = set()
         invalid = {b for t in reported if t.kind == "load" for b in t.failed}
         failed_async = self._kv_truncate_async(reported, invalid)
-        failed_sync, evict = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set())
+        failed_sync, evict, shared = self._kv_truncate_running(invalid, scheduled) if invalid else (set(), set(), set())
+        if not self.keeps_failed_blocks_cached:
+            # The spec's rule also drops the blocks after a failed block in the table of a request
+            # that shares it and only redoes its step: its step computed them over the failed KV.
+            # vLLM 0.33.0 collects only the cut requests' blocks (scheduler.py:3669-3670).
+            evict |= shared
         if failed_sync and (self.config.kv_load_failure_policy == "fail" or not self.keeps_failed_blocks_cached):  # type: ignore[attr-defined]
             # The failed blocks and every block after them leave the prefix cache: their KV is
             # garbage until recomputed (PFX-001). vLLM 0.33.0 evicts them under ``fail`` only and
@@ -487,15 +513,18 @@ class ConnectorFlow:
                 failed.add(rid)
         return failed
 
-    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int]]:
+    def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
         its first failed block within its computed tokens; a block already cut for an earlier
         request is left to that one (the later request keeps it as computed and redoes its step:
-        its count goes back to what it was before the step, `_kv_reverted`). Also returns the blocks from each cut on (what the ``fail`` policy evicts from the cache)."""
+        its count goes back to what it was before the step, `_kv_reverted`). Also returns the
+        blocks from each cut on (what the ``fail`` policy evicts from the cache), and the blocks
+        after the first failed block of each request that redoes its step (computed over it)."""
         bs = self.config.block_size  # type: ignore[attr-defined]
         affected: set[str] = set()
         marked: set[int] = set()
         evict: set[int] = set()
+        shared: set[int] = set()
         for tracked in self.running:  # type: ignore[attr-defined]
             computed = tracked.num_computed - scheduled.get(tracked.request_id, 0)
             cut = False
@@ -503,6 +532,8 @@ class ConnectorFlow:
             for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]
                 if block not in invalid:
                     continue
+                if not hit:
+                    shared.update(tracked.blocks[index + 1:])
                 hit = True
                 if block in marked:
                     continue
@@ -517,7 +548,7 @@ class ConnectorFlow:
             if hit and not cut:  # it redoes its step: its count before the step (unchanged in the synchronous flow)
                 tracked.num_computed = computed
                 self._kv_reverted.add(tracked.request_id)
-        return affected, evict
+        return affected, evict, shared - evict
 
     def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]
         """Finish a request whose load failed under the ``fail`` policy."""

@@ -528,6 +528,8 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
             reasons=tuple(reasons),
             encoder_inputs=tuple(self._encoder_computed),
         )
+        if self.connector is not None:
+            self._kv_after_schedule(scheduled)
         self._scheduled = [(self.requests[rid], n) for rid, n in scheduled.items()]
         self._step += 1
         self._last_output = output

@@ -182,3 +182,34 @@ def test_kvc008_counts_the_block_a_running_step_opens():
     assert "KVC-008" in {i.id for i in result.active} and not result.problem_ids, result.violations[:2]
     step9 = result.records[9]
     assert step9.before.gpu_free == 2 and not step9.output.ignored and len(step9.output.scheduled) == 2
+
+
+def test_async_load_reservation_counts_only_inflight_prefills():
+    """vLLM reserves for the requests in ``_inflight_prefills`` only (scheduler.py:3432-3436): a
+    request admitted earlier in the same pass with its last prompt chunk is not one. On this
+    remote-async+spec trace (a first trace of the 1000-trace run) r4's load fits beside it: the
+    reference in vLLM's terms starts it in step 5, as vLLM does (it waited under the old rule)."""
+    from conformance.selftest.campaigns.lockstep_connector import RecordingConnectorSpecV1
+
+    trace = Trace.load(ROOT / "docs/traces/connector/spec-reservation-counts-inflight-prefills.json")
+    run = run_trace(trace, RecordingConnectorSpecV1)
+    assert run.records[5].after.statuses["r4"] is Status.WAITING_FOR_REMOTE_KV
+
+
+def test_failed_block_drops_the_keys_a_sharing_request_computed_over_it():
+    """The spec's rule for a failed synchronous load (``keeps_failed_blocks_cached`` off) also
+    drops the keys of the blocks after the failed block in a request that shares it and redoes
+    its step; vLLM keeps them (scheduler.py:3669-3670, 3759-3760), and SPD-007 sees r2#0's block
+    keyed past its computed tokens. The first trace of fail-recompute+spec's SPD-007."""
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
+    from conformance.selftest.campaigns.lockstep_connector import FINDINGS, RecordingConnectorSpecV1
+
+    trace = Trace.load(ROOT / "docs/traces/connector/spec-shared-failed-block-keys.json")
+    invariants = get_profile("connector").invariants()
+    engine = run_checked(SchedulerAdapter("engine-terms", RecordingConnectorSpecV1), trace, invariants,
+                         timeout=60, stop_at_first=False)
+    spec = run_checked(SchedulerAdapter("spec-rule", FINDINGS["failed-blocks-stay-cached"][(False, True)]), trace,
+                       invariants, timeout=60, stop_at_first=False)
+    assert "SPD-007" in engine.problem_ids and "SPD-007" not in spec.problem_ids
+    assert any("r2#0" in v.message for v in engine.violations if v.invariant_id == "SPD-007")

@@ -102,3 +102,20 @@ def test_async_load_stalls_on_its_own_speculative_step(adapter) -> None:
     result = run_checked(adapter, trace, invariants_of(["safety", "liveness", "connector"]), timeout=120)
     assert {"LIV-001", "LIV-003"} <= result.problem_ids, result.problem_ids
     assert run_trace(trace, ConnectorScheduler).drained
+
+
+@pytest.mark.parametrize("name", ["spec-failed-load-pads-admission", "spec-failed-load-pads-admission-left-out"])
+def test_failed_load_pads_admission_is_classified(adapter, name: str) -> None:
+    """fail-recompute+spec traces of class failed-load-pads-admission: after a failed synchronous
+    load vLLM pads a one-token admission to 1 + k beside the failed request's recompute (its stale
+    ``is_prefill_chunk``, scheduler.py:998, 1308-1330), or, with the budget left short of 1 + k,
+    leaves it out (:1326-1328); the classifier recognises both."""
+    from pathlib import Path
+
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_connector import classify, run_one
+    from spec.trace import Trace
+
+    trace = Trace.load(Path(__file__).resolve().parent.parent / "docs/traces/connector" / f"{name}.json")
+    outcome = run_one(adapter, trace, get_profile("connector").invariants(), "fail-recompute+spec")
+    assert classify(outcome) == "failed-load-pads-admission", outcome.describe()

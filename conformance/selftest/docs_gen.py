@@ -731,17 +731,21 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
             "`python -m conformance.selftest.campaigns.connector_hunt --traces 300 --spec-tokens 2 --out "
             "docs/results/connector-hunt-specdec.json`; on vLLM's `AsyncScheduler` (depth 1) the same with "
             "`--pipelined` and `--out docs/results/connector-hunt-async.json` / `connector-hunt-async-specdec.json`; "
-            "without drafts each problem trace is also run in lockstep against the reference in vLLM's terms and its "
-            "counterfactuals, and a problem on a trace where the engine agrees with one is counted as that model's; "
+            "each problem trace is also run in lockstep against the reference in vLLM's terms (with drafts the `+spec` "
+            "paths' references) and, pipelined, its counterfactuals; a problem on a trace where the engine agrees with "
+            "the reference is counted as the finding whose fixed reference no longer shows it, one where it agrees "
+            "with a counterfactual as that model's, the rest as open; "
             "what each problem is: docs/CONNECTORS.md, section 7):\n\n"
-            "| depth | speculative tokens | traces | steps | problems (traces) | explained (model: invariant xN) |\n"
-            "| --- | --- | --- | --- | --- | --- |\n"]
+            "| depth | speculative tokens | traces | steps | problems (traces) | explained (model: invariant xN) | open |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n"]
     for _name, h in sorted(hunts.items(), key=lambda kv: (kv[1].get("pipeline_depth", 0), kv[1].get("spec_tokens", 0))):
         found = "; ".join(f"{k} x{v}" for k, v in h.get("problems", {}).items()) or "-"
         explained = h.get("explained")
         why = "; ".join(f"{k} x{v}" for k, v in explained.items()) or "-" if explained is not None else "(not sorted)"
+        left = h.get("open")
+        still = "; ".join(f"{k} x{v}" for k, v in left.items() if v) or "-" if left is not None else "(not sorted)"
         rows.append(f"| {h.get('pipeline_depth', 0)} | {h.get('spec_tokens', 0)} | {h['traces']} | {h['steps']} | "
-                    f"{found} | {why} |\n")
+                    f"{found} | {why} | {still} |\n")
     rows.append("\nWith drafts (k = 2) a second stall: an asynchronous load whose blocks fit the pool but not beside its "
                 "own speculative step's reservation (`reserved_blocks = _inflight_prefill_reserved_blocks() + "
                 "_spec_decode_step_blocks`, vllm/v1/core/sched/scheduler.py:1421-1431, 372-380) is never admitted "
@@ -752,8 +756,10 @@ def _connector_hunts(hunts: dict[str, Any]) -> str:
                 "[reports/vllm-v1-connector-spec-step-reservation-stall.md](reports/vllm-v1-connector-spec-step-reservation-stall.md). "
                 "SPD-004 and SPD-008 there are the speculative lockstep's drafts-past-max-tokens and "
                 "pads-new-decode-drafts. At depth 1 (`--pipelined`, vLLM's `AsyncScheduler`) no safety invariant "
-                "broke, drafts on or off; each liveness problem's cause, by counterfactual: docs/CONNECTORS.md, "
-                "section 7.\n")
+                "broke, drafts on or off; each problem is explained as the table says, on a trace where the engine "
+                "agrees with the reference in vLLM's terms, by the finding whose fixed reference no longer shows it "
+                "(the own-reservation stall, the speculative-step reservation stall, the two draft deviations); the "
+                "\"open\" count of each results file is what none explains: docs/CONNECTORS.md, section 7.\n")
     return "".join(rows)
 
 

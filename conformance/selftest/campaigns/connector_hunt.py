@@ -40,6 +40,7 @@ from conformance.generation.specdec import with_drafts
 from conformance.generation.v0 import sample_traces
 from conformance.runner.adapter import load_adapter
 from conformance.runner.driver import run_checked
+from conformance.selftest.campaigns.campaign_args import provenance
 from spec.trace import Trace
 
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelined", action="store_true", help="depth 1 on vLLM's AsyncScheduler (vllm-v1-async)")
     parser.add_argument("--out", type=Path, default=Path("docs/results/connector-hunt.json"))
     args = parser.parse_args(argv)
+    begun = provenance()
     target = "vllm-v1-async" if args.pipelined else "vllm-v1"
     adapter = load_adapter(target)
     invariants = invariants_of(["safety", "liveness", "connector"])
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               "pipeline_depth": int(args.pipelined), "traces": args.traces, "steps": steps,
               "problems": dict(sorted(counts.items())), "explained": dict(sorted(explained.items())),
               "open": {p: n - sum(v for k, v in explained.items() if k.endswith(f": {p}")) for p, n in sorted(counts.items())},
-              "first": first, "seconds": round(time.monotonic() - started, 1)}
+              "first": first, "seconds": round(time.monotonic() - started, 1),
+              "run": {"started": begun, "written": provenance()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report[k] for k in ("traces", "steps", "problems", "explained", "seconds")}))

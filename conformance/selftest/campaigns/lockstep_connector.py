@@ -105,6 +105,21 @@ CLASSES: dict[str, tuple[str, str]] = {
         "(`keeps_failed_load_drafts`): the first divergence is that request's tokens, by exactly its drafts, in the "
         "step after its failed synchronous load was reported.",
     ),
+    "failed-load-pads-admission": (
+        "vllm-deviation",
+        "+spec paths only. When a synchronous load fails, vLLM 0.33.0 cuts the request's num_computed_tokens back "
+        "to the first failed block (vllm/v1/core/sched/scheduler.py:3660-3661) but leaves its `is_prefill_chunk` as "
+        "the failed step set it (:1863-1865): False, when that step was its last prompt chunk. In the next step the "
+        "running loop schedules its recompute chunk, a prefill, without setting `prefill_scheduled` "
+        "(`prefill_scheduled |= request.is_prefill_chunk`, :998), so the waiting loop pads a one-token admission "
+        "to 1 + k with placeholder drafts (:1308-1330), which it does only when no prefill runs in the step, or, "
+        "when 1 + k does not fit the budget left, does not schedule it (:1326-1328). The "
+        "reference counts the recompute as the prefill it is and admits the request with its one token. The "
+        "stream is unharmed (placeholder drafts are rejected: SPD-008's finding). Recognised structurally "
+        "(`pads_beside_failed_load`): the step after a failed synchronous load was reported, the only differences "
+        "are one-token admissions padded to 1 + k (or left out) and, for the failed requests, their kept drafts "
+        "(failed-load-keeps-drafts).",
+    ),
     "failed-load-keeps-placeholders": (
         "vllm-defect",
         "Pipelined paths only (AsyncScheduler). When a synchronous load fails, vLLM 0.33.0 cuts the request's "
@@ -256,7 +271,10 @@ FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     "drafts-past-max-tokens": {(False, True): CappedDrafts, (True, True): CappedDraftsAsync},
     "pads-new-decode-drafts": {(False, True): UnpaddedAdmission, (True, True): UnpaddedAdmissionAsync},
     "spec-step-reservation-stall": {(False, True): NoSpecStepReservation, (True, True): NoSpecStepReservationAsync},
-    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760)
+    # vLLM keeps a failed synchronous load's blocks cached under recompute (scheduler.py:3759-3760),
+    # and never collects the blocks a sharer of a failed block computed over it (:3669-3670): with
+    # drafts SPD-007 sees them keyed past the sharer's computed tokens (vllm-project/vllm#26813's
+    # review, #49250)
     "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
         (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
         (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
@@ -406,7 +424,52 @@ def classify(outcome: Outcome) -> str | None:
         return "padded-admission-cut-by-threshold"
     if keeps_failed_load_drafts(outcome):
         return "failed-load-keeps-drafts"
+    if pads_beside_failed_load(outcome):
+        return "failed-load-pads-admission"
     return "unclassified"
+
+
+def _failed_sync_loads(result, step: int) -> set[str]:  # type: ignore[no-untyped-def]
+    """The requests whose synchronous load the outcome before ``step`` reported failed."""
+    reported = result.records[step - 1].after.kv_reported or {}
+    return {rid for rid, t in reported.items() if t.kind == "load" and not t.load_async and t.failed}
+
+
+def pads_beside_failed_load(outcome: Outcome) -> bool:
+    """Whether the first divergence is vLLM padding a one-token admission to 1 + k beside the
+    recompute of a failed synchronous load (class ``failed-load-pads-admission``): in the step after
+    the failure was reported, every request the two sides schedule differently is either a
+    one-token admission the engine pads to 1 + k (k drafts) or leaves out (its 1 + k past the
+    budget), or a failed request that the engine schedules with more tokens by exactly the drafts
+    it kept (``failed-load-keeps-drafts``); at least one is such an admission, and a failed request
+    is scheduled."""
+    result = outcome.result
+    d = result.divergence
+    if d is None or d.field != "scheduled" or outcome.state is not None and outcome.state[0] < d.step \
+            or not 0 < d.step < len(result.records):
+        return False
+    failed = _failed_sync_loads(result, d.step)
+    items = {s.seq_id: s for s in result.records[d.step].output.scheduled}
+    want = {sid: tokens for sid, tokens, _ in set(d.reference) - set(d.target)}
+    got = {sid: tokens for sid, tokens, _ in set(d.target) - set(d.reference)}
+    if not failed or not got.keys() <= want.keys() or not any(sid.split("#")[0] in failed for sid in items):
+        return False
+    # a one-token admission whose 1 + k did not fit the budget left is not scheduled at all
+    # ("Prefer to not schedule than schedule un-padded", scheduler.py:1326-1328)
+    dropped = want.keys() - got.keys()
+    if any(want[sid] != 1 for sid in dropped):
+        return False
+    padded = len(dropped)
+    for sid, tokens in got.items():
+        item = items.get(sid)
+        if item is None or not item.num_drafts or tokens - want[sid] != item.num_drafts:
+            return False
+        if sid.split("#")[0] in failed:
+            continue  # its kept drafts
+        if want[sid] != 1:  # (then the engine's tokens are 1 + its drafts)
+            return False
+        padded += 1
+    return padded > 0
 
 
 def keeps_failed_load_drafts(outcome: Outcome) -> bool:

@@ -179,12 +179,19 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
         if self.kv is not None:  # the workers' transfer reports in the batch's outcome
             batch.model_output.kv_connector_output = self.kv.report(batch.step)
             computed = {rid: r.num_computed_tokens for rid, r in self.reqs.items() if r.status == RequestStatus.RUNNING}
+            invalid = batch.model_output.kv_connector_output.invalid_block_ids or set()
+            bs = self.sched.block_size
+            # the running requests a failed block touches, among the blocks of their computed tokens
+            # (the range `_update_requests_with_invalid_blocks` scans, scheduler.py:3630-3640): with
+            # drafts a rejection also takes a count back, and that request stays a decode
+            touched = {rid for rid, n in computed.items()
+                       if invalid & set(self.sched.kv_cache_manager.get_block_ids(rid)[0][: -(-n // bs)])}
         self.sched.update_from_output(batch.output, batch.model_output)
         if self.kv is not None:
             # a request whose synchronous load failed is cut back to its first failed block
             # (scheduler.py:3655-3666) and recomputes: a prefill again until a step samples for it
-            if batch.model_output.kv_connector_output.invalid_block_ids:
-                self.decoding -= {rid for rid, n in computed.items() if self.reqs[rid].num_computed_tokens < n}
+            if invalid:
+                self.decoding -= {rid for rid in touched if self.reqs[rid].num_computed_tokens < computed[rid]}
             req_ids = list(dict.fromkeys([*req_ids, *self.reqs]))  # FINISHED_ERROR reaches unscheduled ones too
         for rid in req_ids:
             r = self.reqs[rid]
