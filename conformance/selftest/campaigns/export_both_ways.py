@@ -210,6 +210,7 @@ def write_index(results: dict[str, Any], demos: dict[str, Any]) -> None:
               "`padded-admission-cut-by-threshold` the #54028 assert; the two open async divergences are not yet "
               "traced to a line), and the two fail-recompute connector traces on which the spec's reference breaks "
               "BUD-004 and REQ-004 too (docs/CONNECTORS.md section 8: not diagnosed, so no finding);",
+              "* the connector classes `failed-blocks-stay-cached` and `failed-load-pads-admission` (docs/CONNECTORS.md, sections 6 and 7): the first is vLLM's chosen design under `kv_load_failure_policy=recompute` (argued in the review of vllm-project/vllm#26813), and the wrong output it can lead to is already reported upstream (vllm-project/vllm#49250, open); the second is a deviation (a one-token admission beside a failed load's recompute is padded to 1 + k and waits a step), not a defect;",
               "* the streaming-pause class `paused-new-admits-held-session` (docs/CONFORMANCE.md): vLLM documents that "
               "PAUSE_NEW still schedules requests holding KV blocks (vllm/v1/core/sched/interface.py:28-29), and a "
               "waiting session holds its KV, so it is a deviation by design from PAU-001, not a defect."]
