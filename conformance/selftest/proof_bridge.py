@@ -497,6 +497,13 @@ def v1_counterexample_trace(
                       max_num_batched_tokens=max(exact.max_num_batched_tokens, exact.max_num_seqs, bound["seqs"]),
                       max_model_len=max(exact.max_model_len, bound["block_size"] * bound["table_len"]))
     configs = [exact, relaxed]
+    # Z3's pre-state need only satisfy the invariants, not be reachable under the exact config: a
+    # request mid-prefill with chunked prefill off, say, or a watermark that holds back the one
+    # admission the bug needs. The reference reaches such a shape with the limit relaxed.
+    if not relaxed.enable_chunked_prefill:
+        configs.append(replace(relaxed, enable_chunked_prefill=True))
+    if relaxed.watermark > 0:
+        configs.append(replace(relaxed, watermark=0.0))
     pre = cex["pre"]
     shapes = [(g["prompt_len"], g["max_tokens"]) for g in pre["groups"] if g["status"] != "NONE"] or [(1, 1)]
     rng = random.Random(seed)
