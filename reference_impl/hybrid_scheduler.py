@@ -52,6 +52,7 @@ from spec.config import SchedulerConfig
 from spec.errors import InputError
 from spec.observation import Capability, Snapshot
 from spec.prefix import block_keys
+from spec.reasons import Reason
 
 HYBRID_CAPABILITIES = CAPABILITIES | {Capability.KV_GROUPS}
 
@@ -123,6 +124,22 @@ class KVGroupsMixin:
         need += self.kv.blocks_needed(tracked.request_id, min(tracked.num_tokens, config.max_model_len), computed,
                                       self._hits_of(tracked), whole=True)
         return need + self._admission_watermark() <= self.pool.num_free  # type: ignore[attr-defined]
+
+    def _ignore_if_stuck(self, tracked: TrackedRequest, need: int, reasons: list[Reason], ignored: list[str]) -> bool:
+        """A cache hit can cost a Mamba "align" group one block more than none (the hit's state,
+        taken off the free queue, and a fresh one: kv_groups.py `blocks_needed`), so a head that
+        `_ignore_if_infeasible` let pass may still need more than the whole pool above the
+        watermark. With nothing running, nothing in flight and every block free, the cache and so
+        the hit stay as they are: the head would wait forever (LIV-001, LIV-003). It is ignored."""
+        config = self.config  # type: ignore[attr-defined]
+        capacity = config.num_gpu_blocks - self._admission_watermark()  # type: ignore[attr-defined]
+        idle = not self.running and not getattr(self, "in_flight", None) \
+            and self.pool.num_free == config.num_gpu_blocks  # type: ignore[attr-defined]
+        if not idle or need <= capacity:
+            return False
+        reasons.append(Reason.of("ignored_never_fits", tracked.request_id, blocks=need, capacity=capacity))
+        self._ignore(tracked, reasons[-1], ignored)  # type: ignore[attr-defined]
+        return True
 
     def _blocks_for_whole(self, tracked: TrackedRequest) -> int:
         """Every group's admission count for the whole sequence, without a hit."""

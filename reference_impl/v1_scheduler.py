@@ -645,6 +645,8 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
                 if self._sessions and self.evict_idle_sessions(tracked, skipped, scheduled, reasons):
                     continue
                 need = self._blocks_needed(tracked, tracked.num_tokens - computed, hits, lookahead=False)
+                if self._ignore_if_stuck(tracked, need, reasons, ignored):
+                    continue
                 reasons.append(Reason.of("wait_blocks", tracked.request_id, blocks=need, free=self.pool.num_free))
                 break
             if not self._allocate(tracked, tokens, hits=hits, watermark=True):
@@ -798,11 +800,22 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
                                      capacity=self._never_fits_capacity()))
         else:
             return False
+        self._ignore(tracked, reasons[-1], ignored)
+        return True
+
+    def _ignore(self, tracked: TrackedRequest, reason: Reason, ignored: list[str]) -> None:
+        """Finish a waiting request as FINISHED_IGNORED for ``reason``, reported in this step's output."""
         self.waiting.remove(tracked)
         self._finish(tracked, Status.FINISHED_IGNORED)
         ignored.append(tracked.request_id)
-        self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reasons[-1]))
-        return True
+        self._ignored.append(Finished(tracked.request_id, Status.FINISHED_IGNORED, reason))
+
+    def _ignore_if_stuck(self, tracked: TrackedRequest, need: int, reasons: list[Reason], ignored: list[str]) -> bool:
+        """Ignore a head whose whole sequence needs ``need`` blocks, more than an idle engine will ever
+        have above the watermark (LIV-003). Never here: one table's count is the same with a cache hit
+        or without, and `_ignore_if_infeasible` has compared it already. A hybrid cache's is not
+        (HybridV1Scheduler)."""
+        return False
 
     def _blocks_for_whole(self, tracked: TrackedRequest) -> int:
         """The blocks a request's whole sequence ever holds at once (what never-fits compares with

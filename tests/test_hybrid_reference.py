@@ -323,3 +323,23 @@ def test_eagle_lookahead_slots_are_allocated_past_the_scheduled_tokens() -> None
     assert held(HybridSpecDecScheduler, trace) == (2, 2)
     no_drop = dataclasses.replace(trace, config=dataclasses.replace(config, drop_eagle_block=False))
     assert held(eagle, no_drop) == (2, 2)
+
+
+def test_an_idle_engine_ignores_a_head_its_mamba_hit_makes_too_big() -> None:
+    """A hit costs a Mamba "align" group a block more than none (the hit's state and a fresh one):
+    R1 (17 tokens over 2-token blocks, a hit on R0's cached first block) needs 11 blocks, the whole
+    pool of 11 less the watermark's 1 holds 10, and with nothing running the cache stays as it is.
+    Waiting would be forever (LIV-001, LIV-003: found by tests/test_stateful.py's hybrid machine);
+    it is ignored, with the count it needed."""
+    config = SchedulerConfig(block_size=2, num_gpu_blocks=11, num_cpu_blocks=0, max_num_seqs=1,
+                             max_num_batched_tokens=1, max_model_len=17, watermark=0.1,
+                             preemption_mode="recompute", enable_chunked_prefill=True, enable_prefix_caching=True,
+                             kv_groups=(KVGroup("full"), KVGroup("mamba", mode="align"), KVGroup("shared", source=0)))
+    trace = Trace(config, (Arrival(0, Request("R0", 2, 3, prompt_tokens=(0, 1))),
+                           Arrival(4, Request("R1", 17, 1, prompt_tokens=tuple(i % 3 for i in range(17))))),
+                  max_steps=6)
+    records = list(iter_steps(trace, HybridV1Scheduler(config)))
+    assert records[4].output.ignored == ("R1",)
+    reason = next(r for r in records[4].output.reasons if r.request_id == "R1")
+    assert reason.kind == "ignored_never_fits" and dict(reason.numbers) == {"blocks": 11, "capacity": 10}
+    assert not violated(HybridV1Scheduler, trace, invariants=get_profile("hybrid").invariants())
