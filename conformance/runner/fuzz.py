@@ -182,10 +182,14 @@ def fuzz(
         summary.problems = expectations.relabel(summary.problems)
         return summary
 
-    def run_on(on: Any, trace: Trace, **kw: Any) -> TraceSummary:
+    def run_on(on: Any, trace: Trace, *, alone: bool = False, **kw: Any) -> TraceSummary:
         if "stop_on" in kw:  # the runner knows the fault's kind, not where the expectations place it
             kw["stop_on"] = kw["stop_on"].split("@")[0]
-        return relabeled(on.run(trace, invariants, lockstep=lockstep, reference=reference, **kw))
+        # ``alone``: a shrink try reads one problem's step; an invariant's is the same checked
+        # alone (a predicate reads the record and the context, never another's verdict), so the
+        # try checks only it. A fault or a divergence is the driver's, and keeps the whole set.
+        checked = [kw["stop_on"]] if alone and kw.get("stop_on") in invariants else invariants
+        return relabeled(on.run(trace, checked, lockstep=lockstep, reference=reference, **kw))
 
     def record(trace: Trace, summary: TraceSummary, order: tuple[int, int]) -> None:
         for problem in sorted(summary.problems):
@@ -426,7 +430,7 @@ def _save(trace: Trace, path: Path, problem: str, unsaved: dict[str, str]) -> No
 def _shrunk_finding(problem: str, trace: Trace, summary: TraceSummary, run, result: FuzzResult,
                     out_dir: Path, domain: ConfigDomain | None = None, unsaved: dict[str, str] | None = None) -> Finding:
     def failing(candidate: Trace) -> int | None:
-        return run(candidate, stop_on=problem).step_of(problem)
+        return run(candidate, stop_on=problem, alone=True).step_of(problem)
 
     # A fatal fault costs a process start (a hang a whole timeout) per try: a small budget.
     tries, seconds = (10, 15.0) if problem.split("@")[0] in FATAL else (400, 30.0)
