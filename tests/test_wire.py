@@ -169,6 +169,22 @@ def test_steps_answer_as_the_calls_do(bug):
     assert batched._batch is not None  # the driver did batch
 
 
+def test_a_trace_that_ends_early_leaves_its_host_to_the_next_adapter():
+    """A trace whose requests all finish before its last step leaves the host running steps the
+    driver never reads (``_trace``: 40 steps asked for, done in a few). The driver's ``end_trace``
+    says the host is idle, not hung, so the next adapter of the same command takes the same process
+    from the pool (vLLM's start costs 4 s), and its trace runs as on a fresh host."""
+    invariants = get_profile("safety").invariants()
+    first = raw().start()
+    ran = run_checked(first, _trace(), invariants, timeout=30, stop_at_first=False)
+    assert ran.fault is None and len(ran.records) < _trace().max_steps
+    second = raw().start()
+    assert second.host is first.host and second.host.proc.pid == first.host.proc.pid
+    again = run_checked(second, _trace(), invariants, timeout=30, stop_at_first=False)
+    assert again.fault is None
+    assert [(r.output, r.finished, r.after) for r in again.records] == [(r.output, r.finished, r.after) for r in ran.records]
+
+
 def test_snapshot_deltas_decode_to_the_whole_snapshots():
     """kvsched_host's `steps` sends each snapshot after the first as a delta on the one before; the
     runner rebuilds the very snapshot it would have decoded whole, sharing the unchanged parts."""

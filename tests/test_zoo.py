@@ -63,8 +63,11 @@ def test_member_conforms_to_safety_and_liveness(member):
 def test_broken_twin_is_caught(member):
     runner = _runner(member.broken_spec)
     try:
+        # the test reads the caught_by verdicts alone, so it checks those (test_incremental_check:
+        # an invariant checked alone finds what it finds among the others)
+        checked = [i for i in CHECKED if i in member.caught_by] or CHECKED
         for trace in sample_traces((member.broken_traces or member.traces)(), BROKEN_TRACES, 11):
-            found = runner.run(trace, CHECKED).problem_ids
+            found = runner.run(trace, checked).problem_ids
             if found & set(member.caught_by):
                 return
         pytest.fail(f"{member.module}'s twin ({member.broken}) was not caught by {member.caught_by}")

@@ -135,6 +135,9 @@ def run_checked(
         if result.fault is not None and result.fault.step_uncertain and hasattr(adapter, "exact_steps"):
             result = _replay_exactly(adapter, trace, invariants, guard, lockstep, stop_at_first, reference_factory,
                                      stop_on, check_budget, result, stream)
+        end = getattr(adapter, "end_trace", None)  # optional: an adapter that ran ahead of the driver
+        if end is not None and result.fault is None:
+            end()
         return result
     finally:
         if collecting:

@@ -421,6 +421,15 @@ class WireAdapter:
         answered from the host's results in order. Without this hook every call is a round trip."""
         self._batch = _Batch(trace, observe, mid_step, self.flush_ms)
 
+    def end_trace(self) -> None:
+        """Driver hook: the trace ended without a fault, maybe before the steps the host was asked
+        for (every request finished, or the problem a shrink try looks for showed). The host's
+        lines for them are skipped by id at its next call, so it is idle, not hung: the next
+        adapter of the same target reuses it (the wire's pool) rather than kill it and pay the
+        engine's start again (4 s for vLLM)."""
+        if self._batch is not None and self._batch.pending is not None and self.host is not None:
+            self.host.busy = False
+
     @contextlib.contextmanager
     def exact_steps(self) -> Iterator[None]:
         """Within this block the host writes each step line at once (``flush_ms`` 0), so a death
