@@ -139,7 +139,10 @@ def fuzz(
     first, fed every failure found. Hypothesis' own shrinking is always off (each problem is shrunk on
     its own afterwards). ``shrink_only(problem)``, if given, says which problems are shrunk; the others
     keep the trace they were found with, marked unshrunk (the bug museum shrinks only an exhibit's
-    expected invariants: shrinking a liveness problem costs a whole trace per try).
+    expected invariants: shrinking a liveness problem costs a whole trace per try). A shrink try
+    checks only the invariant it shrinks (a predicate never reads another's verdict:
+    tests/test_incremental_check.py shows it on every mutant); the shrunk trace's final run, in a
+    fresh process, checks the whole profile.
     """
     profile, out_dir, max_examples, time_budget = plan.profile, plan.out_dir, plan.max_examples, plan.time_budget
     seed_value, timeout, workers, adapter_spec = plan.seed, plan.timeout, plan.workers, plan.adapter_spec
