@@ -57,6 +57,9 @@ class Adapter(Protocol):
     # mid_step)``, called by the driver right after ``reset``, tells an adapter that the calls
     # which follow are the driver's for ``trace`` (conformance/runner/driver.py), so that it may run them
     # ahead in batches; `conformance.wire.WireAdapter` uses it to send many steps per message.
+    # ``end_trace()``, called when a trace's run ended without a fault (maybe before its last
+    # step), tells such an adapter that what it ran ahead will not be read: the wire marks its
+    # host idle, so the next adapter of the same host command reuses the process.
 
 
 class SchedulerAdapter:
