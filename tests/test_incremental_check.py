@@ -139,7 +139,7 @@ def test_mutant_incremental_equals_full(monkeypatch, name):
     invariant checked alone finds what it found among the others (the shrinker checks a problem
     alone: conformance/runner/fuzz.py, ``alone``; tests/test_mutants.py's search too)."""
     from conformance.flows.profiles import get_profile
-    from spec.catalogue import catalogue
+    from spec.catalogue import get
 
     mutant = MUTANTS[name]
     strategy = mutant.trace_strategy() if mutant.trace_strategy else traces(max_requests=8)
@@ -149,7 +149,7 @@ def test_mutant_incremental_equals_full(monkeypatch, name):
         fast, slow = _both_ways(monkeypatch, mutant.factory, trace, invariants)
         _assert_same_findings(fast, slow)
         for inv in {i for i, _, _ in fast}:
-            alone = _violations(mutant.factory, trace, [c for c in invariants or catalogue() if c.id == inv])
+            alone = _violations(mutant.factory, trace, [get(inv)])
             assert alone == [v for v in fast if v[0] == inv], inv
         compared += bool(fast)
         if compared >= 2:

@@ -15,7 +15,7 @@ from conformance.flows.profiles import get_profile
 from conformance.generation.v0 import traces
 from conformance.selftest.mutants import MUTANTS, violated
 from reference_impl import Scheduler
-from spec.catalogue import catalogue
+from spec.catalogue import catalogue, get
 
 PAIRS = [(m.name, inv) for m in MUTANTS.values() for inv in m.catches]
 SEARCH = settings(
@@ -42,7 +42,8 @@ def test_mutant_is_caught(name, invariant_id):
     checked = get_profile(mutant.profile).invariants() if mutant.profile else None
     # the search reads one invariant's verdict, so it checks that one alone: a predicate reads the
     # step record and the checker's context, never another invariant's verdict
-    target = [inv for inv in (checked if checked is not None else catalogue()) if inv.id == invariant_id]
+    target = [get(invariant_id)]
+    assert checked is None or target[0] in checked, f"{invariant_id} is not in {mutant.profile}"
     trace = find(strategy, lambda t: invariant_id in violated(mutant.factory, t, invariants=target), settings=SEARCH)
     reference = mutant.reference or Scheduler
     assert violated(reference, trace, invariants=checked) == set(), "the reference must pass the trace that exposes the mutant"
