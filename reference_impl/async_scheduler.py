@@ -296,7 +296,10 @@ class AsyncV1Scheduler(V1Scheduler):
             # A stale step ran before the preemption: its drafts are what the drafter had proposed
             # then (the preemption drops the proposal for the next admission, not for steps already run).
             valid = counters.num_stale_valid if stale else counters.num_valid_drafts
-            status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=not stale,
+            # vLLM rolls rejected drafts back only from a positive count (scheduler.py:2361-2362), so
+            # a kept step delivered over a failed load's cut to 0 keeps its rejected drafts counted
+            rollback = not stale and not (self.keeps_failed_load_placeholders and tracked.num_computed <= 0)
+            status = commit_tokens(tracked, drafts, decision, stopped, self.config, rollback=rollback,
                                    num_valid=valid if self.depth else None)
             if self.keeps_failed_load_placeholders:  # a cut request's kept step delivers, and it still recomputes
                 tracked.in_prefill = in_prefill
@@ -362,7 +365,12 @@ class AsyncV1Scheduler(V1Scheduler):
             counters.num_stale -= tokens
             return True
         tracked.in_prefill = True
-        if tracked.request_id in step.dropped or self.keeps_failed_load_placeholders:
+        if tracked.request_id in step.dropped:
+            return True
+        if self.keeps_failed_load_placeholders:
+            if position is not None:  # the drafter ran on the failed step: its proposal is what the kept step verifies
+                decision = (step.decisions or {}).get(tracked.seq_id, NO_DECISION)
+                counters.num_valid_drafts = decision.num_proposed(self.config.num_speculative_tokens)
             return True
         if position is not None:
             counters.num_placeholders -= 1 + drafts

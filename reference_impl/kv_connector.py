@@ -157,6 +157,14 @@ class ConnectorFlow:
     # spec's reference reserves the sequences alone (KVC-008 lets a design hold these back); on in
     # lockstep against vLLM.
     reserves_spec_steps: bool = False
+    # vLLM 0.33.0's running loop chunks a running request by the budget left whatever
+    # ``enable_chunked_prefill`` says (scheduler.py:838-847; only the waiting loop reads it,
+    # :1337-1344), so a request a failed load set back to recompute, the one running request with
+    # more than a decode left when chunked prefill is off, is prefilled in chunks that the config
+    # rules out. Off: the spec's reference schedules such a recompute whole or not this step, as
+    # the waiting loop does a prompt (BUD-004); on in lockstep against vLLM (a finding,
+    # docs/CONNECTORS.md).
+    chunks_recompute_without_chunked_prefill: bool = False
 
     def _init_connector(self) -> None:
         """Called by the scheduler's constructor: a connector only with ``config.kv_connector``."""
@@ -405,6 +413,17 @@ class ConnectorFlow:
         if cache:
             self._cache_full_blocks(tracked, tracked.num_computed + tokens)  # type: ignore[attr-defined]
         return True
+
+    def _kv_running_chunk(self, tracked, tokens: int, budget: int) -> int:  # type: ignore[no-untyped-def]
+        """``tokens``, the running loop's chunk for ``tracked``; with chunked prefill off, 0 for a
+        recompute it would cut short (`chunks_recompute_without_chunked_prefill`), unless the
+        recompute could never fit a step's budget."""
+        config = self.config  # type: ignore[attr-defined]
+        if self.connector is None or config.enable_chunked_prefill or self.chunks_recompute_without_chunked_prefill \
+                or not tracked.in_prefill:
+            return tokens
+        whole = self._running_chunk(tracked, config.max_num_batched_tokens, 0)  # type: ignore[attr-defined]
+        return tokens if tokens >= whole or budget >= config.max_num_batched_tokens else 0
 
     # ------------------------------------------------------------------ outcome
     def _kv_begin_step(self) -> None:

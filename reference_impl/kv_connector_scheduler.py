@@ -21,6 +21,7 @@ class EngineConnectorV1(EngineWatermarkV1):
 
     keeps_failed_blocks_cached = True
     reserves_own_blocks = True
+    chunks_recompute_without_chunked_prefill = True
 
 
 class PipelinedConnectorScheduler(DeferredFreeAsyncV1Scheduler):
@@ -47,5 +48,6 @@ class EngineConnectorAsyncV1(PipelinedConnectorScheduler):
 
     keeps_failed_blocks_cached = True
     reserves_own_blocks = True
+    chunks_recompute_without_chunked_prefill = True
     _admission_watermark = EngineWatermarkV1._admission_watermark
     _never_fits_capacity = EngineWatermarkV1._never_fits_capacity

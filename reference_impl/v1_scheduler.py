@@ -464,7 +464,8 @@ class V1Scheduler(ConnectorFlow, SessionFlow, TrackedScheduler):
         index = 0
         while index < len(self.running) and budget > 0 and self.pause_state != "paused_all":
             tracked = self.running[index]
-            tokens, plan = self._encoder_plan(tracked, tracked.num_computed, self._running_chunk(tracked, budget, threshold))
+            chunk = self._kv_running_chunk(tracked, self._running_chunk(tracked, budget, threshold), budget)
+            tokens, plan = self._encoder_plan(tracked, tracked.num_computed, chunk)
             if tokens == 0:  # never here (a running request has a token left); a variant's cap may say 0
                 index += 1
                 continue

@@ -99,6 +99,29 @@ def test_pipelined_reference_at_depth_zero_is_the_connector_flow() -> None:
 
 
 @needs_vllm
+@pytest.mark.parametrize("name", ["async-spec-rejection-over-failed-load-cut", "async-spec-failed-step-drafts-feed-the-kept-step"])
+def test_failed_load_keeps_placeholders_with_drafts(adapter, name: str) -> None:
+    """With drafts, the engine's kept placeholders after a failed synchronous load follow two more
+    of vLLM's rules, which the counterfactual models: a rejection is rolled back only from a
+    positive computed count (scheduler.py:2361-2362), so the kept step delivered over the cut to 0
+    keeps its rejected draft counted (rejection-over-failed-load-cut); and the drafter ran on the
+    failed step, so the kept step verifies that step's proposal (failed-step-drafts-feed-the-kept-step).
+    The spec's pipelined reference voids the kept step and diverges; the counterfactual agrees to
+    the end. (The first four unclassified async-fail-recompute+spec divergences of the 1000-trace
+    campaign, docs/CONNECTORS.md section 7.)"""
+    from conformance.flows.profiles import get_profile
+    from conformance.selftest.campaigns.lockstep_connector import KeepsPlaceholdersAsyncSpec, classify, run_one
+    from spec.trace import Trace
+
+    trace = Trace.load(TRACE.parent / f"{name}.json")
+    invariants = get_profile("connector").invariants()
+    spec = run_one(adapter, trace, invariants, "async-fail-recompute+spec")
+    assert classify(spec) == "unclassified", spec.describe()
+    engine = run_one(adapter, trace, invariants, "async-fail-recompute+spec", reference=KeepsPlaceholdersAsyncSpec)
+    assert classify(engine) is None, engine.describe()
+
+
+@needs_vllm
 def test_rejected_drafts_beside_a_failed_load_stay_a_decode(adapter) -> None:
     """The host labels a request a prefill again after a failed load only when a failed block lies
     in its computed tokens: here r1's drafts are rejected in the outcome that reports r0's failed

@@ -119,3 +119,31 @@ def test_failed_load_pads_admission_is_classified(adapter, name: str) -> None:
     trace = Trace.load(Path(__file__).resolve().parent.parent / "docs/traces/connector" / f"{name}.json")
     outcome = run_one(adapter, trace, get_profile("connector").invariants(), "fail-recompute+spec")
     assert classify(outcome) == "failed-load-pads-admission", outcome.describe()
+
+
+def test_a_failed_loads_recompute_is_chunked_without_chunked_prefill(adapter) -> None:
+    """r3 hits r1's first block in the step whose outcome reports r1's synchronous load failed on
+    it, so r3 redoes its step: a 12-token recompute, running. With chunked prefill off vLLM's running
+    loop still gives it the 10 tokens the budget leaves (scheduler.py:838-847; only the waiting loop
+    reads the flag, :1337-1344), breaking BUD-004 and REQ-004 in step with the reference in its
+    terms; the spec's reference runs it whole a step later, and so does the finding's fixed one."""
+    from pathlib import Path
+
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
+    from conformance.selftest.campaigns.lockstep_connector import FINDINGS, classify, explain_violations, run_one
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+    from spec.trace import Trace
+
+    trace = Trace.load(Path(__file__).resolve().parent.parent
+                       / "docs/traces/connector/recompute-chunked-without-chunked-prefill.json")
+    invariants = get_profile("connector").invariants()
+    engine = run_one(adapter, trace, invariants, "fail-recompute")
+    assert classify(engine) is None, engine.describe()
+    assert {"BUD-004", "REQ-004"} <= engine.result.problem_ids, engine.result.problem_ids
+    why = explain_violations(trace, "fail-recompute", engine.result.problem_ids - {"LOCKSTEP"}, invariants)
+    assert why.get("BUD-004") == why.get("REQ-004") == "recompute-chunked-without-chunked-prefill", why
+    for reference in (ConnectorScheduler, FINDINGS["recompute-chunked-without-chunked-prefill"][(False, False)]):
+        result = run_checked(SchedulerAdapter("reference", reference), trace, invariants, timeout=60, stop_at_first=False)
+        assert not result.problem_ids & {"BUD-004", "REQ-004"}, (reference, result.problem_ids)

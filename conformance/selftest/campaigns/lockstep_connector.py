@@ -136,7 +136,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         "spec's pipelined reference voids the failed step's placeholder and the request's later in-flight steps "
         "(`AsyncV1Scheduler._kv_skip_failed`). Counterfactual: `KeepsPlaceholdersAsync` "
         "(`keeps_failed_load_placeholders`, with vLLM's placeholder-reading max_tokens test, :800-813, and chunk "
-        "cap, :851-857), against which every decision and state agree."
+        "cap, :851-857; with drafts `KeepsPlaceholdersAsyncSpec`, also with vLLM's rejection rollback only from a "
+        "positive count, :2361-2362, and the failed step's draft proposal verified by the kept step after it, "
+        "the drafter having run on the failed step), against which every decision and state agree."
         " Upstream report, with standalone reproducers that fail on 0.33.0 and pass with our fix: "
         "[reports/vllm-v1-async-failed-load-keeps-placeholders.md](reports/vllm-v1-async-failed-load-keeps-placeholders.md).",
     ),
@@ -255,6 +257,13 @@ class NoSpecStepReservationAsync(RecordingConnectorAsyncSpec):
     reserves_spec_steps = False
 
 
+def _whole_recompute(base: type) -> type:
+    """``base`` with the spec's rule for a running recompute without chunked prefill: whole or not
+    this step (`ConnectorFlow.chunks_recompute_without_chunked_prefill` off). Used only to explain
+    the engine's violations."""
+    return type(f"{base.__name__}WholeRecompute", (base,), {"chunks_recompute_without_chunked_prefill": False})
+
+
 def _dropping_failed_keys(base: type) -> type:
     """``base`` with the spec's rule for a failed load's blocks: their keys leave the prefix cache
     (`ConnectorFlow.keeps_failed_blocks_cached` off). Used only to explain the engine's violations."""
@@ -276,6 +285,11 @@ FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     # drafts SPD-007 sees them keyed past the sharer's computed tokens (vllm-project/vllm#26813's
     # review, #49250)
     "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
+        (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
+        (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
+    # vLLM's running loop chunks a failed load's recompute with chunked prefill off
+    # (scheduler.py:838-847, against the waiting loop's :1337-1344): BUD-004 and REQ-004
+    "recompute-chunked-without-chunked-prefill": {(a, d): _whole_recompute(reference) for (a, d), reference in {
         (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
         (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
 }
