@@ -82,13 +82,13 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         classes.append(cls)
         assert cls is None or cls in L.CLASSES, outcome.describe()
     assert classes.count(None) >= 4, classes
-    if path in ("encoder", "mixed"):
+    if path in ("encoder", "mixed", "streaming-mixed"):
         assert encoder_steps > 0  # the engine computed encoder inputs
     if path == "pause":
         assert paused_steps > 0
     if path == "grammar":
         assert grammar_waits > 0  # vLLM showed WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-    if path == "streaming":
+    if path in ("streaming", "streaming-mixed"):
         assert input_waits > 0  # vLLM showed WAITING_FOR_STREAMING_REQ
 
 

@@ -667,6 +667,10 @@ def _budgets(lockstep: Path) -> list[str]:
         violations = "; ".join(f"{k} x{n}" for k, n in p["violations"].items()) or "none"
         lines.append(f"| {path} | {p['traces']} | {p['steps']} | {p['agreeing_traces']} | {classes} | {violations} | "
                      f"{p['seconds']} |")
+    for path, p in data["paths"].items():
+        if p.get("drawn"):
+            drawn = "; ".join(f"{k} {n}" for k, n in p["drawn"].items())
+            lines.append(f"\n{path}, traces holding (of {p['traces']}): {drawn}.")
     for cls, c in data.get("classes", {}).items():
         lines.append(f"\n`{cls}` ({c['kind']}): {c['explanation']}")
     lines.append(run_line(data))
@@ -693,8 +697,10 @@ def _budgets(lockstep: Path) -> list[str]:
               "standalone reproducer (can_allocate admits two 100-embedding inputs into a 100-embedding cache; fails "
               "on 0.33.0, passes with #51228's rule applied): "
               "[reports/vllm-v1-encdec-encoder-slots-credited.md](reports/vllm-v1-encdec-encoder-slots-credited.md). Not reached, and why: the host builds "
-              "no encoder-decoder scheduler (cross-attention blocks need an encoder-decoder model config), no EC "
-              "connector, and streaming sessions only without encoder inputs.",
+              "no encoder-decoder scheduler (cross-attention blocks need an encoder-decoder model config) and no EC "
+              "connector; a session's later inputs carry no encoder inputs (`spec.session.InputPiece` is tokens only: "
+              "streaming-mixed puts them in first prompts), and sessions are not drawn with a KV connector or "
+              "pipelined steps.",
               "", "Hunt on SGLang 0.5.23 for LoRA (issue 32 item 5; sgl-project/sglang #25865 and #23141: a batch with "
               "max_loras_per_batch + 1 adapters, on which `LoRAManager.fetch_new_loras` asserts, lora_manager.py:464). "
               "SGLang's LoRA admission runs on CPU: the host imports `sglang.srt.lora.lora_manager` and its memory "

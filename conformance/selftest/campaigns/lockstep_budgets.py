@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|streaming-pause|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|streaming-pause|streaming-mixed|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -23,7 +23,12 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
   half the requests waiting 0-4 steps for their grammar; the host plays the grammar compiler;
 * ``streaming``: `session_traces` (V1 token traces, max_model_len 16 or more), about half the
   requests streaming-input sessions of one to three later inputs; the host plays their client;
-* ``streaming-pause``: the same, with a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace.
+* ``streaming-pause``: the same, with a ``pause_new`` or ``pause_all`` and its ``resume`` in every trace;
+* ``streaming-mixed``: `mixed_session_traces`, sessions beside everything else: the budgets'
+  configs (max_model_len 16 or more), grammar waits, encoder inputs in first prompts (a session's
+  among them), adapter ids (a session's serving every input), a pause a third of the time; a
+  divergence is tried against the session rules, the encoder rules, and each encoder rule with
+  each session rule (`session_and_encoder_models`).
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -42,7 +47,7 @@ from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
 from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
-from conformance.generation.sessions import session_traces
+from conformance.generation.sessions import mixed_session_traces, session_traces
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
@@ -59,7 +64,7 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause")
+PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -138,6 +143,20 @@ CLASSES: dict[str, tuple[str, str]] = {
         "`EvictsWhilePlanningV1`.",
     ),
 }
+
+CLASSES["lets-go-between-same-hash-inputs+evicts-while-planning"] = (
+    CLASSES["evicts-while-planning"][0],
+    "Both encoder-cache rules at once (`BothRulesV1`): `lets-go-between-same-hash-inputs` and `evicts-while-planning`.")
+# streaming-mixed: an encoder rule and a session rule at once (`session_and_encoder_models`)
+_ENCODER_CLASSES = ("lets-go-between-same-hash-inputs", "evicts-while-planning",
+                    "lets-go-between-same-hash-inputs+evicts-while-planning")
+_SESSION_CLASSES = ("session-kv-held-deadlock", "session-arrival-renewed", "session-kv-held-deadlock+session-arrival-renewed",
+                    "paused-new-admits-held-session", "paused-new-admits-held-session+vllm-sessions")
+CLASSES.update({
+    f"{encoder}+{session}": (f"{CLASSES[encoder][0]}; {CLASSES[session][0]}",
+                             f"Both at once on a trace with sessions and encoder inputs (streaming-mixed): `{encoder}` "
+                             f"and `{session}`, each explained above; the reference with both rules agrees to the end.")
+    for encoder in _ENCODER_CLASSES for session in _SESSION_CLASSES})
 
 
 class RecordingBudgets(GenerateDoor, RecordsSnapshots, EngineWatermarkV1):
@@ -291,6 +310,8 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
+    if path == "streaming-mixed":
+        return mixed_session_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     if path in ("grammar", "streaming", "streaming-pause"):
         traces = grammar_traces() if path == "grammar" else session_traces()
         if path == "streaming-pause":  # a pause and its resume (with_budgets draws no inputs or adapters here)
@@ -346,6 +367,18 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: t
     return Outcome(result, compare_state(result, holder[0]) if holder else None)
 
 
+def session_and_encoder_models() -> list[tuple[str, type[RecordingBudgets], frozenset[str], str | None]]:
+    """Each encoder rule of `MODELS` alone, then with each session rule of `SESSION_MODELS`: the
+    models a divergence of a trace with sessions and encoder inputs is tried against (a class
+    ``ENCODER+SESSION`` is both vLLM behaviours at once)."""
+    models = [(name, model, frozenset(), None) for name, model in MODELS]
+    for encoder_name, encoder_model in MODELS:
+        for session_name, session_model, allowed, required in SESSION_MODELS:
+            both = type(f"{encoder_model.__name__}With{session_model.__name__}", (encoder_model, session_model), {})
+            models.append((f"{encoder_name}+{session_name}", both, allowed, required))
+    return models
+
+
 def agrees_to_the_end(adapter, trace: Trace, invariants, model: type, allowed: frozenset[str],
                       required: str | None) -> bool:
     """Whether vLLM agrees with ``model`` to the end of the trace, every decision and state, and
@@ -368,6 +401,10 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
         for name, model, allowed, required in SESSION_MODELS:
             if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
                 return name
+        if any(a.request.encoder_inputs for a in trace.arrivals):  # streaming-mixed: an encoder rule, or both
+            for name, model, allowed, required in session_and_encoder_models():
+                if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
+                    return name
         return outcome.field or "?"
     if not any(a.request.encoder_inputs for a in trace.arrivals):
         return outcome.field or "?"
@@ -375,6 +412,22 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
         if run_one(adapter, trace, invariants, reference=model).divergence_step is None:
             return name
     return outcome.field or "?"
+
+
+def sessions_drawn(traces: list[Trace]) -> dict[str, int]:
+    """How many traces hold a streaming session, and one with each other feature beside it: what a
+    path with sessions drew (so that a combination it claims to cover is seen to be there)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for trace in traces:
+        sessions = [a.request for a in trace.arrivals if a.request.session]
+        counts["session"] += bool(sessions)
+        counts["session with encoder inputs"] += any(r.encoder_inputs for r in sessions)
+        counts["session with an adapter"] += any(r.lora_id for r in sessions)
+        counts["session waiting for its grammar"] += any(r.grammar_ready_step is not None for r in sessions)
+        counts["session and a pause"] += bool(sessions) and any(op != "resume" for _, op in trace.admin)
+        counts["session with all four"] += any(r.encoder_inputs and r.lora_id and r.grammar_ready_step is not None
+                                               for r in sessions) and any(op != "resume" for _, op in trace.admin)
+    return dict(counts)
 
 
 def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invariants) -> dict[str, Any]:
@@ -401,6 +454,7 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
             "violations": dict(sorted(violations.items())),
+            **({"drawn": sessions_drawn(traces)} if path.startswith("streaming") else {}),
             "seconds": round(time.monotonic() - started, 1)}
 
 
