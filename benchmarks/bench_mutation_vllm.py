@@ -19,7 +19,8 @@ judged by kvsched and by vLLM's own tests on the same mutants, over one populati
 5. Judges per mutant: kvsched's lockstep judges, one per lockstep campaign and host
    (`conformance.selftest.mutation.kvsched_judge.judges`: ``vllm-v1`` synchronous, ``vllm-v1-async``
    pipelined, ``vllm-v1-async+specdec`` speculative, ``vllm-v1-hybrid`` and ``vllm-v1-async+hybrid``
-   hybrid KV cache groups, ``vllm-v1-connector`` the scripted KV connector, ``vllm-v1-budgets``
+   hybrid KV cache groups, ``vllm-v1-connector`` the scripted KV connector (drafts on and off),
+   ``vllm-v1-async+connector`` the same on the pipelined ``AsyncScheduler``, ``vllm-v1-budgets``
    encoder inputs, LoRA, pause, grammar waits and streaming sessions; ``--judge-traces NAME=N`` sets
    any judge's traces; a judge added later judges the mutants no judge has oracle-killed yet; a judge
    whose unmutated engine's findings changed since its cached baseline is judged again), cheapest first by

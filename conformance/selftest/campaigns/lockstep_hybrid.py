@@ -34,8 +34,9 @@ token count. ``mamba-none+spec`` keeps one state block per request, as the host'
 "none" group holds 1 + k state blocks, v1/core/single_type_kv_cache_manager.py:1714-1720, which
 the reference does not model). ``mamba-align+spec`` is full + Mamba "align" with drafts: the host's
 ``MambaSpec(num_speculative_blocks=k)`` (the layout without ReplaySSM, which "align" cannot use)
-beside the reference's k speculative state blocks (`reference_impl.kv_groups.GroupTables`); it and
-its async twin are in ``UNJUDGED_PATHS``, which the mutation benchmark's judges do not draw.
+beside the reference's k speculative state blocks (`reference_impl.kv_groups.GroupTables`); it,
+``mamba-align+spec+eagle`` and their async twins are drawn by the mutation benchmark's hybrid
+judges too (``UNJUDGED_PATHS`` is empty).
 ``swa+prefix+eagle`` and ``mamba-align+eagle`` are the layouts with EAGLE's block drop
 (``drop_eagle_block``, HYB-006; vllm-project/vllm#50630's setting: ``MambaManager.
 find_longest_cache_hit`` never reads the flag) and no drafts: the host builds vLLM's scheduler with
@@ -83,14 +84,15 @@ from spec.observation import Snapshot
 from spec.trace import Trace
 
 SYNC_PATHS = ("swa", "swa+prefix", "mamba-none", "mamba-align", "local", "swa+spec", "swa+prefix+spec", "local+spec",
-              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle", "swa+prefix+spec+eagle", "mamba-none+spec+eagle")
+              "mamba-none+spec", "swa+prefix+eagle", "mamba-align+eagle", "swa+prefix+spec+eagle", "mamba-none+spec+eagle",
+              "mamba-align+spec", "mamba-align+spec+eagle")
 # The same layouts at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
 PATHS = (*SYNC_PATHS, *(f"async-{p}" for p in SYNC_PATHS))
 # Paths the campaign runs that the mutation benchmark's hybrid judges do not draw yet: the judges
 # read PATHS and SYNC_PATHS (kvsched_judge._hybrid_paths), and a path added there changes their
 # suites, so both hybrid judges are judged again (about 20 minutes). Move a path into SYNC_PATHS
 # (its async twin follows) to judge it.
-UNJUDGED_PATHS = ("mamba-align+spec", "mamba-align+spec+eagle", "async-mamba-align+spec", "async-mamba-align+spec+eagle")
+UNJUDGED_PATHS: tuple[str, ...] = ()
 CAMPAIGN_PATHS = (*PATHS, *UNJUDGED_PATHS)
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.

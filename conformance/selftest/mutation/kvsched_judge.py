@@ -44,7 +44,9 @@ from spec.trace import Trace
 
 V1_PATHS = ("default", "chunked", "prefix", "chunked+prefix")
 CONNECTOR_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "fail-fail", "delayed-free")
-BUDGETS_PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause")
+CONNECTOR_SPEC_PATHS = tuple(f"{p}+spec" for p in CONNECTOR_PATHS)
+ASYNC_CONNECTOR_PATHS = tuple(f"async-{p}" for p in CONNECTOR_PATHS)
+BUDGETS_PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
 # A judge that has seen the engine raise on this many traces stops looking for an oracle kill in
 # its suite (the next judge still looks in its own): each crashed trace costs a fresh host.
 CRASH_TRACES = 5
@@ -125,11 +127,17 @@ def _hybrid_run(adapter, trace: Trace, timeout: float):
 
 
 def _connector_run(adapter, trace: Trace, timeout: float):
-    from conformance.selftest.campaigns.lockstep_connector import RecordingConnectorV1
-    from conformance.selftest.campaigns.lockstep_v1 import run_one
+    """A connector path's trace against its reference in vLLM's terms (`lockstep_connector.reference_of`:
+    pipelined or not, drafts or not, read from the trace's config)."""
+    from conformance.selftest.campaigns import lockstep_async, lockstep_v1
+    from conformance.selftest.campaigns.lockstep_connector import reference_of
 
-    return run_one(adapter, trace, get_profile("connector").invariants(), reference=RecordingConnectorV1,
-                   timeout=timeout, stop_at_first=False)
+    pipelined, drafts = trace.config.pipeline_depth > 0, trace.config.num_speculative_tokens > 0
+    reference = reference_of(("async-" if pipelined else "") + "path" + ("+spec" if drafts else ""))
+    invariants = get_profile("connector").invariants()
+    if pipelined:  # (the pipelined lockstep always runs on past a violation)
+        return lockstep_async.run_one(adapter, trace, invariants, reference=reference, timeout=timeout)
+    return lockstep_v1.run_one(adapter, trace, invariants, reference=reference, timeout=timeout, stop_at_first=False)
 
 
 def _budgets_run(adapter, trace: Trace, timeout: float):
@@ -172,11 +180,15 @@ def judges() -> tuple[Flavour, ...]:
         # under both policies, delayed frees (conformance/targets/hosts/vllm_kv_connector.py).
         # Its paths are named, not read from the campaign: a path the campaign gains (the pipelined
         # ones need the async host) changes this judge's suite only when added here.
-        Flavour("vllm-v1-connector", "vllm-v1", CONNECTOR_PATHS, 36, "lockstep_connector",
+        # With drafts too (the +spec paths, k in 1..4 beside the connector).
+        Flavour("vllm-v1-connector", "vllm-v1", (*CONNECTOR_PATHS, *CONNECTOR_SPEC_PATHS), 48, "lockstep_connector",
+                _connector_strategy, _connector_run),
+        # The same paths without drafts on the AsyncScheduler (the vllm-v1-async host, depth 1).
+        Flavour("vllm-v1-async+connector", "vllm-v1-async", ASYNC_CONNECTOR_PATHS, 18, "lockstep_connector",
                 _connector_strategy, _connector_run),
         # Encoder inputs, LoRA, pause, grammar waits and streaming sessions (ENC-*, LORA-001, PAU-001,
         # GRM-*, SES-*; conformance/targets/hosts/vllm_budgets.py).
-        Flavour("vllm-v1-budgets", "vllm-v1", BUDGETS_PATHS, 42, "lockstep_budgets", _budgets_strategy, _budgets_run),
+        Flavour("vllm-v1-budgets", "vllm-v1", BUDGETS_PATHS, 48, "lockstep_budgets", _budgets_strategy, _budgets_run),
     )
 
 
