@@ -110,6 +110,7 @@ class InFlightCounters:
     num_placeholders: int = 0  # tokens in-flight steps sample for it, not yet appended
     num_in_flight: int = 0  # tokens in-flight steps compute for it
     num_stale: int = 0  # of those, tokens of steps scheduled before its last preemption
+    num_dropped: int = 0  # of the stale ones, tokens of steps whose outcomes are dropped whole (voided)
     num_sampling: int = 0  # in-flight steps (not stale) that sample for it: each commits >= 1 token
     num_valid_drafts: int = 0  # speculative decoding: what the drafter proposed after its last returned step
     # the same for its stale steps: their drafts were proposed (and verified) before the preemption
@@ -235,7 +236,10 @@ class AsyncV1Scheduler(V1Scheduler):
     def _whole_sequence_fits(self, tracked: TrackedRequest, hits: list[int]) -> bool:
         # Spec decision: a preempted request whose stale steps are still in flight waits for them
         # (only at depth 2; the step's reason says wait_blocks, spec/reasons.py has no kind for it yet).
-        if self.counters[tracked.request_id].num_stale:
+        # Steps whose outcomes are dropped whole (a session's stopped turn) are not waited for: vLLM
+        # discards them when they return and admits it meanwhile (``drop_stale_output``, scheduler.py:1084, 2338).
+        counters = self.counters[tracked.request_id]
+        if counters.num_stale - counters.num_dropped:
             return False
         return super()._whole_sequence_fits(tracked, hits)
 
@@ -259,6 +263,9 @@ class AsyncV1Scheduler(V1Scheduler):
                 self.connector.ran.update(t.request_id for t, *_ in self.in_flight[-1].entries)
         while len(self.in_flight) > self.depth:
             finished.extend(self._process(self.in_flight.popleft()))
+        if self._continued:  # sessions that stopped with inputs to come do not finish (reference_impl.sessions)
+            finished = [f for f in finished if f.request_id not in self._continued]
+            self._continued = set()
         return finished
 
     def _process(self, step: InFlightStep) -> list[Finished]:
@@ -279,12 +286,18 @@ class AsyncV1Scheduler(V1Scheduler):
             counters.num_in_flight -= tokens
             if tracked.request_id in step.dropped:  # fed a token that never came: nothing to apply
                 counters.num_stale -= tokens
+                counters.num_dropped -= tokens
                 assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
                 continue
             stale = counters.num_stale > 0
             if stale:
                 counters.num_stale -= tokens
                 assert counters.num_stale >= 0, f"{tracked.request_id}: stale tokens below zero"
+            if tracked.request.encoder_inputs:  # once the step ran, the outputs its tokens consumed are let go,
+                # past the placeholders (vLLM's _free_encoder_inputs, scheduler.py:2387-2389, 2847-2855; it runs
+                # after a step's draft rollback, which this count does not take off yet)
+                self.encoder.release_consumed(tracked.request_id, tracked.request.encoder_inputs,
+                                              tracked.num_computed - counters.num_placeholders)
             if position is None:
                 continue  # a prefill chunk: nothing sampled
             # with drafts, earlier rejections shift it; so do vLLM's kept placeholders of a failed load
@@ -380,6 +393,17 @@ class AsyncV1Scheduler(V1Scheduler):
         self._void_later_steps(tracked, counters, uncount=tracked.request_id in self._kv_reverted)
         return True
 
+    def session_goes_on(self, tracked: TrackedRequest, status: Status) -> bool:
+        """A streaming session whose turn stopped with inputs to come (`reference_impl.sessions`):
+        its steps still in flight computed the stopped turn, so they are voided (their outcomes
+        dropped, their tokens out of the computed count, their placeholders given back), as vLLM
+        drops the turn's in-flight work and resumes from the materialized frontier
+        (``_handle_stopped_request``, scheduler.py:2722-2730: ``drop_stale_output``)."""
+        if not super().session_goes_on(tracked, status):
+            return False
+        self._void_later_steps(tracked, self.counters[tracked.request_id])
+        return True
+
     def _after_empty_outcome(self, tracked: TrackedRequest, counters: InFlightCounters, drafts: int) -> None:
         """After an empty outcome (the step itself is already rolled back, ``drafts`` and its
         sample): the request's steps still in flight computed from a token that never came. Take
@@ -402,6 +426,7 @@ class AsyncV1Scheduler(V1Scheduler):
                 if uncount:
                     tracked.num_computed -= tokens
                 counters.num_stale += tokens
+                counters.num_dropped += tokens
                 if position is not None:
                     counters.num_placeholders -= 1 + drafts
                     counters.num_sampling -= 1
@@ -423,7 +448,7 @@ class AsyncV1Scheduler(V1Scheduler):
     def snapshot(self) -> Snapshot:
         views = {rid: _FrontierView(t, self.frontier(t)) for rid, t in self.requests.items()}
         snap = snapshot_of(self.config, views, self.waiting, self.running, self.pool,  # type: ignore[arg-type]
-                           self._last_snapshot)
+                           self._last_snapshot, extra=self._extra_parts())  # the encoder cache, the pause state
         kv = {} if self.connector is None else {"kv_transfers": self.connector.views(),
                                                 "kv_reported": self.connector.reported_views()}
         self._last_snapshot = dataclasses.replace(snap, in_flight=self.in_flight_counters(), **kv)

@@ -20,7 +20,10 @@ Mid-step (after ``schedule()``, before the outcome) a synchronous scheduler has 
 the step's own tokens, so the planned view mid-step leaves out this step's ``k`` tokens and the
 placeholder it reserved (the placeholders of the ``before`` snapshot). A sequence that finishes
 in the step is left out of the planned ``after`` snapshot: its in-flight outcomes are dropped,
-and what it computed past its stop is PIP-002's business, not the synchronous invariants'.
+and what it computed past its stop is PIP-002's business, not the synchronous invariants'. So is
+a streaming session whose turn stopped in the step (running mid-step, waiting after it, not
+preempted): the turn's in-flight work is dropped as a finished request's is (vLLM
+``_handle_stopped_request``, ``drop_stale_output``).
 Waiting sequences are shown as they are (a preempted sequence's in-flight tokens are stale).
 At depth 0 nothing is in flight and the planned view is the record itself.
 """
@@ -60,7 +63,11 @@ def planned_record(rec: StepRecord) -> StepRecord:
     deltas), so the checks look at every view."""
     given = {item.seq_id: item.num_tokens for item in rec.output.scheduled}
     finished = {f.request_id for f in rec.finished}
-    done = frozenset(sid for sid, v in (rec.after.seqs or {}).items() if v.request_id in finished)
+    preempted = {p.request_id for p in rec.output.preempted}
+    mid_seqs = (rec.mid or rec.before).seqs or {}
+    done = frozenset(sid for sid, v in (rec.after.seqs or {}).items() if v.request_id in finished or (
+        v.status in (Status.WAITING, Status.WAITING_FOR_INPUT) and v.request_id not in preempted
+        and (m := mid_seqs.get(sid)) is not None and m.status is Status.RUNNING))
     before = _planned(rec.before)
     mid = None if rec.mid is None else _planned(rec.mid, given, rec.before.in_flight or {})
     return dataclasses.replace(rec, before=before, mid=mid, after=_planned(rec.after, leave_out=done))

@@ -65,9 +65,21 @@ def adapter():
     return need("vllm-v1").adapter()
 
 
+@pytest.fixture(scope="module")
+def async_adapter():
+    return need("vllm-v1-async").adapter()
+
+
+def _path_adapter(request, path: str):  # type: ignore[no-untyped-def]
+    """The path's host and profile: vLLM's AsyncScheduler (the async profile) for an async- path."""
+    if path.startswith("async-"):
+        return request.getfixturevalue("async_adapter"), get_profile("async").invariants()
+    return request.getfixturevalue("adapter"), get_profile("vllm-v1").invariants()
+
+
 @pytest.mark.parametrize("path", L.PATHS)
-def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
-    invariants = get_profile("vllm-v1").invariants()
+def test_path_agrees_or_diverges_only_at_documented_classes(request, path):
+    adapter, invariants = _path_adapter(request, path)
     encoder_steps = paused_steps = grammar_waits = input_waits = 0
     classes = []
     for trace in sample_traces(L.path_strategy(path), 8, 20261203):
@@ -82,6 +94,7 @@ def test_path_agrees_or_diverges_only_at_documented_classes(adapter, path):
         classes.append(cls)
         assert cls is None or cls in L.CLASSES, outcome.describe()
     assert classes.count(None) >= 4, classes
+    path = path.removeprefix("async-")  # the pipelined paths draw what their synchronous twins draw
     if path in ("encoder", "mixed", "streaming-mixed"):
         assert encoder_steps > 0  # the engine computed encoder inputs
     if path == "pause":
@@ -107,7 +120,7 @@ def test_vllm_computes_a_shared_input_once_and_lets_a_paused_arrival_run_after_r
 
 
 
-def test_each_recorded_divergence_is_its_class_again(adapter):
+def test_each_recorded_divergence_is_its_class_again(request):
     """The first trace of each (path, class) in docs/results/lockstep-vllm-v1-budgets.json diverges
     again, and the counterfactual that named its class still makes it agree."""
     import json
@@ -115,10 +128,10 @@ def test_each_recorded_divergence_is_its_class_again(adapter):
 
     results = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
                           "lockstep-vllm-v1-budgets.json").read_text())
-    invariants = get_profile("vllm-v1").invariants()
     assert results["first_divergences"]
     for key, first in results["first_divergences"].items():
-        cls = key.split(":", 1)[1]
+        path, cls = key.split(":", 1)
+        adapter, invariants = _path_adapter(request, path)
         trace = Trace.from_dict(first["trace"])
         outcome = L.run_one(adapter, trace, invariants)
         assert outcome.divergence_step is not None, key

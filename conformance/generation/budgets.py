@@ -186,3 +186,15 @@ def paused_arrival_traces(draw: st.DrawFn) -> Trace:
         arrivals.append(Arrival(pause + draw(st.integers(0, 1)), Request(f"r{i}", length, draw(st.integers(1, 4)))))
     admin = ((pause, draw(st.sampled_from(["pause_new", "pause_all"]))), (pause + draw(st.integers(2, 4)), "resume"))
     return Trace(config, tuple(arrivals), admin=admin, max_steps=60)
+
+
+def mixed_session_traces() -> st.SearchStrategy:
+    """Streaming-input sessions (`conformance.generation.sessions.with_sessions`) over the budgets'
+    configs: sessions beside grammar waits, encoder inputs in first prompts, adapter ids and, a third
+    of the time, a pause. A later input is tokens only (`spec.session.InputPiece`); a session's first
+    prompt may carry encoder inputs and its adapter serves every input."""
+    from conformance.generation.sessions import with_sessions
+
+    configs = budget_configs().filter(lambda c: c.max_model_len >= 16)
+    return configs.flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_sessions).flatmap(
+        with_grammars).flatmap(with_budgets)

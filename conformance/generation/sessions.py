@@ -59,18 +59,6 @@ def session_traces() -> st.SearchStrategy:
     return configs.flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_sessions)
 
 
-def mixed_session_traces() -> st.SearchStrategy:
-    """`session_traces` over the budgets' configs (`conformance.generation.budgets`): sessions beside
-    grammar waits, encoder inputs in first prompts, adapter ids and, a third of the time, a pause.
-    A later input is tokens only (`spec.session.InputPiece`); a session's first prompt may carry
-    encoder inputs and its adapter serves every input."""
-    from conformance.generation.budgets import budget_configs, with_budgets, with_grammars
-
-    configs = budget_configs().filter(lambda c: c.max_model_len >= 16)
-    return configs.flatmap(lambda c: token_traces("v1", config=c)).flatmap(with_sessions).flatmap(
-        with_grammars).flatmap(with_budgets)
-
-
 @st.composite
 def session_deadlock_traces(draw: st.DrawFn) -> Trace:
     """A session A that fills most of a small pool, stops and waits for its next input (arriving a

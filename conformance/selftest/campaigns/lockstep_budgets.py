@@ -1,7 +1,7 @@
 """Strict lockstep: the V1 reference against vLLM 0.33.0's V1 scheduler with encoder inputs, LoRA
 adapters and pause (issue 32).
 
-    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|lora|pause|mixed|grammar|streaming|streaming-pause|streaming-mixed|all]
+    python -m conformance.selftest.campaigns.lockstep_budgets [--path encoder|...|streaming-mixed|async-grammar|async-streaming|async-streaming-mixed|all]
         [--traces 1000] [--seed 20261203] [--out docs/results/lockstep-vllm-v1-budgets.json]
         [--traces-dir docs/traces/lockstep-budgets] [--no-shrink]
 
@@ -28,7 +28,13 @@ on, prefix caching off; ``max_num_partial_prefills`` 0, which V1 does not have):
   configs (max_model_len 16 or more), grammar waits, encoder inputs in first prompts (a session's
   among them), adapter ids (a session's serving every input), a pause a third of the time; a
   divergence is tried against the session rules, the encoder rules, and each encoder rule with
-  each session rule (`session_and_encoder_models`).
+  each session rule (`session_and_encoder_models`);
+* ``async-grammar``, ``async-streaming``, ``async-streaming-mixed``: those paths' traces at pipeline
+  depth 1 on vLLM's AsyncScheduler (the ``vllm-v1-async`` host, which plays the grammar compiler
+  and the sessions' client as the synchronous host does), beside the reference and each engine
+  model pipelined (`pipelined`: their rules over `AsyncV1Scheduler` at depth 1), also comparing
+  the delivered streams (`lockstep_async.compare_tokens`); a trace runs whole, under the async
+  profile.
 
 A trace runs to its first divergence, listed by field and classified (`classify`: rerun against the
 reference with vLLM's behaviour modelled); `CLASSES` explains each class found, with vLLM source
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import time
 from typing import Any
@@ -46,17 +53,19 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.flows.profiles import get_profile
-from conformance.generation.budgets import budget_configs, grammar_traces, with_budgets
-from conformance.generation.sessions import mixed_session_traces, session_traces
+from conformance.generation.budgets import budget_configs, grammar_traces, mixed_session_traces, with_budgets
+from conformance.generation.sessions import session_traces
 from conformance.generation.v0 import sample_traces
 from conformance.generation.v1 import token_traces
 from conformance.runner.adapter import load_adapter
 from conformance.runner.driver import run_checked
 from conformance.selftest.campaigns.campaign_args import campaign_parser, keep_other_paths, provenance, write_report
 from conformance.selftest.campaigns.door import GenerateDoor
+from conformance.selftest.campaigns.lockstep_async import compare_tokens
 from conformance.selftest.campaigns.lockstep_v1 import Outcome, state_of
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
+from reference_impl.async_scheduler import AsyncV1Scheduler
 from reference_impl.encoder_budget import EncoderCache
 from reference_impl.v1_scheduler import EngineWatermarkV1
 from spec.config import SchedulerConfig
@@ -64,7 +73,10 @@ from spec.encoder import EncoderInput
 from spec.observation import Snapshot
 from spec.trace import Trace
 
-PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
+SYNC_PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
+# The same traces at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
+ASYNC_PATHS = ("async-grammar", "async-streaming", "async-streaming-mixed")
+PATHS = (*SYNC_PATHS, *ASYNC_PATHS)
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
 CLASSES: dict[str, tuple[str, str]] = {
@@ -210,6 +222,20 @@ class LetsGoAtConsumedAndEvictsWhilePlanning(LetsGoAtConsumed, EvictsWhilePlanni
     """Both of vLLM's rules."""
 
 
+class _DepthOne(AsyncV1Scheduler):
+    """The pipelined flow at depth 1, whatever the trace's config says (the host runs vLLM so)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(dataclasses.replace(config, pipeline_depth=1))
+
+
+@functools.cache
+def pipelined(model: type) -> type:
+    """``model`` (`RecordingBudgets` or one of its engine models) on the pipelined flow: its rules
+    over `AsyncV1Scheduler`'s steps at depth 1, V1's watermark rule still before them."""
+    return type(f"{model.__name__}Async", (model, _DepthOne), {})
+
+
 class EvictsWhilePlanningV1(RecordingBudgets):
     """The reference with vLLM's planning (`EvictsWhilePlanning`); used only to classify divergences."""
 
@@ -310,6 +336,9 @@ def _path_config(path: str, config: SchedulerConfig) -> SchedulerConfig:
 
 
 def path_strategy(path: str) -> st.SearchStrategy:
+    if path.startswith("async-"):  # the path's traces at depth 1
+        return path_strategy(path.removeprefix("async-")).map(
+            lambda t: dataclasses.replace(t, config=dataclasses.replace(t.config, pipeline_depth=1)))
     if path == "streaming-mixed":
         return mixed_session_traces().map(lambda t: dataclasses.replace(t, config=_path_config(path, t.config)))
     if path in ("grammar", "streaming", "streaming-pause"):
@@ -357,6 +386,8 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: t
     """One lockstep run against ``reference``; ``stop_at_first=False`` runs on past an invariant
     violation, as the mutation benchmark's judges need (lockstep_v1's `run_one`)."""
     holder: list = []
+    if trace.config.pipeline_depth:  # an async path: the model pipelined, the trace run whole (lockstep_async)
+        reference, stop_at_first = pipelined(reference), False
 
     def factory(config: SchedulerConfig):
         holder.append(reference(config))
@@ -364,7 +395,12 @@ def run_one(adapter, trace: Trace, invariants, timeout: float = 60, reference: t
 
     result = run_checked(adapter, trace, invariants, timeout=timeout, lockstep=True, reference_factory=factory,
                          stop_at_first=stop_at_first)
-    return Outcome(result, compare_state(result, holder[0]) if holder else None)
+    state = compare_state(result, holder[0]) if holder else None
+    if holder and trace.config.pipeline_depth:  # the delivered streams too
+        tokens = compare_tokens(result, holder[0])
+        if tokens is not None and (state is None or tokens[0] < state[0]):
+            state = tokens
+    return Outcome(result, state)
 
 
 def session_and_encoder_models() -> list[tuple[str, type[RecordingBudgets], frozenset[str], str | None]]:
@@ -395,6 +431,9 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     rerun against the reference with vLLM's behaviour modelled; it must then agree to the end."""
     if outcome.divergence_step is None:
         return None
+    if trace.config.pipeline_depth and outcome.result.divergence is None and outcome.state is None \
+            and outcome.result.fault is None:
+        return None  # pipelined: the engine's violations the reference shares are findings (lockstep_async)
     if outcome.result.fault is not None:
         return outcome.field or "?"
     if any(a.request.session for a in trace.arrivals):
@@ -454,7 +493,7 @@ def run_path(adapter, path: str, count: int, seed_value: int, first: dict, invar
     return {"traces": len(traces), "steps": steps, "agreeing_traces": agreeing,
             "divergent_by_field": dict(sorted(by_field.items())), "by_class": dict(sorted(by_class.items())),
             "violations": dict(sorted(violations.items())),
-            **({"drawn": sessions_drawn(traces)} if path.startswith("streaming") else {}),
+            **({"drawn": sessions_drawn(traces)} if path.removeprefix("async-").startswith("streaming") else {}),
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -464,8 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = provenance()
     paths = PATHS if args.path == "all" else (args.path,)
-    adapter = load_adapter("vllm-v1")
-    invariants = get_profile("vllm-v1").invariants()
+    adapters = {name: load_adapter(name) for name in
+                {"vllm-v1-async" if p in ASYNC_PATHS else "vllm-v1" for p in paths}}
+    # the pipelined paths: the async profile (its liveness and SES-003 too; at depth 1 several
+    # synchronous statements fire on both sides, docs/ASYNC.md)
+    profiles = {"vllm-v1": get_profile("vllm-v1").invariants(), "vllm-v1-async": get_profile("async").invariants()}
     report: dict[str, Any] = {"version": 1, "target": "vllm-v1", "package": get_target("vllm-v1").version,
                               "reference": "conformance.selftest.campaigns.lockstep_budgets:RecordingBudgets",
                               "seed": args.seed, "paths": {}, "classes": {}, "first_divergences": {}}
@@ -476,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                                        if k.split(":", 1)[0] not in paths}
     first: dict[tuple[str, str], tuple[Trace, Outcome]] = {}
     for path in paths:
-        report["paths"][path] = entry = run_path(adapter, path, args.traces, args.seed, first, invariants)
+        target = "vllm-v1-async" if path in ASYNC_PATHS else "vllm-v1"
+        report["paths"][path] = entry = run_path(adapters[target], path, args.traces, args.seed, first, profiles[target])
         print(json.dumps({"path": path, **entry}), flush=True)
     for (path, cls), (trace, outcome) in sorted(first.items()):
         report["first_divergences"][f"{path}:{cls}"] = {"message": outcome.describe(), "trace": trace.to_dict()}

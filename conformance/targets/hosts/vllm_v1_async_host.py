@@ -131,6 +131,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             # step; a finish from here on (no request finishes inside schedule()) counts its sends from the next
             self.kv.step, self.kv.next_step, self.kv.reported = step, self.step_no, {}
         self.pending = None
+        self.clients_before_schedule(step)  # grammars compiled, session inputs sent (vllm_v1_host.py)
         if not sched.has_requests():  # core.py:771-778: nothing to schedule, take an outcome if one is queued
             self.due = bool(self.batch_queue)
             self.new_batch = None
@@ -150,6 +151,9 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
                 samples[rid] = r.num_computed_tokens
                 self.decoding.add(rid)
         result["preempted"] = [{"request": rid, "mode": "recompute"} for rid in sorted(out.preempted_req_ids or ())]
+        encoder = vllm_v1_host.vllm_budgets.encoder_inputs_of(out)  # the encoder inputs this step computes
+        if encoder:
+            result["encoder_inputs"] = encoder
         batch = InFlight(step, out, samples)
         self.batch_queue.appendleft(batch)
         executed = out.total_num_scheduled_tokens > 0
@@ -187,6 +191,7 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
             touched = {rid for rid, n in computed.items()
                        if invalid & set(self.sched.kv_cache_manager.get_block_ids(rid)[0][: -(-n // bs)])}
         self.sched.update_from_output(batch.output, batch.model_output)
+        self.relabel_resumed_sessions(req_ids)
         if self.kv is not None:
             # a request whose synchronous load failed is cut back to its first failed block
             # (scheduler.py:3655-3666) and recomputes: a prefill again until a step samples for it
@@ -242,7 +247,10 @@ class AsyncV1Engine(vllm_v1_host.V1Engine):
                 continue
             # a finished request too: a step of it may still have been in flight when it finished
             # (its 1 + k tokens would count past its tokens)
-            view["num_computed"] = max(r.num_computed_tokens - r.num_in_flight_tokens, 0)
+            # A stale step's tokens are not in the count (a preemption set it to 0; a session whose
+            # turn stopped resumed from its materialized frontier, scheduler.py:2722-2730), so only
+            # the in-flight tokens of steps still counted are taken off: the reference's frontier.
+            view["num_computed"] = max(r.num_computed_tokens - (r.num_in_flight_tokens - r.num_stale_output_tokens), 0)
         snap["in_flight"] = {"version": 1, "seqs": self.in_flight()}  # PIP-003 (docs/PROTOCOL.md)
         if self.kv is not None:
             import vllm_kv_connector

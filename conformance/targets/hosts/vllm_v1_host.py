@@ -245,12 +245,7 @@ class V1Engine:
     def schedule(self) -> dict:
         if self.kv is not None:
             self.kv.step, self.kv.reported = self.step_no, {}
-        for rid, ready in list(self.grammars.items()):  # the grammar compiler's futures that are done
-            if ready <= self.step_no:
-                vllm_budgets.grammar_ready(self.reqs[rid])
-                del self.grammars[rid]
-        if self.sessions.pending:
-            self.sessions.send_due(self.sched, self.step_no, self._session_input)
+        self.clients_before_schedule(self.step_no)
         out = self.sched.schedule()
         self.decoding -= set(out.preempted_req_ids or ())
         spec = out.scheduled_spec_decode_tokens
@@ -306,16 +301,30 @@ class V1Engine:
             proposing = [(rid, toks) for rid, toks in zip(ran, sampled, strict=True) if toks and not self.reqs[rid].is_finished()]
             proposals = [self.propose(rid, drafts.get(f"{rid}#0", {})) for rid, _ in proposing]
             self.sched.update_draft_token_ids(DraftTokenIds([rid for rid, _ in proposing], proposals))
-        for rid in ran:  # a streaming session that stopped and goes on is a prefill again once admitted
-            r = self.reqs[rid]
-            if getattr(r, "resumable", False) and not r.is_finished() and r.status != RequestStatus.RUNNING:
-                self.decoding.discard(rid)
+        self.relabel_resumed_sessions(ran)
         for rid in req_ids:
             r = self.reqs[rid]
             if r.is_finished() and rid not in self.final:
                 self.final[rid] = STATUS.get(r.status, r.status.name)
                 finished.append({"request": rid, "status": self.final[rid]})
         return finished
+
+    def clients_before_schedule(self, step: int) -> None:
+        """What the engine's clients do before ``step``'s schedule(): the grammar compiler's futures
+        that are done, and the streaming sessions' inputs due."""
+        for rid, ready in list(self.grammars.items()):
+            if ready <= step:
+                vllm_budgets.grammar_ready(self.reqs[rid])
+                del self.grammars[rid]
+        if self.sessions.pending:
+            self.sessions.send_due(self.sched, step, self._session_input)
+
+    def relabel_resumed_sessions(self, ran) -> None:  # type: ignore[no-untyped-def]
+        """A streaming session of ``ran`` that stopped and goes on is a prefill again once admitted."""
+        for rid in ran:
+            r = self.reqs[rid]
+            if getattr(r, "resumable", False) and not r.is_finished() and r.status != RequestStatus.RUNNING:
+                self.decoding.discard(rid)
 
     def _session_input(self, rid: str, tokens: list, max_tokens: int, resumable: bool) -> Request:
         """A session's next input (or, not resumable, its end) as the client sends it."""
