@@ -239,7 +239,7 @@ class AsyncV1Scheduler(V1Scheduler):
         # Steps whose outcomes are dropped whole (a session's stopped turn) are not waited for: vLLM
         # discards them when they return and admits it meanwhile (``drop_stale_output``, scheduler.py:1084, 2338).
         counters = self.counters[tracked.request_id]
-        if counters.num_stale - counters.num_dropped:
+        if counters.num_stale > counters.num_dropped:
             return False
         return super()._whole_sequence_fits(tracked, hits)
 
@@ -376,6 +376,8 @@ class AsyncV1Scheduler(V1Scheduler):
         counters.num_in_flight -= tokens
         if counters.num_stale:
             counters.num_stale -= tokens
+            if tracked.request_id in step.dropped:
+                counters.num_dropped -= tokens
             return True
         tracked.in_prefill = True
         if tracked.request_id in step.dropped:
