@@ -482,7 +482,7 @@ def _pipelined_run():
 def test_the_view_says_which_outcome_belongs_to_which_step() -> None:
     trace, run = _pipelined_run()
     data = view_data(trace, run.records, [])
-    assert data["version"] == 2 and data["pipeline_depth"] == 1
+    assert data["version"] == 3 and data["pipeline_depth"] == 1
     steps = data["steps"]
     assert steps[0]["outcome_of"] is None and steps[0]["in_flight"] == [0]  # the pipeline fills
     assert [s["outcome_of"] for s in steps[1:4]] == [0, 1, 2]
@@ -516,4 +516,108 @@ def test_pipelined_outcomes_in_chromium(browser: Browser, tmp_path: Path) -> Non
     assert browser.poll("document.getElementById('step-label').dataset.step", "2") == "2"
     events = browser.js("document.getElementById('events').innerText")
     assert "sampled by this step; seen at step 3" in events, events
+    assert browser.problems() == []
+
+
+# ---------------------------------------------------------------------------- loads, sends, groups
+def _connector_run():
+    """The connector reference: A loads 16 external tokens asynchronously over two steps, one of its
+    blocks failing (recomputed); B's finished blocks are held by a send for two steps."""
+    from reference_impl.kv_connector_scheduler import ConnectorScheduler
+
+    config = {"kv_connector": True, "block_size": 4, "num_gpu_blocks": 16, "max_num_seqs": 4,
+              "max_num_batched_tokens": 32, "max_model_len": 64, "watermark": 0.0, "enable_chunked_prefill": True}
+    trace = Trace.from_dict({
+        "version": 1, "config": config, "meta": {"name": "connector-view"},
+        "requests": [{"id": "A", "prompt_len": 20, "max_tokens": 3},
+                     {"id": "B", "prompt_len": 10, "max_tokens": 2, "arrival_step": 1}],
+        "connector": {"version": 1, "requests": [
+            {"request": "A", "external_tokens": 16, "load_async": True, "load_steps": 2, "failed_blocks": [3]},
+            {"request": "B", "send_steps": 2}]},
+    })
+    run = run_trace(trace, ConnectorScheduler)
+    assert run.drained
+    return trace, run
+
+
+def test_the_view_data_carries_transfers_and_holds() -> None:
+    trace, run = _connector_run()
+    data = view_data(trace, run.records, [])
+    loading = data["steps"][0]["after"]["transfers"]["A"]
+    assert loading["kind"] == "load" and loading["async"] and loading["tokens"] == 16 and len(loading["failed"]) == 1
+    sends = [s["step"] for s in data["steps"] if "B" in (s["after"]["transfers"] or {})
+             and s["after"]["transfers"]["B"]["kind"] == "send"]
+    assert sends, "B's send was never in flight"
+    reported = [s["step"] for s in data["steps"] if "A" in (s["after"]["reported"] or {})]
+    assert reported == [1]
+    plain = view_data(mutant_trace(), counterexample()[1], [])["steps"][0]["after"]
+    assert plain["transfers"] is None and plain["group_tables"] is None and plain["encoder_cache"] is None
+
+
+def test_loads_and_sends_in_chromium(browser: Browser, tmp_path: Path) -> None:
+    trace, run = _connector_run()
+    page = write_html(tmp_path / "connector.html", trace, run.records, [])
+    browser.events.clear()
+    browser.open(page.as_uri() + "#step=0")
+    assert _label(browser) == "0"
+    assert browser.js("document.getElementById('extra-card').hidden") is False
+    marks = browser.js("Array.prototype.map.call(document.querySelectorAll('#gpu-map [data-mark]'),"
+                       "function (c) { return c.dataset.mark; })")
+    assert sorted(marks) == ["failed", "load", "load", "load"], marks
+    rows = browser.js("document.querySelector('#extra [data-part=transfers]').innerText")
+    assert "load" in rows and "16 tokens" in rows and "yes (waiting for remote KV)" in rows, rows
+    assert browser.js("document.querySelectorAll('#gpu-map .blk.bad').length") == 0  # holds are no mismatch
+    send_step = next(r.step for r in run.records if any(t.kind == "send" for t in (r.after.kv_transfers or {}).values()))
+    browser.open(page.as_uri() + f"#step={send_step}")
+    assert browser.poll("document.getElementById('step-label').dataset.step", str(send_step)) == str(send_step)
+    marks = browser.js("Array.prototype.map.call(document.querySelectorAll('#gpu-map [data-mark]'),"
+                       "function (c) { return c.dataset.mark; })")
+    assert marks and set(marks) == {"send"}, marks
+    assert browser.js("document.querySelectorAll('#gpu-map .blk.bad').length") == 0
+    assert browser.problems() == []
+
+
+def test_group_tables_in_chromium(browser: Browser, tmp_path: Path) -> None:
+    """A sliding-window group's tables sit beside group 0's; their blocks count in the one pool."""
+    from reference_impl.hybrid_scheduler import HybridV1Scheduler
+
+    trace = Trace.from_dict({
+        "version": 1, "meta": {"name": "groups-view"},
+        "config": {"block_size": 4, "num_gpu_blocks": 32, "max_num_seqs": 4, "max_num_batched_tokens": 64,
+                   "max_model_len": 64, "watermark": 0.0, "enable_chunked_prefill": True,
+                   "kv_groups": [{"kind": "full"}, {"kind": "sliding_window", "window": 7}]},
+        "requests": [{"id": "A", "prompt_len": 20, "max_tokens": 6}],
+    })
+    run = run_trace(trace, HybridV1Scheduler)
+    page = write_html(tmp_path / "groups.html", trace, run.records, [])
+    browser.events.clear()
+    browser.open(page.as_uri() + "#step=3")
+    assert _label(browser) == "3"
+    seqs = browser.js("document.getElementById('seqs').innerText")
+    assert "groups 1.." in seqs and "\u00b7" in seqs, seqs  # the window's dropped blocks are null
+    assert browser.js("document.querySelectorAll('#gpu-map .blk.bad').length") == 0
+    assert browser.js("document.getElementById('extra-card').hidden") is True  # nothing else to show
+    assert browser.problems() == []
+
+
+def test_the_encoder_cache_in_chromium(browser: Browser, tmp_path: Path) -> None:
+    """Two requests share one image's encoder output: one entry, held by both while they need it."""
+    from reference_impl.v1_scheduler import V1Scheduler
+    from spec.encoder import EncoderInput
+
+    config = SchedulerConfig(block_size=4, num_gpu_blocks=40, num_cpu_blocks=0, max_num_seqs=4,
+                             max_num_batched_tokens=16, max_model_len=64, watermark=0.0, preemption_mode="recompute",
+                             enable_chunked_prefill=True, encoder_compute_budget=6, encoder_cache_size=12)
+    image = EncoderInput(4, 6, "cat")
+    trace = Trace(config, (Arrival(0, Request("a", 20, 2, encoder_inputs=(image,))),
+                           Arrival(0, Request("b", 20, 2, encoder_inputs=(image,)))), max_steps=40,
+                  meta={"name": "encoder-view"})
+    run = run_trace(trace, V1Scheduler)
+    page = write_html(tmp_path / "encoder.html", trace, run.records, [])
+    browser.events.clear()
+    browser.open(page.as_uri() + "#step=1")
+    assert _label(browser) == "1"
+    part = browser.js("document.querySelector('#extra [data-part=encoder]').innerText")
+    assert "cat" in part and "6" in part and "a" in part, part
+    assert "6 of 12 embeddings free" in browser.js("document.getElementById('extra').innerText")
     assert browser.problems() == []

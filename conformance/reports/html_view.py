@@ -10,7 +10,12 @@ shared blocks marked, blocks whose reference count disagrees with the tables fla
 step's scheduled tokens, swap and copy maps, the reasons behind every decision, and every
 violated invariant highlighted at its step with its statement and message; for a pipelined run
 (``pipeline_depth`` > 0), which step's outcome each step processes, which steps are still in
-flight, and which outcome each finish came from. Step through it
+flight, and which outcome each finish came from. Where the snapshots show them, the block map
+marks the blocks a connector load writes (and those it fails to fill), those a send reads (a
+finished request's delayed free) and those held without a table, counts the tables of KV cache
+groups 1.. beside group 0's (the Sequences table lists them, ``·`` for a null block), and a card
+lists the transfers in flight and those the step's outcome reported done, the encoder cache's
+entries and holders, and a paused engine's state. Step through it
 with the arrow keys (Home / End, ``v`` for the next violation, ``s`` for the snapshot phase)
 or with the buttons; ``page.html#step=N`` opens it at step N, and otherwise it opens at the
 first violating step, with the violated invariants' statements beside the step number.
@@ -23,16 +28,50 @@ from __future__ import annotations
 import html
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from conformance.reports.explain import explain_step
 from spec.catalogue import Violation
+from spec.connector import TransferView
 from spec.observation import Snapshot, StepRecord
 from spec.trace import Trace
 
-VIEW_VERSION = 2  # 2: pipeline_depth, and per step and per finish the outcome it belongs to
+VIEW_VERSION = 3  # 2: pipeline_depth, per step and per finish the outcome it belongs to; 3: the extra state
+
+
+def _transfers(transfers: Mapping[str, TransferView] | None) -> dict[str, Any] | None:
+    if transfers is None:
+        return None
+    return {
+        rid: {"kind": t.kind, "blocks": list(t.blocks), "tokens": t.tokens, "async": t.load_async,
+              "failed": list(t.failed)}
+        for rid, t in sorted(transfers.items())
+    }
+
+
+def _extra_state(snap: Snapshot) -> dict[str, Any]:
+    """What a snapshot holds beyond queues and pools, each part None where it was not observed:
+    connector transfers in flight and those reported done (a load into its blocks, a send holding a
+    finished request's blocks), blocks held without a table, the block tables of KV cache groups
+    1.., the encoder cache and the pause state."""
+    encoder = None
+    if snap.encoder_cache is not None:
+        encoder = {h: {"size": e.size, "users": sorted(e.users)} for h, e in sorted(snap.encoder_cache.items())}
+    groups = None
+    if snap.group_tables is not None:
+        groups = {sid: [list(t) for t in tables] for sid, tables in snap.group_tables.items()}
+    return {
+        "transfers": _transfers(snap.kv_transfers),
+        "reported": _transfers(snap.kv_reported),
+        "fenced": list(snap.gpu_fenced) if snap.gpu_fenced is not None else None,
+        "cache_holds": list(snap.gpu_cache_holds) if snap.gpu_cache_holds is not None else None,
+        "group_tables": groups,
+        "encoder_cache": encoder,
+        "encoder_free": snap.encoder_free,
+        "pause_state": snap.pause_state,
+    }
 
 
 def _snapshot(snap: Snapshot | None) -> dict[str, Any] | None:
@@ -61,6 +100,7 @@ def _snapshot(snap: Snapshot | None) -> dict[str, Any] | None:
         "cpu_ref_counts": list(snap.cpu_ref_counts) if snap.cpu_ref_counts is not None else None,
         "gpu_free": snap.gpu_free,
         "cpu_free": snap.cpu_free,
+        **_extra_state(snap),
     }
 
 
@@ -229,7 +269,15 @@ _TEMPLATE = """<!DOCTYPE html>
         <span><span class="blk sample shared"></span>shared (reference count &gt; 1)</span>
         <span><span class="blk sample bad"></span>reference count disagrees with the tables</span>
         <span><span class="blk sample moved"></span>in this step's swap / copy map</span>
+        <span><span class="xfer-sample load">load</span>a connector load writing it</span>
+        <span><span class="xfer-sample send">send</span>a send reading it (its free is delayed)</span>
+        <span><span class="xfer-sample failed">failed</span>the load fails to fill it</span>
+        <span><span class="xfer-sample held">held</span>held without a table (in-flight writes, a cache)</span>
       </div>
+    </section>
+    <section class="card wide" id="extra-card" hidden>
+      <h2 id="extra-title">Connector, held blocks, encoder cache, pause</h2>
+      <div id="extra"></div>
     </section>
     <section class="card wide">
       <h2>Why (reasons)</h2>
@@ -318,6 +366,15 @@ main { padding:14px 20px 40px; }
 .blk.bad .rc { color:var(--bad); }
 .blk .mismatch { color:var(--bad); font-weight:700; font-size:10px; white-space:nowrap; }
 .blk.moved { box-shadow: inset 0 0 0 2px #ff9800; }
+.blk .xfer { position:absolute; left:3px; bottom:2px; font-size:9px; font-weight:700; text-transform:uppercase;
+  padding:0 3px; border-radius:3px; color:#fff; }
+.xfer.load, .xfer-sample.load { background:#0277bd; }
+.xfer.send, .xfer-sample.send { background:#00897b; }
+.xfer.failed, .xfer-sample.failed { background:var(--bad); }
+.xfer.held, .xfer-sample.held { background:#6d4c41; }
+.xfer-sample { display:inline-block; font-size:9px; font-weight:700; text-transform:uppercase; color:#fff;
+  padding:0 3px; border-radius:3px; margin-right:4px; vertical-align:middle; }
+.extra-part { margin:4px 0 10px; }
 .blk.sample { display:inline-block; width:18px; height:14px; vertical-align:middle; margin-right:4px; padding:0; }
 .legend { display:flex; gap:16px; flex-wrap:wrap; font-size:12px; color:var(--muted); }
 table { border-collapse:collapse; width:100%; font-size:12.5px; }
@@ -423,6 +480,23 @@ _JS = r"""
     return t;
   });
 
+  // The parts beyond queues and pools that some snapshot of the run observed (each shown only then).
+  var observed = { transfers: false, fenced: false, groups: false, encoder: false, pause: false };
+  steps.forEach(function (s) {
+    PHASES.forEach(function (p) {
+      var snap = s[p];
+      if (!snap) { return; }
+      if (snap.transfers || snap.reported) { observed.transfers = true; }
+      if ((snap.fenced && snap.fenced.length) || (snap.cache_holds && snap.cache_holds.length)) { observed.fenced = true; }
+      if (snap.group_tables) { observed.groups = true; }
+      // an engine without an encoder cache reports it empty, and one never paused reports "unpaused"
+      if (snap.encoder_cache && (cfg.encoder_cache_size || Object.keys(snap.encoder_cache).length)) { observed.encoder = true; }
+      if (snap.pause_state && snap.pause_state !== "unpaused") { observed.pause = true; }
+    });
+  });
+  var anyExtra = observed.transfers || observed.fenced || observed.encoder || observed.pause;
+  function blocksText(list) { return "[" + list.map(function (b) { return b === -1 ? "\u00b7" : b; }).join(", ") + "]"; }
+
   // ---------------------------------------------------------------- per-step rendering
   function snapshotOf(s, phase) {
     var snap = s[phase];
@@ -525,6 +599,29 @@ _JS = r"""
         });
       });
     }
+    var marks = {};  // block -> [kind, who]: what a transfer or a hold without a table does to it
+    function hold(b, who) {
+      (owners[b] = owners[b] || []);
+      if (owners[b].indexOf(who) < 0) { owners[b].push(who); }
+      entries[b] = (entries[b] || 0) + 1;
+    }
+    if (snap && device === "gpu") {
+      Object.keys(snap.group_tables || {}).forEach(function (sid) {  // KV cache groups 1.. count in the one pool
+        var v = snap.seqs ? snap.seqs[sid] : null;
+        snap.group_tables[sid].forEach(function (table) {
+          table.forEach(function (b) { if (b !== -1) { hold(b, v ? v.request : sid); } });
+        });
+      });
+      (snap.fenced || []).forEach(function (b) { hold(b, "held"); marks[b] = ["held", "for the writes of steps in flight"]; });
+      (snap.cache_holds || []).forEach(function (b) { hold(b, "cache"); marks[b] = ["held", "by the prefix cache"]; });
+      Object.keys(snap.transfers || {}).forEach(function (rid) {
+        var t = snap.transfers[rid];
+        t.blocks.forEach(function (b) {
+          marks[b] = t.failed.indexOf(b) >= 0 ? ["failed", "a load for " + rid + " that fails to fill it"] :
+            [t.kind, (t.kind === "load" ? "a load for " : "a send from ") + rid + " in flight"];
+        });
+      });
+    }
     if (!refs && !(snap && snap.seqs)) {
       titleNode.textContent = label + phaseText;
       node.appendChild(el("span", "empty", "not observed"));
@@ -557,6 +654,11 @@ _JS = r"""
           "reference count " + rc;
       }
       if (moved[b]) { cell.classList.add("moved"); cell.title += " (" + moved[b] + ")"; }
+      if (marks[b]) {
+        cell.appendChild(el("span", "xfer " + marks[b][0], marks[b][0]));
+        cell.dataset.mark = marks[b][0];
+        cell.title += "; " + marks[b][1];
+      }
       node.appendChild(cell);
     }
     var freeText = (free === null || free === undefined) ? "" : ", " + free + " free";
@@ -655,7 +757,9 @@ _JS = r"""
     if (!ids.length) { box.appendChild(el("span", "empty", "no sequences yet")); return; }
     var t = el("table");
     var h = el("tr");
-    ["seq", "status", "tokens", "computed", "device", "block table"].forEach(function (c) { h.appendChild(el("th", null, c)); });
+    var heads = ["seq", "status", "tokens", "computed", "device", "block table"];
+    if (observed.groups) { heads.push("groups 1.. (\u00b7 null block)"); }
+    heads.forEach(function (c) { h.appendChild(el("th", null, c)); });
     t.appendChild(h);
     ids.forEach(function (sid) {
       var v = snap.seqs[sid];
@@ -669,9 +773,93 @@ _JS = r"""
       r.appendChild(el("td", "mono", v.computed === null ? "?" : v.computed));
       r.appendChild(el("td", "mono", v.device || "-"));
       r.appendChild(el("td", "mono", v.blocks === null ? "?" : "[" + v.blocks.join(", ") + "]"));
+      if (observed.groups) {
+        var tables = snap.group_tables ? snap.group_tables[sid] : null;
+        r.appendChild(el("td", "mono", snap.group_tables === null ? "?" : (tables || []).map(blocksText).join(" ")));
+      }
       t.appendChild(r);
     });
     box.appendChild(t);
+  }
+
+  function renderExtra(snap) {
+    var card = $("extra-card");
+    card.hidden = !anyExtra;
+    if (!anyExtra) { return; }
+    var box = $("extra");
+    clear(box);
+    function part(title, fill) {
+      var d = el("div", "extra-part");
+      d.appendChild(el("h3", null, title));
+      fill(d);
+      box.appendChild(d);
+    }
+    function transferTable(d, transfers, key) {
+      if (!snap || transfers === null || transfers === undefined) { d.appendChild(el("span", "empty", "not observed")); return; }
+      var ids = Object.keys(transfers);
+      if (!ids.length) { d.appendChild(el("span", "empty", "none")); return; }
+      var t = el("table");
+      t.dataset.part = key;
+      var h = el("tr");
+      ["request", "kind", "blocks", "KV reaches", "waits for it", "failed blocks"].forEach(function (c) { h.appendChild(el("th", null, c)); });
+      t.appendChild(h);
+      ids.forEach(function (rid) {
+        var x = transfers[rid];
+        var r = el("tr");
+        var c = el("td");
+        c.appendChild(chip(rid));
+        r.appendChild(c);
+        r.appendChild(el("td", null, x.kind));
+        r.appendChild(el("td", "mono", blocksText(x.blocks)));
+        r.appendChild(el("td", "mono", x.kind === "load" ? x.tokens + " tokens" : "-"));
+        r.appendChild(el("td", null, x.kind === "load" ? (x.async ? "yes (waiting for remote KV)" : "no (this step)") : "-"));
+        r.appendChild(el("td", "mono", x.failed.length ? blocksText(x.failed) : "-"));
+        t.appendChild(r);
+      });
+      d.appendChild(t);
+    }
+    if (observed.transfers) {
+      part("Connector transfers in flight", function (d) { transferTable(d, snap ? snap.transfers : null, "transfers"); });
+      part("Reported done by this step's outcome", function (d) { transferTable(d, snap ? snap.reported : null, "reported"); });
+    }
+    if (observed.fenced) {
+      part("GPU blocks held without a block table", function (d) {
+        var f = snap && snap.fenced ? snap.fenced : [], c = snap && snap.cache_holds ? snap.cache_holds : [];
+        d.appendChild(el("div", "mono", "for in-flight writes: " + (f.length ? blocksText(f) : "none")));
+        d.appendChild(el("div", "mono", "by the prefix cache: " + (c.length ? blocksText(c) : "none")));
+      });
+    }
+    if (observed.encoder) {
+      part("Encoder cache", function (d) {
+        if (!snap || !snap.encoder_cache) { d.appendChild(el("span", "empty", "not observed")); return; }
+        var free = snap.encoder_free === null || snap.encoder_free === undefined ? "?" : snap.encoder_free;
+        d.appendChild(el("div", "mono", free + " of " + cfg.encoder_cache_size + " embeddings free"));
+        var hashes = Object.keys(snap.encoder_cache);
+        if (!hashes.length) { d.appendChild(el("span", "empty", "no entries")); return; }
+        var t = el("table");
+        t.dataset.part = "encoder";
+        var h = el("tr");
+        ["content hash", "embeddings", "held by"].forEach(function (c) { h.appendChild(el("th", null, c)); });
+        t.appendChild(h);
+        hashes.forEach(function (k) {
+          var e = snap.encoder_cache[k];
+          var r = el("tr");
+          r.appendChild(el("td", "mono", k));
+          r.appendChild(el("td", "mono", e.size));
+          var u = el("td");
+          if (e.users.length) { e.users.forEach(function (rid) { u.appendChild(chip(rid)); }); }
+          else { u.appendChild(el("span", "empty", "nobody (kept for reuse, freeable)")); }
+          r.appendChild(u);
+          t.appendChild(r);
+        });
+        d.appendChild(t);
+      });
+    }
+    if (observed.pause) {
+      part("Engine", function (d) {
+        d.appendChild(el("div", "mono", snap && snap.pause_state ? snap.pause_state.replace("_", " ") : "not observed"));
+      });
+    }
   }
 
   function render() {
@@ -719,6 +907,7 @@ _JS = r"""
     renderMaps(s);
     renderReasons(s);
     renderSeqs(snap);
+    renderExtra(snap);
     if (history.replaceState && location.protocol !== "about:") {
       try { history.replaceState(null, "", "#step=" + s.step); } catch (e) { /* file:// may refuse */ }
     }
