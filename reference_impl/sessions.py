@@ -120,6 +120,8 @@ class SessionFlow:
     def _insert_holding(self, tracked) -> None:  # type: ignore[no-untyped-def]
         """Into the KV-holding front of waiting, last (under priority, by policy order within it)."""
         end = self._kv_prefix()
+        if not tracked.blocks:  # holding no KV: vLLM's plain waiting queue, last (_enqueue_waiting_request)
+            end = len(self.waiting)  # type: ignore[attr-defined]
         if self.config.policy == "priority":  # type: ignore[attr-defined]
             keys = [r.key("priority") for r in self.waiting[:end]]  # type: ignore[attr-defined]
             end = bisect.bisect_right(keys, tracked.key("priority"))

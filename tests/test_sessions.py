@@ -102,3 +102,19 @@ def test_an_idle_session_gives_its_kv_back_to_a_request_that_needs_it():
     assert run.drained and violated(V1Scheduler, trace, invariants=INVARIANTS) == set()
     assert [x.request_id for x in run.records[2].output.reasons if x.kind == "evicted_idle_session"] == ["A"]
     assert {"SES-003", "LIV-001", "LIV-003"} <= violated(SessionKeepsKV, trace, invariants=INVARIANTS)
+
+
+def test_a_stopped_turn_holding_no_kv_joins_waiting_last():
+    """vLLM enqueues a session whose turn stopped by whether it holds KV (`_enqueue_waiting_request`,
+    scheduler.py:2709-2715): with ``num_computed_tokens`` 0 it goes to the tail of the plain waiting
+    queue, behind a request that arrived in the same step, not to the KV-holding front."""
+    from pathlib import Path
+
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+
+    trace = Trace.load(Path(__file__).resolve().parent.parent / "docs" / "traces" / "async" /
+                       "session-without-kv-joins-waiting-last.json")
+    run = run_trace(trace, lambda c: AsyncV1Scheduler(c, c.pipeline_depth))
+    after = run.records[4].after
+    assert after.statuses["r2"] is Status.WAITING_FOR_INPUT and not after.seqs["r2#0"].blocks
+    assert after.waiting == ("r3", "r2")
