@@ -118,13 +118,15 @@ class SessionFlow:
         return n
 
     def _insert_holding(self, tracked) -> None:  # type: ignore[no-untyped-def]
-        """Into the KV-holding front of waiting, last (under priority, by policy order within it)."""
-        end = self._kv_prefix()
-        if not tracked.blocks:  # holding no KV: vLLM's plain waiting queue, last (_enqueue_waiting_request)
-            end = len(self.waiting)  # type: ignore[attr-defined]
+        """Into waiting where vLLM's `_enqueue_waiting_request` puts it (scheduler.py:2709-2715): last
+        in the KV-holding front while it holds KV (under priority, by policy order within it), else
+        last of all (vLLM's plain waiting queue)."""
+        start, end = 0, self._kv_prefix()  # the part of waiting it joins: the KV-holding front ...
+        if not tracked.blocks:
+            start, end = end, len(self.waiting)  # type: ignore[attr-defined]  # ... or the rest
         if self.config.policy == "priority":  # type: ignore[attr-defined]
-            keys = [r.key("priority") for r in self.waiting[:end]]  # type: ignore[attr-defined]
-            end = bisect.bisect_right(keys, tracked.key("priority"))
+            keys = [r.key("priority") for r in self.waiting[start:end]]  # type: ignore[attr-defined]
+            end = start + bisect.bisect_right(keys, tracked.key("priority"))
         self.waiting.insert(end, tracked)  # type: ignore[attr-defined]
 
     def idle_seats(self) -> int:

@@ -554,6 +554,12 @@ def test_the_view_data_carries_transfers_and_holds() -> None:
     assert plain["transfers"] is None and plain["group_tables"] is None and plain["encoder_cache"] is None
 
 
+def _marks(browser: Browser) -> list[str]:
+    """The marks the GPU block map shows, one per marked block."""
+    return browser.js("Array.prototype.map.call(document.querySelectorAll('#gpu-map [data-mark]'),"
+                      "function (c) { return c.dataset.mark; })")
+
+
 def test_loads_and_sends_in_chromium(browser: Browser, tmp_path: Path) -> None:
     trace, run = _connector_run()
     page = write_html(tmp_path / "connector.html", trace, run.records, [])
@@ -561,8 +567,7 @@ def test_loads_and_sends_in_chromium(browser: Browser, tmp_path: Path) -> None:
     browser.open(page.as_uri() + "#step=0")
     assert _label(browser) == "0"
     assert browser.js("document.getElementById('extra-card').hidden") is False
-    marks = browser.js("Array.prototype.map.call(document.querySelectorAll('#gpu-map [data-mark]'),"
-                       "function (c) { return c.dataset.mark; })")
+    marks = _marks(browser)
     assert sorted(marks) == ["failed", "load", "load", "load"], marks
     rows = browser.js("document.querySelector('#extra [data-part=transfers]').innerText")
     assert "load" in rows and "16 tokens" in rows and "yes (waiting for remote KV)" in rows, rows
@@ -570,8 +575,7 @@ def test_loads_and_sends_in_chromium(browser: Browser, tmp_path: Path) -> None:
     send_step = next(r.step for r in run.records if any(t.kind == "send" for t in (r.after.kv_transfers or {}).values()))
     browser.open(page.as_uri() + f"#step={send_step}")
     assert browser.poll("document.getElementById('step-label').dataset.step", str(send_step)) == str(send_step)
-    marks = browser.js("Array.prototype.map.call(document.querySelectorAll('#gpu-map [data-mark]'),"
-                       "function (c) { return c.dataset.mark; })")
+    marks = _marks(browser)
     assert marks and set(marks) == {"send"}, marks
     assert browser.js("document.querySelectorAll('#gpu-map .blk.bad').length") == 0
     assert browser.problems() == []

@@ -35,6 +35,7 @@ from typing import Any
 from conformance.reports.explain import explain_step
 from spec.catalogue import Violation
 from spec.connector import TransferView
+from spec.kv_groups import NULL_BLOCK
 from spec.observation import Snapshot, StepRecord
 from spec.trace import Trace
 
@@ -155,6 +156,7 @@ def view_data(
         "title": name,
         "config": trace.config.to_dict(),
         "pipeline_depth": depth,
+        "null_block": NULL_BLOCK,  # a KV cache group's table position without a real block
         "watermark_blocks": trace.config.watermark_blocks,
         "requests": [{**a.request.to_dict(), "arrival_step": a.step} for a in trace.arrivals],
         "steps": steps,
@@ -495,7 +497,7 @@ _JS = r"""
     });
   });
   var anyExtra = observed.transfers || observed.fenced || observed.encoder || observed.pause;
-  function blocksText(list) { return "[" + list.map(function (b) { return b === -1 ? "\u00b7" : b; }).join(", ") + "]"; }
+  function blocksText(list) { return "[" + list.map(function (b) { return b === DATA.null_block ? "\u00b7" : b; }).join(", ") + "]"; }
 
   // ---------------------------------------------------------------- per-step rendering
   function snapshotOf(s, phase) {
@@ -588,28 +590,24 @@ _JS = r"""
     clear(node);
     var owners = {};
     var entries = {};
-    if (snap && snap.seqs) {
-      Object.keys(snap.seqs).forEach(function (sid) {
-        var v = snap.seqs[sid];
-        if (v.device !== device || !v.blocks) { return; }
-        v.blocks.forEach(function (b) {
-          (owners[b] = owners[b] || []);
-          if (owners[b].indexOf(v.request) < 0) { owners[b].push(v.request); }
-          entries[b] = (entries[b] || 0) + 1;
-        });
-      });
-    }
-    var marks = {};  // block -> [kind, who]: what a transfer or a hold without a table does to it
-    function hold(b, who) {
+    function hold(b, who) {  // one entry pointing at block b, on behalf of who
       (owners[b] = owners[b] || []);
       if (owners[b].indexOf(who) < 0) { owners[b].push(who); }
       entries[b] = (entries[b] || 0) + 1;
     }
+    if (snap && snap.seqs) {
+      Object.keys(snap.seqs).forEach(function (sid) {
+        var v = snap.seqs[sid];
+        if (v.device !== device || !v.blocks) { return; }
+        v.blocks.forEach(function (b) { hold(b, v.request); });
+      });
+    }
+    var marks = {};  // block -> [kind, who]: what a transfer or a hold without a table does to it
     if (snap && device === "gpu") {
       Object.keys(snap.group_tables || {}).forEach(function (sid) {  // KV cache groups 1.. count in the one pool
         var v = snap.seqs ? snap.seqs[sid] : null;
         snap.group_tables[sid].forEach(function (table) {
-          table.forEach(function (b) { if (b !== -1) { hold(b, v ? v.request : sid); } });
+          table.forEach(function (b) { if (b !== DATA.null_block) { hold(b, v ? v.request : sid); } });
         });
       });
       (snap.fenced || []).forEach(function (b) { hold(b, "held"); marks[b] = ["held", "for the writes of steps in flight"]; });
