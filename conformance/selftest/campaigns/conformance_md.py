@@ -712,9 +712,12 @@ def _budgets(lockstep: Path) -> list[str]:
               "`_holds_kv_blocks`, scheduler.py:2697, 2709-2715; the reference's `SessionFlow._insert_holding`; "
               "[session-without-kv-joins-waiting-last](traces/async/session-without-kv-joins-waiting-last.json)). "
               "It closed async-streaming's 2 open (state.waiting) and 4 of async-streaming-mixed's 9 (statuses 3, "
-              "waiting 1; the waiting one now agrees, the statuses ones are of session-arrival-renewed). Open (`unclassified` by field, first "
-              "traces under `first_divergences`): async-streaming-mixed 5 (state.encoder_cache: an entry vLLM shows "
-              "with no holder while the reference still counts a session holding it). Not diagnosed.",
+              "waiting 1; the waiting one now agrees, the statuses ones are of session-arrival-renewed). The last 5 (state.encoder_cache, an entry vLLM shows with no holder while the reference counts a "
+              "session holding it) were lets-go-between-same-hash-inputs all along: the classifying model let go of an "
+              "output again at every step after its first input was consumed, while vLLM drops each held input once "
+              "(request_cached_ids, encoder_cache_manager.py:236-249, read by _free_encoder_inputs, scheduler.py:2828-2853) "
+              "and counts an input held from the step that schedules it, in flight too; the model now keeps the held "
+              "inputs as vLLM does (`LetsGoAtConsumed`), and every divergence of every budgets path is classified.",
               "", "Hunt on SGLang 0.5.23 for LoRA (issue 32 item 5; sgl-project/sglang #25865 and #23141: a batch with "
               "max_loras_per_batch + 1 adapters, on which `LoRAManager.fetch_new_loras` asserts, lora_manager.py:464). "
               "SGLang's LoRA admission runs on CPU: the host imports `sglang.srt.lora.lora_manager` and its memory "

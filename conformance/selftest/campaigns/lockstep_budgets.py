@@ -66,7 +66,7 @@ from conformance.selftest.campaigns.lockstep_v1 import Outcome, state_of
 from conformance.selftest.campaigns.recording import RecordsSnapshots
 from conformance.targets import get_target
 from reference_impl.async_scheduler import AsyncV1Scheduler
-from reference_impl.encoder_budget import EncoderCache
+from reference_impl.encoder_budget import EncoderCache, EncoderPlan
 from reference_impl.v1_scheduler import EngineWatermarkV1
 from spec.config import SchedulerConfig
 from spec.encoder import EncoderInput
@@ -185,16 +185,48 @@ class RecordingBudgets(GenerateDoor, RecordsSnapshots, EngineWatermarkV1):
         return output
 
 
+@dataclasses.dataclass(frozen=True)
+class ChunkPlan(EncoderPlan):
+    """An encoder plan that also names every input its chunk overlaps: vLLM's request_cached_ids
+    takes each of them, a duplicate of one planned in the same step too (scheduler.py:2011-2016)."""
+
+    overlapped: tuple[int, ...] = ()
+
+
 class LetsGoAtConsumed(EncoderCache):
-    """vLLM 0.33.0's release rule: after a step, a consumed input's output is let go of unless another
-    input of the request with the same hash has begun and is not consumed (encoder_cache_manager.py:
-    260-298, request_hash_refs counts the inputs already scheduled)."""
+    """vLLM 0.33.0's release rule: a request holds each input its scheduled chunks overlapped
+    (request_cached_ids, encoder_cache_manager.py:236-249); after a step an input held and consumed
+    is dropped (scheduler.py:2828-2853, past the placeholders), and the request lets go of the
+    output once it holds no other input with that hash (request_hash_refs, 260-298). An input not
+    yet scheduled does not count, so the output is let go of between two such inputs; one
+    scheduled but in flight does (the pipelined flow: its chunk went out before the count moved)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.held_inputs: dict[str, set[int]] = {}
+
+    def plan(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int, tokens: int, budget: int):
+        plan = super().plan(request_id, inputs, computed, tokens, budget)
+        overlapped = tuple(i for i, item in enumerate(inputs) if item.overlaps(computed, computed + plan.tokens))
+        return ChunkPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(EncoderPlan)},
+                         overlapped=overlapped)
+
+    def commit(self, request_id: str, inputs: tuple[EncoderInput, ...], plan) -> None:
+        super().commit(request_id, inputs, plan)
+        self.held_inputs.setdefault(request_id, set()).update(getattr(plan, "overlapped", ()))
 
     def release_consumed(self, request_id: str, inputs: tuple[EncoderInput, ...], computed: int) -> None:
-        begun = {item.content_hash for item in inputs if item.position < computed < item.end}
-        for item in inputs:
-            if item.end <= computed and item.content_hash not in begun:
-                self._let_go(request_id, item.content_hash)
+        held = self.held_inputs.get(request_id, set())
+        consumed = {index for index in held if inputs[index].end <= computed}
+        held -= consumed
+        still = {inputs[index].content_hash for index in held}
+        for index in sorted(consumed):
+            if inputs[index].content_hash not in still:
+                self._let_go(request_id, inputs[index].content_hash)
+
+    def release(self, request_id: str, inputs: tuple[EncoderInput, ...]) -> None:
+        self.held_inputs.pop(request_id, None)
+        super().release(request_id, inputs)
 
 
 class EvictsWhilePlanning(EncoderCache):
