@@ -700,7 +700,7 @@ def _budgets(lockstep: Path) -> list[str]:
               "no encoder-decoder scheduler (cross-attention blocks need an encoder-decoder model config) and no EC "
               "connector; a session's later inputs carry no encoder inputs (`spec.session.InputPiece` is tokens only: "
               "streaming-mixed puts them in first prompts), and sessions are not drawn with a KV connector. "
-              "The async- paths (grammar waits, sessions and everything together on vLLM's AsyncScheduler at depth 1, "
+              "The async- paths (encoder inputs, adapters and a pause together, grammar waits, sessions, and everything together on vLLM's AsyncScheduler at depth 1, "
               "the vllm-v1-async host playing the same clients) needed two reference rules the pipelined flow lacked: "
               "a session whose turn stops voids its in-flight steps, resumes from its materialized frontier and is "
               "admitted without waiting for them (vLLM `_handle_stopped_request`, scheduler.py:2722-2730, and the "

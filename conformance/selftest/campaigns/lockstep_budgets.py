@@ -75,7 +75,7 @@ from spec.trace import Trace
 
 SYNC_PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
 # The same traces at pipeline depth 1 on vLLM's AsyncScheduler (the vllm-v1-async host).
-ASYNC_PATHS = ("async-grammar", "async-streaming", "async-streaming-mixed")
+ASYNC_PATHS = ("async-mixed", "async-grammar", "async-streaming", "async-streaming-mixed")
 PATHS = (*SYNC_PATHS, *ASYNC_PATHS)
 
 # class -> (kind, explanation with the vLLM source location); filled from what the runs found.
