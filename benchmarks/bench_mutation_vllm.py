@@ -21,7 +21,8 @@ judged by kvsched and by vLLM's own tests on the same mutants, over one populati
    pipelined, ``vllm-v1-async+specdec`` speculative, ``vllm-v1-hybrid`` and ``vllm-v1-async+hybrid``
    hybrid KV cache groups, ``vllm-v1-connector`` the scripted KV connector (drafts on and off),
    ``vllm-v1-async+connector`` the same on the pipelined ``AsyncScheduler``, ``vllm-v1-budgets``
-   encoder inputs, LoRA, pause, grammar waits and streaming sessions; ``--judge-traces NAME=N`` sets
+   encoder inputs, LoRA, pause, grammar waits and streaming sessions, ``vllm-v1-async+budgets`` the
+   same on the pipelined ``AsyncScheduler``; ``--judge-traces NAME=N`` sets
    any judge's traces; a judge added later judges the mutants no judge has oracle-killed yet; a judge
    whose unmutated engine's findings changed since its cached baseline is judged again), cheapest first by
    their baseline's time, until one kills it with an oracle kill or a timeout (a crash kill goes on

@@ -12,7 +12,8 @@ inputs never reaches any of it. A session, in order (vLLM 0.33.0 v1/core/sched/s
 3. Before each step's schedule(), a waiting session whose next input has arrived takes it up
    (`take_arrived_inputs`; vLLM's ``add_request`` of the update, 2931-2943): its last sampled token,
    never computed, is dropped for the input's tokens, and its ``max_tokens`` is the input's
-   (``_update_request_as_session``, 1879-1921). Admitted again, it computes only what it lacks
+   (``_update_request_as_session``, 1879-1921); the input's encoder inputs join the session's, moved
+   to where its tokens land (1899-1905, `spec.session.taken_up_inputs`). Admitted again, it computes only what it lacks
    (``num_computed_tokens > 0``: no prefix-cache lookup, 1259-1268).
 4. A session waiting for input holds a seat (``num_waiting_for_streaming_input``, 1070-1074) and is
    passed over (3549-3552).
@@ -33,7 +34,7 @@ import bisect
 from dataclasses import replace
 
 from spec.reasons import Reason
-from spec.session import piece_tokens
+from spec.session import piece_tokens, taken_up_inputs
 from spec.status import Status
 
 
@@ -87,9 +88,10 @@ class SessionFlow:
         index = self._sessions[tracked.request_id]
         piece = tracked.request.session[index]
         del tracked.tokens[-1]  # the last sampled token: its KV was never computed
+        encoder_inputs = tracked.request.encoder_inputs + taken_up_inputs(piece, tracked.num_tokens)
         tracked.tokens.extend(piece_tokens(index, piece.prompt_len))
         tracked.request = replace(tracked.request, prompt_len=tracked.num_tokens, max_tokens=piece.max_tokens,
-                                  prompt_tokens=None)
+                                  prompt_tokens=None, encoder_inputs=encoder_inputs)
         self._sessions[tracked.request_id] = index + 1
         if self.renews_arrival_on_input:
             tracked.arrival = self._input_arrivals[tracked.request_id][index]

@@ -19,7 +19,7 @@ from typing import Any
 
 from spec.config import MAX_PIPELINE_DEPTH, SchedulerConfig
 from spec.errors import InputError
-from spec.invariants._evaluation import Evaluation, note_finish_lengths
+from spec.invariants._evaluation import Evaluation, note_finish_lengths, note_session_inputs
 from spec.invariants._views import forget
 from spec.observation import Capability, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
@@ -174,10 +174,15 @@ class Checker:
                 ctx.grammars.add(request.request_id)
             if request.encoder_inputs:
                 ctx.encoded.add(request.request_id)
+            if any(piece.encoder_inputs for piece in request.session):
+                ctx.encoded.add(request.request_id)
+                ctx.piece_encoded.add(request.request_id)
         ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}
             ctx.stopped.update(rid for rid in map(request_of, record.stopped) if rid in ran)
+        if ctx.piece_encoded:
+            note_session_inputs(ctx, record)
         found = [Violation(inv_id, record.step, message) for inv_id, message in self._steps.run(ctx, record)]
         if self._planned.checks:
             from spec.planned_view import planned_record

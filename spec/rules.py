@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spec.config import SchedulerConfig
+from spec.encoder import EncoderInput
 from spec.observation import Capability, SeqView, StepFailure, StepRecord
 from spec.reservation import NONE, Reservation
 from spec.status import Status
@@ -93,6 +94,17 @@ class CheckContext:
     # inputs (ENC-*): the rules' triggers read these, not every request or the whole waiting queue.
     grammars: set[str] = field(default_factory=set)
     encoded: set[str] = field(default_factory=set)
+    # The sessions one of whose later inputs carries encoder inputs, and, once such a session took up
+    # inputs, how many and its encoder inputs then, the taken-up ones where their tokens landed
+    # (spec/session.py): kept by the evaluation layer before each step's checks (ENC-*).
+    piece_encoded: set[str] = field(default_factory=set)
+    inputs_taken: dict[str, int] = field(default_factory=dict)
+    session_encoder_inputs: dict[str, tuple[EncoderInput, ...]] = field(default_factory=dict)
+
+    def encoder_inputs(self, request_id: str) -> tuple[EncoderInput, ...]:
+        """The request's encoder inputs as of this step: its own, and a session's taken-up ones."""
+        found = self.session_encoder_inputs.get(request_id)
+        return found if found is not None else self.requests[request_id].encoder_inputs
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""

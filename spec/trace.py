@@ -33,8 +33,9 @@ scheduling, ``resume`` undoes either (vLLM's ``PauseState``); each answers true.
 
 A request may be a streaming-input session (issue 32, spec/session.py): ``"session": {"version": 1,
 "inputs": [{"step": 5, "prompt_len": 3, "max_tokens": 2}]}`` on the request, its later inputs,
-each taken up before that step's ``schedule()`` once the session's generation so far is done.
-Left out for a plain request.
+each taken up before that step's ``schedule()`` once the session's generation so far is done
+(version 2: a piece may carry ``encoder_inputs``, positions within the piece). Left out for a
+plain request.
 
 A trace whose config has ``kv_connector`` may carry ``"connector": {"version": 1, "requests":
 [{"request": "A", "external_tokens": 32, "load_async": true, "load_steps": 2, "failed_blocks": [1],
@@ -259,6 +260,9 @@ class Trace:
                 raise InputError(f"{where}.lora_id", f"needs config.max_loras > 0, got lora_id {lora_id}")
             session = session_from_dict(raw["session"], f"{where}.session", MAX_STEPS, MAX_TOKENS) \
                 if "session" in raw else ()
+            for i, piece in enumerate(session):  # a piece's encoder inputs: as a request's (`_encoder_inputs`)
+                _encoder_inputs({"encoder_inputs": [e.to_dict() for e in piece.encoder_inputs]}, config,
+                                f"{where}.session.inputs[{i}]")
             try:
                 request = Request(
                     request_id=raw["id"],

@@ -267,7 +267,9 @@ def test_every_kvsched_judge_is_one_registry_entry_ordered_cheapest_first():
     assert flavour("vllm-v1-connector").campaign == "lockstep_connector"
     from conformance.selftest.campaigns import lockstep_budgets, lockstep_connector
 
-    assert set(flavour("vllm-v1-budgets").paths) <= set(lockstep_budgets.PATHS)
+    assert set(flavour("vllm-v1-budgets").paths) <= set(lockstep_budgets.SYNC_PATHS)
+    assert set(flavour("vllm-v1-async+budgets").paths) <= set(lockstep_budgets.ASYNC_PATHS)
+    assert flavour("vllm-v1-async+budgets").target == "vllm-v1-async"
     assert set(flavour("vllm-v1-connector").paths) <= set(lockstep_connector.PATHS)
     assert not any(p.startswith("async") for p in flavour("vllm-v1-connector").paths)  # the synchronous host
     args = bench.parse(["--judge-traces", "vllm-v1-hybrid=7,vllm-v1-async+hybrid=0"])

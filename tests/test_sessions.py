@@ -4,6 +4,7 @@ and resumes, and SES-003's eviction of an idle session's KV. Each test runs one 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,9 @@ from conformance.selftest.mutants import violated
 from conformance.selftest.mutants_budgets import SessionKeepsKV
 from reference_impl.engine import run_trace
 from reference_impl.v1_scheduler import V1Scheduler
+from spec.catalogue import Checker
 from spec.config import SchedulerConfig
+from spec.encoder import EncoderInput
 from spec.errors import InputError
 from spec.lifecycle import coverage
 from spec.session import InputPiece, piece_tokens
@@ -37,8 +40,12 @@ def test_the_session_field_round_trips_and_older_traces_read_unchanged():
         {"step": 3, "prompt_len": 5, "max_tokens": 2}, {"step": 9, "prompt_len": 1, "max_tokens": 1}]}
     assert "session" not in data["requests"][1]  # a plain request's dict is what it was
     assert Trace.from_dict(data).arrivals == trace.arrivals
-    data["requests"][0]["session"]["version"] = 2
+    data["requests"][0]["session"]["version"] = 3
     with pytest.raises(InputError, match=r"requests\[0\]\.session\.version"):
+        Trace.from_dict(data)
+    data["requests"][0]["session"]["version"] = 1
+    data["requests"][0]["session"]["inputs"][0]["encoder_inputs"] = [{"position": 0, "length": 2, "hash": "a"}]
+    with pytest.raises(InputError, match=r"session\.inputs\[0\]"):  # a piece's encoder inputs need version 2
         Trace.from_dict(data)
     data["requests"][0]["session"] = {"version": 1, "inputs": [{"step": 5, "prompt_len": 1, "max_tokens": 1},
                                                                {"step": 2, "prompt_len": 1, "max_tokens": 1}]}
@@ -118,3 +125,69 @@ def test_a_stopped_turn_holding_no_kv_joins_waiting_last():
     after = run.records[4].after
     assert after.statuses["r2"] is Status.WAITING_FOR_INPUT and not after.seqs["r2#0"].blocks
     assert after.waiting == ("r3", "r2")
+
+
+def test_a_later_input_carries_encoder_inputs_where_its_tokens_land():
+    """A piece's encoder inputs (version 2) join the session's once taken up, moved to where the piece's
+    first token lands (its last sampled token dropped: vLLM's ``offset + base``, scheduler.py:1899-1905);
+    the checker places them the same way (`CheckContext.encoder_inputs`), so ENC-001..004 read them."""
+    config = replace(_config(), encoder_compute_budget=4, encoder_cache_size=4, enable_chunked_prefill=True)
+    piece = InputPiece(6, 4, 2, encoder_inputs=(EncoderInput(1, 2, "a"),))
+    trace = Trace(config, (Arrival(0, Request("s", 6, 2, session=(piece,))),), max_steps=40)
+    data = json.loads(trace.to_json())
+    assert data["requests"][0]["session"] == {"version": 2, "inputs": [
+        {"step": 6, "prompt_len": 4, "max_tokens": 2, "encoder_inputs": [{"position": 1, "length": 2, "hash": "a"}]}]}
+    assert Trace.from_dict(data).arrivals == trace.arrivals
+    run = run_trace(trace, V1Scheduler)
+    assert run.drained and violated(V1Scheduler, trace, invariants=INVARIANTS) == set()
+    # 6 prompt tokens and 2 generated, the last dropped: the piece lands at 7, its input at 8..9
+    computed = [(r.step, r.output.encoder_inputs) for r in run.records if r.output.encoder_inputs]
+    assert [inputs for _, inputs in computed] == [(("s", 0),)]
+    record = next(r for r in run.records if r.step == computed[0][0])
+    assert record.mid.encoder_cache["a"].users == frozenset({"s"})  # held while its chunk runs
+    assert record.after.encoder_cache["a"].users == frozenset()  # consumed in that chunk, let go after it
+    checker = Checker(config, V1Scheduler.capabilities, INVARIANTS)
+    for record in run.records:
+        checker.check_step(record)
+    assert checker.context.session_encoder_inputs["s"] == (EncoderInput(8, 2, "a"),)
+
+
+class _ShowsSessionInputs(V1Scheduler):
+    """The reference, keeping each unfinished session's encoder inputs after every snapshot."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.inputs_after: dict[int, dict[str, tuple]] = {}
+
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        self.inputs_after[self._step] = {rid: t.request.encoder_inputs for rid, t in self.requests.items()
+                                         if t.request.session and not t.status.is_finished}
+        return super().snapshot()
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_the_checker_places_taken_up_encoder_inputs_as_the_reference_does(depth):
+    """`note_session_inputs` reads a take-up from the snapshots alone; on drawn sessions whose later
+    inputs carry encoder inputs it places them where the reference put them, after every step."""
+    from conformance.generation.budgets import mixed_session_traces
+    from conformance.generation.v0 import sample_traces
+    from reference_impl.async_scheduler import AsyncV1Scheduler
+
+    base = _ShowsSessionInputs if not depth else type("_AsyncShows", (_ShowsSessionInputs, AsyncV1Scheduler), {})
+    compared = 0
+    for trace in sample_traces(mixed_session_traces(), 40, 20261204):
+        if not any(p.encoder_inputs for a in trace.arrivals for p in a.request.session):
+            continue
+        trace = replace(trace, config=replace(trace.config, pipeline_depth=depth))
+        scheduler = base(trace.config)
+        run = run_trace(trace, lambda config, made=scheduler: made)
+        checker = Checker(trace.config, base.capabilities, [])
+        for record in run.records:
+            checker.check_step(record)
+            # the snapshot after the step is the last one the reference took in it (its step count moved on)
+            shown = scheduler.inputs_after.get(record.step + 1, scheduler.inputs_after.get(record.step, {}))
+            for rid in checker.context.piece_encoded - set(checker.context.finished):
+                if rid in shown:
+                    assert checker.context.encoder_inputs(rid) == shown[rid], (record.step, rid)
+                    compared += bool(checker.context.inputs_taken.get(rid))
+    assert compared > 20, compared

@@ -56,22 +56,31 @@ def with_budgets(draw: st.DrawFn, trace: Trace, pause: bool | None = None) -> Tr
     arrivals = []
     for arrival in trace.arrivals:
         request = arrival.request
-        inputs: list[EncoderInput] = []
-        position = 0
-        for _ in range(draw(st.integers(0, 2)) if lengths else 0):
-            digest = draw(st.sampled_from(sorted(lengths)))
-            start = position + draw(st.integers(0, 4))
-            if start + lengths[digest] > request.prompt_len:
-                break
-            inputs.append(EncoderInput(start, lengths[digest], digest))
-            position = start + lengths[digest]
+        inputs = _encoder_inputs(draw, lengths, request.prompt_len)
+        # a session's later inputs may carry their own (an audio chunk of a realtime session), with the same hashes
+        session = tuple(replace(piece, encoder_inputs=_encoder_inputs(draw, lengths, piece.prompt_len))
+                        for piece in request.session)
         lora = draw(st.integers(0, 3)) if config.max_loras else 0
-        arrivals.append(Arrival(arrival.step, replace(request, encoder_inputs=tuple(inputs), lora_id=lora)))
+        arrivals.append(Arrival(arrival.step, replace(request, encoder_inputs=inputs, lora_id=lora, session=session)))
     admin = list(trace.admin)
     if pause is True or (pause is None and draw(st.integers(0, 2)) == 0):
         at = draw(st.integers(0, trace.last_arrival_step + 2))
         admin += [(at, draw(st.sampled_from(["pause_new", "pause_all"]))), (at + draw(st.integers(1, 5)), "resume")]
     return replace(trace, arrivals=tuple(arrivals), admin=tuple(sorted(admin)))
+
+
+def _encoder_inputs(draw: st.DrawFn, lengths: dict[str, int], prompt_len: int) -> tuple[EncoderInput, ...]:
+    """Up to two encoder inputs within ``prompt_len`` positions, each hash at its one length."""
+    inputs: list[EncoderInput] = []
+    position = 0
+    for _ in range(draw(st.integers(0, 2)) if lengths else 0):
+        digest = draw(st.sampled_from(sorted(lengths)))
+        start = position + draw(st.integers(0, 4))
+        if start + lengths[digest] > prompt_len:
+            break
+        inputs.append(EncoderInput(start, lengths[digest], digest))
+        position = start + lengths[digest]
+    return tuple(inputs)
 
 
 def budget_traces() -> st.SearchStrategy:
@@ -190,9 +199,8 @@ def paused_arrival_traces(draw: st.DrawFn) -> Trace:
 
 def mixed_session_traces() -> st.SearchStrategy:
     """Streaming-input sessions (`conformance.generation.sessions.with_sessions`) over the budgets'
-    configs: sessions beside grammar waits, encoder inputs in first prompts, adapter ids and, a third
-    of the time, a pause. A later input is tokens only (`spec.session.InputPiece`); a session's first
-    prompt may carry encoder inputs and its adapter serves every input."""
+    configs: sessions beside grammar waits, encoder inputs in first prompts and later inputs, adapter
+    ids and, a third of the time, a pause. A session's adapter serves every input."""
     from conformance.generation.sessions import with_sessions
 
     configs = budget_configs().filter(lambda c: c.max_model_len >= 16)

@@ -18,6 +18,7 @@ from conformance.generation.budgets import (
     encoder_deadlock_traces,
     encoder_decode_traces,
     grammar_traces,
+    mixed_session_traces,
     paused_arrival_traces,
 )
 from conformance.generation.sessions import session_deadlock_traces, session_traces
@@ -219,3 +220,13 @@ class SessionInputLost(V1Scheduler):
         "idles on them (vLLM 0.33.0's rule)", ("SES-003",), **{**BUDGETS, "trace_strategy": session_deadlock_traces})
 class SessionKeepsKV(V1Scheduler):
     evicts_idle_sessions = False  # bug: nothing takes an idle session's KV back
+
+
+@mutant("v1-session-input-encoder-dropped", "a streaming session takes up a later input's tokens but not its encoder "
+        "inputs: its chunk over them runs with no encoder output", ("ENC-004",),
+        **{**BUDGETS, "trace_strategy": mixed_session_traces})
+class SessionInputEncoderDropped(V1Scheduler):
+    def _take_input(self, tracked: TrackedRequest) -> None:
+        inputs = tracked.request.encoder_inputs
+        super()._take_input(tracked)
+        tracked.request = replace(tracked.request, encoder_inputs=inputs)  # bug: the input's own are lost

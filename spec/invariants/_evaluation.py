@@ -57,7 +57,9 @@ from spec.invariants._views import (
 )
 from spec.observation import SeqView, Snapshot, StepRecord
 from spec.rules import AFTER_SCHEDULE, AFTER_STEP, POOL, REQUEST, SEQUENCE, STEP_KINDS, Invariant
+from spec.session import taken_up_inputs
 from spec.status import QUEUES, Status
+from spec.types import seq_id
 
 if TYPE_CHECKING:
     from spec.rules import CheckContext
@@ -433,6 +435,41 @@ def _requests_in(ctx: CheckContext, snap: Snapshot, label: str, touched: Iterabl
         if status is None and not queues and not added:
             continue
         yield RequestAt(label, rid, status, queues, snap, added, ctx.finished.get(rid))
+
+
+def note_session_inputs(ctx: CheckContext, rec: StepRecord) -> None:
+    """Keep the encoder inputs of each session that took up a later input carrying some
+    (`CheckContext.session_encoder_inputs`; run before the step's checks, which read them). A
+    session takes up its next arrived input when it leaves WAITING_FOR_INPUT for another wait or a
+    run (or is scheduled, and may finish in the step), its last sampled token dropped (the input
+    lands at its length before the step, less one), or, going on at once
+    after a stop, when it is back in waiting grown by at least the input's tokens (it lands at the
+    end). Positions follow `spec.session.taken_up_inputs`."""
+    statuses_before, statuses_after = rec.before.statuses or {}, rec.after.statuses or {}
+    scheduled = {s.request_id for s in rec.output.scheduled}
+    for rid in ctx.piece_encoded:
+        request, taken = ctx.requests[rid], ctx.inputs_taken.get(rid, 0)
+        before, after = (rec.before.seqs or {}).get(seq_id(rid, 0)), (rec.after.seqs or {}).get(seq_id(rid, 0))
+        if rid in ctx.finished or before is None or before.num_tokens is None:
+            continue
+        status = statuses_after.get(rid)
+        inputs = list(ctx.encoder_inputs(rid))
+        length = before.num_tokens
+        went_on = status is not None and not status.is_finished and status is not Status.WAITING_FOR_INPUT
+        if statuses_before.get(rid) is Status.WAITING_FOR_INPUT and (went_on or rid in scheduled) \
+                and taken < len(request.session) and request.session[taken].step <= rec.step:
+            piece = request.session[taken]
+            inputs += taken_up_inputs(piece, length - 1)
+            length, taken = length - 1 + piece.prompt_len, taken + 1
+        if status is Status.WAITING and after is not None and after.num_tokens is not None \
+                and taken < len(request.session) and request.session[taken].step <= rec.step \
+                and after.num_tokens - length >= request.session[taken].prompt_len:
+            piece = request.session[taken]
+            inputs += taken_up_inputs(piece, after.num_tokens - piece.prompt_len)
+            taken += 1
+        if taken != ctx.inputs_taken.get(rid, 0):
+            ctx.inputs_taken[rid] = taken
+            ctx.session_encoder_inputs[rid] = tuple(inputs)
 
 
 def note_finish_lengths(ctx: CheckContext, rec: StepRecord) -> None:

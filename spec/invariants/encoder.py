@@ -5,6 +5,10 @@ what a scheduler that shows Capability.ENCODER reports: the encoder inputs each 
 (`SchedulerOutput.encoder_inputs`) and the encoder cache in each snapshot (`Snapshot.encoder_cache`,
 ``encoder_free``). LORA-001 reads only the output and the trace's ``lora_id``s, for a scheduler that
 claims Capability.LORA. Without those capabilities they are not applicable, never passed.
+
+A request's encoder inputs are ``ctx.encoder_inputs(rid)``: its own, and for a streaming session the
+ones its later inputs carried, from the step it took each up, at the positions its tokens landed on
+(spec/session.py; the evaluation layer reads the take-up from the snapshots, `note_session_inputs`).
 """
 
 from __future__ import annotations
@@ -69,12 +73,12 @@ def encoder_budget(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     total = 0
     for rid, index in rec.output.encoder_inputs:
         request = ctx.requests.get(rid)
-        if request is None or not 0 <= index < len(request.encoder_inputs):
+        if request is None or not 0 <= index < len(ctx.encoder_inputs(rid)):
             yield f"computed encoder input {rid}[{index}], which no request has"
             continue
         if rid not in scheduled:
             yield f"computed encoder input {rid}[{index}] for a request not scheduled in the step"
-        total += request.encoder_inputs[index].length
+        total += ctx.encoder_inputs(rid)[index].length
     if total > ctx.config.encoder_compute_budget:
         yield f"computed {total} encoder embeddings, encoder_compute_budget {ctx.config.encoder_compute_budget}"
 
@@ -107,7 +111,7 @@ def encoder_cache_conserved(ctx: CheckContext, rec: StepRecord) -> Iterator[str]
             for rid in sorted(entry.users):
                 request = ctx.requests.get(rid)
                 status = statuses.get(rid)
-                if request is None or all(item.content_hash != digest for item in request.encoder_inputs):
+                if request is None or all(item.content_hash != digest for item in ctx.encoder_inputs(rid)):
                     yield f"{label}: encoder entry {digest} is held by {rid}, which has no input with that hash"
                 elif status is None or status.is_finished:
                     yield f"{label}: encoder entry {digest} is held by {rid}, which is {status}"
@@ -134,9 +138,9 @@ def encoder_output_held_while_needed(ctx: CheckContext, rec: StepRecord) -> Iter
     for rid in snap.running:
         request = ctx.requests.get(rid)
         view = seqs.get(seq_id(rid, 0))
-        if request is None or not request.encoder_inputs or view is None or view.num_computed is None:
+        if request is None or not ctx.encoder_inputs(rid) or view is None or view.num_computed is None:
             continue
-        for index, item in enumerate(request.encoder_inputs):
+        for index, item in enumerate(ctx.encoder_inputs(rid)):
             if item.position < view.num_computed < item.end:
                 entry = cache.get(item.content_hash)
                 if entry is None or rid not in entry.users:
@@ -163,15 +167,15 @@ def encoder_output_ready(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     if mid.encoder_cache is None or mid.seqs is None:
         return
     before = rec.before.encoder_cache or {}
-    computed = {ctx.requests[rid].encoder_inputs[i].content_hash for rid, i in rec.output.encoder_inputs
-                if rid in ctx.requests and 0 <= i < len(ctx.requests[rid].encoder_inputs)}
+    computed = {ctx.encoder_inputs(rid)[i].content_hash for rid, i in rec.output.encoder_inputs
+                if rid in ctx.requests and 0 <= i < len(ctx.encoder_inputs(rid))}
     for item in rec.output.scheduled:
         request = ctx.requests.get(item.request_id)
         view = mid.seqs.get(item.seq_id)
-        if request is None or not request.encoder_inputs or view is None or view.num_computed is None:
+        if request is None or not ctx.encoder_inputs(item.request_id) or view is None or view.num_computed is None:
             continue
         start, end = view.num_computed, view.num_computed + item.num_tokens
-        for index, enc in enumerate(request.encoder_inputs):
+        for index, enc in enumerate(ctx.encoder_inputs(item.request_id)):
             if not enc.overlaps(start, end):
                 continue
             entry = mid.encoder_cache.get(enc.content_hash)

@@ -457,6 +457,11 @@ def agrees_to_the_end(adapter, trace: Trace, invariants, model: type, allowed: f
             and problems <= allowed and (required is None or required in problems))
 
 
+def has_encoder_inputs(request) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the request, or a later input of its session, has encoder inputs."""
+    return bool(request.encoder_inputs) or any(piece.encoder_inputs for piece in request.session)
+
+
 def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
     """The divergence's class (a key of `CLASSES`), the field it was found in when no model fits,
     or None when the trace agrees. A class is confirmed by a counterfactual, as in `lockstep_v1`:
@@ -472,12 +477,12 @@ def classify(adapter, trace: Trace, outcome: Outcome, invariants) -> str | None:
         for name, model, allowed, required in SESSION_MODELS:
             if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
                 return name
-        if any(a.request.encoder_inputs for a in trace.arrivals):  # streaming-mixed: an encoder rule, or both
+        if any(has_encoder_inputs(a.request) for a in trace.arrivals):  # streaming-mixed: an encoder rule, or both
             for name, model, allowed, required in session_and_encoder_models():
                 if agrees_to_the_end(adapter, trace, invariants, model, allowed, required):
                     return name
         return outcome.field or "?"
-    if not any(a.request.encoder_inputs for a in trace.arrivals):
+    if not any(has_encoder_inputs(a.request) for a in trace.arrivals):
         return outcome.field or "?"
     for name, model in MODELS:
         if run_one(adapter, trace, invariants, reference=model).divergence_step is None:
@@ -493,6 +498,7 @@ def sessions_drawn(traces: list[Trace]) -> dict[str, int]:
         sessions = [a.request for a in trace.arrivals if a.request.session]
         counts["session"] += bool(sessions)
         counts["session with encoder inputs"] += any(r.encoder_inputs for r in sessions)
+        counts["session with encoder inputs in a later input"] += any(p.encoder_inputs for r in sessions for p in r.session)
         counts["session with an adapter"] += any(r.lora_id for r in sessions)
         counts["session waiting for its grammar"] += any(r.grammar_ready_step is not None for r in sessions)
         counts["session and a pause"] += bool(sessions) and any(op != "resume" for _, op in trace.admin)

@@ -47,6 +47,7 @@ CONNECTOR_PATHS = ("remote-sync", "remote-async", "offload", "fail-recompute", "
 CONNECTOR_SPEC_PATHS = tuple(f"{p}+spec" for p in CONNECTOR_PATHS)
 ASYNC_CONNECTOR_PATHS = tuple(f"async-{p}" for p in CONNECTOR_PATHS)
 BUDGETS_PATHS = ("encoder", "lora", "pause", "mixed", "grammar", "streaming", "streaming-pause", "streaming-mixed")
+ASYNC_BUDGETS_PATHS = ("async-mixed", "async-grammar", "async-streaming", "async-streaming-mixed")
 # A judge that has seen the engine raise on this many traces stops looking for an oracle kill in
 # its suite (the next judge still looks in its own): each crashed trace costs a fresh host.
 CRASH_TRACES = 5
@@ -146,6 +147,13 @@ def _budgets_run(adapter, trace: Trace, timeout: float):
     return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
 
 
+def _async_budgets_run(adapter, trace: Trace, timeout: float):
+    from conformance.selftest.campaigns.lockstep_budgets import run_one
+
+    # the campaign's profile for its pipelined paths (the pipelined lockstep runs on past a violation)
+    return run_one(adapter, trace, get_profile("async").invariants(), timeout=timeout, stop_at_first=False)
+
+
 def _async_paths() -> tuple[str, ...]:
     from conformance.generation.async_paths import PATHS
 
@@ -189,6 +197,10 @@ def judges() -> tuple[Flavour, ...]:
         # Encoder inputs, LoRA, pause, grammar waits and streaming sessions (ENC-*, LORA-001, PAU-001,
         # GRM-*, SES-*; conformance/targets/hosts/vllm_budgets.py).
         Flavour("vllm-v1-budgets", "vllm-v1", BUDGETS_PATHS, 48, "lockstep_budgets", _budgets_strategy, _budgets_run),
+        # The same on the AsyncScheduler (the vllm-v1-async host, depth 1): encoder inputs, adapters and a
+        # pause together, grammar waits, sessions, and everything together.
+        Flavour("vllm-v1-async+budgets", "vllm-v1-async", ASYNC_BUDGETS_PATHS, 16, "lockstep_budgets",
+                _budgets_strategy, _async_budgets_run),
     )
 
 

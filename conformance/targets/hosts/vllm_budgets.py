@@ -31,7 +31,8 @@ supplied here, and nothing else changes in vLLM's scheduler:
 * streaming-input sessions (spec/session.py): a request with a ``session`` is built ``resumable``
   (v1/request.py:77, 234-237), and the host plays the client sending each later input: before step
   k's ``schedule()`` it calls ``Scheduler.add_request`` with a resumable ``Request`` of the same id
-  holding the input's tokens (``piece_tokens``) and ``max_tokens`` (scheduler.py:2931-2943: queued
+  holding the input's tokens (``piece_tokens``), ``max_tokens`` and encoder inputs (``mm_features`` at
+  their positions within the input, as a realtime client sends an audio chunk) (scheduler.py:2931-2943: queued
   while the session runs, taken up at once while it is WAITING_FOR_STREAMING_REQ), and after the
   last input a non-resumable one, the end of the session (``StreamingUpdate.from_request`` is None:
   the session finishes at its next stop, 2732-2736). An input for a session already finished
@@ -166,7 +167,9 @@ class SessionClient:
             self.pending[request["id"]] = list(enumerate(inputs))
 
     def send_due(self, sched, step: int, make_request) -> None:
-        """``make_request(rid, tokens, max_tokens, resumable)`` builds a vLLM ``Request``."""
+        """``make_request(rid, tokens, max_tokens, resumable, extras)`` builds a vLLM ``Request``;
+        ``extras``: an input's encoder inputs as ``mm_features`` at their positions within the input
+        (``_update_request_as_session`` moves them to where it lands, scheduler.py:1899-1905)."""
         for rid, left in list(self.pending.items()):
             session = sched.requests.get(rid)
             if session is None or session.is_finished():  # aborted: the client sends nothing more
@@ -175,8 +178,8 @@ class SessionClient:
             while left and left[0][1]["step"] <= step:
                 index, piece = left.pop(0)
                 sched.add_request(make_request(rid, piece_tokens(index, int(piece["prompt_len"])),
-                                               int(piece["max_tokens"]), True))
+                                               int(piece["max_tokens"]), True, request_extras(piece)))
                 if not left:  # the end of the session
-                    sched.add_request(make_request(rid, [], 1, False))
+                    sched.add_request(make_request(rid, [], 1, False, {}))
             if not left:
                 del self.pending[rid]

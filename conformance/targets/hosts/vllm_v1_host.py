@@ -326,11 +326,13 @@ class V1Engine:
             if getattr(r, "resumable", False) and not r.is_finished() and r.status != RequestStatus.RUNNING:
                 self.decoding.discard(rid)
 
-    def _session_input(self, rid: str, tokens: list, max_tokens: int, resumable: bool) -> Request:
-        """A session's next input (or, not resumable, its end) as the client sends it."""
+    def _session_input(self, rid: str, tokens: list, max_tokens: int, resumable: bool, extras: dict) -> Request:
+        """A session's next input (or, not resumable, its end) as the client sends it; ``extras``: its
+        encoder inputs (`vllm_budgets.request_extras`)."""
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=[STOP_TOKEN])
         update = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp, pooling_params=None,
-                         arrival_time=float(self.arrivals), block_hasher=self.block_hasher, resumable=resumable)
+                         arrival_time=float(self.arrivals), block_hasher=self.block_hasher, resumable=resumable,
+                         **extras)
         self.arrivals += 1
         return update
 
