@@ -282,6 +282,8 @@ class Trace:
                 raise InputError(f"{where}.{field_name}", err.message) from None
             if request.request_id in seen:
                 raise InputError(f"{where}.id", f"duplicate request id {request.request_id!r}")
+            if config.kv_connector:
+                _not_beside_a_connector(raw, where)
             seen.add(request.request_id)
             arrivals.append(Arrival(step, request))
         arrivals.sort(key=lambda a: a.step)  # stable: same-step arrivals keep file order
@@ -345,6 +347,19 @@ def _draft(raw: Any, where: str) -> tuple[int, str, DraftDecision]:
     if not isinstance(empty, bool):
         raise InputError(f"{where}.empty", f"must be true or false, got {shown(empty)}")
     return step, seq, DraftDecision(proposed, accepted, stop_at, empty)
+
+
+# What a request may carry that the KV connector's waiting pass does not model (reference_impl/
+# kv_connector.py ``_kv_admit`` has no session, grammar, adapter or encoder waits): refused beside
+# config.kv_connector rather than checked against a reference that ignores it.
+_NOT_WITH_A_CONNECTOR = ("session", "grammar_ready_step", "lora_id", "encoder_inputs")
+
+
+def _not_beside_a_connector(raw: Mapping[str, Any], where: str) -> None:
+    for name in _NOT_WITH_A_CONNECTOR:
+        if raw.get(name) not in (None, 0, [], {}):
+            raise InputError(f"{where}.{name}", "is not modelled together with config.kv_connector (the connector's "
+                             "waiting pass has no session, grammar, adapter or encoder waits)")
 
 
 def _encoder_inputs(raw: Mapping[str, Any], config: SchedulerConfig, where: str) -> tuple[EncoderInput, ...]:

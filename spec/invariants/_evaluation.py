@@ -438,13 +438,17 @@ def _requests_in(ctx: CheckContext, snap: Snapshot, label: str, touched: Iterabl
 
 
 def note_session_inputs(ctx: CheckContext, rec: StepRecord) -> None:
-    """Keep the encoder inputs of each session that took up a later input carrying some
-    (`CheckContext.session_encoder_inputs`; run before the step's checks, which read them). A
-    session takes up its next arrived input when it leaves WAITING_FOR_INPUT for another wait or a
-    run (or is scheduled, and may finish in the step), its last sampled token dropped (the input
-    lands at its length before the step, less one), or, going on at once
-    after a stop, when it is back in waiting grown by at least the input's tokens (it lands at the
-    end). Positions follow `spec.session.taken_up_inputs`."""
+    """Keep the encoder inputs of each session whose later inputs carry some, as it takes them up
+    (`CheckContext.session_encoder_inputs`; run before the step's checks, which read them). The
+    take-up is read from the snapshots, in one of two ways:
+
+    - the session leaves WAITING_FOR_INPUT (for waiting or running; or it is scheduled, and may
+      finish in the step): its next arrived input lands where its last sampled token was, at its
+      length before the step less one;
+    - going on at once after a stop, it is back in waiting grown by at least the input's tokens:
+      the input lands at its end.
+
+    Positions follow `spec.session.taken_up_inputs`."""
     statuses_before, statuses_after = rec.before.statuses or {}, rec.after.statuses or {}
     scheduled = {s.request_id for s in rec.output.scheduled}
     for rid in ctx.piece_encoded:

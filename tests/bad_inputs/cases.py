@@ -270,6 +270,12 @@ FILE_CASES: list[FileCase] = [
     FileCase("stop_step_string", patch("stops.0.step", '"1"'), "stops[0].step"),
     FileCase("stop_seq_null", patch("stops.0.seq", "null"), "stops[0].seq"),
     FileCase("stop_step_1e9", patch("stops.0.step", str(10**9)), "stops[0].step: must be at most"),
+    # a feature the KV connector's waiting pass does not model, beside it
+    FileCase("session_beside_connector", json.dumps({
+        **BASE, "config": {**BASE["config"], "kv_connector": True},
+        "requests": [{**BASE["requests"][0], "session": {"version": 1, "inputs": [
+            {"step": 3, "prompt_len": 2, "max_tokens": 1}]}}]}, indent=1).encode(),
+        "requests[0].session: is not modelled together with config.kv_connector"),
 ]
 
 # Paths that are not a readable JSON file; ``names`` is said of every command.
