@@ -138,3 +138,24 @@ def test_shrink_never_leaves_the_domain():
     seen.clear()
     shrink(trace, failing, budget=200, seconds=20)
     assert not all(domain.admits(c) for c in seen)
+
+
+def test_shrinking_a_trace_with_encoder_inputs_and_sessions_offers_only_valid_requests():
+    """A shorter prompt takes the encoder inputs within it; dropping an encoder input or a later
+    input is a candidate of its own. Before this, a shorter prompt than an input's end raised
+    InputError out of the shrinker (the spec refuses such a request)."""
+    from conformance.generation.budgets import budget_traces, mixed_session_traces
+    from conformance.generation.v0 import sample_traces
+    from conformance.runner.shrink import _candidates
+
+    seen = set()
+    for trace in sample_traces(budget_traces(), 20, 5) + sample_traces(mixed_session_traces(), 20, 5):
+        before = {a.request.request_id: a.request for a in trace.arrivals}
+        for candidate in _candidates(trace):  # each is a Trace: every request passed spec.types.Request's checks
+            for a in candidate.arrivals:
+                old = before.get(a.request.request_id)
+                if old is not None and len(a.request.encoder_inputs) < len(old.encoder_inputs):
+                    seen.add("encoder input dropped")
+                if old is not None and len(a.request.session) < len(old.session):
+                    seen.add("session input dropped")
+    assert seen == {"encoder input dropped", "session input dropped"}

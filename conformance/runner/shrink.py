@@ -30,7 +30,8 @@ def size(trace: Trace, failure_step: int) -> tuple[int, ...]:
         failure_step,
         len(reqs),
         len(trace.aborts) + len(trace.stops) + len(trace.drafts),
-        sum(r.prompt_len + r.max_tokens + r.n + r.priority for r in reqs) + sum(a.step for a in trace.arrivals),
+        sum(r.prompt_len + r.max_tokens + r.n + r.priority + len(r.encoder_inputs) + len(r.session) for r in reqs)
+        + sum(a.step for a in trace.arrivals),
         sum(v for v in trace.config.to_dict().values() if isinstance(v, int)),
     )
 
@@ -149,7 +150,7 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
         yield _replace(trace, stops=trace.stops[:i] + trace.stops[i + 1:])
     for i, a in enumerate(arrivals):
         r = a.request
-        options = []
+        options: list[dict[str, object]] = []
         for name, low in (("prompt_len", 1), ("max_tokens", 1), ("n", 1), ("priority", 0)):
             value = getattr(r, name)
             for smaller in sorted({low, value // 2, value - 1}):
@@ -157,8 +158,17 @@ def _candidates(trace: Trace) -> Iterator[Trace]:
                     changes: dict[str, object] = {name: smaller}
                     if name == "prompt_len" and r.prompt_tokens is not None:  # a shorter prompt: its head
                         changes["prompt_tokens"] = r.prompt_tokens[:smaller]
-                    options.append(dataclasses.replace(r, **changes))
-        for request in options:
+                    if name == "prompt_len" and r.encoder_inputs:  # and the encoder inputs within it
+                        changes["encoder_inputs"] = tuple(e for e in r.encoder_inputs if e.end <= smaller)
+                    options.append(changes)
+        # one encoder input fewer, one session input fewer (later inputs keep their order)
+        options += [{"encoder_inputs": r.encoder_inputs[:j] + r.encoder_inputs[j + 1:]} for j in range(len(r.encoder_inputs))]
+        options += [{"session": r.session[:j] + r.session[j + 1:]} for j in range(len(r.session))]
+        for changes in options:
+            try:
+                request = dataclasses.replace(r, **changes)
+            except InputError:  # a request the spec refuses (spec.types.Request checks its fields)
+                continue
             yield _replace(trace, arrivals=tuple(arrivals[:i] + [Arrival(a.step, request)] + arrivals[i + 1:]))
         if a.step > 0:
             yield _replace(trace, arrivals=tuple(arrivals[:i] + [Arrival(a.step - 1, r)] + arrivals[i + 1:]))
