@@ -216,6 +216,18 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
             continue
         if counts is None:
             counts = _counts_to_change(snap.base, (device, size), prior)
+        if old_blocks and new_blocks and len(new_blocks) >= len(old_blocks) \
+                and new_blocks[: len(old_blocks)] == old_blocks:
+            # A table that grew (a decode past a block's end, a chunk) keeps its blocks: only the
+            # new ones gain an entry, and only they are noted as changed (at C speed, not a walk
+            # of the whole table twice and of every block `free_in_tables` then reads again).
+            grown = new_blocks[len(old_blocks):]
+            for block in grown:
+                if not 0 <= block < size:
+                    return None
+                counts[block] += 1
+            touched.update(grown)
+            continue
         for block in old_blocks or ():  # base's blocks, in the pool (its counts were built)
             counts[block] -= 1
         for block in new_blocks or ():
