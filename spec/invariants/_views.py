@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, repeat
-from operator import is_not, itemgetter, ne
+from operator import attrgetter, is_not, itemgetter, ne
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
@@ -600,6 +600,19 @@ def admitted(record: StepRecord) -> list[str]:
         if item.is_prefill and item.request_id in waiting:
             seen.setdefault(item.request_id, None)
     return list(seen)
+
+
+def finished_among(snap: Snapshot, seq_ids: Iterable[str]) -> list[str]:
+    """The sequences of ``seq_ids`` whose view in ``snap`` is finished (those it lacks are not),
+    in the order given. Read at C speed: a check asks it of every block holder, every step."""
+    ids = list(seq_ids)
+    views = map((snap.seqs or {}).get, ids, repeat(_UNSEEN))
+    return list(compress(ids, map(_IS_FINISHED, views)))
+
+
+_IS_FINISHED = attrgetter("status.is_finished")
+# Stands for a sequence a snapshot lacks: not finished there.
+_UNSEEN = SeqView("", "", Status.WAITING, None, None, None, None)
 
 
 def finished_holders(snap: Snapshot, _device: object = None, _depth: int = 0) -> frozenset[str]:
