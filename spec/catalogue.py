@@ -174,6 +174,10 @@ class Checker:
                 ctx.grammars.add(request.request_id)
             if request.encoder_inputs:
                 ctx.encoded.add(request.request_id)
+            if request.lora_id:
+                ctx.loras.add(request.request_id)
+            else:  # added again without one: ``ctx.requests`` now holds this request
+                ctx.loras.discard(request.request_id)
         ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}

@@ -93,6 +93,8 @@ class CheckContext:
     # inputs (ENC-*): the rules' triggers read these, not every request or the whole waiting queue.
     grammars: set[str] = field(default_factory=set)
     encoded: set[str] = field(default_factory=set)
+    # The requests added so far with a LoRA adapter (``lora_id``; LORA-001's trigger).
+    loras: set[str] = field(default_factory=set)
 
     def key(self, request_id: str) -> tuple[int, ...]:
         """Policy order (smaller = more urgent): FCFS by arrival, priority by (priority, arrival)."""
