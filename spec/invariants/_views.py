@@ -611,6 +611,8 @@ def finished_among(snap: Snapshot, seq_ids: Iterable[str]) -> list[str]:
 
 
 _IS_FINISHED = attrgetter("status.is_finished")
+_SEQ_ID, _REQUEST_ID = attrgetter("seq_id"), attrgetter("request_id")
+_NUM_TOKENS, _NUM_DRAFTS, _IS_PREFILL = attrgetter("num_tokens"), attrgetter("num_drafts"), attrgetter("is_prefill")
 # Stands for a sequence a snapshot lacks: not finished there.
 _UNSEEN = SeqView("", "", Status.WAITING, None, None, None, None)
 
@@ -1046,7 +1048,8 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
     if state.get("step") == record.step:
         return state["returned"]
     pending: deque[tuple[ReturnedStep, set[str]]] = state.setdefault("pending", deque())
-    pending.append((ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+    scheduled = record.output.scheduled  # by sequence id, read at C speed (the last entry where one is named twice)
+    pending.append((ReturnedStep(record.step, dict(zip(map(_SEQ_ID, scheduled), scheduled, strict=True)),
                                  record.drafts, record.stopped), set()))
     moved = {p.request_id for p in record.output.preempted} | set(record.aborted)
     for _, left in pending:
@@ -1054,8 +1057,8 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
     returned = None
     if len(pending) > ctx.config.pipeline_depth:
         step, left = pending.popleft()
-        returned = step._replace(left=frozenset(left & {i.request_id for i in step.scheduled.values()}))
-    finished = {f.request_id for f in record.finished}
+        returned = step._replace(left=frozenset(left.intersection(map(_REQUEST_ID, step.scheduled.values()))))
+    finished = set(map(_REQUEST_ID, record.finished))
     for _, left in pending:
         left |= finished  # the steps still in flight return to a finished request
     state["step"], state["returned"] = record.step, returned
@@ -1197,17 +1200,22 @@ def step_facts(record: StepRecord) -> StepFacts:
     kept = record.__dict__.get(_FACTS)
     if kept is not None:
         return kept
-    scheduled: dict[str, ScheduledSeq] = {}
-    tokens: dict[str, int] = {}
+    items = record.output.scheduled
+    ids = list(map(_SEQ_ID, items))
+    scheduled: dict[str, ScheduledSeq] = dict(zip(ids, items, strict=True))
+    tokens: dict[str, int]
+    if len(scheduled) == len(ids):  # each sequence named once (OUT-001): read at C speed
+        tokens = dict(zip(ids, map(_NUM_TOKENS, items), strict=True))
+    else:
+        tokens = {}
+        for item in items:
+            tokens[item.seq_id] = tokens.get(item.seq_id, 0) + item.num_tokens
     drafts: dict[str, int] = {}
-    for item in record.output.scheduled:
-        scheduled[item.seq_id] = item
-        tokens[item.seq_id] = tokens.get(item.seq_id, 0) + item.num_tokens
-        if item.num_drafts:
-            drafts[item.seq_id] = item.num_drafts
+    for item in compress(items, map(_NUM_DRAFTS, items)):
+        drafts[item.seq_id] = item.num_drafts
     facts = StepFacts(
         scheduled, tokens, drafts,
-        frozenset(item.request_id for item in record.output.scheduled if item.is_prefill),
+        frozenset(compress(map(_REQUEST_ID, items), map(_IS_PREFILL, items))),
         frozenset(r.request_id for r in record.added),
         frozenset(f.request_id for f in record.finished),
         frozenset(sid for sid, d in record.drafts.items() if d.empty and sid in scheduled),
