@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_not, itemgetter, ne
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -104,14 +104,19 @@ def _delta_base(snap: Snapshot, kind: str, device: str, depth: int, part: str = 
     return value
 
 
-def _moved(snap: Snapshot, sid: str, device: str) -> bool:
-    """Whether sequence ``sid``'s table on ``device`` may differ between ``snap.base`` and ``snap``."""
-    old, new = snap.base.seqs.get(sid), snap.seqs.get(sid)
-    if old is None or new is None:
-        return True
-    if old.device != device and new.device != device:
-        return False
-    return old.device != new.device or old.blocks is not new.blocks
+def _moved(snap: Snapshot, device: str) -> list[str]:
+    """The sequences of ``snap.changed_seqs`` whose table on ``device`` may differ between
+    ``snap.base`` and ``snap``: new or gone there, or on ``device`` in either and moved between
+    devices or holding another table object. One loop, no call per sequence (every snapshot asks
+    it of every changed view, per device)."""
+    old_seqs, seqs = snap.base.seqs, snap.seqs
+    out = []
+    for sid in snap.changed_seqs:
+        old, new = old_seqs.get(sid), seqs.get(sid)
+        if old is None or new is None or ((old.device == device or new.device == device)
+                                         and (old.device != new.device or old.blocks is not new.blocks)):
+            out.append(sid)
+    return out
 
 
 def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int, ...]]:
@@ -129,7 +134,7 @@ def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int,
         prior = _delta_base(snap, "tables", device, _depth)
         if prior is None:
             return {sid: v.blocks for sid, v in seqs.items() if v.device == device and v.blocks}
-        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        touched = _moved(snap, device)
         if not touched:
             return prior  # no table on this device changed: the same object, so checks can skip
         out = dict(prior)
@@ -157,7 +162,7 @@ def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
             for blocks in tables(snap, device, _DELTA_DEPTH).values():
                 counts.update(blocks)
             return counts
-        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        touched = _moved(snap, device)
         if not touched:
             return prior  # no table on this device changed: the same object, so checks can skip
         counts = Counter(prior)
@@ -328,8 +333,9 @@ def seq_ids_by_request(snap: Snapshot, _unused: str = "", _depth: int = 0) -> di
     def build() -> dict[str, tuple[str, ...]]:
         prior = _delta_base(snap, "by_request", "", _depth)
         seqs = snap.seqs
-        new = [] if prior is None else [sid for sid in snap.changed_seqs if sid not in snap.base.seqs]
-        if prior is None or any(sid not in seqs for sid in snap.changed_seqs):
+        # Which changed views are new, and whether one is gone, read at C speed.
+        new = [] if prior is None else list(filterfalse(snap.base.seqs.__contains__, snap.changed_seqs))
+        if prior is None or not all(map(seqs.__contains__, snap.changed_seqs)):
             out: dict[str, list[str]] = {}
             for sid, v in seqs.items():
                 out.setdefault(v.request_id, []).append(sid)
