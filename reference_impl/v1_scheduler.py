@@ -303,7 +303,7 @@ class TrackedScheduler:
         if waiting_ids is None:
             waiting_ids = tuple(map(_REQUEST_ID, waiting))
         same_queue = waiting_ids is base.waiting  # the same requests in the same order (`_waiting_ids`)
-        visit = {r.request_id: r for r in self.running}
+        visit = dict(zip(map(_REQUEST_ID, self.running), self.running, strict=True))  # the running ones, at C speed
         # The waiting queue is the backlog: each condition is read at C speed over it, in queue
         # order (the snapshot's view order follows, so reports do not depend on hash seeds).
         if not same_queue:
