@@ -379,7 +379,7 @@ def _view_pairs(subjects: list[SeqAt], older: Snapshot) -> tuple[list[SeqView], 
             list(map(older.seqs.get, map(_ID, subjects), repeat(_ABSENT_VIEW))))
 
 
-_VIEW, _ID = attrgetter("view"), attrgetter("id")
+_VIEW, _ID, _SEQ_ID = attrgetter("view"), attrgetter("id"), attrgetter("seq_id")
 _TOKENS = attrgetter("token_ids")
 
 
@@ -409,7 +409,7 @@ def _touched_sequences(rec: StepRecord, base: Snapshot | None) -> tuple[list[str
         moved = _placement_changed_since(snap, older) if placed is not None else None
         placed = None if moved is None else placed | moved  # type: ignore[operator]
         older = snap
-    changed.update(item.seq_id for item in rec.output.scheduled)
+    changed.update(map(_SEQ_ID, rec.output.scheduled))
     return sorted(changed), None if placed is None else frozenset(placed)
 
 
