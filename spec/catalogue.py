@@ -177,6 +177,10 @@ class Checker:
             if any(piece.encoder_inputs for piece in request.session):
                 ctx.encoded.add(request.request_id)
                 ctx.piece_encoded.add(request.request_id)
+            if request.lora_id:
+                ctx.loras.add(request.request_id)
+            else:  # added again without one: ``ctx.requests`` now holds this request
+                ctx.loras.discard(request.request_id)
         ctx.client_aborted.update(record.aborted)
         if record.stopped:  # a stop reaches a request only through a step that ran it (forks are born in one)
             ran = {s.request_id for s in record.output.scheduled}

@@ -94,6 +94,8 @@ class CheckContext:
     # inputs (ENC-*): the rules' triggers read these, not every request or the whole waiting queue.
     grammars: set[str] = field(default_factory=set)
     encoded: set[str] = field(default_factory=set)
+    # The requests added so far with a LoRA adapter (``lora_id``; LORA-001's trigger).
+    loras: set[str] = field(default_factory=set)
     # The sessions one of whose later inputs carries encoder inputs, and, once such a session took up
     # inputs, how many and its encoder inputs then, the taken-up ones where their tokens landed
     # (spec/session.py): kept by the evaluation layer before each step's checks (ENC-*).

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter, is_not
+from operator import attrgetter, ge, is_not
 from typing import Any
 
 from conformance.runner.guard import AdapterFault
@@ -25,6 +25,7 @@ from spec.types import Finished, Preempted, ScheduledSeq, SchedulerOutput
 
 _SEQ_ID, _REQUEST_ID, _NUM_TOKENS = attrgetter("seq_id"), attrgetter("request_id"), attrgetter("num_tokens")
 _IS_PREFILL, _NUM_DRAFTS = attrgetter("is_prefill"), attrgetter("num_drafts")
+_KIND, _NUMBERS = attrgetter("kind"), attrgetter("numbers")
 
 
 def _fail(call: str, message: str) -> AdapterFault:
@@ -88,19 +89,20 @@ def _check_output(value: SchedulerOutput) -> SchedulerOutput:
         if type(getattr(value, name)) not in (tuple, list):
             raise _fail("schedule", f"SchedulerOutput.{name} is {type(getattr(value, name)).__name__}, expected a tuple")
     scheduled = value.scheduled
-    # Fast path (types checked a whole column at a time, at C speed); the loop below names the
-    # first bad entry when it fails.
-    if (not scheduled or (
-            set(map(type, scheduled)) == {ScheduledSeq}
-            and set(map(type, map(_SEQ_ID, scheduled))) == {str}
-            and set(map(type, map(_REQUEST_ID, scheduled))) == {str}
-            and set(map(type, map(_NUM_TOKENS, scheduled))) == {int}
-            and set(map(type, map(_IS_PREFILL, scheduled))) == {bool}
-            and set(map(type, map(_NUM_DRAFTS, scheduled))) == {int}
-            and min(map(_NUM_TOKENS, scheduled)) >= 0 and max(map(_NUM_TOKENS, scheduled)) <= _INT64
-            and min(map(_NUM_DRAFTS, scheduled)) >= 0
-            and all(map(int.__ge__, map(_NUM_TOKENS, scheduled), map(_NUM_DRAFTS, scheduled))))):
-        scheduled = ()
+    # Fast path (types checked a whole column at a time, at C speed; each count column read once);
+    # the loop below names the first bad entry when it fails.
+    if not scheduled or set(map(type, scheduled)) == {ScheduledSeq}:
+        tokens = list(map(_NUM_TOKENS, scheduled))
+        drafts = list(map(_NUM_DRAFTS, scheduled))
+        if (not scheduled or (
+                set(map(type, map(_SEQ_ID, scheduled))) == {str}
+                and set(map(type, map(_REQUEST_ID, scheduled))) == {str}
+                and set(map(type, tokens)) == {int}
+                and set(map(type, map(_IS_PREFILL, scheduled))) == {bool}
+                and set(map(type, drafts)) == {int}
+                and min(tokens) >= 0 and max(tokens) <= _INT64 and min(drafts) >= 0
+                and all(map(ge, tokens, drafts)))):  # ints both: ``>=`` is int's own
+            scheduled = ()
     for item in scheduled:
         if type(item) is not ScheduledSeq or type(item.seq_id) is not str or type(item.request_id) is not str:
             raise _fail("schedule", f"scheduled entry {_shown(item)} is not a ScheduledSeq of strings")
@@ -121,7 +123,12 @@ def _check_output(value: SchedulerOutput) -> SchedulerOutput:
     for rid in (*value.ignored, *value.swapped_in):
         if type(rid) is not str:
             raise _fail("schedule", f"request id {_shown(rid)} is not a string")
-    for reason in value.reasons:
+    reasons = value.reasons
+    if not reasons or (set(map(type, reasons)) == {Reason} and set(map(type, map(_KIND, reasons))) == {str}
+                       and set(map(type, map(_REQUEST_ID, reasons))) == {str}
+                       and set(map(type, map(_NUMBERS, reasons))) == {tuple}):
+        reasons = ()  # fast path, as for the scheduled entries: the loop names the first bad one
+    for reason in reasons:
         if type(reason) is not Reason or type(reason.kind) is not str or type(reason.request_id) is not str \
                 or type(reason.numbers) is not tuple:
             raise _fail("schedule", f"reason {_shown(reason)} is not a spec.reasons.Reason")
@@ -329,6 +336,10 @@ def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None, bounds: Bounds = UNB
     changed = snap.changed_seqs if base is not None and snap.changed_seqs is not None else None
     items = ((sid, seqs[sid]) for sid in changed if sid in seqs) if changed is not None else seqs.items()
     checked = base.seqs if changed is not None and isinstance(base.seqs, Mapping) else {}
+    # The adapter's count of kept token ids, read here as `base_token_prefix` reads it (that call's
+    # lookups were a tenth of this check per decode); anything it would not take goes to it.
+    given = snap.kept_tokens if changed is not None and isinstance(seqs, dict) and type(snap.kept_tokens) is dict \
+        else None
     for sid, view in items:
         if type(view) is SeqView and (
                 (view.blocks is not None and len(view.blocks) > bounds.entries)
@@ -336,7 +347,13 @@ def _seqs(seqs: Any, snap: Snapshot, base: Snapshot | None, bounds: Bounds = UNB
             return f"{sid!r}: {len(view.blocks or ())} blocks and {len(view.token_ids or ())} token ids, more than " \
                    f"any sequence of this trace could hold ({bounds.entries} blocks, {bounds.tokens} tokens)"
         old = checked.get(sid)
-        known = base_token_prefix(snap, sid) if old is not None and snap.base is base else 0
+        if old is None or snap.base is not base:
+            known = 0
+        else:
+            found = given.get(sid) if given is not None else None
+            tokens = view.token_ids if type(view) is SeqView else None
+            known = found if type(found) is int and type(tokens) is tuple and 0 <= found <= len(tokens) \
+                else base_token_prefix(snap, sid)
         if _plain_view(view, sid, old, known):
             continue
         problem = _view(view, old, known)

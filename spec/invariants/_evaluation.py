@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
-from operator import attrgetter, itemgetter, ne
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, length_hint, ne, not_
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
@@ -159,8 +159,17 @@ def first_unread_token(ctx: CheckContext, rec: StepRecord, seq: SeqAt) -> int:
     if not observation.INCREMENTAL:
         return 0
     snap = seq.snap
-    if snap.base is not None and (snap.base is rec.mid or snap.base is rec.before) and _base_of(ctx, rec) is not None:
-        return observation.base_token_prefix(snap, seq.id)  # the usual chain: one shared comparison
+    base = snap.base
+    if base is not None and (base is rec.mid or base is rec.before) and _base_of(ctx, rec) is not None:
+        # The usual chain. Where the adapter's delta gives the count (`Snapshot.kept_tokens`), it
+        # is read here as `base_token_prefix` reads it (``seq.view`` is the snapshot's own view,
+        # which passed the driver's type check), without that function's lookups; else one
+        # comparison, shared with every other reader.
+        kept = snap.kept_tokens.get(seq.id) if snap.kept_tokens is not None else None
+        tokens = seq.view.token_ids
+        if type(kept) is int and type(tokens) is tuple and 0 <= kept <= len(tokens):
+            return kept
+        return observation.base_token_prefix(snap, seq.id)
     older = rec.mid if seq.where == AFTER_STEP and rec.mid is not None else _base_of(ctx, rec)
     if older is None or older.seqs is None:
         return 0
@@ -263,20 +272,23 @@ class Evaluation:
                 continue
             seqs = snap.seqs
             assert seqs is not None
-            # Each touched view becomes one subject, once (in id order when touched is known).
-            if touched is None:
-                subjects = [SeqAt(label, sid, view, snap) for sid, view in seqs.items()]
-            else:
-                subjects = [SeqAt(label, sid, seqs[sid], snap) for sid in touched if sid in seqs]
-            moved = subjects if placed is None else [s for s in subjects if s.id in placed]
+            # Each touched view becomes one subject, once (in id order when touched is known). The
+            # subjects, the placement filter and the triggers below are built and read at C speed
+            # (map, compress): a Python loop per subject and snapshot was a tenth of the walk.
+            ids = list(seqs) if touched is None else list(filter(seqs.__contains__, touched))
+            subjects = list(map(SeqAt, repeat(label), ids, map(seqs.__getitem__, ids), repeat(snap)))
+            moved = subjects if placed is None else list(compress(subjects, map(placed.__contains__, ids)))
+            pairs = None  # the views and older's, read once for every rule's reads
             for when, reads, rules in groups:
                 if reads is None:
                     pool = subjects
                 elif reads is PLACEMENT:
                     pool = moved
                 else:
-                    pool = _read_fields_changed(subjects, older, reads)
-                chosen = pool if when is None else [s for s in pool if when(ctx, s)]  # type: ignore[operator]
+                    if pairs is None and older is not None and older.seqs is not None:
+                        pairs = _view_pairs(subjects, older)
+                    pool = _read_fields_changed(subjects, older, reads, pairs)
+                chosen = pool if when is None else list(compress(pool, map(when, repeat(ctx), pool)))  # type: ignore[arg-type]
                 if not chosen:
                     continue
                 for index, inv in rules:
@@ -332,20 +344,45 @@ def _read_filter(inv: Invariant) -> frozenset[str] | None:
     return PLACEMENT if inv.reads <= PLACEMENT else inv.reads
 
 
-def _read_fields_changed(subjects: list[SeqAt], older: Snapshot | None, reads: frozenset[str]) -> list[SeqAt]:
+def _read_fields_changed(subjects: list[SeqAt], older: Snapshot | None, reads: frozenset[str],
+                         pairs: tuple[list[SeqView], list[SeqView]] | None = None) -> list[SeqAt]:
     """The subjects whose view differs in a field of ``reads`` from the same sequence's view in
     ``older`` (the snapshot before, in this step's chain, which every rule passed or was just
     run on), or that ``older`` lacks; all of them when ``older`` is None. Sound for a rule whose
     verdict and trigger read only ``reads`` of the view (tests/test_reads_declared.py): on a view
     equal there it says what it said one snapshot before. Compared at C speed; an unchanged token
-    list is the very tuple, so a decode's view after schedule() is a few identity checks."""
+    list is the very tuple, so a decode's view after schedule() is a few identity checks.
+    ``pairs``: the subjects' views and ``older``'s views of the same sequences (`_view_pairs`),
+    when the caller has them for several rules' reads."""
     if older is None or older.seqs is None or not observation.INCREMENTAL:
         return subjects
+    new, old = pairs if pairs is not None else _view_pairs(subjects, older)
     fields = _fields_of(reads)
-    old = older.seqs
-    return [s for s, differs in zip(subjects, map(ne, map(fields, map(attrgetter("view"), subjects)),
-                                                  map(fields, map(old.get, map(attrgetter("id"), subjects),
-                                                                   repeat(_ABSENT_VIEW)))), strict=True) if differs]
+    if "token_ids" not in reads:
+        return list(compress(subjects, map(ne, map(fields, new), map(fields, old))))
+    # Token lists of different lengths differ: a decode's grown list is told by its length, not by
+    # a comparison element by element along hundreds of tokens (O(tokens) per view and step).
+    # Only the views whose lists have one length are compared field by field.
+    differs = list(map(ne, map(length_hint, map(_TOKENS, new), repeat(-1)),
+                       map(length_hint, map(_TOKENS, old), repeat(-1))))
+    if not any(differs):  # after schedule(): every list as long as it was (mostly the very tuple)
+        return list(compress(subjects, map(ne, map(fields, new), map(fields, old))))
+    level = list(compress(range(len(differs)), map(not_, differs)))
+    for i in compress(level, map(ne, map(fields, map(new.__getitem__, level)), map(fields, map(old.__getitem__, level)))):
+        differs[i] = True
+    return list(compress(subjects, differs))
+
+
+def _view_pairs(subjects: list[SeqAt], older: Snapshot) -> tuple[list[SeqView], list[SeqView]]:
+    """The subjects' views, and the same sequences' views in ``older`` (`_ABSENT_VIEW` where it
+    lacks one), read once per snapshot for every rule's reads (`_read_fields_changed`)."""
+    assert older.seqs is not None
+    return (list(map(_VIEW, subjects)),
+            list(map(older.seqs.get, map(_ID, subjects), repeat(_ABSENT_VIEW))))
+
+
+_VIEW, _ID, _SEQ_ID = attrgetter("view"), attrgetter("id"), attrgetter("seq_id")
+_TOKENS = attrgetter("token_ids")
 
 
 @functools.lru_cache(maxsize=32)
@@ -374,7 +411,7 @@ def _touched_sequences(rec: StepRecord, base: Snapshot | None) -> tuple[list[str
         moved = _placement_changed_since(snap, older) if placed is not None else None
         placed = None if moved is None else placed | moved  # type: ignore[operator]
         older = snap
-    changed.update(item.seq_id for item in rec.output.scheduled)
+    changed.update(map(_SEQ_ID, rec.output.scheduled))
     return sorted(changed), None if placed is None else frozenset(placed)
 
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress, repeat
-from operator import is_not, itemgetter, ne
+from itertools import compress, filterfalse, repeat
+from operator import and_, attrgetter, is_, is_not, itemgetter, ne, truth
 from typing import TYPE_CHECKING, NamedTuple
 
 from spec import observation
@@ -104,14 +104,19 @@ def _delta_base(snap: Snapshot, kind: str, device: str, depth: int, part: str = 
     return value
 
 
-def _moved(snap: Snapshot, sid: str, device: str) -> bool:
-    """Whether sequence ``sid``'s table on ``device`` may differ between ``snap.base`` and ``snap``."""
-    old, new = snap.base.seqs.get(sid), snap.seqs.get(sid)
-    if old is None or new is None:
-        return True
-    if old.device != device and new.device != device:
-        return False
-    return old.device != new.device or old.blocks is not new.blocks
+def _moved(snap: Snapshot, device: str) -> list[str]:
+    """The sequences of ``snap.changed_seqs`` whose table on ``device`` may differ between
+    ``snap.base`` and ``snap``: new or gone there, or on ``device`` in either and moved between
+    devices or holding another table object. One loop, no call per sequence (every snapshot asks
+    it of every changed view, per device)."""
+    old_seqs, seqs = snap.base.seqs, snap.seqs
+    out = []
+    for sid in snap.changed_seqs:
+        old, new = old_seqs.get(sid), seqs.get(sid)
+        if old is None or new is None or ((old.device == device or new.device == device)
+                                         and (old.device != new.device or old.blocks is not new.blocks)):
+            out.append(sid)
+    return out
 
 
 def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int, ...]]:
@@ -129,7 +134,7 @@ def tables(snap: Snapshot, device: str, _depth: int = 0) -> dict[str, tuple[int,
         prior = _delta_base(snap, "tables", device, _depth)
         if prior is None:
             return {sid: v.blocks for sid, v in seqs.items() if v.device == device and v.blocks}
-        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        touched = _moved(snap, device)
         if not touched:
             return prior  # no table on this device changed: the same object, so checks can skip
         out = dict(prior)
@@ -157,7 +162,7 @@ def entries(snap: Snapshot, device: str, _depth: int = 0) -> Counter[int]:
             for blocks in tables(snap, device, _DELTA_DEPTH).values():
                 counts.update(blocks)
             return counts
-        touched = [sid for sid in snap.changed_seqs if _moved(snap, sid, device)]
+        touched = _moved(snap, device)
         if not touched:
             return prior  # no table on this device changed: the same object, so checks can skip
         counts = Counter(prior)
@@ -216,6 +221,18 @@ def _build_entry_counts(snap: Snapshot, device: str, size: int, depth: int) -> t
             continue
         if counts is None:
             counts = _counts_to_change(snap.base, (device, size), prior)
+        if old_blocks and new_blocks and len(new_blocks) >= len(old_blocks) \
+                and new_blocks[: len(old_blocks)] == old_blocks:
+            # A table that grew (a decode past a block's end, a chunk) keeps its blocks: only the
+            # new ones gain an entry, and only they are noted as changed (at C speed, not a walk
+            # of the whole table twice and of every block `free_in_tables` then reads again).
+            grown = new_blocks[len(old_blocks):]
+            for block in grown:
+                if not 0 <= block < size:
+                    return None
+                counts[block] += 1
+            touched.update(grown)
+            continue
         for block in old_blocks or ():  # base's blocks, in the pool (its counts were built)
             counts[block] -= 1
         for block in new_blocks or ():
@@ -316,8 +333,9 @@ def seq_ids_by_request(snap: Snapshot, _unused: str = "", _depth: int = 0) -> di
     def build() -> dict[str, tuple[str, ...]]:
         prior = _delta_base(snap, "by_request", "", _depth)
         seqs = snap.seqs
-        new = [] if prior is None else [sid for sid in snap.changed_seqs if sid not in snap.base.seqs]
-        if prior is None or any(sid not in seqs for sid in snap.changed_seqs):
+        # Which changed views are new, and whether one is gone, read at C speed.
+        new = [] if prior is None else list(filterfalse(snap.base.seqs.__contains__, snap.changed_seqs))
+        if prior is None or not all(map(seqs.__contains__, snap.changed_seqs)):
             out: dict[str, list[str]] = {}
             for sid, v in seqs.items():
                 out.setdefault(v.request_id, []).append(sid)
@@ -590,6 +608,22 @@ def admitted(record: StepRecord) -> list[str]:
     return list(seen)
 
 
+def finished_among(snap: Snapshot, seq_ids: Iterable[str]) -> list[str]:
+    """The sequences of ``seq_ids`` whose view in ``snap`` is finished (those it lacks are not),
+    in the order given. Read at C speed: a check asks it of every block holder, every step."""
+    ids = list(seq_ids)
+    views = map((snap.seqs or {}).get, ids, repeat(_UNSEEN))
+    return list(compress(ids, map(_IS_FINISHED, views)))
+
+
+_IS_FINISHED = attrgetter("status.is_finished")
+_BLOCKS, _STATUS = attrgetter("blocks"), attrgetter("status")
+_SEQ_ID, _REQUEST_ID = attrgetter("seq_id"), attrgetter("request_id")
+_NUM_TOKENS, _NUM_DRAFTS, _IS_PREFILL = attrgetter("num_tokens"), attrgetter("num_drafts"), attrgetter("is_prefill")
+# Stands for a sequence a snapshot lacks: not finished there.
+_UNSEEN = SeqView("", "", Status.WAITING, None, None, None, None)
+
+
 def finished_holders(snap: Snapshot, _device: object = None, _depth: int = 0) -> frozenset[str]:
     """The sequences that are finished and still hold blocks in ``snap`` (a scheduler that frees
     lazily has some between steps). Carried forward through the delta like `tables`."""
@@ -605,14 +639,12 @@ def finished_holders(snap: Snapshot, _device: object = None, _depth: int = 0) ->
             return frozenset(sid for sid, v in seqs.items() if v.blocks and v.status.is_finished)
         if not snap.changed_seqs:
             return prior
-        out = set(prior)
-        for sid in snap.changed_seqs:
-            view = seqs.get(sid)
-            if view is not None and view.blocks and view.status.is_finished:
-                out.add(sid)
-            else:
-                out.discard(sid)
-        return frozenset(out)
+        # The changed views are read at C speed: the others keep their answer; a changed one
+        # holds if it is there, holds blocks and is finished.
+        changed = list(snap.changed_seqs)
+        views = list(map(seqs.get, changed, repeat(_UNSEEN)))
+        holding = compress(changed, map(and_, map(truth, map(_BLOCKS, views)), map(_IS_FINISHED, views)))
+        return frozenset(prior.difference(changed).union(holding))
 
     return _memo(snap, "finished_holders", None, build)
 
@@ -632,14 +664,11 @@ def waiting_holders(snap: Snapshot, _device: object = None, _depth: int = 0) -> 
             return frozenset(sid for sid, v in seqs.items() if v.blocks and v.status is Status.WAITING)
         if not snap.changed_seqs:
             return prior
-        out = set(prior)
-        for sid in snap.changed_seqs:
-            view = seqs.get(sid)
-            if view is not None and view.blocks and view.status is Status.WAITING:
-                out.add(sid)
-            else:
-                out.discard(sid)
-        return frozenset(out)
+        changed = list(snap.changed_seqs)  # read at C speed, as `finished_holders` reads them
+        views = list(map(seqs.get, changed, repeat(_UNSEEN)))
+        holding = compress(changed, map(and_, map(truth, map(_BLOCKS, views)),
+                                        map(is_, map(_STATUS, views), repeat(Status.WAITING))))
+        return frozenset(prior.difference(changed).union(holding))
 
     return _memo(snap, "waiting_holders", None, build)
 
@@ -1021,7 +1050,8 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
     if state.get("step") == record.step:
         return state["returned"]
     pending: deque[tuple[ReturnedStep, set[str]]] = state.setdefault("pending", deque())
-    pending.append((ReturnedStep(record.step, {item.seq_id: item for item in record.output.scheduled},
+    scheduled = record.output.scheduled  # by sequence id, read at C speed (the last entry where one is named twice)
+    pending.append((ReturnedStep(record.step, dict(zip(map(_SEQ_ID, scheduled), scheduled, strict=True)),
                                  record.drafts, record.stopped), set()))
     moved = {p.request_id for p in record.output.preempted} | set(record.aborted)
     for _, left in pending:
@@ -1029,8 +1059,8 @@ def returned_step(ctx: CheckContext, record: StepRecord) -> ReturnedStep | None:
     returned = None
     if len(pending) > ctx.config.pipeline_depth:
         step, left = pending.popleft()
-        returned = step._replace(left=frozenset(left & {i.request_id for i in step.scheduled.values()}))
-    finished = {f.request_id for f in record.finished}
+        returned = step._replace(left=frozenset(left.intersection(map(_REQUEST_ID, step.scheduled.values()))))
+    finished = set(map(_REQUEST_ID, record.finished))
     for _, left in pending:
         left |= finished  # the steps still in flight return to a finished request
     state["step"], state["returned"] = record.step, returned
@@ -1172,17 +1202,22 @@ def step_facts(record: StepRecord) -> StepFacts:
     kept = record.__dict__.get(_FACTS)
     if kept is not None:
         return kept
-    scheduled: dict[str, ScheduledSeq] = {}
-    tokens: dict[str, int] = {}
+    items = record.output.scheduled
+    ids = list(map(_SEQ_ID, items))
+    scheduled: dict[str, ScheduledSeq] = dict(zip(ids, items, strict=True))
+    tokens: dict[str, int]
+    if len(scheduled) == len(ids):  # each sequence named once (OUT-001): read at C speed
+        tokens = dict(zip(ids, map(_NUM_TOKENS, items), strict=True))
+    else:
+        tokens = {}
+        for item in items:
+            tokens[item.seq_id] = tokens.get(item.seq_id, 0) + item.num_tokens
     drafts: dict[str, int] = {}
-    for item in record.output.scheduled:
-        scheduled[item.seq_id] = item
-        tokens[item.seq_id] = tokens.get(item.seq_id, 0) + item.num_tokens
-        if item.num_drafts:
-            drafts[item.seq_id] = item.num_drafts
+    for item in compress(items, map(_NUM_DRAFTS, items)):
+        drafts[item.seq_id] = item.num_drafts
     facts = StepFacts(
         scheduled, tokens, drafts,
-        frozenset(item.request_id for item in record.output.scheduled if item.is_prefill),
+        frozenset(compress(map(_REQUEST_ID, items), map(_IS_PREFILL, items))),
         frozenset(r.request_id for r in record.added),
         frozenset(f.request_id for f in record.finished),
         frozenset(sid for sid, d in record.drafts.items() if d.empty and sid in scheduled),

@@ -375,20 +375,21 @@ def _written_blocks(num_computed: int, num_tokens: int, bs: int) -> range:
     about=SCHEDULE, when=schedules,
 )
 def copy_on_write(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
-    assert rec.mid is not None and rec.mid.seqs is not None and rec.mid.gpu_ref_counts is not None
-    bs = ctx.config.block_size
+    mid = rec.mid
+    assert mid is not None and mid.seqs is not None and mid.gpu_ref_counts is not None
+    bs, seqs, refs = ctx.config.block_size, mid.seqs, mid.gpu_ref_counts
+    keys = mid.gpu_block_keys  # prefix caching: a keyed block's content is fixed by its key (PFX-001)
     for item in rec.output.scheduled:
-        v = rec.mid.seqs.get(item.seq_id)
+        v = seqs.get(item.seq_id)
         if v is None or not v.blocks:
             continue
-        keys = rec.mid.gpu_block_keys  # prefix caching: a keyed block's content is fixed by its key (PFX-001)
         for index in _written_blocks(v.num_computed or 0, item.num_tokens, bs):
             if index < len(v.blocks):
                 block = v.blocks[index]
                 if keys is not None and keys[block] is not None:
                     continue  # cached in this step by its writer and found by another: same KV either way
-                if rec.mid.gpu_ref_counts[block] > 1 and not _same_prefix_holders(rec, block, index, bs):
-                    yield f"{item.seq_id} writes logical block {index} = gpu block {block}, shared ({rec.mid.gpu_ref_counts[block]} refs)"
+                if refs[block] > 1 and not _same_prefix_holders(rec, block, index, bs):
+                    yield f"{item.seq_id} writes logical block {index} = gpu block {block}, shared ({refs[block]} refs)"
 
 
 @invariant(

@@ -410,7 +410,10 @@ def landed_load_progresses(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
 def load_failed(rec: StepRecord) -> frozenset[str]:
     """Requests holding a block whose load the step's outcome reported failed (their step computed
     nothing: vLLM skips them in ``update_from_output``)."""
-    failed = {b for t in (rec.after.kv_reported or {}).values() if t.kind == "load" for b in t.failed}
+    reported = rec.after.kv_reported
+    if not reported:  # no connector reported this step (every step without one): nothing to build
+        return frozenset()
+    failed = {b for t in reported.values() if t.kind == "load" for b in t.failed}
     if not failed:
         return frozenset()
     snap = rec.mid if rec.mid is not None else rec.after

@@ -14,6 +14,7 @@ ones its later inputs carried, from the step it took each up, at the positions i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 
 from spec.invariants._views import snapshots
 from spec.observation import Capability as C
@@ -51,8 +52,12 @@ def nothing_scheduled_beside_encoder_entries(ctx: CheckContext, rec: StepRecord)
 
 def lora_slots_bind(ctx: CheckContext, rec: StepRecord) -> bool:
     """the step passes a request over for its LoRA adapter, or schedules a LoRA request"""
-    return any(x.kind == "wait_lora_slots" for x in rec.output.reasons) or any(
-        ctx.requests[s.request_id].lora_id for s in rec.output.scheduled if s.request_id in ctx.requests)
+    # The reasons' kinds are searched at C speed, and only a run with a LoRA request reads the schedule.
+    return "wait_lora_slots" in map(_KIND, rec.output.reasons) or (
+        bool(ctx.loras) and any(s.request_id in ctx.loras for s in rec.output.scheduled))
+
+
+_KIND = attrgetter("kind")
 
 
 @invariant(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spec.invariants._evaluation import RequestAt, SeqAt
-from spec.invariants._views import freed_by_their_last_step, tables
+from spec.invariants._views import finished_among, freed_by_their_last_step, tables
 from spec.invariants.connector import held_by_transfer
 from spec.invariants.triggers import finished, finished_holders_at_start, known_or_queued, running, swapped, waiting
 from spec.observation import Capability as C
@@ -145,7 +145,7 @@ def finished_freed_by_next_step(ctx: CheckContext, rec: StepRecord) -> Iterator[
     assert before is not None and after is not None
     held = held_by_transfer(rec.before, rec.after)  # a KV connector's transfer holds them (KVC-007)
     holders = tables(rec.after, "gpu").keys() | tables(rec.after, "cpu").keys()
-    for sid in sorted(holders):
-        old, new = before.get(sid), after[sid]
-        if old is not None and old.status.is_finished and new.request_id not in held:
+    for sid in sorted(finished_among(rec.before, holders)):
+        old, new = before[sid], after[sid]
+        if new.request_id not in held:
             yield f"{sid} was {old.status.value} when the step began and still holds {new.device} blocks {list(new.blocks)}"
