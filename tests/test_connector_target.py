@@ -147,3 +147,29 @@ def test_a_failed_loads_recompute_is_chunked_without_chunked_prefill(adapter) ->
     for reference in (ConnectorScheduler, FINDINGS["recompute-chunked-without-chunked-prefill"][(False, False)]):
         result = run_checked(SchedulerAdapter("reference", reference), trace, invariants, timeout=60, stop_at_first=False)
         assert not result.problem_ids & {"BUD-004", "REQ-004"}, (reference, result.problem_ids)
+
+
+def test_a_later_request_reads_a_failed_block_before_its_owner_recomputed_it(adapter) -> None:
+    """The hunt of failed_block_readers (docs/CONNECTORS.md section 8): under the recompute policy vLLM
+    keeps a failed block keyed (scheduler.py:3755-3760); the owner's recompute, one token a step under
+    the long-prefill threshold, has rewritten 3 of its 4 positions when a request with the same prompt
+    arrives, hits it and runs a chunk from position 12: it attends to position 3, garbage. The spec's
+    reference drops the failed block's key, and nothing reads it there."""
+    import json
+    from pathlib import Path
+
+    from conformance.flows.profiles import get_profile
+    from conformance.runner.adapter import SchedulerAdapter
+    from conformance.runner.driver import run_checked
+    from conformance.selftest.campaigns.failed_block_readers import readers
+    from reference_impl.v1_scheduler import V1Scheduler
+    from spec.trace import Trace
+
+    trace = Trace.from_dict(json.loads((Path(__file__).resolve().parent.parent / "docs" / "traces" / "connector" /
+                                        "failed-block-read-before-recompute.json").read_text()))
+    invariants = get_profile("connector").invariants()
+    engine = readers(run_checked(adapter, trace, invariants, timeout=60, stop_at_first=False).records, 4)
+    assert engine["read"][0] == {"step": 3, "seq": "sharer#0", "block": 0, "index": 0, "chunk_start": 12,
+                                 "rewritten": 3}
+    spec = run_checked(SchedulerAdapter("reference-v1", V1Scheduler), trace, invariants, timeout=60, stop_at_first=False)
+    assert readers(spec.records, 4)["read"] == []
