@@ -144,6 +144,11 @@ class ConnectorFlow:
     # (``_handle_invalid_blocks``, scheduler.py:3759-3760). Off: the spec's reference drops their
     # keys (PFX-001: a cached block's key matches what it holds); on in lockstep against vLLM.
     keeps_failed_blocks_cached: bool = False
+    # vLLM 0.33.0 lets a request that hit a failed block in the step its owner loaded it keep the
+    # block as computed and only redo that step (scheduler.py:3644-3651, 3671-3680): it then attends
+    # to the block's garbage while the owner's recompute is partway (KVC-011). Off: the spec's
+    # reference cuts it back to that block too; it computes the same tokens beside the owner.
+    sharers_keep_failed_blocks: bool = False
     # vLLM 0.33.0 keeps a request in ``_inflight_prefills`` from its first asynchronous load until it
     # is scheduled, so when a load that failed entirely is retried asynchronously, the request's own
     # remaining blocks count in the reservation its retry must fit beside (scheduler.py:1420-1430,
@@ -534,9 +539,10 @@ class ConnectorFlow:
 
     def _kv_truncate_running(self, invalid: set[int], scheduled: Mapping[str, int]) -> tuple[set[str], set[int], set[int]]:
         """vLLM ``_update_requests_with_invalid_blocks`` over the running requests: each is cut at
-        its first failed block within its computed tokens; a block already cut for an earlier
-        request is left to that one (the later request keeps it as computed and redoes its step:
-        its count goes back to what it was before the step, `_kv_reverted`). Also returns the
+        its first failed block within its computed tokens. A block already cut for an earlier
+        request: with `sharers_keep_failed_blocks` (vLLM) the later request keeps it as computed and
+        redoes its step (its count goes back to what it was before the step, `_kv_reverted`); the
+        spec cuts the later request at it too (KVC-011). Also returns the
         blocks from each cut on (what the ``fail`` policy evicts from the cache), and the blocks
         after the first failed block of each request that redoes its step (computed over it)."""
         bs = self.config.block_size  # type: ignore[attr-defined]
@@ -548,11 +554,13 @@ class ConnectorFlow:
             computed = tracked.num_computed - scheduled.get(tracked.request_id, 0)
             cut = False
             hit = False
+            first = 0
             for index, block in enumerate(tracked.blocks[: self.config.blocks_for(computed)]):  # type: ignore[attr-defined]
                 if block not in invalid:
                     continue
                 if not hit:
                     shared.update(tracked.blocks[index + 1:])
+                    first = index
                 hit = True
                 if block in marked:
                     continue
@@ -564,9 +572,11 @@ class ConnectorFlow:
                 evict.update(tracked.blocks[index:])
             if hit:
                 affected.add(tracked.request_id)
-            if hit and not cut:  # it redoes its step: its count before the step (unchanged in the synchronous flow)
-                tracked.num_computed = computed
+            if hit and not cut and self.sharers_keep_failed_blocks:  # vLLM: it redoes its step, the block
+                tracked.num_computed = computed  # still counted (its count before the step)
                 self._kv_reverted.add(tracked.request_id)
+            elif hit and not cut:  # the spec: it is cut at the failed block too, and computes it beside its owner
+                tracked.num_computed = first * bs
         return affected, evict, shared - evict
 
     def _kv_fail(self, tracked) -> list[Finished]:  # type: ignore[no-untyped-def]

@@ -16,10 +16,12 @@ class ConnectorScheduler(V1Scheduler):
 class EngineConnectorV1(EngineWatermarkV1):
     """The connector reference in vLLM 0.33.0's own terms, for lockstep against the engine: V1's
     watermark rule (`EngineWatermarkV1`), the failed-load blocks kept in the prefix cache under
-    the recompute policy (`ConnectorFlow.keeps_failed_blocks_cached`), and a retried load's own
+    the recompute policy (`ConnectorFlow.keeps_failed_blocks_cached`), a request sharing a failed
+    block keeping it as computed (`ConnectorFlow.sharers_keep_failed_blocks`), and a retried load's own
     blocks in its reservation (`ConnectorFlow.reserves_own_blocks`)."""
 
     keeps_failed_blocks_cached = True
+    sharers_keep_failed_blocks = True
     reserves_own_blocks = True
     chunks_recompute_without_chunked_prefill = True
 
@@ -47,6 +49,7 @@ class EngineConnectorAsyncV1(PipelinedConnectorScheduler):
     (conformance/selftest/campaigns/lockstep_connector.py)."""
 
     keeps_failed_blocks_cached = True
+    sharers_keep_failed_blocks = True
     reserves_own_blocks = True
     chunks_recompute_without_chunked_prefill = True
     _admission_watermark = EngineWatermarkV1._admission_watermark

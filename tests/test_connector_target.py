@@ -153,8 +153,8 @@ def test_a_later_request_reads_a_failed_block_before_its_owner_recomputed_it(ada
     """The hunt of failed_block_readers (docs/CONNECTORS.md section 8): under the recompute policy vLLM
     keeps a failed block keyed (scheduler.py:3755-3760); the owner's recompute, one token a step under
     the long-prefill threshold, has rewritten 3 of its 4 positions when a request with the same prompt
-    arrives, hits it and runs a chunk from position 12: it attends to position 3, garbage. The spec's
-    reference drops the failed block's key, and nothing reads it there."""
+    arrives, hits it and runs a chunk from position 12: it attends to position 3, garbage (KVC-011).
+    The spec's reference drops the failed block's key, and nothing reads it there."""
     import json
     from pathlib import Path
 
@@ -168,8 +168,10 @@ def test_a_later_request_reads_a_failed_block_before_its_owner_recomputed_it(ada
     trace = Trace.from_dict(json.loads((Path(__file__).resolve().parent.parent / "docs" / "traces" / "connector" /
                                         "failed-block-read-before-recompute.json").read_text()))
     invariants = get_profile("connector").invariants()
-    engine = readers(run_checked(adapter, trace, invariants, timeout=60, stop_at_first=False).records, 4)
+    result = run_checked(adapter, trace, invariants, timeout=60, stop_at_first=False)
+    engine = readers(result.records, 4)
     assert engine["read"][0] == {"step": 3, "seq": "sharer#0", "block": 0, "index": 0, "chunk_start": 12,
                                  "rewritten": 3}
+    assert "KVC-011" in result.problem_ids  # the rule the hunt led to says so of vLLM
     spec = run_checked(SchedulerAdapter("reference-v1", V1Scheduler), trace, invariants, timeout=60, stop_at_first=False)
-    assert readers(spec.records, 4)["read"] == []
+    assert readers(spec.records, 4)["read"] == [] and "KVC-011" not in spec.problem_ids

@@ -96,3 +96,35 @@ def pressure_traces(draw: st.DrawFn) -> Trace:
                                               load_steps=draw(st.integers(1, 2)))
     requests.sort(key=lambda a: a.step)
     return Trace(config, tuple(requests), max_steps=60, connector=chosen)
+
+
+@st.composite
+def failed_block_sharer_traces(draw: st.DrawFn) -> Trace:
+    """An owner whose synchronous load of its prompt fails on one block under the recompute policy,
+    and a request with the same prompt arriving at step 0 to 3 (KVC-011; the hunt
+    conformance/selftest/campaigns/failed_block_readers.py): a small budget and a long-prefill
+    threshold of at most a block chunk the owner's recompute and leave budget to the sharer;
+    half the time a third request and a small pool press the owner out."""
+    bs = draw(st.sampled_from([2, 4]))
+    blocks = draw(st.integers(2, 4))
+    prompt = tuple((3 * i + 1) % 7 for i in range(blocks * bs + draw(st.integers(1, bs))))
+    tail = tuple(5 for _ in range(draw(st.integers(1, 2 * bs))))
+    pressure = draw(st.booleans())
+    need = -(-(len(prompt) + len(tail) + 4) // bs)
+    num_blocks = need + draw(st.integers(1, 3)) if pressure else 4 * need
+    config = SchedulerConfig(  # vLLM V1 refuses a pool smaller than max_model_len (vllm_v1_host.reset)
+        block_size=bs, num_gpu_blocks=num_blocks, num_cpu_blocks=0, max_model_len=num_blocks * bs,
+        max_num_seqs=3, max_num_batched_tokens=draw(st.integers(bs + 1, 3 * bs)),
+        long_prefill_token_threshold=draw(st.integers(0, bs)),  # the owner's recompute cut, budget left to the sharer
+        watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True, enable_prefix_caching=True,
+        kv_connector=True, kv_load_failure_policy="recompute")
+    owner = Request("owner", len(prompt), draw(st.integers(1, 4)), prompt_tokens=prompt)
+    sharer = Request("sharer", len(prompt) + len(tail), draw(st.integers(1, 4)), prompt_tokens=prompt + tail)
+    arrivals = [Arrival(0, owner), Arrival(draw(st.integers(0, 3)), sharer)]
+    if pressure:  # a long request that comes later and presses the owner out
+        length = draw(st.integers(2 * bs, len(prompt) + bs))
+        arrivals.append(Arrival(draw(st.integers(0, 2)), Request("press", length, draw(st.integers(4, 12)),
+                                                                 prompt_tokens=tuple(6 for _ in range(length)))))
+    script = ConnectorScript(external_tokens=len(prompt) - 1, load_async=False,
+                             failed_blocks=(draw(st.integers(0, blocks - 1)),))
+    return Trace(config, tuple(sorted(arrivals, key=lambda a: a.step)), max_steps=200, connector={"owner": script})

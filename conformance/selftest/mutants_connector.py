@@ -8,7 +8,7 @@ museum shapes on hand-written traces, each caught within 10 steps).
 from __future__ import annotations
 
 from conformance.flows import get_flow
-from conformance.generation.connector import pressure_traces
+from conformance.generation.connector import failed_block_sharer_traces, pressure_traces
 from conformance.selftest.mutant_record import mutant
 from reference_impl.kv_connector_scheduler import ConnectorScheduler
 from reference_impl.v1_scheduler import TrackedRequest
@@ -25,6 +25,13 @@ class SchedulesLoadingRequest(ConnectorScheduler):
             tracked.num_computed = transfer.tokens  # bug: the KV has not landed
             self._kv_landed.add(tracked.request_id)
         return False
+
+
+class SharerKeepsFailedBlock(ConnectorScheduler):
+    """vLLM 0.33.0's rule for a request that hit a block in the step its owner's load failed to
+    fill: it keeps the block as computed and only redoes that step (scheduler.py:3644-3651)."""
+
+    sharers_keep_failed_blocks = True  # bug: its next chunk attends to the block before it is computed again
 
 
 class FreesWhileSending(ConnectorScheduler):
@@ -138,3 +145,6 @@ mutant("connector-holder-behind-head",
 mutant("connector-lookahead-after-load",
        "a promoted request asks for lookahead past its whole sequence and never fits (vllm-project/vllm#57104)",
        ("KVC-009",), **_CONNECTOR)(LookaheadAfterLoad)
+mutant("connector-sharer-keeps-failed-block",
+       "a request sharing a block whose load failed keeps it as computed while its owner's recompute is partway",
+       ("KVC-011",), **{**_CONNECTOR, "trace_strategy": failed_block_sharer_traces})(SharerKeepsFailedBlock)

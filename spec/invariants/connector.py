@@ -61,6 +61,11 @@ def reports_failed_load(ctx: CheckContext, rec: StepRecord) -> bool:
     return any(t.kind == "load" and t.failed for t in (rec.after.kv_reported or {}).values())
 
 
+def failed_blocks_not_recomputed(ctx: CheckContext, rec: StepRecord) -> bool:
+    """a block a failed load left invalid is not yet computed again when the step begins"""
+    return bool(ctx.flow_state.get("KVC-011"))
+
+
 def fails_or_errors(ctx: CheckContext, rec: StepRecord) -> bool:
     """the step's outcome reports a failed KV load, or finishes a request with an error"""
     return reports_failed_load(ctx, rec) or any(f.status is Status.FINISHED_ERROR for f in rec.finished)
@@ -185,6 +190,61 @@ def nobody_computes_over_a_load(ctx: CheckContext, rec: StepRecord) -> Iterator[
         if over:
             yield (f"{item.request_id} is scheduled with block(s) {over} in its table while {writer[over[0]]}'s "
                    "KV load still writes them")
+
+
+@invariant(
+    "KVC-011", "safety",
+    """No chunk attends to a position of a block that a failed load left invalid before some chunk
+    has computed that position again: a scheduled chunk of a request whose table holds such a block
+    starts at or before the block's first position not yet computed again. A block is invalid from
+    the outcome that reports its load failed; the chunks of a step compute its positions again in
+    order from its first, before any chunk of the step attends (each layer writes a step's KV,
+    then reads it), and a later load that fills it writes it whole.""",
+    """The failed block holds garbage until it is computed again (KVC-005 keeps its owner from
+    counting it), and a chunk computed over garbage is wrong output and wrong KV, cached for
+    whoever hits it after. Two ways vLLM 0.33.0 lets another request read it: a request that hit
+    the block in the step its owner loaded it keeps it as computed and only redoes that step
+    (``_update_requests_with_invalid_blocks``, scheduler.py:3644-3651, 3671-3680), and under the
+    ``recompute`` policy the block stays findable in the prefix cache (:3755-3760), so a request
+    that arrives while the owner's recompute is partway hits it (vllm-project/vllm#49250's wrong
+    output). Safety: a correct design cuts every holder back to the failed block (the sharers then
+    compute the same tokens beside the owner, as COW-001 allows) and keeps the block out of the
+    cache until it is computed again. Found by the hunt
+    conformance/selftest/campaigns/failed_block_readers.py (docs/CONNECTORS.md section 8).""",
+    (C.KV_TRANSFERS, C.BLOCK_TABLES, C.COMPUTED_TOKENS, C.MID_STEP),
+    synchronous=True, planned=False,
+    about=STEP, when=failed_blocks_not_recomputed,
+)
+def failed_block_not_read(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
+    invalid = ctx.flow_state.setdefault("KVC-011", {})  # block -> its leading positions computed again
+    bs = ctx.config.block_size
+    reported = [t for t in (rec.after.kv_reported or {}).values() if t.kind == "load"]
+    for t in reported:  # a load that fills a block writes it whole (a synchronous one before the step's chunks)
+        for block in t.blocks:
+            if block not in t.failed:
+                invalid.pop(block, None)
+    if invalid:
+        planned = rec.mid if rec.mid is not None else rec.before
+        chunks = []
+        for item in rec.output.scheduled:
+            view = (planned.seqs or {}).get(item.seq_id)
+            if view is not None and view.num_computed is not None and view.blocks:
+                chunks.append((item.seq_id, view.blocks, view.num_computed, view.num_computed + item.num_tokens))
+        for _, blocks, start, end in chunks:  # what the step's chunks compute again ...
+            for index, block in enumerate(blocks):
+                if block in invalid and start <= index * bs + invalid[block] < end:
+                    invalid[block] = min(bs, end - index * bs)
+        for block in [b for b, n in invalid.items() if n == bs]:
+            del invalid[block]  # computed again whole
+        for sid, blocks, start, _ in chunks:  # ... before any of them attends
+            for index, block in enumerate(blocks):
+                if block in invalid and index * bs + invalid[block] < min(start, (index + 1) * bs):
+                    yield (f"{sid}'s chunk from position {start} attends to block {block} (table index {index}) "
+                           f"from position {index * bs + invalid[block]}, which a failed load left invalid and "
+                           "nothing has computed again")
+    for t in reported:
+        for block in t.failed:
+            invalid[block] = 0
 
 
 @invariant(

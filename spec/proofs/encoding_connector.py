@@ -429,6 +429,8 @@ CONNECTOR_SCOPE = {
     "KVC-010": "about one step's schedule over the tables (not a state invariant); with prefix caching off in "
                "these encodings no other table holds a loading block at all (KVC-002, proved)",
     "KVC-009": "liveness over steps (not a state invariant)",
+    "KVC-011": "about one step's chunks over the blocks failed loads left invalid, carried across steps "
+               "(not a state invariant); synchronous loads are not encoded",
 }
 
 

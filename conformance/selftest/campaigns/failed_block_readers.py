@@ -12,7 +12,7 @@ owner's recompute is chunked, or after the owner was preempted and freed it stil
 request attends to garbage KV and its own blocks are computed over it (vllm-project/vllm#49250 reports
 the wrong output of the sharer case).
 
-Traces (`reader_traces`): an owner whose synchronous load of its whole prompt but the last token
+Traces (`conformance.generation.connector.failed_block_sharer_traces`): an owner whose synchronous load of its whole prompt but the last token
 fails on one block, and a second request with the same prompt (and a tail of its own) arriving at
 step 0 to 3; a small token budget and a long-prefill threshold of at most a block, so that the
 owner's recompute is chunked and leaves budget to the sharer; sometimes a third request and a small
@@ -25,9 +25,10 @@ attends). A *read* is a scheduled chunk, of a request holding an invalid block a
 that starts past ``i * block_size`` plus the rewritten positions: it attends to what nobody
 rewrote. *Counted*: after a step, a request's computed tokens pass that mark (the state a read
 follows from, once the request is scheduled before the owner's recompute). This is
-the hunt's own reading of the snapshots (no invariant states it yet); each trace runs on vLLM's
-scheduler (the vllm-v1 host with the scripted connector), on the spec's reference (which drops a
-failed block's key) and on the reference in vLLM's terms (which keeps it).
+the hunt's own reading of the snapshots, which KVC-011 (spec/invariants/connector.py) now states
+as an invariant; each trace runs on vLLM's scheduler (the vllm-v1 host with the scripted
+connector), on the spec's reference (which drops a failed block's key and cuts its sharers back) and
+on the reference in vLLM's terms (which does neither).
 """
 
 from __future__ import annotations
@@ -37,49 +38,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import strategies as st
-
 from conformance.flows.profiles import get_profile
+from conformance.generation.connector import failed_block_sharer_traces as reader_traces
 from conformance.generation.v0 import sample_traces
 from conformance.runner.adapter import SchedulerAdapter, load_adapter
 from conformance.runner.driver import run_checked
 from reference_impl.kv_connector_scheduler import EngineConnectorV1
 from reference_impl.v1_scheduler import V1Scheduler
-from spec.config import SchedulerConfig
-from spec.connector import ConnectorScript
-from spec.trace import Arrival, Trace
-from spec.types import Request
 
 OUT = Path("docs/results/connector-failed-block-readers.json")
 TRACE_OUT = Path("docs/traces/connector/failed-block-read-before-recompute.json")
-
-
-@st.composite
-def reader_traces(draw: st.DrawFn) -> Trace:
-    """An owner whose synchronous load fails on one block, a sharer of its prompt (module docstring)."""
-    bs = draw(st.sampled_from([2, 4]))
-    blocks = draw(st.integers(2, 4))
-    prompt = tuple((3 * i + 1) % 7 for i in range(blocks * bs + draw(st.integers(1, bs))))
-    tail = tuple(5 for _ in range(draw(st.integers(1, 2 * bs))))
-    pressure = draw(st.booleans())
-    need = -(-(len(prompt) + len(tail) + 4) // bs)
-    num_blocks = need + draw(st.integers(1, 3)) if pressure else 4 * need
-    config = SchedulerConfig(  # vLLM V1 refuses a pool smaller than max_model_len (vllm_v1_host.reset)
-        block_size=bs, num_gpu_blocks=num_blocks, num_cpu_blocks=0, max_model_len=num_blocks * bs,
-        max_num_seqs=3, max_num_batched_tokens=draw(st.integers(bs + 1, 3 * bs)),
-        long_prefill_token_threshold=draw(st.integers(0, bs)),  # the owner's recompute cut, budget left to the sharer
-        watermark=0.0, preemption_mode="recompute", enable_chunked_prefill=True, enable_prefix_caching=True,
-        kv_connector=True, kv_load_failure_policy="recompute")
-    owner = Request("owner", len(prompt), draw(st.integers(1, 4)), prompt_tokens=prompt)
-    sharer = Request("sharer", len(prompt) + len(tail), draw(st.integers(1, 4)), prompt_tokens=prompt + tail)
-    arrivals = [Arrival(0, owner), Arrival(draw(st.integers(0, 3)), sharer)]
-    if pressure:  # a long request that comes later and presses the owner out
-        length = draw(st.integers(2 * bs, len(prompt) + bs))
-        arrivals.append(Arrival(draw(st.integers(0, 2)), Request("press", length, draw(st.integers(4, 12)),
-                                                                 prompt_tokens=tuple(6 for _ in range(length)))))
-    script = ConnectorScript(external_tokens=len(prompt) - 1, load_async=False,
-                             failed_blocks=(draw(st.integers(0, blocks - 1)),))
-    return Trace(config, tuple(sorted(arrivals, key=lambda a: a.step)), max_steps=200, connector={"owner": script})
 
 
 def readers(records, block_size: int) -> dict[str, list[dict[str, Any]]]:
@@ -89,6 +57,11 @@ def readers(records, block_size: int) -> dict[str, list[dict[str, Any]]]:
     rewritten: dict[int, int] = {}  # invalid block -> its leading positions computed again
     found: dict[str, list[dict[str, Any]]] = {"read": [], "counted": []}
     for rec in records:
+        for t in (rec.after.kv_reported or {}).values():  # a load that fills a block writes it whole
+            if t.kind == "load":
+                for block in t.blocks:
+                    if block not in t.failed:
+                        rewritten.pop(block, None)
         planned = rec.mid if rec.mid is not None else rec.before
         chunks = []
         for item in rec.output.scheduled:

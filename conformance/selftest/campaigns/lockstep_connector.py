@@ -270,6 +270,13 @@ def _dropping_failed_keys(base: type) -> type:
     return type(f"{base.__name__}DroppingFailedKeys", (base,), {"keeps_failed_blocks_cached": False})
 
 
+def _cutting_sharers(base: type) -> type:
+    """``base`` with the spec's rule for a request sharing a failed block: it is cut back to it as its
+    owner is (`ConnectorFlow.sharers_keep_failed_blocks` off). Used only to explain the engine's
+    violations."""
+    return type(f"{base.__name__}CuttingSharers", (base,), {"sharers_keep_failed_blocks": False})
+
+
 # Findings that explain the engine's violations on a trace where it agrees with the reference in
 # vLLM's terms: finding -> the reference with that one vLLM rule fixed, by (pipelined, drafts). A
 # violation the fixed reference no longer shows on the trace is the finding's.
@@ -285,6 +292,12 @@ FINDINGS: dict[str, dict[tuple[bool, bool], type]] = {
     # drafts SPD-007 sees them keyed past the sharer's computed tokens (vllm-project/vllm#26813's
     # review, #49250)
     "failed-blocks-stay-cached": {(a, d): _dropping_failed_keys(reference) for (a, d), reference in {
+        (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
+        (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
+    # vLLM lets a request that hit a failed block in its owner's step keep it as computed
+    # (scheduler.py:3644-3651, 3671-3680): KVC-011 once the owner's recompute is chunked (the hunt
+    # failed_block_readers); a later request's hit on the still-keyed block is failed-blocks-stay-cached's
+    "sharer-keeps-failed-block": {(a, d): _cutting_sharers(reference) for (a, d), reference in {
         (False, False): RecordingConnectorV1, (True, False): RecordingConnectorAsync,
         (False, True): RecordingConnectorSpecV1, (True, True): RecordingConnectorAsyncSpec}.items()},
     # vLLM's running loop chunks a failed load's recompute with chunked prefill off
