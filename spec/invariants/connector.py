@@ -199,7 +199,8 @@ def nobody_computes_over_a_load(ctx: CheckContext, rec: StepRecord) -> Iterator[
     starts at or before the block's first position not yet computed again. A block is invalid from
     the outcome that reports its load failed; the chunks of a step compute its positions again in
     order from its first, before any chunk of the step attends (each layer writes a step's KV,
-    then reads it), and a later load that fills it writes it whole.""",
+    then reads it), and a later load that fills it writes it whole. A chunk of a request whose
+    step the outcome voids (it holds a block whose load failed in that step) computes nothing.""",
     """The failed block holds garbage until it is computed again (KVC-005 keeps its owner from
     counting it), and a chunk computed over garbage is wrong output and wrong KV, cached for
     whoever hits it after. Two ways vLLM 0.33.0 lets another request read it: a request that hit
@@ -225,8 +226,11 @@ def failed_block_not_read(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
                 invalid.pop(block, None)
     if invalid:
         planned = rec.mid if rec.mid is not None else rec.before
+        void = load_failed(rec)  # a step over a block whose load failed in it computes nothing (it is redone)
         chunks = []
         for item in rec.output.scheduled:
+            if item.request_id in void:
+                continue
             view = (planned.seqs or {}).get(item.seq_id)
             if view is not None and view.num_computed is not None and view.blocks:
                 chunks.append((item.seq_id, view.blocks, view.num_computed, view.num_computed + item.num_tokens))

@@ -45,6 +45,7 @@ from conformance.runner.adapter import SchedulerAdapter, load_adapter
 from conformance.runner.driver import run_checked
 from reference_impl.kv_connector_scheduler import EngineConnectorV1
 from reference_impl.v1_scheduler import V1Scheduler
+from spec.invariants.connector import load_failed
 
 OUT = Path("docs/results/connector-failed-block-readers.json")
 TRACE_OUT = Path("docs/traces/connector/failed-block-read-before-recompute.json")
@@ -63,8 +64,11 @@ def readers(records, block_size: int) -> dict[str, list[dict[str, Any]]]:
                     if block not in t.failed:
                         rewritten.pop(block, None)
         planned = rec.mid if rec.mid is not None else rec.before
+        void = load_failed(rec)  # their step is redone: it computed nothing
         chunks = []
         for item in rec.output.scheduled:
+            if item.request_id in void:
+                continue
             view = (planned.seqs or {}).get(item.seq_id)
             if view is not None and view.num_computed is not None:
                 chunks.append((view, view.num_computed, view.num_computed + item.num_tokens))
