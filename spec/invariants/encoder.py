@@ -141,11 +141,11 @@ def encoder_output_held_while_needed(ctx: CheckContext, rec: StepRecord) -> Iter
     if cache is None or seqs is None or snap.running is None:
         return
     for rid in snap.running:
-        request = ctx.requests.get(rid)
+        inputs = ctx.encoder_inputs(rid) if rid in ctx.requests else ()
         view = seqs.get(seq_id(rid, 0))
-        if request is None or not ctx.encoder_inputs(rid) or view is None or view.num_computed is None:
+        if not inputs or view is None or view.num_computed is None:
             continue
-        for index, item in enumerate(ctx.encoder_inputs(rid)):
+        for index, item in enumerate(inputs):
             if item.position < view.num_computed < item.end:
                 entry = cache.get(item.content_hash)
                 if entry is None or rid not in entry.users:
@@ -175,12 +175,12 @@ def encoder_output_ready(ctx: CheckContext, rec: StepRecord) -> Iterator[str]:
     computed = {ctx.encoder_inputs(rid)[i].content_hash for rid, i in rec.output.encoder_inputs
                 if rid in ctx.requests and 0 <= i < len(ctx.encoder_inputs(rid))}
     for item in rec.output.scheduled:
-        request = ctx.requests.get(item.request_id)
+        inputs = ctx.encoder_inputs(item.request_id) if item.request_id in ctx.requests else ()
         view = mid.seqs.get(item.seq_id)
-        if request is None or not ctx.encoder_inputs(item.request_id) or view is None or view.num_computed is None:
+        if not inputs or view is None or view.num_computed is None:
             continue
         start, end = view.num_computed, view.num_computed + item.num_tokens
-        for index, enc in enumerate(ctx.encoder_inputs(item.request_id)):
+        for index, enc in enumerate(inputs):
             if not enc.overlaps(start, end):
                 continue
             entry = mid.encoder_cache.get(enc.content_hash)

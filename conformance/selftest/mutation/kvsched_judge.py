@@ -144,14 +144,9 @@ def _connector_run(adapter, trace: Trace, timeout: float):
 def _budgets_run(adapter, trace: Trace, timeout: float):
     from conformance.selftest.campaigns.lockstep_budgets import run_one
 
-    return run_one(adapter, trace, get_profile("vllm-v1").invariants(), timeout=timeout, stop_at_first=False)
-
-
-def _async_budgets_run(adapter, trace: Trace, timeout: float):
-    from conformance.selftest.campaigns.lockstep_budgets import run_one
-
-    # the campaign's profile for its pipelined paths (the pipelined lockstep runs on past a violation)
-    return run_one(adapter, trace, get_profile("async").invariants(), timeout=timeout, stop_at_first=False)
+    # the campaign's profiles: async for its pipelined paths, vllm-v1 for the others
+    profile = "async" if trace.config.pipeline_depth > 0 else "vllm-v1"
+    return run_one(adapter, trace, get_profile(profile).invariants(), timeout=timeout, stop_at_first=False)
 
 
 def _async_paths() -> tuple[str, ...]:
@@ -200,7 +195,7 @@ def judges() -> tuple[Flavour, ...]:
         # The same on the AsyncScheduler (the vllm-v1-async host, depth 1): encoder inputs, adapters and a
         # pause together, grammar waits, sessions, and everything together.
         Flavour("vllm-v1-async+budgets", "vllm-v1-async", ASYNC_BUDGETS_PATHS, 16, "lockstep_budgets",
-                _budgets_strategy, _async_budgets_run),
+                _budgets_strategy, _budgets_run),
     )
 
 
